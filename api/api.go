@@ -1,0 +1,135 @@
+// Package api holds fence's wire contract for the control plane: the JSON
+// shapes of E2B's REST API (which fence serves unchanged so the official e2b
+// SDKs work) and fence's error codes.
+//
+// Field names and status codes are API: the e2b SDKs read them literally
+// (see ../shared/reference/e2b-protocol.md §2). Change them only with a test
+// that shows the SDK still works.
+package api
+
+import "time"
+
+// EnvdPort is the port the E2B SDKs address the in-sandbox agent (envd) on.
+const EnvdPort = 49983
+
+// EnvdVersion is the envd version fence's agent advertises. The SDKs gate
+// features on it (reference §3.9); 0.6.13 enables all of them.
+const EnvdVersion = "0.6.13"
+
+// ClientID is the constant E2B returns in the deprecated clientID field,
+// which the Python SDK requires.
+const ClientID = "6532622b"
+
+// Header names used between the SDKs and fence.
+const (
+	HeaderAPIKey       = "X-API-Key"
+	HeaderSandboxID    = "E2b-Sandbox-Id"
+	HeaderSandboxPort  = "E2b-Sandbox-Port"
+	HeaderAccessToken  = "X-Access-Token"
+	HeaderTrafficToken = "E2b-Traffic-Access-Token"
+	HeaderNextToken    = "X-Next-Token"
+)
+
+// NewSandbox is the body of POST /sandboxes and POST /v2/sandboxes.
+type NewSandbox struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int32            `json:"timeout,omitempty"` // seconds
+	Metadata            map[string]string `json:"metadata,omitempty"`
+	EnvVars             map[string]string `json:"envVars,omitempty"`
+	AutoPause           *bool             `json:"autoPause,omitempty"`
+	Secure              *bool             `json:"secure,omitempty"`
+	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
+	Network             *NetworkConfig    `json:"network,omitempty"`
+	// fence extensions (ignored by E2B's SDKs, which never send them).
+	CPUCount *float64 `json:"cpuCount,omitempty"`
+	MemoryMB *int64   `json:"memoryMB,omitempty"`
+	DiskMB   *int64   `json:"diskSizeMB,omitempty"`
+}
+
+// NetworkConfig is E2B's SandboxNetworkConfig.
+type NetworkConfig struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+}
+
+// Sandbox is the create/connect response.
+type Sandbox struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	Alias              string  `json:"alias,omitempty"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+// ListedSandbox is one element of GET /sandboxes and GET /v2/sandboxes.
+type ListedSandbox struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	ClientID    string            `json:"clientID"`
+	Alias       string            `json:"alias,omitempty"`
+	CPUCount    float64           `json:"cpuCount"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskSizeMB  int64             `json:"diskSizeMB"`
+	EnvdVersion string            `json:"envdVersion"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	State       string            `json:"state"` // "running" | "paused"
+	Metadata    map[string]string `json:"metadata,omitempty"`
+}
+
+// SandboxDetail is GET /sandboxes/{id}.
+type SandboxDetail struct {
+	ListedSandbox
+	AllowInternetAccess *bool          `json:"allowInternetAccess"`
+	Domain              *string        `json:"domain"`
+	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
+	Network             *NetworkConfig `json:"network,omitempty"`
+}
+
+// TimeoutRequest is POST /sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	Timeout int32 `json:"timeout"`
+}
+
+// ConnectRequest is POST /sandboxes/{id}/connect (v1 requires timeout, v2 not).
+type ConnectRequest struct {
+	Timeout *int32 `json:"timeout,omitempty"`
+}
+
+// RefreshRequest is POST /sandboxes/{id}/refreshes.
+type RefreshRequest struct {
+	Duration *int32 `json:"duration,omitempty"`
+}
+
+// SandboxMetric is one element of GET /sandboxes/{id}/metrics.
+type SandboxMetric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      float64   `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// Error is E2B's error body. The SDKs read Code from the body, not the status.
+type Error struct {
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
+	ErrorCode string `json:"error_code,omitempty"`
+}
+
+// ProxyError is the body of the 502 fence answers for sandbox traffic to an
+// unknown or stopped sandbox (reference §2.7).
+type ProxyError struct {
+	SandboxID string `json:"sandboxId"`
+	Message   string `json:"message"`
+	Code      int    `json:"code"`
+}

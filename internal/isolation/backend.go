@@ -1,0 +1,103 @@
+// Package isolation defines the one seam between fence's sandbox manager and
+// the mechanisms that isolate a sandbox (Linux namespaces, gVisor, microVMs).
+//
+// A Backend starts sandboxes; each Sandbox runs the fence agent as its first
+// process and exposes the agent's HTTP server (envd's protocol) through
+// DialAgent. Every backend must pass the conformance suite in
+// isolation/isolationtest.
+//
+// # Guarantees every backend gives
+//
+//   - Create either returns a running sandbox whose agent answers, or an
+//     error after releasing everything it made (processes, mounts, cgroups,
+//     directories). A half-made sandbox never survives Create.
+//   - Kill is idempotent and leaves nothing behind on the host.
+//   - Cleanup removes whatever a crashed daemon left for the given instance,
+//     without needing any state in memory.
+//   - Nothing the sandbox can write is trusted by the backend.
+package isolation
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// ErrNotFound is returned for an unknown sandbox.
+var ErrNotFound = errors.New("sandbox not found")
+
+// Limits are the kernel-enforced resource limits of one sandbox.
+// A zero field means "the backend's default", never "unlimited".
+type Limits struct {
+	CPUs        float64 // CPU bandwidth in cores (CFS quota / cpu.max)
+	MemoryBytes int64   // memory limit, swap included
+	Pids        int64   // maximum number of tasks (processes and threads)
+	DiskBytes   int64   // writable disk (the overlay upper layer)
+	NoFile      uint64  // RLIMIT_NOFILE, clamped to the host's hard limit
+}
+
+// Bind is a host path made visible inside the sandbox (fence run -v).
+type Bind struct {
+	HostPath string // absolute, already validated by the caller
+	Path     string // absolute path inside the sandbox
+	ReadOnly bool
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID is the sandbox ID: [a-z0-9]+, also used as the hostname.
+	ID string
+	// RootFS is the template's root directory on the host. It is shared by
+	// every sandbox made from the template and must never be written.
+	RootFS string
+	// Limits; zero fields take the backend defaults.
+	Limits Limits
+	// Binds are extra host paths to mount (only for local `fence run`).
+	Binds []Bind
+	// Agent is handed to the fence agent inside the sandbox.
+	Agent AgentConfig
+}
+
+// AgentConfig is what the agent inside the sandbox needs to know. It holds
+// no secret: anything in it is visible to the sandbox.
+type AgentConfig struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+// Stats is a point-in-time resource reading of a sandbox, from the host side.
+type Stats struct {
+	CPUUsage    time.Duration // cumulative CPU time
+	MemoryBytes int64         // current memory use
+	MemoryLimit int64
+	DiskBytes   int64 // bytes used in the writable layer
+	DiskLimit   int64
+	Pids        int64
+}
+
+// Backend creates sandboxes.
+type Backend interface {
+	// Name is the backend's name ("native", "gvisor").
+	Name() string
+	// Create starts a sandbox and returns once its agent accepts connections.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Cleanup kills and removes every sandbox this backend instance left
+	// behind (after a crash), and returns the IDs it removed.
+	Cleanup(ctx context.Context) ([]string, error)
+}
+
+// Sandbox is one running sandbox.
+type Sandbox interface {
+	ID() string
+	// DialAgent opens a new connection to the agent's HTTP server.
+	DialAgent(ctx context.Context) (net.Conn, error)
+	// Stats reads the sandbox's resource use.
+	Stats(ctx context.Context) (Stats, error)
+	// Kill stops every process of the sandbox and releases all of its host
+	// resources. It is idempotent.
+	Kill(ctx context.Context) error
+	// Done is closed when the sandbox has stopped (killed, or its agent died).
+	Done() <-chan struct{}
+}
