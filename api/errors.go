@@ -13,4 +13,5 @@ var (
 	ErrPermissionDenied   = errors.New("permission denied")
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnimplemented      = errors.New("not implemented")
+	ErrUnauthenticated    = errors.New("unauthenticated")
 )

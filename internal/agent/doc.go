@@ -11,4 +11,15 @@
 // no security decision on the daemon's behalf. The daemon authenticates every
 // request (access tokens, signed URLs) before forwarding it. The agent only
 // enforces what the sandbox's own kernel view enforces (users, permissions).
+//
+// # Layout
+//
+//   - process: the process.Process service (exec, PTY, stdin, signals,
+//     output fan-out with bounded queues, exit retention) and the child
+//     reaper (the agent is PID 1, so it reaps every orphan).
+//   - fs: the filesystem.Filesystem service, watchers and the /files
+//     routes (streaming uploads, gzip both ways, xattr metadata).
+//   - users: Basic-auth username → Unix user, envd's path resolution.
+//
+// Serve and NewHandler wire them onto one http.Handler.
 package agent

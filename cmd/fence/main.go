@@ -1,0 +1,74 @@
+// Command fence is the one fence binary: the daemon (`fence serve`), the
+// in-sandbox agent (`fence agent`), the sandbox init (`fence init`) and the
+// CLI verbs. It only wires; the work is in internal/.
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/fencesandbox/fence/internal/cli"
+	"github.com/fencesandbox/fence/internal/daemon"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(cli.Run(ctx, deps(), os.Args[1:]))
+}
+
+func deps() cli.Deps {
+	return cli.Deps{
+		Serve: func(ctx context.Context, o cli.ServeOptions) error {
+			return daemon.Serve(ctx, daemon.Options{
+				Addr:         o.Addr,
+				DataDir:      o.DataDir,
+				TemplatesDir: o.TemplatesDir,
+				APIKey:       o.APIKey,
+				Domain:       o.Domain,
+				Defaults: sandbox.Defaults{
+					CPUs:     o.Limits.CPUs,
+					MemoryMB: o.Limits.MemoryBytes >> 20,
+					Pids:     o.Limits.Pids,
+					DiskMB:   o.Limits.DiskBytes >> 20,
+					NoFile:   o.Limits.NoFile,
+					Timeout:  o.Timeout,
+				},
+				MaxSandboxes: o.MaxSandboxes,
+				Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				Stdout:       os.Stdout,
+			})
+		},
+		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {
+			if templatesDir == "" {
+				templatesDir = dataDir + "/templates"
+			}
+			return daemon.BuildTemplate(ctx, templatesDir, name, force, progress)
+		},
+		NewLocal: func(ctx context.Context, o cli.LocalOptions) (isolation.Sandbox, error) {
+			return daemon.NewLocal(ctx, daemon.LocalOptions{
+				DataDir:      o.DataDir,
+				TemplatesDir: o.TemplatesDir,
+				Template:     o.Template,
+				Limits:       o.Limits,
+				Binds:        o.Binds,
+				Agent:        isolation.AgentConfig{EnvVars: o.Env, DefaultWorkdir: o.Workdir},
+			})
+		},
+		Agent:       daemon.RunAgent,
+		SandboxInit: native.Init,
+		Bench: func(ctx context.Context, o cli.BenchOptions, out io.Writer) error {
+			return daemon.Bench(ctx, daemon.BenchOptions{
+				DataDir: o.DataDir, TemplatesDir: o.TemplatesDir, Template: o.Template,
+				Iterations: o.Iterations, Peers: o.Peers,
+			}, out)
+		},
+	}
+}

@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencesandbox/fence/internal/agent/fs"
+	"github.com/fencesandbox/fence/internal/agent/process"
+	"github.com/fencesandbox/fence/internal/agent/users"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// maxMessageBytes bounds one Connect request message (SendInput carries
+// stdin; everything else is small).
+const maxMessageBytes = 32 << 20
+
+// Options configures the agent. Zero values are documented defaults.
+type Options struct {
+	// Config is the sandbox's env vars, default user (empty: "user" if that
+	// account exists, else "root") and default workdir (empty: the user's
+	// home).
+	Config isolation.AgentConfig
+	Logger *slog.Logger // nil = discard
+}
+
+// Serve serves envd's protocol on ln until ctx is done. It closes ln. On
+// return, open streams are aborted and the processes the agent started are
+// killed. It returns nil when ctx ended it.
+func Serve(ctx context.Context, ln net.Listener, opts Options) error {
+	h, closeFn := NewHandler(opts)
+	defer closeFn()
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(logger(opts).Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		srv.Close()
+		<-errc
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+func logger(opts Options) *slog.Logger {
+	if opts.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return opts.Logger
+}
+
+// NewHandler returns the agent's http.Handler (for tests and in-process use)
+// plus a close func, which kills the processes started through the handler
+// and stops its watchers.
+//
+// Routes: the Connect services /process.Process/* and
+// /filesystem.Filesystem/* (Connect, gRPC and gRPC-Web; JSON or binary),
+// GET /health, GET and POST /files, GET /envs.
+func NewHandler(opts Options) (http.Handler, func()) {
+	log := logger(opts)
+	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
+	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars, Logger: log.With("svc", "process")})
+	files := fs.NewService(fs.Options{Users: resolver, Logger: log.With("svc", "filesystem")})
+
+	copts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}
+	mux := http.NewServeMux()
+	mux.Handle(procs.Handler(copts...))
+	mux.Handle(files.Handler(copts...))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /files", files.Download)
+	mux.HandleFunc("HEAD /files", files.Download)
+	mux.HandleFunc("POST /files", files.Upload)
+	envs := opts.Config.EnvVars
+	if envs == nil {
+		envs = map[string]string{}
+	}
+	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(envs)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fs.WriteError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return mux, func() {
+		procs.Close()
+		files.Close()
+	}
+}

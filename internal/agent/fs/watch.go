@@ -1,0 +1,244 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
+
+	pb "github.com/fencesandbox/fence/api/envd/filesystem"
+)
+
+var (
+	errNotDir   = unix.ENOTDIR
+	errNotEmpty = unix.ENOTEMPTY
+	errIsDir    = unix.EISDIR
+)
+
+// maxQueuedEvents bounds one watcher's queue; older events are dropped.
+const maxQueuedEvents = 10000
+
+const defaultKeepalive = 90 * time.Second
+
+// watch is one directory watch (fsnotify/inotify) with a bounded queue.
+type watch struct {
+	root         string
+	recursive    bool
+	includeEntry bool
+	fw           *fsnotify.Watcher
+	log          *slog.Logger
+
+	mu      sync.Mutex
+	events  []*pb.FilesystemEvent
+	dropped int
+	notify  chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+// network filesystem magics (statfs f_type) refused unless allowed.
+var networkFS = map[int64]string{
+	0x6969:     "nfs",
+	0x517b:     "smb",
+	0xff534d42: "cifs",
+	0xfe534d42: "smb2",
+	0x65735546: "fuse",
+}
+
+func newWatch(root string, recursive, includeEntry, allowNetwork bool, log *slog.Logger) (*watch, error) {
+	fi, err := os.Stat(root)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if !fi.IsDir() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", root))
+	}
+	if !allowNetwork {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err == nil {
+			if name, ok := networkFS[int64(st.Type)]; ok {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is on a network filesystem (%s); set allowNetworkMounts to watch it", root, name))
+			}
+		}
+	}
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("creating watcher: %w", err))
+	}
+	w := &watch{
+		root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, log: log,
+		notify: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	if err := w.add(root); err != nil {
+		fw.Close()
+		return nil, rpcError(fmt.Errorf("watching %s: %w", root, err))
+	}
+	go w.run()
+	return w, nil
+}
+
+// add watches dir and, for recursive watches, every directory below it.
+func (w *watch) add(dir string) error {
+	if !w.recursive {
+		return w.fw.Add(dir)
+	}
+	return filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if p == dir {
+				return err
+			}
+			return nil
+		}
+		if d.IsDir() {
+			if err := w.fw.Add(p); err != nil && p == dir {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (w *watch) run() {
+	for {
+		select {
+		case ev, ok := <-w.fw.Events:
+			if !ok {
+				return
+			}
+			w.handle(ev)
+		case err, ok := <-w.fw.Errors:
+			if !ok {
+				return
+			}
+			w.log.Warn("watch error", "root", w.root, "err", err)
+		}
+	}
+}
+
+var opTypes = []struct {
+	op fsnotify.Op
+	t  pb.EventType
+}{
+	{fsnotify.Create, pb.EventType_EVENT_TYPE_CREATE},
+	{fsnotify.Write, pb.EventType_EVENT_TYPE_WRITE},
+	{fsnotify.Remove, pb.EventType_EVENT_TYPE_REMOVE},
+	{fsnotify.Rename, pb.EventType_EVENT_TYPE_RENAME},
+	{fsnotify.Chmod, pb.EventType_EVENT_TYPE_CHMOD},
+}
+
+func (w *watch) handle(ev fsnotify.Event) {
+	rel, err := filepath.Rel(w.root, ev.Name)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "../") {
+		return
+	}
+	if w.recursive && ev.Has(fsnotify.Create) {
+		if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
+			_ = w.add(ev.Name)
+		}
+	}
+	for _, ot := range opTypes {
+		if !ev.Has(ot.op) {
+			continue
+		}
+		fe := &pb.FilesystemEvent{Name: rel, Type: ot.t}
+		if w.includeEntry && (ot.op == fsnotify.Create || ot.op == fsnotify.Write || ot.op == fsnotify.Chmod) {
+			if e, err := entryInfo(ev.Name, newNames()); err == nil {
+				fe.Entry = e
+			}
+		}
+		w.push(fe)
+	}
+}
+
+func (w *watch) push(fe *pb.FilesystemEvent) {
+	w.mu.Lock()
+	if len(w.events) >= maxQueuedEvents {
+		w.events = w.events[1:]
+		w.dropped++
+	}
+	w.events = append(w.events, fe)
+	w.mu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watch) take() []*pb.FilesystemEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	evs := w.events
+	w.events = nil
+	return evs
+}
+
+func (w *watch) close() {
+	w.once.Do(func() {
+		w.fw.Close()
+		close(w.done)
+	})
+}
+
+// WatchDir streams the events of a directory until the client leaves.
+func (s *Service) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], stream *connect.ServerStream[pb.WatchDirResponse]) error {
+	u, err := s.user(req.Header())
+	if err != nil {
+		return err
+	}
+	m := req.Msg
+	w, err := newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	interval := keepaliveInterval(req.Header())
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		evs := w.take()
+		for _, fe := range evs {
+			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: fe}}); err != nil {
+				return err
+			}
+		}
+		if len(evs) > 0 {
+			t.Reset(interval)
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return ctx.Err()
+			}
+			return nil
+		case <-w.notify:
+		case <-t.C:
+			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+			t.Reset(interval)
+		}
+	}
+}
+
+func keepaliveInterval(h http.Header) time.Duration {
+	if v := h.Get("Keepalive-Ping-Interval"); v != "" {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+			return time.Duration(n) * time.Second
+		}
+	}
+	return defaultKeepalive
+}

@@ -1,0 +1,609 @@
+// Package process implements envd's process.Process Connect service: it
+// starts commands (with pipes or a PTY) as the request's user, streams
+// their output to any number of clients, and takes input and signals.
+//
+// # Guarantees
+//
+//   - The start event is the first message of every Start and Connect
+//     stream and is sent at once; the end event is the last.
+//   - Output fans out to every connected stream through bounded queues: a
+//     client that reads promptly gets every byte; a stalled one holds the
+//     process back for at most a stall timeout, then its stream is dropped
+//     with a data_loss error. Memory per stream is bounded.
+//   - Processes outlive their streams (background commands). A deadline on
+//     Start (Connect-Timeout-Ms) kills the process group when it passes.
+//     A finished process stays visible to Connect for the retention time.
+//   - Each process leads its own session; signals go to its process group.
+//   - One goroutine per agent reaps children (wait4 on SIGCHLD), including
+//     orphans reparented to the agent as PID 1. Nothing else may wait for
+//     children in the agent's process.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	pb "github.com/fencesandbox/fence/api/envd/process"
+	"github.com/fencesandbox/fence/api/envd/process/processconnect"
+	"github.com/fencesandbox/fence/internal/agent/users"
+)
+
+// DefaultPath is the PATH of every process unless overridden by env vars.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+const defaultKeepalive = 90 * time.Second
+
+// Options configures a Service. Zero values are the documented defaults.
+type Options struct {
+	Users   *users.Resolver   // required
+	EnvVars map[string]string // sandbox-global env vars, applied after the defaults
+	Logger  *slog.Logger      // nil = discard
+	// Retention is how long a finished process stays connectable (30 s).
+	Retention time.Duration
+	// Stall is how long a full stream queue may hold a process back before
+	// that stream is dropped (30 s).
+	Stall time.Duration
+	// DrainGrace is how long output is awaited after the process exited,
+	// while something else (a background child) holds its pipes (500 ms).
+	DrainGrace time.Duration
+}
+
+// Service is the process.Process handler.
+type Service struct {
+	opts   Options
+	log    *slog.Logger
+	reaper *reaper
+
+	mu     sync.Mutex
+	procs  map[int]*proc
+	closed bool
+}
+
+var _ processconnect.ProcessHandler = (*Service)(nil)
+
+// NewService returns a Service; Close kills the processes it started.
+func NewService(opts Options) *Service {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Retention == 0 {
+		opts.Retention = 30 * time.Second
+	}
+	if opts.Stall == 0 {
+		opts.Stall = 30 * time.Second
+	}
+	if opts.DrainGrace == 0 {
+		opts.DrainGrace = 500 * time.Millisecond
+	}
+	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), procs: make(map[int]*proc)}
+}
+
+// Handler returns the Connect route prefix and handler.
+func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	return processconnect.NewProcessHandler(s, opts...)
+}
+
+// Close kills (SIGKILL, whole process group) every running process the
+// Service started and refuses new ones.
+func (s *Service) Close() {
+	s.mu.Lock()
+	s.closed = true
+	procs := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		if p.running() {
+			_ = p.signal(unix.SIGKILL)
+		}
+	}
+}
+
+func (s *Service) lookup(sel *pb.ProcessSelector) (*proc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch v := sel.GetSelector().(type) {
+	case *pb.ProcessSelector_Pid:
+		if p, ok := s.procs[int(v.Pid)]; ok {
+			return p, nil
+		}
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d not found", v.Pid))
+	case *pb.ProcessSelector_Tag:
+		for _, p := range s.procs {
+			if p.info.Tag != nil && *p.info.Tag == v.Tag {
+				return p, nil
+			}
+		}
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with tag %q not found", v.Tag))
+	}
+	return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process selector is required"))
+}
+
+// Start starts a process and streams its events.
+func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
+	u, err := s.opts.Users.FromHeader(req.Header())
+	if err != nil {
+		return connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	p, sub, err := s.start(u, req.Msg)
+	if err != nil {
+		return err
+	}
+	defer p.unsubscribe(sub)
+	if dl, ok := ctx.Deadline(); ok {
+		p.killAt(dl)
+	}
+	start := &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}
+	if err := stream.Send(&pb.StartResponse{Event: start}); err != nil {
+		return err
+	}
+	return pump(ctx, keepaliveInterval(req.Header()), sub, func(ev *pb.ProcessEvent) error {
+		return stream.Send(&pb.StartResponse{Event: ev})
+	})
+}
+
+// Connect streams the events of a running (or recently finished) process.
+func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRequest], stream *connect.ServerStream[pb.ConnectResponse]) error {
+	p, err := s.lookup(req.Msg.GetProcess())
+	if err != nil {
+		return err
+	}
+	sub := p.subscribe()
+	defer p.unsubscribe(sub)
+	start := &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}
+	if err := stream.Send(&pb.ConnectResponse{Event: start}); err != nil {
+		return err
+	}
+	return pump(ctx, keepaliveInterval(req.Header()), sub, func(ev *pb.ProcessEvent) error {
+		return stream.Send(&pb.ConnectResponse{Event: ev})
+	})
+}
+
+// keepaliveInterval reads Keepalive-Ping-Interval (seconds), 90 s if
+// absent or bad.
+func keepaliveInterval(h http.Header) time.Duration {
+	if v := h.Get("Keepalive-Ping-Interval"); v != "" {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+			return time.Duration(n) * time.Second
+		}
+	}
+	return defaultKeepalive
+}
+
+// pump sends sub's events until the end event, sending a keepalive after
+// every interval of silence.
+func pump(ctx context.Context, interval time.Duration, sub *subscriber, send func(*pb.ProcessEvent) error) error {
+	keepalive := &pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		evs, dropped := sub.take()
+		for _, ev := range evs {
+			if err := send(ev); err != nil {
+				return err
+			}
+			if ev.GetEnd() != nil {
+				return nil
+			}
+		}
+		if dropped {
+			return connect.NewError(connect.CodeDataLoss, errors.New("output dropped: the client did not keep up"))
+		}
+		if len(evs) > 0 {
+			t.Reset(interval)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.notify:
+		case <-t.C:
+			if err := send(keepalive); err != nil {
+				return err
+			}
+			t.Reset(interval)
+		}
+	}
+}
+
+// List returns the running processes.
+func (s *Service) List(ctx context.Context, req *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
+	s.mu.Lock()
+	res := &pb.ListResponse{}
+	for _, p := range s.procs {
+		if p.running() {
+			res.Processes = append(res.Processes, p.info)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(res.Processes, func(i, j int) bool { return res.Processes[i].Pid < res.Processes[j].Pid })
+	return connect.NewResponse(res), nil
+}
+
+// SendInput writes to the process's stdin or PTY.
+func (s *Service) SendInput(ctx context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {
+	p, err := s.lookup(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	var data []byte
+	switch in := req.Msg.GetInput().GetInput().(type) {
+	case *pb.ProcessInput_Stdin:
+		data = in.Stdin
+	case *pb.ProcessInput_Pty:
+		data = in.Pty
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("input is required"))
+	}
+	if err := p.write(ctx, data); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.SendInputResponse{}), nil
+}
+
+func (p *proc) write(ctx context.Context, data []byte) error {
+	if p.master != nil {
+		if _, err := p.master.Write(data); err != nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("writing to pty: %w", err))
+		}
+		return nil
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin == nil {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("stdin is not open for this process"))
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = p.stdin.SetWriteDeadline(dl)
+		defer p.stdin.SetWriteDeadline(time.Time{})
+	}
+	if _, err := p.stdin.Write(data); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("writing to stdin: %w", err))
+	}
+	return nil
+}
+
+// StreamInput is not used by the SDKs.
+func (s *Service) StreamInput(ctx context.Context, stream *connect.ClientStream[pb.StreamInputRequest]) (*connect.Response[pb.StreamInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("StreamInput is not supported; use SendInput"))
+}
+
+// CloseStdin closes the process's stdin (EOF).
+func (s *Service) CloseStdin(ctx context.Context, req *connect.Request[pb.CloseStdinRequest]) (*connect.Response[pb.CloseStdinResponse], error) {
+	p, err := s.lookup(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if p.master != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("cannot close stdin of a pty process; send Ctrl+D (0x04) instead"))
+	}
+	p.stdinMu.Lock()
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	p.stdinMu.Unlock()
+	return connect.NewResponse(&pb.CloseStdinResponse{}), nil
+}
+
+// SendSignal signals the process group.
+func (s *Service) SendSignal(ctx context.Context, req *connect.Request[pb.SendSignalRequest]) (*connect.Response[pb.SendSignalResponse], error) {
+	p, err := s.lookup(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	var sig unix.Signal
+	switch req.Msg.GetSignal() {
+	case pb.Signal_SIGNAL_SIGKILL:
+		sig = unix.SIGKILL
+	case pb.Signal_SIGNAL_SIGTERM:
+		sig = unix.SIGTERM
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %v", req.Msg.GetSignal()))
+	}
+	if err := p.signal(sig); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.pid))
+		}
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signalling process %d: %w", p.pid, err))
+	}
+	return connect.NewResponse(&pb.SendSignalResponse{}), nil
+}
+
+// Update resizes the process's PTY.
+func (s *Service) Update(ctx context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
+	p, err := s.lookup(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if size := req.Msg.GetPty().GetSize(); size != nil {
+		if p.master == nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pty", p.pid))
+		}
+		if err := setSize(p.master, size.GetCols(), size.GetRows()); err != nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("resizing pty: %w", err))
+		}
+	}
+	return connect.NewResponse(&pb.UpdateResponse{}), nil
+}
+
+// start validates msg and starts the process as u, returning it with a
+// subscriber that sees all of its output.
+func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber, error) {
+	cfg := msg.GetProcess()
+	if cfg.GetCmd() == "" {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	dir := s.opts.Users.Workdir(u)
+	if cfg.Cwd != nil && *cfg.Cwd != "" {
+		dir = s.opts.Users.ResolvePath(*cfg.Cwd, u)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: %w", dir, err))
+	} else if !fi.IsDir() {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q is not a directory", dir))
+	}
+	env := buildEnv(u, s.opts.EnvVars, cfg.GetEnvs())
+	path, err := lookPath(cfg.GetCmd(), envValue(env, "PATH"), dir)
+	if err != nil {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+
+	var (
+		files    [3]*os.File // the child's stdin, stdout, stderr
+		closeAft []*os.File  // closed in the parent after the fork
+		outputs  []*os.File  // our read ends
+		kinds    []int
+		master   *os.File
+		stdinW   *os.File
+	)
+	cleanup := func() {
+		for _, f := range closeAft {
+			f.Close()
+		}
+	}
+	fail := func(err error) (*proc, *subscriber, error) {
+		cleanup()
+		for _, f := range outputs {
+			f.Close()
+		}
+		if master != nil {
+			master.Close()
+		}
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		return nil, nil, connect.NewError(connect.CodeInternal, err)
+	}
+	if size := msg.GetPty().GetSize(); msg.GetPty() != nil {
+		m, slave, err := openPTY()
+		if err != nil {
+			return fail(err)
+		}
+		master = m
+		closeAft = append(closeAft, slave)
+		cols, rows := size.GetCols(), size.GetRows()
+		if cols == 0 {
+			cols = 80
+		}
+		if rows == 0 {
+			rows = 24
+		}
+		if err := setSize(master, cols, rows); err != nil {
+			return fail(fmt.Errorf("sizing pty: %w", err))
+		}
+		_ = os.Chown(slave.Name(), int(u.UID), int(u.GID))
+		files = [3]*os.File{slave, slave, slave}
+		outputs, kinds = []*os.File{master}, []int{3}
+	} else {
+		if msg.Stdin == nil || msg.GetStdin() {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(fmt.Errorf("creating stdin pipe: %w", err))
+			}
+			stdinW = w
+			closeAft = append(closeAft, r)
+			files[0] = r
+		} else {
+			null, err := os.Open(os.DevNull)
+			if err != nil {
+				return fail(fmt.Errorf("opening %s: %w", os.DevNull, err))
+			}
+			closeAft = append(closeAft, null)
+			files[0] = null
+		}
+		for i := 1; i <= 2; i++ {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(fmt.Errorf("creating output pipe: %w", err))
+			}
+			closeAft = append(closeAft, w)
+			outputs, kinds = append(outputs, r), append(kinds, i)
+			files[i] = w
+		}
+	}
+
+	attr := &syscall.ProcAttr{
+		Dir:   dir,
+		Env:   env,
+		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	}
+	if master != nil {
+		attr.Sys.Setctty = true
+		attr.Sys.Ctty = 0
+	}
+	if int(u.UID) != os.Geteuid() || int(u.GID) != os.Getegid() {
+		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	}
+	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
+
+	p := &proc{
+		info:   &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},
+		stall:  s.opts.Stall,
+		master: master,
+		stdin:  stdinW,
+		exited: make(chan struct{}),
+		done:   make(chan struct{}),
+		subs:   make(map[*subscriber]struct{}),
+	}
+	sub := newSubscriber()
+	p.subs[sub] = struct{}{}
+
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return fail(errors.New("agent is shutting down"))
+	}
+	pid, err := s.reaper.start(func() (int, error) {
+		return syscall.ForkExec(path, argv, attr)
+	}, func(ws unix.WaitStatus) {
+		p.status = ws
+		close(p.exited)
+	})
+	if err != nil {
+		cleanup()
+		for _, f := range outputs {
+			f.Close()
+		}
+		if master != nil {
+			master.Close()
+		}
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting %s: %w", cfg.GetCmd(), err))
+	}
+	cleanup()
+	p.pid = pid
+	p.info.Pid = uint32(pid)
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.mu.Unlock()
+	s.log.Debug("process started", "pid", pid, "cmd", cfg.GetCmd(), "user", u.Name)
+
+	var wg sync.WaitGroup
+	for i, f := range outputs {
+		wg.Add(1)
+		go p.readOutput(f, kinds[i], master == nil, &wg)
+	}
+	go p.finish(outputsFor(master, outputs), &wg, s.opts.DrainGrace, func() {
+		s.log.Debug("process ended", "pid", pid, "status", p.end.GetEnd().GetStatus())
+		time.AfterFunc(s.opts.Retention, func() {
+			s.mu.Lock()
+			if s.procs[pid] == p {
+				delete(s.procs, pid)
+			}
+			s.mu.Unlock()
+		})
+	})
+	return p, sub, nil
+}
+
+// outputsFor returns the files finish may close to stop readers: the pipe
+// read ends; a PTY master is closed by finish itself.
+func outputsFor(master *os.File, outputs []*os.File) []*os.File {
+	if master != nil {
+		return []*os.File{master}
+	}
+	return outputs
+}
+
+// buildEnv layers the defaults, the sandbox env vars and the request's.
+func buildEnv(u *users.User, global, request map[string]string) []string {
+	vals := map[string]string{
+		"PATH":    DefaultPath,
+		"HOME":    u.Home,
+		"USER":    u.Name,
+		"LOGNAME": u.Name,
+	}
+	order := []string{"PATH", "HOME", "USER", "LOGNAME"}
+	add := func(m map[string]string) {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				continue
+			}
+			if _, ok := vals[k]; !ok {
+				order = append(order, k)
+			}
+			vals[k] = strings.ReplaceAll(m[k], "\x00", "")
+		}
+	}
+	add(global)
+	add(request)
+	env := make([]string, 0, len(order))
+	for _, k := range order {
+		env = append(env, k+"="+vals[k])
+	}
+	return env
+}
+
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// lookPath finds cmd the way a shell would, using the child's PATH; a
+// relative path with a slash is taken against dir.
+func lookPath(cmd, pathEnv, dir string) (string, error) {
+	check := func(p string) error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return fmt.Errorf("%s is a directory", p)
+		}
+		if fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("%s: %w", p, os.ErrPermission)
+		}
+		return nil
+	}
+	if strings.Contains(cmd, "/") {
+		p := cmd
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if err := check(p); err != nil {
+			return "", fmt.Errorf("command %q: %w", cmd, err)
+		}
+		return p, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, cmd)
+		if check(p) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("command %q: executable file not found in $PATH", cmd)
+}

@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencesandbox/fence/api/envd/process/processconnect"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+func TestServeUnixSocket(t *testing.T) {
+	sock := t.TempDir() + "/agent.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Serve(ctx, ln, Options{Config: isolation.AgentConfig{DefaultUser: "root", DefaultWorkdir: "/"}})
+	}()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	resp, err := client.Get("http://agent/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /health = %d, want 204", resp.StatusCode)
+	}
+
+	// A stream open when the server stops is aborted, not left hanging.
+	pc := processconnect.NewProcessClient(client, "http://agent", connect.WithProtoJSON())
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	st, err := pc.Start(sctx, connect.NewRequest(bash("sleep 100")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() {
+		t.Fatal(st.Err())
+	}
+	pid := int(st.Msg().GetEvent().GetStart().GetPid())
+	cancel()
+	if err := <-errc; err != nil {
+		t.Errorf("Serve = %v, want nil after cancel", err)
+	}
+	for st.Receive() {
+	}
+	if st.Err() == nil {
+		t.Error("stream ended cleanly after the server stopped; want an error")
+	}
+	waitGone(t, pid) // Serve kills what it started
+}

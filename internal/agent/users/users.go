@@ -1,0 +1,154 @@
+// Package users resolves the Unix users that the agent's requests act as
+// and expands request paths the way envd does.
+//
+// A request names its user with HTTP Basic auth (the username part, the
+// password is empty) or, for the /files routes, the username query
+// parameter. No name selects the default user. Users are looked up in the
+// sandbox's own /etc/passwd and /etc/group through os/user (pure Go when
+// built with CGO_ENABLED=0), at every request, so accounts added inside the
+// sandbox are seen at once.
+//
+// The package makes no security decision on the daemon's behalf: the daemon
+// authenticates requests; the username only chooses whose identity the
+// sandbox's kernel applies.
+package users
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// ErrUnknownUser is returned (wrapped) for a username with no account.
+var ErrUnknownUser = errors.New("invalid username")
+
+// User is a resolved Unix account.
+type User struct {
+	Name   string
+	UID    uint32
+	GID    uint32
+	Groups []uint32 // supplementary groups, the primary group included
+	Home   string
+}
+
+// Lookup resolves the account called name.
+func Lookup(name string) (*User, error) {
+	if name == "" {
+		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("parsing uid of %q: %w", name, err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("parsing gid of %q: %w", name, err)
+	}
+	res := &User{Name: u.Username, UID: uint32(uid), GID: uint32(gid), Home: u.HomeDir}
+	if res.Home == "" {
+		res.Home = "/"
+	}
+	ids, err := u.GroupIds()
+	if err == nil {
+		for _, s := range ids {
+			if g, err := strconv.ParseUint(s, 10, 32); err == nil {
+				res.Groups = append(res.Groups, uint32(g))
+			}
+		}
+	}
+	if len(res.Groups) == 0 {
+		res.Groups = []uint32{res.GID}
+	}
+	return res, nil
+}
+
+// Resolver picks the user of a request.
+type Resolver struct {
+	// DefaultUser is used when a request names no user. Empty means "user"
+	// if that account exists, else "root".
+	DefaultUser string
+	// DefaultWorkdir is where an empty path or cwd points. Empty means the
+	// user's home.
+	DefaultWorkdir string
+}
+
+// Default returns the default user.
+func (r *Resolver) Default() (*User, error) {
+	if r.DefaultUser != "" {
+		return Lookup(r.DefaultUser)
+	}
+	if u, err := Lookup("user"); err == nil {
+		return u, nil
+	}
+	return Lookup("root")
+}
+
+// ByName returns the named user, or the default user for "".
+func (r *Resolver) ByName(name string) (*User, error) {
+	if name == "" {
+		return r.Default()
+	}
+	return Lookup(name)
+}
+
+// FromHeader returns the user named by the Basic-auth username in h, or
+// the default user when h has no Authorization header.
+func (r *Resolver) FromHeader(h http.Header) (*User, error) {
+	auth := h.Get("Authorization")
+	if auth == "" {
+		return r.Default()
+	}
+	name, ok := basicUsername(auth)
+	if !ok {
+		return nil, fmt.Errorf("parsing authorization header: %w", ErrUnknownUser)
+	}
+	return r.ByName(name)
+}
+
+func basicUsername(auth string) (string, bool) {
+	const prefix = "basic "
+	if len(auth) < len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
+		return "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(auth[len(prefix):]))
+	if err != nil {
+		return "", false
+	}
+	name, _, _ := strings.Cut(string(raw), ":")
+	return name, true
+}
+
+// Workdir returns the directory an empty path refers to for u.
+func (r *Resolver) Workdir(u *User) string {
+	if r.DefaultWorkdir != "" {
+		return filepath.Clean(r.DefaultWorkdir)
+	}
+	return u.Home
+}
+
+// ResolvePath turns a request path into an absolute, cleaned path: "" is
+// the default workdir, a leading "~" is u's home, and a relative path is
+// taken against u's home.
+func (r *Resolver) ResolvePath(p string, u *User) string {
+	switch {
+	case p == "":
+		return r.Workdir(u)
+	case p == "~":
+		return filepath.Clean(u.Home)
+	case strings.HasPrefix(p, "~/"):
+		return filepath.Join(u.Home, p[2:])
+	case filepath.IsAbs(p):
+		return filepath.Clean(p)
+	default:
+		return filepath.Join(u.Home, p)
+	}
+}

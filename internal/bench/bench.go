@@ -1,0 +1,286 @@
+// Package bench measures fence against its peers on this machine, in one
+// run: create → exec `true` → kill, and exec in a running sandbox, for fence
+// and side by side for bwrap and runc running the same `true` in the same
+// root filesystem, plus the memory an idle sandbox costs.
+//
+// It reports figures; it asserts nothing. Peers that are not installed are
+// reported as missing rather than failing the run.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencesandbox/fence/api/envd/process"
+	"github.com/fencesandbox/fence/api/envd/process/processconnect"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// Options configures a run.
+type Options struct {
+	// Backend creates the fence sandboxes. Required.
+	Backend isolation.Backend
+	// RootFS is the template root used by fence and by the peers. Required.
+	RootFS string
+	// Iterations per measure; zero means 50.
+	Iterations int
+	// Idle is how many idle sandboxes to hold for the memory figure; zero
+	// means 20.
+	Idle int
+	// Peers enables the bwrap and runc measures.
+	Peers bool
+	// WorkDir holds the peers' scratch state; empty means a temp dir.
+	WorkDir string
+}
+
+// Result is one measure.
+type Result struct {
+	Name    string
+	Samples []time.Duration
+	Err     error
+}
+
+func (r Result) quantile(q float64) time.Duration {
+	if len(r.Samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.Samples)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// Run runs every measure and writes a report to out.
+func Run(ctx context.Context, opts Options, out io.Writer) error {
+	if opts.Backend == nil || opts.RootFS == "" {
+		return errors.New("bench: Backend and RootFS are required")
+	}
+	if opts.Iterations <= 0 {
+		opts.Iterations = 50
+	}
+	if opts.Idle <= 0 {
+		opts.Idle = 20
+	}
+	if opts.WorkDir == "" {
+		d, err := os.MkdirTemp("", "fence-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		opts.WorkDir = d
+	}
+	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
+	var results []Result
+	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
+		return fenceCold(ctx, opts.Backend, opts.RootFS, i)
+	})
+	results = append(results, cold)
+	results = append(results, fenceExec(ctx, opts))
+	if opts.Peers {
+		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
+			return run(ctx, "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", opts.RootFS, "/",
+				"--proc", "/proc", "--dev", "/dev", "/bin/true")
+		}))
+		results = append(results, runcMeasure(ctx, opts))
+		results = append(results, measure("baseline fork+exec /bin/true", opts.Iterations, func(int) error {
+			return run(ctx, "/bin/true")
+		}))
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "measure\tmedian\tp99\tvs fence cold (median)")
+	for _, r := range results {
+		if r.Err != nil {
+			fmt.Fprintf(w, "%s\tfailed: %v\t\t\n", r.Name, r.Err)
+			continue
+		}
+		ratio := "-"
+		if c := cold.quantile(0.5); c > 0 && cold.Err == nil {
+			ratio = fmt.Sprintf("%.2fx", float64(r.quantile(0.5))/float64(c))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Name, ms(r.quantile(0.5)), ms(r.quantile(0.99)), ratio)
+	}
+	w.Flush()
+	perSandbox, err := idleMemory(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", err)
+	} else {
+		fmt.Fprintf(out, "idle sandbox memory (cgroup charge, mean of %d): %.2f MiB\n", opts.Idle, float64(perSandbox)/(1<<20))
+	}
+	return nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func measure(name string, n int, f func(i int) error) Result {
+	r := Result{Name: name}
+	if err := f(-1); err != nil { // warm-up
+		r.Err = err
+		return r
+	}
+	for i := range n {
+		start := time.Now()
+		if err := f(i); err != nil {
+			r.Err = err
+			return r
+		}
+		r.Samples = append(r.Samples, time.Since(start))
+	}
+	return r
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+var seq int
+
+func newID(prefix string) string {
+	seq++
+	return prefix + strconv.Itoa(os.Getpid()) + "x" + strconv.Itoa(seq)
+}
+
+func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, _ int) error {
+	sb, err := b.Create(ctx, isolation.Spec{ID: newID("bench"), RootFS: rootfs})
+	if err != nil {
+		return err
+	}
+	defer sb.Kill(context.WithoutCancel(ctx))
+	return execTrue(ctx, processClient(sb))
+}
+
+func fenceExec(ctx context.Context, opts Options) Result {
+	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchexec"), RootFS: opts.RootFS})
+	if err != nil {
+		return Result{Name: "fence exec true in a running sandbox", Err: err}
+	}
+	defer sb.Kill(context.WithoutCancel(ctx))
+	c := processClient(sb)
+	return measure("fence exec true in a running sandbox", opts.Iterations, func(int) error {
+		return execTrue(ctx, c)
+	})
+}
+
+// processClient speaks to a sandbox's agent the way the daemon's proxy
+// does: Connect over HTTP/1.1 on a fresh agent connection.
+func processClient(sb isolation.Sandbox) processconnect.ProcessClient {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+	}}
+	return processconnect.NewProcessClient(hc, "http://agent", connect.WithProtoJSON())
+}
+
+func execTrue(ctx context.Context, c processconnect.ProcessClient) error {
+	stdin := false
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/true"},
+		Stdin:   &stdin,
+	})
+	req.Header().Set("Authorization", "Basic cm9vdDo=") // root
+	stream, err := c.Start(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			if end.GetExitCode() != 0 {
+				return fmt.Errorf("true exited %d", end.GetExitCode())
+			}
+			return nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	return errors.New("stream ended without an end event")
+}
+
+func runcMeasure(ctx context.Context, opts Options) Result {
+	name := "runc run /bin/true"
+	bundle := filepath.Join(opts.WorkDir, "bundle")
+	state := filepath.Join(opts.WorkDir, "runc-state")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return Result{Name: name, Err: err}
+	}
+	if err := run(ctx, "runc", "spec", "--bundle", bundle); err != nil {
+		return Result{Name: name, Err: err}
+	}
+	spec, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return Result{Name: name, Err: err}
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(spec, &doc); err != nil {
+		return Result{Name: name, Err: err}
+	}
+	doc["root"] = map[string]any{"path": opts.RootFS, "readonly": true}
+	proc, _ := doc["process"].(map[string]any)
+	if proc == nil {
+		return Result{Name: name, Err: errors.New("runc spec has no process")}
+	}
+	proc["terminal"] = false
+	proc["args"] = []string{"/bin/true"}
+	if spec, err = json.Marshal(doc); err != nil {
+		return Result{Name: name, Err: err}
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600); err != nil {
+		return Result{Name: name, Err: err}
+	}
+	return measure(name, opts.Iterations, func(i int) error {
+		return run(ctx, "runc", "--root", state, "run", "--bundle", bundle, newID("benchrunc"))
+	})
+}
+
+// idleMemory creates opts.Idle sandboxes, lets them settle and returns the
+// mean memory charged to their cgroups.
+func idleMemory(ctx context.Context, opts Options) (int64, error) {
+	var sbs []isolation.Sandbox
+	defer func() {
+		for _, sb := range sbs {
+			sb.Kill(context.WithoutCancel(ctx))
+		}
+	}()
+	for range opts.Idle {
+		sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchidle"), RootFS: opts.RootFS})
+		if err != nil {
+			return 0, err
+		}
+		sbs = append(sbs, sb)
+	}
+	// Let the agents finish starting before reading their charge.
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	var total int64
+	for _, sb := range sbs {
+		st, err := sb.Stats(ctx)
+		if err != nil {
+			return 0, err
+		}
+		total += st.MemoryBytes
+	}
+	return total / int64(len(sbs)), nil
+}

@@ -1,0 +1,310 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/client/clienttest"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// execute runs the CLI with args and stdin, and returns the exit code and
+// output.
+func execute(t *testing.T, deps Deps, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	root := Root(deps)
+	var out, errb bytes.Buffer
+	root.SetIn(strings.NewReader(stdin))
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	code = Execute(t.Context(), root, args)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpTeachesWithExamples(t *testing.T) {
+	cmds := [][]string{
+		{}, {"serve"}, {"template", "build"}, {"run"}, {"sandbox", "create"}, {"sandbox", "list"},
+		{"sandbox", "kill"}, {"sandbox", "timeout"}, {"exec"}, {"cp"}, {"bench"},
+	}
+	for _, c := range cmds {
+		code, out, _ := execute(t, Deps{}, "", append(c, "--help")...)
+		if code != 0 || !strings.Contains(out, "Examples:") || !strings.Contains(out, "fence ") {
+			t.Errorf("fence %s --help = %d, output without examples:\n%s", strings.Join(c, " "), code, out)
+		}
+	}
+	_, out, _ := execute(t, Deps{}, "", "--help")
+	for _, hidden := range []string{"agent", "init"} {
+		if strings.Contains(out, "\n  "+hidden+" ") {
+			t.Errorf("fence --help lists hidden command %q", hidden)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"unknown command", []string{"nosuch"}},
+		{"unknown flag", []string{"serve", "--nosuch"}},
+		{"bad flag value", []string{"serve", "--cpus", "lots"}},
+		{"missing command", []string{"run"}},
+		{"bad env", []string{"run", "-e", "NOVALUE", "--", "true"}},
+		{"bad bind", []string{"run", "-v", "/tmp", "--", "true"}},
+		{"unknown template", []string{"template", "build", "ubuntu"}},
+		{"timeout args", []string{"sandbox", "timeout", "id"}},
+		{"bad duration", []string{"sandbox", "timeout", "id", "soon", "--api-key", "k"}},
+		{"cp two hosts", []string{"cp", "a", "b", "--api-key", "k"}},
+		{"unknown sandbox verb", []string{"sandbox", "nosuch"}},
+		{"exec without command", []string{"exec", "--api-key", "k", "sbx1", "--"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := execute(t, Deps{NewLocal: failNewLocal, BuildTemplate: func(context.Context, string, string, string, bool, io.Writer) error { return nil }}, "", tt.args...)
+			if code != 2 || !strings.HasPrefix(stderr, "fence: ") {
+				t.Errorf("fence %v = %d, stderr %q; want 2 and \"fence: …\"", tt.args, code, stderr)
+			}
+		})
+	}
+}
+
+func failNewLocal(context.Context, LocalOptions) (isolation.Sandbox, error) {
+	return nil, errors.New("no sandbox in this test")
+}
+
+func TestErrorsExitOne(t *testing.T) {
+	code, _, stderr := execute(t, Deps{NewLocal: failNewLocal}, "", "run", "--", "true")
+	if code != 1 || stderr != "fence: starting sandbox: no sandbox in this test\n" {
+		t.Errorf("fence run with a failing backend = %d, %q", code, stderr)
+	}
+	for _, args := range [][]string{{"serve"}, {"agent"}, {"init"}, {"bench"}, {"template", "build", "minimal"}} {
+		code, _, stderr := execute(t, Deps{}, "", args...)
+		if code != 1 || !strings.Contains(stderr, "not available in this build") {
+			t.Errorf("fence %v without deps = %d, %q; want 1 and \"not available\"", args, code, stderr)
+		}
+	}
+}
+
+func TestServeOptions(t *testing.T) {
+	var got ServeOptions
+	deps := Deps{Serve: func(ctx context.Context, o ServeOptions) error { got = o; return nil }}
+	t.Setenv("FENCE_API_KEY", "e2b_abc")
+	if code, _, stderr := execute(t, deps, "", "serve"); code != 0 {
+		t.Fatalf("fence serve = %d, %s", code, stderr)
+	}
+	want := ServeOptions{
+		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
+		APIKey: "e2b_abc", Domain: "localhost",
+		Limits:  isolation.Limits{CPUs: 2, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
+		Timeout: 5 * time.Minute, MaxSandboxes: 1000,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fence serve options = %+v, want %+v", got, want)
+	}
+	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
+		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3")
+	want = ServeOptions{
+		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
+		Limits:  isolation.Limits{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 10, DiskBytes: 8 << 20, NoFile: 99},
+		Timeout: time.Hour, MaxSandboxes: 3,
+	}
+	if code != 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
+	}
+	if code, _, _ := execute(t, deps, "", "serve", "--memory-mb", "0"); code != 2 {
+		t.Errorf("fence serve --memory-mb 0 = %d, want 2", code)
+	}
+	failing := Deps{Serve: func(context.Context, ServeOptions) error { return errors.New("address in use") }}
+	if code, _, stderr := execute(t, failing, "", "serve"); code != 1 || stderr != "fence: serving: address in use\n" {
+		t.Errorf("fence serve failing = %d, %q", code, stderr)
+	}
+}
+
+func TestTemplateBuild(t *testing.T) {
+	var got []any
+	deps := Deps{BuildTemplate: func(ctx context.Context, dataDir, tdir, name string, force bool, progress io.Writer) error {
+		got = []any{dataDir, tdir, name, force}
+		io.WriteString(progress, "progress\n")
+		return nil
+	}}
+	code, stdout, stderr := execute(t, deps, "", "template", "build", "base", "--data-dir", "/d", "--force")
+	if want := []any{"/d", "/d/templates", "base", true}; code != 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("fence template build base = %d, %v, want %v", code, got, want)
+	}
+	if stdout != "" || stderr != "progress\n" {
+		t.Errorf("fence template build: stdout %q stderr %q; want progress on stderr only", stdout, stderr)
+	}
+}
+
+func TestBenchAndHidden(t *testing.T) {
+	var bench BenchOptions
+	var agent, initRan bool
+	deps := Deps{
+		Bench: func(ctx context.Context, o BenchOptions, out io.Writer) error {
+			bench = o
+			io.WriteString(out, "report\n")
+			return nil
+		},
+		Agent:       func(context.Context) error { agent = true; return nil },
+		SandboxInit: func() error { initRan = true; return nil },
+	}
+	code, out, _ := execute(t, deps, "", "bench", "--iterations", "5", "--peers", "--template", "base", "--data-dir", "/d")
+	want := BenchOptions{Iterations: 5, Template: "base", DataDir: "/d", TemplatesDir: "/d/templates", Peers: true}
+	if code != 0 || bench != want || out != "report\n" {
+		t.Errorf("fence bench = %d, %+v, %q; want %+v", code, bench, out, want)
+	}
+	if code, _, _ := execute(t, deps, "", "agent"); code != 0 || !agent {
+		t.Errorf("fence agent = %d, called %v", code, agent)
+	}
+	if code, _, _ := execute(t, deps, "", "init", "--whatever"); code != 0 || !initRan {
+		t.Errorf("fence init = %d, called %v", code, initRan)
+	}
+}
+
+// localSandbox is an isolation.Sandbox whose agent is a clienttest.Agent.
+type localSandbox struct {
+	addr     string
+	mu       sync.Mutex
+	kills    int
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+func (s *localSandbox) ID() string { return "local1" }
+func (s *localSandbox) DialAgent(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", s.addr)
+}
+func (s *localSandbox) Stats(context.Context) (isolation.Stats, error) { return isolation.Stats{}, nil }
+func (s *localSandbox) Kill(context.Context) error {
+	s.mu.Lock()
+	s.kills++
+	s.mu.Unlock()
+	s.doneOnce.Do(func() { close(s.done) })
+	return nil
+}
+func (s *localSandbox) Done() <-chan struct{} { return s.done }
+
+func TestRun(t *testing.T) {
+	dataDir := t.TempDir()
+	hostDir := t.TempDir()
+	tests := []struct {
+		name       string
+		stdin      string
+		args       []string
+		wantCode   int
+		wantStdout string
+	}{
+		{"echo", "", []string{"echo", "hi", "there"}, 0, "hi there\n"},
+		{"exit code", "", []string{"exit", "3"}, 3, ""},
+		{"signal", "", []string{"kill"}, 137, ""},
+		{"stdin", "abc", []string{"cat"}, 0, "abc"},
+		{"no stdin", "abc", []string{"--no-stdin", "--", "cat"}, 0, ""},
+		{"flags after cmd go to cmd", "", []string{"echo", "-e", "x"}, 0, "-e x\n"},
+		{"env only from -e", "", []string{"-e", "A=1", "--", "env"}, 0, "A=1\n"},
+		{"workdir", "", []string{"-w", "/tmp", "--", "pwd"}, 0, "/tmp\n"},
+		{"user", "", []string{"--user", "root", "--", "whoami"}, 0, "root\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(clienttest.NewAgent())
+			defer srv.Close()
+			sb := &localSandbox{addr: srv.Listener.Addr().String(), done: make(chan struct{})}
+			var opts LocalOptions
+			deps := Deps{NewLocal: func(ctx context.Context, o LocalOptions) (isolation.Sandbox, error) {
+				opts = o
+				return sb, nil
+			}}
+			args := append([]string{"run", "--data-dir", dataDir, "-v", hostDir + ":/host:ro"}, tt.args...)
+			code, stdout, stderr := execute(t, deps, tt.stdin, args...)
+			if code != tt.wantCode || stdout != tt.wantStdout {
+				t.Errorf("fence %v = %d, stdout %q, stderr %q; want %d, %q", args, code, stdout, stderr, tt.wantCode, tt.wantStdout)
+			}
+			if sb.kills != 1 {
+				t.Errorf("fence %v killed the sandbox %d times, want 1", args, sb.kills)
+			}
+			wantBinds := []isolation.Bind{{HostPath: hostDir, Path: "/host", ReadOnly: true}}
+			if opts.Template != "minimal" || opts.DataDir != dataDir || !reflect.DeepEqual(opts.Binds, wantBinds) {
+				t.Errorf("fence %v local options = %+v", args, opts)
+			}
+		})
+	}
+}
+
+func TestParseBind(t *testing.T) {
+	dataDir := t.TempDir()
+	host := t.TempDir()
+	inData := filepath.Join(dataDir, "templates")
+	os.Mkdir(inData, 0o755)
+	linkToData := filepath.Join(host, "link")
+	os.Symlink(inData, linkToData)
+	linkToProc := filepath.Join(host, "proc")
+	os.Symlink("/proc/self", linkToProc)
+	sub := filepath.Join(host, "sub")
+	os.Mkdir(sub, 0o755)
+	t.Chdir(host)
+	tests := []struct {
+		spec    string
+		want    isolation.Bind
+		wantErr bool
+	}{
+		{spec: host + ":/work", want: isolation.Bind{HostPath: host, Path: "/work"}},
+		{spec: host + ":/work:ro", want: isolation.Bind{HostPath: host, Path: "/work", ReadOnly: true}},
+		{spec: host + ":/work/:rw", want: isolation.Bind{HostPath: host, Path: "/work"}},
+		{spec: "sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
+		{spec: "./sub/../sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
+		{spec: host, wantErr: true},
+		{spec: host + ":work", wantErr: true},
+		{spec: host + ":/", wantErr: true},
+		{spec: host + ":/w:rx", wantErr: true},
+		{spec: host + ":/w:ro:x", wantErr: true},
+		{spec: ":/w", wantErr: true},
+		{spec: filepath.Join(host, "missing") + ":/w", wantErr: true},
+		{spec: "/:/host", wantErr: true},
+		{spec: "/proc:/p", wantErr: true},
+		{spec: "/proc/self:/p", wantErr: true},
+		{spec: "/sys/kernel:/p", wantErr: true},
+		{spec: "/dev/null:/p", wantErr: true},
+		{spec: linkToProc + ":/p", wantErr: true},
+		{spec: inData + ":/p", wantErr: true},
+		{spec: dataDir + ":/p", wantErr: true},
+		{spec: filepath.Dir(dataDir) + ":/p", wantErr: true}, // contains the data dir
+		{spec: linkToData + ":/p", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := parseBind(tt.spec, dataDir)
+		if (err != nil) != tt.wantErr || (!tt.wantErr && got != tt.want) {
+			t.Errorf("parseBind(%q) = %+v, %v; want %+v, error %v", tt.spec, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestParseEnv(t *testing.T) {
+	tests := []struct {
+		in      []string
+		want    map[string]string
+		wantErr bool
+	}{
+		{nil, nil, false},
+		{[]string{"A=1", "B=x=y", "C="}, map[string]string{"A": "1", "B": "x=y", "C": ""}, false},
+		{[]string{"HOME"}, nil, true},
+		{[]string{"=v"}, nil, true},
+	}
+	for _, tt := range tests {
+		got, err := parseEnv(tt.in)
+		if (err != nil) != tt.wantErr || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("parseEnv(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}

@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// Defaults shared by the verbs.
+const (
+	DefaultAddr         = "127.0.0.1:3000"
+	DefaultURL          = "http://" + DefaultAddr
+	DefaultDataDir      = "/var/lib/fence"
+	DefaultDomain       = "localhost"
+	DefaultCPUs         = 2.0
+	DefaultMemoryMB     = 512
+	DefaultPids         = 1024
+	DefaultDiskMB       = 1024
+	DefaultNoFile       = 1024
+	DefaultTimeout      = 5 * time.Minute
+	DefaultMaxSandboxes = 1000
+)
+
+// ServeOptions configures `fence serve`.
+type ServeOptions struct {
+	// Addr is the listen address of the API and sandbox traffic.
+	Addr string
+	// DataDir holds the daemon's state (database, sandboxes, api-key).
+	DataDir string
+	// TemplatesDir holds the built templates; DataDir/templates by default.
+	TemplatesDir string
+	// APIKey is the key clients must send. Empty means the daemon uses the
+	// key stored in DataDir/api-key, generating it on first start.
+	APIKey string
+	// Domain is the base domain of per-sandbox hosts ({port}-{id}.{domain}).
+	Domain string
+	// Limits are the per-sandbox defaults.
+	Limits isolation.Limits
+	// Timeout is the default sandbox time to live.
+	Timeout time.Duration
+	// MaxSandboxes caps the number of sandboxes alive at once.
+	MaxSandboxes int
+}
+
+// LocalOptions configures a sandbox started without a daemon (`fence run`).
+type LocalOptions struct {
+	DataDir      string
+	TemplatesDir string // DataDir/templates by default
+	Template     string // template name, e.g. "minimal"
+	// Timeout kills the sandbox after this long; zero means no limit.
+	Timeout time.Duration
+	// Binds are host paths mounted into the sandbox, validated by the CLI.
+	Binds   []isolation.Bind
+	Workdir string            // default working directory; "" = the template's
+	Env     map[string]string // sandbox-wide environment (only what -e gave)
+	Limits  isolation.Limits
+}
+
+// BenchOptions configures `fence bench`.
+type BenchOptions struct {
+	Iterations   int
+	Template     string
+	DataDir      string
+	TemplatesDir string
+	// Peers also runs the peer runtimes found on the machine (bwrap, crun,
+	// runc, …) in the same run, for comparison.
+	Peers bool
+}
+
+func defaultLimits() isolation.Limits {
+	return isolation.Limits{
+		CPUs:        DefaultCPUs,
+		MemoryBytes: DefaultMemoryMB << 20,
+		Pids:        DefaultPids,
+		DiskBytes:   DefaultDiskMB << 20,
+		NoFile:      DefaultNoFile,
+	}
+}

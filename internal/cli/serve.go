@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// limitFlags are the resource-limit flags shared by serve and run.
+type limitFlags struct {
+	cpus     float64
+	memoryMB int64
+	pids     int64
+	diskMB   int64
+	nofile   uint64
+}
+
+func (l *limitFlags) add(fs *pflag.FlagSet) {
+	d := defaultLimits()
+	fs.Float64Var(&l.cpus, "cpus", d.CPUs, "CPU bandwidth per sandbox, in cores")
+	fs.Int64Var(&l.memoryMB, "memory-mb", d.MemoryBytes>>20, "memory limit per sandbox in MiB, swap included")
+	fs.Int64Var(&l.pids, "pids", d.Pids, "maximum number of processes and threads per sandbox")
+	fs.Int64Var(&l.diskMB, "disk-mb", d.DiskBytes>>20, "writable disk per sandbox in MiB")
+	fs.Uint64Var(&l.nofile, "nofile", d.NoFile, "open-file limit (RLIMIT_NOFILE) per sandbox")
+}
+
+func (l *limitFlags) limits() (isolation.Limits, error) {
+	if l.cpus <= 0 || l.memoryMB <= 0 || l.pids <= 0 || l.diskMB <= 0 || l.nofile == 0 {
+		return isolation.Limits{}, usagef("--cpus, --memory-mb, --pids, --disk-mb and --nofile must be above zero")
+	}
+	return isolation.Limits{
+		CPUs:        l.cpus,
+		MemoryBytes: l.memoryMB << 20,
+		Pids:        l.pids,
+		DiskBytes:   l.diskMB << 20,
+		NoFile:      l.nofile,
+	}, nil
+}
+
+// templatesDir returns dir, or dataDir/templates when dir is empty.
+func templatesDir(dir, dataDir string) string {
+	if dir != "" {
+		return dir
+	}
+	return filepath.Join(dataDir, "templates")
+}
+
+func serveCmd(deps Deps) *cobra.Command {
+	var o ServeOptions
+	var lim limitFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the fence daemon (E2B-compatible API)",
+		Long: `Run the fence daemon: the E2B-compatible control plane and the proxy for
+sandbox traffic, on one listener.
+
+Clients authenticate with an API key: $FENCE_API_KEY if set, else the key in
+DATA-DIR/api-key, generated on first start. Point the E2B SDKs at the daemon:
+  E2B_API_URL=http://ADDR E2B_SANDBOX_URL=http://ADDR E2B_API_KEY=<key>
+
+The limits below are the defaults of every sandbox. The daemon stops on
+SIGINT or SIGTERM.`,
+		Example: `  # Serve on the default address with the default data directory
+  sudo fence serve
+
+  # Listen on all interfaces, allow 200 sandboxes of 1 GiB each
+  sudo fence serve --addr 0.0.0.0:3000 --memory-mb 1024 --max-sandboxes 200`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.Serve == nil {
+				return errUnavailable("fence serve")
+			}
+			limits, err := lim.limits()
+			if err != nil {
+				return err
+			}
+			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
+				return usagef("--timeout and --max-sandboxes must be above zero")
+			}
+			o.Limits = limits
+			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
+			o.APIKey = os.Getenv("FENCE_API_KEY")
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := deps.Serve(ctx, o); err != nil {
+				return fmt.Errorf("serving: %w", err)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Addr, "addr", DefaultAddr, "listen address (host:port) for the API and sandbox traffic")
+	fs.StringVar(&o.DataDir, "data-dir", DefaultDataDir, "directory for the daemon's state")
+	fs.StringVar(&o.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
+	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN)")
+	lim.add(fs)
+	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
+	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	return cmd
+}
+
+func templateCmd(deps Deps) *cobra.Command {
+	group := groupCmd("template", "Build the templates sandboxes start from")
+	var dataDir, tdir string
+	var force bool
+	build := &cobra.Command{
+		Use:   "build minimal|base",
+		Short: "Build a template",
+		Long: `Build a template, an immutable directory tree that sandboxes share
+read-only:
+  minimal  busybox; builds in seconds, for tests
+  base     Debian bookworm with python3, curl, git, sudo and user "user"
+Progress goes to stderr. An existing template is kept unless --force.`,
+		Example: `  fence template build minimal
+  fence template build base --force`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.BuildTemplate == nil {
+				return errUnavailable("fence template build")
+			}
+			name := args[0]
+			if name != "minimal" && name != "base" {
+				return usagef("unknown template %q: want minimal or base", name)
+			}
+			if err := deps.BuildTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, force, cmd.ErrOrStderr()); err != nil {
+				return fmt.Errorf("building template %s: %w", name, err)
+			}
+			return nil
+		},
+	}
+	fs := build.Flags()
+	fs.StringVar(&dataDir, "data-dir", DefaultDataDir, "directory for fence's state")
+	fs.StringVar(&tdir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
+	fs.BoolVar(&force, "force", false, "rebuild the template if it exists")
+	group.AddCommand(build)
+	return group
+}
+
+func benchCmd(deps Deps) *cobra.Command {
+	var o BenchOptions
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure sandbox create/exec/kill latency",
+		Long: `Measure the latency of creating a sandbox, running a command in it and
+killing it, cold. With --peers, the peer runtimes installed on this machine
+(bwrap, crun, runc, podman, …) run the same workload in the same run.`,
+		Example: `  sudo fence bench --iterations 50
+  sudo fence bench --peers`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.Bench == nil {
+				return errUnavailable("fence bench")
+			}
+			if o.Iterations <= 0 {
+				return usagef("--iterations must be above zero")
+			}
+			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
+			return deps.Bench(cmd.Context(), o, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&o.Iterations, "iterations", 100, "number of create/exec/kill cycles")
+	fs.StringVar(&o.Template, "template", "minimal", "template the sandboxes start from")
+	fs.StringVar(&o.DataDir, "data-dir", DefaultDataDir, "directory for fence's state")
+	fs.StringVar(&o.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
+	fs.BoolVar(&o.Peers, "peers", false, "also run the peer runtimes found on this machine")
+	return cmd
+}
+
+func agentCmd(deps Deps) *cobra.Command {
+	return &cobra.Command{
+		Use:                "agent",
+		Short:              "Run the in-sandbox agent (internal)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.Agent == nil {
+				return errUnavailable("fence agent")
+			}
+			return deps.Agent(cmd.Context())
+		},
+	}
+}
+
+func initCmd(deps Deps) *cobra.Command {
+	return &cobra.Command{
+		Use:                "init",
+		Short:              "Set up a new sandbox (internal, started by the native backend)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.SandboxInit == nil {
+				return errUnavailable("fence init")
+			}
+			return deps.SandboxInit()
+		},
+	}
+}

@@ -1,0 +1,35 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/fencesandbox/fence/internal/agent"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+)
+
+// RunAgent is the `fence agent` role: PID 1 inside a sandbox. It takes its
+// listener and configuration from the native backend's init and serves
+// until the sandbox dies.
+func RunAgent(ctx context.Context) error {
+	var cfg isolation.AgentConfig
+	if raw := os.Getenv(native.AgentConfigEnv); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+			return fmt.Errorf("decoding agent config: %w", err)
+		}
+	}
+	os.Unsetenv(native.AgentConfigEnv)
+	f := os.NewFile(native.AgentListenerFD, "listener")
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return fmt.Errorf("opening agent listener: %w", err)
+	}
+	f.Close()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log})
+}

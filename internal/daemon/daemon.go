@@ -1,0 +1,220 @@
+// Package daemon is fence's composition root: it builds the subsystems of
+// `fence serve` in order (data dir, API key, templates, isolation backend,
+// store, sandbox manager, HTTP API) and tears them down in reverse.
+//
+// # Guarantees
+//
+//   - One daemon per data dir: a second one fails at start (flock).
+//   - On start, whatever a previous, crashed daemon left behind is killed
+//     and removed before the API accepts requests.
+//   - On SIGTERM (ctx done) the listener stops accepting, in-flight
+//     requests get a grace period, every sandbox is killed and the store is
+//     closed.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/template"
+)
+
+// Options configures the daemon.
+type Options struct {
+	Addr         string // listen address; required
+	DataDir      string // required
+	TemplatesDir string // empty means DataDir/templates
+	// APIKey is the key clients must present. Empty means the key stored in
+	// DataDir/api-key, generated (e2b_ + 40 hex digits) on first start.
+	APIKey       string
+	Domain       string
+	Defaults     sandbox.Defaults
+	MaxSandboxes int
+	// Executable is the static fence binary for sandboxes; empty means the
+	// running one.
+	Executable string
+	Logger     *slog.Logger // nil discards
+	// Stdout receives the start-up lines meant for the operator (where the
+	// API key is, the address). Nil discards.
+	Stdout io.Writer
+	// Ready, if set, is called with the listener's address once the API
+	// accepts requests.
+	Ready func(addr net.Addr)
+}
+
+var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{20,}$`)
+
+// Serve runs the daemon until ctx is done.
+func Serve(ctx context.Context, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	out := opts.Stdout
+	if out == nil {
+		out = io.Discard
+	}
+	if opts.DataDir == "" || opts.Addr == "" {
+		return errors.New("daemon: Addr and DataDir are required")
+	}
+	if opts.TemplatesDir == "" {
+		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
+	}
+	if err := os.MkdirAll(opts.DataDir, 0o711); err != nil {
+		return fmt.Errorf("creating data dir: %w", err)
+	}
+	unlock, err := lockDataDir(opts.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	key, keyPath, err := apiKey(opts)
+	if err != nil {
+		return err
+	}
+	if keyPath != "" {
+		fmt.Fprintf(out, "fence: API key in %s\n", keyPath)
+	}
+	templates, err := template.New(template.Options{Dir: opts.TemplatesDir, Logger: log})
+	if err != nil {
+		return fmt.Errorf("opening templates: %w", err)
+	}
+	backend, err := native.New(ctx, native.Options{
+		StateDir:   filepath.Join(opts.DataDir, "native"),
+		Instance:   "serve",
+		Executable: opts.Executable,
+		Defaults: isolation.Limits{
+			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
+			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("starting native backend: %w", err)
+	}
+	defer backend.Close()
+	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
+	if err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
+	defer st.Close()
+	mgr, err := sandbox.New(sandbox.Options{
+		Backend:      backend,
+		Store:        st,
+		Templates:    templates,
+		Defaults:     opts.Defaults,
+		MaxSandboxes: opts.MaxSandboxes,
+		Logger:       log,
+	})
+	if err != nil {
+		return fmt.Errorf("creating sandbox manager: %w", err)
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("starting sandbox manager: %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := mgr.Shutdown(sctx); err != nil {
+			log.Error("shutting down sandboxes", "err", err)
+		}
+	}()
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
+	}
+	srv := &http.Server{
+		Handler: httpapi.New(httpapi.Options{
+			Manager: mgr,
+			APIKey:  key,
+			Domain:  opts.Domain,
+			Logger:  log,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	fmt.Fprintf(out, "fence: serving the E2B API on http://%s (data in %s)\n", ln.Addr(), opts.DataDir)
+	if opts.Ready != nil {
+		opts.Ready(ln.Addr())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	fmt.Fprintln(out, "fence: shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	// Streams to sandboxes may last; they end when the sandboxes are
+	// killed right after.
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+// lockDataDir makes sure one daemon owns the data dir.
+func lockDataDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "daemon.lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking data dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data dir %s is in use by another fence serve", dir)
+	}
+	return func() { f.Close() }, nil
+}
+
+// apiKey returns the key to require and, when it lives in a file, where.
+func apiKey(opts Options) (key, path string, err error) {
+	if opts.APIKey != "" {
+		return opts.APIKey, "", nil
+	}
+	path = filepath.Join(opts.DataDir, "api-key")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		key = strings.TrimSpace(string(b))
+		if !apiKeyPattern.MatchString(key) {
+			return "", "", fmt.Errorf("%s does not hold a valid key (e2b_ + hex digits)", path)
+		}
+		return key, path, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", "", fmt.Errorf("reading API key: %w", err)
+	}
+	raw := make([]byte, 20)
+	if _, err := rand.Read(raw); err != nil {
+		return "", "", err
+	}
+	key = "e2b_" + hex.EncodeToString(raw)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(key+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("writing API key: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", "", fmt.Errorf("writing API key: %w", err)
+	}
+	return key, path, nil
+}

@@ -1,0 +1,175 @@
+// Package httpapi serves fence's E2B-compatible HTTP API on one handler:
+// the REST control plane (/sandboxes, /v2/sandboxes, …) and the traffic
+// for sandboxes, which it reverse-proxies to each sandbox's agent.
+//
+// # Routing
+//
+// A request is sandbox traffic when it carries the E2b-Sandbox-Id header
+// (with E2b-Sandbox-Port), or when its Host is {port}-{id}.{Domain} or
+// {port}-{id}.localhost. Everything else is the control plane, whose routes
+// are the one table in routes.go.
+//
+// # Guarantees
+//
+//   - Control-plane routes other than GET /health require the API key in
+//     X-API-Key, compared in constant time.
+//   - Every error body is api.Error {"code":N,"message":"…"}; the mapping
+//     from the api.Err* taxonomy to status codes is errors.go's alone.
+//   - Sandbox traffic reaches the agent only with the sandbox's access
+//     token (or, for /files, a valid URL signature); the token is removed
+//     before forwarding, so the sandbox never sees it. The agent's internal
+//     routes (/init, …) are refused.
+//   - Traffic for an unknown or killed sandbox gets 502 api.ProxyError, and
+//     responses in flight when a sandbox dies are aborted, not ended cleanly,
+//     so the SDKs report the sandbox as gone.
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+// Manager is the part of *sandbox.Manager the API uses.
+type Manager interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	Get(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	Extend(ctx context.Context, id string, d time.Duration) error
+	Kill(ctx context.Context, id string) error
+	Stats(ctx context.Context, id string) (isolation.Stats, error)
+	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	DefaultTimeout() time.Duration
+}
+
+var _ Manager = (*sandbox.Manager)(nil)
+
+// Options configure the handler.
+type Options struct {
+	// Manager runs the sandboxes. Required.
+	Manager Manager
+	// APIKey is required in X-API-Key on control-plane routes. If empty,
+	// every authenticated route answers 401: the API fails closed.
+	APIKey string
+	// Domain is the sandbox domain: {port}-{id}.{Domain} hosts are sandbox
+	// traffic, and it is returned as `domain` to the SDKs. If empty, only
+	// {port}-{id}.localhost hosts and the routing headers select sandboxes,
+	// and `domain` is null.
+	Domain string
+	// Logger; nil discards logs.
+	Logger *slog.Logger
+	// Now returns the current time (signature expiry); nil means time.Now.
+	Now func() time.Time
+}
+
+// maxBodyBytes bounds control-plane request bodies.
+const maxBodyBytes = 1 << 20
+
+type handler struct {
+	m      Manager
+	apiKey []byte
+	domain string
+	log    *slog.Logger
+	now    func() time.Time
+	mux    *http.ServeMux
+	proxy  *httputil.ReverseProxy
+}
+
+// New returns the HTTP handler serving the control plane and sandbox
+// traffic.
+func New(opts Options) http.Handler {
+	h := &handler{
+		m:      opts.Manager,
+		apiKey: []byte(opts.APIKey),
+		domain: opts.Domain,
+		log:    opts.Logger,
+		now:    opts.Now,
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	h.mux = h.routes()
+	h.proxy = h.newProxy()
+	return h
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if t, ok, err := h.sandboxTarget(r); ok {
+		if err != nil {
+			writeError(w, r, h.log, err)
+			return
+		}
+		h.serveSandbox(w, r, t)
+		return
+	}
+	h.serveControl(w, r)
+}
+
+func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
+	_, pattern := h.mux.Handler(r)
+	if pattern == "" {
+		h.serveUnmatched(w, r)
+		return
+	}
+	if pattern != routeHealth && !h.authenticated(r) {
+		msg := "invalid API key"
+		if r.Header.Get("X-API-Key") == "" {
+			msg = "missing API key: send it in the X-API-Key header"
+		}
+		writeError(w, r, h.log, errorf(errUnauthenticated, "%s", msg))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	h.mux.ServeHTTP(w, r)
+}
+
+func (h *handler) authenticated(r *http.Request) bool {
+	got := []byte(r.Header.Get("X-API-Key"))
+	return len(h.apiKey) > 0 && subtle.ConstantTimeCompare(got, h.apiKey) == 1
+}
+
+// serveUnmatched answers requests no route takes: 405 when the path exists
+// with other methods, else 404, both as JSON.
+func (h *handler) serveUnmatched(w http.ResponseWriter, r *http.Request) {
+	rec := &headerRecorder{header: http.Header{}}
+	fallback, _ := h.mux.Handler(r)
+	fallback.ServeHTTP(rec, r)
+	if rec.status == http.StatusMethodNotAllowed {
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		writeError(w, r, h.log, errorf(errMethodNotAllowed, "method %s is not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeError(w, r, h.log, errorf(errNoRoute, "no route for %s %s", r.Method, r.URL.Path))
+}
+
+// headerRecorder captures the status and headers of the mux's fallback
+// handlers and drops their plain-text bodies.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *headerRecorder) Header() http.Header { return r.header }
+func (r *headerRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (r *headerRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}

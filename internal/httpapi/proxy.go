@@ -1,0 +1,241 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"path"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+// target is the sandbox and port a request is addressed to.
+type target struct {
+	id   string
+	port int
+}
+
+// hostSuffix is appended to sandbox IDs in the proxy's upstream URLs, so
+// the Transport pools connections per sandbox and can find the sandbox
+// again in DialContext.
+const hostSuffix = ".sandbox.fence.internal"
+
+// internalPaths are the agent routes only the daemon may call (reference
+// §2.7, x-internal in envd.yaml).
+var internalPaths = map[string]bool{
+	"/init": true, "/freeze": true, "/unfreeze": true, "/collapse": true,
+	"/fsfreeze": true, "/fsthaw": true, "/upgrade": true,
+}
+
+// msgUnauthorized is envd's own 401 message (reference §3.6).
+const msgUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
+
+// sandboxTarget reports whether r is sandbox traffic and to where. A
+// request that names a sandbox badly is sandbox traffic with an error.
+func (h *handler) sandboxTarget(r *http.Request) (target, bool, error) {
+	if id := r.Header.Get(api.HeaderSandboxID); id != "" {
+		p := r.Header.Get(api.HeaderSandboxPort)
+		if p == "" {
+			return target{}, true, errorf(api.ErrInvalidArgument, "Missing header: %s", api.HeaderSandboxPort)
+		}
+		port, err := strconv.Atoi(p)
+		if err != nil || port < 1 || port > 65535 {
+			return target{}, true, errorf(api.ErrInvalidArgument, "invalid %s header %q", api.HeaderSandboxPort, p)
+		}
+		return target{id: id, port: port}, true, nil
+	}
+	host := strings.ToLower(r.Host)
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	for _, suffix := range []string{"." + strings.ToLower(h.domain), ".localhost"} {
+		if suffix == "." || !strings.HasSuffix(host, suffix) {
+			continue
+		}
+		label := strings.TrimSuffix(host, suffix)
+		if strings.Contains(label, ".") {
+			continue
+		}
+		p, id, ok := strings.Cut(label, "-")
+		port, err := strconv.Atoi(p)
+		if !ok || err != nil || port < 1 || port > 65535 || id == "" {
+			continue
+		}
+		return target{id: id, port: port}, true, nil
+	}
+	return target{}, false, nil
+}
+
+func writeNotFound(w http.ResponseWriter, id, msg string) {
+	writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: id, Message: msg, Code: http.StatusBadGateway})
+}
+
+const msgSandboxNotFound = "The sandbox was not found"
+
+type proxyStateKey struct{}
+
+// proxyState is shared by one proxied request and the proxy's hooks.
+type proxyState struct {
+	id         string
+	path       string
+	killed     atomic.Bool // the sandbox stopped while the request ran
+	errHandled atomic.Bool // ErrorHandler answered the request
+}
+
+func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target) {
+	if !sandbox.ValidID(t.id) {
+		writeNotFound(w, t.id, msgSandboxNotFound)
+		return
+	}
+	box, info, ok := h.m.Lookup(t.id)
+	if !ok {
+		writeNotFound(w, t.id, msgSandboxNotFound)
+		return
+	}
+	if t.port != api.EnvdPort {
+		writeNotFound(w, t.id, fmt.Sprintf("port %d is not reachable: fence forwards only the agent's port %d "+
+			"until sandbox networking lands", t.port, api.EnvdPort))
+		return
+	}
+	p := path.Clean("/" + r.URL.Path)
+	if internalPaths[strings.ToLower(strings.TrimSuffix(p, "/"))] {
+		writeError(w, r, h.log, errorf(api.ErrPermissionDenied, "%s is internal to the sandbox agent", p))
+		return
+	}
+	if err := h.authorizeSandbox(r, info.EnvdAccessToken, p); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+
+	st := &proxyState{id: t.id, path: p}
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), proxyStateKey{}, st))
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-box.Done():
+			st.killed.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	rw := &trackingWriter{ResponseWriter: w}
+	h.proxy.ServeHTTP(rw, r.WithContext(ctx))
+	cancel()
+	<-stopped
+	if st.killed.Load() && rw.wroteHeader && !st.errHandled.Load() {
+		// The sandbox died mid-response: abort the connection so the client
+		// sees a broken stream, not a clean end (reference §3.4).
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// authorizeSandbox checks the access token (or a /files signature) of a
+// request to the agent, as envd itself would (reference §3.6).
+func (h *handler) authorizeSandbox(r *http.Request, token, p string) error {
+	if token == "" || (p == "/health" && r.Method == http.MethodGet) {
+		return nil
+	}
+	if got := r.Header.Get(api.HeaderAccessToken); got != "" {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+			return nil
+		}
+		return errorf(errUnauthenticated, "%s", msgUnauthorized)
+	}
+	if p == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) {
+		op := "read"
+		if r.Method == http.MethodPost {
+			op = "write"
+		}
+		if err := checkSignature(r.URL.Query(), op, token, h.now()); err != nil {
+			return errorf(errUnauthenticated, "%s", err.Error())
+		}
+		return nil
+	}
+	return errorf(errUnauthenticated, "%s", msgUnauthorized)
+}
+
+func (h *handler) newProxy() *httputil.ReverseProxy {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			id := strings.TrimSuffix(host, hostSuffix)
+			box, _, ok := h.m.Lookup(id)
+			if !ok {
+				return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrNotFound)
+			}
+			return box.DialAgent(ctx)
+		},
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 0, // streams may take their time; the client's context bounds them
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			st := pr.In.Context().Value(proxyStateKey{}).(*proxyState)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = st.id + hostSuffix
+			pr.Out.URL.Path = st.path
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = "localhost"
+			pr.Out.Header.Del(api.HeaderAccessToken)
+			pr.Out.Header.Del(api.HeaderSandboxID)
+			pr.Out.Header.Del(api.HeaderSandboxPort)
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			st := r.Context().Value(proxyStateKey{}).(*proxyState)
+			st.errHandled.Store(true)
+			if _, _, ok := h.m.Lookup(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
+				writeNotFound(w, st.id, msgSandboxNotFound)
+				return
+			}
+			if r.Context().Err() != nil {
+				return // the client went away; nobody reads an answer
+			}
+			h.log.WarnContext(r.Context(), "proxying to sandbox agent", "sandbox_id", st.id, "err", err)
+			writeNotFound(w, st.id, "The sandbox agent did not answer")
+		},
+	}
+}
+
+// trackingWriter records whether the response has started. It unwraps for
+// http.ResponseController, so flushing still works.
+type trackingWriter struct {
+	http.ResponseWriter
+	wroteHeader bool
+}
+
+func (w *trackingWriter) WriteHeader(code int) {
+	w.wroteHeader = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *trackingWriter) Write(b []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *trackingWriter) Flush() {
+	w.wroteHeader = true
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

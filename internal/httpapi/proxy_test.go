@@ -1,0 +1,282 @@
+package httpapi
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation/fake"
+)
+
+func sbxHeaders(id, token string) []string {
+	h := []string{api.HeaderSandboxID + ": " + id, api.HeaderSandboxPort + ": 49983"}
+	if token != "" {
+		h = append(h, api.HeaderAccessToken+": "+token)
+	}
+	return h
+}
+
+func wantProxyError(t *testing.T, what string, resp *http.Response, b []byte, id, msg string) {
+	t.Helper()
+	var pe api.ProxyError
+	if err := json.Unmarshal(b, &pe); err != nil || resp.StatusCode != 502 || pe.Code != 502 || pe.SandboxID != id ||
+		!strings.Contains(pe.Message, msg) {
+		t.Errorf("%s = %d %s, want 502 {sandboxId:%q, message~%q, code:502}", what, resp.StatusCode, b, id, msg)
+	}
+}
+
+func TestProxyRouting(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	id, tok := s.SandboxID, s.EnvdAccessToken
+
+	// Health needs no token, by header or by host.
+	for _, hdr := range [][]string{
+		sbxHeaders(id, ""),
+		{"Host: 49983-" + id + ".fence.test"},
+		{"Host: 49983-" + id + ".fence.test:3000"},
+		{"Host: 49983-" + id + ".localhost"},
+	} {
+		resp, b := e.do(t, "GET", "/health", "", hdr...)
+		if resp.StatusCode != 204 {
+			t.Errorf("GET /health %v = %d %s, want 204 from the agent", hdr, resp.StatusCode, b)
+		}
+	}
+
+	// With the token, requests reach the agent, without the token header.
+	resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir?x=1", `{"path":"/"}`,
+		append(sbxHeaders(id, tok), "Authorization: Basic cm9vdDo=", "Content-Type: application/json")...)
+	var echo fake.Echo
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("proxied POST = %d %s", resp.StatusCode, b)
+	}
+	if echo.SandboxID != id || echo.Path != "/filesystem.Filesystem/ListDir" || echo.Query != "x=1" || echo.Body != `{"path":"/"}` {
+		t.Errorf("agent saw %+v", echo)
+	}
+	for k := range echo.Header {
+		if strings.EqualFold(k, api.HeaderAccessToken) || strings.EqualFold(k, api.HeaderSandboxID) {
+			t.Errorf("agent saw header %s: the proxy must strip it", k)
+		}
+	}
+	if got := http.Header(echo.Header).Get("Authorization"); got != "Basic cm9vdDo=" {
+		t.Errorf("agent saw Authorization %q, want the user's Basic header", got)
+	}
+
+	// Host routing works with the token too.
+	resp, b = e.do(t, "GET", "/envs", "", "Host: 49983-"+id+".fence.test", api.HeaderAccessToken+": "+tok)
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /envs by host = %d %s", resp.StatusCode, b)
+	}
+	// A control-plane-looking path with sandbox headers is sandbox traffic.
+	resp, b = e.do(t, "GET", "/sandboxes", "", sbxHeaders(id, tok)...)
+	if err := json.Unmarshal(b, &echo); err != nil || echo.Path != "/sandboxes" {
+		t.Errorf("GET /sandboxes with sandbox headers = %d %s, want the agent's echo", resp.StatusCode, b)
+	}
+	// The API host itself is the control plane.
+	resp, _ = e.do(t, "GET", "/v2/sandboxes", "", "Host: api.fence.test", "X-API-Key: "+testKey)
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /v2/sandboxes on api.fence.test = %d, want 200", resp.StatusCode)
+	}
+
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		hdr    []string
+		status int
+		msg    string
+	}{
+		{"no token", "POST", "/process.Process/Start", sbxHeaders(id, ""), 401, msgUnauthorized},
+		{"wrong token", "POST", "/process.Process/Start", sbxHeaders(id, "nope"), 401, msgUnauthorized},
+		{"other sandbox's token", "GET", "/envs", sbxHeaders(id, strings.Repeat("0", 64)), 401, msgUnauthorized},
+		{"internal init", "POST", "/init", sbxHeaders(id, tok), 403, "internal"},
+		{"internal init dotted", "POST", "/a/../INIT", sbxHeaders(id, tok), 403, "internal"},
+		{"internal freeze", "POST", "/freeze/", sbxHeaders(id, tok), 403, "internal"},
+		{"missing port", "GET", "/health", []string{api.HeaderSandboxID + ": " + id}, 400, "Missing header: E2b-Sandbox-Port"},
+		{"bad port", "GET", "/health", []string{api.HeaderSandboxID + ": " + id, api.HeaderSandboxPort + ": x"}, 400, "invalid"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, b := e.do(t, tt.method, tt.path, "", tt.hdr...)
+			wantError(t, tt.method+" "+tt.path, resp, b, tt.status, tt.msg)
+		})
+	}
+
+	// Other ports: 502 in the proxy's shape.
+	resp, b = e.do(t, "GET", "/", "", api.HeaderSandboxID+": "+id, api.HeaderSandboxPort+": 8000")
+	wantProxyError(t, "GET port 8000", resp, b, id, "port 8000")
+	resp, b = e.do(t, "GET", "/", "", "Host: 8000-"+id+".fence.test")
+	wantProxyError(t, "GET port 8000 by host", resp, b, id, "port 8000")
+
+	// Unknown sandboxes and junk IDs.
+	for _, bad := range []string{"unknown", "..", "a%2fb", "UPPER"} {
+		resp, b = e.do(t, "GET", "/health", "", sbxHeaders(bad, "")...)
+		wantProxyError(t, "GET /health of "+bad, resp, b, bad, "The sandbox was not found")
+	}
+}
+
+func TestProxySignatures(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	id, tok := s.SandboxID, s.EnvdAccessToken
+	future := time.Now().Add(time.Hour).Unix()
+	past := time.Now().Add(-time.Hour).Unix()
+	filesURL := func(path, op, user string, exp *int64, sig string) string {
+		q := url.Values{"path": {path}}
+		if user != "" {
+			q.Set("username", user)
+		}
+		if sig == "" {
+			sig = fileSignature(path, op, user, tok, exp)
+		}
+		if sig != "-" {
+			q.Set("signature", sig)
+		}
+		if exp != nil {
+			q.Set("signature_expiration", strconv.FormatInt(*exp, 10))
+		}
+		return "/files?" + q.Encode()
+	}
+	tests := []struct {
+		name, method, url string
+		hdr               []string
+		status            int
+		msg               string
+	}{
+		{"read signed", "GET", filesURL("a.txt", "read", "", nil, ""), nil, 200, ""},
+		{"read signed user", "GET", filesURL("/tmp/a", "read", "root", nil, ""), nil, 200, ""},
+		{"write signed with expiry", "POST", filesURL("a.txt", "write", "user", &future, ""), nil, 200, ""},
+		{"token instead", "GET", "/files?path=a.txt", []string{api.HeaderAccessToken + ": " + tok}, 200, ""},
+		{"missing", "GET", filesURL("a.txt", "read", "", nil, "-"), nil, 401, "missing signature query parameter"},
+		{"invalid", "GET", filesURL("a.txt", "read", "", nil, "v1_bogus"), nil, 401, "invalid signature"},
+		{"wrong operation", "POST", filesURL("a.txt", "read", "", nil, ""), nil, 401, "invalid signature"},
+		{"expired", "GET", filesURL("a.txt", "read", "", &past, ""), nil, 401, "signature is already expired"},
+		{"wrong token wins over signature", "GET", filesURL("a.txt", "read", "", nil, ""), []string{api.HeaderAccessToken + ": x"}, 401, msgUnauthorized},
+		{"signature does not open other routes", "POST", "/process.Process/List?signature=" + fileSignature("", "write", "", tok, nil), nil, 401, msgUnauthorized},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, b := e.do(t, tt.method, tt.url, "", append(sbxHeaders(id, ""), tt.hdr...)...)
+			if tt.status == 200 {
+				if resp.StatusCode != 200 {
+					t.Errorf("%s %s = %d %s, want 200", tt.method, tt.url, resp.StatusCode, b)
+				}
+				return
+			}
+			wantError(t, tt.method+" "+tt.url, resp, b, tt.status, tt.msg)
+			if tt.msg != msgUnauthorized {
+				var e api.Error
+				json.Unmarshal(b, &e)
+				if e.Message != tt.msg {
+					t.Errorf("message = %q, want exactly %q", e.Message, tt.msg)
+				}
+			}
+		})
+	}
+}
+
+func TestFileSignatureVector(t *testing.T) {
+	// sha256("a.txt:read::tok") in unpadded standard base64, as the SDK computes it.
+	got := fileSignature("a.txt", "read", "", "tok", nil)
+	if !strings.HasPrefix(got, "v1_") || strings.HasSuffix(got, "=") || len(got) != 3+43 {
+		t.Errorf("fileSignature() = %q, want v1_ + 43 unpadded base64 chars", got)
+	}
+	exp := int64(1700000000)
+	if fileSignature("a.txt", "read", "", "tok", &exp) == got {
+		t.Errorf("fileSignature with expiration = without")
+	}
+}
+
+func TestProxyAfterKill(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	resp, _ := e.api(t, "DELETE", "/sandboxes/"+s.SandboxID, "")
+	if resp.StatusCode != 204 {
+		t.Fatalf("DELETE = %d", resp.StatusCode)
+	}
+	resp, b := e.do(t, "GET", "/health", "", sbxHeaders(s.SandboxID, "")...)
+	wantProxyError(t, "GET /health after kill", resp, b, s.SandboxID, "The sandbox was not found")
+	resp, b = e.do(t, "GET", "/health", "", "Host: 49983-"+s.SandboxID+".fence.test")
+	wantProxyError(t, "GET /health by host after kill", resp, b, s.SandboxID, "The sandbox was not found")
+}
+
+// TestStreamAbortOnKill checks that a stream in flight when its sandbox is
+// killed breaks (the client sees an error), instead of ending cleanly.
+func TestStreamAbortOnKill(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.srv.URL+"/process.Process/Start",
+		strings.NewReader("\x00\x00\x00\x00\x02{}"))
+	for _, h := range sbxHeaders(s.SandboxID, s.EnvdAccessToken) {
+		k, v, _ := strings.Cut(h, ": ")
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/connect+json")
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("Start = %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	first, err := readEnvelope(br)
+	if err != nil || !strings.Contains(string(first), "start") {
+		t.Fatalf("first envelope = %q, %v; want the start event", first, err)
+	}
+	if _, err := readEnvelope(br); err != nil {
+		t.Fatalf("keepalive envelope: %v", err)
+	}
+	if err := e.m.Kill(t.Context(), s.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, err := readEnvelope(br)
+		if err == nil {
+			continue
+		}
+		if err.Error() == "EOF" {
+			t.Errorf("stream ended cleanly after kill; want an aborted connection")
+		}
+		break
+	}
+}
+
+// TestStreamAbortOnAgentDeath: the same when the sandbox dies on its own.
+func TestStreamAbortOnAgentDeath(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.srv.URL+"/process.Process/Start", strings.NewReader("x"))
+	for _, h := range sbxHeaders(s.SandboxID, s.EnvdAccessToken) {
+		k, v, _ := strings.Cut(h, ": ")
+		req.Header.Set(k, v)
+	}
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := readEnvelope(br); err != nil {
+		t.Fatal(err)
+	}
+	fs, _ := e.host.Sandbox(s.SandboxID)
+	fs.Crash()
+	for {
+		_, err := readEnvelope(br)
+		if err == nil {
+			continue
+		}
+		if err.Error() == "EOF" {
+			t.Errorf("stream ended cleanly after the agent died; want an aborted connection")
+		}
+		break
+	}
+}

@@ -1,0 +1,36 @@
+package httpapi
+
+import "net/http"
+
+const routeHealth = "GET /health"
+
+// routes is THE control-plane route table (reference §2.3).
+func (h *handler) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc(routeHealth, h.health)
+
+	mux.HandleFunc("POST /sandboxes", h.create)
+	mux.HandleFunc("POST /v2/sandboxes", h.create)
+	mux.HandleFunc("GET /sandboxes", h.listV1)
+	mux.HandleFunc("GET /v2/sandboxes", h.listV2)
+	mux.HandleFunc("GET /sandboxes/{id}", h.get)
+	mux.HandleFunc("DELETE /sandboxes/{id}", h.kill)
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", h.setTimeout)
+	mux.HandleFunc("POST /sandboxes/{id}/connect", h.connect)
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.connect)
+	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+
+	// Not supported yet: a clear error, never a hang.
+	mux.HandleFunc("POST /sandboxes/{id}/pause", h.unsupported("pause", true))
+	mux.HandleFunc("POST /sandboxes/{id}/resume", h.unsupported("resume", true))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", h.unsupported("fork", true))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.unsupported("snapshots", true))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", h.unsupported("updating the network of a running sandbox", true))
+	mux.HandleFunc("GET /sandboxes/{id}/logs", h.unsupported("sandbox logs", true))
+	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", h.unsupported("sandbox logs", true))
+	mux.HandleFunc("GET /snapshots", h.unsupported("snapshots", false))
+	mux.HandleFunc("DELETE /templates/{id}", h.unsupported("deleting templates and snapshots", false))
+	mux.HandleFunc("GET /sandboxes/metrics", h.unsupported("metrics of several sandboxes", false))
+	return mux
+}

@@ -1,0 +1,366 @@
+package httpapi
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+const (
+	defaultListLimit = 100
+	maxListLimit     = 100
+)
+
+func (h *handler) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Error{Code: http.StatusOK, Message: "Health check successful"})
+}
+
+func (h *handler) domainPtr() *string {
+	if h.domain == "" {
+		return nil
+	}
+	d := h.domain
+	return &d
+}
+
+func (h *handler) toAPISandbox(s *sandbox.Sandbox) api.Sandbox {
+	return api.Sandbox{
+		SandboxID:       s.ID,
+		TemplateID:      s.TemplateID,
+		ClientID:        api.ClientID,
+		EnvdVersion:     api.EnvdVersion,
+		EnvdAccessToken: s.EnvdAccessToken,
+		Domain:          h.domainPtr(),
+	}
+}
+
+func toListed(s *sandbox.Sandbox) api.ListedSandbox {
+	return api.ListedSandbox{
+		SandboxID:   s.ID,
+		TemplateID:  s.TemplateID,
+		ClientID:    api.ClientID,
+		CPUCount:    s.CPUs,
+		MemoryMB:    s.MemoryMB,
+		DiskSizeMB:  s.DiskMB,
+		EnvdVersion: api.EnvdVersion,
+		StartedAt:   s.StartedAt,
+		EndAt:       s.EndAt,
+		State:       string(sandbox.StateRunning),
+		Metadata:    s.Metadata,
+	}
+}
+
+// sandboxID returns the {id} path value, or an error if it cannot name a
+// sandbox (so "..", slashes and the like never reach the manager).
+func sandboxID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if !sandbox.ValidID(id) {
+		return "", errorf(api.ErrNotFound, "sandbox %q not found", id)
+	}
+	return id, nil
+}
+
+func seconds(n int32) time.Duration { return time.Duration(n) * time.Second }
+
+func (h *handler) create(w http.ResponseWriter, r *http.Request) {
+	var req api.NewSandbox
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if req.AutoPause != nil && *req.AutoPause {
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "autoPause is not supported by fence yet"))
+		return
+	}
+	cr := sandbox.CreateRequest{
+		TemplateID:          req.TemplateID,
+		Metadata:            req.Metadata,
+		EnvVars:             req.EnvVars,
+		AllowInternetAccess: req.AllowInternetAccess,
+		Network:             req.Network,
+	}
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "timeout must be a positive number of seconds, got %d", *req.Timeout))
+			return
+		}
+		cr.Timeout = seconds(*req.Timeout)
+	}
+	if req.CPUCount != nil {
+		if *req.CPUCount <= 0 {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "cpuCount must be positive"))
+			return
+		}
+		cr.CPUs = *req.CPUCount
+	}
+	if req.MemoryMB != nil {
+		if *req.MemoryMB <= 0 {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "memoryMB must be positive"))
+			return
+		}
+		cr.MemoryMB = *req.MemoryMB
+	}
+	if req.DiskMB != nil {
+		if *req.DiskMB <= 0 {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "diskSizeMB must be positive"))
+			return
+		}
+		cr.DiskMB = *req.DiskMB
+	}
+	s, err := h.m.Create(r.Context(), cr)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
+}
+
+func (h *handler) get(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	s, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.SandboxDetail{
+		ListedSandbox:       toListed(s),
+		AllowInternetAccess: s.AllowInternetAccess,
+		Domain:              h.domainPtr(),
+		EnvdAccessToken:     s.EnvdAccessToken,
+		Network:             s.Network,
+	})
+}
+
+func (h *handler) kill(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err == nil {
+		err = h.m.Kill(r.Context(), id)
+	}
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	var req api.TimeoutRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if err := h.m.SetTimeout(r.Context(), id, seconds(req.Timeout)); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connect answers 200 for a running sandbox after extending (never
+// shortening) its deadline. fence has no paused sandboxes to resume.
+func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	var req api.ConnectRequest
+	if err := decodeJSON(r, &req, true); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	d := h.m.DefaultTimeout()
+	if req.Timeout != nil {
+		d = seconds(*req.Timeout)
+	}
+	if err := h.m.Extend(r.Context(), id, d); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	s, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.toAPISandbox(s))
+}
+
+func (h *handler) refresh(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	var req api.RefreshRequest
+	if err := decodeJSON(r, &req, true); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	d := h.m.DefaultTimeout()
+	if req.Duration != nil {
+		d = seconds(*req.Duration)
+	}
+	if err := h.m.Extend(r.Context(), id, d); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	s, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	st, err := h.m.Stats(r.Context(), id)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	now := h.now().UTC()
+	var cpuPct float64
+	if alive := now.Sub(s.StartedAt); alive > 0 && s.CPUs > 0 {
+		cpuPct = 100 * st.CPUUsage.Seconds() / (alive.Seconds() * s.CPUs)
+		cpuPct = min(max(cpuPct, 0), 100)
+	}
+	writeJSON(w, http.StatusOK, []api.SandboxMetric{{
+		Timestamp:     now,
+		TimestampUnix: now.Unix(),
+		CPUCount:      s.CPUs,
+		CPUUsedPct:    cpuPct,
+		MemUsed:       st.MemoryBytes,
+		MemTotal:      st.MemoryLimit,
+		DiskUsed:      st.DiskBytes,
+		DiskTotal:     st.DiskLimit,
+	}})
+}
+
+// unsupported answers 501 for features fence lacks. For routes on one
+// sandbox it answers 404 first if the sandbox does not exist, as the SDKs
+// expect.
+func (h *handler) unsupported(feature string, onSandbox bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if onSandbox {
+			id, err := sandboxID(r)
+			if err == nil {
+				_, err = h.m.Get(r.Context(), id)
+			}
+			if err != nil {
+				writeError(w, r, h.log, err)
+				return
+			}
+		}
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "%s is not supported by fence yet", feature))
+	}
+}
+
+func (h *handler) listV1(w http.ResponseWriter, r *http.Request) {
+	md, err := parseMetadataFilter(r.URL.Query()["metadata"])
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	list, err := h.m.List(r.Context(), sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}, Metadata: md})
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, listed(list))
+}
+
+func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := sandbox.ListFilter{Template: q.Get("template"), PageToken: q.Get("nextToken"), Limit: defaultListLimit}
+	var err error
+	if f.Metadata, err = parseMetadataFilter(q["metadata"]); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	for _, v := range q["state"] {
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				f.States = append(f.States, sandbox.State(s))
+			}
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "limit must be an integer from 1 to %d, got %q", maxListLimit, v))
+			return
+		}
+		f.Limit = n
+	}
+	limit := f.Limit
+	f.Limit++ // one more tells whether there is a next page
+	list, err := h.m.List(r.Context(), f)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if len(list) > limit {
+		list = list[:limit]
+		w.Header().Set(api.HeaderNextToken, sandbox.PageToken(list[len(list)-1]))
+	}
+	writeJSON(w, http.StatusOK, listed(list))
+}
+
+func listed(list []*sandbox.Sandbox) []api.ListedSandbox {
+	out := make([]api.ListedSandbox, 0, len(list))
+	for _, s := range list {
+		out = append(out, toListed(s))
+	}
+	return out
+}
+
+// parseMetadataFilter decodes the SDKs' metadata filter (reference §2.5):
+// after the normal query decoding, the value is unescaped once more, split
+// into k=v pairs on '&', and each key and value unescaped again.
+func parseMetadataFilter(values []string) (map[string]string, error) {
+	if len(values) == 0 {
+		return nil, nil
+	}
+	md := map[string]string{}
+	for _, raw := range values {
+		if raw == "" {
+			continue
+		}
+		whole, err := url.QueryUnescape(raw)
+		if err != nil {
+			return nil, errorf(api.ErrInvalidArgument, "invalid metadata filter %q", raw)
+		}
+		for _, pair := range strings.Split(whole, "&") {
+			parts := strings.Split(pair, "=")
+			if len(parts) != 2 {
+				return nil, errorf(api.ErrInvalidArgument, "invalid metadata filter pair %q: want key=value", pair)
+			}
+			k, err1 := url.QueryUnescape(parts[0])
+			v, err2 := url.QueryUnescape(parts[1])
+			if err1 != nil || err2 != nil || k == "" {
+				return nil, errorf(api.ErrInvalidArgument, "invalid metadata filter pair %q", pair)
+			}
+			md[k] = v
+		}
+	}
+	return md, nil
+}

@@ -1,0 +1,44 @@
+// Package native is fence's default isolation backend: Linux namespaces,
+// set up from Go with system calls only (no ip, mount or nft processes).
+//
+// # What a sandbox gets
+//
+//   - New user, pid, mount, net, uts, ipc, cgroup and time namespaces. The
+//     sandbox's uid and gid 0..65535 map to a host range of its own starting
+//     at 1<<24 + slot*65536, so sandbox root is never host root and no two
+//     sandboxes share a host uid.
+//   - A root filesystem: the template directory as an idmapped, read-only
+//     overlay lower layer, a per-sandbox upper layer on disk (limited by an
+//     ext4 project quota where available, see internal/quota), pivot_root.
+//   - /proc with masked paths and read-only /proc/sys, /proc/sysrq-trigger,
+//     /proc/irq, /proc/bus, /proc/fs; read-only /sys; a minimal /dev (null,
+//     zero, full, random, urandom, tty bound from the host, a private devpts
+//     instance, shm); no other host device node.
+//   - A bounded capability set, no_new_privs, and a seccomp allowlist
+//     (internal/seccomp) installed before the agent starts.
+//   - cgroup limits on memory (swap included), pids and CPU (internal/cgroup,
+//     v1 and v2), RLIMIT_NOFILE within the host's hard limit.
+//   - A network namespace with only loopback.
+//
+// # How a sandbox starts
+//
+// The daemon re-executes its own binary as `fence init` in the new
+// namespaces. The child blocks on a socketpair until the daemon has placed
+// it in its cgroup and sent its configuration together with a detached,
+// idmapped mount of the template (open_tree + mount_setattr, made for the
+// child's user namespace). The child builds its root, pivots into it,
+// drops privileges and executes the fence binary (bind-mounted read-only
+// at /.fence/fence) as `fence agent`, PID 1 of the sandbox. The agent
+// serves on a unix listener the daemon created on a host path that the
+// sandbox cannot see; DialAgent connects to it.
+//
+// # Crash safety
+//
+// Every host resource of a sandbox is named after its ID and found again
+// by Cleanup: the cgroup under fence/<instance>, the socket, the writable
+// layer and the state directory. Slots are held with flock, which the
+// kernel releases when the holder dies. Mounts live only in the sandbox's
+// own mount namespace and vanish with its last process. Cleanup on start
+// kills and removes whatever a crashed daemon left; sandboxes are not
+// re-attached.
+package native

@@ -1,0 +1,496 @@
+package native
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/seccomp"
+)
+
+// File descriptors `fence init` receives from the daemon.
+const (
+	syncFD     = 3
+	listenerFD = 4
+)
+
+// AgentListenerFD is the descriptor on which the agent finds its listener.
+const AgentListenerFD = listenerFD
+
+// AgentConfigEnv is the environment variable carrying the agent's
+// configuration (JSON isolation.AgentConfig) into `fence agent`.
+const AgentConfigEnv = "FENCE_AGENT_CONFIG"
+
+// agentPath is where the fence binary is bind-mounted inside the sandbox.
+const agentPath = "/.fence/fence"
+
+// Capabilities the sandbox's root keeps (Docker's default set minus
+// MKNOD and NET_RAW).
+var keptCaps = map[int]bool{
+	unix.CAP_CHOWN: true, unix.CAP_DAC_OVERRIDE: true, unix.CAP_FOWNER: true,
+	unix.CAP_FSETID: true, unix.CAP_KILL: true, unix.CAP_SETGID: true,
+	unix.CAP_SETUID: true, unix.CAP_SETPCAP: true, unix.CAP_NET_BIND_SERVICE: true,
+	unix.CAP_SYS_CHROOT: true, unix.CAP_AUDIT_WRITE: true, unix.CAP_SETFCAP: true,
+}
+
+var maskedFiles = []string{
+	"/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+}
+
+var maskedDirs = []string{
+	"/proc/asound", "/proc/acpi", "/proc/scsi", "/sys/firmware",
+	"/sys/devices/virtual/powercap",
+}
+
+var readOnlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// Init is the `fence init` role: it runs as PID 1 of a new sandbox, in its
+// new namespaces, sets up the sandbox and executes the agent. It returns
+// only on failure, after reporting the failure to the daemon.
+func Init() error {
+	// Capabilities, no_new_privs and seccomp are per thread: everything
+	// from here to execve stays on this thread.
+	runtime.LockOSThread()
+	sync := os.NewFile(syncFD, "sync")
+	err := setup(sync)
+	if err != nil {
+		_, _ = sync.Write([]byte(err.Error()))
+	}
+	return err
+}
+
+func setup(sync *os.File) error {
+	cfg, lower, err := receiveConfig(sync)
+	if err != nil {
+		return err
+	}
+	unix.CloseOnExec(syncFD)
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, cfg.LowerDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching template: %w", err)
+	}
+	unix.Close(lower)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", cfg.LowerDir, cfg.UpperDir, cfg.WorkDir)
+	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mounting root overlay: %w", err)
+	}
+	root := cfg.RootDir
+	if err := mountAgent(root); err != nil {
+		return err
+	}
+	if err := mountProcSys(root); err != nil {
+		return err
+	}
+	if err := mountDev(root, cfg.ShmBytes); err != nil {
+		return err
+	}
+	for _, b := range cfg.Binds {
+		if err := bindInto(root, b.HostPath, b.Path, b.ReadOnly); err != nil {
+			return fmt.Errorf("binding %s: %w", b.Path, err)
+		}
+	}
+	if err := ensureTmp(root); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
+		return fmt.Errorf("setting hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	if err := pivot(root); err != nil {
+		return err
+	}
+	if err := setRlimits(cfg.NoFile); err != nil {
+		return err
+	}
+	agentCfg, err := json.Marshal(cfg.Agent)
+	if err != nil {
+		return fmt.Errorf("encoding agent config: %w", err)
+	}
+	if err := unix.CloseRange(listenerFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("closing descriptors: %w", err)
+	}
+	if err := dropPrivileges(cfg.Seccomp); err != nil {
+		return err
+	}
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		AgentConfigEnv + "=" + string(agentCfg),
+	}
+	err = unix.Exec(agentPath, []string{"fence", "agent"}, env)
+	return fmt.Errorf("executing agent: %w", err)
+}
+
+func receiveConfig(sync *os.File) (*initConfig, int, error) {
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, -1, fmt.Errorf("receiving config: %w", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, -1, errors.New("receiving config: no template descriptor")
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return nil, -1, errors.New("receiving config: no template descriptor")
+	}
+	var cfg initConfig
+	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
+		unix.Close(fds[0])
+		return nil, -1, fmt.Errorf("decoding config: %w", err)
+	}
+	return &cfg, fds[0], nil
+}
+
+// mountAgent bind-mounts the running fence binary read-only at /.fence/fence.
+func mountAgent(root string) error {
+	fd, err := openInRoot(root, agentPath, kindFile)
+	if err != nil {
+		return fmt.Errorf("preparing agent mount point: %w", err)
+	}
+	defer unix.Close(fd)
+	return bindFD("/proc/self/exe", fd, true, false)
+}
+
+func mountProcSys(root string) error {
+	procFD, err := openInRoot(root, "/proc", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /proc: %w", err)
+	}
+	err = unix.Mount("proc", fdPath(procFD), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	unix.Close(procFD)
+	if err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	sysFD, err := openInRoot(root, "/sys", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /sys: %w", err)
+	}
+	err = unix.Mount("sysfs", fdPath(sysFD), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	unix.Close(sysFD)
+	if err != nil {
+		return fmt.Errorf("mounting /sys: %w", err)
+	}
+	for _, p := range readOnlyPaths {
+		fd, err := openInRoot(root, p, kindExisting)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", p, err)
+		}
+		err = bindFD(fdPath(fd), fd, true, false)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("making %s read-only: %w", p, err)
+		}
+	}
+	for _, p := range maskedFiles {
+		fd, err := openInRoot(root, p, kindExisting)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", p, err)
+		}
+		err = bindFD("/dev/null", fd, true, false)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("masking %s: %w", p, err)
+		}
+	}
+	for _, p := range maskedDirs {
+		fd, err := openInRoot(root, p, kindExisting)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", p, err)
+		}
+		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("masking %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func mountDev(root string, shmBytes int64) error {
+	devFD, err := openInRoot(root, "/dev", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /dev: %w", err)
+	}
+	defer unix.Close(devFD)
+	if err := unix.Mount("tmpfs", fdPath(devFD), "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536,nr_inodes=4096"); err != nil {
+		return fmt.Errorf("mounting /dev: %w", err)
+	}
+	for _, d := range devices {
+		fd, err := openInRoot(root, "/dev/"+d, kindFile)
+		if err != nil {
+			return fmt.Errorf("preparing /dev/%s: %w", d, err)
+		}
+		// Host device nodes, bound from the host's /dev (trusted: the
+		// sandbox's root is not yet in place).
+		err = bindFD("/dev/"+d, fd, false, true)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", d, err)
+		}
+	}
+	ptsFD, err := openInRoot(root, "/dev/pts", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /dev/pts: %w", err)
+	}
+	err = unix.Mount("devpts", fdPath(ptsFD), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
+	unix.Close(ptsFD)
+	if err != nil {
+		return fmt.Errorf("mounting /dev/pts: %w", err)
+	}
+	shmFD, err := openInRoot(root, "/dev/shm", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /dev/shm: %w", err)
+	}
+	err = unix.Mount("tmpfs", fdPath(shmFD), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(shmBytes, 10))
+	unix.Close(shmFD)
+	if err != nil {
+		return fmt.Errorf("mounting /dev/shm: %w", err)
+	}
+	links := [][2]string{
+		{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+		{"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+	}
+	for _, l := range links {
+		if err := unix.Symlinkat(l[0], devFD, l[1]); err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", l[1], err)
+		}
+	}
+	return nil
+}
+
+func ensureTmp(root string) error {
+	fd, err := openInRoot(root, "/tmp", kindDir)
+	if err != nil {
+		return fmt.Errorf("preparing /tmp: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchmodat(unix.AT_FDCWD, fdPath(fd), 0o1777, 0); err != nil {
+		return fmt.Errorf("preparing /tmp: %w", err)
+	}
+	return nil
+}
+
+// bindInto binds a host path at path inside root.
+func bindInto(root, hostPath, path string, readOnly bool) error {
+	st, err := os.Stat(hostPath)
+	if err != nil {
+		return err
+	}
+	kind := kindFile
+	if st.IsDir() {
+		kind = kindDir
+	}
+	fd, err := openInRoot(root, path, kind)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return bindFD(hostPath, fd, readOnly, false)
+}
+
+// bindFD clones the mount tree at src and attaches it onto the file the
+// O_PATH descriptor target names, nosuid and (unless dev) nodev. Mounting
+// onto a descriptor cannot be redirected by a symlink swapped in later.
+func bindFD(src string, target int, readOnly, dev bool) error {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("cloning %s: %w", src, err)
+	}
+	defer unix.Close(tree)
+	attr := uint64(unix.MOUNT_ATTR_NOSUID)
+	if !dev {
+		attr |= unix.MOUNT_ATTR_NODEV
+	}
+	if readOnly {
+		attr |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
+		return fmt.Errorf("setting mount attributes: %w", err)
+	}
+	if err := unix.MoveMount(tree, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching mount: %w", err)
+	}
+	return nil
+}
+
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+type pathKind int
+
+const (
+	kindExisting pathKind = iota // must exist, any type
+	kindDir                      // created as a directory if missing
+	kindFile                     // created as an empty file if missing
+)
+
+// openInRoot opens path inside root as an O_PATH descriptor, resolving every
+// component inside root (RESOLVE_IN_ROOT: a symlink cannot lead out of it)
+// and creating missing components as the kind asks.
+func openInRoot(root, path string, kind pathKind) (int, error) {
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(rootFD)
+	how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+	parts := strings.Split(strings.Trim(filepath.Clean(path), "/"), "/")
+	for i := range parts {
+		prefix := strings.Join(parts[:i+1], "/")
+		last := i == len(parts)-1
+		fd, err := unix.Openat2(rootFD, prefix, how)
+		if err == nil {
+			if last {
+				return fd, nil
+			}
+			unix.Close(fd)
+			continue
+		}
+		if !errors.Is(err, unix.ENOENT) || kind == kindExisting {
+			return -1, err
+		}
+		parent := rootFD
+		if i > 0 {
+			if parent, err = unix.Openat2(rootFD, strings.Join(parts[:i], "/"), &unix.OpenHow{
+				Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: how.Resolve}); err != nil {
+				return -1, err
+			}
+		}
+		if last && kind == kindFile {
+			f, cerr := unix.Openat2(parent, parts[i], &unix.OpenHow{
+				Flags: unix.O_CREAT | unix.O_EXCL | unix.O_WRONLY | unix.O_CLOEXEC, Mode: 0o644,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS})
+			if cerr == nil {
+				unix.Close(f)
+			}
+			err = cerr
+		} else {
+			err = unix.Mkdirat(parent, parts[i], 0o755)
+		}
+		if parent != rootFD {
+			unix.Close(parent)
+		}
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, err
+		}
+		fd, err = unix.Openat2(rootFD, prefix, how)
+		if err != nil {
+			return -1, err
+		}
+		if last {
+			return fd, nil
+		}
+		unix.Close(fd)
+	}
+	return unix.Openat2(rootFD, ".", how)
+}
+
+func loopbackUp() error {
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bringing up loopback: %w", err)
+	}
+	defer unix.Close(s)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("bringing up loopback: %w", err)
+	}
+	if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing up loopback: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing up loopback: %w", err)
+	}
+	return nil
+}
+
+func pivot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("entering root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("entering new root: %w", err)
+	}
+	return nil
+}
+
+func setRlimits(noFile uint64) error {
+	var cur unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+		return fmt.Errorf("reading RLIMIT_NOFILE: %w", err)
+	}
+	n := min(noFile, cur.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+		return fmt.Errorf("setting RLIMIT_NOFILE: %w", err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		return fmt.Errorf("setting RLIMIT_CORE: %w", err)
+	}
+	return nil
+}
+
+// dropPrivileges bounds the capabilities of everything the agent will run,
+// sets no_new_privs and installs the seccomp filter, on this thread.
+func dropPrivileges(withSeccomp bool) error {
+	for c := 0; c <= 63; c++ {
+		if keptCaps[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+			if errors.Is(err, unix.EINVAL) {
+				break // past the kernel's last capability
+			}
+			return fmt.Errorf("dropping capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clearing ambient capabilities: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	if !withSeccomp {
+		return nil
+	}
+	prog, err := seccomp.Program()
+	if err != nil {
+		return fmt.Errorf("compiling seccomp filter: %w", err)
+	}
+	if err := seccomp.Install(prog); err != nil {
+		return fmt.Errorf("installing seccomp filter: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,237 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+
+	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/quota"
+)
+
+// Defaults for a sandbox whose Spec leaves a limit at zero.
+var Defaults = isolation.Limits{
+	CPUs:        2,
+	MemoryBytes: 512 << 20,
+	Pids:        1024,
+	DiskBytes:   1 << 30,
+	NoFile:      1024,
+}
+
+// Options configures a Backend.
+type Options struct {
+	// StateDir holds the backend's host-side state (sockets, slots, the
+	// writable layers). Required.
+	StateDir string
+	// Instance names this backend's cgroup parent (fence/<Instance>) and
+	// separates its sandboxes from those of other fence processes on the
+	// host. Empty means "serve".
+	Instance string
+	// Defaults replaces zero limits of a Spec. Zero fields of Defaults take
+	// the package's Defaults.
+	Defaults isolation.Limits
+	// NoSeccomp disables the seccomp filter (for debugging only).
+	NoSeccomp bool
+	// Executable is the fence binary to run as `fence init` and, inside the
+	// sandbox, as `fence agent`. Empty means the running executable. It
+	// must be a static binary (CGO_ENABLED=0): templates carry no libc.
+	Executable string
+	// Logger receives diagnostics, including the first bytes each sandbox's
+	// init writes to stderr. Nil discards.
+	Logger *slog.Logger
+}
+
+// Backend is the native isolation.Backend.
+type Backend struct {
+	opts    Options
+	log     *slog.Logger
+	cg      *cgroup.Manager
+	disk    *quota.FS // nil when project quotas are unavailable
+	slots   *slots
+	exe     string
+	sockDir string
+	sbDir   string
+
+	mu sync.Mutex
+	// +checklocks:mu
+	live map[string]*sandbox
+}
+
+var _ isolation.Backend = (*Backend)(nil)
+
+var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+// New prepares the backend's state directory, cgroup parent and disk.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("native backend: StateDir is required")
+	}
+	if opts.Instance == "" {
+		opts.Instance = "serve"
+	}
+	opts.Defaults = withDefaults(opts.Defaults, Defaults)
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	exe := opts.Executable
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("finding own executable: %w", err)
+		}
+	}
+	b := &Backend{
+		opts:    opts,
+		log:     log,
+		exe:     exe,
+		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
+		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
+		live:    make(map[string]*sandbox),
+	}
+	// The state directory must be traversable (not readable) by sandbox
+	// uids, which own their own sandbox directory below it.
+	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "sandboxes"), b.sbDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("creating state directory: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("creating state directory: %w", err)
+		}
+	}
+	if err := os.MkdirAll(b.sockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	var err error
+	if b.slots, err = newSlots(filepath.Join(opts.StateDir, "slots")); err != nil {
+		return nil, err
+	}
+	if b.cg, err = cgroup.NewManager("fence/" + opts.Instance); err != nil {
+		return nil, fmt.Errorf("preparing cgroups: %w", err)
+	}
+	diskDir := filepath.Join(opts.StateDir, "disk", opts.Instance)
+	if err := os.MkdirAll(diskDir, 0o711); err != nil {
+		return nil, fmt.Errorf("creating disk directory: %w", err)
+	}
+	b.disk, err = quota.Open(ctx, quota.Options{
+		ImageDir: filepath.Join(opts.StateDir, "images", opts.Instance),
+		MountDir: diskDir,
+		Logger:   log,
+	})
+	if err != nil {
+		if !errors.Is(err, quota.ErrUnsupported) {
+			return nil, fmt.Errorf("preparing sandbox disk: %w", err)
+		}
+		log.WarnContext(ctx, "disk limits unavailable: writable layers are not size-limited", "err", err)
+		b.disk = nil
+	}
+	if err := os.Chmod(diskDir, 0o711); err != nil {
+		return nil, fmt.Errorf("preparing sandbox disk: %w", err)
+	}
+	return b, nil
+}
+
+// Name implements isolation.Backend.
+func (b *Backend) Name() string { return "native" }
+
+// Close releases the backend's own resources. Sandboxes must have been
+// killed first; it exists so callers need not change when a backend
+// acquires shared resources.
+func (b *Backend) Close() error { return nil }
+
+func withDefaults(l, d isolation.Limits) isolation.Limits {
+	if l.CPUs == 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	if l.NoFile == 0 {
+		l.NoFile = d.NoFile
+	}
+	return l
+}
+
+// Cleanup implements isolation.Backend. It removes every sandbox of this
+// instance that is not live in this process: cgroups, sockets, writable
+// layers and state directories.
+func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	ids, err := b.cg.List()
+	if err != nil {
+		return nil, fmt.Errorf("listing cgroups: %w", err)
+	}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	dirs := []string{b.sbDir, b.sockDir}
+	if b.disk != nil {
+		left, err := b.disk.Dirs()
+		if err != nil {
+			return nil, fmt.Errorf("listing writable layers: %w", err)
+		}
+		for _, id := range left {
+			seen[id] = true
+		}
+	}
+	for _, dir := range dirs {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			name := e.Name()
+			if filepath.Ext(name) == ".sock" {
+				name = name[:len(name)-len(".sock")]
+			}
+			seen[name] = true
+		}
+	}
+	var removed []string
+	var errs []error
+	for id := range seen {
+		b.mu.Lock()
+		_, live := b.live[id]
+		b.mu.Unlock()
+		if live || !idPattern.MatchString(id) {
+			continue
+		}
+		if err := b.removeLeftovers(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up sandbox %s: %w", id, err))
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeLeftovers kills and removes everything named after id.
+func (b *Backend) removeLeftovers(ctx context.Context, id string) error {
+	var errs []error
+	if g, err := b.cg.Open(id); err == nil {
+		if err := g.Remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
+		}
+	}
+	if err := os.Remove(filepath.Join(b.sockDir, id+".sock")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if b.disk != nil {
+		if err := b.disk.RemoveDir(id); err != nil {
+			errs = append(errs, fmt.Errorf("removing writable layer: %w", err))
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(b.sbDir, id)); err != nil {
+		errs = append(errs, fmt.Errorf("removing state: %w", err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,340 @@
+package native_test
+
+// These tests prove the native backend's isolation by attacking it from
+// inside real sandboxes. They need root: they create user namespaces with
+// mapped host uid ranges, cgroups and mounts.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencesandbox/fence/api/envd/process"
+	"github.com/fencesandbox/fence/api/envd/process/processconnect"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+func newBackend(t *testing.T) *native.Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	b, err := native.New(t.Context(), native.Options{
+		StateDir:   filepath.Join(dir, "state"),
+		Instance:   "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name())),
+		Executable: testutil.FenceBinary(t),
+	})
+	if err != nil {
+		t.Fatalf("native.New: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if _, err := b.Cleanup(ctx); err != nil {
+			t.Errorf("Cleanup: %v", err)
+		}
+		b.Close()
+	})
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+}
+
+var (
+	probeOnce sync.Once
+	probePath string
+	probeErr  error
+)
+
+// probe builds testdata/probe statically, once.
+func probe(t *testing.T) string {
+	t.Helper()
+	probeOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fence-probe-")
+		if err != nil {
+			probeErr = err
+			return
+		}
+		probePath = filepath.Join(dir, "probe")
+		cmd := exec.Command("go", "build", "-o", probePath, "./testdata/probe")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			probeErr = fmt.Errorf("%v: %s", err, out)
+		}
+	})
+	if probeErr != nil {
+		t.Fatalf("building probe: %v", probeErr)
+	}
+	return probePath
+}
+
+type result struct {
+	stdout, stderr string
+	exit           int32
+	status         string
+}
+
+// run runs argv in sb as user and returns what it printed and its exit.
+func run(t *testing.T, sb isolation.Sandbox, user string, argv ...string) result {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+	}}
+	c := processconnect.NewProcessClient(hc, "http://agent", connect.WithProtoJSON())
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	stdin := false
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: argv[0], Args: argv[1:]},
+		Stdin:   &stdin,
+	})
+	req.Header().Set("Authorization", "Basic "+basic(user))
+	stream, err := c.Start(ctx, req)
+	if err != nil {
+		t.Fatalf("Start(%q): %v", argv, err)
+	}
+	defer stream.Close()
+	var out, errb bytes.Buffer
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			errb.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			return result{stdout: out.String(), stderr: errb.String(), exit: end.GetExitCode(), status: end.GetStatus()}
+		}
+	}
+	t.Fatalf("Start(%q): stream ended without exit: %v (stdout %q stderr %q)", argv, stream.Err(), out.String(), errb.String())
+	return result{}
+}
+
+func basic(user string) string {
+	return map[string]string{"root": "cm9vdDo=", "user": "dXNlcjo=", "nobody": "bm9ib2R5Og=="}[user]
+}
+
+func create(t *testing.T, b *native.Backend, spec isolation.Spec) isolation.Sandbox {
+	t.Helper()
+	if spec.ID == "" {
+		spec.ID = strings.ToLower(fmt.Sprintf("t%d", time.Now().UnixNano()))
+	}
+	if spec.RootFS == "" {
+		spec.RootFS = testutil.RootFS(t, "minimal")
+	}
+	sb, err := b.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatalf("Create(%s): %v", spec.ID, err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Kill(context.Background()); err != nil {
+			t.Errorf("Kill: %v", err)
+		}
+	})
+	return sb
+}
+
+func withProbe(t *testing.T) isolation.Spec {
+	return isolation.Spec{Binds: []isolation.Bind{{HostPath: probe(t), Path: "/probe", ReadOnly: true}}}
+}
+
+// TestAttacks runs each escape attempt from inside a sandbox, as sandbox
+// root (the strongest user a sandbox has).
+func TestAttacks(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, withProbe(t))
+	checks := []string{
+		"vsock", "alg", "inet", "userns", "netns", "mount", "remount-proc", "umount-mask",
+		"keyctl", "bpf", "perf", "io_uring", "userfaultfd", "tiocsti", "core_pattern", "sysrq",
+		"sys-write", "kcore", "mknod", "uid", "seccomp", "caps", "ptrace-init",
+	}
+	for _, c := range checks {
+		t.Run(c, func(t *testing.T) {
+			r := run(t, sb, "root", "/probe", c)
+			if r.exit != 0 || strings.TrimSpace(r.stdout) != "ok" {
+				t.Errorf("probe %s: exit %d, stdout %q, stderr %q", c, r.exit, r.stdout, r.stderr)
+			}
+		})
+	}
+	t.Run("x32-killed", func(t *testing.T) {
+		r := run(t, sb, "root", "/probe", "x32")
+		if r.exit == 0 || strings.Contains(r.stdout, "ESCAPE") {
+			t.Errorf("x32 syscall not killed: exit %d %q %q", r.exit, r.stdout, r.status)
+		}
+	})
+}
+
+func TestProcessesInvisible(t *testing.T) {
+	b := newBackend(t)
+	a := create(t, b, isolation.Spec{})
+	other := create(t, b, isolation.Spec{})
+	// A process in the other sandbox with a recognisable command line.
+	run(t, other, "root", "/bin/sh", "-c", "sleep 31337 >/dev/null 2>&1 &")
+	host := exec.Command("sleep", "31338")
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer host.Process.Kill()
+	r := run(t, a, "root", "/bin/sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; ls /proc | grep -c '^[0-9]'")
+	if strings.Contains(r.stdout, "31337") || strings.Contains(r.stdout, "31338") {
+		t.Errorf("other sandbox's or host's processes visible: %q", r.stdout)
+	}
+	r = run(t, a, "root", "/bin/sh", "-c", "echo $$; hostname")
+	if !strings.Contains(r.stdout, a.ID()) {
+		t.Errorf("hostname = %q, want the sandbox id %s", r.stdout, a.ID())
+	}
+}
+
+func TestTemplateUnwritable(t *testing.T) {
+	b := newBackend(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	before, err := os.ReadFile(filepath.Join(rootfs, "etc/passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := create(t, b, isolation.Spec{})
+	r := run(t, a, "root", "/bin/sh", "-c", "echo pwned >> /etc/passwd && rm -f /bin/ls && touch /newfile && echo done")
+	if !strings.Contains(r.stdout, "done") {
+		t.Fatalf("writes inside the sandbox's own layer failed: %+v", r)
+	}
+	after, _ := os.ReadFile(filepath.Join(rootfs, "etc/passwd"))
+	if !bytes.Equal(before, after) {
+		t.Errorf("template /etc/passwd changed on the host")
+	}
+	if _, err := os.Lstat(filepath.Join(rootfs, "bin/ls")); err != nil {
+		t.Errorf("template /bin/ls removed on the host: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "newfile")); err == nil {
+		t.Errorf("file created in the template on the host")
+	}
+	other := create(t, b, isolation.Spec{})
+	r = run(t, other, "root", "/bin/sh", "-c", "grep -c pwned /etc/passwd; ls /bin/ls")
+	if strings.HasPrefix(r.stdout, "1") || !strings.Contains(r.stdout, "/bin/ls") {
+		t.Errorf("another sandbox sees the first one's changes: %q", r.stdout)
+	}
+}
+
+func TestUserSwitch(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	if r := run(t, sb, "user", "/bin/sh", "-c", "id -u; echo $HOME; touch /etc/x"); !strings.HasPrefix(r.stdout, "1000\n/home/user") || r.exit == 0 {
+		t.Errorf("as user: %+v, want uid 1000, home /home/user and no write to /etc", r)
+	}
+	if r := run(t, sb, "root", "/bin/sh", "-c", "id -u"); strings.TrimSpace(r.stdout) != "0" {
+		t.Errorf("as root: id -u = %q", r.stdout)
+	}
+}
+
+func TestPidsLimitHoldsForkBomb(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{Pids: 64}})
+	r := run(t, sb, "root", "/bin/sh", "-c", "for i in $(seq 200); do sleep 30 & done 2>/dev/null; ls /proc | grep -c '^[0-9]'")
+	var n int
+	fmt.Sscan(r.stdout, &n)
+	if n == 0 || n > 64 {
+		t.Errorf("processes in sandbox after fork loop = %d (stdout %q), want 1..64", n, r.stdout)
+	}
+	st, err := sb.Stats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pids > 64 {
+		t.Errorf("cgroup pids = %d, want ≤ 64", st.Pids)
+	}
+	// The sandbox still answers.
+	if r := run(t, sb, "root", "/bin/sh", "-c", "pkill sleep; echo alive"); !strings.Contains(r.stdout, "alive") && r.exit != 0 {
+		t.Logf("after bomb: %+v", r)
+	}
+}
+
+func TestMemoryBalloonKilledInside(t *testing.T) {
+	b := newBackend(t)
+	spec := withProbe(t)
+	spec.Limits.MemoryBytes = 64 << 20
+	sb := create(t, b, spec)
+	r := run(t, sb, "root", "/probe", "balloon")
+	if r.exit == 0 || !strings.Contains(r.status, "killed") {
+		t.Errorf("balloon: exit %d status %q, want killed", r.exit, r.status)
+	}
+	// The agent survived the OOM kill of its child.
+	if r := run(t, sb, "root", "/bin/echo", "alive"); strings.TrimSpace(r.stdout) != "alive" {
+		t.Errorf("after OOM: %+v", r)
+	}
+}
+
+func TestDiskLimit(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{DiskBytes: 16 << 20}})
+	r := run(t, sb, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/big bs=1M count=64 2>&1; echo rc=$?")
+	if !strings.Contains(r.stdout, "rc=1") || !(strings.Contains(r.stdout, "quota") || strings.Contains(r.stdout, "space")) {
+		t.Errorf("64 MiB write under a 16 MiB disk limit: %q", r.stdout)
+	}
+	st, _ := sb.Stats(t.Context())
+	if st.DiskBytes > 17<<20 {
+		t.Errorf("disk usage %d beyond the 16 MiB limit", st.DiskBytes)
+	}
+}
+
+func TestBindReadOnly(t *testing.T) {
+	b := newBackend(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), []byte("host"), 0o644)
+	sb := create(t, b, isolation.Spec{Binds: []isolation.Bind{
+		{HostPath: dir, Path: "/ro", ReadOnly: true},
+	}})
+	r := run(t, sb, "root", "/bin/sh", "-c", "cat /ro/f; echo x > /ro/f; echo rc=$?")
+	if !strings.HasPrefix(r.stdout, "host") || !strings.Contains(r.stdout, "rc=1") {
+		t.Errorf("read-only bind: %q", r.stdout)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "f")); string(b) != "host" {
+		t.Errorf("host file changed through a read-only bind: %q", b)
+	}
+}
+
+func TestCrashCleanup(t *testing.T) {
+	b := newBackend(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	sb, err := b.Create(t.Context(), isolation.Spec{ID: "crashleft", RootFS: rootfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sb // dropped without Kill, as a crashed daemon would
+	// A second backend on the same state plays the restarted daemon.
+	ids, err := b.Cleanup(t.Context())
+	if err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	_ = ids // the sandbox is live in b, so b keeps it
+	b.Forget("crashleft")
+	ids, err = b.Cleanup(t.Context())
+	if err != nil || len(ids) != 1 || ids[0] != "crashleft" {
+		t.Fatalf("Cleanup = %v, %v; want [crashleft]", ids, err)
+	}
+	select {
+	case <-sb.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("sandbox still running after Cleanup")
+	}
+	if _, err := sb.DialAgent(t.Context()); err == nil {
+		t.Error("agent still reachable after Cleanup")
+	}
+	if !errors.Is(sb.Kill(t.Context()), nil) {
+		t.Log("Kill after Cleanup reported an error (acceptable)")
+	}
+}

@@ -1,0 +1,383 @@
+package native
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// initConfig is what the daemon sends to `fence init` in the new namespaces.
+type initConfig struct {
+	ID       string                `json:"id"`
+	LowerDir string                `json:"lowerDir"` // where to attach the idmapped template
+	RootDir  string                `json:"rootDir"`  // overlay mount point
+	UpperDir string                `json:"upperDir"`
+	WorkDir  string                `json:"workDir"`
+	Binds    []isolation.Bind      `json:"binds,omitempty"`
+	NoFile   uint64                `json:"noFile"`
+	Seccomp  bool                  `json:"seccomp"`
+	ShmBytes int64                 `json:"shmBytes"`
+	Agent    isolation.AgentConfig `json:"agent"`
+}
+
+// sandbox is one running native sandbox.
+type sandbox struct {
+	b     *Backend
+	id    string
+	sock  string
+	slot  *slot
+	cg    *cgroup.Group
+	cmd   *exec.Cmd
+	ln    *net.UnixListener
+	limit isolation.Limits
+
+	done     chan struct{} // closed when the init/agent process has exited
+	killOnce sync.Once
+	killErr  error
+}
+
+var _ isolation.Sandbox = (*sandbox)(nil)
+
+// Create implements isolation.Backend.
+func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.Sandbox, err error) {
+	if !idPattern.MatchString(spec.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	if st, err := os.Stat(spec.RootFS); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("template root %q is not a directory", spec.RootFS)
+	}
+	limits := withDefaults(spec.Limits, b.opts.Defaults)
+	s := &sandbox{
+		b:     b,
+		id:    spec.ID,
+		sock:  filepath.Join(b.sockDir, spec.ID+".sock"),
+		limit: limits,
+		done:  make(chan struct{}),
+	}
+	b.mu.Lock()
+	if _, dup := b.live[spec.ID]; dup {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
+	}
+	b.live[spec.ID] = s
+	b.mu.Unlock()
+
+	defer func() {
+		if err != nil {
+			s.teardown(context.WithoutCancel(ctx))
+		}
+	}()
+	if s.slot, err = b.slots.acquire(); err != nil {
+		return nil, err
+	}
+	cfg, err := s.prepareDirs(ctx, spec, limits)
+	if err != nil {
+		return nil, err
+	}
+	if s.cg, err = b.cg.Create(spec.ID, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
+		return nil, fmt.Errorf("creating cgroup: %w", err)
+	}
+	if s.ln, err = listenUnix(s.sock); err != nil {
+		return nil, err
+	}
+	if err := s.start(ctx, spec, cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// prepareDirs creates the sandbox's state directory and writable layer,
+// owned by the sandbox's root uid.
+func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*initConfig, error) {
+	uid := int(s.slot.hostUID())
+	dir := filepath.Join(s.b.sbDir, s.id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating sandbox directory: %w", err)
+	}
+	cfg := &initConfig{
+		ID:       s.id,
+		LowerDir: filepath.Join(dir, "lower"),
+		RootDir:  filepath.Join(dir, "root"),
+		Binds:    spec.Binds,
+		NoFile:   limits.NoFile,
+		Seccomp:  !s.b.opts.NoSeccomp,
+		ShmBytes: 64 << 20,
+		Agent:    spec.Agent,
+	}
+	disk := filepath.Join(dir, "disk")
+	if s.b.disk != nil {
+		d, err := s.b.disk.NewDir(ctx, s.id, limits.DiskBytes)
+		if err != nil {
+			return nil, fmt.Errorf("creating writable layer: %w", err)
+		}
+		disk = d
+	} else if err := os.Mkdir(disk, 0o700); err != nil {
+		return nil, fmt.Errorf("creating writable layer: %w", err)
+	}
+	cfg.UpperDir = filepath.Join(disk, "upper")
+	cfg.WorkDir = filepath.Join(disk, "work")
+	for _, d := range []string{cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir} {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("creating sandbox directory: %w", err)
+		}
+	}
+	// The sandbox's own /etc/hosts names its hostname (sudo wants it).
+	etc := filepath.Join(cfg.UpperDir, "etc")
+	if err := os.Mkdir(etc, 0o755); err != nil {
+		return nil, fmt.Errorf("creating sandbox /etc: %w", err)
+	}
+	hosts := filepath.Join(etc, "hosts")
+	content := "127.0.0.1\tlocalhost " + s.id + "\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if err := os.WriteFile(hosts, []byte(content), 0o644); err != nil {
+		return nil, fmt.Errorf("writing sandbox /etc/hosts: %w", err)
+	}
+	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts} {
+		if err := os.Lchown(d, uid, uid); err != nil {
+			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
+		}
+	}
+	return cfg, nil
+}
+
+func listenUnix(path string) (*net.UnixListener, error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening for the agent: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWCGROUP | unix.CLONE_NEWTIME
+
+// start spawns `fence init` in new namespaces and drives it until it has
+// executed the agent.
+func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfig) error {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("creating sync socket: %w", err)
+	}
+	parent := os.NewFile(uintptr(pair[0]), "sync-parent")
+	child := os.NewFile(uintptr(pair[1]), "sync-child")
+	defer parent.Close()
+	lnFile, err := s.ln.File() // a dup; closed below, the listener stays with us
+	if err != nil {
+		child.Close()
+		return fmt.Errorf("duplicating listener: %w", err)
+	}
+	defer lnFile.Close()
+
+	hostUID := s.slot.hostUID()
+	cmd := &exec.Cmd{
+		Path:       s.b.exe,
+		Args:       []string{"fence", "init"},
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Dir:        "/",
+		ExtraFiles: []*os.File{child, lnFile}, // fd 3: sync, fd 4: listener
+		Stderr:     &limitedLog{s: s, left: 16 << 10},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:                 cloneFlags,
+			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+			GidMappingsEnableSetgroups: true,
+			// Become the namespace's root. Without this the child keeps
+			// host uid 0, unmapped inside, and has no capabilities there.
+			Credential: &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: false},
+			Setsid:     true,
+		},
+	}
+	if fd, ok := s.cg.FD(); ok {
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = fd
+	}
+	if err := cmd.Start(); err != nil {
+		child.Close()
+		return fmt.Errorf("starting sandbox init: %w", err)
+	}
+	child.Close()
+	s.cmd = cmd
+	go func() {
+		_ = cmd.Wait()
+		close(s.done)
+	}()
+	if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
+		return fmt.Errorf("placing sandbox in its cgroup: %w", err)
+	}
+	lower, err := idmappedTree(spec.RootFS, cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lower)
+	msg, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("encoding init config: %w", err)
+	}
+	if err := unix.Sendmsg(int(parent.Fd()), msg, unix.UnixRights(lower), nil, 0); err != nil {
+		return fmt.Errorf("sending init config: %w", err)
+	}
+	// The child answers with an error message, or closes its end (by
+	// executing the agent, its end being close-on-exec) on success.
+	reply := make(chan []byte, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		n, _ := parent.Read(buf)
+		reply <- buf[:max(n, 0)]
+	}()
+	select {
+	case r := <-reply:
+		if len(r) > 0 {
+			return fmt.Errorf("setting up sandbox: %s", bytes.TrimSpace(r))
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("setting up sandbox: %w", ctx.Err())
+	case <-time.After(30 * time.Second):
+		return errors.New("setting up sandbox: init did not finish in 30s")
+	}
+	select {
+	case <-s.done:
+		return errors.New("setting up sandbox: the agent exited at start")
+	default:
+	}
+	return nil
+}
+
+// idmappedTree returns a detached, read-only, idmapped clone of the
+// template tree for the user namespace of pid.
+func idmappedTree(rootfs string, pid int) (int, error) {
+	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening sandbox user namespace: %w", err)
+	}
+	defer unix.Close(userns)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return -1, fmt.Errorf("cloning template tree: %w", err)
+	}
+	attr := &unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+		Userns_fd: uint64(userns),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("idmapping template tree: %w", err)
+	}
+	return fd, nil
+}
+
+// ID implements isolation.Sandbox.
+func (s *sandbox) ID() string { return s.id }
+
+// Done implements isolation.Sandbox.
+func (s *sandbox) Done() <-chan struct{} { return s.done }
+
+// DialAgent implements isolation.Sandbox.
+func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-s.done:
+		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
+	default:
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", s.sock)
+}
+
+// Stats implements isolation.Sandbox.
+func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
+	st, err := s.cg.Stats()
+	if err != nil {
+		return isolation.Stats{}, fmt.Errorf("reading cgroup stats: %w", err)
+	}
+	out := isolation.Stats{
+		CPUUsage:    st.CPUUsage,
+		MemoryBytes: st.MemoryBytes,
+		MemoryLimit: s.limit.MemoryBytes,
+		Pids:        st.Pids,
+		DiskLimit:   s.limit.DiskBytes,
+	}
+	if s.b.disk != nil {
+		if u, err := s.b.disk.Usage(s.id); err == nil {
+			out.DiskBytes = u.Bytes
+		}
+	}
+	return out, nil
+}
+
+// Kill implements isolation.Sandbox.
+func (s *sandbox) Kill(ctx context.Context) error {
+	s.killOnce.Do(func() { s.killErr = s.teardown(ctx) })
+	return s.killErr
+}
+
+// teardown releases everything the sandbox holds, in reverse order of
+// creation. It tolerates a partially created sandbox.
+func (s *sandbox) teardown(ctx context.Context) error {
+	var errs []error
+	if s.cg != nil {
+		if err := s.cg.Kill(); err != nil {
+			errs = append(errs, fmt.Errorf("killing sandbox processes: %w", err))
+		}
+	}
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill() // in case it never reached its cgroup
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			errs = append(errs, errors.New("sandbox init did not exit"))
+		}
+	}
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.cg != nil {
+		if err := s.cg.Remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
+		}
+	}
+	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
+		errs = append(errs, err)
+	}
+	s.slot.release()
+	s.b.mu.Lock()
+	delete(s.b.live, s.id)
+	s.b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// limitedLog forwards the first bytes a sandbox's init and agent write to
+// stderr into the daemon's log and drops the rest: the sandbox must not be
+// able to fill the host's log.
+type limitedLog struct {
+	s    *sandbox
+	mu   sync.Mutex
+	left int
+}
+
+func (l *limitedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.left > 0 {
+		q := p[:min(len(p), l.left)]
+		l.left -= len(q)
+		l.s.b.log.Warn("sandbox stderr", "sandbox_id", l.s.id, "output", string(bytes.TrimSpace(q)))
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*limitedLog)(nil)

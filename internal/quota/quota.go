@@ -1,0 +1,355 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/api"
+)
+
+// ErrUnsupported is wrapped by the errors of Open and NewDir when this host
+// cannot provide kernel-enforced disk limits (no loop devices, no ext4, no
+// mkfs.ext4, no privilege). A caller may then fall back to unlimited
+// writable layers.
+var ErrUnsupported = errors.New("disk limits unsupported on this host")
+
+const (
+	// DefaultLimit is the limit NewDir applies when given 0.
+	DefaultLimit int64 = 1 << 30
+	// MinLimit is the smallest limit NewDir accepts.
+	MinLimit int64 = 4 << 20
+
+	imageSuffix = ".img"
+	tmpInfix    = ".tmp-"
+	mkfsTimeout = 10 * time.Second
+
+	ext4SuperMagic = 0xef53
+)
+
+// Mount flags and options of every directory's filesystem. discard returns
+// freed space to the host file; noinit_itable stops the kernel zeroing
+// inode tables that in a sparse image read as zero already.
+const (
+	mountFlags   = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
+	mountOptions = "discard,noinit_itable"
+)
+
+// Options configure an FS.
+type Options struct {
+	// ImageDir holds the image files. Created if missing. Required.
+	ImageDir string
+	// MountDir holds the mount points. Created if missing. Required. It
+	// should not be inside ImageDir or vice versa.
+	MountDir string
+	// Logger receives events. If nil, logs are discarded.
+	Logger *slog.Logger
+}
+
+// FS makes and removes size-limited directories. Its methods are safe for
+// concurrent use with different names; calls with the same name must not
+// overlap (the caller owns each name).
+type FS struct {
+	imageDir string
+	mountDir string
+	mkfs     string
+	log      *slog.Logger
+}
+
+// Open checks that this host can make limited directories and returns an FS
+// over opts' directories. Existing directories (of a previous daemon run)
+// stay mounted and usable; Dirs lists them.
+func Open(ctx context.Context, opts Options) (*FS, error) {
+	if opts.ImageDir == "" || opts.MountDir == "" {
+		return nil, fmt.Errorf("quota: ImageDir and MountDir are required: %w", api.ErrInvalidArgument)
+	}
+	f := &FS{log: opts.Logger}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if f.imageDir, err = filepath.Abs(opts.ImageDir); err != nil {
+		return nil, fmt.Errorf("resolving image dir: %w", err)
+	}
+	if f.mountDir, err = filepath.Abs(opts.MountDir); err != nil {
+		return nil, fmt.Errorf("resolving mount dir: %w", err)
+	}
+	for _, d := range []string{f.imageDir, f.mountDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	if f.mkfs, err = exec.LookPath("mkfs.ext4"); err != nil {
+		return nil, fmt.Errorf("%w: mkfs.ext4 not found (apt-get install e2fsprogs): %w", ErrUnsupported, err)
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return nil, fmt.Errorf("%w: no loop devices: %w", ErrUnsupported, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// validateName accepts a single, non-hidden path element.
+func validateName(name string) error {
+	if name == "" || name[0] == '.' || strings.ContainsAny(name, "/\x00") || len(name) > 200 {
+		return fmt.Errorf("invalid quota dir name %q: %w", name, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (f *FS) image(name string) string { return filepath.Join(f.imageDir, name+imageSuffix) }
+
+// Path returns the mount point of the named directory (whether or not it
+// exists).
+func (f *FS) Path(name string) string { return filepath.Join(f.mountDir, name) }
+
+// NewDir creates the directory name limited to limitBytes (DefaultLimit if
+// 0) and returns its path, <MountDir>/<name>: the root of a fresh ext4
+// filesystem owned by root with mode 0755. If name exists, the error wraps
+// fs.ErrExist. On any error nothing is left behind.
+func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path string, err error) {
+	if err := validateName(name); err != nil {
+		return "", err
+	}
+	if limitBytes == 0 {
+		limitBytes = DefaultLimit
+	}
+	if limitBytes < MinLimit {
+		return "", fmt.Errorf("disk limit %d is below %d: %w", limitBytes, MinLimit, api.ErrInvalidArgument)
+	}
+	image, mnt := f.image(name), f.Path(name)
+	if _, err := os.Lstat(image); err == nil {
+		return "", fmt.Errorf("quota dir %s: %w", name, fs.ErrExist)
+	}
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("quota dir %s: %w", name, fs.ErrExist)
+		}
+		return "", fmt.Errorf("creating mount point: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.cleanup(name)
+		}
+	}()
+	if err := f.createImage(ctx, image, limitBytes); err != nil {
+		return "", err
+	}
+	if err := mountImage(image, mnt); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(mnt, 0o755); err != nil { // the new filesystem's root
+		return "", fmt.Errorf("chmod %s: %w", mnt, err)
+	}
+	// lost+found is only clutter in an overlay upper.
+	if err := os.Remove(filepath.Join(mnt, "lost+found")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("removing lost+found: %w", err)
+	}
+	return mnt, nil
+}
+
+// createImage makes a sparse ext4 image of size bytes at image, through a
+// temporary name.
+func (f *FS) createImage(ctx context.Context, image string, size int64) error {
+	tmp := image + tmpInfix + randomSuffix()
+	fd, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating image: %w", err)
+	}
+	err = fd.Truncate(size)
+	if cerr := fd.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("sizing image: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, mkfsTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, f.mkfs, "-q", "-F",
+		"-b", "4096", // the loop device's logical block size
+		"-i", "8192", // one inode per 8 KiB
+		"-m", "0", // no blocks reserved for root
+		"-O", "^has_journal",
+		"-E", "root_owner=0:0,lazy_itable_init=1,nodiscard",
+		tmp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 2 * time.Second
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("running mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, image, unix.RENAME_NOREPLACE); err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("installing image: %w", fs.ErrExist)
+		}
+		return fmt.Errorf("installing image: %w", err)
+	}
+	return nil
+}
+
+// mountImage attaches image to a free loop device and mounts it at mnt.
+func mountImage(image, mnt string) error {
+	dev, loop, err := attachLoop(image)
+	if err != nil {
+		return err
+	}
+	// After the mount, the mount alone holds the device; with
+	// LO_FLAGS_AUTOCLEAR it detaches when that ends (or now, if the mount
+	// failed).
+	defer loop.Close()
+	if err := unix.Mount(dev, mnt, "ext4", mountFlags, mountOptions); err != nil {
+		err = fmt.Errorf("mounting %s (%s) at %s: %w", image, dev, mnt, err)
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EACCES) {
+			err = fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// RemoveDir unmounts and deletes the named directory and its image. It is
+// idempotent, and also removes a half-made directory or what a crash left.
+// If the filesystem is still busy (a sandbox's overlay on it), it is
+// detached lazily: the name is free at once and the space is returned when
+// the last user goes.
+func (f *FS) RemoveDir(name string) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	return f.cleanup(name)
+}
+
+func (f *FS) cleanup(name string) error {
+	mnt := f.Path(name)
+	var errs []error
+	for range 8 { // stacked mounts, if any
+		m, err := findMount(mnt)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if m == nil {
+			break
+		}
+		err = unix.Unmount(mnt, 0)
+		if errors.Is(err, unix.EBUSY) {
+			f.log.Warn("quota dir busy, detaching lazily", "dir", mnt)
+			err = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", mnt, err))
+			break
+		}
+	}
+	if len(errs) == 0 {
+		// Not mounted any more: whatever is left is an empty mount point,
+		// or files written into it when it was not mounted.
+		if err := os.RemoveAll(mnt); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s: %w", mnt, err))
+		}
+	}
+	image := f.image(name)
+	tmps, _ := filepath.Glob(image + tmpInfix + "*")
+	for _, p := range append(tmps, image) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Dirs returns the names of every directory that exists in whole or in
+// part (image, temporary image or mount point), sorted. After a crash, the
+// caller removes those no sandbox owns with RemoveDir.
+func (f *FS) Dirs() ([]string, error) {
+	var names []string
+	images, err := os.ReadDir(f.imageDir)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", f.imageDir, err)
+	}
+	for _, e := range images {
+		n := e.Name()
+		if i := strings.Index(n, imageSuffix+tmpInfix); i > 0 {
+			n = n[:i]
+		} else if base, ok := strings.CutSuffix(n, imageSuffix); ok {
+			n = base
+		} else {
+			continue
+		}
+		if validateName(n) == nil {
+			names = append(names, n)
+		}
+	}
+	mounts, err := os.ReadDir(f.mountDir)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", f.mountDir, err)
+	}
+	for _, e := range mounts {
+		if validateName(e.Name()) == nil {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
+// Usage is the space and inodes a directory uses, and their limits.
+type Usage struct {
+	Bytes       int64
+	LimitBytes  int64 // the filesystem's size less its metadata
+	Inodes      int64
+	LimitInodes int64
+}
+
+// Usage reads the current use of the named directory. A directory that is
+// not mounted wraps api.ErrNotFound.
+func (f *FS) Usage(name string) (Usage, error) {
+	if err := validateName(name); err != nil {
+		return Usage{}, err
+	}
+	mnt := f.Path(name)
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return Usage{}, fmt.Errorf("quota dir %s: %w", name, api.ErrNotFound)
+		}
+		return Usage{}, fmt.Errorf("statfs %s: %w", mnt, err)
+	}
+	if st.Type != ext4SuperMagic {
+		return Usage{}, fmt.Errorf("quota dir %s is not mounted: %w", name, api.ErrNotFound)
+	}
+	if m, err := findMount(mnt); err != nil || m == nil {
+		return Usage{}, fmt.Errorf("quota dir %s is not mounted: %w", name, api.ErrNotFound)
+	}
+	bs := st.Bsize
+	return Usage{
+		Bytes:       int64(st.Blocks-st.Bfree) * bs,
+		LimitBytes:  int64(st.Blocks) * bs,
+		Inodes:      int64(st.Files - st.Ffree),
+		LimitInodes: int64(st.Files),
+	}, nil
+}
+
+func randomSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

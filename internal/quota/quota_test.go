@@ -1,0 +1,344 @@
+package quota
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/api"
+)
+
+// requireRoot skips when not root, except in CI where it fails: CI runs as
+// root and must never skip a privileged test.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("test needs root, and CI must run it")
+	}
+	t.Skip("test needs root (loop devices, mount)")
+}
+
+func openTest(t *testing.T) *FS {
+	t.Helper()
+	dir := t.TempDir()
+	f, err := Open(t.Context(), Options{
+		ImageDir: filepath.Join(dir, "images"),
+		MountDir: filepath.Join(dir, "mnt"),
+		Logger:   slog.New(slog.NewTextHandler(t.Output(), nil)),
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return f
+}
+
+// newDir makes a limited dir and removes it when the test ends.
+func newDir(t *testing.T, f *FS, name string, limit int64) string {
+	t.Helper()
+	p, err := f.NewDir(t.Context(), name, limit)
+	if err != nil {
+		t.Fatalf("NewDir(%s, %d) = %v", name, limit, err)
+	}
+	t.Cleanup(func() {
+		if err := f.RemoveDir(name); err != nil {
+			t.Errorf("RemoveDir(%s) = %v", name, err)
+		}
+	})
+	return p
+}
+
+// fill writes 1 MiB chunks to path until an error or max bytes, and
+// returns the bytes written and the error that stopped it.
+func fill(t *testing.T, path string, max int64) (int64, error) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatalf("creating %s: %v", path, err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i) | 1
+	}
+	var n int64
+	for n < max {
+		w, err := f.Write(chunk)
+		n += int64(w)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, f.Sync()
+}
+
+func isFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// TestLimit proves that the kernel stops writes at a directory's limit,
+// that directories are independent, and that RemoveDir frees everything,
+// the loop device included. Root: loop devices and mount.
+func TestLimit(t *testing.T) {
+	requireRoot(t)
+	f := openTest(t)
+	const limit = 10 << 20
+	a := newDir(t, f, "a", limit)
+	if want := filepath.Join(f.mountDir, "a"); a != want {
+		t.Errorf("NewDir(a) = %q, want %q", a, want)
+	}
+	b := newDir(t, f, "b", limit)
+	if _, err := f.NewDir(t.Context(), "a", limit); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("NewDir(a) twice = %v, want ErrExist", err)
+	}
+
+	m, err := findMount(a)
+	if err != nil || m == nil || m.fstype != "ext4" || !strings.HasPrefix(m.source, "/dev/loop") {
+		t.Fatalf("findMount(%s) = %+v, %v, want ext4 on a loop device", a, m, err)
+	}
+	image := f.image("a")
+	fi, err := os.Stat(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != limit {
+		t.Errorf("image size = %d, want %d", fi.Size(), limit)
+	}
+	if backing, err := loopBackingFile(m.source); err != nil || backing != image {
+		t.Errorf("loopBackingFile(%s) = %q, %v, want %q", m.source, backing, err, image)
+	}
+
+	if err := os.MkdirAll(filepath.Join(a, "sub", "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n, err := fill(t, filepath.Join(a, "sub", "dir", "big"), 20<<20)
+	if !isFull(err) {
+		t.Fatalf("writing 20 MiB into a 10 MiB dir: wrote %d, err %v, want ENOSPC", n, err)
+	}
+	if n < limit*8/10 || n > limit {
+		t.Errorf("writing into a 10 MiB dir stopped after %d bytes, want about %d", n, limit)
+	}
+	u, err := f.Usage("a")
+	if err != nil {
+		t.Fatalf("Usage(a) = %v", err)
+	}
+	if u.Bytes < n || u.LimitBytes > limit || u.LimitBytes < limit*8/10 || u.Inodes < 3 || u.LimitInodes != limit/8192 {
+		t.Errorf("Usage(a) = %+v, want at least %d of about %d bytes, 3+ inodes of %d", u, n, limit, limit/8192)
+	}
+
+	// b is independent of a.
+	if n, err := fill(t, filepath.Join(b, "f"), 5<<20); err != nil || n != 5<<20 {
+		t.Errorf("writing 5 MiB into b = %d, %v, want 5 MiB, nil", n, err)
+	}
+	if u, err := f.Usage("b"); err != nil || u.Bytes < 5<<20 {
+		t.Errorf("Usage(b) = %+v, %v, want 5 MiB used", u, err)
+	}
+	if dirs, err := f.Dirs(); err != nil || strings.Join(dirs, ",") != "a,b" {
+		t.Errorf("Dirs() = %v, %v, want [a b]", dirs, err)
+	}
+
+	if err := f.RemoveDir("a"); err != nil {
+		t.Fatalf("RemoveDir(a) = %v", err)
+	}
+	if err := f.RemoveDir("a"); err != nil {
+		t.Errorf("RemoveDir(a) twice = %v, want nil", err)
+	}
+	for _, p := range []string{a, image} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Lstat(%s) after RemoveDir = %v, want ErrNotExist", p, err)
+		}
+	}
+	if backing, err := loopBackingFile(m.source); err == nil {
+		t.Errorf("loop device %s still bound to %s after RemoveDir", m.source, backing)
+	}
+	if _, err := f.Usage("a"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("Usage(a) after RemoveDir = %v, want ErrNotFound", err)
+	}
+	if dirs, err := f.Dirs(); err != nil || strings.Join(dirs, ",") != "b" {
+		t.Errorf("Dirs() = %v, %v, want [b]", dirs, err)
+	}
+}
+
+// TestOverlayUpperLimited proves that an overlayfs whose upper and work
+// dirs are inside a limited dir cannot write past the limit (the way
+// sandboxes use it), and that RemoveDir copes with the overlay still
+// mounted. Root: mounts.
+func TestOverlayUpperLimited(t *testing.T) {
+	requireRoot(t)
+	f := openTest(t)
+	const limit = 10 << 20
+	q := newDir(t, f, "sb1", limit)
+	upper, work := filepath.Join(q, "upper"), filepath.Join(q, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lower, merged := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(lower, "from-lower"), []byte("lower"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Fatalf("mounting overlay: %v", err)
+	}
+	overlayMounted := true
+	t.Cleanup(func() {
+		if overlayMounted {
+			unix.Unmount(merged, unix.MNT_DETACH)
+		}
+	})
+
+	// Copy-up and whiteouts work.
+	if err := os.WriteFile(filepath.Join(merged, "from-lower"), []byte("changed"), 0o644); err != nil {
+		t.Fatalf("copy-up: %v", err)
+	}
+	if err := os.Remove(filepath.Join(merged, "from-lower")); err != nil {
+		t.Fatalf("whiteout: %v", err)
+	}
+
+	n, err := fill(t, filepath.Join(merged, "big"), 20<<20)
+	if !isFull(err) {
+		t.Fatalf("writing 20 MiB through the overlay: wrote %d, err %v, want ENOSPC", n, err)
+	}
+	if n > limit {
+		t.Errorf("wrote %d bytes through the overlay, want at most %d", n, limit)
+	}
+	if u, err := f.Usage("sb1"); err != nil || u.Bytes < n {
+		t.Errorf("Usage(sb1) = %+v, %v, want at least %d bytes", u, err, n)
+	}
+	if fi, err := os.Stat(filepath.Join(upper, "big")); err != nil || fi.Size() != n {
+		t.Errorf("Stat(upper/big) = %v, %v, want %d bytes", fi, err, n)
+	}
+
+	// The overlay still holds the filesystem: RemoveDir detaches lazily.
+	if err := f.RemoveDir("sb1"); err != nil {
+		t.Fatalf("RemoveDir(sb1) with the overlay mounted = %v", err)
+	}
+	if _, err := os.Lstat(q); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Lstat(%s) after RemoveDir = %v, want ErrNotExist", q, err)
+	}
+	if err := unix.Unmount(merged, 0); err != nil {
+		t.Errorf("unmounting overlay: %v", err)
+	}
+	overlayMounted = false
+}
+
+// TestCrashLeftovers checks that Dirs reports and RemoveDir cleans what a
+// crash leaves: a temporary image, an image without a mount, and a mount
+// that outlived its daemon. Root: mounts.
+func TestCrashLeftovers(t *testing.T) {
+	requireRoot(t)
+	f := openTest(t)
+	if _, err := f.NewDir(t.Context(), "mounted", MinLimit); err != nil {
+		t.Fatalf("NewDir(mounted) = %v", err)
+	}
+	if err := os.WriteFile(f.image("tmp")+tmpInfix+"abc", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.image("unmounted"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A daemon restart: a new FS over the same directories.
+	f2, err := Open(t.Context(), Options{ImageDir: f.imageDir, MountDir: f.mountDir})
+	if err != nil {
+		t.Fatalf("Open again = %v", err)
+	}
+	if u, err := f2.Usage("mounted"); err != nil || u.LimitBytes == 0 {
+		t.Errorf("Usage(mounted) after reopen = %+v, %v, want a limit", u, err)
+	}
+	dirs, err := f2.Dirs()
+	if err != nil || strings.Join(dirs, ",") != "mounted,tmp,unmounted" {
+		t.Fatalf("Dirs() = %v, %v, want [mounted tmp unmounted]", dirs, err)
+	}
+	for _, d := range dirs {
+		if err := f2.RemoveDir(d); err != nil {
+			t.Errorf("RemoveDir(%s) = %v", d, err)
+		}
+	}
+	if dirs, err := f2.Dirs(); err != nil || len(dirs) != 0 {
+		t.Errorf("Dirs() after RemoveDir = %v, %v, want none", dirs, err)
+	}
+	for _, d := range []string{f.imageDir, f.mountDir} {
+		if entries, _ := os.ReadDir(d); len(entries) != 0 {
+			t.Errorf("%s has %d entries after cleanup, want none", d, len(entries))
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	requireRoot(t)
+	f := openTest(t)
+	for _, name := range []string{"", ".", "..", ".hidden", "a/b", "../x", "x\x00y", strings.Repeat("x", 201)} {
+		if _, err := f.NewDir(t.Context(), name, MinLimit); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("NewDir(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+		if err := f.RemoveDir(name); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("RemoveDir(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+		if _, err := f.Usage(name); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("Usage(%q) = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	for _, limit := range []int64{-1, 1, MinLimit - 1} {
+		if _, err := f.NewDir(t.Context(), "ok", limit); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("NewDir(ok, %d) = %v, want ErrInvalidArgument", limit, err)
+		}
+	}
+	if dirs, err := f.Dirs(); err != nil || len(dirs) != 0 {
+		t.Errorf("Dirs() after bad input = %v, %v, want none", dirs, err)
+	}
+	// The default limit is 1 GiB; the image is sparse.
+	p := newDir(t, f, "dflt", 0)
+	if u, err := f.Usage("dflt"); err != nil || u.LimitBytes > DefaultLimit || u.LimitBytes < DefaultLimit*9/10 {
+		t.Errorf("Usage(dflt) = %+v, %v, want LimitBytes about %d", u, err, DefaultLimit)
+	}
+	fi, err := os.Stat(f.image("dflt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := fi.Sys().(*syscall.Stat_t).Blocks * 512; used > 16<<20 {
+		t.Errorf("1 GiB image uses %d bytes on disk, want a sparse file", used)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("Stat(%s) = %v, %v, want mode 0755", p, fi, err)
+	}
+	if entries, _ := os.ReadDir(p); len(entries) != 0 {
+		t.Errorf("new dir has %d entries, want none", len(entries))
+	}
+}
+
+func TestOpenOptions(t *testing.T) {
+	if _, err := Open(t.Context(), Options{ImageDir: t.TempDir()}); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("Open without MountDir = %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestParseMountInfo(t *testing.T) {
+	tests := []struct {
+		line string
+		want mountInfo
+		ok   bool
+	}{
+		{"36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue",
+			mountInfo{"/mnt2", "ext3", "/dev/root", "rw,errors=continue"}, true},
+		{`100 1 7:3 / /var/lib/with\040space rw shared:5 - ext4 /dev/loop3 rw,discard`,
+			mountInfo{"/var/lib/with space", "ext4", "/dev/loop3", "rw,discard"}, true},
+		{"garbage", mountInfo{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseMountInfo(tt.line)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseMountInfo(%q) = %+v, %v, want %+v, %v", tt.line, got, ok, tt.want, tt.ok)
+		}
+	}
+}

@@ -1,0 +1,466 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+// Store is the persistence the Manager needs; *store.Store implements it.
+type Store interface {
+	Insert(ctx context.Context, sb *store.Sandbox) error
+	List(ctx context.Context, f store.Filter) ([]*store.Sandbox, error)
+	ListRunning(ctx context.Context) ([]*store.Sandbox, error)
+	UpdateEndAt(ctx context.Context, id string, endAt time.Time) error
+	SetState(ctx context.Context, id string, st store.State) error
+	DeleteKilledBefore(ctx context.Context, t time.Time) (int64, error)
+}
+
+var _ Store = (*store.Store)(nil)
+
+// Templates resolves a template name to its root directory. Unknown names
+// give an error wrapping api.ErrNotFound.
+type Templates interface {
+	Resolve(name string) (rootfs string, err error)
+}
+
+// Defaults are the resources and timeout of a sandbox whose create request
+// does not name them. Zero fields take the built-in values in brackets.
+type Defaults struct {
+	CPUs     float64       // [2]
+	MemoryMB int64         // [512]
+	Pids     int64         // [1024]
+	DiskMB   int64         // [1024]
+	NoFile   uint64        // [1024]
+	Timeout  time.Duration // [5m]
+}
+
+func (d Defaults) withBuiltins() Defaults {
+	if d.CPUs == 0 {
+		d.CPUs = 2
+	}
+	if d.MemoryMB == 0 {
+		d.MemoryMB = 512
+	}
+	if d.Pids == 0 {
+		d.Pids = 1024
+	}
+	if d.DiskMB == 0 {
+		d.DiskMB = 1024
+	}
+	if d.NoFile == 0 {
+		d.NoFile = 1024
+	}
+	if d.Timeout == 0 {
+		d.Timeout = 5 * time.Minute
+	}
+	return d
+}
+
+// Options configure a Manager.
+type Options struct {
+	Backend   isolation.Backend // required
+	Store     Store             // required
+	Templates Templates         // required
+	Defaults  Defaults
+	// MaxSandboxes caps sandboxes running or being created; 0 means 1000.
+	MaxSandboxes int
+	// MaxTimeout is the longest timeout a request may ask for; 0 means 24h.
+	MaxTimeout time.Duration
+	// KilledRetention is how long killed records stay in the store before
+	// Start prunes them; 0 means 24h.
+	KilledRetention time.Duration
+	// Logger; nil discards logs.
+	Logger *slog.Logger
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+// ErrClosed is returned by calls made after Shutdown. It wraps
+// api.ErrUnavailable.
+var ErrClosed = fmt.Errorf("sandbox manager is shut down: %w", api.ErrUnavailable)
+
+var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnavailable)
+
+// Manager owns the lifecycle of sandboxes.
+type Manager struct {
+	backend    isolation.Backend
+	store      Store
+	templates  Templates
+	defaults   Defaults
+	max        int
+	maxTimeout time.Duration
+	retention  time.Duration
+	log        *slog.Logger
+	now        func() time.Time
+
+	wake chan struct{} // nudges the reaper; buffered 1
+	stop chan struct{} // closed by Shutdown
+	wg   sync.WaitGroup
+
+	mu sync.Mutex
+	// +checklocks:mu
+	started bool
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	running map[string]*entry
+	// +checklocks:mu
+	pending int // creates between the capacity check and registration
+}
+
+// entry is one running sandbox.
+type entry struct {
+	box isolation.Sandbox
+
+	mu sync.Mutex
+	// +checklocks:mu
+	info *Sandbox
+}
+
+func (e *entry) snapshot() *Sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.info.clone()
+}
+
+func (e *entry) endAt() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.info.EndAt
+}
+
+// New returns a Manager. Call Start before using it.
+func New(opts Options) (*Manager, error) {
+	if opts.Backend == nil || opts.Store == nil || opts.Templates == nil {
+		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
+	}
+	m := &Manager{
+		backend:    opts.Backend,
+		store:      opts.Store,
+		templates:  opts.Templates,
+		defaults:   opts.Defaults.withBuiltins(),
+		max:        opts.MaxSandboxes,
+		maxTimeout: opts.MaxTimeout,
+		retention:  opts.KilledRetention,
+		log:        opts.Logger,
+		now:        opts.Now,
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		running:    map[string]*entry{},
+	}
+	if m.max <= 0 {
+		m.max = 1000
+	}
+	if m.maxTimeout <= 0 {
+		m.maxTimeout = 24 * time.Hour
+	}
+	if m.retention <= 0 {
+		m.retention = 24 * time.Hour
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if m.defaults.Timeout > m.maxTimeout {
+		return nil, fmt.Errorf("sandbox.New: default timeout %v exceeds MaxTimeout %v", m.defaults.Timeout, m.maxTimeout)
+	}
+	return m, nil
+}
+
+// Start recovers from a crash and starts the reaper: every sandbox the store
+// says is running is marked killed, then Backend.Cleanup removes whatever
+// the previous daemon left on the host.
+func (m *Manager) Start(ctx context.Context) error {
+	m.mu.Lock()
+	if m.started || m.closed {
+		m.mu.Unlock()
+		return errors.New("sandbox manager: Start called twice or after Shutdown")
+	}
+	m.mu.Unlock()
+
+	stale, err := m.store.ListRunning(ctx)
+	if err != nil {
+		return fmt.Errorf("recovering sandboxes: %w", err)
+	}
+	for _, s := range stale {
+		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
+			return fmt.Errorf("recovering sandbox %s: %w", s.ID, err)
+		}
+		m.log.InfoContext(ctx, "sandbox left running by a previous daemon marked killed", "sandbox_id", s.ID)
+	}
+	removed, err := m.backend.Cleanup(ctx)
+	if err != nil {
+		return fmt.Errorf("cleaning up backend %s: %w", m.backend.Name(), err)
+	}
+	if len(removed) > 0 {
+		m.log.InfoContext(ctx, "backend cleaned up leftover sandboxes", "count", len(removed), "ids", removed)
+	}
+	if _, err := m.store.DeleteKilledBefore(ctx, m.now().Add(-m.retention)); err != nil {
+		return fmt.Errorf("pruning old records: %w", err)
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	m.started = true
+	m.wg.Go(m.reaper)
+	return nil
+}
+
+// reserve takes one unit of capacity for a create.
+func (m *Manager) reserve() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed:
+		return ErrClosed
+	case !m.started:
+		return errNotStarted
+	case len(m.running)+m.pending >= m.max:
+		return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+	}
+	m.pending++
+	return nil
+}
+
+// Create starts a sandbox. See the package doc for its guarantees.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	timeout, limits, err := m.validate(req)
+	if err != nil {
+		return nil, err
+	}
+	rootfs, err := m.templates.Resolve(req.TemplateID)
+	if err != nil {
+		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
+	}
+	if err := m.reserve(); err != nil {
+		return nil, err
+	}
+	registered := false
+	defer func() {
+		if !registered {
+			m.mu.Lock()
+			m.pending--
+			m.mu.Unlock()
+		}
+	}()
+
+	id := newID()
+	box, err := m.backend.Create(ctx, isolation.Spec{
+		ID:     id,
+		RootFS: rootfs,
+		Limits: limits,
+		Agent:  isolation.AgentConfig{EnvVars: req.EnvVars},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox: %w", err)
+	}
+	now := m.now().UTC()
+	info := &Sandbox{
+		ID:                  id,
+		TemplateID:          req.TemplateID,
+		State:               StateRunning,
+		StartedAt:           now,
+		EndAt:               now.Add(timeout),
+		Metadata:            req.Metadata,
+		CPUs:                limits.CPUs,
+		MemoryMB:            limits.MemoryBytes >> 20,
+		DiskMB:              limits.DiskBytes >> 20,
+		EnvdAccessToken:     newToken(),
+		AllowInternetAccess: req.AllowInternetAccess,
+		Network:             req.Network,
+	}
+	if info.Metadata == nil {
+		info.Metadata = map[string]string{}
+	}
+	slot := 0
+	if s, ok := box.(interface{ Slot() int }); ok {
+		slot = s.Slot()
+	}
+	rec := &store.Sandbox{
+		ID: id, Template: info.TemplateID, State: store.StateRunning,
+		CreatedAt: info.StartedAt, EndAt: info.EndAt, Metadata: info.Metadata,
+		CPUs: info.CPUs, MemoryMB: info.MemoryMB, DiskMB: info.DiskMB,
+		EnvdAccessToken: info.EnvdAccessToken, AllowInternetAccess: info.AllowInternetAccess,
+		Network: info.Network, Slot: slot,
+	}
+	// The store write must not be abandoned half-way because the client left.
+	if err := m.store.Insert(context.WithoutCancel(ctx), rec); err != nil {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
+	}
+
+	e := &entry{box: box, info: info}
+	m.mu.Lock()
+	m.pending--
+	registered = true
+	if m.closed {
+		m.mu.Unlock()
+		m.killBox(ctx, box)
+		m.markKilled(ctx, id)
+		return nil, ErrClosed
+	}
+	m.running[id] = e
+	m.wg.Go(func() { m.watch(e) })
+	m.mu.Unlock()
+	m.nudge()
+
+	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", req.TemplateID,
+		"end_at", info.EndAt)
+	return info.clone(), nil
+}
+
+// killBox kills a backend sandbox, even if ctx is already canceled.
+func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := box.Kill(kctx); err != nil {
+		m.log.ErrorContext(ctx, "killing sandbox", "sandbox_id", box.ID(), "err", err)
+	}
+}
+
+func (m *Manager) markKilled(ctx context.Context, id string) {
+	if err := m.store.SetState(context.WithoutCancel(ctx), id, store.StateKilled); err != nil {
+		m.log.ErrorContext(ctx, "marking sandbox killed", "sandbox_id", id, "err", err)
+	}
+}
+
+// watch marks a sandbox killed when it stops on its own.
+func (m *Manager) watch(e *entry) {
+	select {
+	case <-e.box.Done():
+	case <-m.stop:
+		return
+	}
+	m.mu.Lock()
+	cur, ok := m.running[e.box.ID()]
+	if ok && cur == e {
+		delete(m.running, e.box.ID())
+	}
+	m.mu.Unlock()
+	if ok && cur == e {
+		ctx := context.Background()
+		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
+		m.killBox(ctx, e.box) // release host resources the backend may still hold
+		m.markKilled(ctx, e.box.ID())
+	}
+}
+
+// Shutdown kills every sandbox and stops the reaper. Later calls to the
+// Manager fail with ErrClosed. It returns ctx.Err() if ctx ends first.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	all := make([]*entry, 0, len(m.running))
+	for id, e := range m.running {
+		all = append(all, e)
+		delete(m.running, id)
+	}
+	m.mu.Unlock()
+	close(m.stop)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for _, e := range all {
+			wg.Go(func() {
+				m.killBox(ctx, e.box)
+				m.markKilled(ctx, e.box.ID())
+			})
+		}
+		wg.Wait()
+		m.wg.Wait()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *Manager) nudge() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// reaper kills sandboxes at their deadline. It sleeps until the earliest
+// deadline and wakes early when a deadline changes.
+func (m *Manager) reaper() {
+	for {
+		var (
+			timer  *time.Timer
+			timerC <-chan time.Time
+		)
+		if next, ok := m.nextDeadline(); ok {
+			timer = time.NewTimer(max(next.Sub(m.now()), 0))
+			timerC = timer.C
+		}
+		select {
+		case <-m.stop:
+		case <-m.wake:
+		case <-timerC:
+			m.reap(context.Background())
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+	}
+}
+
+func (m *Manager) nextDeadline() (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var next time.Time
+	for _, e := range m.running {
+		if end := e.endAt(); next.IsZero() || end.Before(next) {
+			next = end
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// reap kills every sandbox whose deadline has passed.
+func (m *Manager) reap(ctx context.Context) {
+	now := m.now()
+	m.mu.Lock()
+	var due []string
+	for id, e := range m.running {
+		if !e.endAt().After(now) {
+			due = append(due, id)
+		}
+	}
+	m.mu.Unlock()
+	slices.Sort(due)
+	for _, id := range due {
+		err := m.kill(ctx, id, "timeout")
+		if err != nil && !errors.Is(err, api.ErrNotFound) && !errors.Is(err, ErrClosed) {
+			m.log.ErrorContext(ctx, "killing expired sandbox", "sandbox_id", id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,488 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+type templates map[string]string
+
+func (ts templates) Resolve(name string) (string, error) {
+	if p, ok := ts[name]; ok {
+		return p, nil
+	}
+	return "", fmt.Errorf("template %q: %w", name, api.ErrNotFound)
+}
+
+type env struct {
+	m     *Manager
+	store *store.Store
+	host  *fake.Host
+}
+
+type envOpt func(*Options)
+
+func newEnv(t *testing.T, opts ...envOpt) *env {
+	t.Helper()
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := fake.NewHost()
+	o := Options{
+		Backend:   fake.New(fake.Options{Host: host}),
+		Store:     st,
+		Templates: templates{"base": "/rootfs/base", "minimal": "/rootfs/minimal"},
+		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	m, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatalf("Start() = %v", err)
+	}
+	t.Cleanup(func() {
+		m.Shutdown(context.Background())
+		st.Close()
+	})
+	return &env{m: m, store: st, host: host}
+}
+
+func (e *env) mustCreate(t *testing.T, req CreateRequest) *Sandbox {
+	t.Helper()
+	if req.TemplateID == "" {
+		req.TemplateID = "base"
+	}
+	s, err := e.m.Create(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Create(%+v) = %v", req, err)
+	}
+	return s
+}
+
+func TestCreateGetKill(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	s := e.mustCreate(t, CreateRequest{Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"SECRET": "x"}})
+	if !ValidID(s.ID) || len(s.ID) != 20 {
+		t.Errorf("ID = %q, want 20 chars of [a-z0-9]", s.ID)
+	}
+	if s.EnvdAccessToken == "" || s.State != StateRunning || s.CPUs != 2 || s.MemoryMB != 512 || s.DiskMB != 1024 {
+		t.Errorf("Create() = %+v, want token, running, defaults 2/512/1024", s)
+	}
+	if got := s.EndAt.Sub(s.StartedAt); got != 5*time.Minute {
+		t.Errorf("EndAt-StartedAt = %v, want 5m default", got)
+	}
+	fs, ok := e.host.Sandbox(s.ID)
+	if !ok {
+		t.Fatalf("backend has no sandbox %s", s.ID)
+	}
+	spec := fs.Spec()
+	if spec.RootFS != "/rootfs/base" || spec.Agent.EnvVars["SECRET"] != "x" || spec.Limits.MemoryBytes != 512<<20 ||
+		spec.Limits.Pids != 1024 || spec.Limits.NoFile != 1024 {
+		t.Errorf("backend spec = %+v", spec)
+	}
+	got, err := e.m.Get(ctx, s.ID)
+	if err != nil || got.ID != s.ID || got.Metadata["k"] != "v" {
+		t.Errorf("Get(%s) = %+v, %v", s.ID, got, err)
+	}
+	if box, info, ok := e.m.Lookup(s.ID); !ok || box.ID() != s.ID || info.EnvdAccessToken != s.EnvdAccessToken {
+		t.Errorf("Lookup(%s) = %v, %+v, %v", s.ID, box, info, ok)
+	}
+	if _, err := e.m.Stats(ctx, s.ID); err != nil {
+		t.Errorf("Stats(%s) = %v", s.ID, err)
+	}
+	if err := e.m.Kill(ctx, s.ID); err != nil {
+		t.Fatalf("Kill(%s) = %v", s.ID, err)
+	}
+	if err := e.m.Kill(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("second Kill(%s) = %v, want ErrNotFound", s.ID, err)
+	}
+	if _, err := e.m.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("Get(killed) = %v, want ErrNotFound", err)
+	}
+	if _, _, ok := e.m.Lookup(s.ID); ok {
+		t.Errorf("Lookup(killed) = ok, want false")
+	}
+	if got := e.host.Running(); len(got) != 0 {
+		t.Errorf("backend still runs %v", got)
+	}
+	rec, err := e.store.Get(ctx, s.ID)
+	if err != nil || rec.State != store.StateKilled {
+		t.Errorf("store record = %+v, %v; want killed", rec, err)
+	}
+}
+
+func TestCreateInvalid(t *testing.T) {
+	big := map[string]string{}
+	for i := range 101 {
+		big[fmt.Sprint(i)] = "v"
+	}
+	tests := []struct {
+		name string
+		req  CreateRequest
+		want error
+	}{
+		{"no template", CreateRequest{}, api.ErrInvalidArgument},
+		{"unknown template", CreateRequest{TemplateID: "nope"}, api.ErrNotFound},
+		{"negative timeout", CreateRequest{TemplateID: "base", Timeout: -time.Second}, api.ErrInvalidArgument},
+		{"timeout too long", CreateRequest{TemplateID: "base", Timeout: 25 * time.Hour}, api.ErrInvalidArgument},
+		{"negative cpu", CreateRequest{TemplateID: "base", CPUs: -1}, api.ErrInvalidArgument},
+		{"absurd cpu", CreateRequest{TemplateID: "base", CPUs: 1000}, api.ErrInvalidArgument},
+		{"tiny memory", CreateRequest{TemplateID: "base", MemoryMB: 1}, api.ErrInvalidArgument},
+		{"absurd memory", CreateRequest{TemplateID: "base", MemoryMB: 1 << 40}, api.ErrInvalidArgument},
+		{"negative disk", CreateRequest{TemplateID: "base", DiskMB: -5}, api.ErrInvalidArgument},
+		{"too much metadata", CreateRequest{TemplateID: "base", Metadata: big}, api.ErrInvalidArgument},
+		{"empty metadata key", CreateRequest{TemplateID: "base", Metadata: map[string]string{"": "v"}}, api.ErrInvalidArgument},
+		{"bad env name", CreateRequest{TemplateID: "base", EnvVars: map[string]string{"A=B": "v"}}, api.ErrInvalidArgument},
+		{"nul in env", CreateRequest{TemplateID: "base", EnvVars: map[string]string{"A": "x\x00y"}}, api.ErrInvalidArgument},
+	}
+	e := newEnv(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.m.Create(t.Context(), tt.req)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Create(%s) = %v, want %v", tt.name, err, tt.want)
+			}
+		})
+	}
+	recs, _ := e.store.List(t.Context(), store.Filter{})
+	if len(recs) != 0 || len(e.host.Running()) != 0 {
+		t.Errorf("invalid creates left %d records and %v sandboxes", len(recs), e.host.Running())
+	}
+}
+
+func TestCreateBackendFailureLeavesNothing(t *testing.T) {
+	boom := errors.New("boom")
+	e := newEnv(t, func(o *Options) {
+		o.Backend = fake.New(fake.Options{CreateHook: func(context.Context, isolation.Spec) error { return boom }})
+	})
+	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, boom) {
+		t.Fatalf("Create() = %v, want boom", err)
+	}
+	recs, _ := e.store.List(t.Context(), store.Filter{})
+	if len(recs) != 0 {
+		t.Errorf("failed create left %d records", len(recs))
+	}
+	// The capacity reservation was released.
+	e.m.mu.Lock()
+	pending := e.m.pending
+	e.m.mu.Unlock()
+	if pending != 0 {
+		t.Errorf("pending = %d after failed create, want 0", pending)
+	}
+}
+
+func TestMaxSandboxes(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxSandboxes = 2 })
+	a := e.mustCreate(t, CreateRequest{})
+	e.mustCreate(t, CreateRequest{})
+	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, api.ErrResourceExhausted) {
+		t.Fatalf("third Create() = %v, want ErrResourceExhausted", err)
+	}
+	if err := e.m.Kill(t.Context(), a.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.mustCreate(t, CreateRequest{})
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestTimeouts(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	e := newEnv(t, func(o *Options) { o.Now = clk.Now })
+	ctx := t.Context()
+	s := e.mustCreate(t, CreateRequest{Timeout: time.Minute})
+	end := func() time.Time {
+		t.Helper()
+		got, err := e.m.Get(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.EndAt
+	}
+	t0 := clk.Now()
+	if got, want := end(), t0.Add(time.Minute); !got.Equal(want) {
+		t.Errorf("EndAt = %v, want %v", got, want)
+	}
+	if err := e.m.SetTimeout(ctx, s.ID, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := end(), t0.Add(10*time.Second); !got.Equal(want) {
+		t.Errorf("after SetTimeout(10s): EndAt = %v, want %v (shortened)", got, want)
+	}
+	if err := e.m.Extend(ctx, s.ID, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := end(), t0.Add(10*time.Second); !got.Equal(want) {
+		t.Errorf("after Extend(5s): EndAt = %v, want %v (unchanged)", got, want)
+	}
+	if err := e.m.Extend(ctx, s.ID, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := end(), t0.Add(time.Hour); !got.Equal(want) {
+		t.Errorf("after Extend(1h): EndAt = %v, want %v", got, want)
+	}
+	rec, _ := e.store.Get(ctx, s.ID)
+	if !rec.EndAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("stored EndAt = %v, want %v", rec.EndAt, t0.Add(time.Hour))
+	}
+	for _, d := range []time.Duration{0, -time.Second, 25 * time.Hour} {
+		if err := e.m.SetTimeout(ctx, s.ID, d); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("SetTimeout(%v) = %v, want ErrInvalidArgument", d, err)
+		}
+	}
+	if err := e.m.SetTimeout(ctx, "unknown", time.Minute); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("SetTimeout(unknown) = %v, want ErrNotFound", err)
+	}
+	// The reaper kills at the deadline; reap is what its timer calls.
+	clk.Advance(time.Hour)
+	e.m.reap(ctx)
+	if _, err := e.m.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("Get(expired) = %v, want ErrNotFound", err)
+	}
+	if len(e.host.Running()) != 0 {
+		t.Errorf("expired sandbox still on the backend: %v", e.host.Running())
+	}
+}
+
+// TestReaperTimer runs the real reaper goroutine in a synctest bubble: the
+// sandbox dies at its deadline, not before.
+func TestReaperTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		ctx := t.Context()
+		s := e.mustCreate(t, CreateRequest{Timeout: 10 * time.Second})
+		if err := e.m.SetTimeout(ctx, s.ID, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		if _, err := e.m.Get(ctx, s.ID); err != nil {
+			t.Fatalf("Get() before the deadline = %v", err)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if _, err := e.m.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("Get() after the deadline = %v, want ErrNotFound", err)
+		}
+		e.m.Shutdown(ctx)
+		e.store.Close()
+	})
+}
+
+func TestAgentDeath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		ctx := t.Context()
+		s := e.mustCreate(t, CreateRequest{})
+		fs, _ := e.host.Sandbox(s.ID)
+		fs.Crash()
+		synctest.Wait()
+		if _, err := e.m.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("Get(crashed) = %v, want ErrNotFound", err)
+		}
+		rec, err := e.store.Get(ctx, s.ID)
+		if err != nil || rec.State != store.StateKilled {
+			t.Errorf("store record = %+v, %v; want killed", rec, err)
+		}
+		e.m.Shutdown(ctx)
+		e.store.Close()
+	})
+}
+
+func TestCrashRecovery(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "fence.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	host := fake.NewHost()
+	opts := Options{Backend: fake.New(fake.Options{Host: host}), Store: st, Templates: templates{"base": "/r"}}
+	m1, _ := New(opts)
+	if err := m1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := m1.Create(ctx, CreateRequest{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// m1 "crashes": it is dropped without Shutdown. A new daemon starts.
+	opts.Backend = fake.New(fake.Options{Host: host})
+	m2, _ := New(opts)
+	if err := m2.Start(ctx); err != nil {
+		t.Fatalf("Start() = %v", err)
+	}
+	defer m2.Shutdown(ctx)
+	rec, err := st.Get(ctx, s.ID)
+	if err != nil || rec.State != store.StateKilled {
+		t.Errorf("record after recovery = %+v, %v; want killed", rec, err)
+	}
+	if got := host.Running(); len(got) != 0 {
+		t.Errorf("host after recovery runs %v, want nothing", got)
+	}
+	if _, err := m2.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("Get(recovered) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestListAndPaging(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	e := newEnv(t, func(o *Options) { o.Now = clk.Now })
+	ctx := t.Context()
+	var made []*Sandbox
+	for i := range 5 {
+		clk.Advance(time.Second)
+		md := map[string]string{"i": fmt.Sprint(i), "group": "a"}
+		if i%2 == 1 {
+			md["group"] = "b"
+		}
+		made = append(made, e.mustCreate(t, CreateRequest{Metadata: md}))
+	}
+	e.mustCreate(t, CreateRequest{TemplateID: "minimal"}) // same StartedAt as made[4]: the ID breaks the tie
+	if err := e.m.Kill(ctx, made[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	list := func(f ListFilter) []string {
+		t.Helper()
+		got, err := e.m.List(ctx, f)
+		if err != nil {
+			t.Fatalf("List(%+v) = %v", f, err)
+		}
+		var ids []string
+		for _, s := range got {
+			ids = append(ids, s.ID)
+		}
+		return ids
+	}
+	if got := list(ListFilter{Metadata: map[string]string{"group": "a"}}); fmt.Sprint(got) != fmt.Sprint([]string{made[4].ID, made[0].ID}) {
+		t.Errorf("List(group=a) = %v, want [%s %s] (killed excluded, newest first)", got, made[4].ID, made[0].ID)
+	}
+	if got := list(ListFilter{States: []State{StatePaused}}); len(got) != 0 {
+		t.Errorf("List(paused) = %v, want none", got)
+	}
+	if got := list(ListFilter{Template: "minimal"}); len(got) != 1 {
+		t.Errorf("List(template=minimal) = %v, want 1", got)
+	}
+	if _, err := e.m.List(ctx, ListFilter{States: []State{"bogus"}}); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("List(state=bogus) = %v, want ErrInvalidArgument", err)
+	}
+	if _, err := e.m.List(ctx, ListFilter{PageToken: "!!"}); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("List(bad token) = %v, want ErrInvalidArgument", err)
+	}
+	// Page through everything two at a time.
+	var all []string
+	f := ListFilter{Limit: 2}
+	for range 10 {
+		page, err := e.m.List(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range page {
+			all = append(all, s.ID)
+		}
+		if len(page) < 2 {
+			break
+		}
+		f.PageToken = PageToken(page[len(page)-1])
+	}
+	if want := list(ListFilter{}); fmt.Sprint(all) != fmt.Sprint(want) || len(all) != 5 {
+		t.Errorf("paged = %v, want %v (5 running)", all, want)
+	}
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	e := newEnv(t)
+	const n = 50
+	var wg sync.WaitGroup
+	ids := make(chan string, n)
+	for range n {
+		wg.Go(func() {
+			s, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"})
+			if err != nil {
+				t.Errorf("Create() = %v", err)
+				return
+			}
+			ids <- s.ID
+		})
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[string]bool{}
+	for id := range ids {
+		if seen[id] {
+			t.Errorf("duplicate ID %s", id)
+		}
+		seen[id] = true
+	}
+	if got, _ := e.m.List(t.Context(), ListFilter{}); len(got) != n || len(e.host.Running()) != n {
+		t.Errorf("List() = %d, backend %d; want %d", len(got), len(e.host.Running()), n)
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	s := e.mustCreate(t, CreateRequest{})
+	if err := e.m.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown() = %v", err)
+	}
+	if len(e.host.Running()) != 0 {
+		t.Errorf("after Shutdown the backend runs %v", e.host.Running())
+	}
+	if rec, _ := e.store.Get(ctx, s.ID); rec.State != store.StateKilled {
+		t.Errorf("record state = %q, want killed", rec.State)
+	}
+	if _, err := e.m.Create(ctx, CreateRequest{TemplateID: "base"}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Create() after Shutdown = %v, want ErrClosed", err)
+	}
+	if err := e.m.Shutdown(ctx); err != nil {
+		t.Errorf("second Shutdown() = %v", err)
+	}
+}
+
+func TestNewID(t *testing.T) {
+	for range 1000 {
+		if id := newID(); len(id) != 20 || !ValidID(id) {
+			t.Fatalf("newID() = %q", id)
+		}
+	}
+	for _, id := range []string{"", "ABC", "a/b", "..", "a-b", string(make([]byte, 65))} {
+		if ValidID(id) {
+			t.Errorf("ValidID(%q) = true, want false", id)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+func notFound(id string) error {
+	return fmt.Errorf("sandbox %q not found: %w", id, api.ErrNotFound)
+}
+
+func (m *Manager) lookup(id string) (*entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	e, ok := m.running[id]
+	if !ok {
+		return nil, notFound(id)
+	}
+	return e, nil
+}
+
+// Get returns a running sandbox. Unknown and killed IDs give an error
+// wrapping api.ErrNotFound.
+func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.snapshot(), nil
+}
+
+// Lookup returns the backend handle and a copy of a running sandbox, for
+// the traffic proxy. It reports false for unknown and killed sandboxes.
+func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, nil, false
+	}
+	return e.box, e.snapshot(), true
+}
+
+// Stats reads the resource use of a running sandbox.
+func (m *Manager) Stats(ctx context.Context, id string) (isolation.Stats, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return isolation.Stats{}, err
+	}
+	st, err := e.box.Stats(ctx)
+	if errors.Is(err, isolation.ErrNotFound) {
+		return st, notFound(id)
+	}
+	if err != nil {
+		return st, fmt.Errorf("reading stats of sandbox %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// List returns running sandboxes matching f, newest first. fence has no
+// paused sandboxes, so a filter naming only "paused" returns none.
+func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
+	if err := func() error {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.closed {
+			return ErrClosed
+		}
+		return nil
+	}(); err != nil {
+		return nil, err
+	}
+	wantRunning := len(f.States) == 0
+	for _, s := range f.States {
+		switch s {
+		case StateRunning:
+			wantRunning = true
+		case StatePaused:
+		default:
+			return nil, invalid("unknown state %q: want running or paused", s)
+		}
+	}
+	if f.Limit < 0 {
+		return nil, invalid("limit %d is negative", f.Limit)
+	}
+	sf := store.Filter{State: store.StateRunning, Template: f.Template, Metadata: f.Metadata, Limit: f.Limit}
+	if f.PageToken != "" {
+		t, id, err := parsePageToken(f.PageToken)
+		if err != nil {
+			return nil, err
+		}
+		sf.Before = &store.Cursor{CreatedAt: t, ID: id}
+	}
+	if !wantRunning {
+		return []*Sandbox{}, nil
+	}
+	recs, err := m.store.List(ctx, sf)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	out := make([]*Sandbox, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, &Sandbox{
+			ID: r.ID, TemplateID: r.Template, State: StateRunning,
+			StartedAt: r.CreatedAt, EndAt: r.EndAt, Metadata: r.Metadata,
+			CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
+			EnvdAccessToken: r.EnvdAccessToken, AllowInternetAccess: r.AllowInternetAccess,
+			Network: r.Network,
+		})
+	}
+	return out, nil
+}
+
+// SetTimeout sets the deadline of a running sandbox to now+d. It may
+// shorten or extend it.
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	return m.setEnd(ctx, id, d, false)
+}
+
+// Extend moves the deadline of a running sandbox to now+d unless it is
+// already later: it never shortens (E2B's connect and refresh semantics).
+func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) error {
+	return m.setEnd(ctx, id, d, true)
+}
+
+func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyExtend bool) error {
+	if err := m.checkTimeout(d); err != nil {
+		return err
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	end := m.now().UTC().Add(d)
+	if onlyExtend && !end.After(e.info.EndAt) {
+		return nil
+	}
+	if err := m.store.UpdateEndAt(ctx, id, end); err != nil {
+		if errors.Is(err, api.ErrNotFound) {
+			return notFound(id)
+		}
+		return fmt.Errorf("setting timeout of sandbox %s: %w", id, err)
+	}
+	e.info.EndAt = end
+	m.nudge()
+	return nil
+}
+
+// Kill kills a running sandbox. Unknown and already killed IDs give an
+// error wrapping api.ErrNotFound.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	return m.kill(ctx, id, "request")
+}
+
+func (m *Manager) kill(ctx context.Context, id, reason string) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	e, ok := m.running[id]
+	delete(m.running, id)
+	m.mu.Unlock()
+	if !ok {
+		return notFound(id)
+	}
+	m.killBox(ctx, e.box)
+	m.markKilled(ctx, id)
+	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// DefaultTimeout is the timeout of a sandbox whose request names none.
+func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }

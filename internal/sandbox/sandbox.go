@@ -1,0 +1,163 @@
+// Package sandbox is fence's domain core: the Manager owns the lifecycle of
+// every sandbox (create, deadlines, kill, crash recovery) on top of an
+// isolation.Backend and the persistent store.
+//
+// # Guarantees
+//
+//   - Create validates its input before touching anything: bad input gets an
+//     error wrapping api.ErrInvalidArgument (or api.ErrNotFound for an
+//     unknown template) and changes nothing. If the backend or the store
+//     fails half-way, whatever was made is killed and no record remains in
+//     state running.
+//   - At most Options.MaxSandboxes sandboxes run or are being created at
+//     once; beyond that Create fails with api.ErrResourceExhausted.
+//   - A sandbox is killed at its deadline (EndAt) by the reaper, and marked
+//     killed when its Done channel closes on its own (the agent died).
+//   - Start marks every sandbox the store still holds as running killed and
+//     then calls Backend.Cleanup, so a crashed daemon leaves nothing behind.
+//   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
+//     report api.ErrNotFound (or false) for it.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Creates run in parallel; only the
+// capacity check and the registration take the manager's lock.
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+)
+
+// State is a sandbox state as the E2B API names it.
+type State string
+
+// States. fence has no paused sandboxes yet; the value exists because the
+// API's list filter names it.
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+)
+
+// Sandbox is the manager's view of one running sandbox. Values returned by
+// the Manager are copies the caller may keep.
+type Sandbox struct {
+	ID                  string
+	TemplateID          string
+	State               State
+	StartedAt           time.Time
+	EndAt               time.Time
+	Metadata            map[string]string
+	CPUs                float64
+	MemoryMB            int64
+	DiskMB              int64
+	EnvdAccessToken     string
+	AllowInternetAccess *bool
+	Network             *api.NetworkConfig
+}
+
+func (s *Sandbox) clone() *Sandbox {
+	c := *s
+	c.Metadata = maps.Clone(s.Metadata)
+	return &c
+}
+
+// CreateRequest is the input of Manager.Create. Zero fields take the
+// manager's defaults.
+type CreateRequest struct {
+	TemplateID          string
+	Timeout             time.Duration
+	Metadata            map[string]string
+	EnvVars             map[string]string // handed to the agent, never stored
+	CPUs                float64
+	MemoryMB            int64
+	DiskMB              int64
+	AllowInternetAccess *bool
+	Network             *api.NetworkConfig
+}
+
+// ListFilter selects sandboxes in Manager.List. Zero fields select all.
+type ListFilter struct {
+	// States selects by state; empty means every state.
+	States []State
+	// Metadata selects sandboxes whose metadata holds every pair.
+	Metadata map[string]string
+	// Template selects sandboxes of one template.
+	Template string
+	// Limit caps the result; 0 means no cap.
+	Limit int
+	// PageToken continues a listing after the sandbox PageToken(s) was made
+	// from.
+	PageToken string
+}
+
+// PageToken returns the opaque token that makes List continue after s.
+func PageToken(s *Sandbox) string {
+	raw := strconv.FormatInt(s.StartedAt.UnixNano(), 10) + "_" + s.ID
+	return base64.RawURLEncoding.EncodeToString([]byte(raw))
+}
+
+func parsePageToken(tok string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("invalid page token: %w", api.ErrInvalidArgument)
+	}
+	ns, id, ok := strings.Cut(string(raw), "_")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || !ValidID(id) {
+		return time.Time{}, "", fmt.Errorf("invalid page token: %w", api.ErrInvalidArgument)
+	}
+	return time.Unix(0, n), id, nil
+}
+
+const (
+	idLen     = 20
+	idMaxLen  = 64
+	alphabet  = "abcdefghijklmnopqrstuvwxyz0123456789"
+	tokenSize = 32
+)
+
+// ValidID reports whether id has the shape of a sandbox ID: 1 to 64
+// characters of [a-z0-9]. Anything else can never name a sandbox.
+func ValidID(id string) bool {
+	if len(id) == 0 || len(id) > idMaxLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// newID returns 20 characters of [a-z0-9] from crypto/rand, unbiased.
+func newID() string {
+	out := make([]byte, 0, idLen)
+	var buf [32]byte
+	for len(out) < idLen {
+		rand.Read(buf[:])
+		for _, b := range buf {
+			// 252 = 7*36: rejecting larger bytes keeps every letter equally likely.
+			if b < 252 && len(out) < idLen {
+				out = append(out, alphabet[b%36])
+			}
+		}
+	}
+	return string(out)
+}
+
+func newToken() string {
+	var b [tokenSize]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,352 @@
+// Package store persists fence's sandbox records in an embedded SQLite
+// database (modernc.org/sqlite, pure Go) under the daemon's data directory.
+//
+// # Guarantees
+//
+//   - The database runs in WAL mode with a busy timeout, so concurrent
+//     readers and one writer never fail with SQLITE_BUSY under normal load.
+//   - The schema is versioned in a migrations table and upgraded in one
+//     transaction by Open.
+//   - Every query takes a context.
+//   - Environment variables given to a sandbox are never stored: they may
+//     hold secrets. The envd access token is stored while the sandbox runs
+//     and cleared when it is marked killed.
+//
+// The store holds facts only; the lifecycle rules live in internal/sandbox.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// ErrNotFound is returned for an unknown sandbox ID. It wraps api.ErrNotFound.
+var ErrNotFound = fmt.Errorf("sandbox record %w", api.ErrNotFound)
+
+// State is the state of a sandbox record.
+type State string
+
+// The states a sandbox record can be in.
+const (
+	StateRunning State = "running"
+	StateKilled  State = "killed"
+)
+
+// Sandbox is one sandbox record.
+type Sandbox struct {
+	ID                  string
+	Template            string
+	State               State
+	CreatedAt           time.Time
+	EndAt               time.Time // the deadline
+	Metadata            map[string]string
+	CPUs                float64
+	MemoryMB            int64
+	DiskMB              int64
+	EnvdAccessToken     string
+	AllowInternetAccess *bool
+	Network             *api.NetworkConfig
+	Slot                int // the uid-range slot the backend used (0 if none)
+}
+
+// Filter selects sandboxes in List. Zero fields select everything.
+type Filter struct {
+	// State, if set, selects only records in that state.
+	State State
+	// Template, if set, selects only records of that template.
+	Template string
+	// Metadata selects records whose metadata has every given pair.
+	Metadata map[string]string
+	// Before, if set, selects records strictly older than the cursor in
+	// List order (CreatedAt desc, ID desc): the keyset for pagination.
+	Before *Cursor
+	// Limit caps the number of records returned; 0 means no cap.
+	Limit int
+}
+
+// Cursor is a position in List order.
+type Cursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// Store is a handle on the database. It is safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+// migrations are applied in order; their index+1 is the schema version.
+// Append only: never edit a migration that has shipped.
+var migrations = []string{
+	`CREATE TABLE sandboxes (
+		id                    TEXT PRIMARY KEY,
+		template              TEXT NOT NULL,
+		state                 TEXT NOT NULL CHECK (state IN ('running', 'killed')),
+		created_at            INTEGER NOT NULL, -- unix nanoseconds
+		end_at                INTEGER NOT NULL, -- unix nanoseconds
+		metadata              TEXT NOT NULL DEFAULT '{}',
+		cpu                   REAL NOT NULL,
+		memory_mb             INTEGER NOT NULL,
+		disk_mb               INTEGER NOT NULL,
+		envd_access_token     TEXT NOT NULL DEFAULT '',
+		allow_internet_access INTEGER, -- NULL, 0 or 1
+		network               TEXT,    -- JSON or NULL
+		slot                  INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX sandboxes_state_created ON sandboxes (state, created_at DESC, id DESC);`,
+}
+
+// Open opens (creating if needed) the database at path and migrates it to
+// the current schema.
+func Open(ctx context.Context, path string) (*Store, error) {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(5000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrating %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database. It is idempotent.
+func (s *Store) Close() error {
+	return s.db.Close()
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("creating migrations table: %w", err)
+	}
+	var version int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&version); err != nil {
+		return fmt.Errorf("reading schema version: %w", err)
+	}
+	if version > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this binary's %d", version, len(migrations))
+	}
+	for i := version; i < len(migrations); i++ {
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			return fmt.Errorf("applying migration %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`,
+			i+1, time.Now().UnixNano()); err != nil {
+			return fmt.Errorf("recording migration %d: %w", i+1, err)
+		}
+	}
+	return tx.Commit()
+}
+
+const columns = `id, template, state, created_at, end_at, metadata, cpu, memory_mb, disk_mb,
+	envd_access_token, allow_internet_access, network, slot`
+
+// Insert adds a new record. An existing ID is an error wrapping api.ErrConflict.
+func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	mdJSON, err := json.Marshal(md)
+	if err != nil {
+		return fmt.Errorf("encoding metadata: %w", err)
+	}
+	var netJSON any
+	if sb.Network != nil {
+		b, err := json.Marshal(sb.Network)
+		if err != nil {
+			return fmt.Errorf("encoding network: %w", err)
+		}
+		netJSON = string(b)
+	}
+	var allow any
+	if sb.AllowInternetAccess != nil {
+		allow = *sb.AllowInternetAccess
+	}
+	state := sb.State
+	if state == "" {
+		state = StateRunning
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+columns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, sb.Template, string(state), sb.CreatedAt.UnixNano(), sb.EndAt.UnixNano(), string(mdJSON),
+		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint") {
+			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, api.ErrConflict)
+		}
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// Get returns the record of id, or an error wrapping ErrNotFound.
+func (s *Store) Get(ctx context.Context, id string) (*Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
+	sb, err := scan(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting sandbox %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// List returns the records matching f, newest first (CreatedAt desc, then
+// ID desc).
+func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
+	var (
+		where []string
+		args  []any
+	)
+	if f.State != "" {
+		where = append(where, "state = ?")
+		args = append(args, string(f.State))
+	}
+	if f.Template != "" {
+		where = append(where, "template = ?")
+		args = append(args, f.Template)
+	}
+	for k, v := range f.Metadata {
+		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
+		args = append(args, k, v)
+	}
+	if f.Before != nil {
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		n := f.Before.CreatedAt.UnixNano()
+		args = append(args, n, n, f.Before.ID)
+	}
+	q := `SELECT ` + columns + ` FROM sandboxes`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY created_at DESC, id DESC"
+	if f.Limit > 0 {
+		q += " LIMIT ?"
+		args = append(args, f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// ListRunning returns every record in state running, newest first.
+func (s *Store) ListRunning(ctx context.Context) ([]*Sandbox, error) {
+	return s.List(ctx, Filter{State: StateRunning})
+}
+
+// UpdateEndAt sets the deadline of a running sandbox.
+func (s *Store) UpdateEndAt(ctx context.Context, id string, endAt time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET end_at = ? WHERE id = ? AND state = 'running'`,
+		endAt.UnixNano(), id)
+	return checkOne(res, err, "updating deadline of sandbox "+id)
+}
+
+// SetState sets the state of a record. Marking a record killed also clears
+// its envd access token, which is useless from then on.
+func (s *Store) SetState(ctx context.Context, id string, st State) error {
+	q := `UPDATE sandboxes SET state = ? WHERE id = ?`
+	if st == StateKilled {
+		q = `UPDATE sandboxes SET state = ?, envd_access_token = '' WHERE id = ?`
+	}
+	res, err := s.db.ExecContext(ctx, q, string(st), id)
+	return checkOne(res, err, "setting state of sandbox "+id)
+}
+
+// Delete removes a record.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	return checkOne(res, err, "deleting sandbox "+id)
+}
+
+// DeleteKilledBefore removes killed records created before t and returns
+// how many it removed.
+func (s *Store) DeleteKilledBefore(ctx context.Context, t time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE state = 'killed' AND created_at < ?`, t.UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("pruning killed sandboxes: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+func checkOne(res sql.Result, err error, op string) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scan(r scanner) (*Sandbox, error) {
+	var (
+		sb            Sandbox
+		state, mdJSON string
+		created, end  int64
+		allow         sql.NullBool
+		netJSON       sql.NullString
+	)
+	if err := r.Scan(&sb.ID, &sb.Template, &state, &created, &end, &mdJSON, &sb.CPUs, &sb.MemoryMB,
+		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot); err != nil {
+		return nil, err
+	}
+	sb.State = State(state)
+	sb.CreatedAt = time.Unix(0, created).UTC()
+	sb.EndAt = time.Unix(0, end).UTC()
+	if err := json.Unmarshal([]byte(mdJSON), &sb.Metadata); err != nil {
+		return nil, fmt.Errorf("decoding metadata of %s: %w", sb.ID, err)
+	}
+	if allow.Valid {
+		v := allow.Bool
+		sb.AllowInternetAccess = &v
+	}
+	if netJSON.Valid {
+		sb.Network = new(api.NetworkConfig)
+		if err := json.Unmarshal([]byte(netJSON.String), sb.Network); err != nil {
+			return nil, fmt.Errorf("decoding network of %s: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}

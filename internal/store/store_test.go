@@ -1,0 +1,219 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+)
+
+func openTest(t *testing.T) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fence.db")
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open(%s) = %v", path, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+
+func rec(id string, age int, md map[string]string) *Sandbox {
+	yes := true
+	return &Sandbox{
+		ID: id, Template: "base", State: StateRunning,
+		CreatedAt: t0.Add(time.Duration(age) * time.Second), EndAt: t0.Add(time.Hour),
+		Metadata: md, CPUs: 2, MemoryMB: 512, DiskMB: 1024, EnvdAccessToken: "tok-" + id,
+		AllowInternetAccess: &yes, Network: &api.NetworkConfig{AllowOut: []string{"example.com"}}, Slot: age,
+	}
+}
+
+func TestInsertGet(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	want := rec("a1", 1, map[string]string{"k": "v w"})
+	if err := s.Insert(ctx, want); err != nil {
+		t.Fatalf("Insert = %v", err)
+	}
+	got, err := s.Get(ctx, "a1")
+	if err != nil {
+		t.Fatalf("Get(a1) = %v", err)
+	}
+	if got.ID != want.ID || got.Template != want.Template || got.State != StateRunning ||
+		!got.CreatedAt.Equal(want.CreatedAt) || !got.EndAt.Equal(want.EndAt) || got.Metadata["k"] != "v w" ||
+		got.CPUs != 2 || got.MemoryMB != 512 || got.DiskMB != 1024 || got.EnvdAccessToken != "tok-a1" ||
+		got.AllowInternetAccess == nil || !*got.AllowInternetAccess || got.Network == nil ||
+		got.Network.AllowOut[0] != "example.com" || got.Slot != 1 {
+		t.Errorf("Get(a1) = %+v, want %+v", got, want)
+	}
+	if err := s.Insert(ctx, want); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("Insert(duplicate) = %v, want ErrConflict", err)
+	}
+	if _, err := s.Get(ctx, "nope"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("Get(nope) = %v, want ErrNotFound", err)
+	}
+	// Nil optional fields round-trip as nil.
+	bare := &Sandbox{ID: "b1", Template: "t", CreatedAt: t0, EndAt: t0}
+	if err := s.Insert(ctx, bare); err != nil {
+		t.Fatalf("Insert(bare) = %v", err)
+	}
+	got, err = s.Get(ctx, "b1")
+	if err != nil {
+		t.Fatalf("Get(b1) = %v", err)
+	}
+	if got.AllowInternetAccess != nil || got.Network != nil || len(got.Metadata) != 0 || got.State != StateRunning {
+		t.Errorf("Get(b1) = %+v, want nil optionals, running", got)
+	}
+}
+
+func ids(sbs []*Sandbox) string {
+	var out string
+	for _, s := range sbs {
+		out += s.ID + " "
+	}
+	return out
+}
+
+func TestList(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	for i, md := range []map[string]string{
+		{"a": "1"}, {"a": "1", "b": "2"}, {"a": "2"}, nil, {"a": "1", "b": "x y"},
+	} {
+		if err := s.Insert(ctx, rec(fmt.Sprintf("s%d", i), i, md)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetState(ctx, "s3", StateKilled); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		f    Filter
+		want string
+	}{
+		{"all", Filter{}, "s4 s3 s2 s1 s0 "},
+		{"running", Filter{State: StateRunning}, "s4 s2 s1 s0 "},
+		{"killed", Filter{State: StateKilled}, "s3 "},
+		{"metadata one", Filter{Metadata: map[string]string{"a": "1"}}, "s4 s1 s0 "},
+		{"metadata two", Filter{Metadata: map[string]string{"a": "1", "b": "2"}}, "s1 "},
+		{"metadata space", Filter{Metadata: map[string]string{"b": "x y"}}, "s4 "},
+		{"metadata none", Filter{Metadata: map[string]string{"z": "1"}}, ""},
+		{"limit", Filter{Limit: 2}, "s4 s3 "},
+		{"before", Filter{Before: &Cursor{CreatedAt: t0.Add(3 * time.Second), ID: "s3"}, Limit: 2}, "s2 s1 "},
+		{"template", Filter{Template: "other"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := s.List(ctx, tt.f)
+			if err != nil {
+				t.Fatalf("List(%+v) = %v", tt.f, err)
+			}
+			if ids(got) != tt.want {
+				t.Errorf("List(%+v) = %q, want %q", tt.f, ids(got), tt.want)
+			}
+		})
+	}
+	// Same created_at: the ID breaks the tie, and the cursor pages through.
+	for _, id := range []string{"t1", "t2", "t3"} {
+		r := rec(id, 100, nil)
+		if err := s.Insert(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := s.List(ctx, Filter{Before: &Cursor{CreatedAt: t0.Add(100 * time.Second), ID: "t3"}, Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(page), "t2 t1 "; got != want {
+		t.Errorf("List(tie cursor) = %q, want %q", got, want)
+	}
+}
+
+func TestUpdateAndState(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	if err := s.Insert(ctx, rec("a", 0, nil)); err != nil {
+		t.Fatal(err)
+	}
+	end := t0.Add(2 * time.Hour)
+	if err := s.UpdateEndAt(ctx, "a", end); err != nil {
+		t.Fatalf("UpdateEndAt = %v", err)
+	}
+	got, _ := s.Get(ctx, "a")
+	if !got.EndAt.Equal(end) {
+		t.Errorf("EndAt = %v, want %v", got.EndAt, end)
+	}
+	if err := s.SetState(ctx, "a", StateKilled); err != nil {
+		t.Fatalf("SetState = %v", err)
+	}
+	got, _ = s.Get(ctx, "a")
+	if got.State != StateKilled || got.EnvdAccessToken != "" {
+		t.Errorf("after kill: state %q token %q, want killed and empty", got.State, got.EnvdAccessToken)
+	}
+	if err := s.UpdateEndAt(ctx, "a", end); !errors.Is(err, ErrNotFound) {
+		t.Errorf("UpdateEndAt(killed) = %v, want ErrNotFound", err)
+	}
+	running, err := s.ListRunning(ctx)
+	if err != nil || len(running) != 0 {
+		t.Errorf("ListRunning = %v, %v; want none", ids(running), err)
+	}
+	if n, err := s.DeleteKilledBefore(ctx, t0.Add(time.Second)); err != nil || n != 1 {
+		t.Errorf("DeleteKilledBefore = %d, %v; want 1", n, err)
+	}
+	if err := s.Delete(ctx, "a"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Delete(gone) = %v, want ErrNotFound", err)
+	}
+	if err := s.SetState(ctx, "zz", StateKilled); !errors.Is(err, ErrNotFound) {
+		t.Errorf("SetState(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestReopenKeepsData(t *testing.T) {
+	s, path := openTest(t)
+	if err := s.Insert(t.Context(), rec("keep", 0, nil)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("reopen = %v", err)
+	}
+	defer s2.Close()
+	if _, err := s2.Get(t.Context(), "keep"); err != nil {
+		t.Errorf("Get after reopen = %v", err)
+	}
+}
+
+func TestConcurrentWrites(t *testing.T) {
+	s, _ := openTest(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for i := range 50 {
+		wg.Go(func() {
+			id := fmt.Sprintf("c%d", i)
+			if err := s.Insert(t.Context(), rec(id, i, nil)); err != nil {
+				errs <- err
+				return
+			}
+			errs <- s.UpdateEndAt(t.Context(), id, t0)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent write: %v", err)
+		}
+	}
+	all, _ := s.List(t.Context(), Filter{})
+	if len(all) != 50 {
+		t.Errorf("List = %d records, want 50", len(all))
+	}
+}

@@ -1,0 +1,156 @@
+package template
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// baseSuite is the Debian release of the base template.
+const baseSuite = "bookworm"
+
+// basePackages are installed on top of minbase.
+var basePackages = []string{"python3", "curl", "git", "sudo", "ca-certificates", "procps", "bash"}
+
+// Default mirrors, used when the host's apt sources name none.
+const (
+	defaultMirror   = "http://deb.debian.org/debian"
+	defaultSecurity = "http://deb.debian.org/debian-security"
+)
+
+// aptSourcesDir is where the host's apt sources are read from (a variable
+// for tests).
+var aptSourcesDir = "/etc/apt"
+
+// buildBase runs mmdebstrap into rootfs.
+func buildBase(ctx context.Context, s *Store, rootfs string) (string, error) {
+	bin, err := exec.LookPath("mmdebstrap")
+	if err != nil {
+		return "", fmt.Errorf("mmdebstrap not found: install it with `apt-get install mmdebstrap`: %w", err)
+	}
+	mirror, security := hostMirrors(aptSourcesDir)
+	args := []string{
+		"--mode=root",
+		"--format=directory",
+		"--variant=minbase",
+		"--include=" + strings.Join(basePackages, ","),
+		`--aptopt=APT::Install-Recommends "false"`,
+		`--aptopt=APT::Install-Suggests "false"`,
+		"--dpkgopt=path-exclude=/usr/share/man/*",
+		"--dpkgopt=path-exclude=/usr/share/info/*",
+		"--dpkgopt=path-exclude=/usr/share/doc/*",
+		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
+		"--dpkgopt=path-exclude=/usr/share/locale/*",
+		"--dpkgopt=path-exclude=/usr/share/lintian/*",
+		`--customize-hook=chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user`,
+		`--customize-hook=echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"`,
+		`--customize-hook=rm -rf "$1"/var/log/*.log "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old`,
+		baseSuite,
+		rootfs,
+		fmt.Sprintf("deb %s %s main", mirror, baseSuite),
+		fmt.Sprintf("deb %s %s-updates main", mirror, baseSuite),
+		fmt.Sprintf("deb %s %s-security main", security, baseSuite),
+	}
+	fmt.Fprintf(s.progress, "base: mmdebstrap %s from %s (about 80 s)\n", baseSuite, mirror)
+	out := &lineWriter{prefix: "base: ", w: s.progress}
+	cmd := command(ctx, bin, args...)
+	// A private mount namespace: the /proc, /sys and /dev mounts mmdebstrap
+	// makes inside the tree cannot outlive it, even if it is killed.
+	cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	cmd.Stdout = out
+	cmd.Stderr = out
+	err = cmd.Run()
+	out.Flush()
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("running mmdebstrap: %w", ctx.Err())
+		}
+		return "", fmt.Errorf("running mmdebstrap: %w; last output:\n%s", err, out.Tail())
+	}
+	return fmt.Sprintf("mmdebstrap --variant=minbase %s from %s with %s", baseSuite, mirror, strings.Join(basePackages, ",")), nil
+}
+
+// hostMirrors returns the Debian archive and security mirrors named in the
+// host's apt sources under dir, or Debian's defaults.
+func hostMirrors(dir string) (mirror, security string) {
+	var files []string
+	files = append(files, filepath.Join(dir, "sources.list"))
+	for _, pat := range []string{"*.list", "*.sources"} {
+		m, _ := filepath.Glob(filepath.Join(dir, "sources.list.d", pat))
+		files = append(files, m...)
+	}
+	for _, f := range files {
+		for _, uri := range sourceURIs(f) {
+			u := strings.TrimRight(uri, "/")
+			switch {
+			case mirror == "" && strings.HasSuffix(u, "/debian"):
+				mirror = u
+			case security == "" && strings.HasSuffix(u, "/debian-security"):
+				security = u
+			}
+		}
+	}
+	if mirror == "" {
+		mirror = defaultMirror
+	}
+	if security == "" {
+		security = defaultSecurity
+	}
+	return mirror, security
+}
+
+// sourceURIs extracts the http(s) URIs of "deb" entries from a one-line
+// style .list file or a deb822 .sources file.
+func sourceURIs(path string) []string {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) || err != nil {
+		return nil
+	}
+	defer f.Close()
+	var uris []string
+	deb822 := strings.HasSuffix(path, ".sources")
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		var fields []string
+		if deb822 {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok || !strings.EqualFold(strings.TrimSpace(k), "URIs") {
+				continue
+			}
+			fields = strings.Fields(v)
+		} else {
+			fields = strings.Fields(line)
+			if len(fields) < 3 || fields[0] != "deb" {
+				continue
+			}
+			fields = fields[1:]
+			if strings.HasPrefix(fields[0], "[") { // [arch=amd64 signed-by=...]
+				for len(fields) > 0 && !strings.HasSuffix(fields[0], "]") {
+					fields = fields[1:]
+				}
+				if len(fields) > 0 {
+					fields = fields[1:]
+				}
+			}
+			if len(fields) > 0 {
+				fields = fields[:1]
+			}
+		}
+		for _, u := range fields {
+			if strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://") {
+				uris = append(uris, u)
+			}
+		}
+	}
+	return uris
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# setup.sh: install what fence needs on a fresh Debian 12 machine (as root),
+# build bin/fence and the templates. Idempotent; cached work is reused.
+#
+#   FENCE_TEMPLATES_DIR  where templates are built and kept between runs
+#                        (default /var/lib/fence/templates, fence's default)
+#   FENCE_TEMPLATES   templates to build (default "minimal base")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup.sh: run as root (fence needs namespaces, cgroups and mounts)" >&2
+  exit 1
+fi
+
+need=()
+for pair in busybox:busybox-static mmdebstrap:mmdebstrap bwrap:bubblewrap runc:runc \
+            mkfs.ext4:e2fsprogs node:nodejs npm:npm unshare:util-linux; do
+  cmd=${pair%%:*}; pkg=${pair#*:}
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+[ -x /bin/busybox ] || need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "==> installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+export PATH=$PATH:/usr/local/go/bin
+echo "==> building bin/fence"
+CGO_ENABLED=0 go build -trimpath -o bin/fence ./cmd/fence
+
+tdir=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}
+for t in ${FENCE_TEMPLATES:-minimal base}; do
+  echo "==> template $t (kept in $tdir)"
+  bin/fence template build "$t" --templates-dir "$tdir"
+done
