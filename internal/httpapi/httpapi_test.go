@@ -40,7 +40,7 @@ type testEnv struct {
 	host *fake.Host
 }
 
-func newTestEnv(t *testing.T) *testEnv {
+func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 	t.Helper()
 	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
 	if err != nil {
@@ -48,8 +48,13 @@ func newTestEnv(t *testing.T) *testEnv {
 	}
 	host := fake.NewHost()
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	fo := fake.Options{StreamInterval: time.Millisecond}
+	if len(fopts) > 0 {
+		fo = fopts[0]
+	}
+	fo.Host = host
 	m, err := sandbox.New(sandbox.Options{
-		Backend:   fake.New(fake.Options{Host: host, StreamInterval: time.Millisecond}),
+		Backend:   fake.New(fo),
 		Store:     st,
 		Templates: templates{"base": "/rootfs/base"},
 		Logger:    log,
@@ -64,6 +69,7 @@ func newTestEnv(t *testing.T) *testEnv {
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())
+		host.Close()
 		st.Close()
 	})
 	return &testEnv{srv: srv, m: m, host: host}

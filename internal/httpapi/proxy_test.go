@@ -209,7 +209,14 @@ func TestProxyAfterKill(t *testing.T) {
 // TestStreamAbortOnKill checks that a stream in flight when its sandbox is
 // killed breaks (the client sees an error), instead of ending cleanly.
 func TestStreamAbortOnKill(t *testing.T) {
-	e := newTestEnv(t)
+	t.Run("connections close", func(t *testing.T) { testStreamAbortOnKill(t, fake.Options{}) })
+	// The agent's connections outlive the kill: only watching Done aborts.
+	t.Run("connections linger", func(t *testing.T) { testStreamAbortOnKill(t, fake.Options{LingerOnKill: true}) })
+}
+
+func testStreamAbortOnKill(t *testing.T, fo fake.Options) {
+	fo.StreamInterval = time.Millisecond
+	e := newTestEnv(t, fo)
 	s := e.create(t, `{"templateID":"base"}`)
 	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.srv.URL+"/process.Process/Start",
 		strings.NewReader("\x00\x00\x00\x00\x02{}"))

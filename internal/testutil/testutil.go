@@ -123,3 +123,19 @@ func RootFS(t testing.TB, name string) string {
 	}
 	return p
 }
+
+// StateDir returns a fresh directory that sandbox uids can traverse (the
+// native backend needs that of its state directory's ancestors), removed
+// when t ends.
+func StateDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "fence-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}

@@ -40,6 +40,20 @@ type Host struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	sandboxes map[string]*Sandbox
+	// +checklocks:mu
+	lingering []*Sandbox // killed with LingerOnKill, servers still up
+}
+
+// Close stops the agent servers that LingerOnKill left running.
+func (h *Host) Close() {
+	h.mu.Lock()
+	l := h.lingering
+	h.lingering = nil
+	h.mu.Unlock()
+	for _, s := range l {
+		s.srv.Close()
+		s.srvWG.Wait()
+	}
 }
 
 // NewHost returns an empty host.
@@ -80,6 +94,10 @@ type Options struct {
 	// StreamInterval is the keepalive period of the streaming endpoint.
 	// Zero means 10ms.
 	StreamInterval time.Duration
+	// LingerOnKill keeps open agent connections (and their streams) alive
+	// after Kill closes Done, until Host.Close; it tests that callers act
+	// on Done rather than on connections breaking.
+	LingerOnKill bool
 }
 
 // Backend implements isolation.Backend in memory.
@@ -130,7 +148,7 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sa
 			return nil, fmt.Errorf("creating sandbox %s: rootfs %s is not a directory", spec.ID, spec.RootFS)
 		}
 	}
-	s := newSandbox(spec, b.opts.StreamInterval, b.host)
+	s := newSandbox(spec, b.opts.StreamInterval, b.opts.LingerOnKill, b.host)
 	b.host.mu.Lock()
 	if _, dup := b.host.sandboxes[spec.ID]; dup {
 		b.host.mu.Unlock()
@@ -163,27 +181,29 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 
 // Sandbox is a fake sandbox.
 type Sandbox struct {
-	id    string
-	spec  isolation.Spec
-	host  *Host
-	start time.Time
-	ln    *pipeListener
-	srv   *http.Server
-	done  chan struct{}
-	once  sync.Once
-	srvWG sync.WaitGroup
+	linger bool
+	id     string
+	spec   isolation.Spec
+	host   *Host
+	start  time.Time
+	ln     *pipeListener
+	srv    *http.Server
+	done   chan struct{}
+	once   sync.Once
+	srvWG  sync.WaitGroup
 }
 
 var _ isolation.Sandbox = (*Sandbox)(nil)
 
-func newSandbox(spec isolation.Spec, interval time.Duration, h *Host) *Sandbox {
+func newSandbox(spec isolation.Spec, interval time.Duration, linger bool, h *Host) *Sandbox {
 	s := &Sandbox{
-		id:    spec.ID,
-		spec:  spec,
-		host:  h,
-		start: time.Now(),
-		ln:    newPipeListener(),
-		done:  make(chan struct{}),
+		linger: linger,
+		id:     spec.ID,
+		spec:   spec,
+		host:   h,
+		start:  time.Now(),
+		ln:     newPipeListener(),
+		done:   make(chan struct{}),
 	}
 	s.srv = &http.Server{Handler: s.agentHandler(interval)}
 	s.srvWG.Go(func() { s.srv.Serve(s.ln) })
@@ -249,6 +269,13 @@ func (s *Sandbox) Crash() { s.Kill(context.Background()) }
 func (s *Sandbox) stop() {
 	s.once.Do(func() {
 		close(s.done)
+		if s.linger {
+			s.ln.Close() // no new connections; open ones live on
+			s.host.mu.Lock()
+			s.host.lingering = append(s.host.lingering, s)
+			s.host.mu.Unlock()
+			return
+		}
 		s.srv.Close() // closes the listener and every connection
 		s.srvWG.Wait()
 	})
@@ -279,11 +306,15 @@ func (s *Sandbox) agentHandler(interval time.Duration) http.Handler {
 		writeEnvelope(w, `{"event":{"start":{"pid":1}}}`)
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		done := s.done
+		if s.linger {
+			done = nil // the stream outlives Kill
+		}
 		for {
 			select {
 			case <-r.Context().Done():
 				return
-			case <-s.done:
+			case <-done:
 				return
 			case <-t.C:
 				if err := writeEnvelope(w, `{"event":{"keepalive":{}}}`); err != nil {

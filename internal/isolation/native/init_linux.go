@@ -72,10 +72,11 @@ func Init() error {
 }
 
 func setup(sync *os.File) error {
-	cfg, lower, err := receiveConfig(sync)
+	cfg, fds, err := receiveConfig(sync)
 	if err != nil {
 		return err
 	}
+	lower := fds[0]
 	unix.CloseOnExec(syncFD)
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)
@@ -98,8 +99,8 @@ func setup(sync *os.File) error {
 	if err := mountDev(root, cfg.ShmBytes); err != nil {
 		return err
 	}
-	for _, b := range cfg.Binds {
-		if err := bindInto(root, b.HostPath, b.Path, b.ReadOnly); err != nil {
+	for i, b := range cfg.Binds {
+		if err := attachBind(root, fds[i+1], b); err != nil {
 			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
 	}
@@ -136,27 +137,29 @@ func setup(sync *os.File) error {
 	return fmt.Errorf("executing agent: %w", err)
 }
 
-func receiveConfig(sync *os.File) (*initConfig, int, error) {
+func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(4*maxBinds+4))
 	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
-		return nil, -1, fmt.Errorf("receiving config: %w", err)
+		return nil, nil, fmt.Errorf("receiving config: %w", err)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(msgs) != 1 {
-		return nil, -1, errors.New("receiving config: no template descriptor")
+		return nil, nil, errors.New("receiving config: no template descriptor")
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		return nil, -1, errors.New("receiving config: no template descriptor")
+	if err != nil || len(fds) < 1 {
+		return nil, nil, errors.New("receiving config: no template descriptor")
 	}
 	var cfg initConfig
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
-		unix.Close(fds[0])
-		return nil, -1, fmt.Errorf("decoding config: %w", err)
+		return nil, nil, fmt.Errorf("decoding config: %w", err)
 	}
-	return &cfg, fds[0], nil
+	if len(fds) != len(cfg.Binds)+1 {
+		return nil, nil, fmt.Errorf("receiving config: %d descriptors for %d binds", len(fds), len(cfg.Binds))
+	}
+	return &cfg, fds, nil
 }
 
 // mountAgent bind-mounts the running fence binary read-only at /.fence/fence.
@@ -297,22 +300,22 @@ func ensureTmp(root string) error {
 	return nil
 }
 
-// bindInto binds a host path at path inside root.
-func bindInto(root, hostPath, path string, readOnly bool) error {
-	st, err := os.Stat(hostPath)
-	if err != nil {
-		return err
-	}
+// maxBinds bounds the binds one sandbox may have.
+const maxBinds = 64
+
+// attachBind attaches the detached mount tree at its target inside root.
+func attachBind(root string, tree int, b bindTarget) error {
+	defer unix.Close(tree)
 	kind := kindFile
-	if st.IsDir() {
+	if b.IsDir {
 		kind = kindDir
 	}
-	fd, err := openInRoot(root, path, kind)
+	fd, err := openInRoot(root, b.Path, kind)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	return bindFD(hostPath, fd, readOnly, false)
+	return unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
 }
 
 // bindFD clones the mount tree at src and attaches it onto the file the

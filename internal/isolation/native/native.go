@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/quota"
@@ -56,7 +58,12 @@ type Backend struct {
 	slots   *slots
 	exe     string
 	sockDir string
+	// sockDirFD is an O_PATH descriptor of sockDir, kept for the backend's
+	// lifetime.
+	sockDirFD int
 	sbDir   string
+
+	closeOnce sync.Once
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -105,10 +112,19 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
 	}
+	if err := checkTraversable(opts.StateDir); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(b.sockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
-	var err error
+	// Socket paths are made short (sun_path holds 108 bytes) by naming
+	// them through a descriptor of their directory.
+	fd, err := unix.Open(b.sockDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening socket directory: %w", err)
+	}
+	b.sockDirFD = fd
 	if b.slots, err = newSlots(filepath.Join(opts.StateDir, "slots")); err != nil {
 		return nil, err
 	}
@@ -143,7 +159,36 @@ func (b *Backend) Name() string { return "native" }
 // Close releases the backend's own resources. Sandboxes must have been
 // killed first; it exists so callers need not change when a backend
 // acquires shared resources.
-func (b *Backend) Close() error { return nil }
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() { unix.Close(b.sockDirFD) })
+	return nil
+}
+
+// sockPath names sandbox id's agent socket, short enough for sun_path.
+func (b *Backend) sockPath(id string) string {
+	return fmt.Sprintf("/proc/self/fd/%d/%s.sock", b.sockDirFD, id)
+}
+
+// checkTraversable makes sure sandbox uids can reach their directories
+// below dir: every ancestor must be searchable by others.
+func checkTraversable(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for d := filepath.Dir(abs); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("checking state directory: %w", err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("state directory %s is below %s, which sandbox users cannot traverse (mode %v): chmod o+x it or choose another data dir", dir, d, st.Mode().Perm())
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
 
 func withDefaults(l, d isolation.Limits) isolation.Limits {
 	if l.CPUs == 0 {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -28,11 +29,19 @@ type initConfig struct {
 	RootDir  string                `json:"rootDir"`  // overlay mount point
 	UpperDir string                `json:"upperDir"`
 	WorkDir  string                `json:"workDir"`
-	Binds    []isolation.Bind      `json:"binds,omitempty"`
+	// Binds are attached from descriptors sent after the template's, in
+	// order; only their target and kind travel here.
+	Binds    []bindTarget          `json:"binds,omitempty"`
 	NoFile   uint64                `json:"noFile"`
 	Seccomp  bool                  `json:"seccomp"`
 	ShmBytes int64                 `json:"shmBytes"`
 	Agent    isolation.AgentConfig `json:"agent"`
+}
+
+// bindTarget is where a bind goes inside the sandbox.
+type bindTarget struct {
+	Path  string `json:"path"`
+	IsDir bool   `json:"isDir"`
 }
 
 // sandbox is one running native sandbox.
@@ -61,11 +70,14 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	if st, err := os.Stat(spec.RootFS); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("template root %q is not a directory", spec.RootFS)
 	}
+	if err := checkBinds(spec.Binds); err != nil {
+		return nil, err
+	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
 	s := &sandbox{
 		b:     b,
 		id:    spec.ID,
-		sock:  filepath.Join(b.sockDir, spec.ID+".sock"),
+		sock:  b.sockPath(spec.ID),
 		limit: limits,
 		done:  make(chan struct{}),
 	}
@@ -101,6 +113,29 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	return s, nil
 }
 
+// checkBinds refuses binds that would cover what the sandbox's security
+// rests on.
+func checkBinds(binds []isolation.Bind) error {
+	if len(binds) > maxBinds {
+		return fmt.Errorf("%d binds: at most %d", len(binds), maxBinds)
+	}
+	for _, bd := range binds {
+		p := bd.Path
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return fmt.Errorf("bind target %q: want a clean absolute path other than /", p)
+		}
+		for _, reserved := range []string{"/proc", "/sys", "/dev", "/.fence"} {
+			if p == reserved || strings.HasPrefix(p, reserved+"/") {
+				return fmt.Errorf("bind target %q: %s is reserved", p, reserved)
+			}
+		}
+		if !filepath.IsAbs(bd.HostPath) {
+			return fmt.Errorf("bind source %q: want an absolute path", bd.HostPath)
+		}
+	}
+	return nil
+}
+
 // prepareDirs creates the sandbox's state directory and writable layer,
 // owned by the sandbox's root uid.
 func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*initConfig, error) {
@@ -113,7 +148,6 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		ID:       s.id,
 		LowerDir: filepath.Join(dir, "lower"),
 		RootDir:  filepath.Join(dir, "root"),
-		Binds:    spec.Binds,
 		NoFile:   limits.NoFile,
 		Seccomp:  !s.b.opts.NoSeccomp,
 		ShmBytes: 64 << 20,
@@ -220,16 +254,33 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
 		return fmt.Errorf("placing sandbox in its cgroup: %w", err)
 	}
-	lower, err := idmappedTree(spec.RootFS, cmd.Process.Pid)
+	// The template and every bind travel as detached mounts, idmapped for
+	// the sandbox's user namespace and made here, by the daemon: the
+	// sandbox's uids need no access to the host paths.
+	lower, err := idmappedTree(spec.RootFS, cmd.Process.Pid, true)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(lower)
+	fds := []int{lower}
+	for _, bd := range spec.Binds {
+		st, err := os.Stat(bd.HostPath)
+		if err != nil {
+			return fmt.Errorf("bind source: %w", err)
+		}
+		fd, err := idmappedTree(bd.HostPath, cmd.Process.Pid, bd.ReadOnly)
+		if err != nil {
+			return fmt.Errorf("bind %s: %w", bd.HostPath, err)
+		}
+		defer unix.Close(fd)
+		fds = append(fds, fd)
+		cfg.Binds = append(cfg.Binds, bindTarget{Path: bd.Path, IsDir: st.IsDir()})
+	}
 	msg, err := json.Marshal(cfg)
 	if err != nil {
 		return fmt.Errorf("encoding init config: %w", err)
 	}
-	if err := unix.Sendmsg(int(parent.Fd()), msg, unix.UnixRights(lower), nil, 0); err != nil {
+	if err := unix.Sendmsg(int(parent.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
 	}
 	// The child answers with an error message, or closes its end (by
@@ -258,25 +309,27 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	return nil
 }
 
-// idmappedTree returns a detached, read-only, idmapped clone of the
-// template tree for the user namespace of pid.
-func idmappedTree(rootfs string, pid int) (int, error) {
+// idmappedTree returns a detached, nosuid, nodev clone of the tree at
+// path, idmapped for the user namespace of pid: on-disk uid N appears as
+// the sandbox's uid N.
+func idmappedTree(path string, pid int, readOnly bool) (int, error) {
 	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening sandbox user namespace: %w", err)
 	}
 	defer unix.Close(userns)
-	fd, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
-		return -1, fmt.Errorf("cloning template tree: %w", err)
+		return -1, fmt.Errorf("cloning %s: %w", path, err)
 	}
-	attr := &unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-		Userns_fd: uint64(userns),
+	set := uint64(unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if readOnly {
+		set |= unix.MOUNT_ATTR_RDONLY
 	}
+	attr := &unix.MountAttr{Attr_set: set, Userns_fd: uint64(userns)}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("idmapping template tree: %w", err)
+		return -1, fmt.Errorf("idmapping %s: %w", path, err)
 	}
 	return fd, nil
 }
