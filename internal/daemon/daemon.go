@@ -132,13 +132,14 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
-	defer func() {
+	shutdownSandboxes := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if err := mgr.Shutdown(sctx); err != nil {
 			log.Error("shutting down sandboxes", "err", err)
 		}
-	}()
+	}
+	defer shutdownSandboxes() // idempotent; covers the early returns
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
@@ -166,10 +167,11 @@ func Serve(ctx context.Context, opts Options) error {
 	case <-ctx.Done():
 	}
 	fmt.Fprintln(out, "fence: shutting down")
+	// Killing the sandboxes first aborts the streams to them, so the
+	// server's drain that follows is short.
+	shutdownSandboxes()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	// Streams to sandboxes may last; they end when the sandboxes are
-	// killed right after.
 	_ = srv.Shutdown(sctx)
 	return nil
 }

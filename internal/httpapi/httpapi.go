@@ -112,6 +112,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveSandbox(w, r, t)
 		return
 	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		h.serveSignedFiles(w, r)
+		return
+	}
 	h.serveControl(w, r)
 }
 

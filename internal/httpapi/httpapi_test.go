@@ -516,4 +516,3 @@ func readEnvelope(r *bufio.Reader) ([]byte, error) {
 	_, err := io.ReadFull(r, msg)
 	return msg, err
 }
-

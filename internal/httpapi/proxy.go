@@ -126,6 +126,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		select {
 		case <-box.Done():
 			st.killed.Store(true)
+			cancel()
 		case <-ctx.Done():
 		}
 	}()
@@ -139,6 +140,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 	if st.killed.Load() && rw.wroteHeader && !st.errHandled.Load() {
 		// The sandbox died mid-response: abort the connection so the client
 		// sees a broken stream, not a clean end (reference §3.4).
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -240,3 +242,41 @@ func (w *trackingWriter) Flush() {
 }
 
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// serveSignedFiles serves a signed /files URL that names no sandbox: with
+// E2B_SANDBOX_URL set, the SDKs' uploadUrl()/downloadUrl() carry neither the
+// routing headers nor a per-sandbox host (reference §1.3). The signature is
+// tried against each running sandbox's token; the one it verifies for is
+// the target. The API key is not needed: the signature is the credential.
+func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
+	op := "read"
+	switch r.Method {
+	case http.MethodGet:
+	case http.MethodPost:
+		op = "write"
+	default:
+		writeError(w, r, h.log, errorf(errMethodNotAllowed, "method %s is not allowed on /files", r.Method))
+		return
+	}
+	list, err := h.m.List(r.Context(), sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}})
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	q := r.URL.Query()
+	now := h.now()
+	for _, s := range list {
+		if s.EnvdAccessToken == "" {
+			continue
+		}
+		switch err := checkSignature(q, op, s.EnvdAccessToken, now); {
+		case err == nil:
+			h.serveSandbox(w, r, target{id: s.ID, port: api.EnvdPort})
+			return
+		case errors.Is(err, errExpiredSignature):
+			writeError(w, r, h.log, errorf(errUnauthenticated, "%s", err.Error()))
+			return
+		}
+	}
+	writeError(w, r, h.log, errorf(errUnauthenticated, "%s", errInvalidSignature.Error()))
+}

@@ -2,7 +2,10 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -218,7 +221,11 @@ func testStreamAbortOnKill(t *testing.T, fo fake.Options) {
 	fo.StreamInterval = time.Millisecond
 	e := newTestEnv(t, fo)
 	s := e.create(t, `{"templateID":"base"}`)
-	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.srv.URL+"/process.Process/Start",
+	// A hang guard, not a timing assertion: a stream the proxy fails to
+	// abort would otherwise run forever.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/process.Process/Start",
 		strings.NewReader("\x00\x00\x00\x00\x02{}"))
 	for _, h := range sbxHeaders(s.SandboxID, s.EnvdAccessToken) {
 		k, v, _ := strings.Cut(h, ": ")
@@ -249,8 +256,11 @@ func testStreamAbortOnKill(t *testing.T, fo fake.Options) {
 		if err == nil {
 			continue
 		}
-		if err.Error() == "EOF" {
+		if err == io.EOF {
 			t.Errorf("stream ended cleanly after kill; want an aborted connection")
+		}
+		if ctx.Err() != nil {
+			t.Errorf("stream still running after kill; want an aborted connection")
 		}
 		break
 	}
@@ -281,9 +291,46 @@ func TestStreamAbortOnAgentDeath(t *testing.T) {
 		if err == nil {
 			continue
 		}
-		if err.Error() == "EOF" {
+		if err == io.EOF {
 			t.Errorf("stream ended cleanly after the agent died; want an aborted connection")
 		}
 		break
 	}
+}
+
+// TestSignedFilesWithoutRouting: a signed URL that names no sandbox (the
+// SDKs' uploadUrl under E2B_SANDBOX_URL) finds its sandbox by signature.
+func TestSignedFilesWithoutRouting(t *testing.T) {
+	e := newTestEnv(t)
+	e.create(t, `{"templateID":"base"}`) // a decoy
+	s := e.create(t, `{"templateID":"base"}`)
+	past := time.Now().Add(-time.Hour).Unix()
+	tests := []struct {
+		name, method, url string
+		status            int
+		msg               string
+	}{
+		{"read", "GET", "/files?path=a.txt&signature=" + url.QueryEscape(fileSignature("a.txt", "read", "", s.EnvdAccessToken, nil)), 200, ""},
+		{"write", "POST", "/files?path=a.txt&username=user&signature=" + url.QueryEscape(fileSignature("a.txt", "write", "user", s.EnvdAccessToken, nil)), 200, ""},
+		{"invalid", "GET", "/files?path=a.txt&signature=v1_nope", 401, "invalid signature"},
+		{"expired", "GET", fmt.Sprintf("/files?path=a.txt&signature=%s&signature_expiration=%d",
+			url.QueryEscape(fileSignature("a.txt", "read", "", s.EnvdAccessToken, &past)), past), 401, "signature is already expired"},
+		{"wrong method", "PUT", "/files?path=a.txt&signature=v1_x", 405, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, b := e.do(t, tt.method, tt.url, "")
+			if tt.status == 200 {
+				var echo fake.Echo
+				if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil || echo.SandboxID != s.SandboxID {
+					t.Errorf("%s %s = %d %s, want 200 from sandbox %s", tt.method, tt.url, resp.StatusCode, b, s.SandboxID)
+				}
+				return
+			}
+			wantError(t, tt.method+" "+tt.url, resp, b, tt.status, tt.msg)
+		})
+	}
+	// Without a signature /files is a control-plane path, which has no such route.
+	resp, b := e.api(t, "GET", "/files?path=a.txt", "")
+	wantError(t, "GET /files unsigned", resp, b, 404, "")
 }

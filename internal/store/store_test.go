@@ -3,8 +3,12 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -215,5 +219,43 @@ func TestConcurrentWrites(t *testing.T) {
 	all, _ := s.List(t.Context(), Filter{})
 	if len(all) != 50 {
 		t.Errorf("List = %d records, want 50", len(all))
+	}
+}
+
+// TestFDsCloseOnExec checks invariant 6 for SQLite's own file descriptors
+// (database, WAL and shm files), which modernc's libc opens itself.
+func TestFDsCloseOnExec(t *testing.T) {
+	s, path := openTest(t)
+	if err := s.Insert(t.Context(), rec("x", 0, nil)); err != nil { // forces the WAL open
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	dir := filepath.Dir(path)
+	found := 0
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil || !strings.HasPrefix(target, dir) {
+			continue
+		}
+		found++
+		info, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+		if err != nil {
+			continue
+		}
+		var flags int64
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, _ = strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			}
+		}
+		if flags&syscall.O_CLOEXEC == 0 {
+			t.Errorf("fd %s (%s) flags %o lack O_CLOEXEC", e.Name(), target, flags)
+		}
+	}
+	if found == 0 {
+		t.Errorf("found no open fd under %s; the check checked nothing", dir)
 	}
 }

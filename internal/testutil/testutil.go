@@ -56,6 +56,11 @@ func FenceBinary(t testing.TB) string {
 			binErr = err
 			return
 		}
+		// Sandbox uids execute the binary: the directory must be searchable.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			binErr = err
+			return
+		}
 		binPath = filepath.Join(dir, "fence")
 		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/fence")
 		cmd.Dir = moduleRoot()
