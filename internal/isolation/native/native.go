@@ -61,7 +61,7 @@ type Backend struct {
 	// sockDirFD is an O_PATH descriptor of sockDir, kept for the backend's
 	// lifetime.
 	sockDirFD int
-	sbDir   string
+	sbDir     string
 
 	closeOnce sync.Once
 

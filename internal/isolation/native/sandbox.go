@@ -24,11 +24,11 @@ import (
 
 // initConfig is what the daemon sends to `fence init` in the new namespaces.
 type initConfig struct {
-	ID       string                `json:"id"`
-	LowerDir string                `json:"lowerDir"` // where to attach the idmapped template
-	RootDir  string                `json:"rootDir"`  // overlay mount point
-	UpperDir string                `json:"upperDir"`
-	WorkDir  string                `json:"workDir"`
+	ID       string `json:"id"`
+	LowerDir string `json:"lowerDir"` // where to attach the idmapped template
+	RootDir  string `json:"rootDir"`  // overlay mount point
+	UpperDir string `json:"upperDir"`
+	WorkDir  string `json:"workDir"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
 	Binds    []bindTarget          `json:"binds,omitempty"`
