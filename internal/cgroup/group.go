@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -143,12 +144,20 @@ func (g *Group) setLimits(l Limits) error {
 
 // AddProc moves process pid into the group (every hierarchy on v1).
 func (g *Group) AddProc(pid int) error {
-	for _, d := range g.uniqueDirs() {
-		if err := writeFile(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
-			return fmt.Errorf("adding pid %d to cgroup %s: %w", pid, g.id, err)
-		}
+	// On v1 each hierarchy's migration waits for an RCU grace period;
+	// done concurrently, the waits overlap.
+	dirs := g.uniqueDirs()
+	errs := make([]error, len(dirs))
+	var wg sync.WaitGroup
+	for i, d := range dirs {
+		wg.Go(func() {
+			if err := writeFile(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+				errs[i] = fmt.Errorf("adding pid %d to cgroup %s: %w", pid, g.id, err)
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Pids returns the processes in the group (all hierarchies on v1).

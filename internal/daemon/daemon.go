@@ -103,6 +103,7 @@ func Serve(ctx context.Context, opts Options) error {
 		StateDir:   filepath.Join(opts.DataDir, "native"),
 		Instance:   "serve",
 		Executable: opts.Executable,
+		DiskPool:   4,
 		Defaults: isolation.Limits{
 			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
 			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,

@@ -106,6 +106,7 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 	b, err := native.New(ctx, native.Options{
 		StateDir: filepath.Join(opts.DataDir, "native"),
 		Instance: "bench-" + strconv.Itoa(os.Getpid()),
+		DiskPool: 4,
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,6 +58,14 @@ type Options struct {
 	MountDir string
 	// Logger receives events. If nil, logs are discarded.
 	Logger *slog.Logger
+	// PoolSize is how many filesystems of DefaultLimit to keep formatted
+	// and mounted in advance; it also moves unmounting off RemoveDir's
+	// path. Zero disables the pool: every NewDir formats and mounts, every
+	// RemoveDir unmounts, synchronously.
+	PoolSize int
+	// PoolLimit is the limit of the pooled filesystems; zero means
+	// DefaultLimit. NewDir with another limit formats synchronously.
+	PoolLimit int64
 }
 
 // FS makes and removes size-limited directories. Its methods are safe for
@@ -67,6 +76,9 @@ type FS struct {
 	mountDir string
 	mkfs     string
 	log      *slog.Logger
+
+	pool      *pool // nil without Options.PoolSize
+	closeOnce sync.Once
 }
 
 // Open checks that this host can make limited directories and returns an FS
@@ -100,6 +112,15 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if opts.PoolSize > 0 {
+		limit := opts.PoolLimit
+		if limit == 0 {
+			limit = DefaultLimit
+		}
+		if err := f.startPool(ctx, opts.PoolSize, limit); err != nil {
+			return nil, fmt.Errorf("starting disk pool: %w", err)
+		}
 	}
 	return f, nil
 }
@@ -136,6 +157,9 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 	if _, err := os.Lstat(image); err == nil {
 		return "", fmt.Errorf("quota dir %s: %w", name, fs.ErrExist)
 	}
+	if p, ok, err := f.pool.take(name, limitBytes); ok || err != nil {
+		return p, err
+	}
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return "", fmt.Errorf("quota dir %s: %w", name, fs.ErrExist)
@@ -153,12 +177,9 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 	if err := mountImage(image, mnt); err != nil {
 		return "", err
 	}
-	if err := os.Chmod(mnt, 0o755); err != nil { // the new filesystem's root
-		return "", fmt.Errorf("chmod %s: %w", mnt, err)
-	}
 	// lost+found is only clutter in an overlay upper.
-	if err := os.Remove(filepath.Join(mnt, "lost+found")); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("removing lost+found: %w", err)
+	if err := prepareRoot(mnt); err != nil {
+		return "", err
 	}
 	return mnt, nil
 }
@@ -239,6 +260,9 @@ func (f *FS) RemoveDir(name string) error {
 
 func (f *FS) cleanup(name string) error {
 	mnt := f.Path(name)
+	if moved, err := f.pool.retire(name); moved || err != nil {
+		return err
+	}
 	var errs []error
 	for range 8 { // stacked mounts, if any
 		m, err := findMount(mnt)

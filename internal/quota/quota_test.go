@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -341,4 +342,70 @@ func TestParseMountInfo(t *testing.T) {
 			t.Errorf("parseMountInfo(%q) = %+v, %v, want %+v, %v", tt.line, got, ok, tt.want, tt.ok)
 		}
 	}
+}
+
+// TestPool proves that a pooled directory is limited like any other, that
+// RemoveDir retires it at once, and that a new Open destroys what an
+// earlier run left in the pool and the trash.
+func TestPool(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	opts := Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 2}
+	f, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(f.pool.ready) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("pool never filled")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dir, err := f.NewDir(t.Context(), "pooled", DefaultLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := findMount(dir); m == nil {
+		t.Fatalf("NewDir(pooled) = %s, not a mount point", dir)
+	}
+	u, err := f.Usage("pooled")
+	if err != nil || u.LimitBytes > DefaultLimit || u.LimitBytes < DefaultLimit*9/10 {
+		t.Errorf("Usage(pooled) = %+v, %v; want a limit near %d", u, err, DefaultLimit)
+	}
+	if err := f.RemoveDir("pooled"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after RemoveDir, %s: %v", dir, err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A restart destroys the ready filesystems left behind.
+	f2, err := Open(t.Context(), Options{ImageDir: opts.ImageDir, MountDir: opts.MountDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f2
+	f3, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f3.Close()
+	ents, _ := os.ReadDir(filepath.Join(opts.MountDir, trashDir))
+	if len(ents) != 0 {
+		t.Errorf("trash not emptied on Open: %d entries", len(ents))
+	}
+	t.Cleanup(func() {
+		f3.Close()
+		for _, d := range []string{poolDir, trashDir} {
+			p := filepath.Join(opts.MountDir, d)
+			ents, _ := os.ReadDir(p)
+			for _, e := range ents {
+				f3.destroy(filepath.Join(p, e.Name()), "")
+			}
+		}
+		unix.Unmount(opts.MountDir, unix.MNT_DETACH)
+	})
 }

@@ -1,7 +1,9 @@
 package process
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 
@@ -11,9 +13,9 @@ import (
 // openPTY opens a new pseudo-terminal pair. The master is pollable (so
 // Close interrupts a pending Read); the slave is for the child.
 func openPTY() (master, slave *os.File, err error) {
-	master, err = os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	master, err = openPTMX()
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening /dev/ptmx: %w", err)
+		return nil, nil, err
 	}
 	var n int
 	err = control(master, func(fd int) error {
@@ -34,6 +36,28 @@ func openPTY() (master, slave *os.File, err error) {
 		return nil, nil, fmt.Errorf("opening %s: %w", name, err)
 	}
 	return master, slave, nil
+}
+
+// ptmxPaths are the multiplexers tried in order: /dev/ptmx is usually a
+// symlink to the private devpts instance's own pts/ptmx, which is used
+// directly when the symlink is missing.
+var ptmxPaths = []string{"/dev/ptmx", "/dev/pts/ptmx"}
+
+func openPTMX() (*os.File, error) {
+	var first error
+	for _, p := range ptmxPaths {
+		f, err := os.OpenFile(p, os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			return f, nil
+		}
+		if first == nil {
+			first = fmt.Errorf("opening %s: %w", p, err)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+	}
+	return nil, first
 }
 
 // setSize sets the window size of the terminal behind f.

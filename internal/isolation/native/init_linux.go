@@ -21,6 +21,9 @@ const (
 	listenerFD = 4
 )
 
+// goAhead is the byte the daemon sends once the sandbox is in its cgroups.
+const goAhead = 'g'
+
 // AgentListenerFD is the descriptor on which the agent finds its listener.
 const AgentListenerFD = listenerFD
 
@@ -125,6 +128,12 @@ func setup(sync *os.File) error {
 	}
 	if err := unix.CloseRange(listenerFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("closing descriptors: %w", err)
+	}
+	// Nothing of the sandbox's runs before the daemon has placed this
+	// process in the sandbox's cgroups.
+	buf := make([]byte, 1)
+	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != goAhead {
+		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
 	if err := dropPrivileges(cfg.Seccomp); err != nil {
 		return err

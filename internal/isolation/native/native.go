@@ -38,6 +38,10 @@ type Options struct {
 	// Defaults replaces zero limits of a Spec. Zero fields of Defaults take
 	// the package's Defaults.
 	Defaults isolation.Limits
+	// DiskPool is how many writable layers of the default disk size the
+	// backend keeps formatted and mounted ahead of Create. Zero means none
+	// (right for one-off sandboxes such as `fence run`).
+	DiskPool int
 	// NoSeccomp disables the seccomp filter (for debugging only).
 	NoSeccomp bool
 	// Executable is the fence binary to run as `fence init` and, inside the
@@ -136,9 +140,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("creating disk directory: %w", err)
 	}
 	b.disk, err = quota.Open(ctx, quota.Options{
-		ImageDir: filepath.Join(opts.StateDir, "images", opts.Instance),
-		MountDir: diskDir,
-		Logger:   log,
+		ImageDir:  filepath.Join(opts.StateDir, "images", opts.Instance),
+		MountDir:  diskDir,
+		Logger:    log,
+		PoolSize:  opts.DiskPool,
+		PoolLimit: opts.Defaults.DiskBytes,
 	})
 	if err != nil {
 		if !errors.Is(err, quota.ErrUnsupported) {
@@ -160,7 +166,12 @@ func (b *Backend) Name() string { return "native" }
 // killed first; it exists so callers need not change when a backend
 // acquires shared resources.
 func (b *Backend) Close() error {
-	b.closeOnce.Do(func() { unix.Close(b.sockDirFD) })
+	b.closeOnce.Do(func() {
+		unix.Close(b.sockDirFD)
+		if b.disk != nil {
+			b.disk.Close()
+		}
+	})
 	return nil
 }
 

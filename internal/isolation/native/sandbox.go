@@ -251,9 +251,23 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		_ = cmd.Wait()
 		close(s.done)
 	}()
-	if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
-		return fmt.Errorf("placing sandbox in its cgroup: %w", err)
+	// Joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
+	// period each), so it runs while the child builds its root; the child
+	// waits for the go-ahead below before running anything of the
+	// sandbox's.
+	attached := make(chan error, 1)
+	go func() { attached <- s.cg.AddProc(cmd.Process.Pid) }()
+	attachErr := func() error {
+		if err := <-attached; err != nil {
+			return fmt.Errorf("placing sandbox in its cgroup: %w", err)
+		}
+		return nil
 	}
+	defer func() {
+		if attached != nil {
+			<-attached
+		}
+	}()
 	// The template and every bind travel as detached mounts, idmapped for
 	// the sandbox's user namespace and made here, by the daemon: the
 	// sandbox's uids need no access to the host paths.
@@ -282,6 +296,14 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	}
 	if err := unix.Sendmsg(int(parent.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
+	}
+	err = attachErr()
+	attached = nil
+	if err != nil {
+		return err
+	}
+	if _, err := parent.Write([]byte{goAhead}); err != nil {
+		return fmt.Errorf("starting sandbox: %w", err)
 	}
 	// The child answers with an error message, or closes its end (by
 	// executing the agent, its end being close-on-exec) on success.
@@ -382,13 +404,11 @@ func (s *sandbox) Kill(ctx context.Context) error {
 // creation. It tolerates a partially created sandbox.
 func (s *sandbox) teardown(ctx context.Context) error {
 	var errs []error
-	if s.cg != nil {
-		if err := s.cg.Kill(); err != nil {
-			errs = append(errs, fmt.Errorf("killing sandbox processes: %w", err))
-		}
-	}
 	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill() // in case it never reached its cgroup
+		// SIGKILL to the sandbox's PID 1 makes the kernel kill every
+		// process of its pid namespace; Remove below kills whatever the
+		// cgroup still holds.
+		_ = s.cmd.Process.Kill()
 		select {
 		case <-s.done:
 		case <-time.After(10 * time.Second):

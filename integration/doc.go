@@ -1,0 +1,15 @@
+// Package integration holds fence's end-to-end tests: they build (or take
+// $FENCE_BIN) the real fence binary, start `fence serve` on a fresh data
+// dir, and drive it through the Go SDK, raw HTTP and the CLI, asserting
+// both the answers and what is left on the host afterwards (processes,
+// cgroups, mounts, state directories).
+//
+// The tests need root (namespaces, cgroups, loop mounts) and the minimal
+// template; the base template is used where a test needs python3 and is
+// skipped when missing outside CI. Templates come from
+// $FENCE_TEST_TEMPLATES (see internal/testutil).
+//
+// Every daemon of these tests uses the native backend's "serve" instance,
+// whose cgroup parent (fence/serve) is shared by the host, so the tests do
+// not run in parallel with each other.
+package integration

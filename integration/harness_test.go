@@ -1,0 +1,555 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// sandboxUIDBase is the first host uid the native backend maps sandboxes to.
+const sandboxUIDBase = 1 << 24
+
+// instance is the native backend instance of `fence serve`.
+const instance = "serve"
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemon is one `fence serve` process run by a test.
+type daemon struct {
+	t       *testing.T
+	DataDir string
+	URL     string
+	Key     string
+	Client  *client.Client
+
+	cmd     *exec.Cmd
+	out     *syncBuffer // stdout and stderr, interleaved
+	exited  chan struct{}
+	waitErr error
+}
+
+// templatesDir returns the directory holding the test templates, making
+// sure minimal is built.
+func templatesDir(t testing.TB) string {
+	t.Helper()
+	testutil.Templates(t)
+	if d := os.Getenv("FENCE_TEST_TEMPLATES"); d != "" {
+		return d
+	}
+	return filepath.Join(os.TempDir(), "fence-test-templates")
+}
+
+// haveTemplate reports whether template name is built; a missing base
+// template is a skip outside CI and a failure under CI.
+func requireTemplate(t testing.TB, name string) {
+	t.Helper()
+	testutil.RootFS(t, name)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// newDataDir returns a data dir for a daemon below testutil.StateDir, which
+// sandbox uids can traverse.
+func newDataDir(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(testutil.StateDir(t), "data")
+}
+
+// startDaemon starts `fence serve` on dataDir, on a free port of 127.0.0.1,
+// and waits until /health answers. At cleanup it is stopped with SIGTERM,
+// must exit 0, and must leave no sandbox behind.
+func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
+	t.Helper()
+	testutil.RequireRoot(t)
+	d := &daemon{t: t, DataDir: dataDir, Key: "e2b_" + randHex(20)}
+	d.start(extra...)
+	t.Cleanup(func() {
+		if d.running() {
+			d.Stop()
+		}
+		if t.Failed() {
+			t.Logf("daemon output:\n%s", d.out.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) start(extra ...string) {
+	t := d.t
+	t.Helper()
+	args := append([]string{"serve",
+		"--addr", "127.0.0.1:0",
+		"--data-dir", d.DataDir,
+		"--templates-dir", templatesDir(t),
+	}, extra...)
+	cmd := exec.Command(testutil.FenceBinary(t), args...)
+	cmd.Env = append(os.Environ(), "FENCE_API_KEY="+d.Key)
+	d.out = &syncBuffer{}
+	cmd.Stderr = d.out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting fence serve: %v", err)
+	}
+	d.cmd = cmd
+	d.exited = make(chan struct{})
+	urlc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			d.out.Write([]byte(line + "\n"))
+			if _, rest, ok := strings.Cut(line, "serving the E2B API on "); ok {
+				u, _, _ := strings.Cut(rest, " ")
+				select {
+				case urlc <- u:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	go func() {
+		d.waitErr = cmd.Wait()
+		close(d.exited)
+	}()
+	select {
+	case d.URL = <-urlc:
+	case <-d.exited:
+		t.Fatalf("fence serve exited before serving: %v\n%s", d.waitErr, d.out.String())
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("fence serve did not print its address within 60s:\n%s", d.out.String())
+	}
+	d.waitHealthy()
+	d.Client = client.New(d.URL, d.Key)
+}
+
+// waitHealthy polls GET /health until it answers 200.
+func (d *daemon) waitHealthy() {
+	t := d.t
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(d.URL + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNoContent {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /health: %v (status %v)\n%s", err, resp, d.out.String())
+		}
+		select {
+		case <-d.exited:
+			t.Fatalf("fence serve exited: %v\n%s", d.waitErr, d.out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (d *daemon) running() bool {
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop sends SIGTERM and checks the daemon exits 0 and leaves nothing.
+func (d *daemon) Stop() {
+	t := d.t
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Errorf("SIGTERM to fence serve: %v", err)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(60 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("fence serve did not exit within 60s of SIGTERM")
+	}
+	if d.waitErr != nil {
+		t.Errorf("fence serve after SIGTERM: %v, want exit status 0\n%s", d.waitErr, d.out.String())
+	}
+	assertNoLeftovers(t, d.DataDir)
+}
+
+// Crash kills the daemon with SIGKILL and waits for it to be gone.
+func (d *daemon) Crash() {
+	d.t.Helper()
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// Restart starts a new daemon process on the same data dir and key.
+func (d *daemon) Restart() {
+	d.t.Helper()
+	if d.running() {
+		d.t.Fatal("Restart of a running daemon")
+	}
+	d.start()
+}
+
+// create creates a sandbox of template with the daemon's client and kills
+// it at cleanup (ignoring "not found").
+func (d *daemon) create(t *testing.T, req api.NewSandbox) *client.Sandbox {
+	t.Helper()
+	if req.TemplateID == "" {
+		req.TemplateID = "minimal"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sb, err := d.Client.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("Create(%s): %v", req.TemplateID, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := sb.Kill(ctx); err != nil && !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("Kill(%s): %v", sb.ID(), err)
+		}
+	})
+	return sb
+}
+
+// rawResponse is a raw HTTP answer of the daemon.
+type rawResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// do sends a raw request with key in X-API-Key ("" sends none) and extra
+// headers.
+func (d *daemon) do(t testing.TB, method, path, key string, body io.Reader, hdr map[string]string) rawResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, d.URL+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set(api.HeaderAPIKey, key)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return rawResponse{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// exec runs argv in sb and returns stdout, stderr and the exit status.
+func run(t testing.TB, e *client.Envd, spec client.ProcessSpec) (stdout, stderr string, st client.ExitStatus) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	spec.Stdout, spec.Stderr = &out, &errb
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := e.Run(ctx, spec)
+	if err != nil {
+		t.Fatalf("Run(%s %q): %v (stdout %q, stderr %q)", spec.Cmd, spec.Args, err, out.String(), errb.String())
+	}
+	return out.String(), errb.String(), st
+}
+
+// sh runs a shell script in the sandbox and fails t unless it exits 0.
+func sh(t testing.TB, e *client.Envd, script string) string {
+	t.Helper()
+	out, errs, st := run(t, e, client.ProcessSpec{Cmd: "sh", Args: []string{"-c", script}})
+	if st.ExitCode != 0 {
+		t.Fatalf("sh -c %q: exit %d (%s), stderr %q", script, st.ExitCode, st.Status, errs)
+	}
+	return out
+}
+
+// fenceCLI runs the fence binary with args against the daemon (FENCE_URL
+// and FENCE_API_KEY set) and returns stdout, stderr and the exit code.
+func (d *daemon) fenceCLI(t testing.TB, stdin io.Reader, args ...string) (string, string, int) {
+	t.Helper()
+	return runFence(t, []string{"FENCE_URL=" + d.URL, "FENCE_API_KEY=" + d.Key}, stdin, args...)
+}
+
+// runFence runs the fence binary with args and extra environment.
+func runFence(t testing.TB, env []string, stdin io.Reader, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.FenceBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = stdin
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ctx.Err() != nil {
+			t.Fatalf("fence %q: %v (stderr %q)", args, err, errb.String())
+		}
+		code = ee.ExitCode()
+	}
+	return out.String(), errb.String(), code
+}
+
+// --- host-side inspection ---
+
+// cgroupRoots returns the directories under which fence creates the
+// cgroups of instance: fence/<instance> in every v1 hierarchy, and in the
+// v2 hierarchy (unified, or the root on a pure v2 host).
+func cgroupRoots(inst string) []string {
+	var roots []string
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return []string{filepath.Join("/sys/fs/cgroup", "fence", inst)}
+	}
+	ents, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range ents {
+		if e.IsDir() {
+			roots = append(roots, filepath.Join("/sys/fs/cgroup", e.Name(), "fence", inst))
+		}
+	}
+	return roots
+}
+
+// sandboxCgroups lists the sandbox cgroup directories of instance.
+func sandboxCgroups(inst string) []string {
+	var dirs []string
+	for _, r := range cgroupRoots(inst) {
+		ents, _ := os.ReadDir(r)
+		for _, e := range ents {
+			if e.IsDir() {
+				dirs = append(dirs, filepath.Join(r, e.Name()))
+			}
+		}
+	}
+	return dirs
+}
+
+// hostProc identifies a host process across pid reuse.
+type hostProc struct {
+	PID       int
+	StartTime string // field 22 of /proc/PID/stat
+}
+
+func procStartTime(pid int) (string, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return "", false
+	}
+	// f[0] is field 3 (state); starttime is field 22.
+	if f[0] == "Z" || f[0] == "X" {
+		return "", false // a zombie is dead; only its parent's wait is missing
+	}
+	return f[19], true
+}
+
+// sandboxProcs returns the host processes in sandbox id's cgroups.
+func sandboxProcs(t testing.TB, id string) []hostProc {
+	t.Helper()
+	seen := map[int]bool{}
+	var procs []hostProc
+	for _, r := range cgroupRoots(instance) {
+		filepath.WalkDir(filepath.Join(r, id), func(p string, de os.DirEntry, err error) error {
+			if err != nil || de.IsDir() || de.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				pid, err := strconv.Atoi(f)
+				if err != nil || seen[pid] {
+					continue
+				}
+				seen[pid] = true
+				if st, ok := procStartTime(pid); ok {
+					procs = append(procs, hostProc{PID: pid, StartTime: st})
+				}
+			}
+			return nil
+		})
+	}
+	return procs
+}
+
+// alive returns the processes of procs that still run.
+func alive(procs []hostProc) []hostProc {
+	var live []hostProc
+	for _, p := range procs {
+		if st, ok := procStartTime(p.PID); ok && st == p.StartTime {
+			live = append(live, p)
+		}
+	}
+	return live
+}
+
+// sandboxUIDProcs scans /proc for processes whose real uid is a sandbox uid
+// (≥ 1<<24) and returns them with their cgroup lines.
+func sandboxUIDProcs() map[int]string {
+	found := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		var uid int64 = -1
+		state := ""
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				f := strings.Fields(v)
+				if len(f) > 0 {
+					uid, _ = strconv.ParseInt(f[0], 10, 64)
+				}
+			}
+			if v, ok := strings.CutPrefix(line, "State:"); ok {
+				state = strings.TrimSpace(v)
+			}
+		}
+		if uid < sandboxUIDBase || strings.HasPrefix(state, "Z") {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		found[pid] = fmt.Sprintf("uid %d, state %s, cgroups %q", uid, state, strings.TrimSpace(string(cg)))
+	}
+	return found
+}
+
+// mountsUnder returns the mountinfo lines of this mount namespace whose
+// mount point or source mention dir.
+func mountsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, dir) {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// dirEntries lists the names in dir (none if it does not exist).
+func dirEntries(dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// assertNoLeftovers checks that no sandbox of the serve instance of the
+// daemon on dataDir remains: no cgroup, no process with a sandbox uid in
+// fence/serve, no state, socket or writable layer, no mount under dataDir.
+func assertNoLeftovers(t testing.TB, dataDir string) {
+	t.Helper()
+	if cgs := sandboxCgroups(instance); len(cgs) > 0 {
+		t.Errorf("sandbox cgroups left under fence/%s: %q", instance, cgs)
+	}
+	for pid, desc := range sandboxUIDProcs() {
+		if strings.Contains(desc, "/fence/"+instance+"/") {
+			t.Errorf("process %d with a sandbox uid left in fence/%s: %s", pid, instance, desc)
+		}
+	}
+	native := filepath.Join(dataDir, "native")
+	for _, d := range []string{"sandboxes", "sock", "disk"} {
+		if names := dirEntries(filepath.Join(native, d, instance)); len(names) > 0 {
+			t.Errorf("%s/%s/%s holds %q, want nothing", native, d, instance, names)
+		}
+	}
+	if names := dirEntries(filepath.Join(native, "images", instance)); len(names) > 0 {
+		t.Errorf("%s/images/%s holds %q, want no disk image", native, instance, names)
+	}
+	if m := mountsUnder(dataDir); len(m) > 0 {
+		t.Errorf("mounts under the data dir %s remain:\n%s", dataDir, strings.Join(m, "\n"))
+	}
+}
+
+// eventually polls cond every 20ms until it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still not true after %v", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ctxT returns a context bounded to a minute for one step of a test.
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# run.sh: run the official e2b JavaScript SDK (pinned in package.json)
+# against a fresh fence daemon, with Node's built-in test runner.
+#
+# Builds bin/fence if missing, starts `fence serve` on a free port with a
+# throwaway data dir under /var/tmp, points E2B_API_URL and E2B_SANDBOX_URL
+# at it, runs `node --test test/`, stops the daemon and exits with the test
+# status. Needs root (the native backend) and the `base` and `minimal`
+# templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates).
+# Extra arguments go to `node --test` (e.g. a single test file).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+templates="${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}"
+
+if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
+	(cd "$repo" && CGO_ENABLED=0 go build -o bin/fence ./cmd/fence)
+fi
+for t in base minimal; do
+	if [[ ! -d "$templates/$t" ]]; then
+		echo "run.sh: template $t missing in $templates: run 'bin/fence template build $t'" >&2
+		exit 2
+	fi
+done
+
+# The data dir's ancestors must be o+x: sandboxes run as unprivileged uids.
+mkdir -p /var/tmp/fence-e2b
+chmod 711 /var/tmp/fence-e2b
+work="$(mktemp -d /var/tmp/fence-e2b/run.XXXXXX)"
+chmod 711 "$work"
+port="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+
+FENCE_API_KEY="$key" "$repo/bin/fence" serve --addr "127.0.0.1:$port" \
+	--data-dir "$work/data" --templates-dir "$templates" >"$work/daemon.log" 2>&1 &
+daemon=$!
+cleanup() {
+	kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+	# The daemon may leave its disk mounts behind; unmount them, deepest
+	# first, so the data dir can be removed.
+	awk -v w="$work/" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |
+		while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+	if [[ "${status:-1}" == 0 && -z "${FENCE_KEEP:-}" ]]; then
+		rm -rf "$work"
+	else
+		echo "run.sh: daemon log and data kept in $work" >&2
+	fi
+}
+trap cleanup EXIT
+
+for _ in $(seq 100); do
+	if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then break; fi
+	if ! kill -0 "$daemon" 2>/dev/null; then
+		cat "$work/daemon.log" >&2
+		exit 2
+	fi
+	sleep 0.1
+done
+
+export E2B_API_KEY="$key"
+export E2B_API_URL="http://127.0.0.1:$port"
+export E2B_SANDBOX_URL="http://127.0.0.1:$port"
+unset E2B_DEBUG E2B_DOMAIN
+
+cd "$here"
+if [[ ! -d node_modules ]]; then
+	npm ci --no-audit --no-fund
+fi
+status=0
+if [[ $# -gt 0 ]]; then
+	node --test --test-concurrency=2 "$@" || status=$?
+else
+	node --test --test-concurrency=2 test/ || status=$?
+fi
+exit "$status"
