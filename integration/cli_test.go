@@ -91,7 +91,7 @@ func TestCLI(t *testing.T) {
 	if out != "via stdin" {
 		t.Errorf("fence cp ID:/tmp/s.txt - = %q, want \"via stdin\"", out)
 	}
-	if _, errs, code := d.fenceCLI(t, nil, "cp", id+":/no/such/file", filepath.Join(dir, "x")); code == 0 || !strings.Contains(strings.ToLower(errs), "not found") && !strings.Contains(errs, "no such") {
+	if _, errs, code := d.fenceCLI(t, nil, "cp", id+":/no/such/file", filepath.Join(dir, "x")); code == 0 || !strings.Contains(errs, "404") || !strings.Contains(errs, "does not exist") {
 		t.Errorf("fence cp of a missing file: exit %d, stderr %q; want a not-found error", code, errs)
 	}
 

@@ -264,4 +264,3 @@ func TestExec(t *testing.T) {
 		})
 	})
 }
-

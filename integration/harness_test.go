@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +113,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		if t.Failed() {
 			t.Logf("daemon output:\n%s", d.out.String())
 		}
+		unmountUnder(d.DataDir)
 	})
 	return d
 }
@@ -125,7 +128,9 @@ func (d *daemon) start(extra ...string) {
 	}, extra...)
 	cmd := exec.Command(testutil.FenceBinary(t), args...)
 	cmd.Env = append(os.Environ(), "FENCE_API_KEY="+d.Key)
-	d.out = &syncBuffer{}
+	if d.out == nil {
+		d.out = &syncBuffer{}
+	}
 	cmd.Stderr = d.out
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -218,7 +223,19 @@ func (d *daemon) Stop() {
 	if d.waitErr != nil {
 		t.Errorf("fence serve after SIGTERM: %v, want exit status 0\n%s", d.waitErr, d.out.String())
 	}
-	assertNoLeftovers(t, d.DataDir)
+	assertNoLeftovers(t, d.DataDir, d.sandboxIDs())
+}
+
+var sandboxIDRe = regexp.MustCompile(`sandbox_id=([a-z0-9]+)`)
+
+// sandboxIDs returns the IDs of every sandbox the daemon (any of its runs on
+// this data dir) logged.
+func (d *daemon) sandboxIDs() map[string]bool {
+	ids := map[string]bool{}
+	for _, m := range sandboxIDRe.FindAllStringSubmatch(d.out.String(), -1) {
+		ids[m[1]] = true
+	}
+	return ids
 }
 
 // Crash kills the daemon with SIGKILL and waits for it to be gone.
@@ -508,30 +525,86 @@ func dirEntries(dir string) []string {
 	return names
 }
 
-// assertNoLeftovers checks that no sandbox of the serve instance of the
+// assertNoLeftovers checks that nothing of the serve instance of a stopped
 // daemon on dataDir remains: no cgroup, no process with a sandbox uid in
-// fence/serve, no state, socket or writable layer, no mount under dataDir.
-func assertNoLeftovers(t testing.TB, dataDir string) {
+// fence/serve, no state, socket or writable layer, no disk image and no
+// mount under dataDir.
+func assertNoLeftovers(t testing.TB, dataDir string, ours map[string]bool) {
 	t.Helper()
-	if cgs := sandboxCgroups(instance); len(cgs) > 0 {
-		t.Errorf("sandbox cgroups left under fence/%s: %q", instance, cgs)
+	assertNoSandboxLeftovers(t, dataDir, ours, nil)
+	native := filepath.Join(dataDir, "native")
+	var daemonLeft []string
+	for _, d := range []string{"disk", "images"} {
+		for _, n := range dirEntries(filepath.Join(native, d, instance)) {
+			if strings.HasPrefix(n, ".") {
+				daemonLeft = append(daemonLeft, filepath.Join(d, instance, n))
+			}
+		}
+	}
+	if len(daemonLeft) > 0 {
+		t.Errorf("after the daemon exited, its disk pool remains in %s: %q", native, daemonLeft)
+	}
+	if m := mountsUnder(dataDir); len(m) > 0 {
+		t.Errorf("after the daemon exited, %d mounts under its data dir %s remain:\n%s", len(m), dataDir, strings.Join(m, "\n"))
+	}
+}
+
+// assertNoSandboxLeftovers checks that none of the sandboxes in ours
+// (those the daemon on dataDir made) remains unless it is in live: no
+// cgroup, no process with a sandbox uid in its cgroup, and no state or
+// socket entry, writable layer, disk image or mount in dataDir other than
+// those of live sandboxes. (The fence/serve cgroup parent is shared by
+// every daemon of the host, so cgroups are judged by sandbox ID.)
+func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[string]bool) {
+	t.Helper()
+	for _, cg := range sandboxCgroups(instance) {
+		if id := filepath.Base(cg); ours[id] && !live[id] {
+			t.Errorf("sandbox cgroup left: %s", cg)
+		}
 	}
 	for pid, desc := range sandboxUIDProcs() {
-		if strings.Contains(desc, "/fence/"+instance+"/") {
-			t.Errorf("process %d with a sandbox uid left in fence/%s: %s", pid, instance, desc)
+		for id := range ours {
+			if !live[id] && strings.Contains(desc, "/fence/"+instance+"/"+id) {
+				t.Errorf("process %d of sandbox %s left: %s", pid, id, desc)
+			}
 		}
 	}
 	native := filepath.Join(dataDir, "native")
-	for _, d := range []string{"sandboxes", "sock", "disk"} {
-		if names := dirEntries(filepath.Join(native, d, instance)); len(names) > 0 {
-			t.Errorf("%s/%s/%s holds %q, want nothing", native, d, instance, names)
+	for _, d := range []string{"sandboxes", "sock", "disk", "images"} {
+		for _, n := range dirEntries(filepath.Join(native, d, instance)) {
+			id := strings.TrimSuffix(strings.TrimSuffix(n, ".sock"), ".img")
+			if strings.HasPrefix(n, ".") || live[id] {
+				continue
+			}
+			t.Errorf("sandbox leftover %s", filepath.Join(native, d, instance, n))
 		}
 	}
-	if names := dirEntries(filepath.Join(native, "images", instance)); len(names) > 0 {
-		t.Errorf("%s/images/%s holds %q, want no disk image", native, instance, names)
+	for _, m := range mountsUnder(dataDir) {
+		f := strings.Fields(m)
+		if len(f) < 5 {
+			continue
+		}
+		mp := f[4]
+		rel, err := filepath.Rel(filepath.Join(native, "disk", instance), mp)
+		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[rel] {
+			continue // the disk pool, or a live sandbox's layer
+		}
+		t.Errorf("mount left under the data dir: %s", m)
 	}
-	if m := mountsUnder(dataDir); len(m) > 0 {
-		t.Errorf("mounts under the data dir %s remain:\n%s", dataDir, strings.Join(m, "\n"))
+}
+
+// unmountUnder detaches every mount under dir, deepest first, so that a
+// failed test does not leak loop devices and its temporary dir can go.
+func unmountUnder(dir string) {
+	var mps []string
+	for _, m := range mountsUnder(dir) {
+		if f := strings.Fields(m); len(f) >= 5 && strings.HasPrefix(f[4], dir) {
+			mps = append(mps, f[4])
+		}
+	}
+	slices.SortFunc(mps, func(a, b string) int { return len(b) - len(a) })
+	for _, mp := range mps {
+		syscall.Unmount(mp, syscall.MNT_DETACH)
 	}
 }
 

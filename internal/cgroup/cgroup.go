@@ -305,3 +305,16 @@ func (m *Manager) List() ([]string, error) {
 	slices.Sort(ids)
 	return ids, nil
 }
+
+// RemoveParent removes the Manager's parent group (its last segment only)
+// if it holds no groups any more. It is for one-off managers, such as a
+// `fence run`'s; a parent in use is left alone and reported.
+func (m *Manager) RemoveParent() error {
+	var errs []error
+	for _, d := range m.dirs("") {
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("removing cgroup parent %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -99,6 +99,9 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("opening templates: %w", err)
 	}
+	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
+		log.Warn("cleaning up after earlier fence run processes", "err", err)
+	}
 	backend, err := native.New(ctx, native.Options{
 		StateDir:   filepath.Join(opts.DataDir, "native"),
 		Instance:   "serve",

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -33,9 +34,7 @@ type localSandbox struct {
 
 // Kill kills the sandbox and removes what its one-off backend made.
 func (l *localSandbox) Kill(ctx context.Context) error {
-	err := l.Sandbox.Kill(ctx)
-	l.backend.Close()
-	return err
+	return errors.Join(l.Sandbox.Kill(ctx), l.backend.Close())
 }
 
 // NewLocal starts one sandbox in this process, without a daemon. Its
@@ -54,8 +53,9 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 		return nil, err
 	}
 	b, err := native.New(ctx, native.Options{
-		StateDir: filepath.Join(opts.DataDir, "native"),
-		Instance: "run-" + strconv.Itoa(os.Getpid()),
+		StateDir:  filepath.Join(opts.DataDir, "native"),
+		Instance:  "run-" + strconv.Itoa(os.Getpid()),
+		Ephemeral: true,
 	})
 	if err != nil {
 		return nil, err
@@ -104,9 +104,10 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		return err
 	}
 	b, err := native.New(ctx, native.Options{
-		StateDir: filepath.Join(opts.DataDir, "native"),
-		Instance: "bench-" + strconv.Itoa(os.Getpid()),
-		DiskPool: 4,
+		StateDir:  filepath.Join(opts.DataDir, "native"),
+		Instance:  "bench-" + strconv.Itoa(os.Getpid()),
+		DiskPool:  4,
+		Ephemeral: true,
 	})
 	if err != nil {
 		return err

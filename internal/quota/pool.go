@@ -266,15 +266,66 @@ func prepareRoot(mnt string) error {
 	return nil
 }
 
-// Close stops the pool's workers after destroying what is queued in the
-// trash. Ready filesystems stay; the next Open destroys them.
+// Close stops the pool's workers, destroying the ready filesystems and
+// what is queued in the trash. Directories made with NewDir stay.
 func (f *FS) Close() error {
-	if f.pool == nil {
-		return nil
-	}
 	f.closeOnce.Do(func() {
+		if f.pool == nil {
+			return
+		}
 		close(f.pool.stop)
 		f.pool.wg.Wait()
+		for {
+			select {
+			case k := <-f.pool.ready:
+				f.destroy(f.poolMount(k), f.poolImage(k))
+				continue
+			default:
+			}
+			break
+		}
 	})
 	return nil
+}
+
+// Destroy closes f and removes everything it holds: every directory, the
+// pool and the trash, and the private mount of MountDir. It is for
+// one-off users (a `fence run`); the directories must be unused.
+func (f *FS) Destroy() error {
+	f.Close()
+	var errs []error
+	names, err := f.Dirs()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range names {
+		if err := f.cleanup(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, d := range []string{poolDir, trashDir} {
+		p := filepath.Join(f.mountDir, d)
+		ents, _ := os.ReadDir(p)
+		for _, e := range ents {
+			f.destroy(filepath.Join(p, e.Name()), "")
+		}
+		os.Remove(p)
+	}
+	for _, pat := range []string{".pool-*" + imageSuffix, ".trash-*" + imageSuffix} {
+		left, _ := filepath.Glob(filepath.Join(f.imageDir, pat))
+		for _, img := range left {
+			os.Remove(img)
+		}
+	}
+	if m, _ := findMount(f.mountDir); m != nil {
+		if err := unix.Unmount(f.mountDir, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", f.mountDir, err))
+		}
+	}
+	for _, d := range []string{f.mountDir, f.imageDir} {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

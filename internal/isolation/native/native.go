@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -42,6 +44,9 @@ type Options struct {
 	// backend keeps formatted and mounted ahead of Create. Zero means none
 	// (right for one-off sandboxes such as `fence run`).
 	DiskPool int
+	// Ephemeral makes Close remove the instance itself (its cgroup parent
+	// and directories), for one-off instances such as `fence run`'s.
+	Ephemeral bool
 	// NoSeccomp disables the seccomp filter (for debugging only).
 	NoSeccomp bool
 	// Executable is the fence binary to run as `fence init` and, inside the
@@ -166,13 +171,66 @@ func (b *Backend) Name() string { return "native" }
 // killed first; it exists so callers need not change when a backend
 // acquires shared resources.
 func (b *Backend) Close() error {
+	var err error
 	b.closeOnce.Do(func() {
 		unix.Close(b.sockDirFD)
-		if b.disk != nil {
+		if b.opts.Ephemeral {
+			err = b.removeInstance()
+		} else if b.disk != nil {
 			b.disk.Close()
 		}
 	})
-	return nil
+	return err
+}
+
+// CleanupStale removes the one-off instances (`fence run`, `fence bench`)
+// under stateDir whose process is gone: their sandboxes, cgroups and
+// directories. A daemon calls it on start.
+func CleanupStale(ctx context.Context, stateDir string, log *slog.Logger) error {
+	ents, err := os.ReadDir(filepath.Join(stateDir, "sandboxes"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		_, pidText, ok := strings.Cut(name, "-")
+		pid, perr := strconv.Atoi(pidText)
+		if !ok || perr != nil || pid <= 0 || !(strings.HasPrefix(name, "run-") || strings.HasPrefix(name, "bench-")) {
+			continue
+		}
+		if unix.Kill(pid, 0) == nil {
+			continue // still running (or the pid was reused: leave it)
+		}
+		b, err := New(ctx, Options{StateDir: stateDir, Instance: name, Ephemeral: true, Logger: log})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := b.Cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		errs = append(errs, b.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// removeInstance removes the instance's cgroup parent and directories,
+// which must hold no sandbox any more.
+func (b *Backend) removeInstance() error {
+	errs := []error{b.cg.RemoveParent()}
+	if b.disk != nil {
+		errs = append(errs, b.disk.Destroy())
+	}
+	for _, d := range []string{b.sockDir, b.sbDir} {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing instance directory: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // sockPath names sandbox id's agent socket, short enough for sun_path.

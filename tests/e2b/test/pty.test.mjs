@@ -7,7 +7,14 @@ const enc = new TextEncoder()
 
 function collector() {
   const dec = new TextDecoder()
-  const c = { text: '', onData: (d) => { c.text += dec.decode(d, { stream: true }) } }
+  const c = {
+    text: '',
+    onData: (d) => { c.text += dec.decode(d, { stream: true }) },
+    // until waits for re in the output and shows the output if it never comes.
+    until: (re) => waitFor(() => re.test(c.text), 10_000, 50).catch((e) => {
+      throw new Error(`${e.message}: ${re} not in ${JSON.stringify(c.text)}`)
+    }),
+  }
   return c
 }
 
@@ -18,14 +25,14 @@ test('pty: create, sendInput, resize, exit', async (t) => {
   assert.ok(h.pid > 0)
 
   await s.pty.sendInput(h.pid, enc.encode('echo "size: $(stty size) cols: $(tput cols) tty: $(tty)"\n'))
-  await waitFor(() => /size: 24 80 cols: 80 tty: \/dev\/pts\/\d+/.test(out.text), 10_000, 50)
+  await out.until(/size: 24 80 cols: 80 tty: \/dev\/pts\/\d+/)
 
   await s.pty.resize(h.pid, { cols: 132, rows: 40 })
   await s.pty.sendInput(h.pid, enc.encode('echo "resized: $(stty size) $(tput cols)"\n'))
-  await waitFor(() => /resized: 40 132 132/.test(out.text), 10_000, 50)
+  await out.until(/resized: 40 132 132/)
 
   await s.pty.sendInput(h.pid, enc.encode('whoami; pwd; echo $TERM\n'))
-  await waitFor(() => /\r?\nuser\r?\n\/home\/user\r?\nxterm-256color\r?\n/.test(out.text), 10_000, 50)
+  await out.until(/\r?\nuser\r?\n\/home\/user\r?\nxterm-256color\r?\n/)
 
   await s.pty.sendInput(h.pid, enc.encode('exit 0\n'))
   const r = await within(h.wait(), 10_000, 'pty after exit')
@@ -39,7 +46,7 @@ test('pty: user root, cwd and envs', async (t) => {
     cols: 100, rows: 30, onData: out.onData, user: 'root', cwd: '/tmp', envs: { PTY_VAR: 'pty-val' },
   })
   await s.pty.sendInput(h.pid, enc.encode('echo "[$(whoami) $(pwd) $PTY_VAR]"\n'))
-  await waitFor(() => out.text.includes('[root /tmp pty-val]'), 10_000, 50)
+  await out.until(/\[root \/tmp pty-val\]/)
   assert.equal(await s.pty.kill(h.pid), true)
 })
 
