@@ -32,7 +32,7 @@ test('pty: create, sendInput, resize, exit', async (t) => {
   await out.until(/resized: 40 132 132/)
 
   await s.pty.sendInput(h.pid, enc.encode('whoami; pwd; echo $TERM\n'))
-  await out.until(/\r?\nuser\r?\n\/home\/user\r?\nxterm-256color\r?\n/)
+  await out.until(/\ruser\r\n\/home\/user\r\nxterm-256color\r\n/)
 
   await s.pty.sendInput(h.pid, enc.encode('exit 0\n'))
   const r = await within(h.wait(), 10_000, 'pty after exit')

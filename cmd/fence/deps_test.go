@@ -1,0 +1,40 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestImportDirection checks the dependency rules of docs/ARCHITECTURE.md:
+// the public surface (api/, client/) imports nothing internal, and the
+// in-sandbox agent links none of the daemon's control plane.
+func TestImportDirection(t *testing.T) {
+	const mod = "github.com/fencesandbox/fence/"
+	rules := []struct {
+		pkg    string
+		banned []string
+	}{
+		{"api/...", []string{mod + "internal/"}},
+		{"client/...", []string{mod + "internal/"}},
+		{"internal/agent/...", []string{
+			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
+			mod + "internal/sandbox", mod + "internal/egress", mod + "client",
+		}},
+		{"internal/sandbox", []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native"}},
+		{"internal/httpapi", []string{mod + "internal/daemon", mod + "internal/isolation/native"}},
+	}
+	for _, r := range rules {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "../../"+r.pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", r.pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, b := range r.banned {
+				if strings.HasPrefix(dep, b) {
+					t.Errorf("%s depends on %s (banned: %s)", r.pkg, dep, b)
+				}
+			}
+		}
+	}
+}
