@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -61,7 +60,6 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 		return nil, err
 	}
 	sb, err := b.Create(ctx, isolation.Spec{
-		ID:     "run" + randomID(12),
 		RootFS: rootfs,
 		Limits: opts.Limits,
 		Binds:  opts.Binds,
@@ -117,15 +115,4 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		b.Close()
 	}()
 	return bench.Run(ctx, bench.Options{Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers}, out)
-}
-
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-func randomID(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
 }

@@ -46,7 +46,8 @@ type Bind struct {
 
 // Spec describes a sandbox to create.
 type Spec struct {
-	// ID is the sandbox ID: [a-z0-9]+, also used as the hostname.
+	// ID is the sandbox ID: [a-z0-9]+, also used as the hostname. Empty
+	// means the backend names the sandbox; Sandbox.ID tells the name.
 	ID string
 	// RootFS is the template's root directory on the host. It is shared by
 	// every sandbox made from the template and must never be written.

@@ -258,15 +258,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 	}()
 
-	id := newID()
+	// The backend names the sandbox (a pool in front of it may hand out
+	// one started earlier, named then).
 	box, err := m.backend.Create(ctx, isolation.Spec{
-		ID:     id,
 		RootFS: rootfs,
 		Limits: limits,
 		Agent:  isolation.AgentConfig{EnvVars: req.EnvVars},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
+	}
+	id := box.ID()
+	if !ValidID(id) {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}
 	now := m.now().UTC()
 	info := &Sandbox{

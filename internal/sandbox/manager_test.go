@@ -476,8 +476,8 @@ func TestShutdown(t *testing.T) {
 
 func TestNewID(t *testing.T) {
 	for range 1000 {
-		if id := newID(); len(id) != 20 || !ValidID(id) {
-			t.Fatalf("newID() = %q", id)
+		if id := isolation.NewID(); len(id) != 20 || !ValidID(id) {
+			t.Fatalf("isolation.NewID() = %q", id)
 		}
 	}
 	for _, id := range []string{"", "ABC", "a/b", "..", "a-b", string(make([]byte, 65))} {

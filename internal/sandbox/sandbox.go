@@ -119,9 +119,7 @@ func parsePageToken(tok string) (time.Time, string, error) {
 }
 
 const (
-	idLen     = 20
 	idMaxLen  = 64
-	alphabet  = "abcdefghijklmnopqrstuvwxyz0123456789"
 	tokenSize = 32
 )
 
@@ -138,22 +136,6 @@ func ValidID(id string) bool {
 		}
 	}
 	return true
-}
-
-// newID returns 20 characters of [a-z0-9] from crypto/rand, unbiased.
-func newID() string {
-	out := make([]byte, 0, idLen)
-	var buf [32]byte
-	for len(out) < idLen {
-		rand.Read(buf[:])
-		for _, b := range buf {
-			// 252 = 7*36: rejecting larger bytes keeps every letter equally likely.
-			if b < 252 && len(out) < idLen {
-				out = append(out, alphabet[b%36])
-			}
-		}
-	}
-	return string(out)
 }
 
 func newToken() string {

@@ -22,7 +22,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -137,7 +136,7 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sa
 		}
 	}
 	if spec.ID == "" {
-		return nil, errors.New("creating sandbox: empty ID")
+		spec.ID = isolation.NewID()
 	}
 	if b.opts.RequireRootFS {
 		fi, err := os.Stat(spec.RootFS)

@@ -64,6 +64,9 @@ var _ isolation.Sandbox = (*sandbox)(nil)
 
 // Create implements isolation.Backend.
 func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.Sandbox, err error) {
+	if spec.ID == "" {
+		spec.ID = isolation.NewID()
+	}
 	if !idPattern.MatchString(spec.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
 	}
