@@ -9,7 +9,7 @@
 // skipped when missing outside CI. Templates come from
 // $FENCE_TEST_TEMPLATES (see internal/testutil).
 //
-// Every daemon of these tests uses the native backend's "serve" instance,
-// whose cgroup parent (fence/serve) is shared by the host, so the tests do
-// not run in parallel with each other.
+// Each daemon's native backend instance is named after its data dir
+// (serve-<hash>), so daemons of different tests never touch each other's
+// sandboxes; TestTwoDaemons proves it.
 package integration

@@ -194,6 +194,7 @@ func TestExec(t *testing.T) {
 				t.Errorf("running /no/such/command = %+v, want a failure", st)
 			}
 		}
+		t.Logf("running /no/such/command: %s", msg)
 		if !strings.Contains(msg, "no such file") && !strings.Contains(msg, "not found") {
 			t.Errorf("running /no/such/command: %q, want a clear \"not found\" / \"no such file\" error", msg)
 		}
@@ -243,6 +244,21 @@ func TestExec(t *testing.T) {
 		out, _, _ = run(t, e.WithUser("root"), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"}})
 		if strings.Contains(out, d.Key) || strings.Contains(out, "FENCE_API_KEY") {
 			t.Errorf("the daemon's API key is visible in the sandbox environment:\n%s", out)
+		}
+	})
+	t.Run("no network to the host", func(t *testing.T) {
+		// The sandbox has only its own loopback: the daemon's API (on the
+		// host's 127.0.0.1) and the host's addresses are unreachable.
+		port := d.URL[strings.LastIndexByte(d.URL, ':')+1:]
+		for _, target := range []string{"127.0.0.1:" + port, "192.0.2.2:" + port, "169.254.169.254:80"} {
+			out, _, st := run(t, e.WithUser("root"), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", "wget -q -T 2 -O- http://" + target + "/health 2>&1; echo rc=$?"}})
+			if st.ExitCode != 0 || strings.Contains(out, "rc=0") {
+				t.Errorf("wget http://%s/health from inside = %q, want a failure", target, out)
+			}
+		}
+		out := sh(t, e, "ip -o addr 2>/dev/null | awk '{print $2}' | sort -u | tr '\\n' ' '")
+		if strings.TrimSpace(out) != "lo" {
+			t.Errorf("network interfaces inside = %q, want only lo", out)
 		}
 	})
 	t.Run("cwd", func(t *testing.T) {

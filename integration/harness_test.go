@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -30,8 +31,13 @@ import (
 // sandboxUIDBase is the first host uid the native backend maps sandboxes to.
 const sandboxUIDBase = 1 << 24
 
-// instance is the native backend instance of `fence serve`.
-const instance = "serve"
+// instanceOf is the native backend instance of `fence serve` on dataDir:
+// "serve-" and a hash of its state directory.
+func instanceOf(dataDir string) string {
+	abs, _ := filepath.Abs(filepath.Join(dataDir, "native"))
+	sum := sha256.Sum256([]byte(abs))
+	return "serve-" + hex.EncodeToString(sum[:4])
+}
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
 type syncBuffer struct {
@@ -76,7 +82,7 @@ func templatesDir(t testing.TB) string {
 	return filepath.Join(os.TempDir(), "fence-test-templates")
 }
 
-// haveTemplate reports whether template name is built; a missing base
+// requireTemplate makes sure template name is built; a missing base
 // template is a skip outside CI and a failure under CI.
 func requireTemplate(t testing.TB, name string) {
 	t.Helper()
@@ -104,10 +110,9 @@ func newDataDir(t *testing.T) string {
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
 	testutil.RequireRoot(t)
-	d := &daemon{t: t, DataDir: dataDir, Key: "e2b_" + randHex(20)}
-	d.start(extra...)
+	d := &daemon{t: t, DataDir: dataDir, Key: "e2b_" + randHex(20), out: &syncBuffer{}}
 	t.Cleanup(func() {
-		if d.running() {
+		if d.cmd != nil && d.running() {
 			d.Stop()
 		}
 		if t.Failed() {
@@ -115,6 +120,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		}
 		unmountUnder(d.DataDir)
 	})
+	d.start(extra...)
 	return d
 }
 
@@ -128,9 +134,6 @@ func (d *daemon) start(extra ...string) {
 	}, extra...)
 	cmd := exec.Command(testutil.FenceBinary(t), args...)
 	cmd.Env = append(os.Environ(), "FENCE_API_KEY="+d.Key)
-	if d.out == nil {
-		d.out = &syncBuffer{}
-	}
 	cmd.Stderr = d.out
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -316,7 +319,7 @@ func (d *daemon) do(t testing.TB, method, path, key string, body io.Reader, hdr 
 	return rawResponse{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
-// exec runs argv in sb and returns stdout, stderr and the exit status.
+// run runs spec through e and returns stdout, stderr and the exit status.
 func run(t testing.TB, e *client.Envd, spec client.ProcessSpec) (stdout, stderr string, st client.ExitStatus) {
 	t.Helper()
 	var out, errb bytes.Buffer
@@ -434,7 +437,11 @@ func sandboxProcs(t testing.TB, id string) []hostProc {
 	t.Helper()
 	seen := map[int]bool{}
 	var procs []hostProc
-	for _, r := range cgroupRoots(instance) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/fence/*")
+	if v2, _ := filepath.Glob("/sys/fs/cgroup/fence/*"); len(v2) > 0 {
+		roots = append(roots, v2...)
+	}
+	for _, r := range roots {
 		filepath.WalkDir(filepath.Join(r, id), func(p string, de os.DirEntry, err error) error {
 			if err != nil || de.IsDir() || de.Name() != "cgroup.procs" {
 				return nil
@@ -527,26 +534,44 @@ func dirEntries(dir string) []string {
 }
 
 // assertNoLeftovers checks that nothing of the serve instance of a stopped
-// daemon on dataDir remains: no cgroup, no process with a sandbox uid in
-// fence/serve, no state, socket or writable layer, no disk image and no
-// mount under dataDir.
+// daemon on dataDir remains: no sandbox (see assertNoSandboxLeftovers), no
+// disk image or prepared disk, and no mount under dataDir except the one the
+// daemon keeps by design: DATA/native/disk/serve bound onto itself to make
+// it a private mount, which the next start reuses.
 func assertNoLeftovers(t testing.TB, dataDir string, ours map[string]bool) {
 	t.Helper()
 	assertNoSandboxLeftovers(t, dataDir, ours, nil)
+	instance := instanceOf(dataDir)
 	native := filepath.Join(dataDir, "native")
-	var daemonLeft []string
-	for _, d := range []string{"disk", "images"} {
-		for _, n := range dirEntries(filepath.Join(native, d, instance)) {
-			if strings.HasPrefix(n, ".") {
-				daemonLeft = append(daemonLeft, filepath.Join(d, instance, n))
-			}
+	diskDir := filepath.Join(native, "disk", instance)
+	var left []string
+	for _, n := range dirEntries(filepath.Join(native, "images", instance)) {
+		left = append(left, filepath.Join("images", instance, n))
+	}
+	for _, n := range dirEntries(diskDir) {
+		if n != ".pool" && n != ".trash" {
+			continue // sandbox layers: assertNoSandboxLeftovers
+		}
+		for _, m := range dirEntries(filepath.Join(diskDir, n)) {
+			left = append(left, filepath.Join("disk", instance, n, m))
 		}
 	}
-	if len(daemonLeft) > 0 {
-		t.Errorf("after the daemon exited, its disk pool remains in %s: %q", native, daemonLeft)
+	if len(left) > 0 {
+		t.Errorf("after the daemon exited, disks remain in %s: %q", native, left)
 	}
-	if m := mountsUnder(dataDir); len(m) > 0 {
-		t.Errorf("after the daemon exited, %d mounts under its data dir %s remain:\n%s", len(m), dataDir, strings.Join(m, "\n"))
+	var mounts []string
+	self := 0
+	for _, m := range mountsUnder(dataDir) {
+		if f := strings.Fields(m); len(f) >= 5 && f[4] == diskDir {
+			self++
+			if self == 1 {
+				continue
+			}
+		}
+		mounts = append(mounts, m)
+	}
+	if len(mounts) > 0 {
+		t.Errorf("after the daemon exited, %d mounts under its data dir %s remain:\n%s", len(mounts), dataDir, strings.Join(mounts, "\n"))
 	}
 }
 
@@ -558,6 +583,7 @@ func assertNoLeftovers(t testing.TB, dataDir string, ours map[string]bool) {
 // every daemon of the host, so cgroups are judged by sandbox ID.)
 func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[string]bool) {
 	t.Helper()
+	instance := instanceOf(dataDir)
 	for _, cg := range sandboxCgroups(instance) {
 		if id := filepath.Base(cg); ours[id] && !live[id] {
 			t.Errorf("sandbox cgroup left: %s", cg)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,13 +159,26 @@ func TestConcurrentCreates(t *testing.T) {
 	if err != nil || len(list) != created || created != n {
 		t.Errorf("List(batch) = %d sandboxes, %v; created %d, want %d", len(list), err, created, n)
 	}
+	// Distinct IDs, and no two sandboxes share a host uid.
 	seen := map[string]bool{}
+	uidOwner := map[int]string{}
 	for _, sb := range sbs {
-		if sb != nil {
-			if seen[sb.ID()] {
-				t.Errorf("duplicate sandbox ID %s", sb.ID())
+		if sb == nil {
+			continue
+		}
+		if seen[sb.ID()] {
+			t.Errorf("duplicate sandbox ID %s", sb.ID())
+		}
+		seen[sb.ID()] = true
+		uids := hostUIDs(sandboxProcs(t, sb.ID()))
+		if len(uids) == 0 {
+			t.Errorf("sandbox %s has no process with a sandbox uid", sb.ID())
+		}
+		for u := range uids {
+			if other, ok := uidOwner[u]; ok {
+				t.Errorf("sandboxes %s and %s share host uid %d", other, sb.ID(), u)
 			}
-			seen[sb.ID()] = true
+			uidOwner[u] = sb.ID()
 		}
 	}
 	for _, sb := range sbs {
@@ -297,6 +311,7 @@ func TestTwoDaemons(t *testing.T) {
 	a := startDaemon(t, newDataDir(t))
 	sa := a.create(t, api.NewSandbox{TemplateID: "minimal"})
 	procsA := startSleeper(t, sa)
+	uidsA := hostUIDs(procsA)
 	b := startDaemon(t, newDataDir(t))
 	sb := b.create(t, api.NewSandbox{TemplateID: "minimal"})
 	procsB := startSleeper(t, sb)
@@ -310,7 +325,7 @@ func TestTwoDaemons(t *testing.T) {
 	if st, err := sa.Envd().Run(ctx, client.ProcessSpec{Cmd: "echo", Args: []string{"a"}, Stdout: &out}); err != nil || st.ExitCode != 0 || out.String() != "a\n" {
 		t.Errorf("first daemon's sandbox after the second daemon started: %q, %+v, %v; want it working", out.String(), st, err)
 	}
-	uidsA, uidsB := hostUIDs(procsA), hostUIDs(procsB)
+	uidsB := hostUIDs(procsB)
 	for u := range uidsA {
 		if uidsB[u] {
 			t.Errorf("sandboxes %s (daemon A) and %s (daemon B) share host uid %d", sa.ID(), sb.ID(), u)
@@ -363,5 +378,49 @@ func TestShutdown(t *testing.T) {
 	d.Restart()
 	if out := sh(t, d.create(t, api.NewSandbox{TemplateID: "minimal"}).Envd(), "echo ok"); out != "ok\n" {
 		t.Errorf("sandbox of the restarted daemon: %q", out)
+	}
+	// Restarts do not stack mounts.
+	diskDir := filepath.Join(d.DataDir, "native", "disk", instanceOf(d.DataDir))
+	n := 0
+	for _, m := range mountsUnder(diskDir) {
+		if f := strings.Fields(m); len(f) >= 5 && f[4] == diskDir {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d mounts on %s after a restart, want 1", n, diskDir)
+	}
+}
+
+// TestSandboxDiesOutside proves that the daemon notices a sandbox whose
+// processes die behind its back (the OOM killer, an operator's kill -9):
+// it is reported gone and its host resources are removed. Root: the daemon
+// creates namespaces, cgroups and mounts, and the test kills sandbox
+// processes on the host.
+func TestSandboxDiesOutside(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: "minimal"})
+	procs := startSleeper(t, sb)
+	for _, p := range procs {
+		syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	eventually(t, 10*time.Second, "processes of the sandbox gone after kill -9", func() bool { return len(alive(procs)) == 0 })
+	eventually(t, 30*time.Second, "Get of the dead sandbox answers 404", func() bool {
+		_, err := d.Client.Get(ctxT(t), sb.ID())
+		return errors.Is(err, api.ErrNotFound)
+	})
+	eventually(t, 10*time.Second, "host resources of the dead sandbox removed", func() bool {
+		for _, cg := range sandboxCgroups(instanceOf(d.DataDir)) {
+			if filepath.Base(cg) == sb.ID() {
+				return false
+			}
+		}
+		_, err := os.Stat(filepath.Join(d.DataDir, "native", "sandboxes", instanceOf(d.DataDir), sb.ID()))
+		return os.IsNotExist(err)
+	})
+	assertNoSandboxLeftovers(t, d.DataDir, d.sandboxIDs(), nil)
+	// The daemon is fine and creates new sandboxes.
+	if out := sh(t, d.create(t, api.NewSandbox{TemplateID: "minimal"}).Envd(), "echo ok"); out != "ok\n" {
+		t.Errorf("new sandbox after one died: %q", out)
 	}
 }

@@ -296,8 +296,13 @@ func (g *Group) killRound() error {
 			}
 		}
 	}
-	if terr := g.setFrozen(false, killTimeout); terr != nil {
+	if terr := g.setFrozen(false, killTimeout); terr != nil && !errors.Is(terr, fs.ErrNotExist) {
+		// A group removed meanwhile (by another cleaner) is as dead as
+		// it gets.
 		return terr
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
 	}
 	return err
 }

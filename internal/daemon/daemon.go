@@ -104,7 +104,6 @@ func Serve(ctx context.Context, opts Options) error {
 	}
 	backend, err := native.New(ctx, native.Options{
 		StateDir:   filepath.Join(opts.DataDir, "native"),
-		Instance:   "serve",
 		Executable: opts.Executable,
 		DiskPool:   4,
 		Defaults: isolation.Limits{

@@ -2,6 +2,8 @@ package native
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,8 +37,14 @@ type Options struct {
 	StateDir string
 	// Instance names this backend's cgroup parent (fence/<Instance>) and
 	// separates its sandboxes from those of other fence processes on the
-	// host. Empty means "serve".
+	// host: it must be unique on the host. Empty means "serve-" and a hash
+	// of StateDir, so daemons on different data dirs never touch each
+	// other's sandboxes.
 	Instance string
+	// SlotsDir holds the uid-range slot locks. It must be the same for
+	// every fence process on the host, so that no two sandboxes share host
+	// uids. Empty means /run/fence/slots.
+	SlotsDir string
 	// Defaults replaces zero limits of a Spec. Zero fields of Defaults take
 	// the package's Defaults.
 	Defaults isolation.Limits
@@ -88,8 +96,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("native backend: StateDir is required")
 	}
+	abs, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("resolving state directory: %w", err)
+	}
+	opts.StateDir = abs
 	if opts.Instance == "" {
-		opts.Instance = "serve"
+		sum := sha256.Sum256([]byte(abs))
+		opts.Instance = "serve-" + hex.EncodeToString(sum[:4])
+	}
+	if opts.SlotsDir == "" {
+		opts.SlotsDir = "/run/fence/slots"
 	}
 	opts.Defaults = withDefaults(opts.Defaults, Defaults)
 	log := opts.Logger
@@ -98,7 +115,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	exe := opts.Executable
 	if exe == "" {
-		var err error
 		if exe, err = os.Executable(); err != nil {
 			return nil, fmt.Errorf("finding own executable: %w", err)
 		}
@@ -134,7 +150,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("opening socket directory: %w", err)
 	}
 	b.sockDirFD = fd
-	if b.slots, err = newSlots(filepath.Join(opts.StateDir, "slots")); err != nil {
+	if b.slots, err = newSlots(opts.SlotsDir); err != nil {
 		return nil, err
 	}
 	if b.cg, err = cgroup.NewManager("fence/" + opts.Instance); err != nil {
