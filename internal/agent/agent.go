@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -33,7 +36,23 @@ type Options struct {
 // Serve serves envd's protocol on ln until ctx is done. It closes ln. On
 // return, open streams are aborted and the processes the agent started are
 // killed. It returns nil when ctx ended it.
+//
+// SIGHUP is caught and ignored while Serve runs: the agent is PID 1, and
+// Go's default for SIGHUP (exit) would let a stray `kill -HUP 1` end the
+// sandbox. Caught, not SIG_IGN, so the processes the agent starts get the
+// default disposition back at exec.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer func() {
+		signal.Stop(hup)
+		close(hup)
+	}()
+	go func() {
+		for range hup {
+			logger(opts).Debug("ignoring SIGHUP")
+		}
+	}()
 	h, closeFn := NewHandler(opts)
 	defer closeFn()
 	srv := &http.Server{

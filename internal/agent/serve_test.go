@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +40,16 @@ func TestServeUnixSocket(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Errorf("GET /health = %d, want 204", resp.StatusCode)
 	}
+
+	// SIGHUP does not end the agent (it is PID 1 in a sandbox).
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if resp, err = client.Get("http://agent/health"); err != nil {
+		t.Fatalf("GET /health after SIGHUP: %v", err)
+	}
+	resp.Body.Close()
 
 	// A stream open when the server stops is aborted, not left hanging.
 	pc := processconnect.NewProcessClient(client, "http://agent", connect.WithProtoJSON())

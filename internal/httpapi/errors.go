@@ -81,7 +81,7 @@ func errorf(sentinel error, format string, args ...any) error {
 
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	status := statusOf(err)
-	if status >= 500 {
+	if status >= 500 && status != http.StatusNotImplemented {
 		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, status, api.Error{Code: status, Message: clientMessage(err, status)})

@@ -7,7 +7,8 @@
 # at it, runs `node --test test/`, stops the daemon and exits with the test
 # status. Needs root (the native backend) and the `base` and `minimal`
 # templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates).
-# Extra arguments go to `node --test` (e.g. a single test file).
+# Extra arguments go to `node --test` (e.g. a single test file);
+# `run.sh --bench` runs bench.mjs against the daemon instead of the tests.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -67,9 +68,15 @@ if [[ ! -d node_modules ]]; then
 	npm ci --no-audit --no-fund
 fi
 status=0
-if [[ $# -gt 0 ]]; then
+if [[ "${1:-}" == --bench ]]; then
+	node bench.mjs || status=$?
+elif [[ $# -gt 0 ]]; then
 	node --test --test-concurrency=2 "$@" || status=$?
 else
 	node --test --test-concurrency=2 test/ || status=$?
+fi
+if grep -q "sandbox stopped unexpectedly" "$work/daemon.log"; then
+	n="$(grep -c "sandbox stopped unexpectedly" "$work/daemon.log")"
+	echo "run.sh: warning: $n sandbox(es) died without a kill request; see $work/daemon.log" >&2
 fi
 exit "$status"

@@ -14,6 +14,8 @@
 //     Start (Connect-Timeout-Ms) kills the process group when it passes.
 //     A finished process stays visible to Connect for the retention time.
 //   - Each process leads its own session; signals go to its process group.
+//   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
+//     same arguments (the SDKs always ask for bash; busybox templates lack it).
 //   - One goroutine per agent reaps children (wait4 on SIGCHLD), including
 //     orphans reparented to the agent as PID 1. Nothing else may wait for
 //     children in the agent's process.
@@ -46,6 +48,13 @@ import (
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 const defaultKeepalive = 90 * time.Second
+
+// sdkShell is the shell the SDKs start commands with; fallbackShell
+// replaces it where it is missing.
+const (
+	sdkShell      = "/bin/bash"
+	fallbackShell = "/bin/sh"
+)
 
 // Options configures a Service. Zero values are the documented defaults.
 type Options struct {
@@ -358,7 +367,15 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q is not a directory", dir))
 	}
 	env := buildEnv(u, s.opts.EnvVars, cfg.GetEnvs())
-	path, err := lookPath(cfg.GetCmd(), envValue(env, "PATH"), dir)
+	argv0 := cfg.GetCmd()
+	path, err := lookPath(argv0, envValue(env, "PATH"), dir)
+	if err != nil && argv0 == sdkShell {
+		// The SDKs run every command and PTY with /bin/bash; templates
+		// without bash (minimal, busybox) get their POSIX shell instead.
+		if p, serr := lookPath(fallbackShell, "", dir); serr == nil {
+			path, argv0, err = p, fallbackShell, nil
+		}
+	}
 	if err != nil {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -450,7 +467,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	if int(u.UID) != os.Geteuid() || int(u.GID) != os.Getegid() {
 		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
+	argv := append([]string{argv0}, cfg.GetArgs()...)
 
 	p := &proc{
 		info:   &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},

@@ -246,14 +246,22 @@ func mountProcSys(root string) error {
 }
 
 func mountDev(root string, shmBytes int64) error {
-	devFD, err := openInRoot(root, "/dev", kindDir)
+	mnt, err := openInRoot(root, "/dev", kindDir)
 	if err != nil {
 		return fmt.Errorf("preparing /dev: %w", err)
 	}
-	defer unix.Close(devFD)
-	if err := unix.Mount("tmpfs", fdPath(devFD), "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536,nr_inodes=4096"); err != nil {
+	err = unix.Mount("tmpfs", fdPath(mnt), "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536,nr_inodes=4096")
+	unix.Close(mnt)
+	if err != nil {
 		return fmt.Errorf("mounting /dev: %w", err)
 	}
+	// Reopened: the descriptor taken before the mount names the directory
+	// underneath it.
+	devFD, err := openInRoot(root, "/dev", kindDir)
+	if err != nil {
+		return fmt.Errorf("opening /dev: %w", err)
+	}
+	defer unix.Close(devFD)
 	for _, d := range devices {
 		fd, err := openInRoot(root, "/dev/"+d, kindFile)
 		if err != nil {

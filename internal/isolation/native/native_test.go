@@ -230,6 +230,22 @@ func TestTemplateUnwritable(t *testing.T) {
 	}
 }
 
+func TestDevNodes(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	r := run(t, sb, "root", "/bin/sh", "-c", "ls -l /dev/ptmx /dev/fd/ /dev/stdin >/dev/null && echo links-ok; ls /dev | tr '\\n' ' '")
+	if !strings.Contains(r.stdout, "links-ok") {
+		t.Errorf("/dev symlinks missing: %+v", r)
+	}
+	for _, unwanted := range []string{"sda", "vda", "kmsg", "mem", "loop", "net", "vsock", "kvm"} {
+		for _, f := range strings.Fields(r.stdout) {
+			if f == unwanted {
+				t.Errorf("host device /dev/%s visible in the sandbox", f)
+			}
+		}
+	}
+}
+
 func TestUserSwitch(t *testing.T) {
 	b := newBackend(t)
 	sb := create(t, b, isolation.Spec{})

@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { CommandExitError, Sandbox } from 'e2b'
-import { create, opts, sleep, waitFor, within } from './helpers.mjs'
+import { create, opts, sleep, waitFor, within } from '../helpers.mjs'
 
 test('run in the foreground returns stdout, stderr and the exit code', async (t) => {
   const s = await create(t)
@@ -166,4 +166,12 @@ test('killing the sandbox during a run rejects with the SDK error', async (t) =>
     assert.equal(r.reason.name, 'TimeoutError', `${r.reason.name}: ${r.reason.message}`)
     assert.match(r.reason.message, /killed or reached its end of life/)
   }
+})
+
+test('template "minimal" (busybox, no bash) runs commands through /bin/sh', async (t) => {
+  const s = await create(t, { template: 'minimal' })
+  const r = await s.commands.run('echo hi from $(basename $(readlink -f /proc/$$/exe))')
+  assert.equal(r.stdout, 'hi from busybox\n')
+  await s.files.write('/tmp/m.txt', 'minimal')
+  assert.equal(await s.files.read('/tmp/m.txt'), 'minimal')
 })

@@ -2,8 +2,10 @@
 // does not support yet failing cleanly and quickly.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { AuthenticationError, Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
-import { create, opts, within } from './helpers.mjs'
+import {
+  AuthenticationError, CommandExitError, InvalidArgumentError, Sandbox, SandboxError, SandboxNotFoundError,
+} from 'e2b'
+import { create, opts, within } from '../helpers.mjs'
 
 const unknown = 'doesnotexist0000000a'
 
@@ -68,19 +70,41 @@ test('pause, snapshot and fork fail cleanly and quickly', async (t) => {
   // The sandbox is unharmed.
   assert.equal(await s.isRunning(), true)
   assert.equal((await s.commands.run('echo alive')).stdout, 'alive\n')
+  // Asking for auto-pause at create is refused up front, not ignored.
+  await assert.rejects(within(Sandbox.create({ ...opts, lifecycle: { onTimeout: 'pause' } }), 10_000, 'create with auto-pause'),
+    (e) => e instanceof SandboxError && /autoPause is not supported/.test(e.message))
   // And on an unknown sandbox they say "not found".
   await assert.rejects(Sandbox.pause(unknown, opts), SandboxNotFoundError)
 })
 
 test('sandbox ports other than envd (getHost)', { skip: 'needs sandbox networking (issue: network work); only port 49983 is proxied' }, async () => {})
 
-test('a killed sandbox answers envd traffic with the proxy 502', async (t) => {
+test('envd errors map to the SDK\'s error classes', async (t) => {
+  const s = await create(t)
+  await assert.rejects(s.commands.run('id', { user: 'nosuchuser' }), AuthenticationError)
+  await assert.rejects(s.files.read('/etc/hostname', { user: 'nosuchuser' }), AuthenticationError)
+  await assert.rejects(s.files.read('/tmp'), InvalidArgumentError)
+  await assert.rejects(s.files.write('/tmp', 'x'), InvalidArgumentError)
+  await assert.rejects(s.files.list('/etc/hostname'), InvalidArgumentError)
+  await assert.rejects(s.files.makeDir('/etc/hostname'), InvalidArgumentError)
+  await assert.rejects(s.files.watchDir('/etc/hostname', () => {}), InvalidArgumentError)
+  await assert.rejects(s.commands.run('pwd', { cwd: '/nope' }), InvalidArgumentError)
+  await assert.rejects(s.commands.run('nosuchcommand'), (e) => e instanceof CommandExitError && e.exitCode === 127)
+  const h = await s.commands.run('sleep 5', { background: true })
+  await assert.rejects(s.commands.sendStdin(h.pid, 'x'), /stdin is not open/)
+})
+
+test('a killed sandbox: the SDK reports it gone', async (t) => {
   const s = await create(t)
   await s.kill()
   assert.equal(await s.isRunning(), false)
-  await assert.rejects(s.commands.run('echo hi'), (e) => {
-    assert.ok(e instanceof SandboxError, `${e?.name}: ${e?.message}`)
-    return true
+  await assert.rejects(s.commands.run('echo hi'), SandboxNotFoundError)
+  await assert.rejects(s.files.read('/etc/hostname'), { name: 'TimeoutError', message: /The sandbox was not found/ })
+  await assert.rejects(s.files.exists('/etc/hostname'), { name: 'TimeoutError' })
+  await assert.rejects(s.commands.list(), { name: 'TimeoutError' })
+  const r = await fetch(`${process.env.E2B_SANDBOX_URL}/health`, {
+    headers: { 'e2b-sandbox-id': s.sandboxId, 'e2b-sandbox-port': '49983' },
   })
-  await assert.rejects(s.files.read('/etc/hostname'), SandboxError)
+  assert.equal(r.status, 502)
+  assert.deepEqual(await r.json(), { sandboxId: s.sandboxId, message: 'The sandbox was not found', code: 502 })
 })

@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { FileNotFoundError, FileType, FilesystemEventType } from 'e2b'
-import { create, sleep, waitFor } from './helpers.mjs'
+import { create, sleep, waitFor } from '../helpers.mjs'
 
 test('write and read text, bytes, blob and stream', async (t) => {
   const s = await create(t)

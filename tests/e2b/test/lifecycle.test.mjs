@@ -4,7 +4,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { Sandbox } from 'e2b'
-import { TEMPLATE, create, opts, sleep, waitFor } from './helpers.mjs'
+import { TEMPLATE, create, opts, sleep, waitFor } from '../helpers.mjs'
 
 test('Sandbox.create() with no template starts "base"', async (t) => {
   const s = await Sandbox.create({ ...opts })

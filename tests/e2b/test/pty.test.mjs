@@ -1,7 +1,7 @@
 // pty.*: an interactive shell on a terminal: input, resize, kill.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { create, waitFor, within } from './helpers.mjs'
+import { create, waitFor, within } from '../helpers.mjs'
 
 const enc = new TextEncoder()
 
@@ -67,6 +67,8 @@ test('pty: Ctrl-D ends the shell', async (t) => {
   const s = await create(t)
   const out = collector()
   const h = await s.pty.create({ cols: 80, rows: 24, onData: out.onData })
+  // Wait for the prompt: bash discards typeahead while it sets up readline.
+  await out.until(/\$ $/)
   await s.pty.sendInput(h.pid, new Uint8Array([4]))
   const r = await within(h.wait(), 10_000, 'pty after Ctrl-D')
   assert.equal(r.exitCode, 0)
