@@ -131,6 +131,9 @@ func (d *daemon) start(extra ...string) {
 		"--addr", "127.0.0.1:0",
 		"--data-dir", d.DataDir,
 		"--templates-dir", templatesDir(t),
+		// The warm pool's idle sandboxes would count as leftovers in the
+		// checks; TestWarmPool turns it on.
+		"--warm-pool", "0",
 	}, extra...)
 	cmd := exec.Command(testutil.FenceBinary(t), args...)
 	cmd.Env = append(os.Environ(), "FENCE_API_KEY="+d.Key)

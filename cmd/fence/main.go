@@ -42,6 +42,7 @@ func deps() cli.Deps {
 					Timeout:  o.Timeout,
 				},
 				MaxSandboxes: o.MaxSandboxes,
+				WarmPool:     o.WarmPool,
 				Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 				Stdout:       os.Stdout,
 			})

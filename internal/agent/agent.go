@@ -89,7 +89,7 @@ func logger(opts Options) *slog.Logger {
 //
 // Routes: the Connect services /process.Process/* and
 // /filesystem.Filesystem/* (Connect, gRPC and gRPC-Web; JSON or binary),
-// GET /health, GET and POST /files, GET /envs.
+// GET /health, GET and POST /files, GET /envs, POST /init.
 func NewHandler(opts Options) (http.Handler, func()) {
 	log := logger(opts)
 	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
@@ -106,13 +106,27 @@ func NewHandler(opts Options) (http.Handler, func()) {
 	mux.HandleFunc("GET /files", files.Download)
 	mux.HandleFunc("HEAD /files", files.Download)
 	mux.HandleFunc("POST /files", files.Upload)
-	envs := opts.Config.EnvVars
-	if envs == nil {
-		envs = map[string]string{}
-	}
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
+		envs := procs.GlobalEnv()
+		if envs == nil {
+			envs = map[string]string{}
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(envs)
+	})
+	// POST /init configures an agent started ahead of its sandbox's
+	// request (a warm pool). The daemon's proxy never forwards it from
+	// outside; inside, the sandbox may call it, which changes nothing it
+	// could not change itself.
+	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) {
+		var cfg isolation.AgentConfig
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&cfg); err != nil {
+			fs.WriteError(w, http.StatusBadRequest, "decoding config: "+err.Error())
+			return
+		}
+		procs.SetEnvVars(cfg.EnvVars)
+		resolver.Set(cfg.DefaultUser, cfg.DefaultWorkdir)
+		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fs.WriteError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)

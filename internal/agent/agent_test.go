@@ -582,3 +582,36 @@ func TestEnvsRouteAndHealth(t *testing.T) {
 		t.Errorf("GET /envs = %s, want {\"A\":\"b\"}", got)
 	}
 }
+
+// TestInit checks that POST /init replaces the sandbox-wide environment
+// and defaults for processes started afterwards (a warm pool's agent).
+func TestInit(t *testing.T) {
+	e := newEnv(t, isolation.AgentConfig{EnvVars: map[string]string{"OLD": "1"}})
+	wd, err := os.MkdirTemp("", "fence-init-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(wd)
+	os.Chmod(wd, 0o777)
+	body := `{"envVars":{"FOO":"bar"},"defaultUser":"nobody","defaultWorkdir":"` + wd + `"}`
+	resp, err := http.Post(e.url+"/init", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("POST /init = %d, want 204", resp.StatusCode)
+	}
+	r := e.run(t, "", bash(`echo "$FOO/${OLD:-unset}/$(id -u)/$PWD"`))
+	if want := "bar/unset/65534/" + wd + "\n"; r.stdout.String() != want {
+		t.Errorf("after /init: stdout %q, want %q", r.stdout.String(), want)
+	}
+	resp, err = http.Post(e.url+"/init", "application/json", strings.NewReader("{"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("POST /init with bad JSON = %d, want 400", resp.StatusCode)
+	}
+}

@@ -107,13 +107,13 @@ func TestServeOptions(t *testing.T) {
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
 		Limits:  isolation.Limits{CPUs: 2, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
-		Timeout: 5 * time.Minute, MaxSandboxes: 1000,
+		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve options = %+v, want %+v", got, want)
 	}
 	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
-		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3")
+		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0")
 	want = ServeOptions{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
 		Limits:  isolation.Limits{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 10, DiskBytes: 8 << 20, NoFile: 99},

@@ -19,6 +19,7 @@ const (
 	DefaultNoFile       = 1024
 	DefaultTimeout      = 5 * time.Minute
 	DefaultMaxSandboxes = 1000
+	DefaultWarmPool     = 2
 )
 
 // ServeOptions configures `fence serve`.
@@ -40,6 +41,9 @@ type ServeOptions struct {
 	Timeout time.Duration
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// WarmPool is how many sandboxes of the default template and limits to
+	// keep started ahead of requests (0 disables).
+	WarmPool int
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

@@ -81,6 +81,9 @@ SIGINT or SIGTERM.`,
 			if err != nil {
 				return err
 			}
+			if o.WarmPool < 0 || o.WarmPool > 64 {
+				return usagef("--warm-pool must be between 0 and 64")
+			}
 			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
 				return usagef("--timeout and --max-sandboxes must be above zero")
 			}
@@ -103,6 +106,7 @@ SIGINT or SIGTERM.`,
 	lim.add(fs)
 	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	return cmd
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
@@ -49,6 +50,10 @@ type Options struct {
 	Domain       string
 	Defaults     sandbox.Defaults
 	MaxSandboxes int
+	// WarmPool is how many sandboxes of the default template ("base", or
+	// else "minimal") and default limits to keep started ahead of
+	// requests. Zero disables the pool.
+	WarmPool int
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
@@ -116,13 +121,15 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("starting native backend: %w", err)
 	}
 	defer backend.Close()
+	pool := warm.New(warm.Options{Backend: backend, Size: opts.WarmPool, Logger: log})
+	defer pool.Close(context.WithoutCancel(ctx))
 	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
 	if err != nil {
 		return fmt.Errorf("opening store: %w", err)
 	}
 	defer st.Close()
 	mgr, err := sandbox.New(sandbox.Options{
-		Backend:      backend,
+		Backend:      pool,
 		Store:        st,
 		Templates:    templates,
 		Defaults:     opts.Defaults,
@@ -135,9 +142,18 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
+	for _, name := range []string{"base", "minimal"} {
+		if rootfs, err := templates.Resolve(name); err == nil {
+			pool.Prewarm(rootfs, mgr.DefaultLimits())
+			break
+		}
+	}
 	shutdownSandboxes := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		if err := pool.Close(sctx); err != nil {
+			log.Error("shutting down the warm pool", "err", err)
+		}
 		if err := mgr.Shutdown(sctx); err != nil {
 			log.Error("shutting down sandboxes", "err", err)
 		}

@@ -134,3 +134,15 @@ func trunc(s string) string {
 	}
 	return s
 }
+
+// DefaultLimits returns the limits of a sandbox whose request names none.
+func (m *Manager) DefaultLimits() isolation.Limits {
+	d := m.defaults
+	return isolation.Limits{
+		CPUs:        d.CPUs,
+		MemoryBytes: d.MemoryMB << 20,
+		Pids:        d.Pids,
+		DiskBytes:   d.DiskMB << 20,
+		NoFile:      d.NoFile,
+	}
+}

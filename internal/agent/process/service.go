@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -77,9 +78,25 @@ type Service struct {
 	log    *slog.Logger
 	reaper *reaper
 
-	mu     sync.Mutex
-	procs  map[int]*proc
-	closed bool
+	mu      sync.Mutex
+	procs   map[int]*proc
+	closed  bool
+	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
+}
+
+// SetEnvVars replaces the sandbox-global environment variables for the
+// processes started from now on (the agent's /init).
+func (s *Service) SetEnvVars(env map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.envVars = maps.Clone(env)
+}
+
+// GlobalEnv returns the sandbox-global environment variables.
+func (s *Service) GlobalEnv() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.envVars
 }
 
 var _ processconnect.ProcessHandler = (*Service)(nil)
@@ -98,7 +115,7 @@ func NewService(opts Options) *Service {
 	if opts.DrainGrace == 0 {
 		opts.DrainGrace = 500 * time.Millisecond
 	}
-	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), procs: make(map[int]*proc)}
+	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), procs: make(map[int]*proc), envVars: maps.Clone(opts.EnvVars)}
 }
 
 // Handler returns the Connect route prefix and handler.
@@ -366,7 +383,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	} else if !fi.IsDir() {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q is not a directory", dir))
 	}
-	env := buildEnv(u, s.opts.EnvVars, cfg.GetEnvs())
+	env := buildEnv(u, s.GlobalEnv(), cfg.GetEnvs())
 	argv0 := cfg.GetCmd()
 	path, err := lookPath(argv0, envValue(env, "PATH"), dir)
 	if err != nil && argv0 == sdkShell {

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ErrUnknownUser is returned (wrapped) for a username with no account.
@@ -74,17 +75,33 @@ func Lookup(name string) (*User, error) {
 // Resolver picks the user of a request.
 type Resolver struct {
 	// DefaultUser is used when a request names no user. Empty means "user"
-	// if that account exists, else "root".
+	// if that account exists, else "root". Set it before first use, or
+	// later with Set.
 	DefaultUser string
 	// DefaultWorkdir is where an empty path or cwd points. Empty means the
 	// user's home.
 	DefaultWorkdir string
+
+	mu sync.RWMutex // guards the two fields above after first use
+}
+
+// Set replaces the default user and workdir (the agent's /init).
+func (r *Resolver) Set(defaultUser, defaultWorkdir string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.DefaultUser, r.DefaultWorkdir = defaultUser, defaultWorkdir
+}
+
+func (r *Resolver) defaults() (user, workdir string) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.DefaultUser, r.DefaultWorkdir
 }
 
 // Default returns the default user.
 func (r *Resolver) Default() (*User, error) {
-	if r.DefaultUser != "" {
-		return Lookup(r.DefaultUser)
+	if name, _ := r.defaults(); name != "" {
+		return Lookup(name)
 	}
 	if u, err := Lookup("user"); err == nil {
 		return u, nil
@@ -129,8 +146,8 @@ func basicUsername(auth string) (string, bool) {
 
 // Workdir returns the directory an empty path refers to for u.
 func (r *Resolver) Workdir(u *User) string {
-	if r.DefaultWorkdir != "" {
-		return filepath.Clean(r.DefaultWorkdir)
+	if _, wd := r.defaults(); wd != "" {
+		return filepath.Clean(wd)
 	}
 	return u.Home
 }
