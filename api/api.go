@@ -54,6 +54,14 @@ type NetworkConfig struct {
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 }
 
+// NetworkUpdate is the body of PUT /sandboxes/{id}/network (E2B's
+// SandboxNetworkUpdateConfig).
+type NetworkUpdate struct {
+	AllowOut            []string `json:"allowOut,omitempty"`
+	DenyOut             []string `json:"denyOut,omitempty"`
+	AllowInternetAccess *bool    `json:"allow_internet_access,omitempty"`
+}
+
 // Sandbox is the create/connect response.
 type Sandbox struct {
 	SandboxID          string  `json:"sandboxID"`

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"syscall"
@@ -247,18 +248,23 @@ func TestExec(t *testing.T) {
 		}
 	})
 	t.Run("no network to the host", func(t *testing.T) {
-		// The sandbox has only its own loopback: the daemon's API (on the
-		// host's 127.0.0.1) and the host's addresses are unreachable.
+		// The sandbox's only way out is the daemon's user-space stack,
+		// which refuses the host (the daemon's API included), the
+		// gateway, loopback elsewhere and metadata addresses.
 		port := d.URL[strings.LastIndexByte(d.URL, ':')+1:]
-		for _, target := range []string{"127.0.0.1:" + port, "192.0.2.2:" + port, "169.254.169.254:80"} {
-			out, _, st := run(t, e.WithUser("root"), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", "wget -q -T 2 -O- http://" + target + "/health 2>&1; echo rc=$?"}})
+		targets := []string{"127.0.0.1:" + port, "10.0.2.2:" + port, "10.0.2.3:" + port, "169.254.169.254:80"}
+		for _, a := range hostIPv4s(t) {
+			targets = append(targets, a+":"+port)
+		}
+		for _, target := range targets {
+			out, _, st := run(t, e.WithUser("root"), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", "wget -q -O- http://" + target + "/health 2>&1; echo rc=$?"}})
 			if st.ExitCode != 0 || strings.Contains(out, "rc=0") {
 				t.Errorf("wget http://%s/health from inside = %q, want a failure", target, out)
 			}
 		}
 		out := sh(t, e, "ip -o addr 2>/dev/null | awk '{print $2}' | sort -u | tr '\\n' ' '")
-		if strings.TrimSpace(out) != "lo" {
-			t.Errorf("network interfaces inside = %q, want only lo", out)
+		if strings.TrimSpace(out) != "eth0 lo" {
+			t.Errorf("network interfaces inside = %q, want eth0 (the daemon's stack) and lo", out)
 		}
 	})
 	t.Run("cwd", func(t *testing.T) {
@@ -279,4 +285,20 @@ func TestExec(t *testing.T) {
 			return out == ""
 		})
 	})
+}
+
+// hostIPv4s returns the host's IPv4 addresses.
+func hostIPv4s(t *testing.T) []string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			out = append(out, ipn.IP.String())
+		}
+	}
+	return out
 }

@@ -56,6 +56,12 @@ func TestDeadline(t *testing.T) {
 		return errors.Is(err, api.ErrNotFound)
 	})
 	eventually(t, 10*time.Second, "processes of the expired sandbox gone", func() bool { return len(alive(procs)) == 0 })
+	// Get answers 404 as soon as the kill starts; the host resources are
+	// released a few milliseconds later.
+	eventually(t, 10*time.Second, "state of the expired sandbox removed", func() bool {
+		_, err := os.Stat(filepath.Join(d.DataDir, "native", "sandboxes", instanceOf(d.DataDir), sb.ID()))
+		return os.IsNotExist(err)
+	})
 	ids := map[string]bool{sb.ID(): true}
 	assertNoSandboxLeftovers(t, d.DataDir, ids, nil)
 	list, err := d.Client.List(ctxT(t), client.ListOptions{})

@@ -41,10 +41,12 @@ func deps() cli.Deps {
 					NoFile:   o.Limits.NoFile,
 					Timeout:  o.Timeout,
 				},
-				MaxSandboxes: o.MaxSandboxes,
-				WarmPool:     o.WarmPool,
-				Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-				Stdout:       os.Stdout,
+				MaxSandboxes:  o.MaxSandboxes,
+				WarmPool:      o.WarmPool,
+				DNSUpstream:   o.DNSUpstream,
+				AllowInternet: o.AllowInternet,
+				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				Stdout:        os.Stdout,
 			})
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {

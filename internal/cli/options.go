@@ -41,6 +41,12 @@ type ServeOptions struct {
 	Timeout time.Duration
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// DNSUpstream is the resolver ("ip:port") the daemon asks on the
+	// sandboxes' behalf; empty means the host's first nameserver.
+	DNSUpstream string
+	// AllowInternet makes sandboxes whose request says nothing about their
+	// network reach the public internet; false denies all egress.
+	AllowInternet bool
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int

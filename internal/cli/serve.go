@@ -65,6 +65,12 @@ Clients authenticate with an API key: $FENCE_API_KEY if set, else the key in
 DATA-DIR/api-key, generated on first start. Point the E2B SDKs at the daemon:
   E2B_API_URL=http://ADDR E2B_SANDBOX_URL=http://ADDR E2B_API_KEY=<key>
 
+Every sandbox's network goes through a user-space TCP/IP stack in the
+daemon: egress is denied unless the create request allows it
+(allow_internet_access, network.allowOut with names, *.wildcards and CIDRs),
+and the host, link-local, metadata and private addresses are never
+reachable. DNS answers come from the daemon and only for allowed names.
+
 The limits below are the defaults of every sandbox. The daemon stops on
 SIGINT or SIGTERM.`,
 		Example: `  # Serve on the default address with the default data directory
@@ -106,6 +112,8 @@ SIGINT or SIGTERM.`,
 	lim.add(fs)
 	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
+	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	return cmd
 }

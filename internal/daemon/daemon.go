@@ -54,6 +54,12 @@ type Options struct {
 	// else "minimal") and default limits to keep started ahead of
 	// requests. Zero disables the pool.
 	WarmPool int
+	// DNSUpstream is the resolver sandboxes' allowed names are resolved
+	// with; empty means the host's first nameserver.
+	DNSUpstream string
+	// AllowInternet is the egress of sandboxes whose request says nothing
+	// about their network; false denies all.
+	AllowInternet bool
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
@@ -108,9 +114,10 @@ func Serve(ctx context.Context, opts Options) error {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
 	backend, err := native.New(ctx, native.Options{
-		StateDir:   filepath.Join(opts.DataDir, "native"),
-		Executable: opts.Executable,
-		DiskPool:   4,
+		StateDir:    filepath.Join(opts.DataDir, "native"),
+		Executable:  opts.Executable,
+		DiskPool:    4,
+		DNSUpstream: opts.DNSUpstream,
 		Defaults: isolation.Limits{
 			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
 			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
@@ -135,6 +142,9 @@ func Serve(ctx context.Context, opts Options) error {
 		Defaults:     opts.Defaults,
 		MaxSandboxes: opts.MaxSandboxes,
 		Logger:       log,
+
+		AllowInternetByDefault: opts.AllowInternet,
+		HostAddrs:              backend.HostAddrs(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)

@@ -32,6 +32,7 @@ import (
 	"net/http/httputil"
 	"time"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
@@ -47,6 +48,7 @@ type Manager interface {
 	Stats(ctx context.Context, id string) (isolation.Stats, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
 	DefaultTimeout() time.Duration
+	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 }
 
 var _ Manager = (*sandbox.Manager)(nil)
@@ -80,6 +82,8 @@ type handler struct {
 	now    func() time.Time
 	mux    *http.ServeMux
 	proxy  *httputil.ReverseProxy
+	// portProxy reaches the sandbox's other ports.
+	portProxy *httputil.ReverseProxy
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -100,6 +104,7 @@ func New(opts Options) http.Handler {
 	}
 	h.mux = h.routes()
 	h.proxy = h.newProxy()
+	h.portProxy = h.newPortProxy()
 	return h
 }
 

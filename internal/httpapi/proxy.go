@@ -87,6 +87,8 @@ type proxyStateKey struct{}
 // proxyState is shared by one proxied request and the proxy's hooks.
 type proxyState struct {
 	id         string
+	port       int    // a sandbox port other than the agent's; 0 for the agent
+	mask       string // maskRequestHost: the Host sent to the port (${PORT} replaced)
 	path       string
 	killed     atomic.Bool // the sandbox stopped while the request ran
 	errHandled atomic.Bool // ErrorHandler answered the request
@@ -103,8 +105,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		return
 	}
 	if t.port != api.EnvdPort {
-		writeNotFound(w, t.id, fmt.Sprintf("port %d is not reachable: fence forwards only the agent's port %d "+
-			"until sandbox networking lands", t.port, api.EnvdPort))
+		h.servePort(w, r, t, box, info)
 		return
 	}
 	p := path.Clean("/" + r.URL.Path)
@@ -117,7 +118,32 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		return
 	}
 
-	st := &proxyState{id: t.id, path: p}
+	h.forward(w, r, h.proxy, box, &proxyState{id: t.id, path: p})
+}
+
+// servePort forwards a request to a port of the sandbox other than the
+// agent's (a server the sandbox runs: sandbox.getHost(port)), HTTP or
+// WebSocket, through the sandbox's network stack. A sandbox created with
+// allowPublicTraffic false requires its traffic access token.
+func (h *handler) servePort(w http.ResponseWriter, r *http.Request, t target, box isolation.Sandbox, info *sandbox.Sandbox) {
+	if _, ok := box.(isolation.PortDialer); !ok {
+		writeNotFound(w, t.id, fmt.Sprintf("port %d is not reachable: this sandbox has no network", t.port))
+		return
+	}
+	if tok := info.TrafficAccessToken; tok != "" {
+		got := r.Header.Get(api.HeaderTrafficToken)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(tok)) != 1 {
+			writeError(w, r, h.log, errorf(api.ErrPermissionDenied,
+				"this sandbox's ports need its traffic access token in the %s header", api.HeaderTrafficToken))
+			return
+		}
+	}
+	h.forward(w, r, h.portProxy, box, &proxyState{id: t.id, port: t.port, path: r.URL.Path, mask: info.MaskRequestHost})
+}
+
+// forward proxies r with p, and aborts the response if the sandbox dies
+// while it runs.
+func (h *handler) forward(w http.ResponseWriter, r *http.Request, p *httputil.ReverseProxy, box isolation.Sandbox, st *proxyState) {
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), proxyStateKey{}, st))
 	defer cancel()
 	stopped := make(chan struct{})
@@ -134,7 +160,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 	// full duplex net/http would close the body at the first response write.
 	http.NewResponseController(w).EnableFullDuplex()
 	rw := &trackingWriter{ResponseWriter: w}
-	h.proxy.ServeHTTP(rw, r.WithContext(ctx))
+	p.ServeHTTP(rw, r.WithContext(ctx))
 	cancel()
 	<-stopped
 	if st.killed.Load() && rw.wroteHeader && !st.errHandled.Load() {
@@ -217,6 +243,69 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			writeNotFound(w, st.id, "The sandbox agent did not answer")
 		},
 	}
+}
+
+// newPortProxy makes the proxy to sandbox ports other than the agent's.
+func (h *handler) newPortProxy() *httputil.ReverseProxy {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			id, portText, _ := strings.Cut(strings.TrimSuffix(host, hostSuffix), "-")
+			port, err := strconv.ParseUint(portText, 10, 16)
+			if err != nil {
+				return nil, fmt.Errorf("dialing sandbox %s: bad port %q", id, portText)
+			}
+			box, _, ok := h.m.Lookup(id)
+			if !ok {
+				return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrNotFound)
+			}
+			d, ok := box.(isolation.PortDialer)
+			if !ok {
+				return nil, fmt.Errorf("dialing sandbox %s: no network", id)
+			}
+			return d.DialPort(ctx, uint16(port))
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			st := pr.In.Context().Value(proxyStateKey{}).(*proxyState)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = fmt.Sprintf("%s-%d%s", st.id, st.port, hostSuffix)
+			// The sandbox's server sees the Host the client used, unless
+			// the sandbox asked for another (maskRequestHost).
+			pr.Out.Host = pr.In.Host
+			if st.mask != "" {
+				pr.Out.Host = strings.ReplaceAll(st.mask, "${PORT}", strconv.Itoa(st.port))
+			}
+			for _, k := range []string{api.HeaderAccessToken, api.HeaderSandboxID, api.HeaderSandboxPort, api.HeaderTrafficToken, api.HeaderAPIKey} {
+				pr.Out.Header.Del(k)
+			}
+			pr.SetXForwarded()
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+	}
+	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		st := r.Context().Value(proxyStateKey{}).(*proxyState)
+		st.errHandled.Store(true)
+		if _, _, ok := h.m.Lookup(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
+			writeNotFound(w, st.id, msgSandboxNotFound)
+			return
+		}
+		if r.Context().Err() != nil {
+			return
+		}
+		// E2B answers 502 when nothing listens on the port.
+		writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: st.id,
+			Message: fmt.Sprintf("The sandbox is running but port is not open: %d", st.port), Code: http.StatusBadGateway})
+	}
+	return p
 }
 
 // trackingWriter records whether the response has started. It unwraps for

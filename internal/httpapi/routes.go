@@ -26,7 +26,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /sandboxes/{id}/resume", h.unsupported("resume", true))
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h.unsupported("fork", true))
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.unsupported("snapshots", true))
-	mux.HandleFunc("PUT /sandboxes/{id}/network", h.unsupported("updating the network of a running sandbox", true))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /sandboxes/{id}/logs", h.unsupported("sandbox logs", true))
 	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", h.unsupported("sandbox logs", true))
 	mux.HandleFunc("GET /snapshots", h.unsupported("snapshots", false))

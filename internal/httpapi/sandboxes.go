@@ -36,6 +36,12 @@ func (h *handler) toAPISandbox(s *sandbox.Sandbox) api.Sandbox {
 		EnvdVersion:     api.EnvdVersion,
 		EnvdAccessToken: s.EnvdAccessToken,
 		Domain:          h.domainPtr(),
+		TrafficAccessToken: func() *string {
+			if s.TrafficAccessToken == "" {
+				return nil
+			}
+			return &s.TrafficAccessToken
+		}(),
 	}
 }
 
@@ -164,6 +170,27 @@ func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := h.m.SetTimeout(r.Context(), id, seconds(req.Timeout)); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// updateNetwork is PUT /sandboxes/{id}/network: E2B's runtime update of
+// allowOut, denyOut and allow_internet_access.
+func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	var req api.NetworkUpdate
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	n := &api.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+	if err := h.m.UpdateNetwork(r.Context(), id, req.AllowInternetAccess, n); err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}

@@ -22,6 +22,8 @@ import (
 	"errors"
 	"net"
 	"time"
+
+	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
 // ErrNotFound is returned for an unknown sandbox.
@@ -58,6 +60,9 @@ type Spec struct {
 	Binds []Bind
 	// Agent is handed to the fence agent inside the sandbox.
 	Agent AgentConfig
+	// Egress is the sandbox's network policy. Every sandbox's traffic goes
+	// through the daemon's user-space stack; nil means deny all.
+	Egress *policy.Policy
 }
 
 // AgentConfig is what the agent inside the sandbox needs to know. It holds
@@ -66,6 +71,18 @@ type AgentConfig struct {
 	EnvVars        map[string]string `json:"envVars,omitempty"`
 	DefaultUser    string            `json:"defaultUser,omitempty"`
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+// PortDialer is implemented by sandboxes whose ports the daemon can reach
+// (ingress): it connects to a TCP port inside the sandbox.
+type PortDialer interface {
+	DialPort(ctx context.Context, port uint16) (net.Conn, error)
+}
+
+// EgressSetter is implemented by sandboxes whose network policy can be
+// changed while they run.
+type EgressSetter interface {
+	SetEgress(p *policy.Policy)
 }
 
 // Stats is a point-in-time resource reading of a sandbox, from the host side.

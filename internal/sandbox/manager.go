@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -78,6 +79,14 @@ type Options struct {
 	// KilledRetention is how long killed records stay in the store before
 	// Start prunes them; 0 means 24h.
 	KilledRetention time.Duration
+	// AllowInternetByDefault is the egress of a sandbox whose request says
+	// nothing about its network: false (deny all, the default) or true
+	// (every public address; never the host, link-local, metadata or
+	// private ranges).
+	AllowInternetByDefault bool
+	// HostAddrs are the host's own addresses, never reachable from a
+	// sandbox whatever its policy.
+	HostAddrs []netip.Addr
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -92,15 +101,18 @@ var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnav
 
 // Manager owns the lifecycle of sandboxes.
 type Manager struct {
-	backend    isolation.Backend
-	store      Store
-	templates  Templates
-	defaults   Defaults
-	max        int
-	maxTimeout time.Duration
-	retention  time.Duration
-	log        *slog.Logger
-	now        func() time.Time
+	backend   isolation.Backend
+	store     Store
+	templates Templates
+	defaults  Defaults
+
+	allowInternetByDefault bool
+	hostAddrs              []netip.Addr
+	max                    int
+	maxTimeout             time.Duration
+	retention              time.Duration
+	log                    *slog.Logger
+	now                    func() time.Time
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
@@ -144,18 +156,20 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
 	}
 	m := &Manager{
-		backend:    opts.Backend,
-		store:      opts.Store,
-		templates:  opts.Templates,
-		defaults:   opts.Defaults.withBuiltins(),
-		max:        opts.MaxSandboxes,
-		maxTimeout: opts.MaxTimeout,
-		retention:  opts.KilledRetention,
-		log:        opts.Logger,
-		now:        opts.Now,
-		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		running:    map[string]*entry{},
+		backend:                opts.Backend,
+		store:                  opts.Store,
+		templates:              opts.Templates,
+		defaults:               opts.Defaults.withBuiltins(),
+		allowInternetByDefault: opts.AllowInternetByDefault,
+		hostAddrs:              opts.HostAddrs,
+		max:                    opts.MaxSandboxes,
+		maxTimeout:             opts.MaxTimeout,
+		retention:              opts.KilledRetention,
+		log:                    opts.Logger,
+		now:                    opts.Now,
+		wake:                   make(chan struct{}, 1),
+		stop:                   make(chan struct{}),
+		running:                map[string]*entry{},
 	}
 	if m.max <= 0 {
 		m.max = 1000
@@ -260,7 +274,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 
 	// The backend names the sandbox (a pool in front of it may hand out
 	// one started earlier, named then).
+	egressPolicy, err := m.egressPolicy(req.AllowInternetAccess, req.Network)
+	if err != nil {
+		return nil, err
+	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
+		Egress: egressPolicy,
 		RootFS: rootfs,
 		Limits: limits,
 		Agent:  isolation.AgentConfig{EnvVars: req.EnvVars},
@@ -287,6 +306,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		EnvdAccessToken:     newToken(),
 		AllowInternetAccess: req.AllowInternetAccess,
 		Network:             req.Network,
+	}
+	if n := req.Network; n != nil {
+		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
+			info.TrafficAccessToken = newToken()
+		}
+		info.MaskRequestHost = n.MaskRequestHost
 	}
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}

@@ -62,6 +62,12 @@ type Sandbox struct {
 	EnvdAccessToken     string
 	AllowInternetAccess *bool
 	Network             *api.NetworkConfig
+	// TrafficAccessToken guards the sandbox's ports other than the
+	// agent's; set only when Network.AllowPublicTraffic is false.
+	TrafficAccessToken string
+	// MaskRequestHost is the Host header sent to the sandbox's ports
+	// (${PORT} replaced); empty keeps the client's.
+	MaskRequestHost string
 }
 
 func (s *Sandbox) clone() *Sandbox {

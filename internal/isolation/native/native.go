@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/quota"
 )
@@ -52,6 +55,16 @@ type Options struct {
 	// backend keeps formatted and mounted ahead of Create. Zero means none
 	// (right for one-off sandboxes such as `fence run`).
 	DiskPool int
+	// DNSUpstream is the "ip:port" of the resolver the sandboxes' DNS
+	// answers come from (the daemon asks it on their behalf). Empty means
+	// the first nameserver of the host's /etc/resolv.conf.
+	DNSUpstream string
+	// HostAddrs are the host's own addresses, which no sandbox may reach
+	// whatever its policy. Nil means the addresses of every interface.
+	HostAddrs []netip.Addr
+	// Recorder receives one event per network flow of every sandbox. Nil
+	// logs them at debug level.
+	Recorder egress.Recorder
 	// Ephemeral makes Close remove the instance itself (its cgroup parent
 	// and directories), for one-off instances such as `fence run`'s.
 	Ephemeral bool
@@ -81,6 +94,7 @@ type Backend struct {
 	sbDir     string
 
 	closeOnce sync.Once
+	closing   sync.WaitGroup // network stacks of killed sandboxes, shutting down
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -95,6 +109,12 @@ var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("native backend: StateDir is required")
+	}
+	if opts.DNSUpstream == "" {
+		opts.DNSUpstream = hostResolver()
+	}
+	if opts.HostAddrs == nil {
+		opts.HostAddrs = hostAddrs()
 	}
 	abs, err := filepath.Abs(opts.StateDir)
 	if err != nil {
@@ -112,6 +132,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Recorder == nil {
+		opts.Recorder = logRecorder{log}
 	}
 	exe := opts.Executable
 	if exe == "" {
@@ -189,6 +212,7 @@ func (b *Backend) Name() string { return "native" }
 func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
+		b.closing.Wait()
 		unix.Close(b.sockDirFD)
 		if b.opts.Ephemeral {
 			err = b.removeInstance()
@@ -197,6 +221,45 @@ func (b *Backend) Close() error {
 		}
 	})
 	return err
+}
+
+// HostAddrs returns the host addresses no sandbox may reach.
+func (b *Backend) HostAddrs() []netip.Addr { return b.opts.HostAddrs }
+
+// hostResolver returns the first nameserver of /etc/resolv.conf as
+// "ip:53", or 127.0.0.53:53 when there is none.
+func hostResolver() string {
+	b, _ := os.ReadFile("/etc/resolv.conf")
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				return netip.AddrPortFrom(a.WithZone(""), 53).String()
+			}
+		}
+	}
+	return "127.0.0.53:53"
+}
+
+// hostAddrs returns the addresses of the host's interfaces.
+func hostAddrs() []netip.Addr {
+	var out []netip.Addr
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
+		}
+	}
+	return out
+}
+
+// logRecorder logs flow events; the audit log replaces it.
+type logRecorder struct{ log *slog.Logger }
+
+func (r logRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
+	r.log.DebugContext(ctx, "network flow", "sandbox_id", ev.SandboxID, "proto", ev.Proto,
+		"dst", ev.Dst, "name", ev.Name, "observed", ev.Observed, "allowed", ev.Allowed, "reason", ev.Reason,
+		"bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn)
 }
 
 // CleanupStale removes the one-off instances (`fence run`, `fence bench`)

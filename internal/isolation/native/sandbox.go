@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/egress/tun"
 	"github.com/fencesandbox/fence/internal/isolation"
 )
 
@@ -55,6 +59,7 @@ type sandbox struct {
 	ln    *net.UnixListener
 	limit isolation.Limits
 
+	net      *egress.Stack // the sandbox's network; nil until made
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
@@ -173,6 +178,8 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("creating sandbox directory: %w", err)
 		}
 	}
+	// Its resolver is the daemon's, inside its network stack.
+	resolv := filepath.Join(cfg.UpperDir, "etc", "resolv.conf")
 	// The sandbox's own /etc/hosts names its hostname (sudo wants it).
 	etc := filepath.Join(cfg.UpperDir, "etc")
 	if err := os.Mkdir(etc, 0o755); err != nil {
@@ -183,7 +190,11 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.WriteFile(hosts, []byte(content), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/hosts: %w", err)
 	}
-	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts} {
+	ns := "nameserver " + egress.ResolverIPv4.String() + "\nnameserver " + egress.ResolverIPv6.String() + "\n"
+	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
+		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
+	}
+	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv} {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
@@ -258,16 +269,23 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	// period each), so it runs while the child builds its root; the child
 	// waits for the go-ahead below before running anything of the
 	// sandbox's.
-	attached := make(chan error, 1)
-	go func() { attached <- s.cg.AddProc(cmd.Process.Pid) }()
-	attachErr := func() error {
-		if err := <-attached; err != nil {
-			return fmt.Errorf("placing sandbox in its cgroup: %w", err)
+	attached := make(chan error, 2)
+	go func() {
+		if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
+			attached <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
+			return
 		}
-		return nil
+		attached <- nil
+	}()
+	// Its network (a TUN device in its netns, read by a user-space stack
+	// here) is made meanwhile too.
+	go func() { attached <- s.startNetwork(ctx, cmd.Process.Pid, spec.Egress) }()
+	attachErr := func() error {
+		return errors.Join(<-attached, <-attached)
 	}
 	defer func() {
 		if attached != nil {
+			<-attached
 			<-attached
 		}
 	}()
@@ -332,6 +350,64 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	default:
 	}
 	return nil
+}
+
+var denyAll = func() *policy.Policy {
+	p, err := policy.Compile(policy.Spec{})
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
+
+// startNetwork gives the sandbox its only way out: a TUN device in its
+// network namespace whose packets a user-space stack in the daemon
+// terminates and decides on (internal/egress).
+func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy) error {
+	if pol == nil {
+		pol = denyAll
+	}
+	fd, err := tun.Create(fmt.Sprintf("/proc/%d/ns/net", pid), tun.Config{
+		Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6},
+	})
+	if err != nil {
+		return fmt.Errorf("creating sandbox network device: %w", err)
+	}
+	// The stack lives as long as the sandbox, not the create request.
+	st, err := egress.New(context.WithoutCancel(ctx), egress.Options{
+		SandboxID:   s.id,
+		FD:          fd,
+		Policy:      pol,
+		DNSUpstream: s.b.opts.DNSUpstream,
+		HostAddrs:   s.b.opts.HostAddrs,
+		Recorder:    s.b.opts.Recorder,
+		Logger:      s.b.log,
+	})
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("starting sandbox network: %w", err)
+	}
+	s.net = st
+	return nil
+}
+
+// DialPort implements isolation.PortDialer: a TCP connection to port
+// inside the sandbox, made through its network stack.
+func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
+	select {
+	case <-s.done:
+		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
+	default:
+	}
+	return s.net.DialSandbox(ctx, port)
+}
+
+// SetEgress implements isolation.EgressSetter.
+func (s *sandbox) SetEgress(p *policy.Policy) {
+	if p == nil {
+		p = denyAll
+	}
+	s.net.SetPolicy(p)
 }
 
 // idmappedTree returns a detached, nosuid, nodev clone of the tree at
@@ -420,6 +496,17 @@ func (s *sandbox) teardown(ctx context.Context) error {
 	}
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	if s.net != nil {
+		// The TUN device died with the sandbox's netns; what is left is
+		// the stack's memory and goroutines, whose shutdown (tens of ms)
+		// need not delay the kill. Close waits for it.
+		st := s.net
+		s.b.closing.Go(func() {
+			if err := st.Close(); err != nil {
+				s.b.log.Warn("closing sandbox network", "sandbox_id", s.id, "err", err)
+			}
+		})
 	}
 	if s.cg != nil {
 		if err := s.cg.Remove(ctx); err != nil {

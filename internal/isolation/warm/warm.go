@@ -110,6 +110,14 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 		if sb == nil {
 			break
 		}
+		// A pooled sandbox was started with the deny-all network; it takes
+		// the request's policy before anything of the request runs.
+		if setter, ok := sb.(isolation.EgressSetter); ok {
+			setter.SetEgress(spec.Egress)
+		} else if spec.Egress != nil {
+			sb.Kill(context.WithoutCancel(ctx))
+			break
+		}
 		if err := configure(ctx, sb, spec.Agent); err != nil {
 			// A pooled sandbox that does not take its configuration is
 			// not handed out.

@@ -1,0 +1,217 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/egress/sniff"
+)
+
+func flowAddrs(id stack.TransportEndpointID) (src, dst netip.AddrPort) {
+	// From the stack's point of view the sandbox is remote and the
+	// destination it asked for is local.
+	return netip.AddrPortFrom(fromTCPIP(id.RemoteAddress), id.RemotePort),
+		netip.AddrPortFrom(fromTCPIP(id.LocalAddress), id.LocalPort)
+}
+
+// handleTCP decides one SYN. It runs on its own goroutine (the forwarder
+// starts one per request).
+func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
+	start := time.Now()
+	src, dst := flowAddrs(r.ID())
+	ev := FlowEvent{Proto: "tcp", Src: src, Dst: dst, Start: start}
+	deny := func(reason, rule string) {
+		r.Complete(true)
+		ev.Reason, ev.Rule = reason, rule
+		st.record(ev)
+	}
+	if st.hostAddr[dst.Addr().Unmap()] {
+		deny(ReasonHostAddr, "")
+		return
+	}
+	pol := st.policy.Load()
+	names := st.resolver.NamesFor(dst.Addr())
+	d := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names})
+	ev.Name = d.Name
+	if !d.Allow {
+		deny(d.Reason, d.Rule)
+		return
+	}
+	if !st.acquire() {
+		deny(ReasonLimit, "")
+		return
+	}
+	defer st.release()
+
+	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
+	up, err := st.dial(ctx, "tcp", dst.String())
+	cancel()
+	if err != nil {
+		ev.Err = err.Error()
+		deny(ReasonDialFailed, d.Rule)
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		up.Close()
+		ev.Allowed, ev.Reason, ev.Rule, ev.Err = true, d.Reason, d.Rule, terr.String()
+		st.record(ev)
+		return
+	}
+	r.Complete(false)
+	ep.SocketOptions().SetKeepAlive(true)
+	down := gonet.NewTCPConn(&wq, ep)
+	if !st.track(down) {
+		down.Close()
+		up.Close()
+		return
+	}
+	defer st.untrack(down)
+
+	ev.Allowed, ev.Reason, ev.Rule = true, d.Reason, d.Rule
+	var peeked []byte
+	upDone := make(chan int64, 1)
+	if d.VerifyName {
+		// Let the upstream speak first while we wait for the client's
+		// first bytes; nothing goes upstream until the name is checked.
+		go func() { upDone <- copyHalf(down, up) }()
+		var res sniff.Result
+		var serr error
+		peeked, res, serr = peek(down, st.opts.PeekTimeout)
+		ev.Observed = res.Name
+		if serr != nil {
+			ev.Allowed, ev.Reason = false, ReasonSniff
+		} else if res.Name != "" {
+			d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names, Observed: res.Name})
+			ev.Allowed, ev.Reason, ev.Rule, ev.Name = d2.Allow, d2.Reason, d2.Rule, d2.Name
+		}
+		if !ev.Allowed {
+			abort(ep)
+			down.Close()
+			up.Close()
+			ev.BytesIn = <-upDone
+			ev.Duration = time.Since(start)
+			st.record(ev)
+			return
+		}
+	} else {
+		go func() { upDone <- copyHalf(down, up) }()
+	}
+	var out int64
+	if len(peeked) > 0 {
+		n, err := up.Write(peeked)
+		out += int64(n)
+		if err != nil {
+			ev.Err = err.Error()
+		}
+	}
+	out += copyHalf(up, down)
+	ev.BytesOut = out
+	ev.BytesIn = <-upDone
+	down.Close()
+	up.Close()
+	ev.Duration = time.Since(start)
+	st.record(ev)
+}
+
+// abort makes the next close send RST instead of FIN.
+func abort(ep tcpip.Endpoint) {
+	ep.SocketOptions().SetLinger(tcpip.LingerOption{Enabled: true, Timeout: 0})
+}
+
+// peek reads the first bytes of the client stream until sniff can tell
+// the name, the buffer is full, or timeout passes. A timeout with no byte
+// at all is not an error (server-first protocol or idle client).
+func peek(c *gonet.TCPConn, timeout time.Duration) ([]byte, sniff.Result, error) {
+	buf := make([]byte, 0, sniff.MaxPeek)
+	c.SetReadDeadline(time.Now().Add(timeout))
+	defer c.SetReadDeadline(time.Time{})
+	for {
+		n, err := c.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if n > 0 {
+			res, serr := sniff.Sniff(buf)
+			switch {
+			case serr == nil:
+				return buf, res, nil
+			case !errors.Is(serr, sniff.ErrNeedMore):
+				return buf, res, serr
+			case len(buf) == cap(buf):
+				return buf, res, sniff.ErrMalformed
+			}
+		}
+		if err != nil {
+			if len(buf) == 0 && (errors.Is(err, os.ErrDeadlineExceeded) || isTimeout(err) || errors.Is(err, io.EOF)) {
+				return buf, sniff.Result{}, nil
+			}
+			return buf, sniff.Result{}, sniff.ErrMalformed
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+type closeWriter interface{ CloseWrite() error }
+
+// copyHalf copies src to dst until EOF or error, then half-closes dst (or
+// closes both on error), and returns the byte count.
+func copyHalf(dst, src net.Conn) int64 {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var n int64
+	for {
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			nw, werr := dst.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				src.Close()
+				dst.Close()
+				return n
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				if cw, ok := dst.(closeWriter); ok {
+					cw.CloseWrite()
+					return n
+				}
+			}
+			src.Close()
+			dst.Close()
+			return n
+		}
+	}
+}
+
+// handleUDP receives the first datagram of every UDP 4-tuple that has no
+// endpoint: everything but the resolver's own sockets. It is dropped.
+func (st *Stack) handleUDP(r *udp.ForwarderRequest) bool {
+	src, dst := flowAddrs(r.ID())
+	if st.udpDenied.add(src.String()+">"+dst.String(), time.Now()) {
+		st.record(FlowEvent{Proto: "udp", Src: src, Dst: dst, Reason: ReasonUDP, Start: time.Now()})
+	}
+	return true // handled: dropped silently
+}

@@ -1,0 +1,443 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/fencesandbox/fence/internal/egress/dns"
+	"github.com/fencesandbox/fence/internal/egress/policy"
+)
+
+// DialFunc dials an upstream destination from the host. network is "tcp";
+// address is an IP literal and port ("203.0.113.10:443", "[2001:db8::1]:443").
+type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// Recorder receives one event per flow and per DNS query. Record must not
+// block for long: it runs on the flow's goroutine.
+type Recorder interface {
+	Record(ctx context.Context, ev FlowEvent)
+}
+
+// FlowEvent is the audit fact about one flow or DNS query.
+type FlowEvent struct {
+	SandboxID string
+	Proto     string // "tcp", "udp", "dns"
+	Src       netip.AddrPort
+	Dst       netip.AddrPort
+	// Name is the resolver name that justified the flow, or the DNS
+	// question name for "dns" events.
+	Name string
+	// Observed is the TLS SNI or HTTP Host the client presented, if peeked.
+	Observed string
+	Allowed  bool
+	Reason   string // policy.Reason*, dns.Reason*, or one of this package's Reason*
+	Rule     string
+	// Answers are the addresses a DNS query was answered with.
+	Answers  []netip.Addr
+	BytesOut int64 // sandbox → upstream
+	BytesIn  int64 // upstream → sandbox
+	Start    time.Time
+	Duration time.Duration
+	Err      string // dial or copy error, if any
+}
+
+// Reasons the stack itself adds to policy and resolver reasons.
+const (
+	ReasonLimit      = "conn-limit"      // too many concurrent flows
+	ReasonDialFailed = "dial-failed"     // allowed, but the upstream dial failed
+	ReasonUDP        = "udp-not-dns"     // UDP other than DNS to the resolver
+	ReasonSniff      = "sniff-malformed" // TLS/HTTP start malformed or incomplete
+	ReasonHostAddr   = policy.ReasonNeverReachable
+)
+
+// Options configures a Stack.
+type Options struct {
+	// SandboxID labels events.
+	SandboxID string
+	// FD is the TUN device (IFF_TUN|IFF_NO_PI) of the sandbox's netns, opened
+	// by the caller. The Stack takes ownership and closes it in Close. Set
+	// exactly one of FD (> 0) and Link.
+	FD int
+	// Link is an already built link endpoint (tests, or a backend with its
+	// own transport) carrying raw IP packets without link headers.
+	Link stack.LinkEndpoint
+	// MTU of the TUN device (default DefaultMTU). Used only with FD.
+	MTU uint32
+
+	Policy *policy.Policy
+	// DNSUpstream is the "ip:port" of the resolver the daemon uses.
+	DNSUpstream string
+	// HostAddrs are the host's own addresses; they are refused even if the
+	// policy was compiled without them.
+	HostAddrs []netip.Addr
+	Recorder  Recorder
+	// Dial dials upstream (default: a net.Dialer).
+	Dial   DialFunc
+	Logger *slog.Logger
+
+	// MaxConns bounds concurrent TCP flows, ingress included (default 1024).
+	MaxConns int
+	// MaxPending bounds TCP handshakes being decided at once (default 256);
+	// SYNs beyond it are dropped and retransmitted by the sandbox.
+	MaxPending int
+	// ConnectTimeout bounds the upstream dial (default 10 s).
+	ConnectTimeout time.Duration
+	// PeekTimeout is how long the stack waits for the first bytes of a flow
+	// that needs its name verified (default 10 s). Data from the upstream
+	// is forwarded meanwhile, so server-first protocols are not delayed.
+	PeekTimeout time.Duration
+	// DNSMaxTTL and DNSGrace: see dns.Config.
+	DNSMaxTTL, DNSGrace time.Duration
+}
+
+const nicID tcpip.NICID = 1
+
+// Stack is one sandbox's network stack. Its methods are safe for
+// concurrent use.
+type Stack struct {
+	opts     Options
+	log      *slog.Logger
+	s        *stack.Stack
+	link     stack.LinkEndpoint
+	fd       int
+	resolver *dns.Resolver
+	policy   atomic.Pointer[policy.Policy]
+	hostAddr map[netip.Addr]bool
+	dial     DialFunc
+	slots    chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+
+	udpDenied recentSet
+}
+
+// New builds the stack on the TUN fd (or link) and starts serving. ctx
+// bounds nothing but is the parent of every flow's context; Close stops
+// the stack.
+func New(ctx context.Context, opts Options) (*Stack, error) {
+	if (opts.FD > 0) == (opts.Link != nil) {
+		if opts.FD > 0 {
+			unix.Close(opts.FD)
+		}
+		return nil, errors.New("egress: set exactly one of Options.FD and Options.Link")
+	}
+	closeFD := func() {
+		if opts.FD > 0 {
+			unix.Close(opts.FD)
+		}
+	}
+	if opts.Policy == nil {
+		closeFD()
+		return nil, errors.New("egress: no policy")
+	}
+	res, err := dns.New(dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace})
+	if err != nil {
+		closeFD()
+		return nil, fmt.Errorf("creating resolver: %w", err)
+	}
+	if opts.MTU == 0 {
+		opts.MTU = DefaultMTU
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 1024
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = 256
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.PeekTimeout <= 0 {
+		opts.PeekTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Recorder == nil {
+		opts.Recorder = nopRecorder{}
+	}
+	dial := opts.Dial
+	if dial == nil {
+		d := &net.Dialer{}
+		dial = d.DialContext
+	}
+
+	link := opts.Link
+	if opts.FD > 0 {
+		link, err = fdbased.New(&fdbased.Options{
+			FDs:                []int{opts.FD},
+			MTU:                opts.MTU,
+			PacketDispatchMode: fdbased.Readv,
+			RXChecksumOffload:  true, // the kernel's TUN delivers locally built packets
+		})
+		if err != nil {
+			closeFD()
+			return nil, fmt.Errorf("creating TUN link endpoint: %w", err)
+		}
+	}
+
+	st := &Stack{
+		opts:     opts,
+		log:      opts.Logger.With("sandbox", opts.SandboxID),
+		link:     link,
+		fd:       opts.FD,
+		resolver: res,
+		hostAddr: map[netip.Addr]bool{},
+		dial:     dial,
+		slots:    make(chan struct{}, opts.MaxConns),
+		conns:    map[net.Conn]struct{}{},
+	}
+	st.udpDenied.init(1024, 10*time.Second)
+	for _, a := range opts.HostAddrs {
+		st.hostAddr[a.Unmap().WithZone("")] = true
+	}
+	st.policy.Store(opts.Policy)
+	st.ctx, st.cancel = context.WithCancel(ctx)
+
+	if err := st.build(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+func (st *Stack) build() error {
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	st.s = s
+	for _, o := range []tcpip.SettableTransportProtocolOption{
+		ptr(tcpip.TCPSACKEnabled(true)),
+		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
+		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 1 << 20, Max: 8 << 20},
+		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 1 << 20, Max: 8 << 20},
+		// The sandbox reuses a 4-tuple whose flow the stack closed first:
+		// accept a new SYN on a TIME-WAIT endpoint, and keep TIME-WAIT short
+		// (the link neither reorders nor duplicates).
+		ptr(tcpip.TCPTimeWaitReuseGlobal),
+		ptr(tcpip.TCPTimeWaitTimeoutOption(time.Second)),
+	} {
+		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
+			return fmt.Errorf("setting TCP option %T: %s", o, err)
+		}
+	}
+	if err := s.CreateNIC(nicID, newFilterEndpoint(st.link)); err != nil {
+		return fmt.Errorf("creating NIC: %s", err)
+	}
+	// Promiscuous + spoofing: accept packets for every destination and
+	// answer as that destination.
+	if err := s.SetPromiscuousMode(nicID, true); err != nil {
+		return fmt.Errorf("setting promiscuous mode: %s", err)
+	}
+	if err := s.SetSpoofing(nicID, true); err != nil {
+		return fmt.Errorf("setting spoofing: %s", err)
+	}
+	for _, a := range []struct {
+		addr netip.Addr
+		bits int
+	}{{GatewayIPv4, SandboxIPv4.Bits()}, {ResolverIPv4, SandboxIPv4.Bits()}, {GatewayIPv6, SandboxIPv6.Bits()}, {ResolverIPv6, SandboxIPv6.Bits()}} {
+		proto := ipv4.ProtocolNumber
+		if a.addr.Is6() {
+			proto = ipv6.ProtocolNumber
+		}
+		pa := tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddressWithPrefix{Address: toTCPIP(a.addr), PrefixLen: a.bits}}
+		if err := s.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
+			return fmt.Errorf("adding address %v: %s", a.addr, err)
+		}
+	}
+	s.SetRouteTable([]tcpip.Route{
+		{Destination: header.IPv4EmptySubnet, NIC: nicID},
+		{Destination: header.IPv6EmptySubnet, NIC: nicID},
+	})
+
+	fwd := tcp.NewForwarder(s, 0, st.opts.MaxPending, st.handleTCP)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	ufwd := udp.NewForwarder(s, st.handleUDP)
+	s.SetTransportProtocolHandler(udp.ProtocolNumber, ufwd.HandlePacket)
+
+	return st.serveDNS()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// SetPolicy replaces the policy for new flows and DNS queries.
+func (st *Stack) SetPolicy(p *policy.Policy) {
+	if p == nil {
+		return
+	}
+	st.policy.Store(p)
+	st.resolver.SetPolicy(p)
+}
+
+// Policy returns the current policy.
+func (st *Stack) Policy() *policy.Policy { return st.policy.Load() }
+
+// DialSandbox opens a TCP connection from the stack (GatewayIPv4) to port
+// on the sandbox (SandboxIPv4): ingress for envd and exposed ports. It
+// counts against MaxConns and is closed by Close.
+func (st *Stack) DialSandbox(ctx context.Context, port uint16) (net.Conn, error) {
+	if !st.acquire() {
+		return nil, fmt.Errorf("dialing sandbox port %d: too many connections", port)
+	}
+	c, err := gonet.DialTCPWithBind(ctx, st.s,
+		tcpip.FullAddress{NIC: nicID, Addr: toTCPIP(GatewayIPv4)},
+		tcpip.FullAddress{NIC: nicID, Addr: toTCPIP(SandboxIPv4.Addr()), Port: port},
+		ipv4.ProtocolNumber)
+	if err != nil {
+		st.release()
+		return nil, fmt.Errorf("dialing sandbox port %d: %w", port, err)
+	}
+	tc := &trackedConn{Conn: c, st: st}
+	if !st.track(tc) {
+		c.Close()
+		st.release()
+		return nil, fmt.Errorf("dialing sandbox port %d: %w", port, net.ErrClosed)
+	}
+	return tc, nil
+}
+
+// trackedConn releases its slot when closed.
+type trackedConn struct {
+	net.Conn
+	st   *Stack
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.st.untrack(c)
+		c.st.release()
+	})
+	return err
+}
+
+// CloseWrite half-closes the connection.
+func (c *trackedConn) CloseWrite() error { return c.Conn.(*gonet.TCPConn).CloseWrite() }
+
+// Close stops the stack: it closes every flow, the TUN fd and the link.
+// It is idempotent.
+func (st *Stack) Close() error {
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return nil
+	}
+	st.closed = true
+	conns := st.conns
+	st.conns = nil
+	st.mu.Unlock()
+	st.cancel()
+	for c := range conns {
+		c.Close()
+	}
+	if st.s != nil {
+		st.s.Close()
+		st.s.Wait()
+	}
+	st.wg.Wait()
+	if st.link != nil && st.opts.FD > 0 {
+		st.link.Close()
+		st.link.Wait()
+	}
+	if st.fd > 0 {
+		unix.Close(st.fd)
+	}
+	return nil
+}
+
+func (st *Stack) acquire() bool {
+	select {
+	case st.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (st *Stack) release() { <-st.slots }
+
+func (st *Stack) track(c net.Conn) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return false
+	}
+	st.conns[c] = struct{}{}
+	return true
+}
+
+func (st *Stack) untrack(c net.Conn) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.conns != nil {
+		delete(st.conns, c)
+	}
+}
+
+func (st *Stack) record(ev FlowEvent) {
+	ev.SandboxID = st.opts.SandboxID
+	st.opts.Recorder.Record(st.ctx, ev)
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Record(context.Context, FlowEvent) {}
+
+// recentSet remembers keys for a while, bounded, to rate-limit events.
+type recentSet struct {
+	mu   sync.Mutex
+	max  int
+	ttl  time.Duration
+	seen map[string]time.Time
+}
+
+func (r *recentSet) init(max int, ttl time.Duration) {
+	r.max, r.ttl, r.seen = max, ttl, map[string]time.Time{}
+}
+
+// add reports whether key is new (not seen within ttl).
+func (r *recentSet) add(key string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.seen[key]; ok && now.Sub(t) < r.ttl {
+		return false
+	}
+	if len(r.seen) >= r.max {
+		for k, t := range r.seen {
+			if now.Sub(t) >= r.ttl {
+				delete(r.seen, k)
+			}
+		}
+		if len(r.seen) >= r.max {
+			return false // saturated: stay quiet rather than flood
+		}
+	}
+	r.seen[key] = now
+	return true
+}
