@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ import (
 	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
 
 // Options configures a run.
@@ -90,6 +92,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return fenceCold(ctx, opts.Backend, opts.RootFS, i)
 	})
 	results = append(results, cold)
+	results = append(results, fenceWarm(ctx, opts))
 	results = append(results, fenceExec(ctx, opts))
 	if opts.Peers {
 		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
@@ -115,11 +118,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Name, ms(r.quantile(0.5)), ms(r.quantile(0.99)), ratio)
 	}
 	w.Flush()
-	perSandbox, err := idleMemory(ctx, opts)
+	perSandbox, daemonSide, err := idleMemory(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", err)
 	} else {
-		fmt.Fprintf(out, "idle sandbox memory (cgroup charge, mean of %d): %.2f MiB\n", opts.Idle, float64(perSandbox)/(1<<20))
+		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroup + %.2f MiB in the daemon (network stack, bookkeeping) = %.2f MiB\n",
+			opts.Idle, mib(perSandbox), mib(daemonSide), mib(perSandbox+daemonSide))
 	}
 	return nil
 }
@@ -252,9 +256,46 @@ func runcMeasure(ctx context.Context, opts Options) Result {
 	})
 }
 
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// fenceWarm measures create → exec → kill when the create is served by a
+// warm pool (the pool refills between iterations, outside the timing).
+func fenceWarm(ctx context.Context, opts Options) Result {
+	name := "fence create→exec true→kill, warm pool"
+	pool := warm.New(warm.Options{Backend: opts.Backend, Size: 1})
+	defer pool.Close(context.WithoutCancel(ctx))
+	pool.Prewarm(opts.RootFS, isolation.Limits{})
+	r := Result{Name: name}
+	for i := -1; i < opts.Iterations; i++ { // -1: warm-up
+		if err := pool.WaitReady(ctx, opts.RootFS, isolation.Limits{}); err != nil {
+			r.Err = err
+			return r
+		}
+		start := time.Now()
+		sb, err := pool.Create(ctx, isolation.Spec{RootFS: opts.RootFS})
+		if err == nil {
+			err = execTrue(ctx, processClient(sb))
+			if kerr := sb.Kill(context.WithoutCancel(ctx)); err == nil {
+				err = kerr
+			}
+		}
+		if err != nil {
+			r.Err = err
+			return r
+		}
+		if i >= 0 {
+			r.Samples = append(r.Samples, time.Since(start))
+		}
+	}
+	return r
+}
+
 // idleMemory creates opts.Idle sandboxes, lets them settle and returns the
-// mean memory charged to their cgroups.
-func idleMemory(ctx context.Context, opts Options) (int64, error) {
+// mean memory charged to their cgroups and the mean growth of this
+// process's resident memory per sandbox.
+func idleMemory(ctx context.Context, opts Options) (int64, int64, error) {
+	runtime.GC()
+	before := rss()
 	var sbs []isolation.Sandbox
 	defer func() {
 		for _, sb := range sbs {
@@ -264,7 +305,7 @@ func idleMemory(ctx context.Context, opts Options) (int64, error) {
 	for range opts.Idle {
 		sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchidle"), RootFS: opts.RootFS})
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		sbs = append(sbs, sb)
 	}
@@ -272,15 +313,31 @@ func idleMemory(ctx context.Context, opts Options) (int64, error) {
 	select {
 	case <-time.After(time.Second):
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, 0, ctx.Err()
 	}
+	runtime.GC()
+	daemon := (rss() - before) / int64(len(sbs))
 	var total int64
 	for _, sb := range sbs {
 		st, err := sb.Stats(ctx)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		total += st.MemoryBytes
 	}
-	return total / int64(len(sbs)), nil
+	return total / int64(len(sbs)), max(daemon, 0), nil
+}
+
+// rss returns this process's resident set size in bytes.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
 }

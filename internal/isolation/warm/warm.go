@@ -144,6 +144,26 @@ func (p *Pool) Prewarm(rootFS string, limits isolation.Limits) {
 	}
 }
 
+// WaitReady blocks until the pool for a template and limits holds a
+// started sandbox (benchmarks use it to time only the hand-out).
+func (p *Pool) WaitReady(ctx context.Context, rootFS string, limits isolation.Limits) error {
+	k := key{rootFS: rootFS, limits: limits}
+	for {
+		p.mu.Lock()
+		b := p.buckets[k]
+		ready := b != nil && len(b.ready) > 0
+		p.mu.Unlock()
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // take hands out a ready sandbox for k, if any, and schedules refills.
 func (p *Pool) take(k key) isolation.Sandbox {
 	p.mu.Lock()
@@ -175,9 +195,22 @@ func (p *Pool) take(k key) isolation.Sandbox {
 	return sb
 }
 
+// refillDelay is how long a refill waits after a hand-out: starting a
+// sandbox takes tens of milliseconds of CPU, which on a small machine would
+// otherwise slow the very sandbox just handed out.
+const refillDelay = 25 * time.Millisecond
+
 // fill starts one sandbox for bucket b.
 func (p *Pool) fill(k key, b *bucket) {
 	defer p.wg.Done()
+	select {
+	case <-time.After(refillDelay):
+	case <-p.stop:
+		p.mu.Lock()
+		b.filling--
+		p.mu.Unlock()
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: k.rootFS, Limits: k.limits})
