@@ -77,7 +77,6 @@ test('pause, snapshot and fork fail cleanly and quickly', async (t) => {
   await assert.rejects(Sandbox.pause(unknown, opts), SandboxNotFoundError)
 })
 
-test('sandbox ports other than envd (getHost)', { skip: 'needs sandbox networking (issue: network work); only port 49983 is proxied' }, async () => {})
 
 test('envd errors map to the SDK\'s error classes', async (t) => {
   const s = await create(t)
