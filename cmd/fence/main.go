@@ -45,6 +45,7 @@ func deps() cli.Deps {
 				WarmPool:      o.WarmPool,
 				DNSUpstream:   o.DNSUpstream,
 				AllowInternet: o.AllowInternet,
+				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 				Stdout:        os.Stdout,
 			})

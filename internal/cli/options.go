@@ -44,6 +44,9 @@ type ServeOptions struct {
 	// DNSUpstream is the resolver ("ip:port") the daemon asks on the
 	// sandboxes' behalf; empty means the host's first nameserver.
 	DNSUpstream string
+	// NetMbps bounds each sandbox's network traffic in Mbit/s per
+	// direction; 0 means no limit.
+	NetMbps int64
 	// AllowInternet makes sandboxes whose request says nothing about their
 	// network reach the public internet; false denies all egress.
 	AllowInternet bool

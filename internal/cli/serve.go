@@ -87,6 +87,9 @@ SIGINT or SIGTERM.`,
 			if err != nil {
 				return err
 			}
+			if o.NetMbps < 0 {
+				return usagef("--net-mbps must not be negative")
+			}
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
 			}
@@ -113,6 +116,7 @@ SIGINT or SIGTERM.`,
 	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
+	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	return cmd

@@ -57,6 +57,9 @@ type Options struct {
 	// DNSUpstream is the resolver sandboxes' allowed names are resolved
 	// with; empty means the host's first nameserver.
 	DNSUpstream string
+	// NetBandwidth bounds each sandbox's traffic in bytes per second per
+	// direction; zero means no limit.
+	NetBandwidth int64
 	// AllowInternet is the egress of sandboxes whose request says nothing
 	// about their network; false denies all.
 	AllowInternet bool
@@ -114,10 +117,11 @@ func Serve(ctx context.Context, opts Options) error {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
 	backend, err := native.New(ctx, native.Options{
-		StateDir:    filepath.Join(opts.DataDir, "native"),
-		Executable:  opts.Executable,
-		DiskPool:    4,
-		DNSUpstream: opts.DNSUpstream,
+		StateDir:     filepath.Join(opts.DataDir, "native"),
+		Executable:   opts.Executable,
+		DiskPool:     4,
+		DNSUpstream:  opts.DNSUpstream,
+		NetBandwidth: opts.NetBandwidth,
 		Defaults: isolation.Limits{
 			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
 			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,

@@ -487,6 +487,30 @@ func TestConnLimit(t *testing.T) {
 	}
 }
 
+// TestBandwidth checks that Options.Bandwidth holds a sandbox's download
+// rate. The assertion is a lower bound on the time 2 MiB take at 2 MiB/s:
+// the limiter makes it impossible to finish sooner, whatever the machine.
+func TestBandwidth(t *testing.T) {
+	const bw = 2 << 20
+	e := newEnv(t, cidrSpec, func(o *egress.Options) { o.Bandwidth = bw })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := e.sb.DialTCP(ctx, ap("203.0.113.1:19"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := io.ReadFull(c, make([]byte, 2<<20)); err != nil {
+		t.Fatal(err)
+	}
+	// Burst (bw/10) plus the bytes in flight in the stacks' buffers may
+	// come at once; the rest is paced.
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("2 MiB at a %d B/s limit took %v, want ≥ 500ms", bw, took)
+	}
+}
+
 func TestNewErrors(t *testing.T) {
 	p, _ := policy.Compile(policy.Spec{})
 	a, _ := egresstest.NewLink(1500)

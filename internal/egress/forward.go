@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"errors"
+	"golang.org/x/time/rate"
 	"io"
 	"net"
 	"net/netip"
@@ -90,7 +91,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	if d.VerifyName {
 		// Let the upstream speak first while we wait for the client's
 		// first bytes; nothing goes upstream until the name is checked.
-		go func() { upDone <- copyHalf(down, up) }()
+		go func() { upDone <- copyHalf(st.ctx, down, up, st.downLimit) }()
 		var res sniff.Result
 		var serr error
 		peeked, res, serr = peek(down, st.opts.PeekTimeout)
@@ -111,7 +112,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 	} else {
-		go func() { upDone <- copyHalf(down, up) }()
+		go func() { upDone <- copyHalf(st.ctx, down, up, st.downLimit) }()
 	}
 	var out int64
 	if len(peeked) > 0 {
@@ -121,13 +122,25 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Err = err.Error()
 		}
 	}
-	out += copyHalf(up, down)
+	out += copyHalf(st.ctx, up, down, st.upLimit)
 	ev.BytesOut = out
 	ev.BytesIn = <-upDone
 	down.Close()
 	up.Close()
 	ev.Duration = time.Since(start)
 	st.record(ev)
+}
+
+// waitN waits until lim allows n bytes, in steps no larger than its burst.
+func waitN(ctx context.Context, lim *rate.Limiter, n int) error {
+	for n > 0 {
+		k := min(n, lim.Burst())
+		if err := lim.WaitN(ctx, k); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 // abort makes the next close send RST instead of FIN.
@@ -176,13 +189,20 @@ type closeWriter interface{ CloseWrite() error }
 
 // copyHalf copies src to dst until EOF or error, then half-closes dst (or
 // closes both on error), and returns the byte count.
-func copyHalf(dst, src net.Conn) int64 {
+func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter) int64 {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
 	var n int64
 	for {
 		nr, rerr := src.Read(buf)
+		if nr > 0 && lim != nil {
+			if err := waitN(ctx, lim, nr); err != nil {
+				src.Close()
+				dst.Close()
+				return n
+			}
+		}
 		if nr > 0 {
 			nw, werr := dst.Write(buf[:nr])
 			n += int64(nw)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -93,6 +94,9 @@ type Options struct {
 	Dial   DialFunc
 	Logger *slog.Logger
 
+	// Bandwidth bounds the sandbox's TCP traffic, in bytes per second in
+	// each direction, shared by all its flows. Zero means no limit.
+	Bandwidth int64
 	// MaxConns bounds concurrent TCP flows, ingress included (default 1024).
 	MaxConns int
 	// MaxPending bounds TCP handshakes being decided at once (default 256);
@@ -123,6 +127,8 @@ type Stack struct {
 	hostAddr map[netip.Addr]bool
 	dial     DialFunc
 	slots    chan struct{}
+	// upLimit and downLimit enforce Options.Bandwidth; nil when unlimited.
+	upLimit, downLimit *rate.Limiter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -210,6 +216,11 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		dial:     dial,
 		slots:    make(chan struct{}, opts.MaxConns),
 		conns:    map[net.Conn]struct{}{},
+	}
+	if opts.Bandwidth > 0 {
+		burst := int(max(opts.Bandwidth/10, 64<<10))
+		st.upLimit = rate.NewLimiter(rate.Limit(opts.Bandwidth), burst)
+		st.downLimit = rate.NewLimiter(rate.Limit(opts.Bandwidth), burst)
 	}
 	st.udpDenied.init(1024, 10*time.Second)
 	for _, a := range opts.HostAddrs {

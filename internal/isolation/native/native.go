@@ -62,6 +62,9 @@ type Options struct {
 	// HostAddrs are the host's own addresses, which no sandbox may reach
 	// whatever its policy. Nil means the addresses of every interface.
 	HostAddrs []netip.Addr
+	// NetBandwidth bounds each sandbox's network traffic, in bytes per
+	// second in each direction. Zero means no limit.
+	NetBandwidth int64
 	// Recorder receives one event per network flow of every sandbox. Nil
 	// logs them at debug level.
 	Recorder egress.Recorder
