@@ -34,6 +34,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
+	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
@@ -116,7 +117,9 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
+	reg := metrics.New()
 	backend, err := native.New(ctx, native.Options{
+		Recorder:     newFlowRecorder(log, reg),
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
 		DiskPool:     4,
@@ -153,6 +156,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
+	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
@@ -183,6 +187,7 @@ func Serve(ctx context.Context, opts Options) error {
 			APIKey:  key,
 			Domain:  opts.Domain,
 			Logger:  log,
+			Metrics: reg.Handler(),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,

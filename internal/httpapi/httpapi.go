@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -67,6 +68,9 @@ type Options struct {
 	Domain string
 	// Logger; nil discards logs.
 	Logger *slog.Logger
+	// Metrics, if set, is served at GET /metrics (API key required, in
+	// X-API-Key or as a Bearer token, so Prometheus can scrape it).
+	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time
 }
@@ -83,18 +87,20 @@ type handler struct {
 	mux    *http.ServeMux
 	proxy  *httputil.ReverseProxy
 	// portProxy reaches the sandbox's other ports.
-	portProxy *httputil.ReverseProxy
+	portProxy   *httputil.ReverseProxy
+	promMetrics http.Handler // nil: no /metrics route
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
 // traffic.
 func New(opts Options) http.Handler {
 	h := &handler{
-		m:      opts.Manager,
-		apiKey: []byte(opts.APIKey),
-		domain: opts.Domain,
-		log:    opts.Logger,
-		now:    opts.Now,
+		m:           opts.Manager,
+		apiKey:      []byte(opts.APIKey),
+		domain:      opts.Domain,
+		log:         opts.Logger,
+		now:         opts.Now,
+		promMetrics: opts.Metrics,
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -144,6 +150,11 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) authenticated(r *http.Request) bool {
 	got := []byte(r.Header.Get("X-API-Key"))
+	if len(got) == 0 && r.URL.Path == "/metrics" {
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			got = []byte(tok)
+		}
+	}
 	return len(h.apiKey) > 0 && subtle.ConstantTimeCompare(got, h.apiKey) == 1
 }
 

@@ -20,6 +20,9 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.connect)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+	if h.promMetrics != nil {
+		mux.Handle("GET /metrics", h.promMetrics)
+	}
 
 	// Not supported yet: a clear error, never a hang.
 	mux.HandleFunc("POST /sandboxes/{id}/pause", h.unsupported("pause", true))

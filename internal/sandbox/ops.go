@@ -181,3 +181,10 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 
 // DefaultTimeout is the timeout of a sandbox whose request names none.
 func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }
+
+// Running returns the number of running sandboxes.
+func (m *Manager) Running() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.running)
+}
