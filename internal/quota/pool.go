@@ -284,6 +284,13 @@ func (f *FS) Close() error {
 			}
 			break
 		}
+		// With no directory left mounted below it, the private mount of
+		// MountDir goes too, so a stopped daemon leaves no mount behind.
+		if names, err := f.Dirs(); err == nil && len(names) == 0 {
+			if m, _ := findMount(f.mountDir); m != nil {
+				unix.Unmount(f.mountDir, unix.MNT_DETACH)
+			}
+		}
 	})
 	return nil
 }
