@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencesandbox/fence/internal/agent"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -30,6 +32,20 @@ func RunAgent(ctx context.Context) error {
 		return fmt.Errorf("opening agent listener: %w", err)
 	}
 	f.Close()
+	// The sandbox ends when its supervisor dies: EOF on the lifeline.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	unix.CloseOnExec(native.AgentLifelineFD)
+	life := os.NewFile(native.AgentLifelineFD, "lifeline")
+	go func() {
+		var b [1]byte
+		for {
+			if _, err := life.Read(b[:]); err != nil {
+				cancel()
+				return
+			}
+		}
+	}()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log})
 }

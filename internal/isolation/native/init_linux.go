@@ -19,6 +19,7 @@ import (
 const (
 	syncFD     = 3
 	listenerFD = 4
+	lifelineFD = 5
 )
 
 // goAhead is the byte the daemon sends once the sandbox is in its cgroups.
@@ -26,6 +27,10 @@ const goAhead = 'g'
 
 // AgentListenerFD is the descriptor on which the agent finds its listener.
 const AgentListenerFD = listenerFD
+
+// AgentLifelineFD is the read end of a pipe whose EOF tells the agent that
+// the process supervising the sandbox has died.
+const AgentLifelineFD = lifelineFD
 
 // AgentConfigEnv is the environment variable carrying the agent's
 // configuration (JSON isolation.AgentConfig) into `fence agent`.
@@ -126,7 +131,7 @@ func setup(sync *os.File) error {
 	if err != nil {
 		return fmt.Errorf("encoding agent config: %w", err)
 	}
-	if err := unix.CloseRange(listenerFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+	if err := unix.CloseRange(lifelineFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("closing descriptors: %w", err)
 	}
 	// Nothing of the sandbox's runs before the daemon has placed this

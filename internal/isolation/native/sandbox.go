@@ -60,6 +60,7 @@ type sandbox struct {
 	limit isolation.Limits
 
 	net      *egress.Stack // the sandbox's network; nil until made
+	lifeline *os.File      // write end of the agent's lifeline pipe
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
@@ -232,13 +233,25 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	}
 	defer lnFile.Close()
 
+	// The lifeline: the agent holds its read end and exits (ending the
+	// sandbox) when it reads EOF, i.e. when this process has died. A
+	// sandbox never outlives the daemon (or `fence run`) that supervises
+	// it; the next start removes what is left on the host.
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		child.Close()
+		return fmt.Errorf("creating lifeline: %w", err)
+	}
+	defer lifeR.Close()
+	s.lifeline = lifeW
+
 	hostUID := s.slot.hostUID()
 	cmd := &exec.Cmd{
 		Path:       s.b.exe,
 		Args:       []string{"fence", "init"},
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:        "/",
-		ExtraFiles: []*os.File{child, lnFile}, // fd 3: sync, fd 4: listener
+		ExtraFiles: []*os.File{child, lnFile, lifeR}, // fd 3: sync, 4: listener, 5: lifeline
 		Stderr:     &limitedLog{s: s, left: 16 << 10},
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:                 cloneFlags,
@@ -497,6 +510,9 @@ func (s *sandbox) teardown(ctx context.Context) error {
 	}
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	if s.lifeline != nil {
+		s.lifeline.Close()
 	}
 	if s.net != nil {
 		// The TUN device died with the sandbox's netns; what is left is
