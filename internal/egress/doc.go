@@ -24,9 +24,12 @@
 //     handed out by the sandbox's resolver for an allowed name, no byte
 //     from the sandbox is forwarded before the stack has peeked at the
 //     stream: a TLS SNI or HTTP Host must name an allowed name that the
-//     destination address was handed out for (see [policy.Decision]). A
-//     stream that is neither TLS nor HTTP, or sends nothing within
-//     [Options.PeekTimeout], is judged by the resolver record alone.
+//     destination address was handed out for (see [policy.Decision]); a
+//     ClientHello without SNI or a request without Host is refused. A
+//     stream that is neither TLS nor HTTP is judged by the resolver
+//     record alone. A client that sends nothing within
+//     [Options.PeekTimeout] is refused unless the upstream has spoken
+//     first (SSH, SMTP), in which case its first bytes are still checked.
 //   - UDP: only DNS to the resolver address is answered; every other
 //     datagram is dropped. ICMP and IPv6 packets with extension headers
 //     are dropped on arrival, as are packets whose source is not in the

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -91,16 +92,35 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	if d.VerifyName {
 		// Let the upstream speak first while we wait for the client's
 		// first bytes; nothing goes upstream until the name is checked.
-		go func() { upDone <- copyHalf(st.ctx, down, up, st.downLimit) }()
+		spoke := &countingConn{Conn: down}
+		go func() { upDone <- copyHalf(st.ctx, spoke, up, st.downLimit) }()
 		var res sniff.Result
 		var serr error
 		peeked, res, serr = peek(down, st.opts.PeekTimeout)
+		if serr == nil && len(peeked) == 0 {
+			// The client said nothing in time. Only a server-first
+			// protocol (the upstream spoke: SSH, SMTP) may go on, and
+			// its first client bytes are still checked; a silent
+			// upstream means a client waiting to get past the check.
+			if spoke.n.Load() == 0 {
+				serr = sniff.ErrMalformed
+			} else {
+				peeked, res, serr = peek(down, 0)
+			}
+		}
 		ev.Observed = res.Name
-		if serr != nil {
+		switch {
+		case serr != nil:
 			ev.Allowed, ev.Reason = false, ReasonSniff
-		} else if res.Name != "" {
+		case res.Kind == sniff.TLS || res.Kind == sniff.HTTP:
+			// A TLS ClientHello without SNI or an HTTP request without
+			// Host names nothing: refused, or it would reach every name
+			// the address serves.
 			d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names, Observed: res.Name})
 			ev.Allowed, ev.Reason, ev.Rule, ev.Name = d2.Allow, d2.Reason, d2.Rule, d2.Name
+			if res.Name == "" {
+				ev.Allowed, ev.Reason = false, ReasonNoName
+			}
 		}
 		if !ev.Allowed {
 			abort(ep)
@@ -149,12 +169,15 @@ func abort(ep tcpip.Endpoint) {
 }
 
 // peek reads the first bytes of the client stream until sniff can tell
-// the name, the buffer is full, or timeout passes. A timeout with no byte
-// at all is not an error (server-first protocol or idle client).
+// the name, the buffer is full, or timeout passes (0: no timeout). A
+// timeout with no byte at all is not an error (server-first protocol or
+// idle client); the caller decides.
 func peek(c *gonet.TCPConn, timeout time.Duration) ([]byte, sniff.Result, error) {
 	buf := make([]byte, 0, sniff.MaxPeek)
-	c.SetReadDeadline(time.Now().Add(timeout))
-	defer c.SetReadDeadline(time.Time{})
+	if timeout > 0 {
+		c.SetReadDeadline(time.Now().Add(timeout))
+		defer c.SetReadDeadline(time.Time{})
+	}
 	for {
 		n, err := c.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -186,6 +209,26 @@ func isTimeout(err error) bool {
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 type closeWriter interface{ CloseWrite() error }
+
+// countingConn counts the bytes written to it.
+type countingConn struct {
+	net.Conn
+	n atomic.Int64
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// CloseWrite half-closes the underlying connection.
+func (c *countingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
 
 // copyHalf copies src to dst until EOF or error, then half-closes dst (or
 // closes both on error), and returns the byte count.

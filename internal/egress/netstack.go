@@ -65,7 +65,8 @@ const (
 	ReasonLimit      = "conn-limit"      // too many concurrent flows
 	ReasonDialFailed = "dial-failed"     // allowed, but the upstream dial failed
 	ReasonUDP        = "udp-not-dns"     // UDP other than DNS to the resolver
-	ReasonSniff      = "sniff-malformed" // TLS/HTTP start malformed or incomplete
+	ReasonSniff      = "sniff-malformed" // TLS/HTTP start malformed or incomplete, or the client waited past the check
+	ReasonNoName     = "no-name"         // TLS without SNI or HTTP without Host to a name-only destination
 	ReasonHostAddr   = policy.ReasonNeverReachable
 )
 

@@ -1,0 +1,462 @@
+package integration
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/egress/egresstest"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// The fake internet: a network namespace "wan" joined to the host by a veth
+// pair, with servers that log everything that reaches them (the oracle of
+// the egress tests, /work/shared/notes/security.md §4).
+const (
+	wanHostIP  = "203.0.113.1"  // the host's end of the veth
+	wanIP      = "203.0.113.10" // allowed.test, rebind.test
+	evilIP     = "203.0.113.11" // evil.test and the look-alikes
+	wanHostIP6 = "2001:db8::1"
+	wanIP6     = "2001:db8::10"
+	// privIP is a private (RFC 1918) address routed from the host into the
+	// wan namespace, so that a flow the policy should refuse because it is
+	// private is seen by the oracle instead of leaving the machine.
+	privIP = "10.213.77.10"
+)
+
+// fakeNetEnv tells the test binary re-executed in the wan namespace where
+// to log (see TestFakeNetHelper).
+const fakeNetEnv = "FENCE_FAKENET_LOG"
+
+// fakeNet is a running fake internet.
+type fakeNet struct {
+	NS      string // network namespace name
+	HostIf  string // host end of the veth
+	LogPath string
+	DNS     *egresstest.DNSServer // upstream resolver for the daemon (on 127.0.0.1)
+}
+
+// dnsZone is the upstream DNS zone of the egress tests.
+func dnsZone() map[string][]string {
+	return map[string][]string{
+		"allowed.test":              {wanIP, wanIP6},
+		"evil.test":                 {evilIP},
+		"evilallowed.test":          {evilIP},
+		"allowed.test.evil.test":    {evilIP},
+		"secret.data.attacker.test": {evilIP},
+		"meta.test":                 {"169.254.169.254"},
+		"loop.test":                 {"127.0.0.1"},
+		"priv.test":                 {privIP},
+		"rebind.test":               {wanIP},
+		"other.test":                {wanIP},
+	}
+}
+
+// newFakeNet builds the wan namespace and its veth, starts the logging
+// servers in it and the upstream DNS server, and tears it all down when t
+// ends. It must run before the daemon starts, so that the daemon counts
+// the veth's addresses among the host's own.
+func newFakeNet(t *testing.T) *fakeNet {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if out, _ := exec.Command("ip", "route", "show", "203.0.113.0/24").CombinedOutput(); len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("203.0.113.0/24 is already routed on this host (another fake net?): %s", out)
+	}
+	sfx := randHex(3)
+	f := &fakeNet{NS: "fencewan-" + sfx, HostIf: "fwh" + sfx, LogPath: t.TempDir() + "/wan.log"}
+	peer := "fww" + sfx
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ip("netns", "add", f.NS)
+	t.Cleanup(func() {
+		// Deleting the namespace deletes the veth pair and its routes.
+		exec.Command("ip", "netns", "del", f.NS).Run()
+		exec.Command("ip", "link", "del", f.HostIf).Run()
+	})
+	ip("link", "add", f.HostIf, "type", "veth", "peer", "name", peer, "netns", f.NS)
+	ip("addr", "add", wanHostIP+"/24", "dev", f.HostIf)
+	ip("-6", "addr", "add", wanHostIP6+"/64", "dev", f.HostIf, "nodad")
+	ip("link", "set", f.HostIf, "up")
+	ip("route", "add", privIP+"/32", "dev", f.HostIf)
+	ip("-n", f.NS, "link", "set", "lo", "up")
+	for _, a := range []string{wanIP + "/24", evilIP + "/24", privIP + "/32"} {
+		ip("-n", f.NS, "addr", "add", a, "dev", peer)
+	}
+	ip("-n", f.NS, "-6", "addr", "add", wanIP6+"/64", "dev", peer, "nodad")
+	ip("-n", f.NS, "link", "set", peer, "up")
+	ip("-n", f.NS, "route", "add", "default", "via", wanHostIP)
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", f.NS, exe, "-test.run=^TestFakeNetHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fakeNetEnv+"="+f.LogPath)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	stdin, err := cmd.StdinPipe() // the helper exits when this closes
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the wan servers: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		stdin.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			lines := f.since(0)
+			if len(lines) > 100 {
+				lines = append([]string{"…"}, lines[len(lines)-100:]...)
+			}
+			t.Logf("wan log (the end):\n%s", strings.Join(lines, "\n"))
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for !slicesContains(f.since(0), "ready") {
+		select {
+		case <-done:
+			t.Fatalf("wan servers exited: %s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wan servers not ready after 20s: %s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.selfCheck(t)
+	f.DNS = egresstest.NewDNSServer(t, dnsZone())
+	return f
+}
+
+// selfCheck proves the oracle sees what it must: a TCP SYN, a datagram and
+// an echo request from the host to the wan addresses all get logged.
+func (f *fakeNet) selfCheck(t *testing.T) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, a := range []string{wanIP, evilIP, privIP, wanIP6} {
+		hp := net.JoinHostPort(a, "5353")
+		c, err := net.Dial("udp", hp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("self-check"))
+		c.Close()
+		want["udp-packet dst="+hp] = true
+		hp = net.JoinHostPort(a, "8080")
+		if c, err := net.DialTimeout("tcp", hp, 5*time.Second); err == nil {
+			c.Close()
+		}
+		want["syn dst="+hp] = true
+		network, typ := "ip4:icmp", byte(8)
+		if strings.Contains(a, ":") {
+			network, typ = "ip6:ipv6-icmp", 128
+		}
+		pc, err := net.ListenPacket(network, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := []byte{typ, 0, 0, 0, 0, 1, 0, 1}
+		if typ == 8 {
+			msg[2], msg[3] = 0xf7, 0xfd // checksum of this message
+		}
+		if _, err := pc.WriteTo(msg, &net.IPAddr{IP: net.ParseIP(a)}); err != nil {
+			t.Fatalf("echo request to %s: %v", a, err)
+		}
+		pc.Close()
+		want["icmp-echo dst="+a] = true
+	}
+	eventually(t, 10*time.Second, "the wan sniffers logging the self-check", func() bool {
+		log := strings.Join(f.since(0), "\n")
+		for w := range want {
+			if !strings.Contains(log, w+" ") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func slicesContains(lines []string, s string) bool {
+	for _, l := range lines {
+		if l == s {
+			return true
+		}
+	}
+	return false
+}
+
+// mark returns the position after the last line the wan servers logged.
+func (f *fakeNet) mark() int { return len(f.since(0)) }
+
+// since returns the lines the wan servers logged after position m.
+func (f *fakeNet) since(m int) []string {
+	b, _ := os.ReadFile(f.LogPath)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		lines = nil
+	}
+	if m > len(lines) {
+		return nil
+	}
+	return lines[m:]
+}
+
+// dnsMark and dnsSince do the same for the upstream DNS server's queries.
+func (f *fakeNet) dnsMark() int { return len(f.DNS.Queries()) }
+
+func (f *fakeNet) dnsSince(m int) []string {
+	q := f.DNS.Queries()
+	if m > len(q) {
+		return nil
+	}
+	return q[m:]
+}
+
+// --- the servers inside the wan namespace ---
+
+// TestFakeNetHelper is not a test: newFakeNet runs the test binary with
+// -test.run=^TestFakeNetHelper$ inside the wan namespace, and this serves
+// there until its stdin closes, logging every connection, request,
+// datagram, TCP SYN and ICMP echo request to $FENCE_FAKENET_LOG.
+func TestFakeNetHelper(t *testing.T) {
+	path := os.Getenv(fakeNetEnv)
+	if path == "" {
+		t.Skip("helper process of newFakeNet")
+	}
+	lf, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_SYNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(lf, format+"\n", args...)
+	}
+	fail := func(err error) {
+		logf("error %v", err)
+		t.Fatal(err)
+	}
+
+	// Raw sockets bound to each wan address see a copy of every packet to
+	// that address: the tcpdump of the oracle. Only connection attempts
+	// (SYN without ACK), datagrams and echo requests are logged.
+	type sniffer struct{ network, addr string }
+	var sniffers []sniffer
+	for _, a := range []string{wanIP, evilIP, privIP} {
+		sniffers = append(sniffers, sniffer{"ip4:tcp", a}, sniffer{"ip4:udp", a}, sniffer{"ip4:icmp", a})
+	}
+	sniffers = append(sniffers, sniffer{"ip6:tcp", wanIP6}, sniffer{"ip6:udp", wanIP6}, sniffer{"ip6:ipv6-icmp", wanIP6})
+	for _, s := range sniffers {
+		pc, err := net.ListenPacket(s.network, s.addr)
+		if err != nil {
+			fail(fmt.Errorf("raw socket %s %s: %w", s.network, s.addr, err))
+		}
+		go func() {
+			buf := make([]byte, 65536)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				p := buf[:n]
+				dst := net.JoinHostPort(s.addr, "")
+				switch {
+				case strings.HasSuffix(s.network, ":tcp") && n >= 14:
+					if p[13]&0x02 != 0 && p[13]&0x10 == 0 {
+						logf("syn dst=%s%d src=%s", dst, binary.BigEndian.Uint16(p[2:4]), from)
+					}
+				case strings.HasSuffix(s.network, ":udp") && n >= 8:
+					logf("udp-packet dst=%s%d src=%s", dst, binary.BigEndian.Uint16(p[2:4]), from)
+				case s.network == "ip4:icmp" && n >= 1 && p[0] == 8,
+					s.network == "ip6:ipv6-icmp" && n >= 1 && p[0] == 128:
+					logf("icmp-echo dst=%s src=%s", s.addr, from)
+				}
+			}
+		}()
+	}
+
+	// UDP echo on 53 (a foreign resolver), 443 (QUIC) and 5353.
+	for _, port := range []string{"53", "443", "5353"} {
+		pc, err := net.ListenPacket("udp", ":"+port)
+		if err != nil {
+			fail(err)
+		}
+		go func() {
+			buf := make([]byte, 65536)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				logf("udp port=%s src=%s n=%d", port, from, n)
+				pc.WriteTo(buf[:n], from)
+			}
+		}()
+	}
+
+	// HTTP on 80 and 8080, HTTPS on 443, with a self-signed certificate for
+	// every name of the zone.
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		logf("http local=%s host=%s path=%s src=%s", local, r.Host, r.URL.Path, r.RemoteAddr)
+		fmt.Fprintf(w, "hello from wan host=%s path=%s\n", r.Host, r.URL.Path)
+	})
+	cert, err := selfSigned()
+	if err != nil {
+		fail(err)
+	}
+	tlsCfg := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			logf("sni name=%q local=%s src=%s", h.ServerName, h.Conn.LocalAddr(), h.Conn.RemoteAddr())
+			return nil, nil
+		},
+	}
+	for _, port := range []string{"80", "8080", "443"} {
+		l, err := net.Listen("tcp", ":"+port)
+		if err != nil {
+			fail(err)
+		}
+		var ln net.Listener = &loggingListener{Listener: l, logf: logf}
+		if port == "443" {
+			ln = tls.NewListener(ln, tlsCfg)
+		}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: nil}
+		go srv.Serve(ln)
+	}
+	logf("ready")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// loggingListener logs every accepted connection and its first bytes.
+type loggingListener struct {
+	net.Listener
+	logf func(string, ...any)
+}
+
+func (l *loggingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.logf("accept local=%s src=%s", c.LocalAddr(), c.RemoteAddr())
+	return &loggingConn{Conn: c, logf: l.logf}, nil
+}
+
+type loggingConn struct {
+	net.Conn
+	logf func(string, ...any)
+	once sync.Once
+}
+
+func (c *loggingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.once.Do(func() { c.logf("data local=%s src=%s n=%d", c.LocalAddr(), c.RemoteAddr(), n) })
+	}
+	return n, err
+}
+
+// selfSigned makes a certificate for every name of dnsZone.
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	var names []string
+	for n := range dnsZone() {
+		names = append(names, n)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "fence fake wan"},
+		DNSNames:     names,
+		IPAddresses:  []net.IP{net.ParseIP(wanIP), net.ParseIP(evilIP), net.ParseIP(wanIP6)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// --- host-side canary ---
+
+// canary is a TCP listener on every host address (IPv4 and IPv6) that
+// records who connects: no sandbox may ever reach it.
+type canary struct {
+	Port  int
+	mu    sync.Mutex
+	conns []string
+}
+
+func newCanary(t *testing.T) *canary {
+	t.Helper()
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	c := &canary{Port: l.Addr().(*net.TCPAddr).Port}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, fmt.Sprintf("%s -> %s", conn.RemoteAddr(), conn.LocalAddr()))
+			c.mu.Unlock()
+			go func() {
+				conn.SetDeadline(time.Now().Add(2 * time.Second))
+				first, _ := bufio.NewReader(conn).ReadString('\n')
+				c.mu.Lock()
+				c.conns = append(c.conns, fmt.Sprintf("  sent %q", first))
+				c.mu.Unlock()
+				conn.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhello from the host canary\n"))
+				conn.Close()
+			}()
+		}
+	}()
+	return c
+}
+
+// Conns returns the connections received so far.
+func (c *canary) Conns() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.conns...)
+}
