@@ -213,8 +213,22 @@ func slicesContains(lines []string, s string) bool {
 	return false
 }
 
-// mark returns the position after the last line the wan servers logged.
-func (f *fakeNet) mark() int { return len(f.since(0)) }
+// mark returns the position after the last line the wan servers logged,
+// once the log has been quiet for a moment: packets of an earlier attempt
+// (a retransmission, a sniffer line written late) must not count against
+// the next one.
+func (f *fakeNet) mark() int {
+	n := len(f.since(0))
+	for quiet := 0; quiet < 3; {
+		time.Sleep(100 * time.Millisecond)
+		if m := len(f.since(0)); m != n {
+			n, quiet = m, 0
+			continue
+		}
+		quiet++
+	}
+	return n
+}
 
 // since returns the lines the wan servers logged after position m.
 func (f *fakeNet) since(m int) []string {
