@@ -32,6 +32,12 @@ func RunAgent(ctx context.Context) error {
 		return fmt.Errorf("opening agent listener: %w", err)
 	}
 	f.Close()
+	// Not dumpable: the sandbox's root, which has no CAP_SYS_PTRACE, then
+	// cannot read or write the agent's memory and descriptors through
+	// /proc/1. (Its children become dumpable again at exec.)
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("making the agent non-dumpable: %w", err)
+	}
 	// The sandbox ends when its supervisor dies: EOF on the lifeline.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

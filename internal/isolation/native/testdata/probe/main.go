@@ -182,6 +182,48 @@ func run(check string, args []string) error {
 			hold = append(hold, b)
 		}
 		return fmt.Errorf("allocated 4 GiB (%d chunks)", len(hold))
+	case "fds":
+		// Only stdio may be open in a process the agent starts: a
+		// descriptor of the daemon's or the agent's is a way out (runc
+		// CVE-2024-21626).
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			return err
+		}
+		var extra []string
+		for _, e := range ents {
+			if n := e.Name(); n != "0" && n != "1" && n != "2" {
+				target, err := os.Readlink("/proc/self/fd/" + n)
+				if err == nil { // err: the descriptor ReadDir itself used
+					extra = append(extra, n+"->"+target)
+				}
+			}
+		}
+		if len(extra) > 0 {
+			return fmt.Errorf("inherited descriptors: %v", extra)
+		}
+		return nil
+	case "agent-proc":
+		for _, f := range []string{"/proc/1/mem", "/proc/1/environ"} {
+			if fd, err := os.Open(f); err == nil {
+				fd.Close()
+				return fmt.Errorf("%s of the agent opened", f)
+			}
+		}
+		// Listing /proc/1/fd shows numbers only; following an entry
+		// needs ptrace access, which a non-dumpable agent denies.
+		ents, _ := os.ReadDir("/proc/1/fd")
+		for _, e := range ents {
+			p := "/proc/1/fd/" + e.Name()
+			if t, err := os.Readlink(p); err == nil {
+				return fmt.Errorf("%s of the agent readable: %s", p, t)
+			}
+			if f, err := os.Open(p); err == nil {
+				f.Close()
+				return fmt.Errorf("%s of the agent opened", p)
+			}
+		}
+		return nil
 	case "ptrace-init":
 		err := unix.PtraceAttach(1)
 		if err == nil {
