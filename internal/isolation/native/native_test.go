@@ -363,3 +363,30 @@ func TestCrashCleanup(t *testing.T) {
 		t.Log("Kill after Cleanup reported an error (acceptable)")
 	}
 }
+
+// TestCPUQuota runs two busy loops in a sandbox limited to half a core and
+// checks the CPU time its cgroup was charged. The bound is from above
+// (CFS cannot hand out more than the quota, plus one period of slack), so
+// a slow machine cannot make it fail.
+func TestCPUQuota(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{CPUs: 0.5}})
+	before, err := sb.Stats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	run(t, sb, "root", "/bin/sh", "-c", "timeout 2 sh -c 'while :; do :; done' & timeout 2 sh -c 'while :; do :; done'; wait")
+	wall := time.Since(start)
+	after, err := sb.Stats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := after.CPUUsage - before.CPUUsage
+	if limit := wall/2 + 200*time.Millisecond; used > limit {
+		t.Errorf("two busy loops under a 0.5-CPU quota used %v of CPU in %v, want ≤ %v", used, wall, limit)
+	}
+	if used < 100*time.Millisecond {
+		t.Errorf("busy loops used only %v of CPU: the test did not load the sandbox", used)
+	}
+}
