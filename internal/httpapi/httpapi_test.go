@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -515,4 +516,26 @@ func readEnvelope(r *bufio.Reader) ([]byte, error) {
 	msg := make([]byte, n)
 	_, err := io.ReadFull(r, msg)
 	return msg, err
+}
+
+func TestListOrderAndStartedAfter(t *testing.T) {
+	e := newTestEnv(t)
+	first := e.create(t, `{"templateID":"base"}`)
+	second := e.create(t, `{"templateID":"base"}`)
+	var got []api.ListedSandbox
+	resp, body := e.api(t, "GET", "/v2/sandboxes?order=asc", "")
+	if err := json.Unmarshal(body, &got); err != nil || resp.StatusCode != 200 || len(got) != 2 ||
+		got[0].SandboxID != first.SandboxID || got[1].SandboxID != second.SandboxID {
+		t.Fatalf("GET ?order=asc = %d %s, want [%s %s]", resp.StatusCode, body, first.SandboxID, second.SandboxID)
+	}
+	after := url.QueryEscape(got[1].StartedAt.Format(time.RFC3339Nano))
+	resp, body = e.api(t, "GET", "/v2/sandboxes?startedAfter="+after, "")
+	if err := json.Unmarshal(body, &got); err != nil || resp.StatusCode != 200 || len(got) != 1 || got[0].SandboxID != second.SandboxID {
+		t.Errorf("GET ?startedAfter=%s = %d %s, want only %s", after, resp.StatusCode, body, second.SandboxID)
+	}
+	for _, q := range []string{"order=sideways", "startedAfter=yesterday"} {
+		if resp, body := e.api(t, "GET", "/v2/sandboxes?"+q, ""); resp.StatusCode != 400 {
+			t.Errorf("GET ?%s = %d %s, want 400", q, resp.StatusCode, body)
+		}
+	}
 }

@@ -330,6 +330,22 @@ func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "startedAfter must be an RFC 3339 time, got %q", v))
+			return
+		}
+		f.StartedAfter = t
+	}
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		f.Ascending = true
+	default:
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "order must be asc or desc, got %q", o))
+		return
+	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxListLimit {

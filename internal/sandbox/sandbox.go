@@ -103,6 +103,10 @@ type ListFilter struct {
 	// PageToken continues a listing after the sandbox PageToken(s) was made
 	// from.
 	PageToken string
+	// StartedAfter selects sandboxes started at or after it.
+	StartedAfter time.Time
+	// Ascending lists oldest first; the default is newest first.
+	Ascending bool
 }
 
 // PageToken returns the opaque token that makes List continue after s.

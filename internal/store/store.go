@@ -66,8 +66,14 @@ type Filter struct {
 	Template string
 	// Metadata selects records whose metadata has every given pair.
 	Metadata map[string]string
-	// Before, if set, selects records strictly older than the cursor in
-	// List order (CreatedAt desc, ID desc): the keyset for pagination.
+	// StartedAfter, if set, selects records created at or after it.
+	StartedAfter time.Time
+	// Ascending lists oldest first (CreatedAt asc, ID asc); the default is
+	// newest first.
+	Ascending bool
+	// Before, if set, selects records strictly after the cursor in List
+	// order (older when descending, newer when ascending): the keyset for
+	// pagination.
 	Before *Cursor
 	// Limit caps the number of records returned; 0 means no cap.
 	Limit int
@@ -232,8 +238,16 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
 		args = append(args, k, v)
 	}
+	if !f.StartedAfter.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, f.StartedAfter.UnixNano())
+	}
+	cmp, order := "<", " ORDER BY created_at DESC, id DESC"
+	if f.Ascending {
+		cmp, order = ">", " ORDER BY created_at ASC, id ASC"
+	}
 	if f.Before != nil {
-		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		where = append(where, "(created_at "+cmp+" ? OR (created_at = ? AND id "+cmp+" ?))")
 		n := f.Before.CreatedAt.UnixNano()
 		args = append(args, n, n, f.Before.ID)
 	}
@@ -241,7 +255,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY created_at DESC, id DESC"
+	q += order
 	if f.Limit > 0 {
 		q += " LIMIT ?"
 		args = append(args, f.Limit)

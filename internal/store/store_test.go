@@ -259,3 +259,30 @@ func TestFDsCloseOnExec(t *testing.T) {
 		t.Errorf("found no open fd under %s; the check checked nothing", dir)
 	}
 }
+
+func TestListOrderAndStartedAfter(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	for i, id := range []string{"a", "b", "c", "d"} {
+		if err := s.Insert(ctx, rec(id, i, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		f    Filter
+		want string
+	}{
+		{"ascending", Filter{Ascending: true}, "a b c d "},
+		{"ascending page", Filter{Ascending: true, Before: &Cursor{CreatedAt: t0.Add(time.Second), ID: "b"}, Limit: 1}, "c "},
+		{"descending page", Filter{Before: &Cursor{CreatedAt: t0.Add(2 * time.Second), ID: "c"}}, "b a "},
+		{"started after", Filter{StartedAfter: t0.Add(2 * time.Second)}, "d c "},
+		{"started after ascending", Filter{StartedAfter: t0.Add(time.Second), Ascending: true}, "b c d "},
+	}
+	for _, tt := range tests {
+		got, err := s.List(ctx, tt.f)
+		if err != nil || ids(got) != tt.want {
+			t.Errorf("%s: List(%+v) = %s, %v; want %s", tt.name, tt.f, ids(got), err, tt.want)
+		}
+	}
+}
