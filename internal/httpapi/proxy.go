@@ -229,19 +229,10 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 		},
 		Transport:     tr,
 		FlushInterval: -1,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			st := r.Context().Value(proxyStateKey{}).(*proxyState)
-			st.errHandled.Store(true)
-			if _, _, ok := h.m.Lookup(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
-				writeNotFound(w, st.id, msgSandboxNotFound)
-				return
-			}
-			if r.Context().Err() != nil {
-				return // the client went away; nobody reads an answer
-			}
+		ErrorHandler: h.proxyErrorHandler(func(w http.ResponseWriter, r *http.Request, st *proxyState, err error) {
 			h.log.WarnContext(r.Context(), "proxying to sandbox agent", "sandbox_id", st.id, "err", err)
 			writeNotFound(w, st.id, "The sandbox agent did not answer")
-		},
+		}),
 	}
 }
 
@@ -291,7 +282,19 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 		Transport:     tr,
 		FlushInterval: -1,
 	}
-	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+	p.ErrorHandler = h.proxyErrorHandler(func(w http.ResponseWriter, r *http.Request, st *proxyState, err error) {
+		// E2B answers 502 when nothing listens on the port.
+		writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: st.id,
+			Message: fmt.Sprintf("The sandbox is running but port is not open: %d", st.port), Code: http.StatusBadGateway})
+	})
+	return p
+}
+
+// proxyErrorHandler answers a request the proxy could not forward: the
+// E2B 502 for a sandbox that is gone, nothing for a client that left, and
+// unreachable's answer otherwise.
+func (h *handler) proxyErrorHandler(unreachable func(http.ResponseWriter, *http.Request, *proxyState, error)) func(http.ResponseWriter, *http.Request, error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
 		st := r.Context().Value(proxyStateKey{}).(*proxyState)
 		st.errHandled.Store(true)
 		if _, _, ok := h.m.Lookup(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
@@ -299,13 +302,10 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 			return
 		}
 		if r.Context().Err() != nil {
-			return
+			return // the client went away; nobody reads an answer
 		}
-		// E2B answers 502 when nothing listens on the port.
-		writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: st.id,
-			Message: fmt.Sprintf("The sandbox is running but port is not open: %d", st.port), Code: http.StatusBadGateway})
+		unreachable(w, r, st, err)
 	}
-	return p
 }
 
 // trackingWriter records whether the response has started. It unwraps for
