@@ -10,5 +10,8 @@ echo "==> go vet"
 go vet ./...
 echo "==> go test (unit, privileged and end-to-end)"
 go test -count=1 -timeout 30m ./... "$@"
+echo "==> go test -race (the concurrent packages that need no sandbox)"
+go test -race -count=1 ./internal/agent/... ./internal/egress/... ./internal/sandbox ./internal/httpapi \
+  ./internal/store ./internal/metrics ./internal/isolation/warm ./client/... ./internal/cli
 echo "==> the official e2b JavaScript SDK against fence (tests/e2b)"
 tests/e2b/run.sh
