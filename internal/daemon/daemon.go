@@ -214,17 +214,28 @@ func Serve(ctx context.Context, opts Options) error {
 	return nil
 }
 
+// lockWait is how long a starting daemon waits for the data dir's lock.
+const lockWait = 10 * time.Second
+
 // lockDataDir makes sure one daemon owns the data dir.
 func lockDataDir(dir string) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(dir, "daemon.lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("locking data dir: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("data dir %s is in use by another fence serve", dir)
+	// A daemon killed a moment ago may still be exiting (a kill -9 waits
+	// for an unfinished mount or cgroup call): give it a few seconds.
+	for deadline := time.Now().Add(lockWait); ; {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("data dir %s is in use by another fence serve", dir)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return func() { f.Close() }, nil
 }
 
 // apiKey returns the key to require and, when it lives in a file, where.

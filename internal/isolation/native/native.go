@@ -219,9 +219,14 @@ func (b *Backend) Close() error {
 		unix.Close(b.sockDirFD)
 		if b.opts.Ephemeral {
 			err = b.removeInstance()
-		} else if b.disk != nil {
+			return
+		}
+		if b.disk != nil {
 			b.disk.Close()
 		}
+		// The instance's cgroup parent goes too once empty; a sandbox
+		// still in it (the caller did not kill it) keeps it.
+		_ = b.cg.RemoveParent()
 	})
 	return err
 }
