@@ -112,11 +112,67 @@ type Spec struct {
 
 // ParseTarget parses one E2B allowOut/denyOut entry: an IP address, a CIDR,
 // a name or a "*."-wildcard name. The rule covers every port.
+//
+// A target may end in ports: "pypi.org:443", "*.example.com:80,443",
+// "10.0.0.0/8:5432-5433", "[2001:db8::/32]:443" (IPv6 in brackets when
+// ports follow). Without ports a rule covers every port.
 func ParseTarget(s string) (Rule, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return Rule{}, errors.New("empty target")
 	}
+	target, ports, err := splitPorts(s)
+	if err != nil {
+		return Rule{}, err
+	}
+	r, err := parseBareTarget(target)
+	if err != nil {
+		return Rule{}, err
+	}
+	r.Ports = ports
+	return r, nil
+}
+
+// splitPorts splits "target:ports" into its parts. A bare IPv6 address or
+// prefix (more than one colon, no brackets) has no ports.
+func splitPorts(s string) (string, []PortRange, error) {
+	var host, list string
+	switch {
+	case strings.HasPrefix(s, "["):
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return "", nil, fmt.Errorf("target %q: missing ]", s)
+		}
+		host, list = s[1:end], s[end+1:]
+		if list == "" {
+			return host, nil, nil
+		}
+		if !strings.HasPrefix(list, ":") {
+			return "", nil, fmt.Errorf("target %q: want [address]:ports", s)
+		}
+		list = list[1:]
+	case strings.Count(s, ":") == 1:
+		host, list, _ = strings.Cut(s, ":")
+	default:
+		return s, nil, nil
+	}
+	var ports []PortRange
+	for _, p := range strings.Split(list, ",") {
+		lo, hi, isRange := strings.Cut(p, "-")
+		if !isRange {
+			hi = lo
+		}
+		l, err1 := strconv.ParseUint(lo, 10, 16)
+		h, err2 := strconv.ParseUint(hi, 10, 16)
+		if err1 != nil || err2 != nil || l == 0 || h < l {
+			return "", nil, fmt.Errorf("target %q: bad port or range %q", s, p)
+		}
+		ports = append(ports, PortRange{Lo: uint16(l), Hi: uint16(h)})
+	}
+	return host, ports, nil
+}
+
+func parseBareTarget(s string) (Rule, error) {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {

@@ -185,7 +185,7 @@ func TestCompileErrors(t *testing.T) {
 			t.Errorf("Compile(%+v) = nil error, want an error", s)
 		}
 	}
-	for _, s := range []string{"", "1.2.3.4/33", "*", "a b", "fe80::1%eth0", "1.2.3.4:80"} {
+	for _, s := range []string{"", "1.2.3.4/33", "*", "a b", "fe80::1%eth0", "1.2.3.4:80x", "a.test:1:2"} {
 		if _, err := ParseTarget(s); err == nil {
 			t.Errorf("ParseTarget(%q) = nil error, want an error", s)
 		}
@@ -297,5 +297,47 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p.Decide(f)
+	}
+}
+
+func TestParseTargetPorts(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // Rule.String(), or "error"
+	}{
+		{"pypi.org:443", "pypi.org port 443"},
+		{"*.example.com:80,443", "*.example.com port 80,443"},
+		{"10.0.0.0/8:5432-5433", "10.0.0.0/8 port 5432-5433"},
+		{"[2001:db8::/32]:443", "2001:db8::/32 port 443"},
+		{"2001:db8::/32", "2001:db8::/32"},
+		{"[2001:db8::1]", "2001:db8::1/128"},
+		{"example.com", "example.com"},
+		{"example.com:0", "error"},
+		{"example.com:99999", "error"},
+		{"example.com:443-80", "error"},
+		{"example.com:", "error"},
+		{"[2001:db8::1]443", "error"},
+	}
+	for _, tt := range tests {
+		r, err := ParseTarget(tt.in)
+		got := "error"
+		if err == nil {
+			got = r.String()
+		}
+		if got != tt.want {
+			t.Errorf("ParseTarget(%q) = %q (%v), want %q", tt.in, got, err, tt.want)
+		}
+	}
+	// A port-limited rule allows its ports only.
+	r, _ := ParseTarget("203.0.113.0/24:443")
+	p, err := Compile(Spec{Allow: []Rule{r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for port, want := range map[uint16]bool{443: true, 80: false} {
+		d := p.Decide(Flow{Proto: TCP, Dst: netip.AddrPortFrom(netip.MustParseAddr("203.0.113.10"), port)})
+		if d.Allow != want {
+			t.Errorf("Decide(203.0.113.10:%d) = %v, want %v", port, d.Allow, want)
+		}
 	}
 }
