@@ -215,7 +215,7 @@ func Serve(ctx context.Context, opts Options) error {
 }
 
 // lockWait is how long a starting daemon waits for the data dir's lock.
-const lockWait = 10 * time.Second
+var lockWait = 10 * time.Second
 
 // lockDataDir makes sure one daemon owns the data dir.
 func lockDataDir(dir string) (func(), error) {
