@@ -303,10 +303,21 @@ func TestSandboxRoutes(t *testing.T) {
 		t.Errorf("POST refreshes (no body) = %d %s, want 204", resp.StatusCode, b)
 	}
 
-	resp, b = e.api(t, "GET", "/sandboxes/"+id+"/metrics?start=1&end=2", "")
+	now := time.Now().Unix()
+	resp, b = e.api(t, "GET", fmt.Sprintf("/sandboxes/%s/metrics?start=%d&end=%d", id, now-60, now+60), "")
 	var ms []api.SandboxMetric
 	if err := json.Unmarshal(b, &ms); resp.StatusCode != 200 || err != nil || len(ms) != 1 || ms[0].MemTotal == 0 || ms[0].TimestampUnix == 0 {
 		t.Errorf("GET metrics = %d %s, want 200 with one sample", resp.StatusCode, b)
+	}
+	// A range that ended long before the sandbox has no readings.
+	resp, b = e.api(t, "GET", "/sandboxes/"+id+"/metrics?start=1&end=2", "")
+	if err := json.Unmarshal(b, &ms); resp.StatusCode != 200 || err != nil || len(ms) != 0 {
+		t.Errorf("GET metrics in 1970 = %d %s, want 200 []", resp.StatusCode, b)
+	}
+	for _, q := range []string{"start=x", "start=10&end=5"} {
+		if resp, b := e.api(t, "GET", "/sandboxes/"+id+"/metrics?"+q, ""); resp.StatusCode != 400 {
+			t.Errorf("GET metrics?%s = %d %s, want 400", q, resp.StatusCode, b)
+		}
 	}
 
 	resp, b = e.api(t, "POST", "/sandboxes/"+id+"/pause", `{}`)

@@ -254,32 +254,54 @@ func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	var start, end time.Time
+	for name, t := range map[string]*time.Time{"start": &start, "end": &end} {
+		if v := r.URL.Query().Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "%s must be a unix time in seconds, got %q", name, v))
+				return
+			}
+			*t = time.Unix(n, 0)
+		}
+	}
+	if !start.IsZero() && !end.IsZero() && end.Before(start) {
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "end is before start"))
+		return
+	}
 	s, err := h.m.Get(r.Context(), id)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	st, err := h.m.Stats(r.Context(), id)
+	samples, err := h.m.Metrics(r.Context(), id, start, end)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	now := h.now().UTC()
-	var cpuPct float64
-	if alive := now.Sub(s.StartedAt); alive > 0 && s.CPUs > 0 {
-		cpuPct = 100 * st.CPUUsage.Seconds() / (alive.Seconds() * s.CPUs)
-		cpuPct = min(max(cpuPct, 0), 100)
+	out := make([]api.SandboxMetric, 0, len(samples))
+	// CPU use is the share of the sandbox's CPUs used since the previous
+	// reading (for the first, since the sandbox started).
+	prevAt, prevCPU := s.StartedAt, time.Duration(0)
+	for _, x := range samples {
+		var pct float64
+		if wall := x.At.Sub(prevAt); wall > 0 && s.CPUs > 0 {
+			pct = 100 * (x.Stats.CPUUsage - prevCPU).Seconds() / (wall.Seconds() * s.CPUs)
+			pct = min(max(pct, 0), 100)
+		}
+		prevAt, prevCPU = x.At, x.Stats.CPUUsage
+		out = append(out, api.SandboxMetric{
+			Timestamp:     x.At,
+			TimestampUnix: x.At.Unix(),
+			CPUCount:      s.CPUs,
+			CPUUsedPct:    pct,
+			MemUsed:       x.Stats.MemoryBytes,
+			MemTotal:      x.Stats.MemoryLimit,
+			DiskUsed:      x.Stats.DiskBytes,
+			DiskTotal:     x.Stats.DiskLimit,
+		})
 	}
-	writeJSON(w, http.StatusOK, []api.SandboxMetric{{
-		Timestamp:     now,
-		TimestampUnix: now.Unix(),
-		CPUCount:      s.CPUs,
-		CPUUsedPct:    cpuPct,
-		MemUsed:       st.MemoryBytes,
-		MemTotal:      st.MemoryLimit,
-		DiskUsed:      st.DiskBytes,
-		DiskTotal:     st.DiskLimit,
-	}})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // unsupported answers 501 for features fence lacks. For routes on one

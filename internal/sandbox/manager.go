@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,6 +88,9 @@ type Options struct {
 	// HostAddrs are the host's own addresses, never reachable from a
 	// sandbox whatever its policy.
 	HostAddrs []netip.Addr
+	// SampleEvery is how often each sandbox's resource use is recorded
+	// for metrics over a time range; 0 means 5 seconds.
+	SampleEvery time.Duration
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -116,7 +120,9 @@ type Manager struct {
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
-	wg   sync.WaitGroup
+
+	sampleEvery time.Duration
+	wg          sync.WaitGroup
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -136,6 +142,8 @@ type entry struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	info *Sandbox
+	// +checklocks:mu
+	samples []Sample // resource history, oldest first, at most maxSamples
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -169,6 +177,7 @@ func New(opts Options) (*Manager, error) {
 		now:                    opts.Now,
 		wake:                   make(chan struct{}, 1),
 		stop:                   make(chan struct{}),
+		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:                map[string]*entry{},
 	}
 	if m.max <= 0 {
@@ -231,6 +240,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.wg.Go(m.reaper)
+	m.wg.Go(m.sampler)
 	return nil
 }
 

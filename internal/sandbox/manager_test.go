@@ -491,3 +491,32 @@ func TestNewID(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsHistory runs the sampler in a synctest bubble: readings pile
+// up at the interval, and a range selects among them.
+func TestMetricsHistory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(o *Options) { o.SampleEvery = time.Second })
+		ctx := t.Context()
+		s := e.mustCreate(t, CreateRequest{Timeout: time.Hour})
+		time.Sleep(10*time.Second + time.Millisecond)
+		synctest.Wait()
+		all, err := e.m.Metrics(ctx, s.ID, time.Time{}, time.Time{})
+		if err != nil || len(all) < 9 || len(all) > 11 {
+			t.Fatalf("Metrics(all) = %d samples, %v; want about 10", len(all), err)
+		}
+		for i := 1; i < len(all); i++ {
+			if !all[i].At.After(all[i-1].At) {
+				t.Errorf("samples out of order at %d: %v then %v", i, all[i-1].At, all[i].At)
+			}
+		}
+		some, err := e.m.Metrics(ctx, s.ID, all[2].At, all[4].At)
+		if err != nil || len(some) != 3 {
+			t.Errorf("Metrics(range of 3) = %d samples, %v", len(some), err)
+		}
+		if _, err := e.m.Metrics(ctx, "unknown", time.Time{}, time.Time{}); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("Metrics(unknown) = %v, want ErrNotFound", err)
+		}
+		e.m.Shutdown(ctx)
+	})
+}

@@ -1,0 +1,86 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// maxSamples bounds the resource history kept per sandbox (an hour at the
+// default interval).
+const maxSamples = 720
+
+// Sample is one reading of a sandbox's resource use.
+type Sample struct {
+	At    time.Time
+	Stats isolation.Stats
+}
+
+// sampler reads every running sandbox's resource use each interval, for
+// E2B's metrics over a time range.
+func (m *Manager) sampler() {
+	t := time.NewTicker(m.sampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		entries := make([]*entry, 0, len(m.running))
+		for _, e := range m.running {
+			entries = append(entries, e)
+		}
+		m.mu.Unlock()
+		for _, e := range entries {
+			e.sample(m.now())
+		}
+	}
+}
+
+// sample records one reading of e's resource use at now.
+func (e *entry) sample(now time.Time) (Sample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := e.box.Stats(ctx)
+	if err != nil {
+		return Sample{}, err
+	}
+	s := Sample{At: now.UTC(), Stats: st}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.samples) == maxSamples {
+		e.samples = append(e.samples[:0], e.samples[1:]...)
+	}
+	e.samples = append(e.samples, s)
+	return s, nil
+}
+
+// Metrics returns the resource readings of a running sandbox taken in
+// [start, end] (zero times leave that side open), oldest first. When none
+// was taken in the range and end is open or not past, a reading taken
+// now is returned.
+func (m *Manager) Metrics(ctx context.Context, id string, start, end time.Time) ([]Sample, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	var out []Sample
+	for _, s := range e.samples {
+		if (start.IsZero() || !s.At.Before(start)) && (end.IsZero() || !s.At.After(end)) {
+			out = append(out, s)
+		}
+	}
+	e.mu.Unlock()
+	if len(out) == 0 && (end.IsZero() || !m.now().After(end)) {
+		s, err := e.sample(m.now())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
