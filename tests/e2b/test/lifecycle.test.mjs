@@ -139,3 +139,13 @@ test('getMetrics returns figures', async (t) => {
   assert.ok(m[0].memTotal > 0, `memTotal = ${m[0].memTotal}`)
   assert.ok(m[0].cpuCount > 0)
 })
+
+test('getMetrics over a time range', async (t) => {
+  const s = await create(t)
+  const before = new Date(Date.now() - 60_000)
+  const inRange = await s.getMetrics({ start: before, end: new Date(Date.now() + 60_000) })
+  assert.ok(inRange.length >= 1, `metrics in range = ${JSON.stringify(inRange)}`)
+  assert.ok(inRange[0].timestamp instanceof Date || typeof inRange[0].timestamp === 'string')
+  const long_ago = await s.getMetrics({ start: new Date(1000), end: new Date(2000) })
+  assert.deepEqual(long_ago, [], 'no readings before the sandbox existed')
+})
