@@ -93,7 +93,18 @@ func setup(sync *os.File) error {
 		return fmt.Errorf("attaching template: %w", err)
 	}
 	unix.Close(lower)
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", cfg.LowerDir, cfg.UpperDir, cfg.WorkDir)
+	// The layers are named through descriptors, so the sandbox's
+	// mountinfo shows /proc/self/fd/N rather than the host's state paths.
+	var layers [3]int
+	for i, d := range []string{cfg.LowerDir, cfg.UpperDir, cfg.WorkDir} {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening overlay layer: %w", err)
+		}
+		defer unix.Close(fd)
+		layers[i] = fd
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", fdPath(layers[0]), fdPath(layers[1]), fdPath(layers[2]))
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting root overlay: %w", err)
 	}
