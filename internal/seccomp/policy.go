@@ -80,6 +80,13 @@ var (
 	deniedPersonalities = []uint64{0x0008, 0x20000, 0x20008}
 	// ioctl requests that inject into or reconfigure a terminal.
 	deniedIoctls = []uint64{unix.TIOCSTI, unix.TIOCLINUX}
+	// The flags argument of the socket send/receive calls, where MSG_OOB
+	// is refused: out-of-band data on unix sockets reaches kernel code
+	// with a history of use-after-frees (CVE-2025-38236); Chrome's sandbox
+	// refuses it the same way. TCP urgent data goes with it.
+	oobFlagsArg = map[string]uint{
+		"sendto": 3, "recvfrom": 3, "sendmsg": 2, "recvmsg": 2, "sendmmsg": 3, "recvmmsg": 3,
+	}
 )
 
 // fencePolicy resolves Docker's default profile for arch ("amd64", "arm64")
@@ -111,6 +118,13 @@ func fencePolicy(arch string, kernel [2]uint64) (*policy, error) {
 		})
 	}
 	p.rules["ioctl"] = append(ioctl, p.rules["ioctl"]...)
+	for name, arg := range oobFlagsArg {
+		deny := rule{
+			conds: []cond{{arg: arg, op: opMaskedEQ, val: unix.MSG_OOB, val2: unix.MSG_OOB, low32: true}},
+			act:   errnoAction(unix.EPERM),
+		}
+		p.rules[name] = append([]rule{deny}, p.rules[name]...)
+	}
 	return p, nil
 }
 

@@ -182,6 +182,17 @@ func run(check string, args []string) error {
 			hold = append(hold, b)
 		}
 		return fmt.Errorf("allocated 4 GiB (%d chunks)", len(hold))
+	case "msg-oob":
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fds[0])
+		defer unix.Close(fds[1])
+		if err := unix.Send(fds[0], []byte("x"), 0); err != nil {
+			return fmt.Errorf("plain send refused: %v (the filter is too strict)", err)
+		}
+		return refused("send(MSG_OOB) on a unix socket", unix.Sendto(fds[0], []byte("x"), unix.MSG_OOB, nil))
 	case "fds":
 		// Only stdio may be open in a process the agent starts: a
 		// descriptor of the daemon's or the agent's is a way out (runc
