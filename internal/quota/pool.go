@@ -63,7 +63,7 @@ func (f *FS) startPool(ctx context.Context, want int, size int64) error {
 			return fmt.Errorf("creating %s: %w", p, err)
 		}
 	}
-	for _, pat := range []string{".pool-*", ".trash-*"} // images and their temporary names {
+	for _, pat := range []string{".pool-*", ".trash-*"} { // images and their temporary names
 		left, _ := filepath.Glob(filepath.Join(f.imageDir, pat))
 		for _, img := range left {
 			os.Remove(img)
@@ -318,7 +318,7 @@ func (f *FS) Destroy() error {
 		}
 		os.Remove(p)
 	}
-	for _, pat := range []string{".pool-*", ".trash-*"} // images and their temporary names {
+	for _, pat := range []string{".pool-*", ".trash-*"} { // images and their temporary names
 		left, _ := filepath.Glob(filepath.Join(f.imageDir, pat))
 		for _, img := range left {
 			os.Remove(img)
