@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -176,7 +177,19 @@ func (d *daemon) start(extra ...string) {
 		t.Fatalf("fence serve did not print its address within 60s:\n%s", d.out.String())
 	}
 	d.waitHealthy()
-	d.Client = client.New(d.URL, d.Key)
+	d.Client = client.New(d.URL, d.Key, client.WithHTTPClient(httpClientFor(d.URL)))
+}
+
+// httpClientFor returns the HTTP client for a daemon at url: the default
+// one, or for https one that trusts the tests' self-signed certificates.
+func httpClientFor(url string) *http.Client {
+	if !strings.HasPrefix(url, "https://") {
+		return http.DefaultClient
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+	tr.ForceAttemptHTTP2 = true
+	return &http.Client{Transport: tr}
 }
 
 // waitHealthy polls GET /health until it answers 200.
@@ -185,7 +198,7 @@ func (d *daemon) waitHealthy() {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get(d.URL + "/health")
+		resp, err := httpClientFor(d.URL).Get(d.URL + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNoContent {

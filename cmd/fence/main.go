@@ -44,6 +44,8 @@ func deps() cli.Deps {
 				MaxSandboxes:  o.MaxSandboxes,
 				WarmPool:      o.WarmPool,
 				DNSUpstream:   o.DNSUpstream,
+				TLSCert:       o.TLSCert,
+				TLSKey:        o.TLSKey,
 				AllowInternet: o.AllowInternet,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),

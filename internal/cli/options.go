@@ -41,6 +41,10 @@ type ServeOptions struct {
 	Timeout time.Duration
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// TLSCert and TLSKey, when both set, make the daemon serve HTTPS (a
+	// wildcard certificate for *.DOMAIN lets the SDKs reach sandboxes at
+	// https://PORT-ID.DOMAIN without E2B_SANDBOX_URL).
+	TLSCert, TLSKey string
 	// DNSUpstream is the resolver ("ip:port") the daemon asks on the
 	// sandboxes' behalf; empty means the host's first nameserver.
 	DNSUpstream string

@@ -87,6 +87,9 @@ SIGINT or SIGTERM.`,
 			if err != nil {
 				return err
 			}
+			if (o.TLSCert == "") != (o.TLSKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
 			if o.NetMbps < 0 {
 				return usagef("--net-mbps must not be negative")
 			}
@@ -115,6 +118,8 @@ SIGINT or SIGTERM.`,
 	lim.add(fs)
 	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
+	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
 	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")

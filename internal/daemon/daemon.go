@@ -15,6 +15,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ type Options struct {
 	// DNSUpstream is the resolver sandboxes' allowed names are resolved
 	// with; empty means the host's first nameserver.
 	DNSUpstream string
+	// TLSCert and TLSKey, when set, make the listener serve HTTPS (and
+	// HTTP/2); both files are PEM.
+	TLSCert, TLSKey string
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64
@@ -193,12 +197,30 @@ func Serve(ctx context.Context, opts Options) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	fmt.Fprintf(out, "fence: serving the E2B API on http://%s (data in %s)\n", ln.Addr(), opts.DataDir)
+	scheme := "http"
+	if opts.TLSCert != "" {
+		scheme = "https"
+		// Loaded now, so a bad certificate fails the start, not the
+		// first connection.
+		cert, err := tls.LoadX509KeyPair(opts.TLSCert, opts.TLSKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("loading TLS certificate: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	fmt.Fprintf(out, "fence: serving the E2B API on %s://%s (data in %s)\n", scheme, ln.Addr(), opts.DataDir)
 	if opts.Ready != nil {
 		opts.Ready(ln.Addr())
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if srv.TLSConfig != nil {
+			errc <- srv.ServeTLS(ln, "", "") // HTTP/2 and HTTP/1.1 by ALPN
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serving: %w", err)
