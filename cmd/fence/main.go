@@ -9,8 +9,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
+	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/cli"
 	"github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -19,6 +21,10 @@ import (
 )
 
 func main() {
+	// Inside a sandbox, `sudo` is this binary (see internal/agent/sudo).
+	if filepath.Base(os.Args[0]) == "sudo" {
+		os.Exit(sudo.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	os.Exit(cli.Run(ctx, deps(), os.Args[1:]))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/agent/fs"
 	"github.com/fencesandbox/fence/internal/agent/process"
+	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/agent/users"
 	"github.com/fencesandbox/fence/internal/isolation"
 )
@@ -31,6 +32,9 @@ type Options struct {
 	// home).
 	Config isolation.AgentConfig
 	Logger *slog.Logger // nil = discard
+	// SudoSocket, if set, is where Serve offers sudo to the sandbox's
+	// users (see package sudo).
+	SudoSocket string
 }
 
 // Serve serves envd's protocol on ln until ctx is done. It closes ln. On
@@ -53,8 +57,18 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 			logger(opts).Debug("ignoring SIGHUP")
 		}
 	}()
-	h, closeFn := NewHandler(opts)
+	a := build(opts)
+	h, closeFn := a.mux, a.close
 	defer closeFn()
+	if opts.SudoSocket != "" {
+		sln, err := sudo.Listen(opts.SudoSocket)
+		if err != nil {
+			logger(opts).Warn("sudo unavailable", "err", err)
+		} else {
+			srv := &sudo.Server{Procs: a.procs, Log: logger(opts)}
+			go srv.Serve(ctx, sln)
+		}
+	}
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -91,6 +105,18 @@ func logger(opts Options) *slog.Logger {
 // /filesystem.Filesystem/* (Connect, gRPC and gRPC-Web; JSON or binary),
 // GET /health, GET and POST /files, GET /envs, POST /init.
 func NewHandler(opts Options) (http.Handler, func()) {
+	a := build(opts)
+	return a.mux, a.close
+}
+
+// built is the agent's handler and the services behind it.
+type built struct {
+	mux   *http.ServeMux
+	procs *process.Service
+	close func()
+}
+
+func build(opts Options) *built {
 	log := logger(opts)
 	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
 	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars, Logger: log.With("svc", "process")})
@@ -131,8 +157,8 @@ func NewHandler(opts Options) (http.Handler, func()) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fs.WriteError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
-	return mux, func() {
+	return &built{mux: mux, procs: procs, close: func() {
 		procs.Close()
 		files.Close()
-	}
+	}}
 }

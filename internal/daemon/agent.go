@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/agent"
+	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 )
@@ -53,5 +54,5 @@ func RunAgent(ctx context.Context) error {
 		}
 	}()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log})
+	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath})
 }

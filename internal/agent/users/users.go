@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -35,6 +36,7 @@ type User struct {
 	GID    uint32
 	Groups []uint32 // supplementary groups, the primary group included
 	Home   string
+	Shell  string // login shell from /etc/passwd; "" if unknown
 }
 
 // Lookup resolves the account called name.
@@ -69,7 +71,42 @@ func Lookup(name string) (*User, error) {
 	if len(res.Groups) == 0 {
 		res.Groups = []uint32{res.GID}
 	}
+	res.Shell = shellOf(res.Name)
 	return res, nil
+}
+
+// LookupID resolves the account with uid.
+func LookupID(uid uint32) (*User, error) {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return nil, fmt.Errorf("looking up uid %d: %w", uid, ErrUnknownUser)
+	}
+	return Lookup(u.Username)
+}
+
+// LookupGroup returns the gid of the group called name.
+func LookupGroup(name string) (uint32, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, err
+	}
+	gid, err := strconv.ParseUint(g.Gid, 10, 32)
+	return uint32(gid), err
+}
+
+// shellOf reads name's login shell from /etc/passwd.
+func shellOf(name string) string {
+	b, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) == 7 && f[0] == name {
+			return f[6]
+		}
+	}
+	return ""
 }
 
 // Resolver picks the user of a request.

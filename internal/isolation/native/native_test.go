@@ -94,6 +94,12 @@ type result struct {
 // run runs argv in sb as user and returns what it printed and its exit.
 func run(t *testing.T, sb isolation.Sandbox, user string, argv ...string) result {
 	t.Helper()
+	return runIn(t, sb, user, "", argv...)
+}
+
+// runIn is run with a working directory ("" = the user's default).
+func runIn(t *testing.T, sb isolation.Sandbox, user, cwd string, argv ...string) result {
+	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
 	}}
@@ -102,7 +108,7 @@ func run(t *testing.T, sb isolation.Sandbox, user string, argv ...string) result
 	defer cancel()
 	stdin := false
 	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: argv[0], Args: argv[1:]},
+		Process: &process.ProcessConfig{Cmd: argv[0], Args: argv[1:], Cwd: &cwd},
 		Stdin:   &stdin,
 	})
 	req.Header().Set("Authorization", "Basic "+basic(user))
@@ -388,5 +394,22 @@ func TestCPUQuota(t *testing.T) {
 	}
 	if used < 100*time.Millisecond {
 		t.Errorf("busy loops used only %v of CPU: the test did not load the sandbox", used)
+	}
+}
+
+// TestSudo checks fence's sudo (no_new_privs rules out a setuid one): the
+// base template's `user` may use it, as on E2B; nobody may not; the
+// command runs as root with no_new_privs and the seccomp filter still on.
+func TestSudo(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{RootFS: testutil.RootFS(t, "base")})
+	r := run(t, sb, "user", "/bin/bash", "-c", "sudo id -un; sudo grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; sudo sh -c 'exit 3'; echo rc=$?")
+	want := "root\nNoNewPrivs:\t1\nSeccomp:\t2\nrc=3\n"
+	if r.stdout != want {
+		t.Errorf("sudo as user: stdout %q, stderr %q; want %q", r.stdout, r.stderr, want)
+	}
+	r = runIn(t, sb, "nobody", "/tmp", "/bin/sh", "-c", "sudo id -un; echo rc=$?")
+	if !strings.Contains(r.stdout, "rc=1") || !strings.Contains(r.stderr, "not in the sudoers file") {
+		t.Errorf("sudo as nobody: stdout %q, stderr %q; want a refusal", r.stdout, r.stderr)
 	}
 }

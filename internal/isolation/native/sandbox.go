@@ -191,11 +191,23 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.WriteFile(hosts, []byte(content), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/hosts: %w", err)
 	}
+	// sudo is fence's: with no_new_privs a setuid sudo cannot work, so
+	// /usr/bin/sudo in the sandbox's own layer points at the agent's
+	// sudo client (internal/agent/sudo).
+	usrBin := filepath.Join(cfg.UpperDir, "usr", "bin")
+	if err := os.MkdirAll(usrBin, 0o755); err != nil {
+		return nil, fmt.Errorf("creating sandbox /usr/bin: %w", err)
+	}
+	sudoLink := filepath.Join(usrBin, "sudo")
+	if err := os.Symlink(agentPath, sudoLink); err != nil {
+		return nil, fmt.Errorf("installing sudo: %w", err)
+	}
 	ns := "nameserver " + egress.ResolverIPv4.String() + "\nnameserver " + egress.ResolverIPv6.String() + "\n"
 	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
-	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv} {
+	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv,
+		filepath.Dir(usrBin), usrBin, sudoLink} {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}

@@ -68,11 +68,12 @@ test('default user is "user" in /home/user; user root and cwd are honoured', asy
   })
 })
 
-test('sudo from the default user', {
-  skip: 'fence sets no_new_privs in every sandbox (DESIGN.md), so setuid sudo refuses to run',
-}, async (t) => {
+test('sudo from the default user', async (t) => {
   const s = await create(t)
   assert.equal((await s.commands.run('sudo -n whoami')).stdout, 'root\n')
+  // As on E2B, per-command envs do not reach sudo's command.
+  const r = await s.commands.run('sudo echo "[$FOO]" && sudo sh -c \'echo "[$FOO]"\'', { envs: { FOO: 'bar' } })
+  assert.equal(r.stdout, '[bar]\n[]\n')
 })
 
 test('timeoutMs kills a command that runs too long', async (t) => {

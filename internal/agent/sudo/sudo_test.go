@@ -1,0 +1,65 @@
+package sudo
+
+import (
+	"io"
+	"reflect"
+	"testing"
+)
+
+func TestParseArgs(t *testing.T) {
+	tests := []struct {
+		args []string
+		want *request // nil: exits at once
+		code int
+	}{
+		{[]string{"id"}, &request{Argv: []string{"id"}}, 0},
+		{[]string{"-n", "-u", "user", "--", "ls", "-l"}, &request{Argv: []string{"ls", "-l"}, User: "user"}, 0},
+		{[]string{"-uuser", "ls"}, &request{Argv: []string{"ls"}, User: "user"}, 0},
+		{[]string{"-i"}, &request{Login: true, Argv: []string{}}, 0},
+		{[]string{"-s", "echo", "hi"}, &request{Shell: true, Argv: []string{"echo", "hi"}}, 0},
+		{[]string{"-k"}, nil, 0},
+		{[]string{"-x", "ls"}, nil, 1},
+		{[]string{}, nil, 1},
+		{[]string{"-u"}, nil, 1},
+	}
+	for _, tt := range tests {
+		req, code, done := parseArgs(tt.args, io.Discard)
+		if tt.want == nil {
+			if !done || code != tt.code {
+				t.Errorf("parseArgs(%q) = %+v, %d, %v; want exit %d", tt.args, req, code, done, tt.code)
+			}
+			continue
+		}
+		if done {
+			t.Errorf("parseArgs(%q) exits with %d, want a request", tt.args, code)
+			continue
+		}
+		req.Env = nil
+		if tt.want.Argv == nil {
+			tt.want.Argv = []string{}
+		}
+		if len(req.Argv) == 0 {
+			req.Argv = []string{}
+		}
+		if !reflect.DeepEqual(req, tt.want) {
+			t.Errorf("parseArgs(%q) = %+v, want %+v", tt.args, req, tt.want)
+		}
+	}
+}
+
+func TestRequestRoundTrip(t *testing.T) {
+	in := &request{Argv: []string{"echo", "hi"}, User: "root", Dir: "/tmp", Env: map[string]string{"TERM": "xterm"}}
+	b, err := encodeRequest(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := decodeRequest(b)
+	if err != nil || !reflect.DeepEqual(in, out) {
+		t.Errorf("decode(encode(%+v)) = %+v, %v", in, out, err)
+	}
+	for _, bad := range [][]byte{nil, {0, 0, 0, 9, '{'}, {0, 0, 0, 2, '{', '}'}} {
+		if _, err := decodeRequest(bad); err == nil {
+			t.Errorf("decodeRequest(%q) accepted", bad)
+		}
+	}
+}
