@@ -13,5 +13,14 @@ go test -count=1 -timeout 30m ./... "$@"
 echo "==> go test -race (the concurrent packages that need no sandbox)"
 go test -race -count=1 ./internal/agent/... ./internal/egress/... ./internal/sandbox ./internal/httpapi \
   ./internal/store ./internal/metrics ./internal/isolation/warm ./client/... ./internal/cli
+echo "==> fuzz smoke: each parser of sandbox-controlled bytes for a few seconds"
+for target in \
+  ./internal/egress/policy:FuzzMatch ./internal/egress/policy:FuzzNeverReachable \
+  ./internal/egress/sniff:FuzzSniff ./internal/egress/dns:FuzzResolve \
+  ./internal/httpapi:FuzzSandboxTarget ./internal/httpapi:FuzzParseMetadataFilter \
+  ./internal/httpapi:FuzzCheckSignature ./internal/agent/users:FuzzResolvePath \
+  ./internal/agent/sudo:FuzzDecodeRequest; do
+  go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "${FENCE_FUZZTIME:-3s}" "${target%%:*}" >/dev/null
+done
 echo "==> the official e2b JavaScript SDK against fence (tests/e2b)"
 tests/e2b/run.sh

@@ -63,3 +63,17 @@ func TestRequestRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeRequest: what a sandbox process sends the agent's sudo socket
+// never panics the decoder.
+func FuzzDecodeRequest(f *testing.F) {
+	good, _ := encodeRequest(&request{Argv: []string{"id"}})
+	f.Add(good)
+	f.Add([]byte{0, 0, 0, 2, '{', '}'})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if r, err := decodeRequest(b); err == nil && len(r.Argv) == 0 && !r.Login && !r.Shell {
+			t.Errorf("decodeRequest(%q) accepted a request without a command", b)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"path/filepath"
 	"testing"
 )
 
@@ -62,4 +63,20 @@ func TestFromHeader(t *testing.T) {
 	if err != nil || u.UID != 65534 || len(u.Groups) == 0 {
 		t.Errorf("Lookup(nobody) = %+v, %v; want uid 65534 with groups", u, err)
 	}
+}
+
+// FuzzResolvePath: whatever a request names, the result is absolute and
+// clean (inside the sandbox every absolute path is the sandbox's own).
+func FuzzResolvePath(f *testing.F) {
+	for _, s := range []string{"", "~", "~/a", "../../etc/passwd", "/a/../../b", "a//b/./c", "~root", "\x00"} {
+		f.Add(s)
+	}
+	r := &Resolver{DefaultWorkdir: "/home/user"}
+	u := &User{Name: "user", Home: "/home/user"}
+	f.Fuzz(func(t *testing.T, p string) {
+		got := r.ResolvePath(p, u)
+		if !filepath.IsAbs(got) || filepath.Clean(got) != got {
+			t.Errorf("ResolvePath(%q) = %q, want an absolute clean path", p, got)
+		}
+	})
 }
