@@ -14,20 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
-
-// requireRoot skips when not root, except in CI where it fails: CI runs as
-// root and must never skip a privileged test.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("test needs root, and CI must run it")
-	}
-	t.Skip("test needs root (loop devices, mount)")
-}
 
 func openTest(t *testing.T) *FS {
 	t.Helper()
@@ -90,7 +78,7 @@ func isFull(err error) bool {
 // that directories are independent, and that RemoveDir frees everything,
 // the loop device included. Root: loop devices and mount.
 func TestLimit(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	f := openTest(t)
 	const limit = 10 << 20
 	a := newDir(t, f, "a", limit)
@@ -174,7 +162,7 @@ func TestLimit(t *testing.T) {
 // sandboxes use it), and that RemoveDir copes with the overlay still
 // mounted. Root: mounts.
 func TestOverlayUpperLimited(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	f := openTest(t)
 	const limit = 10 << 20
 	q := newDir(t, f, "sb1", limit)
@@ -238,7 +226,7 @@ func TestOverlayUpperLimited(t *testing.T) {
 // crash leaves: a temporary image, an image without a mount, and a mount
 // that outlived its daemon. Root: mounts.
 func TestCrashLeftovers(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	f := openTest(t)
 	if _, err := f.NewDir(t.Context(), "mounted", MinLimit); err != nil {
 		t.Fatalf("NewDir(mounted) = %v", err)
@@ -277,7 +265,7 @@ func TestCrashLeftovers(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	f := openTest(t)
 	for _, name := range []string{"", ".", "..", ".hidden", "a/b", "../x", "x\x00y", strings.Repeat("x", 201)} {
 		if _, err := f.NewDir(t.Context(), name, MinLimit); !errors.Is(err, api.ErrInvalidArgument) {
@@ -348,7 +336,7 @@ func TestParseMountInfo(t *testing.T) {
 // RemoveDir retires it at once, and that a new Open destroys what an
 // earlier run left in the pool and the trash.
 func TestPool(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	base := t.TempDir()
 	opts := Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 2}
 	f, err := Open(t.Context(), opts)
