@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -159,42 +160,18 @@ func (h *handler) kill(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request) {
-	id, err := sandboxID(r)
-	if err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	var req api.TimeoutRequest
-	if err := decodeJSON(r, &req, false); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	if err := h.m.SetTimeout(r.Context(), id, seconds(req.Timeout)); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	updateSandbox(h, w, r, false, func(ctx context.Context, id string, req *api.TimeoutRequest) error {
+		return h.m.SetTimeout(ctx, id, seconds(req.Timeout))
+	})
 }
 
 // updateNetwork is PUT /sandboxes/{id}/network: E2B's runtime update of
 // allowOut, denyOut and allow_internet_access.
 func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	id, err := sandboxID(r)
-	if err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	var req api.NetworkUpdate
-	if err := decodeJSON(r, &req, false); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	n := &api.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}
-	if err := h.m.UpdateNetwork(r.Context(), id, req.AllowInternetAccess, n); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	updateSandbox(h, w, r, false, func(ctx context.Context, id string, req *api.NetworkUpdate) error {
+		n := &api.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+		return h.m.UpdateNetwork(ctx, id, req.AllowInternetAccess, n)
+	})
 }
 
 // connect answers 200 for a running sandbox after extending (never
@@ -227,21 +204,30 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) refresh(w http.ResponseWriter, r *http.Request) {
+	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.RefreshRequest) error {
+		d := h.m.DefaultTimeout()
+		if req.Duration != nil {
+			d = seconds(*req.Duration)
+		}
+		return h.m.Extend(ctx, id, d)
+	})
+}
+
+// updateSandbox is the shape of the routes that change one sandbox: the
+// ID from the path, the JSON body into a T (an empty body allowed when
+// emptyOK), fn, and 204.
+func updateSandbox[T any](h *handler, w http.ResponseWriter, r *http.Request, emptyOK bool, fn func(ctx context.Context, id string, req *T) error) {
 	id, err := sandboxID(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	var req api.RefreshRequest
-	if err := decodeJSON(r, &req, true); err != nil {
+	var req T
+	if err := decodeJSON(r, &req, emptyOK); err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	d := h.m.DefaultTimeout()
-	if req.Duration != nil {
-		d = seconds(*req.Duration)
-	}
-	if err := h.m.Extend(r.Context(), id, d); err != nil {
+	if err := fn(r.Context(), id, &req); err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
