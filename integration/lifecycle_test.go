@@ -160,16 +160,16 @@ func TestRunCLI(t *testing.T) {
 		}
 	})
 	t.Run("bind rw", func(t *testing.T) {
-		// Binds are idmapped one to one: a developer's project directory
-		// (owned by uid 1000) is writable by the template's user (1000), a
-		// root-owned one by the sandbox's root.
+		// A bind's owner is the sandbox's user: what the sandbox writes
+		// there lands owned by the directory's owner, whoever that is,
+		// and nothing else of the host is writable through it.
 		for _, tc := range []struct {
 			name  string
 			owner int
 			user  []string
 		}{
 			{"developer dir, default user", 1000, nil},
-			{"root dir, -u root", 0, []string{"-u", "root"}},
+			{"root dir, default user", 0, nil},
 		} {
 			dir := t.TempDir()
 			if err := os.WriteFile(filepath.Join(dir, "in"), []byte("from host\n"), 0o644); err != nil {
@@ -192,6 +192,27 @@ func TestRunCLI(t *testing.T) {
 				if uid := st.Sys().(*syscall.Stat_t).Uid; int(uid) != tc.owner {
 					t.Errorf("%s: DIR/out is owned by host uid %d, want %d (binds map uids one to one)", tc.name, uid, tc.owner)
 				}
+			}
+		}
+	})
+	t.Run("bind plants nothing privileged", func(t *testing.T) {
+		// Untrusted code must not leave a set-id program, or a file of
+		// root's, in a project directory: the host would run it later.
+		dir := t.TempDir()
+		if err := os.Chown(dir, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+		fenceRun(t, "-v", dir+":/w", "-w", "/w", "--", "sh", "-c", "cp /bin/busybox sh1; chmod u+s sh1; chmod g+s sh1")
+		fenceRun(t, "-u", "root", "-v", dir+":/w", "-w", "/w", "--", "sh", "-c", "cp /bin/busybox sh2; chown 0:0 sh1")
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			st, err := os.Lstat(filepath.Join(dir, e.Name()))
+			if err != nil {
+				continue
+			}
+			sys := st.Sys().(*syscall.Stat_t)
+			if st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || sys.Uid != 1000 {
+				t.Errorf("%s in the bound directory: mode %v, owner %d; want no set-id bit and owner 1000", e.Name(), st.Mode(), sys.Uid)
 			}
 		}
 	})

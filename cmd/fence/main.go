@@ -25,6 +25,9 @@ func main() {
 	if filepath.Base(os.Args[0]) == "sudo" {
 		os.Exit(sudo.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
+	if len(os.Args) == 2 && os.Args[1] == native.HoldArg {
+		native.Hold()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	os.Exit(cli.Run(ctx, deps(), os.Args[1:]))

@@ -84,6 +84,15 @@ var (
 	// is refused: out-of-band data on unix sockets reaches kernel code
 	// with a history of use-after-frees (CVE-2025-38236); Chrome's sandbox
 	// refuses it the same way. TCP urgent data goes with it.
+	// The mode argument of the calls that set a file's mode, where the
+	// set-user-ID and set-group-ID bits are refused: under no_new_privs
+	// they do nothing inside a sandbox, and in a directory bound from the
+	// host they would plant a set-id program there. (mkdir keeps setgid,
+	// which on a directory only passes its group on.)
+	setIDModeArg = map[string]uint{
+		"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2,
+		"open": 2, "openat": 3, "creat": 1, "mknod": 1, "mknodat": 2,
+	}
 	oobFlagsArg = map[string]uint{
 		"sendto": 3, "recvfrom": 3, "sendmsg": 2, "recvmsg": 2, "sendmmsg": 3, "recvmmsg": 3,
 	}
@@ -118,6 +127,19 @@ func fencePolicy(arch string, kernel [2]uint64) (*policy, error) {
 		})
 	}
 	p.rules["ioctl"] = append(ioctl, p.rules["ioctl"]...)
+	for name, arg := range setIDModeArg {
+		var deny []rule
+		for _, bit := range []uint64{unix.S_ISUID, unix.S_ISGID} {
+			deny = append(deny, rule{
+				conds: []cond{{arg: arg, op: opMaskedEQ, val: bit, val2: bit, low32: true}},
+				act:   errnoAction(unix.EPERM),
+			})
+		}
+		p.rules[name] = append(deny, p.rules[name]...)
+	}
+	// openat2 carries its mode in a struct the filter cannot read: ENOSYS
+	// sends callers back to openat.
+	p.rules["openat2"] = []rule{{act: errnoAction(unix.ENOSYS)}}
 	for name, arg := range oobFlagsArg {
 		deny := rule{
 			conds: []cond{{arg: arg, op: opMaskedEQ, val: unix.MSG_OOB, val2: unix.MSG_OOB, low32: true}},

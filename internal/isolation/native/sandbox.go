@@ -317,7 +317,12 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	// The template and every bind travel as detached mounts, idmapped for
 	// the sandbox's user namespace and made here, by the daemon: the
 	// sandbox's uids need no access to the host paths.
-	lower, err := idmappedTree(spec.RootFS, cmd.Process.Pid, true)
+	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening sandbox user namespace: %w", err)
+	}
+	defer unix.Close(userns)
+	lower, err := idmappedTree(spec.RootFS, userns, true)
 	if err != nil {
 		return err
 	}
@@ -328,7 +333,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		if err != nil {
 			return fmt.Errorf("bind source: %w", err)
 		}
-		fd, err := idmappedTree(bd.HostPath, cmd.Process.Pid, bd.ReadOnly)
+		sys := st.Sys().(*syscall.Stat_t)
+		bns, err := bindUserNS(s.b.exe, sys.Uid, sys.Gid, hostUID+sandboxUserID)
+		if err != nil {
+			return fmt.Errorf("bind %s: %w", bd.HostPath, err)
+		}
+		fd, err := idmappedTree(bd.HostPath, bns, bd.ReadOnly)
+		unix.Close(bns)
 		if err != nil {
 			return fmt.Errorf("bind %s: %w", bd.HostPath, err)
 		}
@@ -437,14 +448,9 @@ func (s *sandbox) SetEgress(p *policy.Policy) {
 }
 
 // idmappedTree returns a detached, nosuid, nodev clone of the tree at
-// path, idmapped for the user namespace of pid: on-disk uid N appears as
-// the sandbox's uid N.
-func idmappedTree(path string, pid int, readOnly bool) (int, error) {
-	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("opening sandbox user namespace: %w", err)
-	}
-	defer unix.Close(userns)
+// path, idmapped through the user namespace userns: on-disk id N appears
+// as what N maps to there.
+func idmappedTree(path string, userns int, readOnly bool) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return -1, fmt.Errorf("cloning %s: %w", path, err)

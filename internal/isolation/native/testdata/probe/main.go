@@ -182,6 +182,41 @@ func run(check string, args []string) error {
 			hold = append(hold, b)
 		}
 		return fmt.Errorf("allocated 4 GiB (%d chunks)", len(hold))
+	case "setid":
+		// No set-user-ID or set-group-ID file may be made: it would be a
+		// set-id program on the host in a directory bound from there.
+		dir := "/tmp"
+		if len(args) > 0 {
+			dir = args[0]
+		}
+		f := dir + "/setid-probe"
+		os.Remove(f)
+		if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			return fmt.Errorf("plain file refused: %v", err)
+		}
+		defer os.Remove(f)
+		for _, m := range []uint32{0o4755, 0o2755, 0o6755} {
+			if unix.Chmod(f, m) == nil {
+				return fmt.Errorf("chmod %o succeeded", m)
+			}
+			if unix.Fchmodat(unix.AT_FDCWD, f, m, 0) == nil {
+				return fmt.Errorf("fchmodat %o succeeded", m)
+			}
+		}
+		fd, err := unix.Open(dir+"/setid-probe2", unix.O_CREAT|unix.O_WRONLY, 0o4755)
+		if err == nil {
+			unix.Close(fd)
+			os.Remove(dir + "/setid-probe2")
+			return fmt.Errorf("open(O_CREAT, 04755) succeeded")
+		}
+		if err := unix.Chmod(f, 0o700); err != nil {
+			return fmt.Errorf("plain chmod refused: %v", err)
+		}
+		if err := unix.Mkdir(dir+"/setgid-dir", 0o2775); err != nil {
+			return fmt.Errorf("mkdir with setgid refused: %v", err)
+		}
+		os.Remove(dir + "/setgid-dir")
+		return nil
 	case "msg-oob":
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		if err != nil {
