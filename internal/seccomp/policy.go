@@ -128,26 +128,29 @@ func fencePolicy(arch string, kernel [2]uint64) (*policy, error) {
 	}
 	p.rules["ioctl"] = append(ioctl, p.rules["ioctl"]...)
 	for name, arg := range setIDModeArg {
-		var deny []rule
-		for _, bit := range []uint64{unix.S_ISUID, unix.S_ISGID} {
-			deny = append(deny, rule{
-				conds: []cond{{arg: arg, op: opMaskedEQ, val: bit, val2: bit, low32: true}},
-				act:   errnoAction(unix.EPERM),
-			})
-		}
-		p.rules[name] = append(deny, p.rules[name]...)
+		p.denyBits(name, arg, unix.S_ISUID, unix.S_ISGID)
 	}
 	// openat2 carries its mode in a struct the filter cannot read: ENOSYS
 	// sends callers back to openat.
 	p.rules["openat2"] = []rule{{act: errnoAction(unix.ENOSYS)}}
 	for name, arg := range oobFlagsArg {
-		deny := rule{
-			conds: []cond{{arg: arg, op: opMaskedEQ, val: unix.MSG_OOB, val2: unix.MSG_OOB, low32: true}},
-			act:   errnoAction(unix.EPERM),
-		}
-		p.rules[name] = append([]rule{deny}, p.rules[name]...)
+		p.denyBits(name, arg, unix.MSG_OOB)
 	}
 	return p, nil
+}
+
+// denyBits makes syscall name fail with EPERM, before any other rule of
+// it, when argument arg has any of bits set (low 32 bits: these are int
+// flags and modes, so garbage in the high half cannot dodge the rule).
+func (p *policy) denyBits(name string, arg uint, bits ...uint64) {
+	deny := make([]rule, 0, len(bits))
+	for _, bit := range bits {
+		deny = append(deny, rule{
+			conds: []cond{{arg: arg, op: opMaskedEQ, val: bit, val2: bit, low32: true}},
+			act:   errnoAction(unix.EPERM),
+		})
+	}
+	p.rules[name] = append(deny, p.rules[name]...)
 }
 
 // resolveMoby turns a moby profile into a policy the way moby's
