@@ -46,7 +46,6 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
 	Extend(ctx context.Context, id string, d time.Duration) error
 	Kill(ctx context.Context, id string) error
-	Stats(ctx context.Context, id string) (isolation.Stats, error)
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
 	DefaultTimeout() time.Duration

@@ -105,8 +105,8 @@ func TestCreateGetKill(t *testing.T) {
 	if box, info, ok := e.m.Lookup(s.ID); !ok || box.ID() != s.ID || info.EnvdAccessToken != s.EnvdAccessToken {
 		t.Errorf("Lookup(%s) = %v, %+v, %v", s.ID, box, info, ok)
 	}
-	if _, err := e.m.Stats(ctx, s.ID); err != nil {
-		t.Errorf("Stats(%s) = %v", s.ID, err)
+	if ms, err := e.m.Metrics(ctx, s.ID, time.Time{}, time.Time{}); err != nil || len(ms) == 0 {
+		t.Errorf("Metrics(%s) = %d readings, %v; want at least one", s.ID, len(ms), err)
 	}
 	if err := e.m.Kill(ctx, s.ID); err != nil {
 		t.Fatalf("Kill(%s) = %v", s.ID, err)

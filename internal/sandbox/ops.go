@@ -48,22 +48,6 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	return e.box, e.snapshot(), true
 }
 
-// Stats reads the resource use of a running sandbox.
-func (m *Manager) Stats(ctx context.Context, id string) (isolation.Stats, error) {
-	e, err := m.lookup(id)
-	if err != nil {
-		return isolation.Stats{}, err
-	}
-	st, err := e.box.Stats(ctx)
-	if errors.Is(err, isolation.ErrNotFound) {
-		return st, notFound(id)
-	}
-	if err != nil {
-		return st, fmt.Errorf("reading stats of sandbox %s: %w", id, err)
-	}
-	return st, nil
-}
-
 // List returns running sandboxes matching f, newest first. fence has no
 // paused sandboxes, so a filter naming only "paused" returns none.
 func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -77,8 +79,11 @@ func (m *Manager) Metrics(ctx context.Context, id string, start, end time.Time) 
 	e.mu.Unlock()
 	if len(out) == 0 && (end.IsZero() || !m.now().After(end)) {
 		s, err := e.sample(m.now())
+		if errors.Is(err, isolation.ErrNotFound) {
+			return nil, notFound(id)
+		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("reading stats of sandbox %s: %w", id, err)
 		}
 		out = append(out, s)
 	}
