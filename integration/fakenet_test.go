@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,16 @@ func dnsZone() map[string][]string {
 func newFakeNet(t *testing.T) *fakeNet {
 	t.Helper()
 	testutil.RequireRoot(t)
+	// The fake internet's addresses are fixed: copies of this test (other
+	// checkouts on the same host) take turns instead of failing.
+	lock, err := os.OpenFile("/run/fence-fakenet.lock", os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatalf("fake net lock: %v", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("fake net lock: %v", err)
+	}
+	t.Cleanup(func() { lock.Close() })
 	if out, _ := exec.Command("ip", "route", "show", "203.0.113.0/24").CombinedOutput(); len(strings.TrimSpace(string(out))) > 0 {
 		t.Fatalf("203.0.113.0/24 is already routed on this host (another fake net?): %s", out)
 	}
