@@ -15,9 +15,11 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/cli"
 	"github.com/fencesandbox/fence/internal/daemon"
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/selftest"
 )
 
 func main() {
@@ -75,6 +77,7 @@ func deps() cli.Deps {
 				Limits:       o.Limits,
 				Binds:        o.Binds,
 				Agent:        isolation.AgentConfig{EnvVars: o.Env, DefaultWorkdir: o.Workdir},
+				Recorder:     flowRecorder(o.OnFlow),
 			})
 		},
 		Agent:       daemon.RunAgent,
@@ -87,3 +90,18 @@ func deps() cli.Deps {
 		},
 	}
 }
+
+// flowRecorder hands a local sandbox's network decisions to f (for
+// `fence selftest`); nil when f is.
+func flowRecorder(f func(selftest.Flow)) egress.Recorder {
+	if f == nil {
+		return nil
+	}
+	return recorderFunc(func(_ context.Context, ev egress.FlowEvent) {
+		f(selftest.Flow{Proto: ev.Proto, Dst: ev.Dst, Name: ev.Name, Allowed: ev.Allowed, Reason: ev.Reason})
+	})
+}
+
+type recorderFunc func(context.Context, egress.FlowEvent)
+
+func (r recorderFunc) Record(ctx context.Context, ev egress.FlowEvent) { r(ctx, ev) }

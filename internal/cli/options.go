@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/selftest"
 )
 
 // Defaults shared by the verbs.
@@ -71,6 +72,9 @@ type LocalOptions struct {
 	Workdir string            // default working directory; "" = the template's
 	Env     map[string]string // sandbox-wide environment (only what -e gave)
 	Limits  isolation.Limits
+	// OnFlow, when set, receives each decision of the sandbox's network
+	// stack (`fence selftest` judges its network checks by them).
+	OnFlow func(selftest.Flow)
 }
 
 // BenchOptions configures `fence bench`.

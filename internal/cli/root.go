@@ -95,8 +95,10 @@ the fence client verbs at it:
 		execCmd(),
 		cpCmd(),
 		benchCmd(deps),
+		selftestCmd(deps),
 		agentCmd(deps),
 		initCmd(deps),
+		probeCmd(),
 	)
 	return root
 }

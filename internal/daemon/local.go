@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/fencesandbox/fence/internal/bench"
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/template"
@@ -23,6 +24,8 @@ type LocalOptions struct {
 	Limits       isolation.Limits
 	Binds        []isolation.Bind
 	Agent        isolation.AgentConfig
+	// Recorder receives the sandbox's network flows; nil logs nothing.
+	Recorder egress.Recorder
 }
 
 // localSandbox is a sandbox owned by this process alone (`fence run`).
@@ -55,6 +58,7 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 		StateDir:  filepath.Join(opts.DataDir, "native"),
 		Instance:  "run-" + strconv.Itoa(os.Getpid()),
 		Ephemeral: true,
+		Recorder:  opts.Recorder,
 	})
 	if err != nil {
 		return nil, err

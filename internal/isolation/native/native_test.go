@@ -14,8 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,21 +23,30 @@ import (
 
 	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/selftest"
+	"github.com/fencesandbox/fence/internal/selftest/probe"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 func newBackend(t *testing.T) *native.Backend {
 	t.Helper()
+	return newBackendWith(t, native.Options{})
+}
+
+// newBackendWith is newBackend with options; the state directory, instance
+// and executable are the test's.
+func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
+	t.Helper()
 	testutil.RequireRoot(t)
 	dir := testutil.StateDir(t)
-	b, err := native.New(t.Context(), native.Options{
-		StateDir:   filepath.Join(dir, "state"),
-		Instance:   "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name())),
-		Executable: testutil.FenceBinary(t),
-	})
+	opts.StateDir = filepath.Join(dir, "state")
+	opts.Instance = "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
+	opts.Executable = testutil.FenceBinary(t)
+	b, err := native.New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("native.New: %v", err)
 	}
@@ -55,34 +64,6 @@ func TestConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
-}
-
-var (
-	probeOnce sync.Once
-	probePath string
-	probeErr  error
-)
-
-// probe builds testdata/probe statically, once.
-func probe(t *testing.T) string {
-	t.Helper()
-	probeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fence-probe-")
-		if err != nil {
-			probeErr = err
-			return
-		}
-		probePath = filepath.Join(dir, "probe")
-		cmd := exec.Command("go", "build", "-o", probePath, "./testdata/probe")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			probeErr = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	if probeErr != nil {
-		t.Fatalf("building probe: %v", probeErr)
-	}
-	return probePath
 }
 
 type result struct {
@@ -156,34 +137,46 @@ func create(t *testing.T, b *native.Backend, spec isolation.Spec) isolation.Sand
 	return sb
 }
 
-func withProbe(t *testing.T) isolation.Spec {
-	return isolation.Spec{Binds: []isolation.Bind{{HostPath: probe(t), Path: "/probe", ReadOnly: true}}}
+// probeArgv runs one of package probe's checks: the fence binary the
+// backend mounts in every sandbox, in its probe role.
+func probeArgv(check string, args ...string) []string {
+	return append(append(append([]string(nil), selftest.ProbeCommand...), check), args...)
 }
 
-// TestAttacks runs each escape attempt from inside a sandbox, as sandbox
-// root (the strongest user a sandbox has).
+// TestAttacks runs every attack probe of package probe from inside a
+// sandbox, as sandbox root (the strongest user a sandbox has), through
+// package selftest, as `fence selftest` does: the network checks also
+// require the refusal on the stack's record and a silent host listener.
 func TestAttacks(t *testing.T) {
-	b := newBackend(t)
-	sb := create(t, b, withProbe(t))
-	checks := []string{
-		"vsock", "alg", "inet", "userns", "netns", "mount", "remount-proc", "umount-mask",
-		"keyctl", "bpf", "perf", "io_uring", "userfaultfd", "tiocsti", "core_pattern", "sysrq",
-		"sys-write", "kcore", "mknod", "uid", "seccomp", "caps", "ptrace-init", "fds", "agent-proc", "msg-oob", "setid",
+	flows := selftest.NewFlowLog()
+	b := newBackendWith(t, native.Options{Recorder: flowRecorder{flows}})
+	limits := isolation.Limits{MemoryBytes: 128 << 20, Pids: 128}
+	sb := create(t, b, isolation.Spec{Limits: limits})
+	exec, closeExec := selftest.AgentExec(sb.DialAgent)
+	defer closeExec()
+	rep, err := selftest.Run(t.Context(), selftest.Options{
+		Exec: exec, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids, Flows: flows,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range checks {
-		t.Run(c, func(t *testing.T) {
-			r := run(t, sb, "root", "/probe", c)
-			if r.exit != 0 || strings.TrimSpace(r.stdout) != "ok" {
-				t.Errorf("probe %s: exit %d, stdout %q, stderr %q", c, r.exit, r.stdout, r.stderr)
+	if len(rep.Results) != len(probe.Checks()) {
+		t.Errorf("%d results for %d checks", len(rep.Results), len(probe.Checks()))
+	}
+	for _, r := range rep.Results {
+		t.Run(r.Name, func(t *testing.T) {
+			if !r.Pass {
+				t.Error(r)
 			}
 		})
 	}
-	t.Run("x32-killed", func(t *testing.T) {
-		r := run(t, sb, "root", "/probe", "x32")
-		if r.exit == 0 || strings.Contains(r.stdout, "ESCAPE") {
-			t.Errorf("x32 syscall not killed: exit %d %q %q", r.exit, r.stdout, r.status)
-		}
-	})
+}
+
+// flowRecorder feeds a selftest.FlowLog from the sandboxes' network stacks.
+type flowRecorder struct{ log *selftest.FlowLog }
+
+func (r flowRecorder) Record(_ context.Context, ev egress.FlowEvent) {
+	r.log.Record(selftest.Flow{Proto: ev.Proto, Dst: ev.Dst, Name: ev.Name, Allowed: ev.Allowed, Reason: ev.Reason})
 }
 
 func TestProcessesInvisible(t *testing.T) {
@@ -296,10 +289,8 @@ func TestPidsLimitHoldsForkBomb(t *testing.T) {
 
 func TestMemoryBalloonKilledInside(t *testing.T) {
 	b := newBackend(t)
-	spec := withProbe(t)
-	spec.Limits.MemoryBytes = 64 << 20
-	sb := create(t, b, spec)
-	r := run(t, sb, "root", "/probe", "balloon")
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{MemoryBytes: 64 << 20}})
+	r := run(t, sb, "root", probeArgv("memory-limit", strconv.Itoa(64<<20))...)
 	if r.exit == 0 || !strings.Contains(r.status, "killed") {
 		t.Errorf("balloon: exit %d status %q, want killed", r.exit, r.status)
 	}
