@@ -35,7 +35,7 @@ func execute(t *testing.T, deps Deps, stdin string, args ...string) (code int, s
 func TestHelpTeachesWithExamples(t *testing.T) {
 	cmds := [][]string{
 		{}, {"serve"}, {"template", "build"}, {"run"}, {"sandbox", "create"}, {"sandbox", "list"},
-		{"sandbox", "kill"}, {"sandbox", "timeout"}, {"exec"}, {"cp"}, {"bench"},
+		{"sandbox", "kill"}, {"sandbox", "timeout"}, {"exec"}, {"cp"}, {"bench"}, {"selftest"},
 	}
 	for _, c := range cmds {
 		code, out, _ := execute(t, Deps{}, "", append(c, "--help")...)
@@ -44,7 +44,7 @@ func TestHelpTeachesWithExamples(t *testing.T) {
 		}
 	}
 	_, out, _ := execute(t, Deps{}, "", "--help")
-	for _, hidden := range []string{"agent", "init"} {
+	for _, hidden := range []string{"agent", "init", "probe"} {
 		if strings.Contains(out, "\n  "+hidden+" ") {
 			t.Errorf("fence --help lists hidden command %q", hidden)
 		}

@@ -23,9 +23,10 @@ func selftestCmd(deps Deps) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "selftest",
 		Short: "Attack a sandbox on this machine and report what it refused",
-		Long: `Start a sandbox on this machine exactly as 'fence run' does (no daemon, the
-minimal template and the default limits unless told otherwise), run fence's
-attack probes inside it as the sandbox's root, and print one line per check:
+		Long: `Start a sandbox on this machine exactly as 'fence run' does (no daemon,
+'fence run's default limits, the minimal template unless --template names
+another), run fence's attack probes inside it as the sandbox's root, and
+print one line per check:
 
   PASS NAME — what the pass proves
   FAIL NAME — what went wrong
@@ -35,7 +36,9 @@ a hidden role ('fence probe CHECK'), the same code fence's own tests attack
 sandboxes with. Network checks also need fence's side of the story: a
 connection must have been refused by fence's policy (on record in the
 sandbox's network stack), not merely have failed, and nothing may reach a
-listener this command opens on every host address.
+listener this command opens on every host address. The sandbox is removed
+at the end; it takes a few seconds to half a minute (the limit checks fill
+the sandbox's memory and process table).
 
 What is checked:
 ` + checkList() + `

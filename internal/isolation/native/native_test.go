@@ -172,6 +172,45 @@ func TestAttacks(t *testing.T) {
 	}
 }
 
+// TestAttacksSeeAMissingFilter proves that the probes can fail: in a
+// sandbox whose backend installs no seccomp filter (Options.NoSeccomp, a
+// switch of the Go API only), the checks that only the filter stands
+// behind must fail, and the run with them. The attacks it lets through
+// are harmless ones (a keyring ID, a vsock socket left unconnected, an
+// x32 getpid, a user namespace for /.fence/fence, io_uring with no
+// parameters).
+func TestAttacksSeeAMissingFilter(t *testing.T) {
+	b := newBackendWith(t, native.Options{NoSeccomp: true})
+	limits := isolation.Limits{MemoryBytes: 64 << 20, Pids: 64}
+	sb := create(t, b, isolation.Spec{Limits: limits})
+	exec, closeExec := selftest.AgentExec(sb.DialAgent)
+	defer closeExec()
+	rep, err := selftest.Run(t.Context(), selftest.Options{Exec: exec, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := map[string]string{}
+	for _, r := range rep.Results {
+		if !r.Pass {
+			failed[r.Name] = r.Detail
+		}
+	}
+	for _, name := range []string{"seccomp", "keyctl", "userns", "io_uring", "bpf", "perf", "tiocsti", "setid", "vsock", "x32", "msg-oob"} {
+		if _, ok := failed[name]; !ok {
+			t.Errorf("%s passed without a seccomp filter", name)
+		}
+	}
+	for _, name := range []string{"uid", "caps", "no-new-privs", "proc-sys-ro", "devices", "fds", "pids-limit", "memory-limit"} {
+		if d, ok := failed[name]; ok {
+			t.Errorf("%s failed, but the filter is not what it checks: %s", name, d)
+		}
+	}
+	if rep.OK() {
+		t.Error("report OK without a seccomp filter")
+	}
+	t.Logf("without a filter: %s; failed: %v", rep.Summary(), failed)
+}
+
 // flowRecorder feeds a selftest.FlowLog from the sandboxes' network stacks.
 type flowRecorder struct{ log *selftest.FlowLog }
 
