@@ -92,6 +92,8 @@ var checks = []Check{
 		Proves: "the agent's memory, environment and descriptors cannot be read through /proc/1"},
 	{Name: "ptrace-init", Group: "processes", run: checkPtraceInit,
 		Proves: "PID 1 (the agent) cannot be traced"},
+	{Name: "exe-write", Group: "processes", run: checkExeWrite,
+		Proves: "fence's own binary, which runs the agent and every probe, is on a read-only mount and cannot be opened for writing, directly or through /proc/self/exe and /proc/1/exe (runc's CVE-2019-5736)"},
 
 	// network
 	{Name: "egress", Group: "network", Args: "ADDR:PORT...", run: connectRefused,

@@ -220,3 +220,16 @@ func checkPtraceInit([]string) error {
 	}
 	return refused("ptrace(ATTACH, 1) by pid "+strconv.Itoa(os.Getpid()), err)
 }
+
+// checkExeWrite attacks the binary this probe runs from, which in a
+// sandbox is fence's own (the agent's) binary bound from the host.
+func checkExeWrite([]string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if err := readOnlyMount(self); err != nil {
+		return err
+	}
+	return openWriteRefused(self, "/proc/self/exe", "/proc/1/exe")(nil)
+}
