@@ -88,10 +88,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
 	var results []Result
+	var phases coldPhases
 	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
-		return fenceCold(ctx, opts.Backend, opts.RootFS, i)
+		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
 	})
 	results = append(results, cold)
+	results = append(results, phases.results()...)
 	results = append(results, fenceWarm(ctx, opts))
 	results = append(results, fenceExec(ctx, opts))
 	if opts.Peers {
@@ -164,13 +166,35 @@ func newID(prefix string) string {
 	return prefix + strconv.Itoa(os.Getpid()) + "x" + strconv.Itoa(seq)
 }
 
-func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, _ int) error {
+// coldPhases splits the cold cycle into its phases.
+type coldPhases struct{ create, exec, kill []time.Duration }
+
+func (p *coldPhases) results() []Result {
+	return []Result{
+		{Name: "  phase: create", Samples: p.create},
+		{Name: "  phase: exec true", Samples: p.exec},
+		{Name: "  phase: kill", Samples: p.kill},
+	}
+}
+
+func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, p *coldPhases, i int) error {
+	t0 := time.Now()
 	sb, err := b.Create(ctx, isolation.Spec{ID: newID("bench"), RootFS: rootfs})
 	if err != nil {
 		return err
 	}
-	defer sb.Kill(context.WithoutCancel(ctx))
-	return execTrue(ctx, processClient(sb))
+	t1 := time.Now()
+	err = execTrue(ctx, processClient(sb))
+	t2 := time.Now()
+	if kerr := sb.Kill(context.WithoutCancel(ctx)); err == nil {
+		err = kerr
+	}
+	if i >= 0 && err == nil {
+		p.create = append(p.create, t1.Sub(t0))
+		p.exec = append(p.exec, t2.Sub(t1))
+		p.kill = append(p.kill, time.Since(t2))
+	}
+	return err
 }
 
 func fenceExec(ctx context.Context, opts Options) Result {

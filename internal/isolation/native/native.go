@@ -97,7 +97,8 @@ type Backend struct {
 	sbDir     string
 
 	closeOnce sync.Once
-	closing   sync.WaitGroup // network stacks of killed sandboxes, shutting down
+	closing   sync.WaitGroup // killed sandboxes releasing their resources, network stacks shutting down
+	reapers   chan struct{}  // a slot per release in progress (see sandbox.Kill)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -152,6 +153,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
+		reapers: make(chan struct{}, reapers),
 	}
 	// The state directory must be traversable (not readable) by sandbox
 	// uids, which own their own sandbox directory below it.
