@@ -82,7 +82,7 @@ func deps() cli.Deps {
 		Bench: func(ctx context.Context, o cli.BenchOptions, out io.Writer) error {
 			return daemon.Bench(ctx, daemon.BenchOptions{
 				DataDir: o.DataDir, TemplatesDir: o.TemplatesDir, Template: o.Template,
-				Iterations: o.Iterations, Peers: o.Peers,
+				Iterations: o.Iterations, Peers: o.Peers, Density: o.Density,
 			}, out)
 		},
 	}

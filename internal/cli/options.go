@@ -82,6 +82,9 @@ type BenchOptions struct {
 	// Peers also runs the peer runtimes found on the machine (bwrap, crun,
 	// runc, …) in the same run, for comparison.
 	Peers bool
+	// Density, when above zero, also creates that many idle sandboxes
+	// through the API and reports create rate, memory and liveness.
+	Density int
 }
 
 func defaultLimits() isolation.Limits {
