@@ -500,7 +500,7 @@ func setRlimits(noFile uint64) error {
 
 // dropPrivileges bounds the capabilities of everything the agent will run,
 // sets no_new_privs and installs the seccomp filter, on this thread.
-func dropPrivileges(withSeccomp bool) error {
+func dropPrivileges(filter []byte) error {
 	for c := 0; c <= 63; c++ {
 		if keptCaps[c] {
 			continue
@@ -518,12 +518,12 @@ func dropPrivileges(withSeccomp bool) error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
-	if !withSeccomp {
+	if len(filter) == 0 {
 		return nil
 	}
-	prog, err := seccomp.Program()
+	prog, err := decodeFilter(filter)
 	if err != nil {
-		return fmt.Errorf("compiling seccomp filter: %w", err)
+		return err
 	}
 	if err := seccomp.Install(prog); err != nil {
 		return fmt.Errorf("installing seccomp filter: %w", err)

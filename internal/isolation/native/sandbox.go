@@ -35,9 +35,11 @@ type initConfig struct {
 	WorkDir  string `json:"workDir"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
-	Binds    []bindTarget          `json:"binds,omitempty"`
-	NoFile   uint64                `json:"noFile"`
-	Seccomp  bool                  `json:"seccomp"`
+	Binds  []bindTarget `json:"binds,omitempty"`
+	NoFile uint64       `json:"noFile"`
+	// Seccomp is the filter to install (encodeFilter), compiled once per
+	// backend; empty means none.
+	Seccomp  []byte                `json:"seccomp,omitempty"`
 	ShmBytes int64                 `json:"shmBytes"`
 	Agent    isolation.AgentConfig `json:"agent"`
 }
@@ -158,9 +160,15 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		LowerDir: filepath.Join(dir, "lower"),
 		RootDir:  filepath.Join(dir, "root"),
 		NoFile:   limits.NoFile,
-		Seccomp:  !s.b.opts.NoSeccomp,
 		ShmBytes: 64 << 20,
 		Agent:    spec.Agent,
+	}
+	if !s.b.opts.NoSeccomp {
+		prog, err := s.b.seccompFilter()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Seccomp = prog
 	}
 	disk := filepath.Join(dir, "disk")
 	if s.b.disk != nil {
