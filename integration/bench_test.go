@@ -17,7 +17,7 @@ func TestBenchSmoke(t *testing.T) {
 	rootfs := testutil.RootFS(t, "minimal")
 	dataDir := newDataDir(t)
 	t.Cleanup(func() { unmountUnder(dataDir) })
-	cmd := exec.Command(testutil.FenceBinary(t), "bench", "--iterations", "3", "--peers", "--density", "12",
+	cmd := exec.Command(testutil.FenceBinary(t), "bench", "--iterations", "3", "--peers", "--density", "12", "--net-mib", "16",
 		"--data-dir", dataDir, "--templates-dir", filepath.Dir(filepath.Dir(rootfs)))
 	out, err := cmd.CombinedOutput()
 	t.Logf("fence bench:\n%s", out)
@@ -29,6 +29,7 @@ func TestBenchSmoke(t *testing.T) {
 		"warm pool", "exec true in a running sandbox", "runc run /bin/true",
 		"api create→run echo→kill, minimal", "density: 12 idle minimal sandboxes",
 		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
+		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("fence bench output lacks %q", want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -83,7 +84,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	c := client.New(d.URL, d.APIKey)
 	runtime.GC()
 	debug.FreeOSMemory()
-	rss0 := rss()
+	rss0, fds0, gr0 := rss(), openFDs(), runtime.NumGoroutine()
 	var (
 		mu    sync.Mutex
 		sbs   []*client.Sandbox
@@ -163,6 +164,8 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox (Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
+	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines\n",
+		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n))
 	// Every sandbox still answers.
 	astart := time.Now()
 	var bad []string
@@ -209,4 +212,13 @@ func rate(stamp []time.Time, start time.Time, i, j int) float64 {
 		return 0
 	}
 	return float64(j-i) / d.Seconds()
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
 }

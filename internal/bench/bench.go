@@ -57,6 +57,9 @@ type Options struct {
 	// Density, when above zero, is how many idle sandboxes the density run
 	// creates (needs Daemon).
 	Density int
+	// NetBytes, when above zero, is the size of the network measure's bulk
+	// download (needs iproute2).
+	NetBytes int64
 }
 
 // Result is one measure.
@@ -144,9 +147,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroup + %.2f MiB in the backend (network stack, bookkeeping) = %.2f MiB\n",
 			opts.Idle, mib(perSandbox), mib(daemonSide), mib(perSandbox+daemonSide))
 	}
+	var errs []error
+	if opts.NetBytes > 0 {
+		if err := measureNet(ctx, opts, out); err != nil {
+			fmt.Fprintf(out, "network: failed: %v\n", err)
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
+	}
 	// Everything is reported; then fence's own failures fail the run (a
 	// peer that is missing or fails does not).
-	var errs []error
 	for _, r := range results {
 		if r.Err != nil && !r.peer {
 			errs = append(errs, fmt.Errorf("%s: %w", strings.TrimSpace(r.Name), r.Err))

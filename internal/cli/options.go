@@ -85,6 +85,8 @@ type BenchOptions struct {
 	// Density, when above zero, also creates that many idle sandboxes
 	// through the API and reports create rate, memory and liveness.
 	Density int
+	// NetMiB is the size of the network measure's download; 0 skips it.
+	NetMiB int
 }
 
 func defaultLimits() isolation.Limits {

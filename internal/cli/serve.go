@@ -177,6 +177,9 @@ func benchCmd(deps Deps) *cobra.Command {
     run (create → run 'echo hi' → kill, per phase), for --template and base;
   - with --peers, bwrap, runc and a plain fork+exec running the same /bin/true
     in the same root filesystem; ratios are given to bwrap;
+  - the network on the real path: a sandbox's download from a server in a
+    network namespace of its own (198.18.0.2, joined by a veth), and the
+    same client on the host; throughput and new-connection time;
   - with --density N, N idle sandboxes created through the API by 8 clients:
     create rate at the start and at the end, the daemon's memory per idle
     sandbox, and whether every sandbox still answers.
@@ -198,6 +201,9 @@ DATA-DIR/bench-api.`,
 			if o.Density < 0 {
 				return usagef("--density must not be negative")
 			}
+			if o.NetMiB < 0 {
+				return usagef("--net-mib must not be negative")
+			}
 			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
 			return deps.Bench(cmd.Context(), o, cmd.OutOrStdout())
 		},
@@ -209,7 +215,23 @@ DATA-DIR/bench-api.`,
 	fs.StringVar(&o.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
 	fs.BoolVar(&o.Peers, "peers", false, "also run the peer runtimes found on this machine")
 	fs.IntVar(&o.Density, "density", 0, "also create this many idle sandboxes through the API (0: skip)")
+	fs.IntVar(&o.NetMiB, "net-mib", 256, "size of the network measure's download in MiB (0: skip)")
 	return cmd
+}
+
+func benchClientCmd(deps Deps) *cobra.Command {
+	return &cobra.Command{
+		Use:                "bench-client",
+		Short:              "The network measure's client (internal, run by fence bench)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.BenchClient == nil {
+				return errUnavailable("fence bench-client")
+			}
+			return deps.BenchClient(args, cmd.OutOrStdout())
+		},
+	}
 }
 
 func agentCmd(deps Deps) *cobra.Command {

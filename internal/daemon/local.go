@@ -93,6 +93,8 @@ type BenchOptions struct {
 	// Density, when above zero, adds the density run: that many idle
 	// sandboxes through the API.
 	Density int
+	// NetBytes, when above zero, adds the network measure.
+	NetBytes int64
 }
 
 // Bench runs the benchmarks with a native backend of its own.
@@ -130,7 +132,7 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 	}
 	return bench.Run(ctx, bench.Options{
 		Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers,
-		Daemon: benchDaemon(opts), Templates: tmpls, Density: opts.Density,
+		Daemon: benchDaemon(opts), Templates: tmpls, Density: opts.Density, NetBytes: opts.NetBytes,
 	}, out)
 }
 

@@ -39,6 +39,10 @@ const AgentConfigEnv = "FENCE_AGENT_CONFIG"
 // agentPath is where the fence binary is bind-mounted inside the sandbox.
 const agentPath = "/.fence/fence"
 
+// AgentPath is where the fence binary is inside every sandbox (read-only),
+// for callers that run one of its roles there.
+const AgentPath = agentPath
+
 // Capabilities the sandbox's root keeps (Docker's default set minus
 // MKNOD and NET_RAW).
 var keptCaps = map[int]bool{
