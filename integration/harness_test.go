@@ -596,19 +596,39 @@ func assertNoLeftovers(t testing.TB, dataDir string, ours map[string]bool) {
 // cgroup, no process with a sandbox uid in its cgroup, and no state or
 // socket entry, writable layer, disk image or mount in dataDir other than
 // those of live sandboxes. (The fence/serve cgroup parent is shared by
-// every daemon of the host, so cgroups are judged by sandbox ID.)
+// every daemon of the host, so cgroups are judged by sandbox ID.) A kill
+// answers once the sandbox's processes are gone and releases the rest in
+// the background, so the check allows that a few seconds.
 func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[string]bool) {
 	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		left := sandboxLeftovers(dataDir, ours, live)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, l := range left {
+				t.Error(l)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
+	var left []string
 	instance := instanceOf(dataDir)
 	for _, cg := range sandboxCgroups(instance) {
 		if id := filepath.Base(cg); ours[id] && !live[id] {
-			t.Errorf("sandbox cgroup left: %s", cg)
+			left = append(left, fmt.Sprintf("sandbox cgroup left: %s", cg))
 		}
 	}
 	for pid, desc := range sandboxUIDProcs() {
 		for id := range ours {
 			if !live[id] && strings.Contains(desc, "/fence/"+instance+"/"+id) {
-				t.Errorf("process %d of sandbox %s left: %s", pid, id, desc)
+				left = append(left, fmt.Sprintf("process %d of sandbox %s left: %s", pid, id, desc))
 			}
 		}
 	}
@@ -619,7 +639,7 @@ func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[strin
 			if strings.HasPrefix(n, ".") || live[id] {
 				continue
 			}
-			t.Errorf("sandbox leftover %s", filepath.Join(native, d, instance, n))
+			left = append(left, fmt.Sprintf("sandbox leftover %s", filepath.Join(native, d, instance, n)))
 		}
 	}
 	for _, m := range mountsUnder(dataDir) {
@@ -632,8 +652,9 @@ func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[strin
 		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[rel] {
 			continue // the disk pool, or a live sandbox's layer
 		}
-		t.Errorf("mount left under the data dir: %s", m)
+		left = append(left, fmt.Sprintf("mount left under the data dir: %s", m))
 	}
+	return left
 }
 
 // unmountUnder detaches every mount under dir, deepest first, so that a

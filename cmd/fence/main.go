@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
+	"github.com/fencesandbox/fence/internal/bench"
 	"github.com/fencesandbox/fence/internal/cli"
 	"github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/egress"
@@ -85,9 +86,10 @@ func deps() cli.Deps {
 		Bench: func(ctx context.Context, o cli.BenchOptions, out io.Writer) error {
 			return daemon.Bench(ctx, daemon.BenchOptions{
 				DataDir: o.DataDir, TemplatesDir: o.TemplatesDir, Template: o.Template,
-				Iterations: o.Iterations, Peers: o.Peers,
+				Iterations: o.Iterations, Peers: o.Peers, Density: o.Density, NetBytes: int64(o.NetMiB) << 20,
 			}, out)
 		},
+		BenchClient: bench.Client,
 	}
 }
 

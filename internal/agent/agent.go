@@ -116,13 +116,19 @@ type built struct {
 	close func()
 }
 
+// compressMinBytes is the smallest message the agent compresses.
+const compressMinBytes = 8 << 10
+
 func build(opts Options) *built {
 	log := logger(opts)
 	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
 	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars, Logger: log.With("svc", "process")})
 	files := fs.NewService(fs.Options{Users: resolver, Logger: log.With("svc", "filesystem")})
 
-	copts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}
+	// Small messages (most process events) go uncompressed even to clients
+	// that accept gzip: a compressor costs about a megabyte to set up and
+	// saves nothing on a few bytes.
+	copts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes), connect.WithCompressMinBytes(compressMinBytes)}
 	mux := http.NewServeMux()
 	mux.Handle(procs.Handler(copts...))
 	mux.Handle(files.Handler(copts...))

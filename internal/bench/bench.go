@@ -48,6 +48,18 @@ type Options struct {
 	Peers bool
 	// WorkDir holds the peers' scratch state; empty means a temp dir.
 	WorkDir string
+	// Daemon, when set, starts a fence daemon for the measures through the
+	// API: the SDK-shaped round trip and the density run.
+	Daemon DaemonStarter
+	// Templates names the templates of the API round trip (RootFS's
+	// template first).
+	Templates []string
+	// Density, when above zero, is how many idle sandboxes the density run
+	// creates (needs Daemon).
+	Density int
+	// NetBytes, when above zero, is the size of the network measure's bulk
+	// download (needs iproute2).
+	NetBytes int64
 }
 
 // Result is one measure.
@@ -55,6 +67,7 @@ type Result struct {
 	Name    string
 	Samples []time.Duration
 	Err     error
+	peer    bool // a peer runtime's measure, not fence's
 }
 
 func (r Result) quantile(q float64) time.Duration {
@@ -88,10 +101,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
 	var results []Result
+	var phases coldPhases
 	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
-		return fenceCold(ctx, opts.Backend, opts.RootFS, i)
+		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
 	})
 	results = append(results, cold)
+	results = append(results, phases.results()...)
 	results = append(results, fenceWarm(ctx, opts))
 	results = append(results, fenceExec(ctx, opts))
 	if opts.Peers {
@@ -103,29 +118,98 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		results = append(results, measure("baseline fork+exec /bin/true", opts.Iterations, func(int) error {
 			return run(ctx, "/bin/true")
 		}))
+		for i := len(results) - 3; i < len(results); i++ {
+			results[i].peer = true
+		}
+	}
+	// The idle memory is read before the API measures start daemons in
+	// this process.
+	perSandbox, daemonSide, idleErr := idleMemory(ctx, opts)
+	var dmn *Daemon
+	if opts.Daemon != nil {
+		d, err := opts.Daemon(ctx, 2)
+		if err != nil {
+			results = append(results, Result{Name: "api round trip", Err: err})
+		} else {
+			dmn = d
+			for _, t := range opts.Templates {
+				results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+			}
+			if err := d.Stop(); err != nil {
+				fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
+			}
+		}
+	}
+	writeTable(out, results)
+	if idleErr != nil {
+		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", idleErr)
+	} else {
+		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroup + %.2f MiB in the backend (network stack, bookkeeping) = %.2f MiB\n",
+			opts.Idle, mib(perSandbox), mib(daemonSide), mib(perSandbox+daemonSide))
+	}
+	var errs []error
+	if opts.NetBytes > 0 {
+		if err := measureNet(ctx, opts, out); err != nil {
+			fmt.Fprintf(out, "network: failed: %v\n", err)
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
+	}
+	// Everything is reported; then fence's own failures fail the run (a
+	// peer that is missing or fails does not).
+	for _, r := range results {
+		if r.Err != nil && !r.peer {
+			errs = append(errs, fmt.Errorf("%s: %w", strings.TrimSpace(r.Name), r.Err))
+		}
+	}
+	if idleErr != nil {
+		errs = append(errs, fmt.Errorf("idle sandbox memory: %w", idleErr))
+	}
+	if dmn != nil && opts.Density > 0 {
+		if err := runDensity(ctx, opts, out); err != nil {
+			fmt.Fprintf(out, "density: failed: %v\n", err)
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeTable prints every result with its ratio to bwrap's one-shot run,
+// the reference peer, when it ran; otherwise to fence's cold cycle.
+func writeTable(out io.Writer, results []Result) {
+	ref, refName := Result{}, ""
+	for _, r := range results {
+		if r.Name == "bwrap /bin/true" && r.Err == nil {
+			ref, refName = r, "bwrap"
+		}
+	}
+	if refName == "" && len(results) > 0 && results[0].Err == nil {
+		ref, refName = results[0], "fence cold"
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "measure\tmedian\tp99\tvs fence cold (median)")
+	fmt.Fprintf(w, "measure\tmedian\tp99\tvs %s (median)\n", refName)
 	for _, r := range results {
 		if r.Err != nil {
 			fmt.Fprintf(w, "%s\tfailed: %v\t\t\n", r.Name, r.Err)
 			continue
 		}
 		ratio := "-"
-		if c := cold.quantile(0.5); c > 0 && cold.Err == nil {
+		if c := ref.quantile(0.5); c > 0 {
 			ratio = fmt.Sprintf("%.2fx", float64(r.quantile(0.5))/float64(c))
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Name, ms(r.quantile(0.5)), ms(r.quantile(0.99)), ratio)
 	}
 	w.Flush()
-	perSandbox, daemonSide, err := idleMemory(ctx, opts)
+}
+
+// runDensity runs the density measure on a daemon of its own, without a
+// warm pool (pooled sandboxes would be counted as idle ones).
+func runDensity(ctx context.Context, opts Options, out io.Writer) error {
+	d, err := opts.Daemon(ctx, 0)
 	if err != nil {
-		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", err)
-	} else {
-		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroup + %.2f MiB in the daemon (network stack, bookkeeping) = %.2f MiB\n",
-			opts.Idle, mib(perSandbox), mib(daemonSide), mib(perSandbox+daemonSide))
+		return err
 	}
-	return nil
+	err = density(ctx, d, opts.Templates[0], opts.Density, out)
+	return errors.Join(err, d.Stop())
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
@@ -164,13 +248,35 @@ func newID(prefix string) string {
 	return prefix + strconv.Itoa(os.Getpid()) + "x" + strconv.Itoa(seq)
 }
 
-func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, _ int) error {
+// coldPhases splits the cold cycle into its phases.
+type coldPhases struct{ create, exec, kill []time.Duration }
+
+func (p *coldPhases) results() []Result {
+	return []Result{
+		{Name: "  phase: create", Samples: p.create},
+		{Name: "  phase: exec true", Samples: p.exec},
+		{Name: "  phase: kill", Samples: p.kill},
+	}
+}
+
+func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, p *coldPhases, i int) error {
+	t0 := time.Now()
 	sb, err := b.Create(ctx, isolation.Spec{ID: newID("bench"), RootFS: rootfs})
 	if err != nil {
 		return err
 	}
-	defer sb.Kill(context.WithoutCancel(ctx))
-	return execTrue(ctx, processClient(sb))
+	t1 := time.Now()
+	err = execTrue(ctx, processClient(sb))
+	t2 := time.Now()
+	if kerr := sb.Kill(context.WithoutCancel(ctx)); err == nil {
+		err = kerr
+	}
+	if i >= 0 && err == nil {
+		p.create = append(p.create, t1.Sub(t0))
+		p.exec = append(p.exec, t2.Sub(t1))
+		p.kill = append(p.kill, time.Since(t2))
+	}
+	return err
 }
 
 func fenceExec(ctx context.Context, opts Options) Result {

@@ -44,7 +44,7 @@ func TestHelpTeachesWithExamples(t *testing.T) {
 		}
 	}
 	_, out, _ := execute(t, Deps{}, "", "--help")
-	for _, hidden := range []string{"agent", "init", "probe"} {
+	for _, hidden := range []string{"agent", "init", "probe", "bench-client"} {
 		if strings.Contains(out, "\n  "+hidden+" ") {
 			t.Errorf("fence --help lists hidden command %q", hidden)
 		}
@@ -160,9 +160,23 @@ func TestBenchAndHidden(t *testing.T) {
 		SandboxInit: func() error { initRan = true; return nil },
 	}
 	code, out, _ := execute(t, deps, "", "bench", "--iterations", "5", "--peers", "--template", "base", "--data-dir", "/d")
-	want := BenchOptions{Iterations: 5, Template: "base", DataDir: "/d", TemplatesDir: "/d/templates", Peers: true}
+	want := BenchOptions{Iterations: 5, Template: "base", DataDir: "/d", TemplatesDir: "/d/templates", Peers: true, NetMiB: 256}
 	if code != 0 || bench != want || out != "report\n" {
 		t.Errorf("fence bench = %d, %+v, %q; want %+v", code, bench, out, want)
+	}
+	code, _, _ = execute(t, deps, "", "bench", "--density", "20", "--net-mib", "0")
+	if want := (BenchOptions{Iterations: 100, Template: "minimal", DataDir: DefaultDataDir, TemplatesDir: DefaultDataDir + "/templates", Density: 20}); code != 0 || bench != want {
+		t.Errorf("fence bench --density 20 --net-mib 0 = %d, %+v; want %+v", code, bench, want)
+	}
+	for _, bad := range [][]string{{"--density", "-1"}, {"--net-mib", "-5"}, {"--iterations", "0"}} {
+		if code, _, _ := execute(t, deps, "", append([]string{"bench"}, bad...)...); code != 2 {
+			t.Errorf("fence bench %v = exit %d, want 2 (usage)", bad, code)
+		}
+	}
+	var clientArgs []string
+	deps.BenchClient = func(args []string, out io.Writer) error { clientArgs = args; return nil }
+	if code, _, _ := execute(t, deps, "", "bench-client", "--addr", "x:1"); code != 0 || len(clientArgs) != 2 {
+		t.Errorf("fence bench-client = %d, args %q", code, clientArgs)
 	}
 	if code, _, _ := execute(t, deps, "", "agent"); code != 0 || !agent {
 		t.Errorf("fence agent = %d, called %v", code, agent)

@@ -86,6 +86,11 @@ type BenchOptions struct {
 	// Peers also runs the peer runtimes found on the machine (bwrap, crun,
 	// runc, …) in the same run, for comparison.
 	Peers bool
+	// Density, when above zero, also creates that many idle sandboxes
+	// through the API and reports create rate, memory and liveness.
+	Density int
+	// NetMiB is the size of the network measure's download; 0 skips it.
+	NetMiB int
 }
 
 func defaultLimits() isolation.Limits {

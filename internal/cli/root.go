@@ -31,6 +31,9 @@ type Deps struct {
 	SandboxInit func() error
 	// Bench runs the benchmarks and writes the report to out (`fence bench`).
 	Bench func(ctx context.Context, opts BenchOptions, out io.Writer) error
+	// BenchClient is the network measure's client (hidden `fence
+	// bench-client`), run by `fence bench` in a sandbox and on the host.
+	BenchClient func(args []string, out io.Writer) error
 }
 
 // ExitError carries the exit code of a command run in a sandbox. Run exits
@@ -96,6 +99,7 @@ the fence client verbs at it:
 		cpCmd(),
 		benchCmd(deps),
 		selftestCmd(deps),
+		benchClientCmd(deps),
 		agentCmd(deps),
 		initCmd(deps),
 		probeCmd(),

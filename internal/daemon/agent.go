@@ -39,6 +39,7 @@ func RunAgent(ctx context.Context) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("making the agent non-dumpable: %w", err)
 	}
+	go prefaultText()
 	// The sandbox ends when its supervisor dies: EOF on the lifeline.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +16,7 @@ import (
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -90,6 +94,11 @@ type BenchOptions struct {
 	DataDir, TemplatesDir, Template string
 	Iterations                      int
 	Peers                           bool
+	// Density, when above zero, adds the density run: that many idle
+	// sandboxes through the API.
+	Density int
+	// NetBytes, when above zero, adds the network measure.
+	NetBytes int64
 }
 
 // Bench runs the benchmarks with a native backend of its own.
@@ -118,5 +127,64 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		b.Cleanup(context.WithoutCancel(ctx))
 		b.Close()
 	}()
-	return bench.Run(ctx, bench.Options{Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers}, out)
+	if opts.Density > 0 && opts.MaxSandboxes() < opts.Density {
+		return fmt.Errorf("--density %d: at most %d", opts.Density, opts.MaxSandboxes())
+	}
+	tmpls := []string{opts.Template}
+	if _, err := templates.Resolve("base"); err == nil && opts.Template != "base" {
+		tmpls = append(tmpls, "base")
+	}
+	return bench.Run(ctx, bench.Options{
+		Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers,
+		Daemon: benchDaemon(opts), Templates: tmpls, Density: opts.Density, NetBytes: opts.NetBytes,
+	}, out)
+}
+
+// MaxSandboxes is the most sandboxes a benchmark daemon holds.
+func (BenchOptions) MaxSandboxes() int { return 5000 }
+
+// benchDaemon starts daemons in this process for the API measures of
+// `fence bench`, on a data dir of their own below opts.DataDir (so that a
+// crashed run's leftovers are removed by the next one's start) and a
+// loopback port.
+func benchDaemon(opts BenchOptions) bench.DaemonStarter {
+	return func(ctx context.Context, warmPool int) (*bench.Daemon, error) {
+		raw := make([]byte, 20)
+		if _, err := rand.Read(raw); err != nil {
+			return nil, err
+		}
+		key := "e2b_" + hex.EncodeToString(raw)
+		ctx, cancel := context.WithCancel(ctx)
+		ready := make(chan net.Addr, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- Serve(ctx, Options{
+				Addr:         "127.0.0.1:0",
+				DataDir:      filepath.Join(opts.DataDir, "bench-api"),
+				TemplatesDir: opts.TemplatesDir,
+				APIKey:       key,
+				Defaults:     sandbox.Defaults{},
+				WarmPool:     warmPool,
+				MaxSandboxes: opts.MaxSandboxes(),
+				Ready:        func(a net.Addr) { ready <- a },
+			})
+		}()
+		select {
+		case a := <-ready:
+			d := &bench.Daemon{URL: "http://" + a.String(), APIKey: key, Stop: func() error {
+				cancel()
+				return <-done
+			}}
+			if warmPool > 0 {
+				d.Pooled = "minimal"
+				if _, err := os.Stat(filepath.Join(opts.TemplatesDir, "base")); err == nil {
+					d.Pooled = "base"
+				}
+			}
+			return d, nil
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("starting the benchmark daemon: %w", err)
+		}
+	}
 }

@@ -189,8 +189,8 @@ func (p *pool) retire(name string) (bool, error) {
 		return false, nil
 	}
 	mnt := p.f.Path(name)
-	m, err := findMount(mnt)
-	if err != nil || m == nil {
+	mounted, err := isMountPoint(mnt)
+	if err != nil || !mounted {
 		return false, err
 	}
 	k := randomSuffix()
@@ -238,8 +238,8 @@ func (p *pool) empty() {
 // destroy unmounts mnt (lazily if busy), removes it and the image img.
 func (f *FS) destroy(mnt, img string) {
 	for range 8 {
-		m, err := findMount(mnt)
-		if err != nil || m == nil {
+		mounted, err := isMountPoint(mnt)
+		if err != nil || !mounted {
 			break
 		}
 		if err := unix.Unmount(mnt, 0); err != nil {

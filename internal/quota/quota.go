@@ -265,12 +265,12 @@ func (f *FS) cleanup(name string) error {
 	}
 	var errs []error
 	for range 8 { // stacked mounts, if any
-		m, err := findMount(mnt)
+		mounted, err := isMountPoint(mnt)
 		if err != nil {
 			errs = append(errs, err)
 			break
 		}
-		if m == nil {
+		if !mounted {
 			break
 		}
 		err = unix.Unmount(mnt, 0)
@@ -360,7 +360,7 @@ func (f *FS) Usage(name string) (Usage, error) {
 	if st.Type != ext4SuperMagic {
 		return Usage{}, fmt.Errorf("quota dir %s is not mounted: %w", name, api.ErrNotFound)
 	}
-	if m, err := findMount(mnt); err != nil || m == nil {
+	if mounted, err := isMountPoint(mnt); err != nil || !mounted {
 		return Usage{}, fmt.Errorf("quota dir %s is not mounted: %w", name, api.ErrNotFound)
 	}
 	bs := st.Bsize

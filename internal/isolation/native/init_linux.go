@@ -39,6 +39,10 @@ const AgentConfigEnv = "FENCE_AGENT_CONFIG"
 // agentPath is where the fence binary is bind-mounted inside the sandbox.
 const agentPath = "/.fence/fence"
 
+// AgentPath is where the fence binary is inside every sandbox (read-only),
+// for callers that run one of its roles there.
+const AgentPath = agentPath
+
 // Capabilities the sandbox's root keeps (Docker's default set minus
 // MKNOD and NET_RAW).
 var keptCaps = map[int]bool{
@@ -500,7 +504,7 @@ func setRlimits(noFile uint64) error {
 
 // dropPrivileges bounds the capabilities of everything the agent will run,
 // sets no_new_privs and installs the seccomp filter, on this thread.
-func dropPrivileges(withSeccomp bool) error {
+func dropPrivileges(filter []byte) error {
 	for c := 0; c <= 63; c++ {
 		if keptCaps[c] {
 			continue
@@ -518,12 +522,12 @@ func dropPrivileges(withSeccomp bool) error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
-	if !withSeccomp {
+	if len(filter) == 0 {
 		return nil
 	}
-	prog, err := seccomp.Program()
+	prog, err := decodeFilter(filter)
 	if err != nil {
-		return fmt.Errorf("compiling seccomp filter: %w", err)
+		return err
 	}
 	if err := seccomp.Install(prog); err != nil {
 		return fmt.Errorf("installing seccomp filter: %w", err)

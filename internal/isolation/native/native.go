@@ -3,6 +3,7 @@ package native
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/quota"
+	"github.com/fencesandbox/fence/internal/seccomp"
 )
 
 // Defaults for a sandbox whose Spec leaves a limit at zero.
@@ -96,8 +98,13 @@ type Backend struct {
 	sockDirFD int
 	sbDir     string
 
+	seccompOnce sync.Once
+	seccompProg []byte // the encoded sandbox filter (see seccompFilter)
+	seccompErr  error
+
 	closeOnce sync.Once
-	closing   sync.WaitGroup // network stacks of killed sandboxes, shutting down
+	closing   sync.WaitGroup // killed sandboxes releasing their resources, network stacks shutting down
+	reapers   chan struct{}  // a slot per release in progress (see sandbox.Kill)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -152,6 +159,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
+		reapers: make(chan struct{}, reapers),
 	}
 	// The state directory must be traversable (not readable) by sandbox
 	// uids, which own their own sandbox directory below it.
@@ -435,4 +443,43 @@ func (b *Backend) removeLeftovers(ctx context.Context, id string) error {
 		errs = append(errs, fmt.Errorf("removing state: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// seccompFilter returns the sandboxes' seccomp filter, compiled once per
+// backend (compiling costs milliseconds and megabytes, every init would
+// pay them) and encoded for the init config.
+func (b *Backend) seccompFilter() ([]byte, error) {
+	b.seccompOnce.Do(func() {
+		prog, err := seccomp.Program()
+		if err != nil {
+			b.seccompErr = fmt.Errorf("compiling seccomp filter: %w", err)
+			return
+		}
+		b.seccompProg = encodeFilter(prog)
+	})
+	return b.seccompProg, b.seccompErr
+}
+
+// encodeFilter and decodeFilter carry a BPF program from the daemon to
+// `fence init`: 8 bytes per instruction, little endian.
+func encodeFilter(prog []unix.SockFilter) []byte {
+	out := make([]byte, 0, 8*len(prog))
+	for _, in := range prog {
+		out = binary.LittleEndian.AppendUint16(out, in.Code)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.LittleEndian.AppendUint32(out, in.K)
+	}
+	return out
+}
+
+func decodeFilter(b []byte) ([]unix.SockFilter, error) {
+	if len(b) == 0 || len(b)%8 != 0 {
+		return nil, fmt.Errorf("seccomp filter of %d bytes: want a multiple of 8", len(b))
+	}
+	prog := make([]unix.SockFilter, len(b)/8)
+	for i := range prog {
+		c := b[8*i:]
+		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(c), Jt: c[2], Jf: c[3], K: binary.LittleEndian.Uint32(c[4:])}
+	}
+	return prog, nil
 }

@@ -35,9 +35,11 @@ type initConfig struct {
 	WorkDir  string `json:"workDir"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
-	Binds    []bindTarget          `json:"binds,omitempty"`
-	NoFile   uint64                `json:"noFile"`
-	Seccomp  bool                  `json:"seccomp"`
+	Binds  []bindTarget `json:"binds,omitempty"`
+	NoFile uint64       `json:"noFile"`
+	// Seccomp is the filter to install (encodeFilter), compiled once per
+	// backend; empty means none.
+	Seccomp  []byte                `json:"seccomp,omitempty"`
 	ShmBytes int64                 `json:"shmBytes"`
 	Agent    isolation.AgentConfig `json:"agent"`
 }
@@ -158,9 +160,15 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		LowerDir: filepath.Join(dir, "lower"),
 		RootDir:  filepath.Join(dir, "root"),
 		NoFile:   limits.NoFile,
-		Seccomp:  !s.b.opts.NoSeccomp,
 		ShmBytes: 64 << 20,
 		Agent:    spec.Agent,
+	}
+	if !s.b.opts.NoSeccomp {
+		prog, err := s.b.seccompFilter()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Seccomp = prog
 	}
 	disk := filepath.Join(dir, "disk")
 	if s.b.disk != nil {
@@ -505,27 +513,64 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 	return out, nil
 }
 
-// Kill implements isolation.Sandbox.
+// Kill implements isolation.Sandbox. It returns once no process of the
+// sandbox can run again; its host resources (cgroup, writable layer, state
+// directory, uid slot) are released right after, in the background, at
+// most reapers at a time (Backend.Close waits for them). A crash meanwhile
+// leaves them to the next start's Cleanup, as for any other leftover.
 func (s *sandbox) Kill(ctx context.Context) error {
-	s.killOnce.Do(func() { s.killErr = s.teardown(ctx) })
+	s.killOnce.Do(func() {
+		if s.killErr = s.stop(); s.killErr != nil {
+			// Something of the sandbox may still run: release what can be
+			// released now and tell the caller.
+			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
+			return
+		}
+		s.b.closing.Go(func() {
+			s.b.reapers <- struct{}{}
+			defer func() { <-s.b.reapers }()
+			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+			defer cancel()
+			if err := s.release(ctx); err != nil {
+				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)
+			}
+		})
+	})
 	return s.killErr
 }
 
-// teardown releases everything the sandbox holds, in reverse order of
-// creation. It tolerates a partially created sandbox.
+// reapers bounds how many killed sandboxes release their host resources at
+// once; reapTimeout bounds one release.
+const (
+	reapers     = 2
+	reapTimeout = time.Minute
+)
+
+// teardown stops and releases a sandbox at once. It tolerates a partially
+// created sandbox (a failed Create ends with it).
 func (s *sandbox) teardown(ctx context.Context) error {
-	var errs []error
+	return errors.Join(s.stop(), s.release(ctx))
+}
+
+// stop ends every process of the sandbox: SIGKILL to its PID 1 makes the
+// kernel kill every process of its pid namespace, and the init is reaped
+// only once they are all gone.
+func (s *sandbox) stop() error {
 	if s.cmd != nil && s.cmd.Process != nil {
-		// SIGKILL to the sandbox's PID 1 makes the kernel kill every
-		// process of its pid namespace; Remove below kills whatever the
-		// cgroup still holds.
 		_ = s.cmd.Process.Kill()
 		select {
 		case <-s.done:
 		case <-time.After(10 * time.Second):
-			errs = append(errs, errors.New("sandbox init did not exit"))
+			return errors.New("sandbox init did not exit")
 		}
 	}
+	return nil
+}
+
+// release frees the host resources of a stopped sandbox, in reverse order
+// of creation. What the cgroup still holds, if anything, is killed first.
+func (s *sandbox) release(ctx context.Context) error {
+	var errs []error
 	if s.ln != nil {
 		s.ln.Close()
 	}
@@ -535,7 +580,7 @@ func (s *sandbox) teardown(ctx context.Context) error {
 	if s.net != nil {
 		// The TUN device died with the sandbox's netns; what is left is
 		// the stack's memory and goroutines, whose shutdown (tens of ms)
-		// need not delay the kill. Close waits for it.
+		// need not delay anything. Close waits for it.
 		st := s.net
 		s.b.closing.Go(func() {
 			if err := st.Close(); err != nil {

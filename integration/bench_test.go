@@ -1,0 +1,42 @@
+package integration
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// TestBenchSmoke runs `fence bench` with a few iterations, the peers and a
+// small density run, so that the benchmark keeps working. It asserts that
+// every measure ran and reported, never how fast.
+func TestBenchSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	dataDir := newDataDir(t)
+	t.Cleanup(func() { unmountUnder(dataDir) })
+	cmd := exec.Command(testutil.FenceBinary(t), "bench", "--iterations", "3", "--peers", "--density", "12", "--net-mib", "16",
+		"--data-dir", dataDir, "--templates-dir", filepath.Dir(filepath.Dir(rootfs)))
+	out, err := cmd.CombinedOutput()
+	t.Logf("fence bench:\n%s", out)
+	if err != nil {
+		t.Fatalf("fence bench: %v", err)
+	}
+	for _, want := range []string{
+		"vs bwrap (median)", "fence create→exec true→kill ", "phase: create", "phase: exec true", "phase: kill",
+		"warm pool", "exec true in a running sandbox", "runc run /bin/true",
+		"api create→run echo→kill, minimal", "density: 12 idle minimal sandboxes",
+		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
+		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("fence bench output lacks %q", want)
+		}
+	}
+	if strings.Contains(string(out), "failed") {
+		t.Errorf("fence bench reported a failed measure")
+	}
+	assertNoSandboxLeftovers(t, filepath.Join(dataDir, "bench-api"), map[string]bool{}, nil)
+}

@@ -1,0 +1,224 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+)
+
+// Daemon is a running fence daemon the API measures talk to, started by the
+// caller (in this process, so that its memory can be read).
+type Daemon struct {
+	URL, APIKey string
+	// Pooled names the template the daemon's warm pool serves, if any.
+	Pooled string
+	Stop   func() error
+}
+
+// DaemonStarter starts a daemon with the given warm-pool size.
+type DaemonStarter func(ctx context.Context, warmPool int) (*Daemon, error)
+
+// sdkRoundTrip measures what an E2B SDK user does most: create a sandbox,
+// run `echo hi` in it and kill it, through the daemon's API, per phase.
+func sdkRoundTrip(ctx context.Context, d *Daemon, tmpl string, n int) []Result {
+	name := "api create→run echo→kill, " + tmpl
+	if tmpl == d.Pooled {
+		name += " (warm pool)"
+	}
+	c := client.New(d.URL, d.APIKey)
+	total := Result{Name: name}
+	phases := []Result{{Name: "  phase: create"}, {Name: "  phase: run"}, {Name: "  phase: kill"}}
+	for i := -1; i < n; i++ { // -1: warm-up
+		t0 := time.Now()
+		sb, err := c.Create(ctx, api.NewSandbox{TemplateID: tmpl})
+		if err != nil {
+			total.Err = err
+			return []Result{total}
+		}
+		t1 := time.Now()
+		var out bytesWriter
+		st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/sh", Args: []string{"-c", "echo hi"}, Stdout: &out})
+		t2 := time.Now()
+		if kerr := sb.Kill(ctx); err == nil {
+			err = kerr
+		}
+		t3 := time.Now()
+		if err == nil && (st.ExitCode != 0 || string(out) != "hi\n") {
+			err = fmt.Errorf("echo hi: %+v, output %q", st, out)
+		}
+		if err != nil {
+			total.Err = err
+			return []Result{total}
+		}
+		if i >= 0 {
+			total.Samples = append(total.Samples, t3.Sub(t0))
+			phases[0].Samples = append(phases[0].Samples, t1.Sub(t0))
+			phases[1].Samples = append(phases[1].Samples, t2.Sub(t1))
+			phases[2].Samples = append(phases[2].Samples, t3.Sub(t2))
+		}
+	}
+	return append([]Result{total}, phases...)
+}
+
+type bytesWriter []byte
+
+func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+
+// densityClients is how many clients create sandboxes at once.
+const densityClients = 8
+
+// density creates n idle sandboxes through the API with densityClients
+// concurrent clients and reports how the create rate and this process's
+// memory (the daemon's, plus the clients' few bytes per sandbox) change as
+// they accumulate, then checks that every one still answers and kills them.
+func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) error {
+	c := client.New(d.URL, d.APIKey)
+	runtime.GC()
+	debug.FreeOSMemory()
+	rss0, fds0, gr0 := rss(), openFDs(), runtime.NumGoroutine()
+	var (
+		mu    sync.Mutex
+		sbs   []*client.Sandbox
+		stamp []time.Time // when each create finished, in order
+		first error
+	)
+	next := make(chan struct{})
+	go func() {
+		defer close(next)
+		for range n {
+			select {
+			case next <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range densityClients {
+		wg.Go(func() {
+			for range next {
+				timeout := int32(3600)
+				sb, err := c.Create(ctx, api.NewSandbox{TemplateID: tmpl, Timeout: &timeout})
+				mu.Lock()
+				if err != nil {
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					continue
+				}
+				sbs = append(sbs, sb)
+				stamp = append(stamp, time.Now())
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	created := time.Since(start)
+	defer func() {
+		kctx := context.WithoutCancel(ctx)
+		kstart := time.Now()
+		var kwg sync.WaitGroup
+		work := make(chan *client.Sandbox)
+		for range densityClients {
+			kwg.Go(func() {
+				for sb := range work {
+					sb.Kill(kctx)
+				}
+			})
+		}
+		for _, sb := range sbs {
+			work <- sb
+		}
+		close(work)
+		kwg.Wait()
+		fmt.Fprintf(out, "  killing all %d: %s\n", len(sbs), ms(time.Since(kstart)))
+	}()
+	if first != nil {
+		return fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
+	}
+	// Settle, then read the memory.
+	select {
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	rssN := rss()
+	var mstat runtime.MemStats
+	runtime.ReadMemStats(&mstat)
+	w := max(10, n/10)
+	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
+	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
+	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
+	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox (Go heap in use %.1f MiB)\n",
+		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
+	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines\n",
+		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n))
+	// Every sandbox still answers.
+	astart := time.Now()
+	var bad []string
+	var awg sync.WaitGroup
+	work := make(chan *client.Sandbox)
+	for range densityClients {
+		awg.Go(func() {
+			for sb := range work {
+				st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/true"})
+				if err != nil || st.ExitCode != 0 {
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("%s: %v %+v", sb.ID(), err, st))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, sb := range sbs {
+		work <- sb
+	}
+	close(work)
+	awg.Wait()
+	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
+	}
+	return nil
+}
+
+func ms2(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+// rate is how many creates per second finished between the i-th and j-th.
+func rate(stamp []time.Time, start time.Time, i, j int) float64 {
+	if j <= i {
+		return 0
+	}
+	from := start
+	if i > 0 {
+		from = stamp[i-1]
+	}
+	d := stamp[j-1].Sub(from)
+	if d <= 0 {
+		return 0
+	}
+	return float64(j-i) / d.Seconds()
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}

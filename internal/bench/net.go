@@ -1,0 +1,323 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/api/envd/process"
+	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+)
+
+// The network measure's "upstream" is a server in a network namespace of
+// its own, joined to the host by a veth in the benchmarking range
+// (RFC 2544): traffic from a sandbox takes the real path (its kernel's TCP
+// → its TUN → the daemon's user-space stack → the host's kernel → the
+// veth), and the same client on the host takes the host's path to the
+// same server.
+const (
+	netHostIP   = "198.18.0.1"
+	netServerIP = "198.18.0.2"
+)
+
+// netServer is the upstream: a TCP server in its own network namespace.
+type netServer struct {
+	ns, hostIf string
+	ln         net.Listener
+	lock       *os.File
+}
+
+// startNetServer makes the namespace and veth and starts the server.
+func startNetServer() (*netServer, error) {
+	if _, err := exec.LookPath("ip"); err != nil {
+		return nil, errors.New("the ip command (iproute2) is needed for the network measure")
+	}
+	// The addresses are fixed: benchmarks on one host take turns.
+	lock, err := os.OpenFile("/run/fence-bench-net.lock", os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	sfx := strconv.Itoa(os.Getpid())
+	s := &netServer{ns: "fencebench-" + sfx, hostIf: "fbh" + sfx, lock: lock}
+	peer := "fbp" + sfx
+	ip := func(args ...string) error {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %v: %w: %s", args, err, bytes.TrimSpace(out))
+		}
+		return nil
+	}
+	steps := [][]string{
+		{"netns", "add", s.ns},
+		{"link", "add", s.hostIf, "type", "veth", "peer", "name", peer, "netns", s.ns},
+		{"addr", "add", netHostIP + "/30", "dev", s.hostIf},
+		{"link", "set", s.hostIf, "up"},
+		{"-n", s.ns, "addr", "add", netServerIP + "/30", "dev", peer},
+		{"-n", s.ns, "link", "set", peer, "up"},
+		{"-n", s.ns, "link", "set", "lo", "up"},
+	}
+	for _, st := range steps {
+		if err := ip(st...); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	ln, err := listenInNetns(s.ns, net.JoinHostPort(netServerIP, "0"))
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.ln = ln
+	go s.serve()
+	return s, nil
+}
+
+// listenInNetns opens a TCP listener in the named network namespace: a
+// socket belongs to the namespace it was made in, whatever thread uses it
+// later. The thread that entered the namespace is never reused (it exits
+// with its goroutine, still locked).
+func listenInNetns(ns, addr string) (net.Listener, error) {
+	type res struct {
+		ln  net.Listener
+		err error
+	}
+	c := make(chan res, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		fd, err := unix.Open("/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			c <- res{err: err}
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			c <- res{err: fmt.Errorf("entering %s: %w", ns, err)}
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		c <- res{ln, err}
+	}()
+	r := <-c
+	return r.ln, r.err
+}
+
+// serve answers each connection: the client sends the number of bytes it
+// wants (8 bytes, big endian), the server sends them and closes.
+func (s *netServer) serve() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			var hdr [8]byte
+			if _, err := io.ReadFull(c, hdr[:]); err != nil {
+				return
+			}
+			n := int64(binary.BigEndian.Uint64(hdr[:]))
+			buf := make([]byte, 256<<10)
+			for n > 0 {
+				k, err := c.Write(buf[:min(int64(len(buf)), n)])
+				if err != nil {
+					return
+				}
+				n -= int64(k)
+			}
+		}()
+	}
+}
+
+func (s *netServer) addr() string { return s.ln.Addr().String() }
+
+func (s *netServer) close() {
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	exec.Command("ip", "netns", "del", s.ns).Run()
+	exec.Command("ip", "link", "del", s.hostIf).Run()
+	s.lock.Close()
+}
+
+// NetResult is what `fence bench-client` measures, printed as JSON.
+type NetResult struct {
+	Bytes         int64   `json:"bytes"`
+	BytesPerSec   float64 `json:"bytesPerSec"`
+	ConnectP50Sec float64 `json:"connectP50Sec"`
+	Connects      int     `json:"connects"`
+}
+
+// Client is the hidden `fence bench-client` role: from wherever it runs (a
+// sandbox, or the host), download --bytes from --addr once, then open
+// --connects connections one after another, each asking for one byte, and
+// print a NetResult.
+func Client(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench-client", flag.ContinueOnError)
+	addr := fs.String("addr", "", "server address host:port")
+	size := fs.Int64("bytes", 256<<20, "bytes to download")
+	connects := fs.Int("connects", 50, "connections to time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ask := func(n int64) (int64, error) {
+		c, err := net.DialTimeout("tcp", *addr, 10*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		var hdr [8]byte
+		binary.BigEndian.PutUint64(hdr[:], uint64(n))
+		if _, err := c.Write(hdr[:]); err != nil {
+			return 0, err
+		}
+		buf := make([]byte, 256<<10)
+		var got int64
+		for {
+			k, err := c.Read(buf)
+			got += int64(k)
+			if err == io.EOF {
+				return got, nil
+			}
+			if err != nil {
+				return got, err
+			}
+		}
+	}
+	var r NetResult
+	start := time.Now()
+	got, err := ask(*size)
+	if err != nil {
+		return fmt.Errorf("download: %w", err)
+	}
+	r.Bytes, r.BytesPerSec = got, float64(got)/time.Since(start).Seconds()
+	var lat []time.Duration
+	for range *connects {
+		t := time.Now()
+		if _, err := ask(1); err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		lat = append(lat, time.Since(t))
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		r.ConnectP50Sec, r.Connects = lat[len(lat)/2].Seconds(), len(lat)
+	}
+	return json.NewEncoder(out).Encode(r)
+}
+
+// measureNet runs the network measure: the same client in a sandbox allowed
+// to reach the server by CIDR, and on the host.
+func measureNet(ctx context.Context, opts Options, out io.Writer) error {
+	srv, err := startNetServer()
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+	pol, err := policy.Compile(policy.Spec{Allow: []policy.Rule{{Prefix: netip.MustParsePrefix(netServerIP + "/32")}}})
+	if err != nil {
+		return err
+	}
+	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchnet"), RootFS: opts.RootFS, Egress: pol})
+	if err != nil {
+		return err
+	}
+	defer sb.Kill(context.WithoutCancel(ctx))
+	args := []string{"bench-client", "--addr", srv.addr(), "--bytes", strconv.FormatInt(opts.NetBytes, 10)}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// Alternate, so that a change of the machine's load hits both.
+	var in, host []NetResult
+	for range 3 {
+		r, err := clientInSandbox(ctx, sb, args)
+		if err != nil {
+			return fmt.Errorf("in the sandbox: %w", err)
+		}
+		in = append(in, r)
+		hb, err := exec.CommandContext(ctx, exe, args...).Output()
+		if err != nil {
+			return fmt.Errorf("on the host: %w", err)
+		}
+		var h NetResult
+		if err := json.Unmarshal(hb, &h); err != nil {
+			return fmt.Errorf("on the host: %w", err)
+		}
+		host = append(host, h)
+	}
+	med := func(rs []NetResult, f func(NetResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	bw := func(r NetResult) float64 { return r.BytesPerSec }
+	cn := func(r NetResult) float64 { return r.ConnectP50Sec }
+	sIn, sHost := med(in, bw), med(host, bw)
+	cIn, cHost := med(in, cn), med(host, cn)
+	fmt.Fprintf(out, "network, real path (sandbox kernel TCP → TUN → fence's stack → upstream), same client on the host, median of 3:\n")
+	fmt.Fprintf(out, "  bulk download of %d MiB: sandbox %.0f MB/s (%.1f Gbit/s), host %.0f MB/s: %.2fx the host\n",
+		opts.NetBytes>>20, sIn/1e6, sIn*8/1e9, sHost/1e6, sIn/sHost)
+	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms\n",
+		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3)
+	return nil
+}
+
+// clientInSandbox runs `fence bench-client` inside sb, as the sandbox's
+// user, through the agent.
+func clientInSandbox(ctx context.Context, sb isolation.Sandbox, args []string) (NetResult, error) {
+	var r NetResult
+	stdin := false
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: native.AgentPath, Args: args},
+		Stdin:   &stdin,
+	})
+	req.Header().Set("Authorization", "Basic cm9vdDo=") // root
+	stream, err := processClient(sb).Start(ctx, req)
+	if err != nil {
+		return r, err
+	}
+	defer stream.Close()
+	var stdout, stderr bytes.Buffer
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			stdout.Write(d.GetStdout())
+			stderr.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			if end.GetExitCode() != 0 {
+				return r, fmt.Errorf("bench-client exited %d: %s", end.GetExitCode(), bytes.TrimSpace(stderr.Bytes()))
+			}
+			err := json.Unmarshal(stdout.Bytes(), &r)
+			return r, err
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return r, err
+	}
+	return r, errors.New("stream ended without an end event")
+}
