@@ -104,7 +104,9 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// The upstream spoke first if it sent anything before the
 		// client's first bytes (nothing of the client's has left yet).
 		spokeFirst := func() bool { return spoke.n.Load() > 0 }
-		peeked, res, serr = peek(down, st.opts.PeekTimeout, spokeFirst)
+		byName := d.Reason == policy.ReasonAllowName
+		loose := func() bool { return byName && !spokeFirst() }
+		peeked, res, serr = peek(down, st.opts.PeekTimeout, loose)
 		serverFirst = spokeFirst()
 		if serr == nil && len(peeked) == 0 {
 			// The client said nothing in time. Only a server-first
@@ -115,7 +117,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 				serr = sniff.ErrMalformed
 			} else {
 				serverFirst = true
-				peeked, res, serr = peek(down, 0, spokeFirst)
+				peeked, res, serr = peek(down, 0, loose)
 			}
 		}
 		ev.Observed = res.Name
@@ -133,7 +135,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		case res.Kind == sniff.HTTP:
 			// Every request's Host is checked as it goes (relayHTTP).
 			checkHTTP = true
-		case d.Reason == policy.ReasonAllowName && !serverFirst:
+		case byName && !serverFirst:
 			// Admitted for a name, the client spoke first, and it is
 			// neither TLS nor HTTP/1.x: nothing names what it reaches.
 			ev.Allowed, ev.Reason = false, ReasonNotHTTP
@@ -245,7 +247,7 @@ func abort(ep tcpip.Endpoint) {
 // passes (0: no timeout). A
 // timeout with no byte at all is not an error (server-first protocol or
 // idle client); the caller decides.
-func peek(c *gonet.TCPConn, timeout time.Duration, serverFirst func() bool) ([]byte, sniff.Result, error) {
+func peek(c *gonet.TCPConn, timeout time.Duration, loose func() bool) ([]byte, sniff.Result, error) {
 	buf := make([]byte, 0, sniff.MaxPeek)
 	if timeout > 0 {
 		c.SetReadDeadline(time.Now().Add(timeout))
@@ -255,7 +257,7 @@ func peek(c *gonet.TCPConn, timeout time.Duration, serverFirst func() bool) ([]b
 		n, err := c.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if n > 0 {
-			res, serr := classify(buf, serverFirst())
+			res, serr := classify(buf, loose())
 			switch {
 			case serr == nil:
 				return buf, res, nil

@@ -44,11 +44,14 @@ func httpReason(err error) string {
 	return ReasonSniff
 }
 
-// classify tells what the start of a client stream is. A stream that
-// starts like an HTTP request line is HTTP; after a server-first banner
-// only a first line that names an HTTP version is (so that SMTP's
-// "EHLO host" stays opaque).
-func classify(b []byte, serverFirst bool) (sniff.Result, error) {
+// classify tells what the start of a client stream is. With loose set
+// (a name-admitted flow whose client spoke first, where anything but TLS
+// and HTTP is refused anyway), a stream that starts like an HTTP request
+// line (a token and a space) is HTTP. Otherwise (after a server-first
+// banner, or on a flow admitted by address that is peeked only for deny
+// name rules) only a first line that mentions an HTTP version is, so that
+// "EHLO host" or "PING x" stay opaque.
+func classify(b []byte, loose bool) (sniff.Result, error) {
 	if len(b) == 0 {
 		return sniff.Result{}, sniff.ErrNeedMore
 	}
@@ -61,12 +64,12 @@ func classify(b []byte, serverFirst bool) (sniff.Result, error) {
 		return sniff.Result{}, sniff.ErrNeedMore
 	case !ok:
 		return sniff.Result{}, nil
-	case serverFirst:
+	case !loose:
 		line, _, found := bytes.Cut(bytes.TrimLeft(b, "\r\n"), []byte("\n"))
 		if !found {
 			return sniff.Result{}, sniff.ErrNeedMore
 		}
-		if !bytes.Contains(line, []byte(" HTTP/")) {
+		if !bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")) {
 			return sniff.Result{}, nil
 		}
 	}

@@ -1,8 +1,11 @@
 package egress_test
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -77,5 +80,67 @@ func TestEveryRequestChecked(t *testing.T) {
 				t.Errorf("evil.test reached the upstream")
 			}
 		})
+	}
+}
+
+// sendAll writes send on a flow to dst, half-closes, reads until the
+// stack or the upstream ends the flow, and returns the flow's event.
+func sendAll(t *testing.T, e *env, dst string, send string) (string, egress.FlowEvent) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := e.sb.DialTCP(ctx, ap(dst))
+	if err != nil {
+		t.Fatalf("dial %s: %v", dst, err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, send)
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	b, _ := io.ReadAll(c)
+	c.Close()
+	evs := e.waitEvents(t, "tcp", 1)
+	if len(evs) != 1 {
+		t.Fatalf("events = %+v, want 1", evs)
+	}
+	return string(b), evs[0]
+}
+
+// TestDenyNameEveryRequest: on a flow allowed by default, deny name rules
+// apply to every request; a stream that is not HTTP passes as before.
+func TestDenyNameEveryRequest(t *testing.T) {
+	spec := policy.Spec{AllowAll: true, Deny: []policy.Rule{{Name: "evil.test"}}}
+	const ok = "GET /a HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+	e := newEnv(t, spec, nil)
+	_, ev := sendAll(t, e, "203.0.113.10:9", ok+"GET /b HTTP/1.1\r\nHost: Evil.Test.\r\n\r\n")
+	if ev.Allowed || ev.Reason != policy.ReasonDenyName || ev.Observed != "Evil.Test." {
+		t.Errorf("pipelined denied name: event %+v, want a deny-name refusal", ev)
+	}
+	if got := e.ups[9].received(); !slices.Equal(got, []string{ok}) {
+		t.Errorf("upstream received %q, want only the first request", got)
+	}
+	e = newEnv(t, spec, nil)
+	_, ev = sendAll(t, e, "203.0.113.10:9", "PING evil.test\r\n")
+	if !ev.Allowed {
+		t.Errorf("a line protocol on a default-allowed flow: event %+v, want allowed", ev)
+	}
+}
+
+// TestWebSocketUpgrade: after a checked upgrade request that the server
+// answers with 101, the stream is opaque (see the package doc).
+func TestWebSocketUpgrade(t *testing.T) {
+	e := newEnv(t, allowList, nil)
+	e.ups[81] = newUpstream(t, func(c net.Conn, r *bufio.Reader) {
+		if _, err := http.ReadRequest(r); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		io.Copy(c, r) // echo the frames
+	})
+	e.lookup(t, "allowed.test")
+	up := "GET /ws HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+	frames := "\x81\x05hello GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+	out, ev := sendAll(t, e, "203.0.113.10:81", up+frames)
+	if !ev.Allowed || !strings.HasSuffix(out, "\r\n\r\n"+frames) {
+		t.Errorf("after a 101: got %q, event %+v; want the frames echoed, allowed", out, ev)
 	}
 }
