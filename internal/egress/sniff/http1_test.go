@@ -222,3 +222,34 @@ func hostNoPort(h string) string {
 	}
 	return h
 }
+
+// BenchmarkHTTPStreamBody measures a Content-Length body through the
+// checker in 64 KiB writes.
+func BenchmarkHTTPStreamBody(b *testing.B) {
+	s := NewHTTPStream(io.Discard, HTTPConfig{Allow: allowOnly})
+	if _, err := s.Write([]byte("POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 999999999999999\r\n\r\n")); err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := s.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHTTPStreamRequests measures pipelined small requests (a
+// typical browser-like head) through the checker.
+func BenchmarkHTTPStreamRequests(b *testing.B) {
+	req := []byte("GET /simple/pip/ HTTP/1.1\r\nHost: allowed.test\r\nUser-Agent: pip/24.0\r\nAccept: */*\r\nAccept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\n\r\n")
+	s := NewHTTPStream(io.Discard, HTTPConfig{Allow: allowOnly})
+	b.SetBytes(int64(len(req)))
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := s.Write(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
