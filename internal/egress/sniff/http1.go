@@ -17,8 +17,8 @@ const maxChunkLine = 4 << 10
 
 // Errors of an [HTTPStream], besides [ErrMalformed] (broken or ambiguous
 // framing: obs-fold, bare CR or LF, control bytes, Content-Length with
-// Transfer-Encoding, differing Content-Lengths, a final encoding other
-// than chunked, an absolute-form target naming another host than Host).
+// Transfer-Encoding, differing Content-Lengths, any Transfer-Encoding
+// but chunked alone, an absolute-form target naming another host than Host).
 var (
 	ErrNotHTTP   = errors.New("sniff: not an HTTP/1.x request")
 	ErrNoHost    = errors.New("sniff: HTTP request without exactly one Host")

@@ -20,7 +20,7 @@
 //   - [HTTPStream] passes only what it parsed strictly: every request of a
 //     keep-alive or pipelined stream, whatever its method, is checked;
 //     framing a server could read differently (Content-Length with
-//     Transfer-Encoding, differing lengths, non-chunked final encoding,
+//     Transfer-Encoding, differing lengths, any Transfer-Encoding but chunked alone,
 //     obs-fold, bare CR or LF, control bytes) ends the stream, as do
 //     CONNECT, HTTP/2 (prior knowledge or h2c) and upgrades other than a
 //     first-request WebSocket. What it lets through parses, with net/http's
