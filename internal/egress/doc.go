@@ -63,14 +63,18 @@
 //
 // It does not create the TUN device or configure the sandbox side (see
 // [Options.FD] and the backend). It does not intercept TLS: after the
-// first ClientHello a TLS stream is opaque, so an allowed SNI followed by
-// another site's Host inside TLS (domain fronting) and HTTP/2 connection
-// coalescing across names that share a certificate reach that other site;
-// so does anything after a WebSocket 101 or a server-first banner. These
-// stay open until an inspecting gateway terminates TLS. IPv6 fragments
-// are dropped. Policy changes ([Stack.SetPolicy]) apply to new flows;
-// flows already open continue, and their later requests are checked
-// against the policy and resolver records the flow started with.
+// first ClientHello a TLS stream is opaque, and so it cannot
+// tell apart two names served from the same address with the same
+// certificate (HTTP/2 coalescing, domain fronting): those are accepted
+// risks for allowed names. IPv6 fragments are dropped. Policy changes
+// ([Stack.SetPolicy]) apply to new flows; flows already open continue.
+//
+// Without TLS interception these stay open: an allowed SNI followed by
+// another site's Host inside TLS, HTTP/2 connection coalescing across
+// names that share a certificate, and whatever follows a WebSocket 101 or
+// a server-first banner. An inspecting gateway that terminates TLS is
+// what closes them. Later requests on an open flow are checked against
+// the policy and resolver records the flow started with.
 //
 // # Usage
 //

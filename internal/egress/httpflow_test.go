@@ -144,3 +144,27 @@ func TestWebSocketUpgrade(t *testing.T) {
 		t.Errorf("after a 101: got %q, event %+v; want the frames echoed, allowed", out, ev)
 	}
 }
+
+// BenchmarkUploadHTTPChecked is BenchmarkUpload for a body on a
+// name-admitted plain-HTTP flow, which goes through the request checker.
+func BenchmarkUploadHTTPChecked(b *testing.B) {
+	e := newEnv(b, allowList, nil)
+	e.lookup(b, "allowed.test")
+	c, err := e.sb.DialTCP(context.Background(), ap("203.0.113.10:9"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 999999999999999\r\n\r\n"); err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
