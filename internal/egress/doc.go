@@ -23,13 +23,34 @@
 //   - When a flow is allowed only because its destination address was
 //     handed out by the sandbox's resolver for an allowed name, no byte
 //     from the sandbox is forwarded before the stack has peeked at the
-//     stream: a TLS SNI or HTTP Host must name an allowed name that the
-//     destination address was handed out for (see [policy.Decision]); a
-//     ClientHello without SNI or a request without Host is refused. A
-//     stream that is neither TLS nor HTTP is judged by the resolver
-//     record alone. A client that sends nothing within
-//     [Options.PeekTimeout] is refused unless the upstream has spoken
-//     first (SSH, SMTP), in which case its first bytes are still checked.
+//     stream: it must be a TLS ClientHello whose SNI is an allowed name
+//     the destination address was handed out for (see [policy.Decision]),
+//     or HTTP/1.x, whose every request is checked the same way (below). A
+//     ClientHello without SNI is refused, and so is a client that speaks
+//     first with anything else ([ReasonNotHTTP]). A client that sends
+//     nothing within [Options.PeekTimeout] is refused unless the upstream
+//     has spoken first (SSH, SMTP): such a server-first stream is judged
+//     by the resolver record alone, unless its first line names an HTTP
+//     version, which makes it HTTP.
+//   - Plain HTTP on such a flow is checked request by request for as long
+//     as the connection lives ([sniff.HTTPStream]): keep-alive,
+//     pipelining, any method, blank lines between requests (dropped) and
+//     absolute-form targets. Each request head (at most
+//     [sniff.MaxHTTPHead]) is read whole and its Host decided by the
+//     policy before any byte of it leaves; bodies are framed by
+//     Content-Length or chunked encoding and pass through in large
+//     chunks. Ambiguous framing (the request smuggling toolkit), a
+//     missing, repeated or IP-literal Host, CONNECT, HTTP/2 prior
+//     knowledge and h2c upgrades end the flow ([ReasonSniff],
+//     [ReasonNoName], [ReasonConnect], [ReasonHTTP2], [ReasonUpgrade] or
+//     the policy's reason). A WebSocket upgrade is allowed only as the
+//     first request; the stream becomes opaque only when the server's
+//     first answer is a 101. Flows allowed by address that are peeked
+//     because deny name rules exist get the same per-request check (a
+//     stream whose first line names no HTTP version passes there);
+//     flows allowed by a CIDR rule without deny name rules pass unparsed.
+//   - A refused flow is reset (RST) and recorded with the sandbox ID, the
+//     name it tried ([FlowEvent.Observed]) and the reason.
 //   - UDP: only DNS to the resolver address is answered; every other
 //     datagram is dropped. ICMP and IPv6 packets with extension headers
 //     are dropped on arrival, as are packets whose source is not in the
@@ -41,12 +62,19 @@
 // # What it does not do
 //
 // It does not create the TUN device or configure the sandbox side (see
-// [Options.FD] and the lead's backend), does not intercept TLS, does not
-// see requests after the first one on a kept-alive connection, and cannot
+// [Options.FD] and the backend). It does not intercept TLS: after the
+// first ClientHello a TLS stream is opaque, and so it cannot
 // tell apart two names served from the same address with the same
 // certificate (HTTP/2 coalescing, domain fronting): those are accepted
 // risks for allowed names. IPv6 fragments are dropped. Policy changes
 // ([Stack.SetPolicy]) apply to new flows; flows already open continue.
+//
+// Without TLS interception these stay open: an allowed SNI followed by
+// another site's Host inside TLS, HTTP/2 connection coalescing across
+// names that share a certificate, and whatever follows a WebSocket 101 or
+// a server-first banner. An inspecting gateway that terminates TLS is
+// what closes them. Later requests on an open flow are checked against
+// the policy and resolver records the flow started with.
 //
 // # Usage
 //

@@ -87,16 +87,27 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	defer st.untrack(down)
 
 	ev.Allowed, ev.Reason, ev.Rule = true, d.Reason, d.Rule
-	var peeked []byte
+	var (
+		peeked      []byte
+		checkHTTP   bool // every request is checked on its way up
+		serverFirst bool
+	)
 	upDone := make(chan int64, 1)
+	first := newFirstBytes(up)
 	if d.VerifyName {
 		// Let the upstream speak first while we wait for the client's
 		// first bytes; nothing goes upstream until the name is checked.
 		spoke := &countingConn{Conn: down}
-		go func() { upDone <- copyHalf(st.ctx, spoke, up, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, spoke, first, st.downLimit) }()
 		var res sniff.Result
 		var serr error
-		peeked, res, serr = peek(down, st.opts.PeekTimeout)
+		// The upstream spoke first if it sent anything before the
+		// client's first bytes (nothing of the client's has left yet).
+		spokeFirst := func() bool { return spoke.n.Load() > 0 }
+		byName := d.Reason == policy.ReasonAllowName
+		loose := func() bool { return byName && !spokeFirst() }
+		peeked, res, serr = peek(down, st.opts.PeekTimeout, loose)
+		serverFirst = spokeFirst()
 		if serr == nil && len(peeked) == 0 {
 			// The client said nothing in time. Only a server-first
 			// protocol (the upstream spoke: SSH, SMTP) may go on, and
@@ -105,22 +116,29 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			if spoke.n.Load() == 0 {
 				serr = sniff.ErrMalformed
 			} else {
-				peeked, res, serr = peek(down, 0)
+				serverFirst = true
+				peeked, res, serr = peek(down, 0, loose)
 			}
 		}
 		ev.Observed = res.Name
 		switch {
 		case serr != nil:
 			ev.Allowed, ev.Reason = false, ReasonSniff
-		case res.Kind == sniff.TLS || res.Kind == sniff.HTTP:
-			// A TLS ClientHello without SNI or an HTTP request without
-			// Host names nothing: refused, or it would reach every name
-			// the address serves.
+		case res.Kind == sniff.TLS:
+			// A TLS ClientHello without SNI names nothing: refused, or
+			// it would reach every name the address serves.
 			d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names, Observed: res.Name})
 			ev.Allowed, ev.Reason, ev.Rule, ev.Name = d2.Allow, d2.Reason, d2.Rule, d2.Name
 			if res.Name == "" {
 				ev.Allowed, ev.Reason = false, ReasonNoName
 			}
+		case res.Kind == sniff.HTTP:
+			// Every request's Host is checked as it goes (relayHTTP).
+			checkHTTP = true
+		case byName && !serverFirst:
+			// Admitted for a name, the client spoke first, and it is
+			// neither TLS nor HTTP/1.x: nothing names what it reaches.
+			ev.Allowed, ev.Reason = false, ReasonNotHTTP
 		}
 		if !ev.Allowed {
 			abort(ep)
@@ -132,7 +150,14 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 	} else {
-		go func() { upDone <- copyHalf(st.ctx, down, up, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit) }()
+	}
+	if checkHTTP {
+		st.forwardHTTP(&ev, d, pol, names, up, down, ep, peeked, first, serverFirst)
+		ev.BytesIn = <-upDone
+		ev.Duration = time.Since(start)
+		st.record(ev)
+		return
 	}
 	var out int64
 	if len(peeked) > 0 {
@@ -149,6 +174,55 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	up.Close()
 	ev.Duration = time.Since(start)
 	st.record(ev)
+}
+
+// forwardHTTP relays a flow whose client speaks HTTP/1.x, checking the
+// Host of every request against the policy before it leaves, and ends
+// the flow (RST to the sandbox) at the first refusal, which ev records.
+func (st *Stack) forwardHTTP(ev *FlowEvent, d policy.Decision, pol *policy.Policy, names []string,
+	up, down net.Conn, ep tcpip.Endpoint, peeked []byte, first *firstBytes, serverFirst bool) {
+	byName := d.Reason == policy.ReasonAllowName
+	checked := 0
+	cfg := sniff.HTTPConfig{Allow: func(host string) error {
+		if byName && isIPLiteral(host) {
+			// The address itself names no site: on a shared address
+			// it reaches the server's default one.
+			ev.Observed, ev.Reason, ev.Rule, ev.Name = host, policy.ReasonNameNotAllowed, "", ""
+			return errRefused
+		}
+		d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: ev.Dst, Names: names, Observed: host})
+		if !d2.Allow {
+			ev.Observed, ev.Reason, ev.Rule, ev.Name = host, d2.Reason, d2.Rule, d2.Name
+			return errRefused
+		}
+		if checked == 0 {
+			ev.Observed, ev.Reason, ev.Rule, ev.Name = host, d2.Reason, d2.Rule, d2.Name
+		}
+		checked++
+		return nil
+	}}
+	if !serverFirst {
+		// A WebSocket upgrade as the first request: the stream is opaque
+		// once the server's first answer is a 101.
+		cfg.Switched = func() bool { return first.switched(st.ctx) }
+	}
+	out, checkErr, copyErr := relayHTTP(st.ctx, up, down, peeked, st.upLimit, cfg)
+	ev.BytesOut = out
+	switch {
+	case checkErr != nil:
+		ev.Allowed = false
+		if !errors.Is(checkErr, errRefused) {
+			ev.Reason = httpReason(checkErr)
+			ev.Err = checkErr.Error()
+		}
+		abort(ep)
+		down.Close()
+		up.Close()
+	case copyErr != nil:
+		ev.Err = copyErr.Error()
+		down.Close()
+		up.Close()
+	}
 }
 
 // waitN waits until lim allows n bytes, in steps no larger than its burst.
@@ -168,11 +242,12 @@ func abort(ep tcpip.Endpoint) {
 	ep.SocketOptions().SetLinger(tcpip.LingerOption{Enabled: true, Timeout: 0})
 }
 
-// peek reads the first bytes of the client stream until sniff can tell
-// the name, the buffer is full, or timeout passes (0: no timeout). A
+// peek reads the first bytes of the client stream until classify can tell
+// TLS (and its SNI), HTTP or anything else, the buffer is full, or timeout
+// passes (0: no timeout). A
 // timeout with no byte at all is not an error (server-first protocol or
 // idle client); the caller decides.
-func peek(c *gonet.TCPConn, timeout time.Duration) ([]byte, sniff.Result, error) {
+func peek(c *gonet.TCPConn, timeout time.Duration, loose func() bool) ([]byte, sniff.Result, error) {
 	buf := make([]byte, 0, sniff.MaxPeek)
 	if timeout > 0 {
 		c.SetReadDeadline(time.Now().Add(timeout))
@@ -182,12 +257,16 @@ func peek(c *gonet.TCPConn, timeout time.Duration) ([]byte, sniff.Result, error)
 		n, err := c.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if n > 0 {
-			res, serr := sniff.Sniff(buf)
+			res, serr := classify(buf, loose())
 			switch {
 			case serr == nil:
 				return buf, res, nil
 			case !errors.Is(serr, sniff.ErrNeedMore):
 				return buf, res, serr
+			case len(buf) == cap(buf) && buf[0] != 0x16:
+				// An endless first line or blank lines: the HTTP
+				// checker judges it.
+				return buf, sniff.Result{Kind: sniff.HTTP}, nil
 			case len(buf) == cap(buf):
 				return buf, res, sniff.ErrMalformed
 			}

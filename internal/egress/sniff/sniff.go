@@ -1,10 +1,14 @@
-// Package sniff extracts the name a client asks for from the first bytes
-// of a TCP stream: the server_name (SNI) of a TLS ClientHello, or the
-// authority of an HTTP/1 request (absolute-form target or Host header).
+// Package sniff extracts the name a client asks for from the bytes of a
+// TCP stream: the server_name (SNI) of a TLS ClientHello, or the
+// authority of an HTTP/1 request (absolute-form target or Host header),
+// and checks a whole HTTP/1.x client stream request by request
+// ([HTTPStream]).
 //
-// It works on a bounded peek buffer and never reads from a connection
-// itself: the caller appends bytes and calls [Sniff] again while it
-// returns [ErrNeedMore].
+// [Sniff] works on a bounded peek buffer and never reads from a
+// connection itself: the caller appends bytes and calls it again while it
+// returns [ErrNeedMore]. [HTTPStream] is an io.Writer filter: it writes to
+// the writer beneath only request heads whose Host its caller allowed and
+// the bodies they frame.
 //
 // # What it guarantees
 //
@@ -13,13 +17,25 @@
 //     target names another host than its Host header, is an error, never
 //     one of the two names.
 //   - A ClientHello fragmented over several TLS records is reassembled.
+//   - [HTTPStream] passes only what it parsed strictly: every request of a
+//     keep-alive or pipelined stream, whatever its method, is checked;
+//     framing a server could read differently (Content-Length with
+//     Transfer-Encoding, differing lengths, any Transfer-Encoding but chunked alone,
+//     obs-fold, bare CR or LF, control bytes) ends the stream, as do
+//     CONNECT, HTTP/2 (prior knowledge or h2c) and upgrades other than a
+//     first-request WebSocket. What it lets through parses, with net/http's
+//     own reader, as requests to allowed hosts only, however the input is
+//     split into writes (fuzzed). Memory per stream is bounded by
+//     [MaxHTTPHead].
 //
 // # What it does not do
 //
-// It does not validate names against policy, decrypt anything, parse
-// HTTP/2 or QUIC, or see requests after the first one on a connection
-// (HTTP/1 keep-alive, HTTP/2 coalescing). A TLS ClientHello without SNI
-// and a protocol it does not recognise both yield an empty name.
+// It does not validate names against policy (the caller's Allow does),
+// decrypt anything, or parse HTTP/2 or QUIC: inside TLS only the first
+// ClientHello is seen (HTTP/2 coalescing and domain fronting are not
+// detected), and after a WebSocket 101 an [HTTPStream] passes bytes
+// unparsed. A TLS ClientHello without SNI and a protocol it does not
+// recognise both yield an empty name.
 package sniff
 
 import (
