@@ -265,6 +265,16 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	defer lifeR.Close()
 	s.lifeline = lifeW
 
+	// stderr of init and agent: a pipe read with a small buffer here (an
+	// io.Writer would cost a 32 KiB copy buffer per sandbox in os/exec).
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		child.Close()
+		return fmt.Errorf("creating stderr pipe: %w", err)
+	}
+	defer errW.Close()
+	go (&limitedLog{s: s, left: 16 << 10}).drain(errR)
+
 	hostUID := s.slot.hostUID()
 	cmd := &exec.Cmd{
 		Path:       s.b.exe,
@@ -272,7 +282,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:        "/",
 		ExtraFiles: []*os.File{child, lnFile, lifeR}, // fd 3: sync, 4: listener, 5: lifeline
-		Stderr:     &limitedLog{s: s, left: 16 << 10},
+		Stderr:     errW,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:                 cloneFlags,
 			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
@@ -624,3 +634,20 @@ func (l *limitedLog) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*limitedLog)(nil)
+
+// drain forwards r to the log until EOF (when the sandbox's last holder of
+// its stderr is gone), reading on past the log's budget so that a chatty
+// agent never blocks on a full pipe.
+func (l *limitedLog) drain(r *os.File) {
+	defer r.Close()
+	buf := make([]byte, 512)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			l.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
