@@ -136,7 +136,42 @@ func fencePolicy(arch string, kernel [2]uint64) (*policy, error) {
 	for name, arg := range oobFlagsArg {
 		p.denyBits(name, arg, unix.MSG_OOB)
 	}
+	// socket and socketpair: fence's own family list rather than Docker's.
+	// Creating a socket of a family the kernel has as a module loads that
+	// module on the host (TIPC, RDS, CAN, KCM, SMC, ...), so only the
+	// families a sandbox needs reach the kernel; netlink only for routing
+	// (getifaddrs, ip) and socket diagnostics (ss). The errnos are the
+	// ones the kernel gives a family or protocol it lacks.
+	p.rules["socket"] = socketRules()
+	p.rules["socketpair"] = socketRules()
 	return p, nil
+}
+
+// Socket families and netlink protocols a sandbox may create.
+var (
+	allowedFamilies      = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6}
+	allowedNetlinkProtos = []uint64{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
+)
+
+// socketRules returns the rules of socket(domain, type, protocol) and
+// socketpair (same first three arguments). Both halves of each argument
+// are compared: garbage in the high half is refused, not ignored.
+func socketRules() []rule {
+	var rs []rule
+	for _, f := range allowedFamilies {
+		rs = append(rs, rule{conds: []cond{{arg: 0, op: opEQ, val: f}}, act: retAllow})
+	}
+	for _, proto := range allowedNetlinkProtos {
+		rs = append(rs, rule{conds: []cond{
+			{arg: 0, op: opEQ, val: unix.AF_NETLINK},
+			{arg: 2, op: opEQ, val: proto},
+		}, act: retAllow})
+	}
+	rs = append(rs,
+		rule{conds: []cond{{arg: 0, op: opEQ, val: unix.AF_NETLINK}}, act: errnoAction(unix.EPROTONOSUPPORT)},
+		rule{act: errnoAction(unix.EAFNOSUPPORT)},
+	)
+	return rs
 }
 
 // denyBits makes syscall name fail with EPERM, before any other rule of

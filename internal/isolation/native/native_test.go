@@ -169,6 +169,7 @@ func TestAttacks(t *testing.T) {
 		"vsock", "alg", "inet", "userns", "netns", "mount", "remount-proc", "umount-mask",
 		"keyctl", "bpf", "perf", "io_uring", "userfaultfd", "tiocsti", "core_pattern", "sysrq",
 		"sys-write", "kcore", "mknod", "uid", "seccomp", "caps", "ptrace-init", "fds", "agent-proc", "msg-oob", "setid",
+		"sockets", "cgroupns",
 	}
 	for _, c := range checks {
 		t.Run(c, func(t *testing.T) {
