@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -68,6 +70,9 @@ type Options struct {
 	// AllowInternet is the egress of sandboxes whose request says nothing
 	// about their network; false denies all.
 	AllowInternet bool
+	// DenyCIDRs are ranges no sandbox may reach whatever its policy lists
+	// (the operator's own networks), on top of the built-in ones.
+	DenyCIDRs []netip.Prefix
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
@@ -121,8 +126,16 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
+	// The host's addresses are followed as interfaces change, not only
+	// read once: an address gained later is never reachable either.
+	hosts, err := hostaddr.Watch(ctx)
+	if err != nil {
+		return fmt.Errorf("watching the host's addresses: %w", err)
+	}
+	defer hosts.Close()
 	reg := metrics.New()
 	backend, err := native.New(ctx, native.Options{
+		HostAddrs:    hosts.Addrs(),
 		Recorder:     newFlowRecorder(log, reg),
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
@@ -156,6 +169,8 @@ func Serve(ctx context.Context, opts Options) error {
 
 		AllowInternetByDefault: opts.AllowInternet,
 		HostAddrs:              backend.HostAddrs(),
+		Hosts:                  hosts,
+		NeverCIDRs:             opts.DenyCIDRs,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
