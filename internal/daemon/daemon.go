@@ -103,6 +103,18 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.TemplatesDir == "" {
 		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
 	}
+	// Before anything is made: a binary sandboxes cannot run is a clear
+	// error at start, not a failure of every create.
+	exe := opts.Executable
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return fmt.Errorf("finding own executable: %w", err)
+		}
+	}
+	if err := native.CheckExecutable(exe); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(opts.DataDir, 0o711); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
