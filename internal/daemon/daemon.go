@@ -295,6 +295,11 @@ func apiKey(opts Options) (key, path string, err error) {
 	path = filepath.Join(opts.DataDir, "api-key")
 	b, err := os.ReadFile(path)
 	if err == nil {
+		// The key file is root's alone, also when an older version or a
+		// hand-made file left it wider.
+		if err := os.Chmod(path, 0o600); err != nil {
+			return "", "", fmt.Errorf("restricting API key: %w", err)
+		}
 		key = strings.TrimSpace(string(b))
 		if !apiKeyPattern.MatchString(key) {
 			return "", "", fmt.Errorf("%s does not hold a valid key (e2b_ + hex digits)", path)

@@ -212,6 +212,13 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
+	// The writable layer holds what the sandbox writes: its root is the
+	// sandbox's alone (init, as the sandbox's root, traverses it to mount
+	// the overlay), so no other host user reaches a file below, whatever
+	// the file's own mode. The sandbox directory is 0700 already.
+	if err := os.Chmod(disk, 0o700); err != nil {
+		return nil, fmt.Errorf("restricting writable layer: %w", err)
+	}
 	return cfg, nil
 }
 
