@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +41,7 @@ func TestHostUsersSeeNothing(t *testing.T) {
 			if err != nil {
 				return nil
 			}
-			if de.Type().IsRegular() {
+			if de.Type().IsRegular() || de.Type()&fs.ModeSocket != 0 {
 				paths = append(paths, p)
 			}
 			return nil
@@ -49,11 +50,26 @@ func TestHostUsersSeeNothing(t *testing.T) {
 	if !slicesContains(paths, filepath.Join(dataDir, "fence.db")) {
 		t.Fatalf("no fence.db among the %d files under %s: %v", len(paths), dataDir, paths)
 	}
-	t.Logf("%d files under the data dir and /run/fence", len(paths))
+	sockets := 0
+	for _, p := range paths {
+		if st, err := os.Lstat(p); err == nil && st.Mode()&fs.ModeSocket != 0 {
+			sockets++
+		}
+	}
+	if sockets == 0 {
+		t.Fatalf("no agent socket among the files under %s: the socket check would prove nothing", dataDir)
+	}
+	t.Logf("%d files (%d sockets) under the data dir and /run/fence", len(paths), sockets)
 
 	// As nobody (and with no supplementary group), try each path; report
 	// what opens and what holds a secret.
+	// A unix socket (an agent's, the daemon's) connects for whoever may
+	// write it and search its directories: what access(W_OK) answers.
 	script := `while IFS= read -r p; do
+  if [ -S "$p" ]; then
+    if [ -w "$p" ]; then echo "CONNECT $p"; fi
+    continue
+  fi
   if [ -r "$p" ] && head -c 1 -- "$p" >/dev/null 2>&1; then
     echo "READ $p"
     if head -c 268435456 -- "$p" 2>/dev/null | grep -qaF -f "$NEEDLES"; then echo "LEAK $p"; fi
@@ -91,6 +107,9 @@ done`
 		if p, ok := strings.CutPrefix(l, "LEAK "); ok {
 			leaks = append(leaks, p)
 		}
+		if p, ok := strings.CutPrefix(l, "CONNECT "); ok {
+			t.Errorf("as host uid 65534, the socket %s accepts connections", p)
+		}
 	}
 	t.Logf("readable by nobody: %q", readable)
 	for _, p := range leaks {
@@ -106,9 +125,18 @@ done`
 	ctl := exec.Command("/bin/sh", "-c", script)
 	ctl.Env = cmd.Env
 	ctl.Dir = "/"
-	ctl.Stdin = strings.NewReader(nf + "\n")
+	ctlSock := filepath.Join(nd, "ctl.sock")
+	ln, err := net.Listen("unix", ctlSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(ctlSock, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	ctl.Stdin = strings.NewReader(nf + "\n" + ctlSock + "\n")
 	ctl.SysProcAttr = cmd.SysProcAttr
-	if b, err := ctl.Output(); err != nil || !strings.Contains(string(b), "LEAK "+nf) {
-		t.Fatalf("control walk did not find a readable secret: %v %q", err, b)
+	if b, err := ctl.Output(); err != nil || !strings.Contains(string(b), "LEAK "+nf) || !strings.Contains(string(b), "CONNECT "+ctlSock) {
+		t.Fatalf("control walk did not find a readable secret and an open socket: %v %q", err, b)
 	}
 }

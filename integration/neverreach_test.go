@@ -24,8 +24,32 @@ func TestNeverReachableRanges(t *testing.T) {
 	boxes := createAll(t, x.d, map[string]api.NewSandbox{
 		"cidr": {TemplateID: "base", Network: &api.NetworkConfig{
 			AllowOut: []string{"203.0.113.0/24", "2001:db8::/32", "evil.test"}}},
+		"wide": {TemplateID: "base", Network: &api.NetworkConfig{
+			AllowOut: []string{"0.0.0.0/0", "::/0", "168.63.129.16"}}},
 	})
 	sb := boxes["cidr"].Envd()
+	ip := func(t *testing.T, args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	t.Run("azure wireserver", func(t *testing.T) {
+		// Azure's WireServer is a public address that the platform
+		// answers on every VM; the daemon dials as host root, which the
+		// VM agent's firewall rule lets through. Here it is routed into
+		// the fake internet, whose servers are the oracle.
+		const wire = "168.63.129.16"
+		peer := "fww" + strings.TrimPrefix(fn.HostIf, "fwh")
+		ip(t, "-n", fn.NS, "addr", "add", wire+"/32", "dev", peer)
+		ip(t, "route", "add", wire+"/32", "dev", fn.HostIf)
+		t.Cleanup(func() { exec.Command("ip", "route", "del", wire+"/32", "dev", fn.HostIf).Run() })
+		x.refused(t, boxes["wide"].Envd(), curl+"http://"+wire+"/machine?comp=goalstate", noPackets)
+		x.refused(t, boxes["wide"].Envd(), curl+"http://"+wire+":32526/vmSettings", noPackets)
+		// Control: the same sandbox reaches the fake internet otherwise.
+		x.reached(t, boxes["wide"].Envd(), curl+"http://"+wanIP+"/wide", "path=/wide")
+	})
 
 	t.Run("deny-cidr", func(t *testing.T) {
 		// Control: the same rule opens the rest of the range.
@@ -38,14 +62,8 @@ func TestNeverReachableRanges(t *testing.T) {
 
 	t.Run("host address added later", func(t *testing.T) {
 		const new4, new6 = "203.0.113.77", "2001:db8::77"
-		ip := func(args ...string) {
-			t.Helper()
-			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-				t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-			}
-		}
-		ip("addr", "add", new4+"/32", "dev", fn.HostIf)
-		ip("-6", "addr", "add", new6+"/128", "dev", fn.HostIf, "nodad")
+		ip(t, "addr", "add", new4+"/32", "dev", fn.HostIf)
+		ip(t, "-6", "addr", "add", new6+"/128", "dev", fn.HostIf, "nodad")
 		t.Cleanup(func() {
 			exec.Command("ip", "addr", "del", new4+"/32", "dev", fn.HostIf).Run()
 			exec.Command("ip", "-6", "addr", "del", new6+"/128", "dev", fn.HostIf).Run()
