@@ -349,6 +349,23 @@ func sockets() error {
 			}
 		}
 	}
+	// IP with a protocol the kernel may have as a module (sctp, dccp,
+	// l2tp_ip): refused by the filter (with the invalid type the kernel
+	// itself would answer EINVAL).
+	for name, p := range map[string][2]int{
+		"AF_INET SCTP": {unix.AF_INET, unix.IPPROTO_SCTP}, "AF_INET6 SCTP": {unix.AF_INET6, unix.IPPROTO_SCTP},
+		"AF_INET DCCP": {unix.AF_INET, unix.IPPROTO_DCCP}, "AF_INET L2TP": {unix.AF_INET, unix.IPPROTO_L2TP},
+		"AF_INET6 L2TP": {unix.AF_INET6, unix.IPPROTO_L2TP}, "AF_INET UDPLITE": {unix.AF_INET, unix.IPPROTO_UDPLITE},
+	} {
+		if err := try(p[0], badType, p[1]); err != unix.EPROTONOSUPPORT {
+			return fmt.Errorf("socket(%s) reached the kernel: %v, want EPROTONOSUPPORT from the filter", name, err)
+		}
+		for _, typ := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM, unix.SOCK_SEQPACKET} {
+			if err := try(p[0], typ, p[1]); err == nil {
+				return fmt.Errorf("socket(%s, %d) succeeded", name, typ)
+			}
+		}
+	}
 	// What a sandbox needs keeps working.
 	for _, c := range []struct {
 		name              string
@@ -357,6 +374,8 @@ func sockets() error {
 		{"AF_UNIX stream", unix.AF_UNIX, unix.SOCK_STREAM, 0},
 		{"AF_UNIX dgram", unix.AF_UNIX, unix.SOCK_DGRAM, 0},
 		{"AF_INET stream", unix.AF_INET, unix.SOCK_STREAM, 0},
+		{"AF_INET TCP", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_TCP},
+		{"AF_INET6 UDP", unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_UDP},
 		{"AF_INET dgram", unix.AF_INET, unix.SOCK_DGRAM, 0},
 		{"AF_INET6 stream", unix.AF_INET6, unix.SOCK_STREAM, 0},
 		{"AF_INET6 dgram", unix.AF_INET6, unix.SOCK_DGRAM, 0},
