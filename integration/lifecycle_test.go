@@ -147,6 +147,19 @@ func TestRunCLI(t *testing.T) {
 			t.Errorf("fence run --template base -- python3 -c 'print(6*7)' = %q, exit %d (stderr %q), want \"42\\n\", exit 0", out, code, errs)
 		}
 	})
+	t.Run("cgroup namespace", func(t *testing.T) {
+		// The sandbox's cgroup namespace is rooted at its own cgroups: no
+		// hierarchy shows the host's tree (fence/run-PID/ID or /../..).
+		out, errs, code := fenceRun(t, "--", "cat", "/proc/self/cgroup")
+		if code != 0 || out == "" {
+			t.Fatalf("fence run -- cat /proc/self/cgroup: exit %d, stdout %q, stderr %q", code, out, errs)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.SplitN(l, ":", 3); len(f) != 3 || f[2] != "/" {
+				t.Errorf("/proc/self/cgroup in fence run: %q, want every hierarchy at /", l)
+			}
+		}
+	})
 	t.Run("exit codes", func(t *testing.T) {
 		for _, want := range []int{0, 1, 7, 255} {
 			_, errs, code := fenceRun(t, "--", "sh", "-c", "exit "+strconv.Itoa(want))

@@ -59,6 +59,7 @@ func deps() cli.Deps {
 				TLSCert:       o.TLSCert,
 				TLSKey:        o.TLSKey,
 				AllowInternet: o.AllowInternet,
+				DenyCIDRs:     o.DenyCIDRs,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 				Stdout:        os.Stdout,

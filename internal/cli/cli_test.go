@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -124,6 +125,18 @@ func TestServeOptions(t *testing.T) {
 	}
 	if code, _, _ := execute(t, deps, "", "serve", "--memory-mb", "0"); code != 2 {
 		t.Errorf("fence serve --memory-mb 0 = %d, want 2", code)
+	}
+	code, _, stderr := execute(t, deps, "", "serve", "--deny-cidr", "10.20.0.0/16", "--deny-cidr", "fd00:1::5/48", "--deny-cidr", "192.0.2.9")
+	wantCIDRs := []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("fd00:1::/48"), netip.MustParsePrefix("192.0.2.9/32")}
+	if code != 0 || !reflect.DeepEqual(got.DenyCIDRs, wantCIDRs) {
+		t.Errorf("fence serve --deny-cidr ×3 = %d (%q), %v; want %v", code, stderr, got.DenyCIDRs, wantCIDRs)
+	}
+	for _, bad := range []string{"10.0.0.0/33", "nonsense", "", "fe80::1%eth0", "10.0.0.1/8/8"} {
+		got = ServeOptions{}
+		code, _, stderr := execute(t, deps, "", "serve", "--deny-cidr", bad)
+		if code != 2 || !strings.Contains(stderr, "--deny-cidr") || got.Addr != "" {
+			t.Errorf("fence serve --deny-cidr %q = %d, %q; want a usage error naming the flag, and no serve", bad, code, stderr)
+		}
 	}
 	failing := Deps{Serve: func(context.Context, ServeOptions) error { return errors.New("address in use") }}
 	if code, _, stderr := execute(t, failing, "", "serve"); code != 1 || stderr != "fence: serving: address in use\n" {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -58,6 +59,9 @@ type ServeOptions struct {
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int
+	// DenyCIDRs are ranges no sandbox may ever reach, whatever its policy
+	// lists (the operator's own networks).
+	DenyCIDRs []netip.Prefix
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

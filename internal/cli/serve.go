@@ -2,9 +2,11 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -55,6 +57,7 @@ func templatesDir(dir, dataDir string) string {
 func serveCmd(deps Deps) *cobra.Command {
 	var o ServeOptions
 	var lim limitFlags
+	var denyCIDRs []string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -69,7 +72,8 @@ Every sandbox's network goes through a user-space TCP/IP stack in the
 daemon: egress is denied unless the create request allows it
 (allow_internet_access, network.allowOut with names, *.wildcards and CIDRs),
 and the host, link-local, metadata and private addresses are never
-reachable. DNS answers come from the daemon and only for allowed names.
+reachable, nor are the ranges given with --deny-cidr. DNS answers come from
+the daemon and only for allowed names.
 
 The limits below are the defaults of every sandbox. The daemon stops on
 SIGINT or SIGTERM.`,
@@ -92,6 +96,9 @@ SIGINT or SIGTERM.`,
 			}
 			if o.NetMbps < 0 {
 				return usagef("--net-mbps must not be negative")
+			}
+			if o.DenyCIDRs, err = parseDenyCIDRs(denyCIDRs); err != nil {
+				return err
 			}
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
@@ -123,8 +130,31 @@ SIGINT or SIGTERM.`,
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
 	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
+	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	return cmd
+}
+
+// parseDenyCIDRs parses --deny-cidr values: CIDRs ("10.20.0.0/16",
+// "fd00:1::/48") or single addresses.
+func parseDenyCIDRs(vals []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range vals {
+		s := strings.TrimSpace(v)
+		pf, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil || a.Zone() != "" {
+				return nil, usagef("--deny-cidr %q: not a CIDR (like 10.20.0.0/16 or fd00:1::/48) or an IP address", v)
+			}
+			pf = netip.PrefixFrom(a, a.BitLen())
+		}
+		if pf.Addr().Zone() != "" {
+			return nil, usagef("--deny-cidr %q: a zone is not allowed", v)
+		}
+		out = append(out, pf.Masked())
+	}
+	return out, nil
 }
 
 func templateCmd(deps Deps) *cobra.Command {

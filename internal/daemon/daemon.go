@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -68,6 +70,9 @@ type Options struct {
 	// AllowInternet is the egress of sandboxes whose request says nothing
 	// about their network; false denies all.
 	AllowInternet bool
+	// DenyCIDRs are ranges no sandbox may reach whatever its policy lists
+	// (the operator's own networks), on top of the built-in ones.
+	DenyCIDRs []netip.Prefix
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
@@ -98,6 +103,18 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.TemplatesDir == "" {
 		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
 	}
+	// Before anything is made: a binary sandboxes cannot run is a clear
+	// error at start, not a failure of every create.
+	exe := opts.Executable
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return fmt.Errorf("finding own executable: %w", err)
+		}
+	}
+	if err := native.CheckExecutable(exe); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(opts.DataDir, 0o711); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
@@ -121,8 +138,16 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
+	// The host's addresses are followed as interfaces change, not only
+	// read once: an address gained later is never reachable either.
+	hosts, err := hostaddr.Watch(ctx)
+	if err != nil {
+		return fmt.Errorf("watching the host's addresses: %w", err)
+	}
+	defer hosts.Close()
 	reg := metrics.New()
 	backend, err := native.New(ctx, native.Options{
+		HostAddrs:    hosts.Addrs(),
 		Recorder:     newFlowRecorder(log, reg),
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
@@ -156,6 +181,8 @@ func Serve(ctx context.Context, opts Options) error {
 
 		AllowInternetByDefault: opts.AllowInternet,
 		HostAddrs:              backend.HostAddrs(),
+		Hosts:                  hosts,
+		NeverCIDRs:             opts.DenyCIDRs,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
@@ -268,6 +295,11 @@ func apiKey(opts Options) (key, path string, err error) {
 	path = filepath.Join(opts.DataDir, "api-key")
 	b, err := os.ReadFile(path)
 	if err == nil {
+		// The key file is root's alone, also when an older version or a
+		// hand-made file left it wider.
+		if err := os.Chmod(path, 0o600); err != nil {
+			return "", "", fmt.Errorf("restricting API key: %w", err)
+		}
 		key = strings.TrimSpace(string(b))
 		if !apiKeyPattern.MatchString(key) {
 			return "", "", fmt.Errorf("%s does not hold a valid key (e2b_ + hex digits)", path)

@@ -24,6 +24,16 @@ func TestAPIKey(t *testing.T) {
 	if err != nil || again != key {
 		t.Errorf("second start: key %q, %v; want the stored %q", again, err, key)
 	}
+	// A key file left world-readable (an older install) is narrowed.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := apiKey(Options{DataDir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("key file left 0644: after start %v, mode %v; want 0600", err, st.Mode().Perm())
+	}
 	if got, path, _ := apiKey(Options{DataDir: dir, APIKey: "e2b_given"}); got != "e2b_given" || path != "" {
 		t.Errorf("apiKey with a key given = %q, %q; want it, and no file", got, path)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -88,6 +89,12 @@ type Options struct {
 	// HostAddrs are the host's own addresses, never reachable from a
 	// sandbox whatever its policy.
 	HostAddrs []netip.Addr
+	// Hosts, if set, is the live set of the host's own addresses
+	// (internal/hostaddr), never reachable either, as it changes.
+	Hosts policy.HostSet
+	// NeverCIDRs are the operator's ranges that no sandbox may reach,
+	// whatever its policy lists.
+	NeverCIDRs []netip.Prefix
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
@@ -112,6 +119,8 @@ type Manager struct {
 
 	allowInternetByDefault bool
 	hostAddrs              []netip.Addr
+	hosts                  policy.HostSet
+	never                  []netip.Prefix
 	max                    int
 	maxTimeout             time.Duration
 	retention              time.Duration
@@ -170,6 +179,8 @@ func New(opts Options) (*Manager, error) {
 		defaults:               opts.Defaults.withBuiltins(),
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		hostAddrs:              opts.HostAddrs,
+		hosts:                  opts.Hosts,
+		never:                  opts.NeverCIDRs,
 		max:                    opts.MaxSandboxes,
 		maxTimeout:             opts.MaxTimeout,
 		retention:              opts.KilledRetention,

@@ -20,7 +20,7 @@ func (m *Manager) egressPolicy(allowInternet *bool, n *api.NetworkConfig) (*poli
 	if err != nil {
 		return nil, invalid("network: %v", err)
 	}
-	spec.HostAddrs = m.hostAddrs
+	spec.HostAddrs, spec.Hosts, spec.Never = m.hostAddrs, m.hosts, m.never
 	p, err := policy.Compile(spec)
 	if err != nil {
 		return nil, invalid("network: %v", err)

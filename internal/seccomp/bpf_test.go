@@ -125,6 +125,9 @@ func holds(c cond, v uint64) bool {
 var (
 	eperm  = errnoAction(unix.EPERM)
 	enosys = errnoAction(unix.ENOSYS)
+
+	eafnosupport    = errnoAction(unix.EAFNOSUPPORT)
+	eprotonosupport = errnoAction(unix.EPROTONOSUPPORT)
 )
 
 func actName(a uint32) string {
@@ -188,12 +191,42 @@ func TestFenceProgramAMD64(t *testing.T) {
 		{"socket AF_UNIX", sys("socket", unix.AF_UNIX), retAllow},
 		{"socket AF_INET", sys("socket", unix.AF_INET), retAllow},
 		{"socket AF_INET6", sys("socket", unix.AF_INET6), retAllow},
-		{"socket AF_NETLINK", sys("socket", unix.AF_NETLINK), retAllow},
-		{"socket AF_ALG", sys("socket", unix.AF_ALG), eperm},
-		{"socket AF_VSOCK", sys("socket", unix.AF_VSOCK), eperm},
-		{"socket AF_AX25", sys("socket", 3), eperm},
-		{"socket 46", sys("socket", 46), eperm},
-		{"socket AF_INET high bits", sys("socket", hi|unix.AF_INET), eperm},
+		{"socket AF_NETLINK ROUTE", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE), retAllow},
+		{"socket AF_NETLINK SOCK_DIAG", sys("socket", unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_SOCK_DIAG), retAllow},
+		{"socket AF_NETLINK XFRM", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM), eprotonosupport},
+		{"socket AF_NETLINK AUDIT", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT), eprotonosupport},
+		{"socket AF_NETLINK NETFILTER", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER), eprotonosupport},
+		{"socket AF_NETLINK KOBJECT_UEVENT", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_KOBJECT_UEVENT), eprotonosupport},
+		{"socket AF_NETLINK ROUTE high bits", sys("socket", unix.AF_NETLINK, unix.SOCK_RAW, hi|unix.NETLINK_ROUTE), eprotonosupport},
+		{"socket AF_UNSPEC", sys("socket", unix.AF_UNSPEC), eafnosupport},
+		{"socket AF_ALG", sys("socket", unix.AF_ALG), eafnosupport},
+		{"socket AF_VSOCK", sys("socket", unix.AF_VSOCK), eafnosupport},
+		{"socket AF_AX25", sys("socket", 3), eafnosupport},
+		{"socket AF_PACKET", sys("socket", unix.AF_PACKET), eafnosupport},
+		{"socket AF_KEY", sys("socket", unix.AF_KEY), eafnosupport},
+		{"socket AF_TIPC", sys("socket", unix.AF_TIPC), eafnosupport},
+		{"socket AF_RDS", sys("socket", unix.AF_RDS), eafnosupport},
+		{"socket AF_CAN", sys("socket", unix.AF_CAN), eafnosupport},
+		{"socket AF_BLUETOOTH", sys("socket", unix.AF_BLUETOOTH), eafnosupport},
+		{"socket AF_KCM", sys("socket", unix.AF_KCM), eafnosupport},
+		{"socket AF_SMC", sys("socket", unix.AF_SMC), eafnosupport},
+		{"socket AF_RXRPC", sys("socket", unix.AF_RXRPC), eafnosupport},
+		{"socket AF_XDP", sys("socket", unix.AF_XDP), eafnosupport},
+		{"socket 46", sys("socket", 46), eafnosupport},
+		{"socket AF_INET high bits", sys("socket", hi|unix.AF_INET), eafnosupport},
+		{"socket AF_INET TCP", sys("socket", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_TCP), retAllow},
+		{"socket AF_INET6 UDP", sys("socket", unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_UDP), retAllow},
+		{"socket AF_INET ping", sys("socket", unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP), retAllow},
+		{"socket AF_INET6 ping", sys("socket", unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6), retAllow},
+		{"socket AF_INET MPTCP", sys("socket", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP), retAllow},
+		{"socket AF_INET SCTP", sys("socket", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP), eprotonosupport},
+		{"socket AF_INET6 DCCP", sys("socket", unix.AF_INET6, unix.SOCK_DCCP, unix.IPPROTO_DCCP), eprotonosupport},
+		{"socket AF_INET L2TP", sys("socket", unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_L2TP), eprotonosupport},
+		{"socket AF_INET TCP high bits", sys("socket", unix.AF_INET, unix.SOCK_STREAM, hi|unix.IPPROTO_TCP), eprotonosupport},
+		{"socket AF_UNIX any protocol", sys("socket", unix.AF_UNIX, unix.SOCK_STREAM, 7), retAllow},
+		{"socketpair AF_UNIX", sys("socketpair", unix.AF_UNIX), retAllow},
+		{"socketpair AF_TIPC", sys("socketpair", unix.AF_TIPC), eafnosupport},
+		{"socketpair AF_NETLINK XFRM", sys("socketpair", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM), eprotonosupport},
 		{"ioctl TIOCGWINSZ", sys("ioctl", 0, unix.TIOCGWINSZ), retAllow},
 		{"ioctl TIOCSTI", sys("ioctl", 0, unix.TIOCSTI), eperm},
 		{"ioctl TIOCSTI high bits", sys("ioctl", 0, hi|unix.TIOCSTI), eperm},
@@ -266,7 +299,8 @@ func TestFenceProgramARM64(t *testing.T) {
 		{"arm compat", data{nr: 20, arch: unix.AUDIT_ARCH_ARM}, retKillProcess},
 		{"x86_64 arch", data{nr: 39, arch: unix.AUDIT_ARCH_X86_64}, retKillProcess},
 		{"mount", data{nr: sysnumARM64["mount"], arch: a64}, eperm},
-		{"socket AF_VSOCK", data{nr: sysnumARM64["socket"], arch: a64, args: [6]uint64{unix.AF_VSOCK}}, eperm},
+		{"socket AF_VSOCK", data{nr: sysnumARM64["socket"], arch: a64, args: [6]uint64{unix.AF_VSOCK}}, eafnosupport},
+		{"socket AF_TIPC", data{nr: sysnumARM64["socket"], arch: a64, args: [6]uint64{unix.AF_TIPC}}, eafnosupport},
 		{"socket AF_INET", data{nr: sysnumARM64["socket"], arch: a64, args: [6]uint64{unix.AF_INET}}, retAllow},
 		{"clone3", data{nr: sysnumARM64["clone3"], arch: a64}, enosys},
 	}

@@ -79,20 +79,31 @@ func helperChecks() int {
 			failed++
 		}
 	}
-	socket := func(domain uint64, typ int) error {
-		fd, _, e := unix.Syscall(unix.SYS_SOCKET, uintptr(domain), uintptr(typ|unix.SOCK_CLOEXEC), 0)
+	socketProto := func(domain uint64, typ int, proto uintptr) error {
+		fd, _, e := unix.Syscall(unix.SYS_SOCKET, uintptr(domain), uintptr(typ|unix.SOCK_CLOEXEC), proto)
 		if e != 0 {
 			return e
 		}
 		unix.Close(int(fd))
 		return nil
 	}
-	expect("socket(AF_VSOCK)", socket(unix.AF_VSOCK, unix.SOCK_STREAM), unix.EPERM)
-	expect("socket(AF_ALG)", socket(unix.AF_ALG, unix.SOCK_SEQPACKET), unix.EPERM)
+	socket := func(domain uint64, typ int) error { return socketProto(domain, typ, 0) }
+	expect("socket(AF_VSOCK)", socket(unix.AF_VSOCK, unix.SOCK_STREAM), unix.EAFNOSUPPORT)
+	expect("socket(AF_ALG)", socket(unix.AF_ALG, unix.SOCK_SEQPACKET), unix.EAFNOSUPPORT)
+	expect("socket(AF_TIPC)", socket(unix.AF_TIPC, unix.SOCK_RDM), unix.EAFNOSUPPORT)
+	expect("socket(AF_PACKET)", socket(unix.AF_PACKET, unix.SOCK_RAW), unix.EAFNOSUPPORT)
 	expect("socket(AF_INET)", socket(unix.AF_INET, unix.SOCK_STREAM), nil)
 	expect("socket(AF_INET6)", socket(unix.AF_INET6, unix.SOCK_DGRAM), nil)
 	expect("socket(AF_UNIX)", socket(unix.AF_UNIX, unix.SOCK_STREAM), nil)
-	expect("socket(AF_INET|1<<32)", socket(1<<32|unix.AF_INET, unix.SOCK_STREAM), unix.EPERM)
+	expect("socket(AF_INET|1<<32)", socket(1<<32|unix.AF_INET, unix.SOCK_STREAM), unix.EAFNOSUPPORT)
+	expect("socket(AF_NETLINK, ROUTE)", socketProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE), nil)
+	expect("socket(AF_NETLINK, SOCK_DIAG)", socketProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG), nil)
+	expect("socket(AF_NETLINK, XFRM)", socketProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM), unix.EPROTONOSUPPORT)
+	expect("socket(AF_NETLINK, KOBJECT_UEVENT)", socketProto(unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT), unix.EPROTONOSUPPORT)
+	_, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	expect("socketpair(AF_UNIX)", err, nil)
+	_, err = unix.Socketpair(unix.AF_TIPC, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	expect("socketpair(AF_TIPC)", err, unix.EAFNOSUPPORT)
 
 	var params [120]byte
 	expect("io_uring_setup", rawErr(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params))), unix.ENOSYS)
@@ -100,7 +111,7 @@ func helperChecks() int {
 	expect("mount", unix.Mount("none", os.TempDir(), "tmpfs", 0, ""), unix.EPERM)
 	expect("umount2", unix.Unmount("/proc", unix.MNT_DETACH), unix.EPERM)
 	expect("fsopen", rawErr(unix.SYS_FSOPEN, uintptr(unsafe.Pointer(&[]byte("tmpfs\x00")[0])), 0), unix.EPERM)
-	_, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
+	_, err = unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
 	expect("keyctl", err, unix.EPERM)
 	expect("add_key", rawErr(unix.SYS_ADD_KEY, 0, 0, 0, 0, 0), unix.EPERM)
 	expect("bpf", rawErr(unix.SYS_BPF, unix.BPF_PROG_LOAD, 0, 0), unix.EPERM)

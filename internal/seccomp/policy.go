@@ -136,7 +136,50 @@ func fencePolicy(arch string, kernel [2]uint64) (*policy, error) {
 	for name, arg := range oobFlagsArg {
 		p.denyBits(name, arg, unix.MSG_OOB)
 	}
+	// socket and socketpair: fence's own family list rather than Docker's.
+	// Creating a socket of a family the kernel has as a module loads that
+	// module on the host (TIPC, RDS, CAN, KCM, SMC, ...), so only the
+	// families a sandbox needs reach the kernel; netlink only for routing
+	// (getifaddrs, ip) and socket diagnostics (ss); IP only with built-in
+	// protocols. The errnos are the ones the kernel gives a family or
+	// protocol it lacks.
+	p.rules["socket"] = socketRules()
+	p.rules["socketpair"] = socketRules()
 	return p, nil
+}
+
+// The socket families a sandbox may create, each with the protocols it may
+// ask for (nil: any). An IP socket's protocol is limited too: the kernel
+// loads a module for a protocol it lacks (socket(AF_INET, SOCK_STREAM,
+// IPPROTO_SCTP) loads sctp), whereas 0, TCP, UDP, ICMP (ping sockets) and
+// MPTCP are built in.
+var socketFamilies = []struct {
+	family uint64
+	protos []uint64
+}{
+	{unix.AF_UNIX, nil},
+	{unix.AF_INET, []uint64{0, unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_ICMP, unix.IPPROTO_MPTCP}},
+	{unix.AF_INET6, []uint64{0, unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_ICMPV6, unix.IPPROTO_MPTCP}},
+	{unix.AF_NETLINK, []uint64{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}},
+}
+
+// socketRules returns the rules of socket(domain, type, protocol) and
+// socketpair (same first three arguments). Both halves of each argument
+// are compared: garbage in the high half is refused, not ignored.
+func socketRules() []rule {
+	var rs []rule
+	for _, f := range socketFamilies {
+		fam := cond{arg: 0, op: opEQ, val: f.family}
+		if f.protos == nil {
+			rs = append(rs, rule{conds: []cond{fam}, act: retAllow})
+			continue
+		}
+		for _, proto := range f.protos {
+			rs = append(rs, rule{conds: []cond{fam, {arg: 2, op: opEQ, val: proto}}, act: retAllow})
+		}
+		rs = append(rs, rule{conds: []cond{fam}, act: errnoAction(unix.EPROTONOSUPPORT)})
+	}
+	return append(rs, rule{act: errnoAction(unix.EAFNOSUPPORT)})
 }
 
 // denyBits makes syscall name fail with EPERM, before any other rule of

@@ -14,7 +14,11 @@
 //     with EPERM;
 //   - ioctl TIOCSTI and TIOCLINUX fail with EPERM, compared on the low 32
 //     bits of the request only (CVE-2019-10063);
-//   - Docker's socket family allowlist stays (no AF_ALG, no AF_VSOCK).
+//   - socket and socketpair accept only AF_UNIX, AF_INET and AF_INET6 (with
+//     protocol 0, TCP, UDP, ICMP or MPTCP) and AF_NETLINK with NETLINK_ROUTE
+//     or NETLINK_SOCK_DIAG: any other family fails with EAFNOSUPPORT and any
+//     other protocol with EPROTONOSUPPORT, before the kernel could load a
+//     module for it (Docker's wider family list is replaced).
 //
 // # Guarantees
 //

@@ -8,6 +8,9 @@
 //   - The schema is versioned in a migrations table and upgraded in one
 //     transaction by Open.
 //   - Every query takes a context.
+//   - The database and its -wal, -shm and -journal files are readable and
+//     writable by their owner (root) alone, whatever the umask, and an
+//     older database with wider modes is narrowed by Open.
 //   - Environment variables given to a sandbox are never stored: they may
 //     hold secrets. The envd access token is stored while the sandbox runs
 //     and cleared when it is marked killed.
@@ -22,7 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -114,6 +120,9 @@ var migrations = []string{
 // Open opens (creating if needed) the database at path and migrates it to
 // the current schema.
 func Open(ctx context.Context, path string) (*Store, error) {
+	if err := restrictFiles(path); err != nil {
+		return nil, err
+	}
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(5000)")
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -129,6 +138,45 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("migrating %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// restrictFiles makes the database and its sidecar files readable by root
+// alone, whatever the umask: they hold every running sandbox's envd access
+// token. The database file is created 0600 here, before SQLite opens it,
+// so SQLite gives the -wal, -shm and -journal files it creates the same
+// mode; files an older version left with a wider mode are narrowed. A
+// directory the database needs is created 0700.
+func restrictFiles(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("creating database directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", path, err)
+	}
+	err = f.Chmod(0o600)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("restricting %s: %w", path, err)
+	}
+	for _, sfx := range []string{"-wal", "-shm", "-journal"} {
+		st, err := os.Lstat(path + sfx)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("restricting %s%s: %w", path, sfx, err)
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s%s is not a regular file", path, sfx)
+		}
+		if st.Mode().Perm() != 0o600 {
+			if err := os.Chmod(path+sfx, 0o600); err != nil {
+				return fmt.Errorf("restricting %s%s: %w", path, sfx, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the database. It is idempotent.

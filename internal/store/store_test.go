@@ -286,3 +286,65 @@ func TestListOrderAndStartedAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestFileModes: the database and its sidecars are the owner's alone even
+// under a permissive umask, and an older database left world-readable is
+// narrowed on Open.
+func TestFileModes(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	dir := filepath.Join(t.TempDir(), "new")
+	path := filepath.Join(dir, "fence.db")
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Insert(t.Context(), rec("a", 1, nil)); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Errorf("%s: %v", when, err)
+				continue
+			}
+			if m := st.Mode().Perm(); m != 0o600 {
+				t.Errorf("%s: %s has mode %o, want 600", when, filepath.Base(p), m)
+			}
+		}
+	}
+	check("new database")
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("database directory created with %v (%v), want 700", st.Mode(), err)
+	}
+	s.Close()
+
+	// An older install: the database written world-readable.
+	old2 := filepath.Join(t.TempDir(), "fence.db")
+	s, err = Open(t.Context(), old2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Insert(t.Context(), rec("b", 1, nil)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for _, sfx := range []string{"", "-wal", "-shm"} {
+		os.WriteFile(old2+sfx, nil, 0o644) // creates the sidecars Close removed
+		if err := os.Chmod(old2+sfx, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path = old2
+	if err := os.Truncate(old2, 0); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(t.Context(), old2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check("older database")
+}

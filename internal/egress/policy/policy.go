@@ -14,7 +14,10 @@
 //     unspecified, loopback, link-local (169.254.0.0/16 and fe80::/10, so
 //     169.254.169.254 and the ECS credential address), cloud metadata
 //     (fd00:ec2::254, 100.100.100.200), multicast, broadcast and reserved
-//     ranges, Teredo, and the host's own addresses ([Spec.HostAddrs]). IPv6
+//     ranges, Teredo, the platform endpoints of the major clouds (Azure's
+//     WireServer 168.63.129.16, the IPv6 metadata addresses of AWS, GCP,
+//     Oracle and Scaleway), the operator's own ranges ([Spec.Never]) and
+//     the host's own addresses ([Spec.HostAddrs], [Spec.Hosts]). IPv6
 //     forms that embed an IPv4 address (IPv4-mapped, NAT64, 6to4) are judged
 //     by the embedded address.
 //   - Private ranges (RFC 1918, CGNAT 100.64.0.0/10, 198.18.0.0/15, ULA
@@ -108,6 +111,18 @@ type Spec struct {
 	Deny     []Rule
 	// HostAddrs are the host's own addresses; they are never reachable.
 	HostAddrs []netip.Addr
+	// Hosts, if set, is a live set of the host's own addresses (it may
+	// change after Compile, as interfaces come and go); they are never
+	// reachable. Contains is called on every decision and must be cheap.
+	Hosts HostSet
+	// Never are ranges the operator made never reachable: no allow rule
+	// opens them.
+	Never []netip.Prefix
+}
+
+// HostSet is a set of addresses that may change over time.
+type HostSet interface {
+	Contains(netip.Addr) bool
 }
 
 // ParseTarget parses one E2B allowOut/denyOut entry: an IP address, a CIDR,
@@ -249,6 +264,8 @@ type Policy struct {
 	denyExact, denyWild    map[string][]nameRule
 	allowCIDR, denyCIDR    []cidrRule
 	host                   map[netip.Addr]bool
+	hosts                  HostSet
+	never                  []netip.Prefix
 	hasAllowName, hasDenyN bool
 }
 
@@ -309,6 +326,16 @@ func Compile(spec Spec) (*Policy, error) {
 			p.host[a.Unmap().WithZone("")] = true
 		}
 	}
+	p.hosts = spec.Hosts
+	for _, pf := range spec.Never {
+		if !pf.IsValid() {
+			return nil, fmt.Errorf("never-reachable range %v is not valid", pf)
+		}
+		if pf.Addr().Is4In6() && pf.Bits() >= 96 {
+			pf = netip.PrefixFrom(pf.Addr().Unmap(), pf.Bits()-96)
+		}
+		p.never = append(p.never, pf.Masked())
+	}
 	p.hasAllowName = len(p.allowExact)+len(p.allowWild) > 0
 	p.hasDenyN = len(p.denyExact)+len(p.denyWild) > 0
 	return p, nil
@@ -349,8 +376,17 @@ func (p *Policy) Reachable(addr netip.Addr) bool {
 
 func (p *Policy) reachable(addr netip.Addr, port uint16) (ok bool, reason, rule string) {
 	a, blocked := classify(addr)
-	if blocked || p.host[a] || p.host[addr.Unmap().WithZone("")] {
+	plain := addr.Unmap().WithZone("")
+	if blocked || p.host[a] || p.host[plain] {
 		return false, ReasonNeverReachable, ""
+	}
+	if p.hosts != nil && (p.hosts.Contains(a) || p.hosts.Contains(plain)) {
+		return false, ReasonNeverReachable, ""
+	}
+	for _, pf := range p.never {
+		if pf.Contains(a) || pf.Contains(plain) {
+			return false, ReasonNeverReachable, pf.String()
+		}
 	}
 	if priv, isPriv := privateRange(a); isPriv {
 		for _, c := range p.allowCIDR {

@@ -341,3 +341,76 @@ func TestParseTargetPorts(t *testing.T) {
 		}
 	}
 }
+
+// TestPlatformEndpoints: the cloud platform endpoints outside link-local
+// are never reachable, even through an allow rule that names them.
+func TestPlatformEndpoints(t *testing.T) {
+	for _, dst := range []string{
+		"168.63.129.16:80", "168.63.129.16:32526", "[::ffff:168.63.129.16]:80", "[64:ff9b::a83f:8110]:80",
+		"100.100.100.200:80", "192.0.0.192:80", "169.254.0.23:80", "169.254.42.42:80",
+		"[fd00:ec2::254]:80", "[fd00:ec2::253]:53", "[fd00:ec2::123]:123", "[fd00:ec2::23]:80",
+		"[fd20:ce::254]:80", "[fd00:c1::a9fe:a9fe]:80", "[fd00:42::42]:80",
+	} {
+		ap := netip.MustParseAddrPort(dst)
+		for _, spec := range []Spec{
+			{AllowAll: true},
+			{Allow: []Rule{{Prefix: netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen())}}},
+			{Allow: rules(t, "0.0.0.0/0", "::/0", "168.63.0.0/16", "fd00::/8")},
+		} {
+			p := mustCompile(t, spec)
+			if d := p.Decide(flow(dst)); d.Allow || d.Reason != ReasonNeverReachable {
+				t.Errorf("Decide(%s) under %+v = %+v, want never-reachable", dst, spec, d)
+			}
+			if p.Reachable(ap.Addr()) {
+				t.Errorf("Reachable(%s) = true", ap.Addr())
+			}
+		}
+	}
+}
+
+// TestOperatorNever: ranges the operator made never reachable stay so
+// whatever a sandbox's rules list.
+func TestOperatorNever(t *testing.T) {
+	never := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("2001:db8:1::/48"), netip.MustParsePrefix("10.9.0.0/16")}
+	for _, spec := range []Spec{
+		{AllowAll: true, Never: never},
+		{Allow: rules(t, "203.0.113.0/24", "2001:db8::/32", "10.9.0.0/16", "allowed.test"), Never: never},
+	} {
+		p := mustCompile(t, spec)
+		for _, f := range []Flow{
+			flow("203.0.113.10:443"), flow("203.0.113.10:443", "allowed.test"), flow("[::ffff:203.0.113.10]:443"),
+			flow("[2001:db8:1::5]:443"), flow("10.9.1.1:22"),
+		} {
+			if d := p.Decide(f); d.Allow || d.Reason != ReasonNeverReachable {
+				t.Errorf("Decide(%v) = %+v, want never-reachable", f.Dst, d)
+			}
+		}
+		if d := p.Decide(flow("203.0.113.200:443")); !d.Allow {
+			t.Errorf("Decide(203.0.113.200) outside the operator's range = %+v, want allowed", d)
+		}
+	}
+	if _, err := Compile(Spec{Never: []netip.Prefix{{}}}); err == nil {
+		t.Error("Compile with an invalid never-reachable range succeeded")
+	}
+}
+
+type liveSet struct{ m map[netip.Addr]bool }
+
+func (s *liveSet) Contains(a netip.Addr) bool { return s.m[a] }
+
+// TestLiveHosts: a host address added after Compile is refused by the
+// policy compiled before.
+func TestLiveHosts(t *testing.T) {
+	hosts := &liveSet{m: map[netip.Addr]bool{}}
+	p := mustCompile(t, Spec{Allow: rules(t, "203.0.113.0/24", "10.0.0.0/8"), Hosts: hosts})
+	if d := p.Decide(flow("203.0.113.50:80")); !d.Allow {
+		t.Fatalf("before the address was added: %+v", d)
+	}
+	hosts.m[netip.MustParseAddr("203.0.113.50")] = true
+	hosts.m[netip.MustParseAddr("10.1.2.3")] = true
+	for _, dst := range []string{"203.0.113.50:80", "[::ffff:203.0.113.50]:80", "10.1.2.3:22"} {
+		if d := p.Decide(flow(dst)); d.Allow || d.Reason != ReasonNeverReachable {
+			t.Errorf("Decide(%s) after the host gained it = %+v, want never-reachable", dst, d)
+		}
+	}
+}

@@ -6,7 +6,9 @@
 //   - New user, pid, mount, net, uts, ipc, cgroup and time namespaces. The
 //     sandbox's uid and gid 0..65535 map to a host range of its own starting
 //     at 1<<24 + slot*65536, so sandbox root is never host root and no two
-//     sandboxes share a host uid.
+//     sandboxes share a host uid. The cgroup namespace is entered once the
+//     sandbox is in its cgroups, so every hierarchy in /proc/self/cgroup
+//     reads "/".
 //   - A root filesystem: the template directory as an idmapped, read-only
 //     overlay lower layer, a per-sandbox upper layer on disk (limited by an
 //     ext4 project quota where available, see internal/quota), pivot_root.

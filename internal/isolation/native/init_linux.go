@@ -155,6 +155,12 @@ func setup(sync *os.File) error {
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != goAhead {
 		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
+	// Now in its cgroups on every hierarchy: a cgroup namespace entered
+	// here is rooted there, so /proc/self/cgroup reads / everywhere and
+	// names no host path. unshare acts on this thread, the one that execs.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("entering cgroup namespace: %w", err)
+	}
 	if err := dropPrivileges(cfg.Seccomp); err != nil {
 		return err
 	}

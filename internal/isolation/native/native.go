@@ -152,6 +152,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("finding own executable: %w", err)
 		}
 	}
+	if err := CheckExecutable(exe); err != nil {
+		return nil, err
+	}
 	b := &Backend{
 		opts:    opts,
 		log:     log,

@@ -195,7 +195,7 @@ func TestAttacksSeeAMissingFilter(t *testing.T) {
 			failed[r.Name] = r.Detail
 		}
 	}
-	for _, name := range []string{"seccomp", "keyctl", "userns", "io_uring", "bpf", "perf", "tiocsti", "setid", "vsock", "x32", "msg-oob"} {
+	for _, name := range []string{"seccomp", "keyctl", "userns", "io_uring", "bpf", "perf", "tiocsti", "setid", "vsock", "x32", "msg-oob", "sockets"} {
 		if _, ok := failed[name]; !ok {
 			t.Errorf("%s passed without a seccomp filter", name)
 		}

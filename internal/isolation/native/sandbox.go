@@ -220,6 +220,13 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
+	// The writable layer holds what the sandbox writes: its root is the
+	// sandbox's alone (init, as the sandbox's root, traverses it to mount
+	// the overlay), so no other host user reaches a file below, whatever
+	// the file's own mode. The sandbox directory is 0700 already.
+	if err := os.Chmod(disk, 0o700); err != nil {
+		return nil, fmt.Errorf("restricting writable layer: %w", err)
+	}
 	return cfg, nil
 }
 
@@ -233,8 +240,13 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
+// cloneFlags are the namespaces `fence init` is cloned into. The cgroup
+// namespace is not among them: its root is the cgroup a process is in when
+// it enters it, so init enters it itself once the daemon has placed it in
+// the sandbox's cgroups (a cgroup namespace made at clone time would be
+// rooted at the daemon's cgroup and show host paths inside).
 const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
-	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWCGROUP | unix.CLONE_NEWTIME
+	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWTIME
 
 // start spawns `fence init` in new namespaces and drives it until it has
 // executed the agent.

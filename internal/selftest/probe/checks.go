@@ -60,6 +60,8 @@ var checks = []Check{
 		Proves: "AF_ALG sockets (the kernel crypto API, used to write into the page cache of read-only files) cannot be created"},
 	{Name: "packet", Group: "sockets", run: socketRefused("AF_PACKET", unix.AF_PACKET, unix.SOCK_RAW),
 		Proves: "raw packet sockets cannot be created"},
+	{Name: "sockets", Group: "sockets", run: checkSockets,
+		Proves: "only AF_UNIX, AF_INET/AF_INET6 (TCP, UDP, ICMP, MPTCP) and AF_NETLINK (ROUTE, SOCK_DIAG) sockets can be made; every other family and protocol is refused by the filter before the kernel looks it up (or loads a module for it)"},
 	{Name: "inet", Group: "sockets", run: checkInet,
 		Proves: "plain TCP sockets can still be made (a control: the filter does not simply refuse everything)"},
 
@@ -92,6 +94,8 @@ var checks = []Check{
 		Proves: "the agent's memory, environment and descriptors cannot be read through /proc/1"},
 	{Name: "ptrace-init", Group: "processes", run: checkPtraceInit,
 		Proves: "PID 1 (the agent) cannot be traced"},
+	{Name: "cgroupns", Group: "processes", run: checkCgroupNS,
+		Proves: "every cgroup hierarchy reads / from inside: the sandbox's cgroup namespace hides the host's cgroup tree"},
 	{Name: "exe-write", Group: "processes", run: checkExeWrite,
 		Proves: "fence's own binary, which runs the agent and every probe, is on a read-only mount and cannot be opened for writing, directly or through /proc/self/exe and /proc/1/exe (runc's CVE-2019-5736)"},
 
