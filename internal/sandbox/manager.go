@@ -152,7 +152,7 @@ type entry struct {
 	// +checklocks:mu
 	info *Sandbox
 	// +checklocks:mu
-	samples []Sample // resource history, oldest first, at most maxSamples
+	samples sampleRing // resource history, at most maxSamples
 }
 
 func (e *entry) snapshot() *Sandbox {

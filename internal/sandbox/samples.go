@@ -19,6 +19,45 @@ type Sample struct {
 	Stats isolation.Stats
 }
 
+// sampleRing keeps the last maxSamples readings compactly: the limits are
+// the sandbox's and do not change, so only what varies is stored (36 bytes
+// a reading instead of 80), and the oldest is overwritten in place.
+type sampleRing struct {
+	buf              []compactSample
+	next             int // where the next reading goes once buf is full
+	memLimit, dskLim int64
+}
+
+type compactSample struct {
+	at        int64 // Unix nanoseconds, UTC
+	cpu       int64 // nanoseconds
+	mem, disk int64
+	pids      int32
+}
+
+func (r *sampleRing) add(s Sample) {
+	c := compactSample{at: s.At.UnixNano(), cpu: int64(s.Stats.CPUUsage), mem: s.Stats.MemoryBytes,
+		disk: s.Stats.DiskBytes, pids: int32(min(s.Stats.Pids, 1<<31-1))}
+	r.memLimit, r.dskLim = s.Stats.MemoryLimit, s.Stats.DiskLimit
+	if len(r.buf) < maxSamples {
+		r.buf = append(r.buf, c)
+		return
+	}
+	r.buf[r.next] = c
+	r.next = (r.next + 1) % maxSamples
+}
+
+// each calls f with every reading, oldest first.
+func (r *sampleRing) each(f func(Sample)) {
+	for i := range r.buf {
+		c := r.buf[(r.next+i)%len(r.buf)]
+		f(Sample{At: time.Unix(0, c.at).UTC(), Stats: isolation.Stats{
+			CPUUsage: time.Duration(c.cpu), MemoryBytes: c.mem, MemoryLimit: r.memLimit,
+			DiskBytes: c.disk, DiskLimit: r.dskLim, Pids: int64(c.pids),
+		}})
+	}
+}
+
 // sampler reads every running sandbox's resource use each interval, for
 // E2B's metrics over a time range.
 func (m *Manager) sampler() {
@@ -53,10 +92,7 @@ func (e *entry) sample(now time.Time) (Sample, error) {
 	s := Sample{At: now.UTC(), Stats: st}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.samples) == maxSamples {
-		e.samples = append(e.samples[:0], e.samples[1:]...)
-	}
-	e.samples = append(e.samples, s)
+	e.samples.add(s)
 	return s, nil
 }
 
@@ -71,11 +107,11 @@ func (m *Manager) Metrics(ctx context.Context, id string, start, end time.Time) 
 	}
 	e.mu.Lock()
 	var out []Sample
-	for _, s := range e.samples {
+	e.samples.each(func(s Sample) {
 		if (start.IsZero() || !s.At.Before(start)) && (end.IsZero() || !s.At.After(end)) {
 			out = append(out, s)
 		}
-	}
+	})
 	e.mu.Unlock()
 	if len(out) == 0 && (end.IsZero() || !m.now().After(end)) {
 		s, err := e.sample(m.now())
