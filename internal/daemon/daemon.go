@@ -31,6 +31,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -122,8 +123,11 @@ func Serve(ctx context.Context, opts Options) error {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
 	reg := metrics.New()
+	netShared := egress.NewShared(egress.SharedOptions{})
+	registerNetMetrics(reg, netShared)
 	backend, err := native.New(ctx, native.Options{
 		Recorder:     newFlowRecorder(log, reg),
+		Net:          netShared,
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
 		DiskPool:     4,
