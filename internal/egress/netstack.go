@@ -107,7 +107,7 @@ type Options struct {
 	// budget of its flows and the DNS answer cache. Nil means a private
 	// one with the defaults (tests, one-off stacks).
 	Shared *Shared
-	// MaxConns bounds concurrent egress TCP flows (default 512); the
+	// MaxConns bounds concurrent egress TCP flows (default 256); the
 	// sandbox's memory share usually binds first (see "Budgets" in the
 	// package doc).
 	MaxConns int
@@ -209,7 +209,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		opts.MTU = DefaultMTU
 	}
 	if opts.MaxConns <= 0 {
-		opts.MaxConns = 512
+		opts.MaxConns = 256
 	}
 	if opts.MaxIngress <= 0 {
 		opts.MaxIngress = 64
@@ -221,7 +221,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		opts.RefusedRate = 50
 	}
 	if opts.PacketRate <= 0 {
-		opts.PacketRate = 20000
+		opts.PacketRate = 10000
 	}
 	if opts.DNSRate <= 0 {
 		opts.DNSRate = 100
@@ -475,9 +475,11 @@ func (st *Stack) acquireFlow() (*flow, bool) {
 		return nil, false
 	}
 	f := &flow{st: st, cost: fullFlowCost}
-	if !st.acct.reserve(fullFlowCost) {
+	// Full flows may take half the share; the rest is for small ones, so
+	// that a sandbox with many flows open still gets some.
+	if !st.acct.reserve(fullFlowCost, st.opts.Shared.opts.Share/2) {
 		f.cost, f.small = smallFlowCost, true
-		if !st.acct.reserve(smallFlowCost) {
+		if !st.acct.reserve(smallFlowCost, st.opts.Shared.opts.Share) {
 			<-st.slots
 			st.opts.Shared.stats.budgetRefused.Add(1)
 			return nil, false

@@ -137,13 +137,14 @@ type account struct {
 }
 
 // reserve charges n bytes to the account, and to the daemon's budget for
-// the part above the floor. It reports false, charging nothing, when
-// either would go over.
-func (a *account) reserve(n int64) bool {
+// the part above the floor. It reports false, charging nothing, when the
+// account would go over limit (at most the share) or the budget over its
+// total.
+func (a *account) reserve(n, limit int64) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	o := a.s.opts
-	if a.used+n > o.Share {
+	if a.used+n > min(limit, o.Share) {
 		return false
 	}
 	extra := max(0, a.used+n-o.Floor) - max(0, a.used-o.Floor)
