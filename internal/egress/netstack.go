@@ -452,6 +452,9 @@ func (st *Stack) Close() error {
 	if st.fd > 0 {
 		unix.Close(st.fd)
 	}
+	if st.acct.heavy() {
+		st.opts.Shared.returnMemory()
+	}
 	return nil
 }
 

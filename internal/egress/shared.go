@@ -1,8 +1,10 @@
 package egress
 
 import (
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/egress/dns"
 )
@@ -61,6 +63,11 @@ type Shared struct {
 	used int64 // charged beyond floors, ≤ opts.Budget
 
 	stats sharedCounters
+
+	// freeing is set while a returnMemory is running; lastFree is when
+	// the last one started (UnixNano).
+	freeing  atomic.Bool
+	lastFree atomic.Int64
 }
 
 type sharedCounters struct {
@@ -128,12 +135,44 @@ func (s *Shared) Stats() SharedStats {
 	}
 }
 
+// Returning memory to the host after a stack that used much of it closes.
+const (
+	freeAfter    = 8 << 20 // a stack whose flows were charged more than this
+	freeInterval = 10 * time.Second
+)
+
+// returnMemory gives the heap freed by a closed stack back to the host
+// soon (a garbage collection and a scavenge, a second later, when the
+// stack's last flow goroutines have unwound), at most once per
+// freeInterval. Otherwise the Go runtime returns it over minutes, and the
+// daemon's RSS stays at what one sandbox's flood made it.
+func (s *Shared) returnMemory() {
+	now := time.Now().UnixNano()
+	if now-s.lastFree.Load() < int64(freeInterval) || !s.freeing.CompareAndSwap(false, true) {
+		return
+	}
+	s.lastFree.Store(now)
+	time.AfterFunc(time.Second, func() {
+		defer s.freeing.Store(false)
+		debug.FreeOSMemory()
+	})
+}
+
 // account is one stack's share of a Shared.
 type account struct {
 	s  *Shared
 	mu sync.Mutex
 	// +checklocks:mu
 	used int64
+	// +checklocks:mu
+	peak int64
+}
+
+// heavy reports whether the account was ever charged more than freeAfter.
+func (a *account) heavy() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.peak > freeAfter
 }
 
 // reserve charges n bytes to the account, and to the daemon's budget for
@@ -158,6 +197,7 @@ func (a *account) reserve(n, limit int64) bool {
 		a.s.mu.Unlock()
 	}
 	a.used += n
+	a.peak = max(a.peak, a.used)
 	a.s.stats.reserved.Add(n)
 	return true
 }
