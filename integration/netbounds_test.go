@@ -227,9 +227,9 @@ func TestNetworkMemoryBound(t *testing.T) {
 	if err := boxes["attacker"].Kill(ctxT(t)); err != nil {
 		t.Errorf("Kill(attacker): %v", err)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(3 * time.Second)
 	after := procStatusKB(t, pid, "VmRSS")
-	t.Logf("daemon RSS: %s before, peak %s during (VmHWM %s), %s 2 s after the attacker was killed",
+	t.Logf("daemon RSS: %s before, peak %s during (VmHWM %s), %s 3 s after the attacker was killed",
 		mib(base), mib(peak), mib(hwm), mib(after))
 	t.Logf("exec latency in the other sandbox: idle %v, during the attack %v (%.1fx)",
 		idle, during, float64(during)/float64(max(idle, 1)))

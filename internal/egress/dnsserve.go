@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -76,8 +77,8 @@ func (st *Stack) serveDNS() error {
 }
 
 func (st *Stack) serveDNSUDP(uc *gonet.UDPConn, sem chan struct{}) {
+	buf := make([]byte, 1500)
 	for {
-		buf := make([]byte, 1500)
 		n, from, err := uc.ReadFrom(buf)
 		if err != nil {
 			return
@@ -91,9 +92,10 @@ func (st *Stack) serveDNSUDP(uc *gonet.UDPConn, sem chan struct{}) {
 		default:
 			continue // overloaded: drop, the client retries
 		}
+		q := bytes.Clone(buf[:n])
 		go func() {
 			defer func() { <-sem }()
-			resp := st.resolve(buf[:n], addrPortOf(from), uc.LocalAddr(), "udp")
+			resp := st.resolve(q, addrPortOf(from), uc.LocalAddr(), "udp")
 			if resp != nil {
 				uc.WriteTo(resp, from)
 			}

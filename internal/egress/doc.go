@@ -94,7 +94,7 @@
 // see requests after the first one on a kept-alive connection, and cannot
 // tell apart two names served from the same address with the same
 // certificate (HTTP/2 coalescing, domain fronting): those are accepted
-// risks for allowed names. IPv6 fragments are dropped. Policy changes
+// risks for allowed names. IPv4 and IPv6 fragments are dropped. Policy changes
 // ([Stack.SetPolicy]) apply to new flows; flows already open continue.
 //
 // # Usage

@@ -15,8 +15,8 @@ import (
 
 // filterEndpoint drops, before the stack sees them, packets the sandbox
 // has no business sending: anything but TCP and UDP (ICMP included, so the
-// stack never answers pings on behalf of the internet), IPv6 packets with
-// extension headers, and packets from a source outside the sandbox prefix
+// stack never answers pings on behalf of the internet), IPv4 fragments,
+// IPv6 packets with extension headers, and packets from a source outside the sandbox prefix
 // or from one of the stack's own addresses.
 //
 // It also paces the sandbox: past the packet rate, DeliverNetworkPacket
@@ -59,6 +59,11 @@ func acceptPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bo
 		}
 		h := header.IPv4(b)
 		if p := h.Protocol(); p != uint8(header.TCPProtocolNumber) && p != uint8(header.UDPProtocolNumber) {
+			return false
+		}
+		// Fragments: nothing the sandbox needs sends them over a link with
+		// a 64 KiB MTU, and reassembly would hold memory for it.
+		if h.More() || h.FragmentOffset() != 0 {
 			return false
 		}
 		src := netip.AddrFrom4(h.SourceAddress().As4())
