@@ -164,6 +164,7 @@ func newFakeNet(t *testing.T) *fakeNet {
 	}
 	f.selfCheck(t)
 	f.DNS = egresstest.NewDNSServer(t, dnsZone())
+	f.DNS.SetTTL("rebind.test", 0) // the daemon's DNS cache keeps nothing of it
 	return f
 }
 

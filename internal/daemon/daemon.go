@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -146,9 +147,12 @@ func Serve(ctx context.Context, opts Options) error {
 	}
 	defer hosts.Close()
 	reg := metrics.New()
+	netShared := egress.NewShared(egress.SharedOptions{})
+	registerNetMetrics(reg, netShared)
 	backend, err := native.New(ctx, native.Options{
 		HostAddrs:    hosts.Addrs(),
 		Recorder:     newFlowRecorder(log, reg),
+		Net:          netShared,
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
 		DiskPool:     4,

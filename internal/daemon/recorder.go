@@ -3,7 +3,7 @@ package daemon
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
+	"sync"
 
 	"golang.org/x/time/rate"
 
@@ -11,26 +11,46 @@ import (
 	"github.com/fencesandbox/fence/internal/metrics"
 )
 
+// Rates of refused-flow log lines: each sandbox has its own allowance, so
+// a sandbox flooding refused connections or DNS queries cannot hide
+// another's, and all of them together have a daemon-wide cap.
+const (
+	sandboxLogRate  = 5 // lines per second per sandbox (burst: sandboxLogBurst)
+	sandboxLogBurst = 20
+	globalLogRate   = 200 // lines per second for the daemon (burst: twice)
+	maxLogLimiters  = 4096
+)
+
 // flowRecorder counts every sandbox network flow in the metrics and logs
 // it: refused flows at info level (an operator wants to see what was
-// blocked), allowed ones at debug. Info lines are rate-limited, so a
-// sandbox flooding refused connections or DNS queries cannot flood the
-// host's log; what is dropped is counted. The audit log will take the
+// blocked), allowed ones at debug. Info lines are rate-limited per
+// sandbox, and then daemon-wide; what is dropped is counted and the count
+// is logged with the sandbox's next line. The audit log will take the
 // same events through the same interface.
 type flowRecorder struct {
-	log        *slog.Logger
-	flows      metrics.Counter
-	bytes      metrics.Counter
+	log    *slog.Logger
+	flows  metrics.Counter
+	bytes  metrics.Counter
+	global *rate.Limiter
+
+	mu sync.Mutex
+	// +checklocks:mu
+	sandboxes map[string]*sandboxLog
+}
+
+// sandboxLog is one sandbox's log allowance.
+type sandboxLog struct {
 	limit      *rate.Limiter
-	suppressed atomic.Int64
+	suppressed int64
 }
 
 func newFlowRecorder(log *slog.Logger, reg *metrics.Registry) *flowRecorder {
 	return &flowRecorder{
-		log:   log,
-		flows: reg.Counter("fence_egress_flows_total", "Sandbox network flows by protocol and decision."),
-		bytes: reg.Counter("fence_egress_bytes_total", "Bytes through sandbox network flows, by direction."),
-		limit: rate.NewLimiter(50, 100),
+		log:       log,
+		flows:     reg.Counter("fence_egress_flows_total", "Sandbox network flows by protocol and decision."),
+		bytes:     reg.Counter("fence_egress_bytes_total", "Bytes through sandbox network flows, by direction."),
+		global:    rate.NewLimiter(globalLogRate, 2*globalLogRate),
+		sandboxes: map[string]*sandboxLog{},
 	}
 }
 
@@ -47,15 +67,83 @@ func (r *flowRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 	if !r.log.Enabled(ctx, level) {
 		return
 	}
-	if level >= slog.LevelInfo && !r.limit.Allow() {
-		r.suppressed.Add(1)
-		return
+	var suppressed int64
+	if level >= slog.LevelInfo {
+		var ok bool
+		if ok, suppressed = r.allow(ev.SandboxID); !ok {
+			return
+		}
 	}
 	attrs := []any{"sandbox_id", ev.SandboxID, "proto", ev.Proto,
 		"dst", ev.Dst.String(), "name", ev.Name, "observed", ev.Observed, "decision", decision,
 		"reason", ev.Reason, "bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn, "duration", ev.Duration}
-	if n := r.suppressed.Swap(0); n > 0 {
-		attrs = append(attrs, "suppressed_before", n)
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed_before", suppressed)
+	}
+	if ev.Suppressed > 0 {
+		attrs = append(attrs, "attempts_dropped", ev.Suppressed)
 	}
 	r.log.Log(ctx, level, "network flow", attrs...)
+}
+
+// allow reports whether sandbox id may log a line now and, if so, how
+// many of its lines were dropped since its previous one.
+func (r *flowRecorder) allow(id string) (bool, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.sandboxes[id]
+	if s == nil {
+		if len(r.sandboxes) >= maxLogLimiters {
+			r.sweepLocked()
+		}
+		s = &sandboxLog{limit: rate.NewLimiter(sandboxLogRate, sandboxLogBurst)}
+		r.sandboxes[id] = s
+	}
+	if !s.limit.Allow() || !r.global.Allow() {
+		s.suppressed++
+		return false, 0
+	}
+	n := s.suppressed
+	s.suppressed = 0
+	return true, n
+}
+
+// sweepLocked forgets sandboxes whose allowance is full again and which
+// have nothing suppressed: a fresh limiter would be the same. If that is
+// not enough, it forgets arbitrary ones (their suppressed counts are lost,
+// and they get a fresh allowance).
+//
+// +checklocks:r.mu
+func (r *flowRecorder) sweepLocked() {
+	for id, s := range r.sandboxes {
+		if s.suppressed == 0 && s.limit.Tokens() >= sandboxLogBurst {
+			delete(r.sandboxes, id)
+		}
+	}
+	for id := range r.sandboxes {
+		if len(r.sandboxes) < maxLogLimiters/2 {
+			break
+		}
+		delete(r.sandboxes, id)
+	}
+}
+
+// registerNetMetrics exposes the counters of the sandboxes' network
+// stacks: what they refused or limited, and the flow memory charged.
+func registerNetMetrics(reg *metrics.Registry, n *egress.Shared) {
+	for _, c := range []struct {
+		name, help string
+		v          func(egress.SharedStats) int64
+	}{
+		{"fence_egress_refused_early_total", "TCP connection attempts refused by policy before any state was made for them.", func(s egress.SharedStats) int64 { return s.Refused }},
+		{"fence_egress_syn_limited_total", "TCP connection attempts dropped over a sandbox's rate of new or refused flows.", func(s egress.SharedStats) int64 { return s.SYNLimited }},
+		{"fence_egress_flow_limited_total", "TCP flows refused because the sandbox had its maximum open.", func(s egress.SharedStats) int64 { return s.FlowLimited }},
+		{"fence_egress_budget_refused_total", "TCP flows refused because the sandbox's memory share or the daemon's budget was spent.", func(s egress.SharedStats) int64 { return s.BudgetRefused }},
+		{"fence_egress_packets_paced_total", "Packets the daemon waited for because a sandbox exceeded its packet rate.", func(s egress.SharedStats) int64 { return s.PacketsPaced }},
+		{"fence_egress_dns_limited_total", "DNS queries dropped or delayed over a sandbox's query rate.", func(s egress.SharedStats) int64 { return s.DNSLimited }},
+		{"fence_egress_dns_tcp_refused_total", "DNS-over-TCP connections closed because the sandbox had its maximum open.", func(s egress.SharedStats) int64 { return s.DNSTCPRefused }},
+	} {
+		reg.CounterFunc(c.name, c.help, func() int64 { return c.v(n.Stats()) })
+	}
+	reg.GaugeFunc("fence_egress_flow_memory_reserved_bytes", "Worst-case memory charged to the sandboxes' open TCP flows.", func() int64 { return n.Stats().Reserved })
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
@@ -57,7 +58,7 @@ func BenchmarkDownload(b *testing.B) {
 // BenchmarkConnect measures a sandbox connect through the stack (decide,
 // dial upstream on 127.0.0.1, complete the handshake) and close.
 func BenchmarkConnect(b *testing.B) {
-	e := newEnv(b, cidrSpec, nil)
+	e := newEnv(b, cidrSpec, unlimitedRates)
 	b.ReportAllocs()
 	for range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -73,7 +74,7 @@ func BenchmarkConnect(b *testing.B) {
 // BenchmarkConnectByName is BenchmarkConnect for a name-verified flow up
 // to the first byte reaching the upstream (HTTP request, response).
 func BenchmarkConnectByName(b *testing.B) {
-	e := newEnv(b, allowList, nil)
+	e := newEnv(b, allowList, unlimitedRates)
 	if as := e.lookup(b, "allowed.test"); len(as) == 0 {
 		b.Fatal("lookup failed")
 	}
@@ -119,4 +120,10 @@ func BenchmarkConnectDirect(b *testing.B) {
 		}
 		c.Close()
 	}
+}
+
+// unlimitedRates lifts the per-sandbox rates, which a benchmark's loop of
+// connections would otherwise measure instead of the stack.
+func unlimitedRates(o *egress.Options) {
+	o.NewFlowRate, o.RefusedRate, o.PacketRate, o.DNSRate = 1e9, 1e9, 1e9, 1e9
 }

@@ -1,22 +1,43 @@
 package egress
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/fencesandbox/fence/internal/egress/dns"
 )
 
-const maxDNSInFlight = 64
+// Bounds of the resolver's service to one sandbox.
+const (
+	// maxDNSInFlight bounds queries being resolved at once.
+	maxDNSInFlight = 64
+	// maxDNSConns bounds open DNS-over-TCP connections; more are closed
+	// as soon as they are accepted.
+	maxDNSConns = 16
+	// dnsBufSize is each DNS-over-TCP connection's receive and send
+	// buffer: a client that pipelines queries and never reads blocks on
+	// its own side once both are full.
+	dnsBufSize = 16 << 10
+	// dnsIdle closes a DNS-over-TCP connection that sends no query, and
+	// dnsWriteTimeout one that does not read its answer.
+	dnsIdle         = 10 * time.Second
+	dnsWriteTimeout = 5 * time.Second
+)
 
 // serveDNS listens on the resolver addresses, UDP and TCP port 53.
 func (st *Stack) serveDNS() error {
@@ -31,7 +52,7 @@ func (st *Stack) serveDNS() error {
 		if err != nil {
 			return fmt.Errorf("listening on %v udp/53: %w", a, err)
 		}
-		tl, err := gonet.ListenTCP(st.s, fa, proto)
+		tl, err := st.listenDNSTCP(fa, proto)
 		if err != nil {
 			uc.Close()
 			return fmt.Errorf("listening on %v tcp/53: %w", a, err)
@@ -41,7 +62,7 @@ func (st *Stack) serveDNS() error {
 			defer st.wg.Done()
 			<-st.ctx.Done()
 			uc.Close()
-			tl.Close()
+			tl.close()
 		}()
 		go func() {
 			defer st.wg.Done()
@@ -56,20 +77,25 @@ func (st *Stack) serveDNS() error {
 }
 
 func (st *Stack) serveDNSUDP(uc *gonet.UDPConn, sem chan struct{}) {
+	buf := make([]byte, 1500)
 	for {
-		buf := make([]byte, 1500)
 		n, from, err := uc.ReadFrom(buf)
 		if err != nil {
 			return
+		}
+		if !st.dnsQueries.Allow() {
+			st.opts.Shared.stats.dnsLimited.Add(1)
+			continue // over the rate: dropped, the client retries
 		}
 		select {
 		case sem <- struct{}{}:
 		default:
 			continue // overloaded: drop, the client retries
 		}
+		q := bytes.Clone(buf[:n])
 		go func() {
 			defer func() { <-sem }()
-			resp := st.resolve(buf[:n], addrPortOf(from), uc.LocalAddr(), "udp")
+			resp := st.resolve(q, addrPortOf(from), uc.LocalAddr(), "udp")
 			if resp != nil {
 				uc.WriteTo(resp, from)
 			}
@@ -77,47 +103,128 @@ func (st *Stack) serveDNSUDP(uc *gonet.UDPConn, sem chan struct{}) {
 	}
 }
 
-func (st *Stack) serveDNSTCP(l *gonet.TCPListener, sem chan struct{}) {
+// dnsListener accepts DNS-over-TCP connections whose buffers are fixed at
+// dnsBufSize.
+type dnsListener struct {
+	ep   tcpip.Endpoint
+	wq   *waiter.Queue
+	done chan struct{}
+	once sync.Once
+}
+
+func (st *Stack) listenDNSTCP(fa tcpip.FullAddress, proto tcpip.NetworkProtocolNumber) (*dnsListener, error) {
+	var wq waiter.Queue
+	ep, terr := st.s.NewEndpoint(tcp.ProtocolNumber, proto, &wq)
+	if terr != nil {
+		return nil, errors.New(terr.String())
+	}
+	// The listener's receive buffer is what accepted connections start
+	// with (and keep: set explicitly, it is not auto-tuned).
+	ep.SocketOptions().SetReceiveBufferSize(dnsBufSize, true)
+	if terr := ep.Bind(fa); terr != nil {
+		ep.Close()
+		return nil, errors.New(terr.String())
+	}
+	if terr := ep.Listen(maxDNSConns); terr != nil {
+		ep.Close()
+		return nil, errors.New(terr.String())
+	}
+	return &dnsListener{ep: ep, wq: &wq, done: make(chan struct{})}, nil
+}
+
+func (l *dnsListener) accept() (*gonet.TCPConn, error) {
+	entry, ch := waiter.NewChannelEntry(waiter.ReadableEvents)
+	l.wq.EventRegister(&entry)
+	defer l.wq.EventUnregister(&entry)
 	for {
-		c, err := l.Accept()
+		ep, wq, terr := l.ep.Accept(nil)
+		if _, ok := terr.(*tcpip.ErrWouldBlock); ok {
+			select {
+			case <-ch:
+				continue
+			case <-l.done:
+				return nil, net.ErrClosed
+			}
+		}
+		if terr != nil {
+			return nil, errors.New(terr.String())
+		}
+		ep.SocketOptions().SetReceiveBufferSize(dnsBufSize, true)
+		ep.SocketOptions().SetSendBufferSize(dnsBufSize, true)
+		return gonet.NewTCPConn(wq, ep), nil
+	}
+}
+
+func (l *dnsListener) close() {
+	l.once.Do(func() {
+		close(l.done)
+		l.ep.Close()
+	})
+}
+
+func (st *Stack) serveDNSTCP(l *dnsListener, sem chan struct{}) {
+	for {
+		c, err := l.accept()
 		if err != nil {
 			return
 		}
-		if !st.acquire() {
+		select {
+		case st.dnsConns <- struct{}{}:
+		default:
+			st.opts.Shared.stats.dnsTCPRefused.Add(1)
 			c.Close()
 			continue
 		}
 		if !st.track(c) {
 			c.Close()
-			st.release()
+			<-st.dnsConns
 			return
 		}
 		go func() {
-			defer st.release()
+			defer func() { <-st.dnsConns }()
 			defer st.untrack(c)
 			defer c.Close()
-			for {
-				c.SetReadDeadline(time.Now().Add(10 * time.Second))
-				var l [2]byte
-				if _, err := io.ReadFull(c, l[:]); err != nil {
-					return
-				}
-				msg := make([]byte, binary.BigEndian.Uint16(l[:]))
-				if _, err := io.ReadFull(c, msg); err != nil {
-					return
-				}
-				sem <- struct{}{}
-				resp := st.resolve(msg, addrPortOf(c.RemoteAddr()), c.LocalAddr(), "tcp")
-				<-sem
-				if resp == nil {
-					return
-				}
-				out := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(resp)), uint16(len(resp)))
-				if _, err := c.Write(append(out, resp...)); err != nil {
-					return
-				}
-			}
+			st.serveDNSConn(c, sem)
 		}()
+	}
+}
+
+// serveDNSConn answers the queries of one connection in order, one at a
+// time: a client that pipelines queries has at most one being resolved,
+// and the rest wait in its own send buffer and the connection's receive
+// buffer, both bounded.
+func (st *Stack) serveDNSConn(c *gonet.TCPConn, sem chan struct{}) {
+	msg := make([]byte, 1<<16)
+	for {
+		c.SetReadDeadline(time.Now().Add(dnsIdle))
+		var l [2]byte
+		if _, err := io.ReadFull(c, l[:]); err != nil {
+			return
+		}
+		q := msg[:binary.BigEndian.Uint16(l[:])]
+		if _, err := io.ReadFull(c, q); err != nil {
+			return
+		}
+		if !st.dnsQueries.Allow() {
+			st.opts.Shared.stats.dnsLimited.Add(1)
+			ctx, cancel := context.WithTimeout(st.ctx, dnsWriteTimeout)
+			err := st.dnsQueries.Wait(ctx)
+			cancel()
+			if err != nil {
+				return
+			}
+		}
+		sem <- struct{}{}
+		resp := st.resolve(q, addrPortOf(c.RemoteAddr()), c.LocalAddr(), "tcp")
+		<-sem
+		if resp == nil {
+			return
+		}
+		out := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(resp)), uint16(len(resp)))
+		c.SetWriteDeadline(time.Now().Add(dnsWriteTimeout))
+		if _, err := c.Write(append(out, resp...)); err != nil {
+			return
+		}
 	}
 }
 

@@ -59,6 +59,55 @@
 //   - Each flow and each DNS query produces one [FlowEvent] for the
 //     [Recorder] (TCP flows when they end, with bytes and duration).
 //
+// # Budgets
+//
+// Nothing a sandbox does makes the daemon hold more than a fixed amount of
+// memory, or spend more than a fixed share of a core, on its behalf:
+//
+//   - TCP buffers start small (64 KiB) and grow only while data moves, to
+//     256 KiB per direction. Every egress flow is charged its worst case
+//     up front to the sandbox's share of a daemon-wide [Shared] budget: a
+//     full flow 672 KiB (both buffers full, two 64 KiB relay buffers,
+//     goroutines and state), a small one 192 KiB (buffers fixed at
+//     16 KiB). Full flows may take half of the share (64 MiB by default),
+//     small ones the rest; a flow the share cannot pay for is refused
+//     ([ReasonLimit]), as is one past [Options.MaxConns] (256). The part
+//     of a share above its floor (4 MiB) also counts against the daemon's
+//     budget (1 GiB), so the floor is what a sandbox can always open
+//     whatever the others hold.
+//   - DNS over TCP: at most 16 connections, 16 KiB buffers each, one query
+//     resolved at a time per connection, 10 s idle and 5 s write
+//     deadlines: a client that pipelines queries and never reads its
+//     answers is cut off. At most 64 queries are resolved at once, at
+//     most [Options.DNSRate] (100/s) answered; UDP queries over the rate
+//     are dropped, TCP ones wait. Answers from upstream are kept in one
+//     cache shared by all sandboxes ([dns.Cache]); each sandbox's resolver
+//     still filters them and records what it handed out.
+//   - The link reads at most [Options.PacketRate] (10,000) packets per
+//     second from the TUN device: past it, the stack waits before reading
+//     and the sandbox's excess packets wait or are dropped in its own
+//     kernel. Packets are handled on the reading goroutine, never queued.
+//   - A SYN the policy refuses is answered (RST) on the packet's own
+//     goroutine without any state, within [Options.RefusedRate] (50/s,
+//     each with an event); past it the SYN is dropped and counted, and the
+//     count goes out with the sandbox's next event ([FlowEvent.Suppressed]).
+//     Allowed SYNs reach the forwarder (which starts a goroutine and dials
+//     upstream) at most [Options.NewFlowRate] (200/s) times per second.
+//   - Ingress connections ([Stack.DialSandbox]) are made by the daemon's
+//     API callers, not the sandbox: at most [Options.MaxIngress] (64) at
+//     once, with the stack's usual buffers.
+//
+// So one sandbox costs the daemon at most about 70 MiB of memory (its 64
+// MiB share, 16 DNS connections ≈ 2 MiB, 256 handshakes being decided ≈
+// 3 MiB, the stack itself ≈ 1 MiB), plus up to 42 MiB for ingress
+// connections its API callers hold, and all sandboxes together at most
+// the budget plus each one's floor and fixed part. Its packet work is at
+// most PacketRate packets a second, about 10–20 µs each on a 2-vCPU
+// virtual machine (0.1–0.2 of a core); bulk data through allowed flows
+// costs in proportion to its bytes, bounded by the same packet rate (64
+// KiB a packet) and by [Options.Bandwidth] when set. Counters of what was
+// refused, limited and charged are in [Shared.Stats].
+//
 // # What it does not do
 //
 // It does not create the TUN device or configure the sandbox side (see
@@ -66,7 +115,7 @@
 // first ClientHello a TLS stream is opaque, and so it cannot
 // tell apart two names served from the same address with the same
 // certificate (HTTP/2 coalescing, domain fronting): those are accepted
-// risks for allowed names. IPv6 fragments are dropped. Policy changes
+// risks for allowed names. IPv4 and IPv6 fragments are dropped. Policy changes
 // ([Stack.SetPolicy]) apply to new flows; flows already open continue.
 //
 // Without TLS interception these stay open: an allowed SNI followed by

@@ -376,6 +376,7 @@ func TestDenied(t *testing.T) {
 
 func TestRebindingRefused(t *testing.T) {
 	e := newEnv(t, allowList, nil)
+	e.dns.SetTTL("rebind.test", 0)
 	e.dns.Set("rebind.test", "169.254.169.254")
 	if as := e.lookup(t, "rebind.test"); as != nil {
 		t.Errorf("lookup(rebind.test → metadata) = %v, want none", as)

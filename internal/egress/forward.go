@@ -53,11 +53,12 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		deny(d.Reason, d.Rule)
 		return
 	}
-	if !st.acquire() {
+	fl, ok := st.acquireFlow()
+	if !ok {
 		deny(ReasonLimit, "")
 		return
 	}
-	defer st.release()
+	defer fl.release()
 
 	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
 	up, err := st.dial(ctx, "tcp", dst.String())
@@ -77,6 +78,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	r.Complete(false)
+	fl.size(ep)
 	ep.SocketOptions().SetKeepAlive(true)
 	down := gonet.NewTCPConn(&wq, ep)
 	if !st.track(down) {

@@ -58,6 +58,10 @@ type FlowEvent struct {
 	Start    time.Time
 	Duration time.Duration
 	Err      string // dial or copy error, if any
+	// Suppressed counts the sandbox's refused connection attempts that
+	// the stack dropped without an event of their own (over the refused
+	// rate) since its previous event that carried such a count.
+	Suppressed int64
 }
 
 // Reasons the stack itself adds to policy and resolver reasons.
@@ -68,6 +72,7 @@ const (
 	ReasonSniff      = "sniff-malformed" // TLS/HTTP start malformed or incomplete, or the client waited past the check
 	ReasonNoName     = "no-name"         // TLS without SNI or HTTP without Host to a name-only destination
 	ReasonHostAddr   = policy.ReasonNeverReachable
+	ReasonRateLimit  = "rate-limit" // carries Suppressed: refused attempts dropped over the rate
 )
 
 // Options configures a Stack.
@@ -98,8 +103,33 @@ type Options struct {
 	// Bandwidth bounds the sandbox's TCP traffic, in bytes per second in
 	// each direction, shared by all its flows. Zero means no limit.
 	Bandwidth int64
-	// MaxConns bounds concurrent TCP flows, ingress included (default 1024).
+	// Shared is the daemon-wide state the stack draws from: the memory
+	// budget of its flows and the DNS answer cache. Nil means a private
+	// one with the defaults (tests, one-off stacks).
+	Shared *Shared
+	// MaxConns bounds concurrent egress TCP flows (default 256); the
+	// sandbox's memory share usually binds first (see "Budgets" in the
+	// package doc).
 	MaxConns int
+	// MaxIngress bounds concurrent ingress connections (DialSandbox),
+	// which do not count against MaxConns (default 64).
+	MaxIngress int
+	// NewFlowRate bounds the allowed TCP connection attempts per second
+	// (burst: twice as many); attempts over it are dropped and the
+	// sandbox retransmits them (default 200).
+	NewFlowRate float64
+	// RefusedRate bounds the refused TCP connection attempts per second
+	// that get a RST and an event (burst: twice as many); attempts over it
+	// are dropped silently and counted (default 50).
+	RefusedRate float64
+	// PacketRate bounds the packets per second the stack reads from the
+	// sandbox (burst: a tenth of it); over it, the stack stops reading
+	// and the sandbox's kernel queues or drops them (default 10000).
+	PacketRate float64
+	// DNSRate bounds the DNS queries per second the stack answers (burst:
+	// twice as many); UDP queries over it are dropped, TCP ones wait
+	// (default 100).
+	DNSRate float64
 	// MaxPending bounds TCP handshakes being decided at once (default 256);
 	// SYNs beyond it are dropped and retransmitted by the sandbox.
 	MaxPending int
@@ -127,7 +157,13 @@ type Stack struct {
 	policy   atomic.Pointer[policy.Policy]
 	hostAddr map[netip.Addr]bool
 	dial     DialFunc
-	slots    chan struct{}
+	slots    chan struct{} // egress flows
+	ingress  chan struct{} // DialSandbox connections
+	dnsConns chan struct{} // DNS-over-TCP connections
+	acct     account
+	// newFlows, refused and dnsQueries enforce the Options rates.
+	newFlows, refused, dnsQueries *rate.Limiter
+	suppressed                    atomic.Int64
 	// upLimit and downLimit enforce Options.Bandwidth; nil when unlimited.
 	upLimit, downLimit *rate.Limiter
 
@@ -161,7 +197,10 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		closeFD()
 		return nil, errors.New("egress: no policy")
 	}
-	res, err := dns.New(dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace})
+	if opts.Shared == nil {
+		opts.Shared = NewShared(SharedOptions{})
+	}
+	res, err := dns.New(dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache})
 	if err != nil {
 		closeFD()
 		return nil, fmt.Errorf("creating resolver: %w", err)
@@ -170,7 +209,22 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		opts.MTU = DefaultMTU
 	}
 	if opts.MaxConns <= 0 {
-		opts.MaxConns = 1024
+		opts.MaxConns = 256
+	}
+	if opts.MaxIngress <= 0 {
+		opts.MaxIngress = 64
+	}
+	if opts.NewFlowRate <= 0 {
+		opts.NewFlowRate = 200
+	}
+	if opts.RefusedRate <= 0 {
+		opts.RefusedRate = 50
+	}
+	if opts.PacketRate <= 0 {
+		opts.PacketRate = 10000
+	}
+	if opts.DNSRate <= 0 {
+		opts.DNSRate = 100
 	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 256
@@ -200,6 +254,11 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 			MTU:                opts.MTU,
 			PacketDispatchMode: fdbased.Readv,
 			RXChecksumOffload:  true, // the kernel's TUN delivers locally built packets
+			// One processor: packets are delivered on the reading
+			// goroutine, so the stack reads no faster than it handles
+			// them (more would queue packets without bound) and the
+			// packet rate limit paces the read itself.
+			ProcessorsPerChannel: 1,
 		})
 		if err != nil {
 			closeFD()
@@ -208,15 +267,21 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	}
 
 	st := &Stack{
-		opts:     opts,
-		log:      opts.Logger.With("sandbox", opts.SandboxID),
-		link:     link,
-		fd:       opts.FD,
-		resolver: res,
-		hostAddr: map[netip.Addr]bool{},
-		dial:     dial,
-		slots:    make(chan struct{}, opts.MaxConns),
-		conns:    map[net.Conn]struct{}{},
+		opts:       opts,
+		log:        opts.Logger.With("sandbox", opts.SandboxID),
+		link:       link,
+		fd:         opts.FD,
+		resolver:   res,
+		hostAddr:   map[netip.Addr]bool{},
+		dial:       dial,
+		slots:      make(chan struct{}, opts.MaxConns),
+		ingress:    make(chan struct{}, opts.MaxIngress),
+		dnsConns:   make(chan struct{}, maxDNSConns),
+		acct:       account{s: opts.Shared},
+		newFlows:   rate.NewLimiter(rate.Limit(opts.NewFlowRate), int(max(1, 2*opts.NewFlowRate))),
+		refused:    rate.NewLimiter(rate.Limit(opts.RefusedRate), int(max(1, 2*opts.RefusedRate))),
+		dnsQueries: rate.NewLimiter(rate.Limit(opts.DNSRate), int(max(1, 2*opts.DNSRate))),
+		conns:      map[net.Conn]struct{}{},
 	}
 	if opts.Bandwidth > 0 {
 		burst := int(max(opts.Bandwidth/10, 64<<10))
@@ -246,8 +311,9 @@ func (st *Stack) build() error {
 	for _, o := range []tcpip.SettableTransportProtocolOption{
 		ptr(tcpip.TCPSACKEnabled(true)),
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
-		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 1 << 20, Max: 8 << 20},
-		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 1 << 20, Max: 8 << 20},
+		// Small buffers that grow only while data moves (see shared.go).
+		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: flowBufDefault, Max: flowBufMax},
+		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: flowBufDefault, Max: flowBufMax},
 		// The sandbox reuses a 4-tuple whose flow the stack closed first:
 		// accept a new SYN on a TIME-WAIT endpoint, and keep TIME-WAIT short
 		// (the link neither reorders nor duplicates).
@@ -258,7 +324,8 @@ func (st *Stack) build() error {
 			return fmt.Errorf("setting TCP option %T: %s", o, err)
 		}
 	}
-	if err := s.CreateNIC(nicID, newFilterEndpoint(st.link)); err != nil {
+	pace := rate.NewLimiter(rate.Limit(st.opts.PacketRate), int(max(1, st.opts.PacketRate/10)))
+	if err := s.CreateNIC(nicID, newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous + spoofing: accept packets for every destination and
@@ -287,8 +354,8 @@ func (st *Stack) build() error {
 		{Destination: header.IPv6EmptySubnet, NIC: nicID},
 	})
 
-	fwd := tcp.NewForwarder(s, 0, st.opts.MaxPending, st.handleTCP)
-	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	fwd := tcp.NewForwarder(s, flowBufDefault, st.opts.MaxPending, st.handleTCP)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, st.gateSYN(fwd.HandlePacket))
 	ufwd := udp.NewForwarder(s, st.handleUDP)
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, ufwd.HandlePacket)
 
@@ -311,23 +378,26 @@ func (st *Stack) Policy() *policy.Policy { return st.policy.Load() }
 
 // DialSandbox opens a TCP connection from the stack (GatewayIPv4) to port
 // on the sandbox (SandboxIPv4): ingress for envd and exposed ports. It
-// counts against MaxConns and is closed by Close.
+// counts against MaxIngress and is closed by Close.
 func (st *Stack) DialSandbox(ctx context.Context, port uint16) (net.Conn, error) {
-	if !st.acquire() {
+	select {
+	case st.ingress <- struct{}{}:
+	default:
 		return nil, fmt.Errorf("dialing sandbox port %d: too many connections", port)
 	}
+	release := func() { <-st.ingress }
 	c, err := gonet.DialTCPWithBind(ctx, st.s,
 		tcpip.FullAddress{NIC: nicID, Addr: toTCPIP(GatewayIPv4)},
 		tcpip.FullAddress{NIC: nicID, Addr: toTCPIP(SandboxIPv4.Addr()), Port: port},
 		ipv4.ProtocolNumber)
 	if err != nil {
-		st.release()
+		release()
 		return nil, fmt.Errorf("dialing sandbox port %d: %w", port, err)
 	}
-	tc := &trackedConn{Conn: c, st: st}
+	tc := &trackedConn{Conn: c, st: st, release: release}
 	if !st.track(tc) {
 		c.Close()
-		st.release()
+		release()
 		return nil, fmt.Errorf("dialing sandbox port %d: %w", port, net.ErrClosed)
 	}
 	return tc, nil
@@ -336,15 +406,16 @@ func (st *Stack) DialSandbox(ctx context.Context, port uint16) (net.Conn, error)
 // trackedConn releases its slot when closed.
 type trackedConn struct {
 	net.Conn
-	st   *Stack
-	once sync.Once
+	st      *Stack
+	release func()
+	once    sync.Once
 }
 
 func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.st.untrack(c)
-		c.st.release()
+		c.release()
 	})
 	return err
 }
@@ -364,6 +435,7 @@ func (st *Stack) Close() error {
 	conns := st.conns
 	st.conns = nil
 	st.mu.Unlock()
+	st.flushSuppressed()
 	st.cancel()
 	for c := range conns {
 		c.Close()
@@ -380,19 +452,62 @@ func (st *Stack) Close() error {
 	if st.fd > 0 {
 		unix.Close(st.fd)
 	}
+	if st.acct.heavy() {
+		st.opts.Shared.returnMemory()
+	}
 	return nil
 }
 
-func (st *Stack) acquire() bool {
+// flow is one egress TCP flow's claim on its stack: a slot and the memory
+// charged to the sandbox's share for it.
+type flow struct {
+	st    *Stack
+	cost  int64
+	small bool
+	once  sync.Once
+}
+
+// acquireFlow takes a slot and charges the flow's worst-case memory: a
+// full flow if the share and the budget allow it, else a small one. It
+// reports false, taking nothing, when neither is possible.
+func (st *Stack) acquireFlow() (*flow, bool) {
 	select {
 	case st.slots <- struct{}{}:
-		return true
 	default:
-		return false
+		st.opts.Shared.stats.flowLimited.Add(1)
+		return nil, false
+	}
+	f := &flow{st: st, cost: fullFlowCost}
+	// Full flows may take half the share; the rest is for small ones, so
+	// that a sandbox with many flows open still gets some.
+	if !st.acct.reserve(fullFlowCost, st.opts.Shared.opts.Share/2) {
+		f.cost, f.small = smallFlowCost, true
+		if !st.acct.reserve(smallFlowCost, st.opts.Shared.opts.Share) {
+			<-st.slots
+			st.opts.Shared.stats.budgetRefused.Add(1)
+			return nil, false
+		}
+	}
+	return f, true
+}
+
+// size fixes the buffers of a small flow's endpoint at smallBufSize
+// (which also turns their auto-tuning off); a full flow keeps the stack's
+// auto-tuned buffers, bounded by flowBufMax.
+func (f *flow) size(ep tcpip.Endpoint) {
+	if f.small {
+		ep.SocketOptions().SetReceiveBufferSize(smallBufSize, true)
+		ep.SocketOptions().SetSendBufferSize(smallBufSize, true)
 	}
 }
 
-func (st *Stack) release() { <-st.slots }
+// release returns the slot and the memory; it is idempotent.
+func (f *flow) release() {
+	f.once.Do(func() {
+		f.st.acct.release(f.cost)
+		<-f.st.slots
+	})
+}
 
 func (st *Stack) track(c net.Conn) bool {
 	st.mu.Lock()

@@ -28,7 +28,7 @@ type family struct {
 	name, help, kind string
 	mu               sync.Mutex
 	series           map[string]*atomic.Int64 // rendered labels → value
-	gauge            func() int64             // for GaugeFunc
+	fn               func() int64             // for GaugeFunc and CounterFunc
 }
 
 // New returns an empty Registry.
@@ -70,7 +70,16 @@ func (c Counter) Add(n int64, labels ...string) {
 func (r *Registry) GaugeFunc(name, help string, fn func() int64) {
 	f := r.family(name, help, "gauge")
 	f.mu.Lock()
-	f.gauge = fn
+	f.fn = fn
+	f.mu.Unlock()
+}
+
+// CounterFunc registers a counter whose value fn reports at scrape time;
+// fn must never decrease.
+func (r *Registry) CounterFunc(name, help string, fn func() int64) {
+	f := r.family(name, help, "counter")
+	f.mu.Lock()
+	f.fn = fn
 	f.mu.Unlock()
 }
 
@@ -104,8 +113,8 @@ func (r *Registry) WriteTo(w io.Writer) (int64, error) {
 	for _, f := range fams {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.kind)
 		f.mu.Lock()
-		if f.gauge != nil {
-			fmt.Fprintf(&b, "%s %d\n", f.name, f.gauge())
+		if f.fn != nil {
+			fmt.Fprintf(&b, "%s %d\n", f.name, f.fn())
 		}
 		keys := make([]string, 0, len(f.series))
 		for k := range f.series {

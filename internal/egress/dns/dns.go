@@ -25,7 +25,8 @@
 // # What it does not do
 //
 // It does not listen on sockets (the egress stack serves UDP and TCP and
-// calls [Resolver.Resolve]), does not cache answers, does not validate
+// calls [Resolver.Resolve]), does not cache answers unless given a
+// shared [Cache] (whose answers it filters like fresh ones), does not validate
 // DNSSEC, and does not stop a sandbox from encoding data in the names it
 // is allowed to resolve below an allowed wildcard.
 package dns
@@ -63,6 +64,9 @@ type Config struct {
 	Timeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Cache, if set, is shared with other resolvers: upstream answers for
+	// allowed names are taken from it and kept in it (see Cache).
+	Cache *Cache
 }
 
 // Reasons in a Result.
@@ -210,13 +214,8 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 	up.SetQuestion(mdns.Fqdn(name), qs.Qtype)
 	up.RecursionDesired = true
 	up.SetEdns0(1232, false)
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	defer cancel()
-	resp, _, err := r.client.ExchangeContext(ctx, up, r.cfg.Upstream)
-	if err == nil && resp.Truncated {
-		resp, _, err = r.tcp.ExchangeContext(ctx, up, r.cfg.Upstream)
-	}
-	if err != nil || resp.Id != up.Id {
+	resp, err := r.exchange(ctx, up)
+	if err != nil {
 		res.Reason = ReasonUpstream
 		m.Rcode = mdns.RcodeServerFailure
 		return m
@@ -287,6 +286,27 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 		}
 	}
 	return m
+}
+
+// exchange asks the upstream resolver, through the cache if there is one.
+func (r *Resolver) exchange(ctx context.Context, up *mdns.Msg) (*mdns.Msg, error) {
+	fetch := func(ctx context.Context) (*mdns.Msg, error) {
+		ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		defer cancel()
+		resp, _, err := r.client.ExchangeContext(ctx, up, r.cfg.Upstream)
+		if err == nil && resp.Truncated {
+			resp, _, err = r.tcp.ExchangeContext(ctx, up, r.cfg.Upstream)
+		}
+		if err == nil && resp.Id != up.Id {
+			err = errors.New("dns: upstream answer with another id")
+		}
+		return resp, err
+	}
+	if r.cfg.Cache == nil {
+		return fetch(ctx)
+	}
+	q := up.Question[0]
+	return r.cfg.Cache.exchange(ctx, cacheKey{upstream: r.cfg.Upstream, name: q.Name, qtype: q.Qtype}, r.cfg.Now(), fetch)
 }
 
 func (r *Resolver) remember(name string, addrs []netip.Addr, ttl time.Duration) {

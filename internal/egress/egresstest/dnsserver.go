@@ -24,6 +24,7 @@ type DNSServer struct {
 
 	mu      sync.Mutex
 	zone    map[string][]netip.Addr
+	ttl     map[string]uint32 // per-name TTL; 60 when absent
 	queries []string
 	udp     *mdns.Server
 	tcp     *mdns.Server
@@ -33,7 +34,7 @@ type DNSServer struct {
 // name not in zone gets NXDOMAIN). It stops when the test ends.
 func NewDNSServer(t testing.TB, zone map[string][]string) *DNSServer {
 	t.Helper()
-	s := &DNSServer{zone: map[string][]netip.Addr{}}
+	s := &DNSServer{zone: map[string][]netip.Addr{}, ttl: map[string]uint32{}}
 	for n, as := range zone {
 		s.Set(n, as...)
 	}
@@ -83,6 +84,14 @@ func (s *DNSServer) Set(name string, addrs ...string) {
 	s.mu.Unlock()
 }
 
+// SetTTL sets the TTL of name's answers (default 60 s). A rebinding
+// attacker answers with TTL 0, which no cache keeps.
+func (s *DNSServer) SetTTL(name string, ttl uint32) {
+	s.mu.Lock()
+	s.ttl[mdns.Fqdn(strings.ToLower(name))] = ttl
+	s.mu.Unlock()
+}
+
 // Queries returns every question received so far as "name TYPE".
 func (s *DNSServer) Queries() []string {
 	s.mu.Lock()
@@ -103,8 +112,12 @@ func (s *DNSServer) ServeDNS(w mdns.ResponseWriter, q *mdns.Msg) {
 			m.Rcode = mdns.RcodeNameError
 			continue
 		}
+		ttl, ok := s.ttl[strings.ToLower(qs.Name)]
+		if !ok {
+			ttl = 60
+		}
 		for _, a := range as {
-			hdr := mdns.RR_Header{Name: qs.Name, Class: mdns.ClassINET, Ttl: 60}
+			hdr := mdns.RR_Header{Name: qs.Name, Class: mdns.ClassINET, Ttl: ttl}
 			switch {
 			case a.Is4() && qs.Qtype == mdns.TypeA:
 				hdr.Rrtype = mdns.TypeA

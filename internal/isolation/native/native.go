@@ -70,6 +70,9 @@ type Options struct {
 	// Recorder receives one event per network flow of every sandbox. Nil
 	// logs them at debug level.
 	Recorder egress.Recorder
+	// Net is what the sandboxes' network stacks share (memory budget, DNS
+	// cache). Nil means one with the defaults, for this backend alone.
+	Net *egress.Shared
 	// Ephemeral makes Close remove the instance itself (its cgroup parent
 	// and directories), for one-off instances such as `fence run`'s.
 	Ephemeral bool
@@ -145,6 +148,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.Recorder == nil {
 		opts.Recorder = logRecorder{log}
+	}
+	if opts.Net == nil {
+		opts.Net = egress.NewShared(egress.SharedOptions{})
 	}
 	exe := opts.Executable
 	if exe == "" {

@@ -447,6 +447,7 @@ func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy)
 		DNSUpstream: s.b.opts.DNSUpstream,
 		HostAddrs:   s.b.opts.HostAddrs,
 		Recorder:    s.b.opts.Recorder,
+		Shared:      s.b.opts.Net,
 		Bandwidth:   s.b.opts.NetBandwidth,
 		Logger:      s.b.log,
 	})

@@ -1,0 +1,8 @@
+package egress
+
+// Exported for tests.
+const (
+	FullFlowCost  = fullFlowCost
+	SmallFlowCost = smallFlowCost
+	MaxDNSConns   = maxDNSConns
+)
