@@ -115,7 +115,13 @@ func TestDenyNameEveryRequest(t *testing.T) {
 	if ev.Allowed || ev.Reason != policy.ReasonDenyName || ev.Observed != "Evil.Test." {
 		t.Errorf("pipelined denied name: event %+v, want a deny-name refusal", ev)
 	}
-	if got := e.ups[9].received(); !slices.Equal(got, []string{ok}) {
+	// The upstream logs what it read on its own goroutine: wait for it.
+	var got []string
+	for deadline := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		got = e.ups[9].received()
+	}
+	if !slices.Equal(got, []string{ok}) {
 		t.Errorf("upstream received %q, want only the first request", got)
 	}
 	e = newEnv(t, spec, nil)
