@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -17,6 +18,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/fencesandbox/fence/internal/egress/dns"
@@ -39,7 +41,10 @@ const (
 	dnsWriteTimeout = 5 * time.Second
 )
 
-// serveDNS listens on the resolver addresses, UDP and TCP port 53.
+// serveDNS listens on the resolver addresses, UDP and TCP port 53. An idle
+// resolver costs no goroutine: each endpoint is drained by a goroutine
+// started when it becomes readable (see onReadable), which ends when it
+// would block.
 func (st *Stack) serveDNS() error {
 	sem := make(chan struct{}, maxDNSInFlight)
 	for _, a := range []netip.Addr{ResolverIPv4, ResolverIPv6} {
@@ -48,41 +53,82 @@ func (st *Stack) serveDNS() error {
 			proto = ipv6.ProtocolNumber
 		}
 		fa := tcpip.FullAddress{NIC: nicID, Addr: toTCPIP(a), Port: 53}
-		uc, err := gonet.DialUDP(st.s, &fa, nil, proto)
-		if err != nil {
-			return fmt.Errorf("listening on %v udp/53: %w", a, err)
+		var uwq waiter.Queue
+		uep, terr := st.s.NewEndpoint(udp.ProtocolNumber, proto, &uwq)
+		if terr != nil {
+			return fmt.Errorf("listening on %v udp/53: %s", a, terr)
 		}
+		if terr := uep.Bind(fa); terr != nil {
+			uep.Close()
+			return fmt.Errorf("listening on %v udp/53: %s", a, terr)
+		}
+		uc := gonet.NewUDPConn(&uwq, uep) // for its writes
 		tl, err := st.listenDNSTCP(fa, proto)
 		if err != nil {
 			uc.Close()
 			return fmt.Errorf("listening on %v tcp/53: %w", a, err)
 		}
-		st.wg.Add(3)
-		go func() {
-			defer st.wg.Done()
-			<-st.ctx.Done()
+		stopUDP := st.onReadable(&uwq, func() { st.drainDNSUDP(uep, uc, sem) })
+		stopTCP := st.onReadable(tl.wq, func() { st.drainDNSTCP(tl, sem) })
+		context.AfterFunc(st.ctx, func() {
+			stopUDP()
+			stopTCP()
 			uc.Close()
 			tl.close()
-		}()
-		go func() {
-			defer st.wg.Done()
-			st.serveDNSUDP(uc, sem)
-		}()
-		go func() {
-			defer st.wg.Done()
-			st.serveDNSTCP(tl, sem)
-		}()
+		})
 	}
 	return nil
 }
 
-func (st *Stack) serveDNSUDP(uc *gonet.UDPConn, sem chan struct{}) {
-	buf := make([]byte, 1500)
-	for {
-		n, from, err := uc.ReadFrom(buf)
-		if err != nil {
+// onReadable runs drain in a goroutine of its own whenever wq reports the
+// endpoint readable and no drain is running, until stop is called. drain
+// handles everything ready and returns when it would block; an event that
+// arrives meanwhile makes it run again.
+func (st *Stack) onReadable(wq *waiter.Queue, drain func()) (stop func()) {
+	var running, again atomic.Bool
+	var kick func()
+	kick = func() {
+		again.Store(true)
+		if !running.CompareAndSwap(false, true) {
+			return // the running drain will see again
+		}
+		st.mu.Lock()
+		if st.closed {
+			st.mu.Unlock()
+			running.Store(false)
 			return
 		}
+		st.wg.Add(1)
+		st.mu.Unlock()
+		go func() {
+			defer st.wg.Done()
+			for {
+				again.Store(false)
+				drain()
+				running.Store(false)
+				if !again.Load() || !running.CompareAndSwap(false, true) {
+					return
+				}
+			}
+		}()
+	}
+	entry := waiter.NewFunctionEntry(waiter.ReadableEvents, func(waiter.EventMask) { kick() })
+	wq.EventRegister(&entry)
+	kick() // whatever arrived before the registration
+	return func() { wq.EventUnregister(&entry) }
+}
+
+// drainDNSUDP answers every query waiting on ep, then returns.
+func (st *Stack) drainDNSUDP(ep tcpip.Endpoint, uc *gonet.UDPConn, sem chan struct{}) {
+	buf := make([]byte, 1500)
+	for {
+		w := tcpip.SliceWriter(buf)
+		res, terr := ep.Read(&w, tcpip.ReadOptions{NeedRemoteAddr: true})
+		if terr != nil {
+			return // would block, or closed
+		}
+		n := res.Count
+		from := &net.UDPAddr{IP: net.IP(res.RemoteAddr.Addr.AsSlice()), Port: int(res.RemoteAddr.Port)}
 		if !st.dnsQueries.Allow() {
 			st.opts.Shared.stats.dnsLimited.Add(1)
 			continue // over the rate: dropped, the client retries
@@ -132,27 +178,20 @@ func (st *Stack) listenDNSTCP(fa tcpip.FullAddress, proto tcpip.NetworkProtocolN
 	return &dnsListener{ep: ep, wq: &wq, done: make(chan struct{})}, nil
 }
 
-func (l *dnsListener) accept() (*gonet.TCPConn, error) {
-	entry, ch := waiter.NewChannelEntry(waiter.ReadableEvents)
-	l.wq.EventRegister(&entry)
-	defer l.wq.EventUnregister(&entry)
-	for {
-		ep, wq, terr := l.ep.Accept(nil)
-		if _, ok := terr.(*tcpip.ErrWouldBlock); ok {
-			select {
-			case <-ch:
-				continue
-			case <-l.done:
-				return nil, net.ErrClosed
-			}
-		}
-		if terr != nil {
-			return nil, errors.New(terr.String())
-		}
-		ep.SocketOptions().SetReceiveBufferSize(dnsBufSize, true)
-		ep.SocketOptions().SetSendBufferSize(dnsBufSize, true)
-		return gonet.NewTCPConn(wq, ep), nil
+// acceptNow takes a pending connection, or fails when none is waiting.
+func (l *dnsListener) acceptNow() (*gonet.TCPConn, error) {
+	select {
+	case <-l.done:
+		return nil, net.ErrClosed
+	default:
 	}
+	ep, wq, terr := l.ep.Accept(nil)
+	if terr != nil {
+		return nil, errors.New(terr.String())
+	}
+	ep.SocketOptions().SetReceiveBufferSize(dnsBufSize, true)
+	ep.SocketOptions().SetSendBufferSize(dnsBufSize, true)
+	return gonet.NewTCPConn(wq, ep), nil
 }
 
 func (l *dnsListener) close() {
@@ -162,9 +201,10 @@ func (l *dnsListener) close() {
 	})
 }
 
-func (st *Stack) serveDNSTCP(l *dnsListener, sem chan struct{}) {
+// drainDNSTCP takes every connection waiting on l, then returns.
+func (st *Stack) drainDNSTCP(l *dnsListener, sem chan struct{}) {
 	for {
-		c, err := l.accept()
+		c, err := l.acceptNow()
 		if err != nil {
 			return
 		}
