@@ -84,7 +84,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	c := client.New(d.URL, d.APIKey)
 	runtime.GC()
 	debug.FreeOSMemory()
-	rss0, fds0, gr0 := rss(), openFDs(), runtime.NumGoroutine()
+	rss0, fds0, gr0, th0 := rss(), openFDs(), runtime.NumGoroutine(), threads()
 	var (
 		mu    sync.Mutex
 		sbs   []*client.Sandbox
@@ -164,8 +164,8 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox (Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
-	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines\n",
-		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n))
+	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
+		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n), float64(threads()-th0)/float64(n))
 	// Every sandbox still answers.
 	astart := time.Now()
 	var bad []string
@@ -217,6 +217,15 @@ func rate(stamp []time.Time, start time.Time, i, j int) float64 {
 // openFDs counts this process's open descriptors.
 func openFDs() int {
 	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}
+
+// threads counts this process's OS threads.
+func threads() int {
+	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return 0
 	}

@@ -317,6 +317,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	child.Close()
 	s.cmd = cmd
 	go func() {
+		waitExited(cmd.Process.Pid)
 		_ = cmd.Wait()
 		close(s.done)
 	}()
@@ -663,4 +664,30 @@ func (l *limitedLog) drain(r *os.File) {
 			return
 		}
 	}
+}
+
+// waitExited returns once the child pid has exited (and before it is
+// reaped), parked on the runtime's network poller through a pidfd: an OS
+// thread blocked in wait(2) per sandbox would cost a thread per idle
+// sandbox (os.Process.Wait blocks one). If the pidfd cannot be had it
+// returns at once and the caller's Wait blocks as before.
+func waitExited(pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return
+	}
+	f := os.NewFile(uintptr(fd), "pidfd") // nonblocking: registered with the poller
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		return n > 0 || (err != nil && err != unix.EINTR)
+	})
 }
