@@ -127,6 +127,40 @@ func TestCrashRecovery(t *testing.T) {
 // TestConcurrentCreates proves that 50 sandboxes created at once through
 // the API all work and that killing them all leaves nothing. Root: the
 // daemon creates namespaces, cgroups and mounts.
+// TestCrashDuringRelease: a kill answers once the sandbox's processes are
+// gone and releases its cgroup, writable layer and state in the background.
+// A daemon killed with -9 right after such kills leaves those releases
+// half done; the next start must finish them.
+func TestCrashDuringRelease(t *testing.T) {
+	dataDir := newDataDir(t)
+	d := startDaemon(t, dataDir)
+	var sbs []*client.Sandbox
+	for range 6 {
+		sb, err := d.Client.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal"})
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		sbs = append(sbs, sb)
+	}
+	var wg sync.WaitGroup
+	for _, sb := range sbs {
+		wg.Go(func() {
+			if err := sb.Kill(ctxT(t)); err != nil {
+				t.Errorf("Kill(%s): %v", sb.ID(), err)
+			}
+		})
+	}
+	wg.Wait()
+	left := len(sandboxLeftovers(dataDir, d.sandboxIDs(), nil))
+	d.Crash()
+	t.Logf("host resources still held when the daemon was killed: %d", left)
+	d.Restart()
+	assertNoSandboxLeftovers(t, dataDir, d.sandboxIDs(), nil)
+	if out := sh(t, d.create(t, api.NewSandbox{TemplateID: "minimal"}).Envd(), "echo ok"); out != "ok\n" {
+		t.Errorf("new sandbox after restart: %q", out)
+	}
+}
+
 func TestConcurrentCreates(t *testing.T) {
 	d := startDaemon(t, newDataDir(t))
 	const n = 50
