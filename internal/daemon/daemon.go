@@ -86,7 +86,12 @@ type Options struct {
 	Ready func(addr net.Addr)
 }
 
-var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{20,}$`)
+// apiKeyPattern matches e2b_ and at least 20 hex digits (the minimum
+// checked apart, see validKey: a bounded repetition compiles into a copy of
+// the class per repetition, at every start of the binary).
+var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
+
+func validKey(k string) bool { return len(k) >= len("e2b_")+20 && apiKeyPattern.MatchString(k) }
 
 // Serve runs the daemon until ctx is done.
 func Serve(ctx context.Context, opts Options) error {
@@ -305,7 +310,7 @@ func apiKey(opts Options) (key, path string, err error) {
 			return "", "", fmt.Errorf("restricting API key: %w", err)
 		}
 		key = strings.TrimSpace(string(b))
-		if !apiKeyPattern.MatchString(key) {
+		if !validKey(key) {
 			return "", "", fmt.Errorf("%s does not hold a valid key (e2b_ + hex digits)", path)
 		}
 		return key, path, nil

@@ -115,12 +115,17 @@ func (s *Store) Names() []string {
 	return names
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+// nameRE matches a template name of at most 64 bytes (checked apart: a
+// bounded repetition compiles into one copy of the class per repetition,
+// at every start of the binary).
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+
+const maxNameLen = 64
 
 // ValidateName reports whether name is a well-formed template name, with an
 // error wrapping api.ErrInvalidArgument if not.
 func ValidateName(name string) error {
-	if !nameRE.MatchString(name) {
+	if len(name) > maxNameLen || !nameRE.MatchString(name) {
 		return fmt.Errorf("invalid template name %q (want [a-z0-9][a-z0-9._-]*, at most 64 bytes): %w", name, api.ErrInvalidArgument)
 	}
 	return nil

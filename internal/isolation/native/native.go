@@ -116,7 +116,18 @@ type Backend struct {
 
 var _ isolation.Backend = (*Backend)(nil)
 
-var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+// idPattern matches a sandbox ID: 1 to 64 of [a-z0-9] (the length checked
+// apart: a bounded repetition compiles into 64 copies of the class, at
+// every start of the binary).
+var idPattern = boundedRE{regexp.MustCompile(`^[a-z0-9]+$`), 64}
+
+// boundedRE is a pattern with a maximum length.
+type boundedRE struct {
+	re  *regexp.Regexp
+	max int
+}
+
+func (b boundedRE) MatchString(s string) bool { return len(s) <= b.max && b.re.MatchString(s) }
 
 // New prepares the backend's state directory, cgroup parent and disk.
 func New(ctx context.Context, opts Options) (*Backend, error) {
