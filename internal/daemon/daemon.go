@@ -164,9 +164,11 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
+	// Only the default template with the default limits is pooled, and
+	// every pooled sandbox counts against --max-sandboxes.
 	for _, name := range []string{"base", "minimal"} {
 		if rootfs, err := templates.Resolve(name); err == nil {
-			pool.Prewarm(rootfs, mgr.DefaultLimits())
+			pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits()}, mgr.PoolBudget())
 			break
 		}
 	}

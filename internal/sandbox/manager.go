@@ -133,6 +133,8 @@ type Manager struct {
 	running map[string]*entry
 	// +checklocks:mu
 	pending int // creates between the capacity check and registration
+	// +checklocks:mu
+	pooled int // sandboxes started ahead of demand (PoolBudget units)
 }
 
 // entry is one running sandbox.
@@ -244,20 +246,71 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// reserve takes one unit of capacity for a create.
-func (m *Manager) reserve() error {
+// reserve takes one unit of capacity for a create. At the cap, a unit held
+// by a sandbox started ahead of demand is taken back from the backend (a
+// warm pool kills one of its sandboxes for it).
+func (m *Manager) reserve(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	switch {
 	case m.closed:
+		m.mu.Unlock()
 		return ErrClosed
 	case !m.started:
+		m.mu.Unlock()
 		return errNotStarted
-	case len(m.running)+m.pending >= m.max:
-		return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+	case len(m.running)+m.pending+m.pooled < m.max:
+		m.pending++
+		m.mu.Unlock()
+		return nil
 	}
-	m.pending++
-	return nil
+	pooled := m.pooled
+	m.mu.Unlock()
+	if r, ok := m.backend.(reclaimer); ok && pooled > 0 && r.Reclaim(ctx) {
+		m.mu.Lock()
+		m.pooled--
+		m.pending++
+		m.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+}
+
+// reclaimer is implemented by a backend that keeps sandboxes started ahead
+// of demand, each holding a unit of the PoolBudget (warm.Pool): Reclaim
+// kills one and hands its unit to the caller, reporting whether it did.
+type reclaimer interface {
+	Reclaim(ctx context.Context) bool
+}
+
+// PoolBudget counts sandboxes started ahead of demand (a warm pool's)
+// against MaxSandboxes, like running ones. The pool's backend must be this
+// Manager's (or wrap it), so that Create can reclaim their units.
+type PoolBudget struct{ m *Manager }
+
+// PoolBudget returns the budget a warm pool in front of the backend draws
+// from.
+func (m *Manager) PoolBudget() PoolBudget { return PoolBudget{m} }
+
+// TryAcquire takes one unit, reporting false at the cap or after Shutdown.
+func (b PoolBudget) TryAcquire() bool {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || len(m.running)+m.pending+m.pooled >= m.max {
+		return false
+	}
+	m.pooled++
+	return true
+}
+
+// Release gives back a unit taken with TryAcquire.
+func (b PoolBudget) Release() {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pooled > 0 {
+		m.pooled--
+	}
 }
 
 // Create starts a sandbox. See the package doc for its guarantees.
@@ -270,7 +323,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
 	}
-	if err := m.reserve(); err != nil {
+	if err := m.reserve(ctx); err != nil {
 		return nil, err
 	}
 	registered := false
