@@ -16,9 +16,13 @@
 //   - Every error body is api.Error {"code":N,"message":"…"}; the mapping
 //     from the api.Err* taxonomy to status codes is errors.go's alone.
 //   - Sandbox traffic reaches the agent only with the sandbox's access
-//     token (or, for /files, a valid URL signature); the token is removed
-//     before forwarding, so the sandbox never sees it. The agent's internal
-//     routes (/init, …) are refused.
+//     token (or, for /files, a valid URL signature). No fence credential
+//     enters a sandbox: the API key, access token, traffic token, routing
+//     headers and a Bearer API key are removed before forwarding (to the
+//     agent and to other ports alike), the agent gets of Authorization only
+//     the Basic user name envd reads (another scheme is refused), and a
+//     signed URL loses its signature. The agent's internal routes (/init,
+//     …) are refused.
 //   - Traffic for an unknown or killed sandbox gets 502 api.ProxyError, and
 //     responses in flight when a sandbox dies are aborted, not ended cleanly,
 //     so the SDKs report the sandbox as gone.

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -333,4 +334,78 @@ func TestSignedFilesWithoutRouting(t *testing.T) {
 	// Without a signature /files is a control-plane path, which has no such route.
 	resp, b := e.api(t, "GET", "/files?path=a.txt", "")
 	wantError(t, "GET /files unsigned", resp, b, 404, "")
+}
+
+// TestProxyStripsCredentials: a request to the agent carries none of
+// fence's credentials (API key, access token, traffic token, a Bearer API
+// key), only the user of its Basic auth, and a signed URL loses its
+// signature on the way in. The agent is inside the sandbox: untrusted.
+func TestProxyStripsCredentials(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	id, tok := s.SandboxID, s.EnvdAccessToken
+	secret := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:hunter2"))
+	resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir", `{}`, append(sbxHeaders(id, tok),
+		"X-API-Key: "+testKey, api.HeaderTrafficToken+": traffic-secret", "Authorization: "+secret)...)
+	var echo fake.Echo
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("proxied POST = %d %s", resp.StatusCode, b)
+	}
+	hdr := http.Header(echo.Header)
+	for _, k := range []string{"X-API-Key", api.HeaderAccessToken, api.HeaderTrafficToken, api.HeaderSandboxID, api.HeaderSandboxPort} {
+		if v := hdr.Values(k); len(v) > 0 {
+			t.Errorf("agent got %s: %q", k, v)
+		}
+	}
+	if got, want := hdr.Values("Authorization"), []string{"Basic cm9vdDo="}; len(got) != 1 || got[0] != want[0] {
+		t.Errorf("agent got Authorization %q, want %q (the user alone)", got, want)
+	}
+	for _, v := range []string{testKey, tok, "traffic-secret", "hunter2"} {
+		if strings.Contains(string(b), v) {
+			t.Errorf("the agent saw the secret %q: %s", v, b)
+		}
+	}
+
+	// Authorization that is not Basic auth naming a user is refused, not
+	// forwarded.
+	for _, v := range []string{"Bearer " + testKey, "Basic !!!", "Digest x"} {
+		resp, b := e.do(t, "GET", "/envs", "", append(sbxHeaders(id, tok), "Authorization: "+v)...)
+		wantError(t, "Authorization: "+v, resp, b, 401, "Basic auth")
+	}
+
+	// A signed /files URL reaches the agent without its signature.
+	q := url.Values{"path": {"a.txt"}, "signature": {fileSignature("a.txt", "read", "", tok, nil)}}
+	for _, hdr := range [][]string{sbxHeaders(id, ""), nil} {
+		resp, b = e.do(t, "GET", "/files?"+q.Encode(), "", hdr...)
+		if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+			t.Fatalf("signed GET /files = %d %s", resp.StatusCode, b)
+		}
+		if echo.Query != "path=a.txt" {
+			t.Errorf("agent got query %q, want path=a.txt alone", echo.Query)
+		}
+	}
+}
+
+func TestStripCredentials(t *testing.T) {
+	h := &handler{apiKey: []byte(testKey)}
+	tests := []struct {
+		name string
+		in   http.Header
+		want http.Header
+	}{
+		{"fence headers", http.Header{"X-Api-Key": {testKey}, "X-Access-Token": {"t"}, "E2b-Traffic-Access-Token": {"x"},
+			"E2b-Sandbox-Id": {"s"}, "E2b-Sandbox-Port": {"80"}, "Accept": {"*/*"}}, http.Header{"Accept": {"*/*"}}},
+		{"bearer API key", http.Header{"Authorization": {"bearer " + testKey}}, http.Header{}},
+		{"the app's own bearer", http.Header{"Authorization": {"Bearer app-token"}}, http.Header{"Authorization": {"Bearer app-token"}}},
+		{"the app's basic", http.Header{"Authorization": {"Basic dTpw"}}, http.Header{"Authorization": {"Basic dTpw"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.in.Clone()
+			h.stripCredentials(got)
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("stripCredentials(%v) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
 }
