@@ -52,6 +52,7 @@ type Manager interface {
 	Kill(ctx context.Context, id string) error
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 }
@@ -93,6 +94,8 @@ type handler struct {
 	// portProxy reaches the sandbox's other ports.
 	portProxy   *httputil.ReverseProxy
 	promMetrics http.Handler // nil: no /metrics route
+	signatures  signatureIndex
+	scans       chan struct{} // a slot per signature scan in progress
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -105,6 +108,7 @@ func New(opts Options) http.Handler {
 		log:         opts.Logger,
 		now:         opts.Now,
 		promMetrics: opts.Metrics,
+		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

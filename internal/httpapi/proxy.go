@@ -403,9 +403,15 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 
 // serveSignedFiles serves a signed /files URL that names no sandbox: with
 // E2B_SANDBOX_URL set, the SDKs' uploadUrl()/downloadUrl() carry neither the
-// routing headers nor a per-sandbox host (reference §1.3). The signature is
-// tried against each running sandbox's token; the one it verifies for is
-// the target. The API key is not needed: the signature is the credential.
+// routing headers nor a per-sandbox host. The API key is
+// not needed: the signature is the credential, and the sandbox is the one
+// whose token it verifies for.
+//
+// A signature seen before is found in the signature index: one sandbox is
+// looked up and checked. A new one is matched against the running
+// sandboxes' tokens in memory (one SHA-256 each; at most maxSignatureScans
+// requests do this at once: half the CPUs), after a malformed one is
+// refused outright.
 func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	op := "read"
 	switch r.Method {
@@ -416,25 +422,50 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(errMethodNotAllowed, "method %s is not allowed on /files", r.Method))
 		return
 	}
-	list, err := h.m.List(r.Context(), sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}})
-	if err != nil {
-		writeError(w, r, h.log, err)
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	refuse := func(err error) { writeError(w, r, h.log, errorf(errUnauthenticated, "%s", err.Error())) }
+	if !wellFormedSignature(sig) {
+		refuse(errInvalidSignature)
 		return
 	}
-	q := r.URL.Query()
 	now := h.now()
-	for _, s := range list {
-		if s.EnvdAccessToken == "" {
-			continue
+	if id, ok := h.signatures.get(sig); ok {
+		if _, info, ok := h.m.Lookup(id); ok && info.EnvdAccessToken != "" {
+			switch err := checkSignature(q, op, info.EnvdAccessToken, now); {
+			case err == nil:
+				h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+				return
+			case errors.Is(err, errExpiredSignature):
+				refuse(err)
+				return
+			}
 		}
-		switch err := checkSignature(q, op, s.EnvdAccessToken, now); {
-		case err == nil:
-			h.serveSandbox(w, r, target{id: s.ID, port: api.EnvdPort})
-			return
-		case errors.Is(err, errExpiredSignature):
-			writeError(w, r, h.log, errorf(errUnauthenticated, "%s", err.Error()))
-			return
-		}
+		h.signatures.remove(sig)
 	}
-	writeError(w, r, h.log, errorf(errUnauthenticated, "%s", errInvalidSignature.Error()))
+	sr, err := parseSigned(q, op)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	select {
+	case h.scans <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
+	var found error
+	id, ok := h.m.MatchToken(func(token string) bool {
+		found = sr.check(token, now)
+		return found == nil || errors.Is(found, errExpiredSignature)
+	})
+	<-h.scans
+	switch {
+	case !ok:
+		refuse(errInvalidSignature)
+	case found != nil:
+		refuse(found)
+	default:
+		h.signatures.add(sig, id)
+		h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+	}
 }

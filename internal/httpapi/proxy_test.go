@@ -8,14 +8,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 func sbxHeaders(id, token string) []string {
@@ -407,5 +412,143 @@ func TestStripCredentials(t *testing.T) {
 				t.Errorf("stripCredentials(%v) = %v, want %v", tt.in, got, tt.want)
 			}
 		})
+	}
+}
+
+// countingManager counts the calls that find a sandbox for a request, and
+// the tokens a signature is checked against.
+type countingManager struct {
+	Manager
+	lists, scans, tokens atomic.Int64
+	mu                   sync.Mutex
+	looked               map[string]bool // IDs looked up
+}
+
+func (c *countingManager) Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool) {
+	c.mu.Lock()
+	c.looked[id] = true
+	c.mu.Unlock()
+	return c.Manager.Lookup(id)
+}
+
+func (c *countingManager) lookups() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(len(c.looked))
+}
+
+func (c *countingManager) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error) {
+	c.lists.Add(1)
+	return c.Manager.List(ctx, f)
+}
+
+func (c *countingManager) MatchToken(match func(string) bool) (string, bool) {
+	c.scans.Add(1)
+	return c.Manager.MatchToken(func(tok string) bool {
+		c.tokens.Add(1)
+		return match(tok)
+	})
+}
+
+func (c *countingManager) reset() {
+	c.mu.Lock()
+	c.looked = map[string]bool{}
+	c.mu.Unlock()
+	c.lists.Store(0)
+	c.scans.Store(0)
+	c.tokens.Store(0)
+}
+
+// TestSignedFilesIndex: a signed URL is served after looking at one
+// sandbox when it names it (header or host) or was seen before; a new
+// signature that names none is matched in memory, never by listing the
+// store; bad and malformed signatures are refused, malformed ones without
+// looking at any sandbox.
+func TestSignedFilesIndex(t *testing.T) {
+	const n = 200
+	e := newTestEnv(t)
+	cm := &countingManager{Manager: e.m, looked: map[string]bool{}}
+	srv := httptest.NewServer(New(Options{Manager: cm, APIKey: testKey, Domain: "fence.test"}))
+	t.Cleanup(srv.Close)
+	e.srv = srv
+	var last api.Sandbox
+	for range n {
+		last = e.create(t, `{"templateID":"base"}`)
+	}
+	signed := func(path string) string {
+		return "/files?" + url.Values{"path": {path}, "signature": {fileSignature(path, "read", "", last.EnvdAccessToken, nil)}}.Encode()
+	}
+	type counts struct{ lookups, lists, scans, tokens int64 }
+	get := func(name, u string, wantStatus int, hdr ...string) counts {
+		t.Helper()
+		cm.reset()
+		resp, b := e.do(t, "GET", u, "", hdr...)
+		if resp.StatusCode != wantStatus {
+			t.Fatalf("%s: GET %s = %d %s, want %d", name, u, resp.StatusCode, b, wantStatus)
+		}
+		if wantStatus == 200 {
+			var echo fake.Echo
+			if json.Unmarshal(b, &echo); echo.SandboxID != last.SandboxID {
+				t.Fatalf("%s: served by %q, want %s", name, echo.SandboxID, last.SandboxID)
+			}
+		}
+		c := counts{cm.lookups(), cm.lists.Load(), cm.scans.Load(), cm.tokens.Load()}
+		t.Logf("%s: %d sandboxes looked up, %d store lists, %d scans, %d tokens checked", name, c.lookups, c.lists, c.scans, c.tokens)
+		return c
+	}
+	one := counts{lookups: 1}
+	if c := get("by header", signed("a"), 200, sbxHeaders(last.SandboxID, "")...); c != one {
+		t.Errorf("by header: %+v, want %+v", c, one)
+	}
+	if c := get("by host", signed("a"), 200, "Host: 49983-"+last.SandboxID+".fence.test"); c != one {
+		t.Errorf("by host: %+v, want %+v", c, one)
+	}
+	// A new signature naming no sandbox: matched in memory, never listed.
+	if c := get("new, no sandbox named", signed("b"), 200); c.lists != 0 || c.scans != 1 || c.tokens > n {
+		t.Errorf("new signature: %+v, want no store list, one scan of at most %d tokens", c, n)
+	}
+	// The same URL again: one sandbox.
+	if c := get("seen before", signed("b"), 200); c != one {
+		t.Errorf("seen before: %+v, want %+v", c, one)
+	}
+	// Malformed: refused without looking.
+	for _, sig := range []string{"v1_nope", "v2_" + strings.Repeat("A", 43), "v1_" + strings.Repeat("*", 43)} {
+		if c := get("malformed "+sig, "/files?path=a&signature="+url.QueryEscape(sig), 401); c != (counts{}) {
+			t.Errorf("malformed %q: %+v, want nothing looked at", sig, c)
+		}
+	}
+	// Well-formed but wrong: refused after the scan, and not indexed.
+	bad := "/files?" + url.Values{"path": {"a"}, "signature": {fileSignature("a", "read", "", "not-a-token", nil)}}.Encode()
+	for range 2 {
+		resp, b := e.do(t, "GET", bad, "")
+		wantError(t, "bad signature", resp, b, 401, "invalid signature")
+	}
+	// A signature indexed for a sandbox that is gone is refused.
+	if resp, b := e.api(t, "DELETE", "/sandboxes/"+last.SandboxID, ""); resp.StatusCode != 204 {
+		t.Fatalf("DELETE = %d %s", resp.StatusCode, b)
+	}
+	resp, b := e.do(t, "GET", signed("b"), "")
+	wantError(t, "indexed signature of a killed sandbox", resp, b, 401, "invalid signature")
+}
+
+// BenchmarkSignatureScan1000 measures what a new signature that names no
+// sandbox costs with 1,000 sandboxes running: one check per token.
+func BenchmarkSignatureScan1000(b *testing.B) {
+	tokens := make([]string, 1000)
+	for i := range tokens {
+		tokens[i] = fmt.Sprintf("%064x", i)
+	}
+	q := url.Values{"path": {"/home/user/data.csv"}, "signature": {fileSignature("/home/user/data.csv", "read", "", "none", nil)}}
+	now := time.Now()
+	for b.Loop() {
+		sr, err := parseSigned(q, "read")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, tok := range tokens {
+			if sr.check(tok, now) == nil {
+				b.Fatal("matched")
+			}
+		}
 	}
 }
