@@ -57,6 +57,10 @@ type ServeOptions struct {
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int
+	// HeaderTimeout, IdleTimeout and BodyIdleTimeout bound the API server's
+	// waits on clients (request headers, keep-alive, each read of a
+	// body); zero takes the daemon's defaults. Hidden flags, for tests.
+	HeaderTimeout, IdleTimeout, BodyIdleTimeout time.Duration
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

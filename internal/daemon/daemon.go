@@ -78,6 +78,36 @@ type Options struct {
 	// Ready, if set, is called with the listener's address once the API
 	// accepts requests.
 	Ready func(addr net.Addr)
+	// HTTP bounds the API server's waits on clients; zero fields take the
+	// defaults of HTTPTimeouts.
+	HTTP HTTPTimeouts
+}
+
+// HTTPTimeouts bound how long the API server waits on a client. There is
+// deliberately no bound on writing a response: process output, PTYs and
+// watches stream for as long as the client reads.
+type HTTPTimeouts struct {
+	// Header bounds reading a request's headers; zero means 10 seconds.
+	Header time.Duration
+	// Idle closes a keep-alive connection that waits this long for its next
+	// request; zero means 2 minutes.
+	Idle time.Duration
+	// BodyIdle bounds each wait for more of a request body (a long upload
+	// that keeps moving is never cut); zero means 1 minute.
+	BodyIdle time.Duration
+}
+
+func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
+	if t.Header <= 0 {
+		t.Header = 10 * time.Second
+	}
+	if t.Idle <= 0 {
+		t.Idle = 2 * time.Minute
+	}
+	if t.BodyIdle <= 0 {
+		t.BodyIdle = time.Minute
+	}
+	return t
 }
 
 var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{20,}$`)
@@ -187,15 +217,20 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
 	}
+	timeouts := opts.HTTP.withDefaults()
 	srv := &http.Server{
 		Handler: httpapi.New(httpapi.Options{
-			Manager: mgr,
-			APIKey:  key,
-			Domain:  opts.Domain,
-			Logger:  log,
-			Metrics: reg.Handler(),
+			Manager:         mgr,
+			APIKey:          key,
+			Domain:          opts.Domain,
+			Logger:          log,
+			Metrics:         reg.Handler(),
+			BodyIdleTimeout: timeouts.BodyIdle,
 		}),
-		ReadHeaderTimeout: 10 * time.Second,
+		// No ReadTimeout or WriteTimeout: they would cut uploads and
+		// streams; bodies are bounded by BodyIdle instead.
+		ReadHeaderTimeout: timeouts.Header,
+		IdleTimeout:       timeouts.Idle,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}

@@ -78,6 +78,11 @@ type Options struct {
 	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time
+	// BodyIdleTimeout bounds the wait for each read of a request body: a
+	// client that sends nothing of its body for this long loses the
+	// connection, while a long upload that keeps moving is never cut.
+	// Zero means one minute.
+	BodyIdleTimeout time.Duration
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -94,6 +99,7 @@ type handler struct {
 	// portProxy reaches the sandbox's other ports.
 	portProxy   *httputil.ReverseProxy
 	promMetrics http.Handler // nil: no /metrics route
+	bodyIdle    time.Duration
 	signatures  signatureIndex
 	scans       chan struct{} // a slot per signature scan in progress
 }
@@ -108,6 +114,7 @@ func New(opts Options) http.Handler {
 		log:         opts.Logger,
 		now:         opts.Now,
 		promMetrics: opts.Metrics,
+		bodyIdle:    opts.BodyIdleTimeout,
 		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {
@@ -116,6 +123,9 @@ func New(opts Options) http.Handler {
 	if h.now == nil {
 		h.now = time.Now
 	}
+	if h.bodyIdle <= 0 {
+		h.bodyIdle = time.Minute
+	}
 	h.mux = h.routes()
 	h.proxy = h.newProxy()
 	h.portProxy = h.newPortProxy()
@@ -123,6 +133,9 @@ func New(opts Options) http.Handler {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: h.bodyIdle}
+	}
 	if t, ok, err := h.sandboxTarget(r); ok {
 		if err != nil {
 			writeError(w, r, h.log, err)
