@@ -247,3 +247,45 @@ func (r *slowReader) Read(p []byte) (int, error) {
 	r.left = r.left[n:]
 	return n, nil
 }
+
+// pyHeaderEcho answers every request with the headers it received.
+const pyHeaderEcho = `
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = str(self.headers).encode()
+        self.send_response(200); self.send_header('Content-Length', str(len(b))); self.end_headers(); self.wfile.write(b)
+    def log_message(self, *a): pass
+http.server.HTTPServer(('0.0.0.0', 8002), H).serve_forever()
+`
+
+// TestPortProxyCredentials: a server inside a sandbox (which fence does
+// not trust) receives none of fence's credentials that a client sent
+// along: API key, access and traffic tokens, routing headers, the API key
+// as a Bearer token. Its own Authorization scheme passes. Root: the daemon
+// creates sandboxes.
+func TestPortProxyCredentials(t *testing.T) {
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{AllowPublicTraffic: new(false)}})
+	tok := *sb.TrafficAccessToken
+	startBackground(t, sb.Envd(), client.ProcessSpec{Cmd: "python3", Args: []string{"-c", pyHeaderEcho}})
+	hdr := map[string]string{api.HeaderSandboxID: sb.ID(), api.HeaderSandboxPort: "8002", api.HeaderTrafficToken: tok,
+		api.HeaderAPIKey: d.Key, api.HeaderAccessToken: "envd-token-sent-by-mistake"}
+	eventually(t, 15*time.Second, "the header echo answering", func() bool {
+		return d.do(t, "GET", "/", "", nil, hdr).Status == 200
+	})
+	for _, auth := range []string{"Bearer " + d.Key, "Bearer app-token"} {
+		hdr["Authorization"] = auth
+		r := d.do(t, "GET", "/", "", nil, hdr)
+		got := strings.ToLower(string(r.Body))
+		for _, secret := range []string{d.Key, tok, "envd-token-sent-by-mistake", "e2b-sandbox-id", "e2b-sandbox-port"} {
+			if strings.Contains(got, strings.ToLower(secret)) {
+				t.Errorf("the sandbox's server got %q:\n%s", secret, r.Body)
+			}
+		}
+		if auth == "Bearer app-token" && !strings.Contains(got, "authorization: bearer app-token") {
+			t.Errorf("the sandbox's own Authorization did not pass:\n%s", r.Body)
+		}
+	}
+}
