@@ -135,6 +135,8 @@ type Manager struct {
 	pending int // creates between the capacity check and registration
 	// +checklocks:mu
 	pooled int // sandboxes started ahead of demand (PoolBudget units)
+	// +checklocks:mu
+	dying int // sandboxes out of running whose kill has not returned yet
 }
 
 // entry is one running sandbox.
@@ -258,7 +260,7 @@ func (m *Manager) reserve(ctx context.Context) error {
 	case !m.started:
 		m.mu.Unlock()
 		return errNotStarted
-	case len(m.running)+m.pending+m.pooled < m.max:
+	case m.usedLocked() < m.max:
 		m.pending++
 		m.mu.Unlock()
 		return nil
@@ -273,6 +275,25 @@ func (m *Manager) reserve(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+}
+
+// usedLocked is the capacity in use: sandboxes running, being created,
+// being killed, and held ahead of demand.
+//
+// +checklocks:m.mu
+func (m *Manager) usedLocked() int {
+	return len(m.running) + m.pending + m.dying + m.pooled
+}
+
+// killRemoved kills a sandbox just removed from running; its capacity is
+// counted (dying) until the backend has released it.
+func (m *Manager) killRemoved(ctx context.Context, box isolation.Sandbox) {
+	defer func() {
+		m.mu.Lock()
+		m.dying--
+		m.mu.Unlock()
+	}()
+	m.killBox(ctx, box)
 }
 
 // reclaimer is implemented by a backend that keeps sandboxes started ahead
@@ -296,7 +317,7 @@ func (b PoolBudget) TryAcquire() bool {
 	m := b.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed || len(m.running)+m.pending+m.pooled >= m.max {
+	if m.closed || m.usedLocked() >= m.max {
 		return false
 	}
 	m.pooled++
@@ -442,12 +463,13 @@ func (m *Manager) watch(e *entry) {
 	cur, ok := m.running[e.box.ID()]
 	if ok && cur == e {
 		delete(m.running, e.box.ID())
+		m.dying++
 	}
 	m.mu.Unlock()
 	if ok && cur == e {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
-		m.killBox(ctx, e.box) // release host resources the backend may still hold
+		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
 		m.markKilled(ctx, e.box.ID())
 	}
 }

@@ -176,12 +176,15 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		return ErrClosed
 	}
 	e, ok := m.running[id]
-	delete(m.running, id)
+	if ok {
+		delete(m.running, id)
+		m.dying++
+	}
 	m.mu.Unlock()
 	if !ok {
 		return notFound(id)
 	}
-	m.killBox(ctx, e.box)
+	m.killRemoved(ctx, e.box)
 	m.markKilled(ctx, id)
 	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)
 	return nil

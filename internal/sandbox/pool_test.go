@@ -116,3 +116,55 @@ func TestWarmPoolCountsAgainstMax(t *testing.T) {
 	}
 	t.Logf("peak sandboxes on the host: %d (max %d)", peak.Load(), max)
 }
+
+// slowKillBackend makes sandboxes whose Kill waits for release.
+type slowKillBackend struct {
+	isolation.Backend
+	release chan struct{}
+}
+
+type slowKillSandbox struct {
+	isolation.Sandbox
+	release chan struct{}
+}
+
+func (b slowKillBackend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
+	sb, err := b.Backend.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return slowKillSandbox{sb, b.release}, nil
+}
+
+func (s slowKillSandbox) Kill(ctx context.Context) error {
+	<-s.release
+	return s.Sandbox.Kill(ctx)
+}
+
+// TestCapacityHeldUntilKilled: a sandbox being killed still counts against
+// MaxSandboxes until the backend has released it, so a create (or a warm
+// pool's refill) cannot start one more meanwhile.
+func TestCapacityHeldUntilKilled(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, func(o *Options) {
+		o.MaxSandboxes = 1
+		o.Backend = slowKillBackend{o.Backend, release}
+	})
+	a := e.mustCreate(t, CreateRequest{})
+	killed := make(chan error, 1)
+	go func() { killed <- e.m.Kill(context.Background(), a.ID) }()
+	for e.m.Running() != 0 { // Kill has taken it out of the running set
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, api.ErrResourceExhausted) {
+		t.Errorf("Create() while the only sandbox is being killed = %v, want ErrResourceExhausted (the host still holds it)", err)
+	}
+	if ok := e.m.PoolBudget().TryAcquire(); ok {
+		t.Errorf("PoolBudget().TryAcquire() while the only sandbox is being killed = true, want false")
+	}
+	close(release)
+	if err := <-killed; err != nil {
+		t.Fatal(err)
+	}
+	e.mustCreate(t, CreateRequest{})
+}
