@@ -471,10 +471,20 @@ func TestSandboxDiesOutside(t *testing.T) {
 // nothing behind at shutdown. Root: the daemon creates namespaces,
 // cgroups and mounts.
 func TestWarmPool(t *testing.T) {
+	requireTemplate(t, "base") // the pool keeps the default template, base
 	d := startDaemon(t, newDataDir(t), "--warm-pool", "2")
+	eventually(t, 60*time.Second, "the warm pool fills", func() bool { return len(hostSandboxes(d.DataDir)) == 2 })
+	// (A pooled sandbox's cgroup appears while it still boots, so not
+	// every create below need find it ready.)
+	pooled := map[string]int{}
+	for id := range hostSandboxes(d.DataDir) {
+		pooled[id] = 1
+	}
+	fromPool := 0
 	seen := map[string]bool{}
 	for i := range 4 {
-		sb := d.create(t, api.NewSandbox{TemplateID: "minimal", EnvVars: map[string]string{"N": strconv.Itoa(i)}})
+		sb := d.create(t, api.NewSandbox{TemplateID: "base", EnvVars: map[string]string{"N": strconv.Itoa(i)}})
+		fromPool += pooled[sb.ID()]
 		if seen[sb.ID()] {
 			t.Fatalf("sandbox %s handed out twice", sb.ID())
 		}
@@ -482,5 +492,8 @@ func TestWarmPool(t *testing.T) {
 		if out := sh(t, sb.Envd(), `echo "$N $(id -un) $(hostname)"`); out != fmt.Sprintf("%d user %s\n", i, sb.ID()) {
 			t.Errorf("sandbox %d from the pool: %q", i, out)
 		}
+	}
+	if fromPool == 0 {
+		t.Errorf("no create was served from the pool %v", pooled)
 	}
 }

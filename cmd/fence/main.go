@@ -63,6 +63,9 @@ func deps() cli.Deps {
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 				Stdout:        os.Stdout,
+				HTTP: daemon.HTTPTimeouts{
+					Header: o.HeaderTimeout, Idle: o.IdleTimeout, BodyIdle: o.BodyIdleTimeout,
+				},
 			})
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {

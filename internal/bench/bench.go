@@ -370,10 +370,10 @@ func fenceWarm(ctx context.Context, opts Options) Result {
 	name := "fence create→exec true→kill, warm pool"
 	pool := warm.New(warm.Options{Backend: opts.Backend, Size: 1})
 	defer pool.Close(context.WithoutCancel(ctx))
-	pool.Prewarm(opts.RootFS, isolation.Limits{})
+	pool.Start(warm.Target{RootFS: opts.RootFS}, nil)
 	r := Result{Name: name}
 	for i := -1; i < opts.Iterations; i++ { // -1: warm-up
-		if err := pool.WaitReady(ctx, opts.RootFS, isolation.Limits{}); err != nil {
+		if err := pool.WaitReady(ctx); err != nil {
 			r.Err = err
 			return r
 		}

@@ -62,6 +62,10 @@ type ServeOptions struct {
 	// DenyCIDRs are ranges no sandbox may ever reach, whatever its policy
 	// lists (the operator's own networks).
 	DenyCIDRs []netip.Prefix
+	// HeaderTimeout, IdleTimeout and BodyIdleTimeout bound the API server's
+	// waits on clients (request headers, keep-alive, each read of a
+	// body); zero takes the daemon's defaults. Hidden flags, for tests.
+	HeaderTimeout, IdleTimeout, BodyIdleTimeout time.Duration
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

@@ -103,6 +103,9 @@ SIGINT or SIGTERM.`,
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
 			}
+			if o.HeaderTimeout < 0 || o.IdleTimeout < 0 || o.BodyIdleTimeout < 0 {
+				return usagef("--http-*-timeout must not be negative")
+			}
 			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
 				return usagef("--timeout and --max-sandboxes must be above zero")
 			}
@@ -132,6 +135,12 @@ SIGINT or SIGTERM.`,
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
+	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
+	fs.DurationVar(&o.IdleTimeout, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
+	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
+	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout"} {
+		_ = fs.MarkHidden(f)
+	}
 	return cmd
 }
 

@@ -84,6 +84,36 @@ type Options struct {
 	// Ready, if set, is called with the listener's address once the API
 	// accepts requests.
 	Ready func(addr net.Addr)
+	// HTTP bounds the API server's waits on clients; zero fields take the
+	// defaults of HTTPTimeouts.
+	HTTP HTTPTimeouts
+}
+
+// HTTPTimeouts bound how long the API server waits on a client. There is
+// deliberately no bound on writing a response: process output, PTYs and
+// watches stream for as long as the client reads.
+type HTTPTimeouts struct {
+	// Header bounds reading a request's headers; zero means 10 seconds.
+	Header time.Duration
+	// Idle closes a keep-alive connection that waits this long for its next
+	// request; zero means 2 minutes.
+	Idle time.Duration
+	// BodyIdle bounds each wait for more of a request body (a long upload
+	// that keeps moving is never cut); zero means 1 minute.
+	BodyIdle time.Duration
+}
+
+func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
+	if t.Header <= 0 {
+		t.Header = 10 * time.Second
+	}
+	if t.Idle <= 0 {
+		t.Idle = 2 * time.Minute
+	}
+	if t.BodyIdle <= 0 {
+		t.BodyIdle = time.Minute
+	}
+	return t
 }
 
 // apiKeyPattern matches e2b_ and at least 20 hex digits (the minimum
@@ -200,9 +230,11 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
+	// Only the default template with the default limits is pooled, and
+	// every pooled sandbox counts against --max-sandboxes.
 	for _, name := range []string{"base", "minimal"} {
 		if rootfs, err := templates.Resolve(name); err == nil {
-			pool.Prewarm(rootfs, mgr.DefaultLimits())
+			pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits()}, mgr.PoolBudget())
 			break
 		}
 	}
@@ -221,15 +253,20 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
 	}
+	timeouts := opts.HTTP.withDefaults()
 	srv := &http.Server{
 		Handler: httpapi.New(httpapi.Options{
-			Manager: mgr,
-			APIKey:  key,
-			Domain:  opts.Domain,
-			Logger:  log,
-			Metrics: reg.Handler(),
+			Manager:         mgr,
+			APIKey:          key,
+			Domain:          opts.Domain,
+			Logger:          log,
+			Metrics:         reg.Handler(),
+			BodyIdleTimeout: timeouts.BodyIdle,
 		}),
-		ReadHeaderTimeout: 10 * time.Second,
+		// No ReadTimeout or WriteTimeout: they would cut uploads and
+		// streams; bodies are bounded by BodyIdle instead.
+		ReadHeaderTimeout: timeouts.Header,
+		IdleTimeout:       timeouts.Idle,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}

@@ -16,9 +16,13 @@
 //   - Every error body is api.Error {"code":N,"message":"…"}; the mapping
 //     from the api.Err* taxonomy to status codes is errors.go's alone.
 //   - Sandbox traffic reaches the agent only with the sandbox's access
-//     token (or, for /files, a valid URL signature); the token is removed
-//     before forwarding, so the sandbox never sees it. The agent's internal
-//     routes (/init, …) are refused.
+//     token (or, for /files, a valid URL signature). No fence credential
+//     enters a sandbox: the API key, access token, traffic token, routing
+//     headers and a Bearer API key are removed before forwarding (to the
+//     agent and to other ports alike), the agent gets of Authorization only
+//     the Basic user name envd reads (another scheme is refused), and a
+//     signed URL loses its signature. The agent's internal routes (/init,
+//     …) are refused.
 //   - Traffic for an unknown or killed sandbox gets 502 api.ProxyError, and
 //     responses in flight when a sandbox dies are aborted, not ended cleanly,
 //     so the SDKs report the sandbox as gone.
@@ -48,6 +52,7 @@ type Manager interface {
 	Kill(ctx context.Context, id string) error
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 }
@@ -73,6 +78,11 @@ type Options struct {
 	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time
+	// BodyIdleTimeout bounds the wait for each read of a request body: a
+	// client that sends nothing of its body for this long loses the
+	// connection, while a long upload that keeps moving is never cut.
+	// Zero means one minute.
+	BodyIdleTimeout time.Duration
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -89,6 +99,9 @@ type handler struct {
 	// portProxy reaches the sandbox's other ports.
 	portProxy   *httputil.ReverseProxy
 	promMetrics http.Handler // nil: no /metrics route
+	bodyIdle    time.Duration
+	signatures  signatureIndex
+	scans       chan struct{} // a slot per signature scan in progress
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -101,12 +114,17 @@ func New(opts Options) http.Handler {
 		log:         opts.Logger,
 		now:         opts.Now,
 		promMetrics: opts.Metrics,
+		bodyIdle:    opts.BodyIdleTimeout,
+		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	if h.now == nil {
 		h.now = time.Now
+	}
+	if h.bodyIdle <= 0 {
+		h.bodyIdle = time.Minute
 	}
 	h.mux = h.routes()
 	h.proxy = h.newProxy()
@@ -115,6 +133,9 @@ func New(opts Options) http.Handler {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: h.bodyIdle}
+	}
 	if t, ok, err := h.sandboxTarget(r); ok {
 		if err != nil {
 			writeError(w, r, h.log, err)

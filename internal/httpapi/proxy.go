@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -90,6 +91,9 @@ type proxyState struct {
 	port       int    // a sandbox port other than the agent's; 0 for the agent
 	mask       string // maskRequestHost: the Host sent to the port (${PORT} replaced)
 	path       string
+	signed     bool   // a /files request let in by its URL signature
+	user       string // envd user named by Basic auth, when hasUser
+	hasUser    bool
 	killed     atomic.Bool // the sandbox stopped while the request ran
 	errHandled atomic.Bool // ErrorHandler answered the request
 }
@@ -113,12 +117,17 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		writeError(w, r, h.log, errorf(api.ErrPermissionDenied, "%s is internal to the sandbox agent", p))
 		return
 	}
-	if err := h.authorizeSandbox(r, info.EnvdAccessToken, p); err != nil {
+	signed, err := h.authorizeSandbox(r, info.EnvdAccessToken, p)
+	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-
-	h.forward(w, r, h.proxy, box, &proxyState{id: t.id, path: p})
+	user, hasUser, err := basicUser(r.Header)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	h.forward(w, r, h.proxy, box, &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser})
 }
 
 // servePort forwards a request to a port of the sandbox other than the
@@ -171,16 +180,17 @@ func (h *handler) forward(w http.ResponseWriter, r *http.Request, p *httputil.Re
 }
 
 // authorizeSandbox checks the access token (or a /files signature) of a
-// request to the agent, as envd itself would (reference §3.6).
-func (h *handler) authorizeSandbox(r *http.Request, token, p string) error {
+// request to the agent, as envd itself would (reference §3.6). It reports
+// whether the request was let in by its URL signature.
+func (h *handler) authorizeSandbox(r *http.Request, token, p string) (signed bool, err error) {
 	if token == "" || (p == "/health" && r.Method == http.MethodGet) {
-		return nil
+		return false, nil
 	}
 	if got := r.Header.Get(api.HeaderAccessToken); got != "" {
 		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
-			return nil
+			return false, nil
 		}
-		return errorf(errUnauthenticated, "%s", msgUnauthorized)
+		return false, errorf(errUnauthenticated, "%s", msgUnauthorized)
 	}
 	if p == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) {
 		op := "read"
@@ -188,11 +198,32 @@ func (h *handler) authorizeSandbox(r *http.Request, token, p string) error {
 			op = "write"
 		}
 		if err := checkSignature(r.URL.Query(), op, token, h.now()); err != nil {
-			return errorf(errUnauthenticated, "%s", err.Error())
+			return false, errorf(errUnauthenticated, "%s", err.Error())
 		}
-		return nil
+		return true, nil
 	}
-	return errorf(errUnauthenticated, "%s", msgUnauthorized)
+	return false, errorf(errUnauthenticated, "%s", msgUnauthorized)
+}
+
+// basicUser returns the user a request to the agent names, as envd reads
+// it: the user name of Basic auth (the SDKs send `Basic base64("user:")`).
+// Another scheme or an undecodable value is refused, as envd would.
+func basicUser(hdr http.Header) (user string, ok bool, err error) {
+	v := hdr.Get("Authorization")
+	if v == "" {
+		return "", false, nil
+	}
+	bad := errorf(errUnauthenticated, "the Authorization header must be Basic auth naming a user")
+	enc, ok := cutPrefixFold(v, "Basic ")
+	if !ok {
+		return "", false, bad
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return "", false, bad
+	}
+	user, _, _ = strings.Cut(string(raw), ":")
+	return user, true, nil
 }
 
 func (h *handler) newProxy() *httputil.ReverseProxy {
@@ -223,9 +254,19 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			pr.Out.URL.Path = st.path
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = "localhost"
-			pr.Out.Header.Del(api.HeaderAccessToken)
-			pr.Out.Header.Del(api.HeaderSandboxID)
-			pr.Out.Header.Del(api.HeaderSandboxPort)
+			// The agent gets the user and nothing else of Authorization: a
+			// password could only be some other service's credential.
+			h.stripCredentials(pr.Out.Header)
+			pr.Out.Header.Del("Authorization")
+			if st.hasUser {
+				pr.Out.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(st.user+":")))
+			}
+			if st.signed {
+				q := pr.Out.URL.Query()
+				q.Del("signature")
+				q.Del("signature_expiration")
+				pr.Out.URL.RawQuery = q.Encode()
+			}
 		},
 		Transport:     tr,
 		FlushInterval: -1,
@@ -234,6 +275,36 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			writeNotFound(w, st.id, "The sandbox agent did not answer")
 		}),
 	}
+}
+
+// fenceHeaders are the headers that carry a credential for fence or route
+// a request to a sandbox. Nothing inside a sandbox is trusted, so none of
+// them reaches it.
+var fenceHeaders = []string{api.HeaderAPIKey, api.HeaderAccessToken, api.HeaderTrafficToken,
+	api.HeaderSandboxID, api.HeaderSandboxPort}
+
+// stripCredentials removes fence's credentials from a request about to be
+// forwarded into a sandbox: fenceHeaders, and an Authorization header that
+// carries the API key as a Bearer token (as GET /metrics accepts it).
+func (h *handler) stripCredentials(hdr http.Header) {
+	for _, k := range fenceHeaders {
+		hdr.Del(k)
+	}
+	for _, v := range hdr.Values("Authorization") {
+		tok, ok := cutPrefixFold(v, "Bearer ")
+		if ok && len(h.apiKey) > 0 && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), h.apiKey) == 1 {
+			hdr.Del("Authorization")
+			break
+		}
+	}
+}
+
+// cutPrefixFold is strings.CutPrefix with an ASCII case-insensitive prefix.
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || !strings.EqualFold(s[:len(prefix)], prefix) {
+		return s, false
+	}
+	return s[len(prefix):], true
 }
 
 // newPortProxy makes the proxy to sandbox ports other than the agent's.
@@ -274,9 +345,7 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 			if st.mask != "" {
 				pr.Out.Host = strings.ReplaceAll(st.mask, "${PORT}", strconv.Itoa(st.port))
 			}
-			for _, k := range []string{api.HeaderAccessToken, api.HeaderSandboxID, api.HeaderSandboxPort, api.HeaderTrafficToken, api.HeaderAPIKey} {
-				pr.Out.Header.Del(k)
-			}
+			h.stripCredentials(pr.Out.Header)
 			pr.SetXForwarded()
 		},
 		Transport:     tr,
@@ -334,9 +403,15 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 
 // serveSignedFiles serves a signed /files URL that names no sandbox: with
 // E2B_SANDBOX_URL set, the SDKs' uploadUrl()/downloadUrl() carry neither the
-// routing headers nor a per-sandbox host (reference §1.3). The signature is
-// tried against each running sandbox's token; the one it verifies for is
-// the target. The API key is not needed: the signature is the credential.
+// routing headers nor a per-sandbox host. The API key is
+// not needed: the signature is the credential, and the sandbox is the one
+// whose token it verifies for.
+//
+// A signature seen before is found in the signature index: one sandbox is
+// looked up and checked. A new one is matched against the running
+// sandboxes' tokens in memory (one SHA-256 each; at most maxSignatureScans
+// requests do this at once: half the CPUs), after a malformed one is
+// refused outright.
 func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	op := "read"
 	switch r.Method {
@@ -347,25 +422,50 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(errMethodNotAllowed, "method %s is not allowed on /files", r.Method))
 		return
 	}
-	list, err := h.m.List(r.Context(), sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}})
-	if err != nil {
-		writeError(w, r, h.log, err)
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	refuse := func(err error) { writeError(w, r, h.log, errorf(errUnauthenticated, "%s", err.Error())) }
+	if !wellFormedSignature(sig) {
+		refuse(errInvalidSignature)
 		return
 	}
-	q := r.URL.Query()
 	now := h.now()
-	for _, s := range list {
-		if s.EnvdAccessToken == "" {
-			continue
+	if id, ok := h.signatures.get(sig); ok {
+		if _, info, ok := h.m.Lookup(id); ok && info.EnvdAccessToken != "" {
+			switch err := checkSignature(q, op, info.EnvdAccessToken, now); {
+			case err == nil:
+				h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+				return
+			case errors.Is(err, errExpiredSignature):
+				refuse(err)
+				return
+			}
 		}
-		switch err := checkSignature(q, op, s.EnvdAccessToken, now); {
-		case err == nil:
-			h.serveSandbox(w, r, target{id: s.ID, port: api.EnvdPort})
-			return
-		case errors.Is(err, errExpiredSignature):
-			writeError(w, r, h.log, errorf(errUnauthenticated, "%s", err.Error()))
-			return
-		}
+		h.signatures.remove(sig)
 	}
-	writeError(w, r, h.log, errorf(errUnauthenticated, "%s", errInvalidSignature.Error()))
+	sr, err := parseSigned(q, op)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	select {
+	case h.scans <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
+	var found error
+	id, ok := h.m.MatchToken(func(token string) bool {
+		found = sr.check(token, now)
+		return found == nil || errors.Is(found, errExpiredSignature)
+	})
+	<-h.scans
+	switch {
+	case !ok:
+		refuse(errInvalidSignature)
+	case found != nil:
+		refuse(found)
+	default:
+		h.signatures.add(sig, id)
+		h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+	}
 }

@@ -3,18 +3,24 @@ package httpapi
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 func sbxHeaders(id, token string) []string {
@@ -333,4 +339,216 @@ func TestSignedFilesWithoutRouting(t *testing.T) {
 	// Without a signature /files is a control-plane path, which has no such route.
 	resp, b := e.api(t, "GET", "/files?path=a.txt", "")
 	wantError(t, "GET /files unsigned", resp, b, 404, "")
+}
+
+// TestProxyStripsCredentials: a request to the agent carries none of
+// fence's credentials (API key, access token, traffic token, a Bearer API
+// key), only the user of its Basic auth, and a signed URL loses its
+// signature on the way in. The agent is inside the sandbox: untrusted.
+func TestProxyStripsCredentials(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	id, tok := s.SandboxID, s.EnvdAccessToken
+	secret := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:hunter2"))
+	resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir", `{}`, append(sbxHeaders(id, tok),
+		"X-API-Key: "+testKey, api.HeaderTrafficToken+": traffic-secret", "Authorization: "+secret)...)
+	var echo fake.Echo
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("proxied POST = %d %s", resp.StatusCode, b)
+	}
+	hdr := http.Header(echo.Header)
+	for _, k := range []string{"X-API-Key", api.HeaderAccessToken, api.HeaderTrafficToken, api.HeaderSandboxID, api.HeaderSandboxPort} {
+		if v := hdr.Values(k); len(v) > 0 {
+			t.Errorf("agent got %s: %q", k, v)
+		}
+	}
+	if got, want := hdr.Values("Authorization"), []string{"Basic cm9vdDo="}; len(got) != 1 || got[0] != want[0] {
+		t.Errorf("agent got Authorization %q, want %q (the user alone)", got, want)
+	}
+	for _, v := range []string{testKey, tok, "traffic-secret", "hunter2"} {
+		if strings.Contains(string(b), v) {
+			t.Errorf("the agent saw the secret %q: %s", v, b)
+		}
+	}
+
+	// Authorization that is not Basic auth naming a user is refused, not
+	// forwarded.
+	for _, v := range []string{"Bearer " + testKey, "Basic !!!", "Digest x"} {
+		resp, b := e.do(t, "GET", "/envs", "", append(sbxHeaders(id, tok), "Authorization: "+v)...)
+		wantError(t, "Authorization: "+v, resp, b, 401, "Basic auth")
+	}
+
+	// A signed /files URL reaches the agent without its signature.
+	q := url.Values{"path": {"a.txt"}, "signature": {fileSignature("a.txt", "read", "", tok, nil)}}
+	for _, hdr := range [][]string{sbxHeaders(id, ""), nil} {
+		resp, b = e.do(t, "GET", "/files?"+q.Encode(), "", hdr...)
+		if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+			t.Fatalf("signed GET /files = %d %s", resp.StatusCode, b)
+		}
+		if echo.Query != "path=a.txt" {
+			t.Errorf("agent got query %q, want path=a.txt alone", echo.Query)
+		}
+	}
+}
+
+func TestStripCredentials(t *testing.T) {
+	h := &handler{apiKey: []byte(testKey)}
+	tests := []struct {
+		name string
+		in   http.Header
+		want http.Header
+	}{
+		{"fence headers", http.Header{"X-Api-Key": {testKey}, "X-Access-Token": {"t"}, "E2b-Traffic-Access-Token": {"x"},
+			"E2b-Sandbox-Id": {"s"}, "E2b-Sandbox-Port": {"80"}, "Accept": {"*/*"}}, http.Header{"Accept": {"*/*"}}},
+		{"bearer API key", http.Header{"Authorization": {"bearer " + testKey}}, http.Header{}},
+		{"the app's own bearer", http.Header{"Authorization": {"Bearer app-token"}}, http.Header{"Authorization": {"Bearer app-token"}}},
+		{"the app's basic", http.Header{"Authorization": {"Basic dTpw"}}, http.Header{"Authorization": {"Basic dTpw"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.in.Clone()
+			h.stripCredentials(got)
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("stripCredentials(%v) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+// countingManager counts the calls that find a sandbox for a request, and
+// the tokens a signature is checked against.
+type countingManager struct {
+	Manager
+	lists, scans, tokens atomic.Int64
+	mu                   sync.Mutex
+	looked               map[string]bool // IDs looked up
+}
+
+func (c *countingManager) Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool) {
+	c.mu.Lock()
+	c.looked[id] = true
+	c.mu.Unlock()
+	return c.Manager.Lookup(id)
+}
+
+func (c *countingManager) lookups() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(len(c.looked))
+}
+
+func (c *countingManager) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error) {
+	c.lists.Add(1)
+	return c.Manager.List(ctx, f)
+}
+
+func (c *countingManager) MatchToken(match func(string) bool) (string, bool) {
+	c.scans.Add(1)
+	return c.Manager.MatchToken(func(tok string) bool {
+		c.tokens.Add(1)
+		return match(tok)
+	})
+}
+
+func (c *countingManager) reset() {
+	c.mu.Lock()
+	c.looked = map[string]bool{}
+	c.mu.Unlock()
+	c.lists.Store(0)
+	c.scans.Store(0)
+	c.tokens.Store(0)
+}
+
+// TestSignedFilesIndex: a signed URL is served after looking at one
+// sandbox when it names it (header or host) or was seen before; a new
+// signature that names none is matched in memory, never by listing the
+// store; bad and malformed signatures are refused, malformed ones without
+// looking at any sandbox.
+func TestSignedFilesIndex(t *testing.T) {
+	const n = 200
+	e := newTestEnv(t)
+	cm := &countingManager{Manager: e.m, looked: map[string]bool{}}
+	srv := httptest.NewServer(New(Options{Manager: cm, APIKey: testKey, Domain: "fence.test"}))
+	t.Cleanup(srv.Close)
+	e.srv = srv
+	var last api.Sandbox
+	for range n {
+		last = e.create(t, `{"templateID":"base"}`)
+	}
+	signed := func(path string) string {
+		return "/files?" + url.Values{"path": {path}, "signature": {fileSignature(path, "read", "", last.EnvdAccessToken, nil)}}.Encode()
+	}
+	type counts struct{ lookups, lists, scans, tokens int64 }
+	get := func(name, u string, wantStatus int, hdr ...string) counts {
+		t.Helper()
+		cm.reset()
+		resp, b := e.do(t, "GET", u, "", hdr...)
+		if resp.StatusCode != wantStatus {
+			t.Fatalf("%s: GET %s = %d %s, want %d", name, u, resp.StatusCode, b, wantStatus)
+		}
+		if wantStatus == 200 {
+			var echo fake.Echo
+			if json.Unmarshal(b, &echo); echo.SandboxID != last.SandboxID {
+				t.Fatalf("%s: served by %q, want %s", name, echo.SandboxID, last.SandboxID)
+			}
+		}
+		c := counts{cm.lookups(), cm.lists.Load(), cm.scans.Load(), cm.tokens.Load()}
+		t.Logf("%s: %d sandboxes looked up, %d store lists, %d scans, %d tokens checked", name, c.lookups, c.lists, c.scans, c.tokens)
+		return c
+	}
+	one := counts{lookups: 1}
+	if c := get("by header", signed("a"), 200, sbxHeaders(last.SandboxID, "")...); c != one {
+		t.Errorf("by header: %+v, want %+v", c, one)
+	}
+	if c := get("by host", signed("a"), 200, "Host: 49983-"+last.SandboxID+".fence.test"); c != one {
+		t.Errorf("by host: %+v, want %+v", c, one)
+	}
+	// A new signature naming no sandbox: matched in memory, never listed.
+	if c := get("new, no sandbox named", signed("b"), 200); c.lists != 0 || c.scans != 1 || c.tokens > n {
+		t.Errorf("new signature: %+v, want no store list, one scan of at most %d tokens", c, n)
+	}
+	// The same URL again: one sandbox.
+	if c := get("seen before", signed("b"), 200); c != one {
+		t.Errorf("seen before: %+v, want %+v", c, one)
+	}
+	// Malformed: refused without looking.
+	for _, sig := range []string{"v1_nope", "v2_" + strings.Repeat("A", 43), "v1_" + strings.Repeat("*", 43)} {
+		if c := get("malformed "+sig, "/files?path=a&signature="+url.QueryEscape(sig), 401); c != (counts{}) {
+			t.Errorf("malformed %q: %+v, want nothing looked at", sig, c)
+		}
+	}
+	// Well-formed but wrong: refused after the scan, and not indexed.
+	bad := "/files?" + url.Values{"path": {"a"}, "signature": {fileSignature("a", "read", "", "not-a-token", nil)}}.Encode()
+	for range 2 {
+		resp, b := e.do(t, "GET", bad, "")
+		wantError(t, "bad signature", resp, b, 401, "invalid signature")
+	}
+	// A signature indexed for a sandbox that is gone is refused.
+	if resp, b := e.api(t, "DELETE", "/sandboxes/"+last.SandboxID, ""); resp.StatusCode != 204 {
+		t.Fatalf("DELETE = %d %s", resp.StatusCode, b)
+	}
+	resp, b := e.do(t, "GET", signed("b"), "")
+	wantError(t, "indexed signature of a killed sandbox", resp, b, 401, "invalid signature")
+}
+
+// BenchmarkSignatureScan1000 measures what a new signature that names no
+// sandbox costs with 1,000 sandboxes running: one check per token.
+func BenchmarkSignatureScan1000(b *testing.B) {
+	tokens := make([]string, 1000)
+	for i := range tokens {
+		tokens[i] = fmt.Sprintf("%064x", i)
+	}
+	q := url.Values{"path": {"/home/user/data.csv"}, "signature": {fileSignature("/home/user/data.csv", "read", "", "none", nil)}}
+	now := time.Now()
+	for b.Loop() {
+		sr, err := parseSigned(q, "read")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, tok := range tokens {
+			if sr.check(tok, now) == nil {
+				b.Fatal("matched")
+			}
+		}
+	}
 }

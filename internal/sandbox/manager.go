@@ -142,6 +142,10 @@ type Manager struct {
 	running map[string]*entry
 	// +checklocks:mu
 	pending int // creates between the capacity check and registration
+	// +checklocks:mu
+	pooled int // sandboxes started ahead of demand (PoolBudget units)
+	// +checklocks:mu
+	dying int // sandboxes out of running whose kill has not returned yet
 }
 
 // entry is one running sandbox.
@@ -255,20 +259,90 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// reserve takes one unit of capacity for a create.
-func (m *Manager) reserve() error {
+// reserve takes one unit of capacity for a create. At the cap, a unit held
+// by a sandbox started ahead of demand is taken back from the backend (a
+// warm pool kills one of its sandboxes for it).
+func (m *Manager) reserve(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	switch {
 	case m.closed:
+		m.mu.Unlock()
 		return ErrClosed
 	case !m.started:
+		m.mu.Unlock()
 		return errNotStarted
-	case len(m.running)+m.pending >= m.max:
-		return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+	case m.usedLocked() < m.max:
+		m.pending++
+		m.mu.Unlock()
+		return nil
 	}
-	m.pending++
-	return nil
+	pooled := m.pooled
+	m.mu.Unlock()
+	if r, ok := m.backend.(reclaimer); ok && pooled > 0 && r.Reclaim(ctx) {
+		m.mu.Lock()
+		m.pooled--
+		m.pending++
+		m.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+}
+
+// usedLocked is the capacity in use: sandboxes running, being created,
+// being killed, and held ahead of demand.
+//
+// +checklocks:m.mu
+func (m *Manager) usedLocked() int {
+	return len(m.running) + m.pending + m.dying + m.pooled
+}
+
+// killRemoved kills a sandbox just removed from running; its capacity is
+// counted (dying) until the backend has released it.
+func (m *Manager) killRemoved(ctx context.Context, box isolation.Sandbox) {
+	defer func() {
+		m.mu.Lock()
+		m.dying--
+		m.mu.Unlock()
+	}()
+	m.killBox(ctx, box)
+}
+
+// reclaimer is implemented by a backend that keeps sandboxes started ahead
+// of demand, each holding a unit of the PoolBudget (warm.Pool): Reclaim
+// kills one and hands its unit to the caller, reporting whether it did.
+type reclaimer interface {
+	Reclaim(ctx context.Context) bool
+}
+
+// PoolBudget counts sandboxes started ahead of demand (a warm pool's)
+// against MaxSandboxes, like running ones. The pool's backend must be this
+// Manager's (or wrap it), so that Create can reclaim their units.
+type PoolBudget struct{ m *Manager }
+
+// PoolBudget returns the budget a warm pool in front of the backend draws
+// from.
+func (m *Manager) PoolBudget() PoolBudget { return PoolBudget{m} }
+
+// TryAcquire takes one unit, reporting false at the cap or after Shutdown.
+func (b PoolBudget) TryAcquire() bool {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.usedLocked() >= m.max {
+		return false
+	}
+	m.pooled++
+	return true
+}
+
+// Release gives back a unit taken with TryAcquire.
+func (b PoolBudget) Release() {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pooled > 0 {
+		m.pooled--
+	}
 }
 
 // Create starts a sandbox. See the package doc for its guarantees.
@@ -281,7 +355,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
 	}
-	if err := m.reserve(); err != nil {
+	if err := m.reserve(ctx); err != nil {
 		return nil, err
 	}
 	registered := false
@@ -400,12 +474,13 @@ func (m *Manager) watch(e *entry) {
 	cur, ok := m.running[e.box.ID()]
 	if ok && cur == e {
 		delete(m.running, e.box.ID())
+		m.dying++
 	}
 	m.mu.Unlock()
 	if ok && cur == e {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
-		m.killBox(ctx, e.box) // release host resources the backend may still hold
+		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
 		m.markKilled(ctx, e.box.ID())
 	}
 }

@@ -48,6 +48,29 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	return e.box, e.snapshot(), true
 }
 
+// MatchToken returns the first running sandbox whose envd access token
+// match accepts. It reads memory only (no store) and calls match outside
+// the manager's lock, once per running sandbox with a token at most.
+func (m *Manager) MatchToken(match func(token string) bool) (string, bool) {
+	type idToken struct{ id, token string }
+	m.mu.Lock()
+	all := make([]idToken, 0, len(m.running))
+	for id, e := range m.running {
+		e.mu.Lock()
+		if tok := e.info.EnvdAccessToken; tok != "" {
+			all = append(all, idToken{id, tok})
+		}
+		e.mu.Unlock()
+	}
+	m.mu.Unlock()
+	for _, it := range all {
+		if match(it.token) {
+			return it.id, true
+		}
+	}
+	return "", false
+}
+
 // List returns running sandboxes matching f, newest first. fence has no
 // paused sandboxes, so a filter naming only "paused" returns none.
 func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
@@ -153,12 +176,15 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		return ErrClosed
 	}
 	e, ok := m.running[id]
-	delete(m.running, id)
+	if ok {
+		delete(m.running, id)
+		m.dying++
+	}
 	m.mu.Unlock()
 	if !ok {
 		return notFound(id)
 	}
-	m.killBox(ctx, e.box)
+	m.killRemoved(ctx, e.box)
 	m.markKilled(ctx, id)
 	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)
 	return nil

@@ -9,8 +9,10 @@
 //     unknown template) and changes nothing. If the backend or the store
 //     fails half-way, whatever was made is killed and no record remains in
 //     state running.
-//   - At most Options.MaxSandboxes sandboxes run or are being created at
-//     once; beyond that Create fails with api.ErrResourceExhausted.
+//   - At most Options.MaxSandboxes sandboxes run, are being created, or
+//     are held ahead of demand by a warm pool (PoolBudget) at once. At the
+//     cap, Create takes a unit back from the pool (which kills one of its
+//     sandboxes first); beyond that it fails with api.ErrResourceExhausted.
 //   - A sandbox is killed at its deadline (EndAt) by the reaper, and marked
 //     killed when its Done channel closes on its own (the agent died).
 //   - Start marks every sandbox the store still holds as running killed and

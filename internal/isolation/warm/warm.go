@@ -1,17 +1,27 @@
-// Package warm keeps sandboxes started ahead of demand, so that a create
-// only has to hand one out and configure its agent.
+// Package warm keeps sandboxes of one template and one set of limits
+// started ahead of demand, so that a create of that kind only has to hand
+// one out and configure its agent.
 //
-// Pool wraps an isolation.Backend and is one itself. A Create whose Spec
-// leaves ID empty and has no binds may be served from the pool: the pool
-// keeps up to Size started sandboxes for each (template, limits) it has
-// been asked for recently, each already named (its ID is its hostname and
-// cannot change later). The agent configuration of the request is then
-// delivered to the agent over its connection (POST /init), which the
-// daemon's proxy never forwards from outside.
+// Pool wraps an isolation.Backend and is one itself. Start names what it
+// keeps (the daemon passes its default template and default limits) and
+// the Budget its sandboxes count against. A Create whose Spec has exactly
+// that RootFS and those Limits, no ID and no binds may be served from the
+// pool; every other Create goes straight to the backend and never makes the
+// pool start anything. A pooled sandbox is already named (its ID is its
+// hostname and cannot change later). The agent configuration of the
+// request is then delivered to the agent over its connection (POST /init),
+// which the daemon's proxy never forwards from outside.
 //
 // # Guarantees
 //
 //   - A pooled sandbox has run nothing but its agent; it is handed out once.
+//   - The pool holds at most Size sandboxes (ready or being started), all
+//     of the one (template, limits) given to Start.
+//   - Every pooled sandbox holds one unit of the Budget from before it is
+//     started until it is handed out (the unit is released: the create that
+//     takes it holds its own) or killed. When the Budget has no unit left,
+//     the pool does not grow; Reclaim kills a pooled sandbox to make room
+//     for a create and hands its unit to the caller.
 //   - Pooled sandboxes are the backend's like any other: Cleanup after a
 //     crash removes them, and Close kills them.
 //   - A Create the pool cannot serve goes straight to the backend.
@@ -32,30 +42,39 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 )
 
+// Budget is the count of sandboxes the pool's sandboxes share with
+// everything else (the daemon's --max-sandboxes).
+type Budget interface {
+	// TryAcquire takes one unit, reporting false when none is left.
+	TryAcquire() bool
+	// Release gives back one unit taken with TryAcquire.
+	Release()
+}
+
 // Options configures a Pool.
 type Options struct {
 	// Backend makes the sandboxes. Required.
 	Backend isolation.Backend
-	// Size is how many started sandboxes to keep per (template, limits).
-	// Zero disables pooling.
+	// Size is how many started sandboxes to keep. Zero disables pooling.
 	Size int
-	// Idle is how long a key may go unasked before its pool is drained;
-	// zero means 10 minutes.
-	Idle time.Duration
+	// RefillEvery is how often the pool tries to grow back to Size when
+	// the Budget refused it earlier; zero means one second.
+	RefillEvery time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
 
-type key struct {
-	rootFS string
-	limits isolation.Limits
+// Target is the one kind of sandbox a Pool keeps.
+type Target struct {
+	RootFS string
+	Limits isolation.Limits
 }
 
-type bucket struct {
-	ready    []isolation.Sandbox
-	filling  int
-	lastUsed time.Time
-}
+// unlimited is the Budget of a pool started with none.
+type unlimited struct{}
+
+func (unlimited) TryAcquire() bool { return true }
+func (unlimited) Release()         {}
 
 // Pool is a pooling isolation.Backend.
 type Pool struct {
@@ -64,9 +83,17 @@ type Pool struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	buckets map[key]*bucket
+	target Target
+	// +checklocks:mu
+	budget Budget // nil until Start
+	// +checklocks:mu
+	ready []isolation.Sandbox
+	// +checklocks:mu
+	filling int
 	// +checklocks:mu
 	closed bool
+	// +checklocks:mu
+	changed chan struct{} // closed and replaced when ready or filling changes
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -74,21 +101,16 @@ type Pool struct {
 
 var _ isolation.Backend = (*Pool)(nil)
 
-// New returns a Pool over opts.Backend.
+// New returns a Pool over opts.Backend. It keeps nothing until Start.
 func New(opts Options) *Pool {
-	if opts.Idle == 0 {
-		opts.Idle = 10 * time.Minute
+	if opts.RefillEvery <= 0 {
+		opts.RefillEvery = time.Second
 	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Pool{opts: opts, log: log, buckets: map[key]*bucket{}, stop: make(chan struct{})}
-	if opts.Size > 0 {
-		p.wg.Add(1)
-		go p.janitor()
-	}
-	return p
+	return &Pool{opts: opts, log: log, stop: make(chan struct{}), changed: make(chan struct{})}
 }
 
 // Name implements isolation.Backend.
@@ -99,14 +121,32 @@ func (p *Pool) Cleanup(ctx context.Context) ([]string, error) {
 	return p.opts.Backend.Cleanup(ctx)
 }
 
+// Start makes the pool keep Size sandboxes of t, each holding a unit of
+// budget (nil: no budget), and starts filling it. Only the first call has
+// an effect.
+func (p *Pool) Start(t Target, budget Budget) {
+	if p.opts.Size <= 0 {
+		return
+	}
+	if budget == nil {
+		budget = unlimited{}
+	}
+	p.mu.Lock()
+	if p.budget != nil || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.target, p.budget = t, budget
+	p.refillLocked()
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go p.refiller()
+}
+
 // Create implements isolation.Backend.
 func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
-	if p.opts.Size <= 0 || spec.ID != "" || len(spec.Binds) > 0 {
-		return p.opts.Backend.Create(ctx, spec)
-	}
-	k := key{rootFS: spec.RootFS, limits: spec.Limits}
-	for {
-		sb := p.take(k)
+	for p.serves(spec) {
+		sb := p.take(ctx)
 		if sb == nil {
 			break
 		}
@@ -130,28 +170,20 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 	return p.opts.Backend.Create(ctx, spec)
 }
 
-// Prewarm starts filling the pool for a template and limits before the
-// first request for them.
-func (p *Pool) Prewarm(rootFS string, limits isolation.Limits) {
-	if p.opts.Size <= 0 {
-		return
-	}
-	if sb := p.take(key{rootFS: rootFS, limits: limits}); sb != nil {
-		p.mu.Lock()
-		b := p.buckets[key{rootFS: rootFS, limits: limits}]
-		b.ready = append(b.ready, sb) // not handed out: put it back
-		p.mu.Unlock()
-	}
+// serves reports whether spec is of the kind the pool keeps.
+func (p *Pool) serves(spec isolation.Spec) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.budget != nil && spec.ID == "" && len(spec.Binds) == 0 &&
+		spec.RootFS == p.target.RootFS && spec.Limits == p.target.Limits
 }
 
-// WaitReady blocks until the pool for a template and limits holds a
-// started sandbox (benchmarks use it to time only the hand-out).
-func (p *Pool) WaitReady(ctx context.Context, rootFS string, limits isolation.Limits) error {
-	k := key{rootFS: rootFS, limits: limits}
+// WaitReady blocks until the pool holds a started sandbox (benchmarks use
+// it to time only the hand-out).
+func (p *Pool) WaitReady(ctx context.Context) error {
 	for {
 		p.mu.Lock()
-		b := p.buckets[k]
-		ready := b != nil && len(b.ready) > 0
+		ready, changed := len(p.ready) > 0, p.changed
 		p.mu.Unlock()
 		if ready {
 			return nil
@@ -159,81 +191,118 @@ func (p *Pool) WaitReady(ctx context.Context, rootFS string, limits isolation.Li
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+		case <-changed:
 		}
 	}
 }
 
-// take hands out a ready sandbox for k, if any, and schedules refills.
-func (p *Pool) take(k key) isolation.Sandbox {
+// Held returns how many sandboxes the pool holds, ready or being started.
+func (p *Pool) Held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return nil
+	return len(p.ready) + p.filling
+}
+
+// take hands out a ready sandbox, if any, releasing its unit of the
+// budget, and schedules refills.
+func (p *Pool) take(ctx context.Context) isolation.Sandbox {
+	p.mu.Lock()
+	sb, dead := p.popLocked()
+	if sb != nil {
+		p.budget.Release()
 	}
-	b := p.buckets[k]
-	if b == nil {
-		b = &bucket{}
-		p.buckets[k] = b
-	}
-	b.lastUsed = time.Now()
-	var sb isolation.Sandbox
-	for len(b.ready) > 0 && sb == nil {
-		sb = b.ready[0]
-		b.ready = b.ready[1:]
-		select {
-		case <-sb.Done(): // died while waiting
-			sb = nil
-		default:
-		}
-	}
-	for len(b.ready)+b.filling < p.opts.Size {
-		b.filling++
-		p.wg.Add(1)
-		go p.fill(k, b)
-	}
+	p.refillLocked()
+	p.mu.Unlock()
+	p.discard(ctx, dead)
 	return sb
 }
 
-// refillDelay is how long a refill waits after a hand-out: starting a
-// sandbox takes tens of milliseconds of CPU, which on a small machine would
-// otherwise slow the very sandbox just handed out.
-const refillDelay = 25 * time.Millisecond
+// popLocked removes the first live ready sandbox, and returns it with the
+// dead ones met on the way (their units released).
+//
+// +checklocks:p.mu
+func (p *Pool) popLocked() (isolation.Sandbox, []isolation.Sandbox) {
+	var dead []isolation.Sandbox
+	for len(p.ready) > 0 {
+		sb := p.ready[0]
+		p.ready = p.ready[1:]
+		p.signalLocked()
+		select {
+		case <-sb.Done(): // died while waiting
+			dead = append(dead, sb)
+			p.budget.Release()
+			continue
+		default:
+		}
+		return sb, dead
+	}
+	return nil, dead
+}
 
-// fill starts one sandbox for bucket b.
-func (p *Pool) fill(k key, b *bucket) {
-	defer p.wg.Done()
-	select {
-	case <-time.After(refillDelay):
-	case <-p.stop:
-		p.mu.Lock()
-		b.filling--
-		p.mu.Unlock()
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: k.rootFS, Limits: k.limits})
-	p.mu.Lock()
-	b.filling--
-	if err == nil && !p.closed {
-		b.ready = append(b.ready, sb)
-		sb = nil
-	}
-	p.mu.Unlock()
-	if err != nil {
-		p.log.Warn("starting a pooled sandbox", "err", err)
-		return
-	}
-	if sb != nil { // closed meanwhile
-		sb.Kill(ctx)
+// discard kills sandboxes that died in the pool, for their host resources.
+func (p *Pool) discard(ctx context.Context, dead []isolation.Sandbox) {
+	for _, sb := range dead {
+		sb.Kill(context.WithoutCancel(ctx))
 	}
 }
 
-// janitor drains the pools of keys nobody asked for lately.
-func (p *Pool) janitor() {
+// Reclaim kills one pooled sandbox to make room for a create and hands its
+// unit of the budget to the caller instead of releasing it. When no
+// sandbox is ready but some are being started, it waits for one. It
+// reports false when the pool holds nothing (or ctx ends first).
+func (p *Pool) Reclaim(ctx context.Context) bool {
+	for {
+		p.mu.Lock()
+		if p.budget == nil {
+			p.mu.Unlock()
+			return false
+		}
+		sb, dead := p.popLocked()
+		filling, changed := p.filling, p.changed
+		p.mu.Unlock()
+		p.discard(ctx, dead)
+		if sb != nil {
+			sb.Kill(context.WithoutCancel(ctx))
+			return true
+		}
+		if filling == 0 {
+			return false
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// signalLocked wakes the waiters on a change of ready or filling.
+//
+// +checklocks:p.mu
+func (p *Pool) signalLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// refillLocked starts sandboxes until the pool holds Size, as far as the
+// budget allows.
+//
+// +checklocks:p.mu
+func (p *Pool) refillLocked() {
+	if p.closed || p.budget == nil {
+		return
+	}
+	for len(p.ready)+p.filling < p.opts.Size && p.budget.TryAcquire() {
+		p.filling++
+		p.wg.Add(1)
+		go p.fill(p.target)
+	}
+}
+
+// refiller grows the pool back when the budget allows it again.
+func (p *Pool) refiller() {
 	defer p.wg.Done()
-	t := time.NewTicker(p.opts.Idle / 4)
+	t := time.NewTicker(p.opts.RefillEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -241,18 +310,50 @@ func (p *Pool) janitor() {
 			return
 		case <-t.C:
 		}
-		var idle []isolation.Sandbox
 		p.mu.Lock()
-		for k, b := range p.buckets {
-			if time.Since(b.lastUsed) > p.opts.Idle && b.filling == 0 {
-				idle = append(idle, b.ready...)
-				delete(p.buckets, k)
-			}
-		}
+		p.refillLocked()
 		p.mu.Unlock()
-		for _, sb := range idle {
-			sb.Kill(context.Background())
-		}
+	}
+}
+
+// refillDelay is how long a refill waits after a hand-out: starting a
+// sandbox takes tens of milliseconds of CPU, which on a small machine would
+// otherwise slow the very sandbox just handed out.
+const refillDelay = 25 * time.Millisecond
+
+// fill starts one sandbox of t, whose unit of the budget is already taken.
+func (p *Pool) fill(t Target) {
+	defer p.wg.Done()
+	select {
+	case <-time.After(refillDelay):
+	case <-p.stop:
+		p.mu.Lock()
+		p.filling--
+		p.budget.Release()
+		p.signalLocked()
+		p.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits})
+	if err != nil {
+		p.log.Warn("starting a pooled sandbox", "err", err)
+	}
+	p.mu.Lock()
+	p.filling--
+	keep := err == nil && !p.closed
+	if keep {
+		p.ready = append(p.ready, sb)
+	}
+	budget := p.budget
+	p.signalLocked()
+	p.mu.Unlock()
+	if err == nil && !keep { // closed meanwhile
+		sb.Kill(ctx)
+	}
+	if !keep {
+		budget.Release()
 	}
 }
 
@@ -265,16 +366,16 @@ func (p *Pool) Close(ctx context.Context) error {
 		return nil
 	}
 	p.closed = true
-	var all []isolation.Sandbox
-	for _, b := range p.buckets {
-		all = append(all, b.ready...)
-		b.ready = nil
-	}
+	all := p.ready
+	p.ready = nil
+	budget := p.budget
+	p.signalLocked()
 	p.mu.Unlock()
 	close(p.stop)
 	var errs []error
 	for _, sb := range all {
 		errs = append(errs, sb.Kill(ctx))
+		budget.Release()
 	}
 	p.wg.Wait()
 	return errors.Join(errs...)

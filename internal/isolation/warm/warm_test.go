@@ -3,6 +3,7 @@ package warm_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,36 +12,76 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
 
+// counter is a Budget of max units.
+type counter struct {
+	mu   sync.Mutex
+	max  int
+	used int
+}
+
+func (c *counter) TryAcquire() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.used >= c.max {
+		return false
+	}
+	c.used++
+	return true
+}
+
+func (c *counter) Release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.used--
+}
+
+func (c *counter) inUse() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used
+}
+
+var target = warm.Target{RootFS: "/rootfs", Limits: isolation.Limits{CPUs: 2, MemoryBytes: 512 << 20}}
+
+// waitRunning polls until the host runs n sandboxes.
+func waitRunning(t *testing.T, host *fake.Host, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(host.Running()) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("host runs %v, want %d sandboxes", host.Running(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestPool(t *testing.T) {
 	host := fake.NewHost()
 	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 2})
 	ctx := t.Context()
-	pool.Prewarm("/rootfs", isolation.Limits{})
-	if err := pool.WaitReady(ctx, "/rootfs", isolation.Limits{}); err != nil {
+	pool.Start(target, nil)
+	if err := pool.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitRunning(t, host, 2)
 	pooled := host.Running()
-	if len(pooled) == 0 {
-		t.Fatal("Prewarm started nothing")
-	}
 	// A create with the pooled template and limits gets a pooled sandbox.
-	sb, err := pool.Create(ctx, isolation.Spec{RootFS: "/rootfs"})
+	sb, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(pooled, sb.ID()) {
 		t.Errorf("Create() = %s, want one of the pooled %v", sb.ID(), pooled)
 	}
-	// A create with another key, or with binds or an ID, goes straight
-	// to the backend.
-	other, err := pool.Create(ctx, isolation.Spec{RootFS: "/rootfs", ID: "named"})
+	// A create with an ID goes straight to the backend.
+	other, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits, ID: "named"})
 	if err != nil || other.ID() != "named" {
 		t.Fatalf("Create(ID named) = %v, %v", other, err)
 	}
 	// No sandbox is handed out twice.
 	seen := map[string]bool{sb.ID(): true, other.ID(): true}
 	for range 5 {
-		s, err := pool.Create(ctx, isolation.Spec{RootFS: "/rootfs"})
+		s, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,16 +94,105 @@ func TestPool(t *testing.T) {
 	if err := pool.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := host.Running()
-		extra := slices.DeleteFunc(slices.Clone(left), func(id string) bool { return seen[id] })
-		if len(extra) == 0 && len(left) == len(seen) {
-			break
+	left := host.Running()
+	extra := slices.DeleteFunc(slices.Clone(left), func(id string) bool { return seen[id] })
+	if len(extra) != 0 || len(left) != len(seen) {
+		t.Fatalf("after Close, running %v; want exactly the %d handed out", left, len(seen))
+	}
+}
+
+// TestPoolOnlyTarget: creates of any other template or limits go to the
+// backend and never make the pool start sandboxes of their kind.
+func TestPoolOnlyTarget(t *testing.T) {
+	host := fake.NewHost()
+	var mu sync.Mutex
+	var specs []isolation.Spec
+	be := fake.New(fake.Options{Host: host, CreateHook: func(_ context.Context, s isolation.Spec) error {
+		mu.Lock()
+		defer mu.Unlock()
+		specs = append(specs, s)
+		return nil
+	}})
+	pool := warm.New(warm.Options{Backend: be, Size: 2, RefillEvery: time.Millisecond})
+	t.Cleanup(func() { pool.Close(context.Background()) })
+	pool.Start(target, nil)
+	if err := pool.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	odd := []isolation.Spec{
+		{RootFS: target.RootFS, Limits: isolation.Limits{CPUs: 64, MemoryBytes: 256 << 30}},
+		{RootFS: target.RootFS, Limits: isolation.Limits{CPUs: 2, MemoryBytes: 512<<20 + 1}},
+		{RootFS: "/other", Limits: target.Limits},
+		{RootFS: target.RootFS, Limits: target.Limits, Binds: []isolation.Bind{{HostPath: "/tmp", Path: "/mnt"}}},
+	}
+	for _, s := range odd {
+		sb, err := pool.Create(t.Context(), s)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after Close, running %v; want exactly the %d handed out", left, len(seen))
+		if got := sb.(*fake.Sandbox).Spec(); got.RootFS != s.RootFS || got.Limits != s.Limits {
+			t.Errorf("Create(%+v) gave a sandbox of %+v", s, got)
 		}
-		time.Sleep(10 * time.Millisecond)
+	}
+	// Let refills run several times over, then look at what was made.
+	time.Sleep(100 * time.Millisecond)
+	if got := pool.Held(); got != 2 {
+		t.Errorf("Held() = %d, want 2", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range specs {
+		if s.RootFS == target.RootFS && s.Limits == target.Limits && len(s.Binds) == 0 {
+			continue // the pool's own, or the create with binds
+		}
+		if !slices.ContainsFunc(odd, func(o isolation.Spec) bool { return o.RootFS == s.RootFS && o.Limits == s.Limits }) {
+			t.Errorf("backend made a sandbox of %+v nobody asked for", s)
+		}
+	}
+	if n := len(specs); n != 2+len(odd) {
+		t.Errorf("backend made %d sandboxes, want %d: the pool's 2 and the %d asked for", n, 2+len(odd), len(odd))
+	}
+}
+
+// TestPoolBudget: the pool grows only while the budget has units, holds
+// one per sandbox, releases it at hand-out and gives it away on Reclaim.
+func TestPoolBudget(t *testing.T) {
+	host := fake.NewHost()
+	budget := &counter{max: 1}
+	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 3, RefillEvery: time.Millisecond})
+	t.Cleanup(func() { pool.Close(context.Background()) })
+	pool.Start(target, budget)
+	if err := pool.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got, used := pool.Held(), budget.inUse(); got != 1 || used != 1 {
+		t.Fatalf("with a budget of 1: Held() = %d, units in use %d; want 1, 1", got, used)
+	}
+	// Reclaim kills the pooled sandbox and hands its unit over.
+	if !pool.Reclaim(t.Context()) {
+		t.Fatal("Reclaim() = false with a sandbox pooled")
+	}
+	waitRunning(t, host, 0)
+	if got, used := pool.Held(), budget.inUse(); got != 0 || used != 1 {
+		t.Fatalf("after Reclaim: Held() = %d, units in use %d; want 0, 1 (the caller's)", got, used)
+	}
+	if pool.Reclaim(t.Context()) {
+		t.Error("Reclaim() = true with nothing pooled")
+	}
+	// The caller gives the unit back: the pool refills.
+	budget.Release()
+	if err := pool.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A hand-out releases the pooled sandbox's unit.
+	if _, err := pool.Create(t.Context(), isolation.Spec{RootFS: target.RootFS, Limits: target.Limits}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if used := budget.inUse(); used != 0 {
+		t.Errorf("after a hand-out and Close, units in use = %d, want 0", used)
 	}
 }
