@@ -153,6 +153,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	rssLive := rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
 	rssN := rss()
@@ -162,8 +163,8 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
 	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
-	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox (Go heap in use %.1f MiB)\n",
-		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
+	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
+		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
 		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n), float64(threads()-th0)/float64(n))
 	// Every sandbox still answers.
