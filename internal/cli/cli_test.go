@@ -106,7 +106,7 @@ func TestServeOptions(t *testing.T) {
 	want := ServeOptions{
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
-		Limits:  isolation.Limits{CPUs: 2, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
+		Limits:  isolation.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
 		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2,
 	}
 	if !reflect.DeepEqual(got, want) {

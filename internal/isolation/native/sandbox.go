@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -359,6 +360,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	if err != nil {
 		return err
 	}
+	protectAgent(cmd.Process.Pid)
 	if _, err := parent.Write([]byte{goAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -386,6 +388,21 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	default:
 	}
 	return nil
+}
+
+// agentOOMScoreAdj is the OOM score adjustment the daemon gives a
+// sandbox's agent: the last process the kernel kills when the sandbox runs
+// out of memory, but still killable (-1000 would leave a sandbox whose
+// agent alone exceeds the limit stuck in OOM).
+const agentOOMScoreAdj = -999
+
+// protectAgent lowers the OOM score of the sandbox's PID 1 from the host
+// side, before anything of the sandbox runs. Lowering needs
+// CAP_SYS_RESOURCE in the host's user namespace; a daemon without it leaves
+// the score as it is, and the agent still ranks below its processes by
+// raising theirs (internal/agent/process).
+func protectAgent(pid int) {
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(agentOOMScoreAdj)), 0)
 }
 
 var denyAll = func() *policy.Policy {
