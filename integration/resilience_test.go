@@ -208,22 +208,29 @@ func agentPID(t *testing.T, id string) int {
 // daemon creates namespaces and cgroups; the test reads the sandbox's
 // processes from the host.
 func TestKillEndsSession(t *testing.T) {
+	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
-	sb := d.create(t, api.NewSandbox{TemplateID: "minimal"})
+	sb := d.create(t, api.NewSandbox{TemplateID: "base"})
 	e := sb.Envd()
 	before := len(sandboxProcs(t, sb.ID()))
 	ctx := ctxT(t)
-	scripts := []string{
-		"sleep 1000 & sleep 1001 & wait",
-		// job control: each background job leads a process group of its own
-		"set -m; sleep 1000 & sleep 1001 & (sleep 1002 & wait) & wait",
+	// setpgid: a process group of its own, as job control makes one for
+	// every background job.
+	const ownGroup = `python3 -c 'import os; os.setpgid(0, 0); os.execvp("sleep", ["sleep", "1002"])'`
+	scripts := []struct {
+		script string
+		sleeps int
+	}{
+		{"sleep 1000 & sleep 1001 & wait", 2},
+		{"sleep 1000 & " + ownGroup + " & (" + ownGroup + " & wait) & wait", 3},
 	}
-	for _, script := range scripts {
+	for _, tt := range scripts {
+		script := tt.script
 		p, err := e.Start(ctx, client.ProcessSpec{Cmd: "sh", Args: []string{"-c", script}})
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
-		eventually(t, 10*time.Second, "the sleeps started", func() bool { return len(sandboxProcs(t, sb.ID())) >= before+3 })
+		eventually(t, 10*time.Second, "the sleeps started", func() bool { return sleepers(t, sb.ID()) == tt.sleeps })
 		if err := p.Signal(ctx, syscall.SIGKILL); err != nil {
 			t.Fatalf("Signal(SIGKILL): %v", err)
 		}
@@ -238,4 +245,15 @@ func TestKillEndsSession(t *testing.T) {
 			return len(sandboxProcs(t, sb.ID())) == before
 		})
 	}
+}
+
+// sleepers counts the processes of sandbox id running sleep.
+func sleepers(t *testing.T, id string) int {
+	n := 0
+	for _, p := range sandboxProcs(t, id) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p.PID)); err == nil && strings.TrimSpace(string(b)) == "sleep" {
+			n++
+		}
+	}
+	return n
 }

@@ -74,11 +74,16 @@ func (p *proc) running() bool {
 	}
 }
 
-// signal sends sig to the process group of p (p leads its own session).
+// signal sends sig to the session p leads: its process group, then every
+// other process of the session (job control moves background jobs to
+// groups of their own). It fails with ESRCH only if nothing was left.
 func (p *proc) signal(sig unix.Signal) error {
 	err := unix.Kill(-p.pid, sig)
 	if errors.Is(err, unix.ESRCH) && p.running() {
 		err = unix.Kill(p.pid, sig)
+	}
+	if signalSession(p.pid, sig) && errors.Is(err, unix.ESRCH) {
+		err = nil
 	}
 	return err
 }

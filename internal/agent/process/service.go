@@ -13,7 +13,9 @@
 //   - Processes outlive their streams (background commands). A deadline on
 //     Start (Connect-Timeout-Ms) kills the process group when it passes.
 //     A finished process stays visible to Connect for the retention time.
-//   - Each process leads its own session; signals go to its process group.
+//   - Each process leads its own session; a signal goes to its process group
+//     and to every other process of its session (jobs in groups of their
+//     own), so killing a command leaves nothing it started running.
 //   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
 //     same arguments (the SDKs always ask for bash; busybox templates lack it).
 //   - One goroutine per agent reaps children (wait4 on SIGCHLD), including
