@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -256,4 +260,103 @@ func sleepers(t *testing.T, id string) int {
 		}
 	}
 	return n
+}
+
+// gate is a writer that blocks until opened, then counts what it gets.
+type gate struct {
+	open <-chan struct{}
+	n    atomic.Int64
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	<-g.open
+	g.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// vmRSS reads VmRSS of host pid in bytes.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("reading status of %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS for %d", pid)
+	return 0
+}
+
+// TestOutputFloodSlowReaders proves that the agent's memory for queued
+// output is bounded across streams: 150 commands that print fast to
+// clients that do not read hold the agent's RSS under its output budget
+// (32 MiB) plus a documented allowance for its own code and heap (64 MiB),
+// the processes are held back meanwhile, and once the clients read, every
+// byte arrives. Root: the daemon creates namespaces and cgroups; the test
+// reads the agent's memory from the host.
+func TestOutputFloodSlowReaders(t *testing.T) {
+	const (
+		procs     = 150
+		perProc   = 6 << 20
+		rssBound  = (32 + 64) << 20
+		blockTime = 15 * time.Second
+	)
+	d := startDaemon(t, newDataDir(t))
+	cpus := 2.0
+	sb := d.create(t, api.NewSandbox{TemplateID: "minimal", CPUCount: &cpus})
+	// Small receive buffers, so that what the clients do not read backs up
+	// to the agent instead of into this host's socket buffers.
+	tr := &http.Transport{DialContext: (&net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
+		return errors.Join(err, serr)
+	}}).DialContext, MaxIdleConnsPerHost: procs}
+	defer tr.CloseIdleConnections()
+	e := client.New(d.URL, d.Key, client.WithHTTPClient(&http.Client{Transport: tr})).Sandbox(sb.ID(), sb.EnvdAccessToken).Envd()
+	agent := agentPID(t, sb.ID())
+	open := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(open) }) }
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	gates := make([]*gate, procs)
+	ps := make([]*client.Process, procs)
+	for i := range procs {
+		gates[i] = &gate{open: open}
+		p, err := e.Start(ctx, client.ProcessSpec{Cmd: "head", Args: []string{"-c", strconv.Itoa(perProc), "/dev/zero"}, Stdout: gates[i]})
+		if err != nil {
+			t.Fatalf("Start %d: %v", i, err)
+		}
+		ps[i] = p
+	}
+	var peak, daemonPeak int64
+	deadline := time.Now().Add(blockTime)
+	for time.Now().Before(deadline) {
+		peak = max(peak, vmRSS(t, agent))
+		daemonPeak = max(daemonPeak, vmRSS(t, d.cmd.Process.Pid))
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("VmRSS peaks while %d streams did not read: agent %d MiB, daemon %d MiB", procs, peak>>20, daemonPeak>>20)
+	if peak > rssBound {
+		t.Errorf("agent VmRSS peaked at %d MiB, want at most %d MiB", peak>>20, rssBound>>20)
+	}
+	release()
+	for i, p := range ps {
+		st, err := p.Wait()
+		if err != nil || st.ExitCode != 0 {
+			t.Errorf("process %d: %+v, %v", i, st, err)
+			continue
+		}
+		if got := gates[i].n.Load(); got != perProc {
+			t.Errorf("process %d: %d bytes arrived, want %d", i, got, perProc)
+		}
+	}
+	if err := agentAlive(t, d, sb); err != nil {
+		t.Fatal(err)
+	}
 }
