@@ -197,7 +197,9 @@ func (s *Service) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDir
 		return err
 	}
 	m := req.Msg
-	w, err := newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+	w, err := runAs(u, func() (*watch, error) {
+		return newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+	})
 	if err != nil {
 		return err
 	}
