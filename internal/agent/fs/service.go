@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
@@ -31,7 +32,8 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/users"
 )
 
-// maxWatchers bounds the polling watchers (CreateWatcher) alive at once.
+// maxWatchers bounds the polling watchers (CreateWatcher) alive at once,
+// and the WatchDir streams open at once.
 const maxWatchers = 256
 
 // Options configures a Service.
@@ -44,6 +46,9 @@ type Options struct {
 type Service struct {
 	users *users.Resolver
 	log   *slog.Logger
+
+	queued  atomic.Int64 // watch events queued by all watchers
+	streams atomic.Int64 // WatchDir streams open
 
 	mu       sync.Mutex
 	watchers map[string]*watch
@@ -253,7 +258,7 @@ func (s *Service) CreateWatcher(ctx context.Context, req *connect.Request[pb.Cre
 	}
 	m := req.Msg
 	w, err := runAs(u, func() (*watch, error) {
-		return newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+		return newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), &s.queued, s.log)
 	})
 	if err != nil {
 		return nil, err
@@ -275,7 +280,15 @@ func (s *Service) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.
 	if w == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", req.Msg.GetWatcherId()))
 	}
-	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: w.take()}), nil
+	evs, overflow := w.take()
+	if overflow {
+		s.mu.Lock()
+		delete(s.watchers, req.Msg.GetWatcherId())
+		s.mu.Unlock()
+		w.close()
+		return nil, errWatchOverflow
+	}
+	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: evs}), nil
 }
 
 // RemoveWatcher stops a watcher.
