@@ -345,6 +345,11 @@ func TestOutputFloodSlowReaders(t *testing.T) {
 	}
 	t.Logf("VmRSS peaks while %d streams did not read: agent %d MiB, daemon %d MiB; written by the commands meanwhile: %d MiB",
 		procs, peak>>20, daemonPeak>>20, written(t, sb.ID())>>20)
+	var delivered int64
+	for _, g := range gates {
+		delivered += g.n.Load()
+	}
+	t.Logf("delivered to the clients meanwhile: %d bytes", delivered)
 	if peak > rssBound {
 		t.Errorf("agent VmRSS peaked at %d MiB, want at most %d MiB", peak>>20, rssBound>>20)
 	}
