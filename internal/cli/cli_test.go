@@ -253,6 +253,14 @@ func TestParseBind(t *testing.T) {
 	os.Symlink("/proc/self", linkToProc)
 	sub := filepath.Join(host, "sub")
 	os.Mkdir(sub, 0o755)
+	rootOwned := filepath.Join(host, "root")
+	os.Mkdir(rootOwned, 0o755)
+	// A developer's directories; root's may be bound read-only only.
+	for _, d := range []string{host, sub} {
+		if err := os.Chown(d, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Chdir(host)
 	tests := []struct {
 		spec    string
@@ -264,6 +272,9 @@ func TestParseBind(t *testing.T) {
 		{spec: host + ":/work/:rw", want: isolation.Bind{HostPath: host, Path: "/work"}},
 		{spec: "sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
 		{spec: "./sub/../sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
+		{spec: rootOwned + ":/r:ro", want: isolation.Bind{HostPath: rootOwned, Path: "/r", ReadOnly: true}},
+		{spec: rootOwned + ":/r", wantErr: true},
+		{spec: rootOwned + ":/r:rw", wantErr: true},
 		{spec: host, wantErr: true},
 		{spec: host + ":work", wantErr: true},
 		{spec: host + ":/", wantErr: true},
