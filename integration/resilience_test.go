@@ -302,7 +302,7 @@ func vmRSS(t *testing.T, pid int) int64 {
 func TestOutputFloodSlowReaders(t *testing.T) {
 	const (
 		procs     = 150
-		perProc   = 6 << 20
+		perProc   = 16 << 20 // more than a client and the sockets to it absorb (about 10 MiB)
 		rssBound  = (32 + 64) << 20
 		blockTime = 15 * time.Second
 	)
