@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -389,4 +390,41 @@ func written(t *testing.T, id string) int64 {
 		}
 	}
 	return n
+}
+
+// TestFilesAsUserInSandbox proves, in a real sandbox, that the file API
+// acts as the requesting user: the sandbox's plain user plants symlinks to
+// root's files in its home, and an upload or download through the API as
+// that user neither writes /etc/passwd nor reads /etc/shadow. Root: the
+// daemon creates namespaces and cgroups.
+func TestFilesAsUserInSandbox(t *testing.T) {
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: "base"})
+	e := sb.Envd()
+	ctx := ctxT(t)
+	sh(t, e.WithUser("user"), "ln -s /etc/passwd /home/user/p && ln -s /etc/shadow /home/user/s && ln -s /etc /home/user/etc")
+	before := sh(t, e.WithUser("root"), "sha256sum /etc/passwd")
+	for _, p := range []string{"/home/user/p", "/home/user/etc/passwd", "/home/user/etc/planted"} {
+		if err := e.WithUser("user").WriteFile(ctx, p, strings.NewReader("owned::0:0::/:/bin/sh\n")); err == nil {
+			t.Errorf("upload as user to %s (a symlink into /etc) succeeded", p)
+		}
+	}
+	if after := sh(t, e.WithUser("root"), "sha256sum /etc/passwd; ls /etc/planted 2>&1 || true"); !strings.HasPrefix(after, before) || !strings.Contains(after, "No such file") {
+		t.Errorf("/etc after uploads through symlinks: %q, want /etc/passwd unchanged (%q) and no /etc/planted", after, before)
+	}
+	for _, p := range []string{"/home/user/s", "/home/user/etc/shadow"} {
+		rc, err := e.WithUser("user").ReadFile(ctx, p)
+		if err == nil {
+			b, _ := io.ReadAll(rc)
+			rc.Close()
+			t.Errorf("download as user of %s (a symlink to /etc/shadow) = %q, want refused", p, b)
+		}
+	}
+	// Root still reads root's file.
+	rc, err := e.WithUser("root").ReadFile(ctx, "/home/user/s")
+	if err != nil {
+		t.Fatalf("download as root: %v", err)
+	}
+	rc.Close()
 }
