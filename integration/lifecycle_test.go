@@ -182,7 +182,6 @@ func TestRunCLI(t *testing.T) {
 			user  []string
 		}{
 			{"developer dir, default user", 1000, nil},
-			{"root dir, default user", 0, nil},
 		} {
 			dir := t.TempDir()
 			if err := os.WriteFile(filepath.Join(dir, "in"), []byte("from host\n"), 0o644); err != nil {
@@ -227,6 +226,35 @@ func TestRunCLI(t *testing.T) {
 			if st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || sys.Uid != 1000 {
 				t.Errorf("%s in the bound directory: mode %v, owner %d; want no set-id bit and owner 1000", e.Name(), st.Mode(), sys.Uid)
 			}
+		}
+	})
+	t.Run("bind of root's", func(t *testing.T) {
+		// Root's directory (think /run with its sockets) would make every
+		// file of root's under it the sandbox user's: refused writable;
+		// read-only, root's files stay not the user's.
+		dir := t.TempDir()
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("root only\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "public"), []byte("for all\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, errs, code := fenceRun(t, "-v", dir+":/w", "--", "echo", "ran")
+		if code == 0 || strings.Contains(out, "ran") || !strings.Contains(errs, "owned by root") {
+			t.Errorf("fence run -v ROOTDIR:/w: exit %d, stdout %q, stderr %q; want a refusal naming root's ownership", code, out, errs)
+		}
+		out, errs, code = fenceRun(t, "-v", dir+":/w:ro", "--", "sh", "-c", "cat /w/public; cat /w/secret; stat -c %u /w/secret")
+		if strings.Contains(out, "root only") {
+			t.Errorf("the sandbox user read root's 0600 file through a :ro bind: %q", out)
+		}
+		if !strings.Contains(out, "for all") {
+			t.Errorf("fence run -v ROOTDIR:/w:ro cat /w/public = %q (exit %d, stderr %q), want the world-readable file", out, code, errs)
+		}
+		if strings.Contains(out, "\n1000\n") {
+			t.Errorf("root's file appears as the sandbox user's inside: %q", out)
 		}
 	})
 	t.Run("bind ro", func(t *testing.T) {

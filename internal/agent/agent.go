@@ -41,20 +41,23 @@ type Options struct {
 // return, open streams are aborted and the processes the agent started are
 // killed. It returns nil when ctx ended it.
 //
-// SIGHUP is caught and ignored while Serve runs: the agent is PID 1, and
-// Go's default for SIGHUP (exit) would let a stray `kill -HUP 1` end the
-// sandbox. Caught, not SIG_IGN, so the processes the agent starts get the
-// default disposition back at exec.
+// Signals that would end a Go program (SIGHUP, SIGINT, SIGTERM, SIGQUIT,
+// SIGUSR1, …) are caught and ignored while Serve runs: the agent is PID 1,
+// and Go's default for them (exit) would let `kill -TERM 1` by the
+// sandbox's root end the sandbox. A sandbox ends only from the host side
+// (the daemon kills its PID 1, or the lifeline breaks). Caught, not
+// SIG_IGN, so the processes the agent starts get the default disposition
+// back at exec.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, ignoredSignals...)
 	defer func() {
-		signal.Stop(hup)
-		close(hup)
+		signal.Stop(sigs)
+		close(sigs)
 	}()
 	go func() {
-		for range hup {
-			logger(opts).Debug("ignoring SIGHUP")
+		for sig := range sigs {
+			logger(opts).Debug("ignoring signal", "signal", sig)
 		}
 	}()
 	a := build(opts)
@@ -95,6 +98,16 @@ func logger(opts Options) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return opts.Logger
+}
+
+// ignoredSignals are the signals whose Go default would end the agent.
+// (SIGKILL and SIGSTOP from inside the sandbox never reach its PID 1.)
+var ignoredSignals = []os.Signal{
+	syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGVTALRM,
+	syscall.SIGPROF, syscall.SIGIO, syscall.SIGPWR, syscall.SIGSTKFLT,
+	syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGTRAP, syscall.SIGABRT,
+	syscall.SIGSYS, syscall.SIGPIPE,
 }
 
 // NewHandler returns the agent's http.Handler (for tests and in-process use)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +50,13 @@ func newEnv(t *testing.T, cfg isolation.AgentConfig) *env {
 		t.Fatal("agent tests must run as root")
 	}
 	dir := t.TempDir()
+	// File operations run as the request's user: nobody, too, may work
+	// in the test's directory.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if cfg.DefaultUser == "" {
 		cfg.DefaultUser = "root"
 	}

@@ -482,3 +482,84 @@ func TestPollingWatcher(t *testing.T) {
 		t.Errorf("GetWatcherEvents(removed) = %v, want not_found", err)
 	}
 }
+
+// TestFilesActAsUser proves that the file routes act with the requesting
+// user's credentials: a symlink the user planted at an upload or download
+// path (or a parent) cannot make the agent, which runs as root, write or
+// read root's files, and nothing of root's changes. Root: the agent test
+// serves as root and asks as nobody.
+func TestFilesActAsUser(t *testing.T) {
+	e := newEnv(t, isolation.AgentConfig{})
+	secretDir := t.TempDir()
+	os.Chmod(filepath.Dir(secretDir), 0o755)
+	os.Chmod(secretDir, 0o755)
+	secret := filepath.Join(secretDir, "secret")
+	if err := os.WriteFile(secret, []byte("root only"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	passwd := filepath.Join(secretDir, "passwd")
+	if err := os.WriteFile(passwd, []byte("root:x:0:0"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// What the user (nobody) plants in its own directory.
+	if err := os.Symlink(passwd, e.dir+"/up"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, e.dir+"/down"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secretDir, e.dir+"/dir"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{e.dir + "/up", e.dir + "/dir/passwd", e.dir + "/dir/new"} {
+		req, _ := http.NewRequest("POST", e.filesURL(p, "nobody"), strings.NewReader("owned"))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("upload as nobody to %s (a symlink to root's) = %d, want 403", p, resp.StatusCode)
+		}
+	}
+	if b, _ := os.ReadFile(passwd); string(b) != "root:x:0:0" {
+		t.Errorf("root's file after uploads through symlinks = %q, want unchanged", b)
+	}
+	if _, err := os.Lstat(filepath.Join(secretDir, "new")); err == nil {
+		t.Errorf("an upload as nobody created a file in root's directory")
+	}
+	if uid, _, _ := owner(t, passwd); uid != 0 {
+		t.Errorf("root's file now owned by %d", uid)
+	}
+	for _, p := range []string{e.dir + "/down", e.dir + "/dir/secret"} {
+		resp, err := http.Get(e.filesURL(p, "nobody"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || strings.Contains(string(b), "root only") {
+			t.Errorf("download as nobody of %s (a symlink to root's 0600 file) = %d %q, want 403", p, resp.StatusCode, b)
+		}
+	}
+	ctx := context.Background()
+	rm := connect.NewRequest(&fspb.RemoveRequest{Path: e.dir + "/dir/passwd"})
+	rm.Header().Set("Authorization", basic("nobody"))
+	if _, err := e.fs.Remove(ctx, rm); err == nil {
+		t.Errorf("Remove as nobody of root's file through a symlinked directory succeeded")
+	}
+	if _, err := os.Stat(passwd); err != nil {
+		t.Errorf("root's file after Remove as nobody: %v", err)
+	}
+	// Root, asking for itself, still reaches root's files.
+	resp, err := http.Get(e.filesURL(e.dir+"/down", "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "root only" {
+		t.Errorf("download as root = %d %q, want 200 and the file", resp.StatusCode, b)
+	}
+}

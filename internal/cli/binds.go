@@ -2,8 +2,10 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 )
@@ -29,7 +31,9 @@ func resolvePath(p string) (string, error) {
 
 // parseBind parses a -v value, HOSTPATH:PATH[:ro|:rw], and validates it:
 // HOSTPATH must exist; after resolving symlinks it must not be the host's
-// root, lie in /proc, /sys or /dev, or be inside (or contain) dataDir; PATH
+// root, lie in /proc, /sys or /dev, be inside (or contain) dataDir, or be
+// owned by root unless the bind is read-only (the native backend refuses
+// it too, see native.ErrRootOwnedBind); PATH
 // must be absolute and not "/". The returned HostPath is the resolved path.
 func parseBind(spec, dataDir string) (isolation.Bind, error) {
 	parts := strings.Split(spec, ":")
@@ -70,6 +74,11 @@ func parseBind(spec, dataDir string) (isolation.Bind, error) {
 	}
 	if within(host, data) || within(data, host) {
 		return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing to mount %s, which overlaps fence's data dir %s", spec, host, data)
+	}
+	if st, err := os.Stat(host); err == nil && !b.ReadOnly {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid == 0 {
+			return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing a writable bind of %s, which is owned by root (its root-owned files would be the sandbox user's): bind it read-only (:ro)", spec, host)
+		}
 	}
 	b.HostPath = host
 	return b, nil

@@ -107,7 +107,7 @@ func TestServeOptions(t *testing.T) {
 	want := ServeOptions{
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
-		Limits:  isolation.Limits{CPUs: 2, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
+		Limits:  isolation.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
 		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -280,6 +280,14 @@ func TestParseBind(t *testing.T) {
 	os.Symlink("/proc/self", linkToProc)
 	sub := filepath.Join(host, "sub")
 	os.Mkdir(sub, 0o755)
+	rootOwned := filepath.Join(host, "root")
+	os.Mkdir(rootOwned, 0o755)
+	// A developer's directories; root's may be bound read-only only.
+	for _, d := range []string{host, sub} {
+		if err := os.Chown(d, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Chdir(host)
 	tests := []struct {
 		spec    string
@@ -291,6 +299,9 @@ func TestParseBind(t *testing.T) {
 		{spec: host + ":/work/:rw", want: isolation.Bind{HostPath: host, Path: "/work"}},
 		{spec: "sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
 		{spec: "./sub/../sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
+		{spec: rootOwned + ":/r:ro", want: isolation.Bind{HostPath: rootOwned, Path: "/r", ReadOnly: true}},
+		{spec: rootOwned + ":/r", wantErr: true},
+		{spec: rootOwned + ":/r:rw", wantErr: true},
 		{spec: host, wantErr: true},
 		{spec: host + ":work", wantErr: true},
 		{spec: host + ":/", wantErr: true},

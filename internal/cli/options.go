@@ -14,7 +14,7 @@ const (
 	DefaultURL          = "http://" + DefaultAddr
 	DefaultDataDir      = "/var/lib/fence"
 	DefaultDomain       = "localhost"
-	DefaultCPUs         = 2.0
+	DefaultCPUs         = 1.0
 	DefaultMemoryMB     = 512
 	DefaultPids         = 1024
 	DefaultDiskMB       = 1024

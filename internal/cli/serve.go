@@ -26,7 +26,7 @@ type limitFlags struct {
 
 func (l *limitFlags) add(fs *pflag.FlagSet) {
 	d := defaultLimits()
-	fs.Float64Var(&l.cpus, "cpus", d.CPUs, "CPU bandwidth per sandbox, in cores")
+	fs.Float64Var(&l.cpus, "cpus", d.CPUs, "CPU bandwidth per sandbox, in cores; keep it below the host's core count, so that one busy sandbox cannot take every core from the others and the daemon")
 	fs.Int64Var(&l.memoryMB, "memory-mb", d.MemoryBytes>>20, "memory limit per sandbox in MiB, swap included")
 	fs.Int64Var(&l.pids, "pids", d.Pids, "maximum number of processes and threads per sandbox")
 	fs.Int64Var(&l.diskMB, "disk-mb", d.DiskBytes>>20, "writable disk per sandbox in MiB")

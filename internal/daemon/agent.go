@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 
 	"golang.org/x/sys/unix"
 
@@ -15,6 +16,9 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 )
+
+// agentMemoryLimit is the Go runtime's soft memory limit in the agent.
+const agentMemoryLimit = 64 << 20
 
 // RunAgent is the `fence agent` role: PID 1 inside a sandbox. It takes its
 // listener and configuration from the native backend's init and serves
@@ -39,9 +43,10 @@ func RunAgent(ctx context.Context) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("making the agent non-dumpable: %w", err)
 	}
-	go prefaultText()
-	// The sandbox ends when its supervisor dies: EOF on the lifeline.
-	ctx, cancel := context.WithCancel(ctx)
+	// The sandbox ends when its supervisor dies (EOF on the lifeline) or
+	// is killed from the host, never by a signal sent from inside: ctx,
+	// which the command's SIGINT/SIGTERM handling cancels, is detached.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	unix.CloseOnExec(native.AgentLifelineFD)
 	life := os.NewFile(native.AgentLifelineFD, "lifeline")
@@ -54,6 +59,11 @@ func RunAgent(ctx context.Context) error {
 			}
 		}
 	}()
+	// The agent's heap holds little beyond queued output (bounded by
+	// process.DefaultOutputBudget): a soft limit makes the collector work
+	// harder before the agent grows, so a sandbox near its memory limit
+	// loses garbage, not workers.
+	debug.SetMemoryLimit(agentMemoryLimit)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath})
 }

@@ -38,7 +38,7 @@ type Templates interface {
 // Defaults are the resources and timeout of a sandbox whose create request
 // does not name them. Zero fields take the built-in values in brackets.
 type Defaults struct {
-	CPUs     float64       // [2]
+	CPUs     float64       // [1]
 	MemoryMB int64         // [512]
 	Pids     int64         // [1024]
 	DiskMB   int64         // [1024]
@@ -48,7 +48,7 @@ type Defaults struct {
 
 func (d Defaults) withBuiltins() Defaults {
 	if d.CPUs == 0 {
-		d.CPUs = 2
+		d.CPUs = 1
 	}
 	if d.MemoryMB == 0 {
 		d.MemoryMB = 512

@@ -83,7 +83,7 @@ func TestCreateGetKill(t *testing.T) {
 	if !ValidID(s.ID) || len(s.ID) != 20 {
 		t.Errorf("ID = %q, want 20 chars of [a-z0-9]", s.ID)
 	}
-	if s.EnvdAccessToken == "" || s.State != StateRunning || s.CPUs != 2 || s.MemoryMB != 512 || s.DiskMB != 1024 {
+	if s.EnvdAccessToken == "" || s.State != StateRunning || s.CPUs != 1 || s.MemoryMB != 512 || s.DiskMB != 1024 {
 		t.Errorf("Create() = %+v, want token, running, defaults 2/512/1024", s)
 	}
 	if got := s.EndAt.Sub(s.StartedAt); got != 5*time.Minute {

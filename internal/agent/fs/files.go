@@ -56,7 +56,11 @@ func (s *Service) Download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.users.ResolvePath(r.URL.Query().Get("path"), u)
-	f, err := os.Open(p)
+	var f *os.File
+	err := asUser(u, func() (err error) {
+		f, err = os.Open(p)
+		return err
+	})
 	if err != nil {
 		switch {
 		case errors.Is(err, iofs.ErrNotExist), errors.Is(err, unix.ENOTDIR):
@@ -265,36 +269,15 @@ func (s *Service) upload(r *http.Request) ([]WriteResult, error) {
 	return out, nil
 }
 
-// writeFile streams src into path: parents are created and owned by u, an
-// existing file is truncated, the file is chowned to u (mode 0644 when
-// new) and its user.e2b.* metadata replaced by md.
+// writeFile streams src into path as u (see asUser): parents are created
+// and owned by u, an existing file is truncated and keeps its owner, a new
+// one is u's with mode 0644; its user.e2b.* metadata is replaced by md.
 func (s *Service) writeFile(path string, src io.Reader, u *users.User, md map[string]string) (WriteResult, error) {
-	existed := false
-	if fi, err := os.Stat(path); err == nil {
-		if fi.IsDir() {
-			return WriteResult{}, badRequest("path %s is a directory", path)
-		}
-		existed = true
-	}
-	if err := mkdirAllAs(filepath.Dir(path), u.UID, u.GID); err != nil {
-		if errors.Is(err, unix.ENOTDIR) {
-			return WriteResult{}, badRequest("creating parent of %s: %v", path, err)
-		}
-		return WriteResult{}, fmt.Errorf("creating parent of %s: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := openForUpload(path, u)
 	if err != nil {
-		return WriteResult{}, fmt.Errorf("opening %s: %w", path, err)
+		return WriteResult{}, err
 	}
 	defer f.Close()
-	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
-		return WriteResult{}, fmt.Errorf("chowning %s: %w", path, err)
-	}
-	if !existed {
-		if err := f.Chmod(0o644); err != nil {
-			return WriteResult{}, fmt.Errorf("chmoding %s: %w", path, err)
-		}
-	}
 	buf := make([]byte, 1<<20)
 	if _, err := io.CopyBuffer(f, src, buf); err != nil {
 		return WriteResult{}, fmt.Errorf("writing %s: %w", path, err)
@@ -310,6 +293,44 @@ func (s *Service) writeFile(path string, src io.Reader, u *users.User, md map[st
 		res.Metadata = md
 	}
 	return res, nil
+}
+
+// openForUpload opens path for writing with u's credentials, creating its
+// parents.
+func openForUpload(path string, u *users.User) (*os.File, error) {
+	var f *os.File
+	err := asUser(u, func() error {
+		existed := false
+		if fi, err := os.Stat(path); err == nil {
+			if fi.IsDir() {
+				return badRequest("path %s is a directory", path)
+			}
+			existed = true
+		}
+		if err := mkdirAllAs(filepath.Dir(path), u.UID, u.GID); err != nil {
+			if errors.Is(err, unix.ENOTDIR) {
+				return badRequest("creating parent of %s: %v", path, err)
+			}
+			return fmt.Errorf("creating parent of %s: %w", path, err)
+		}
+		var err error
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", path, err)
+		}
+		if !existed {
+			if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
+				f.Close()
+				return fmt.Errorf("chowning %s: %w", path, err)
+			}
+			if err := f.Chmod(0o644); err != nil {
+				f.Close()
+				return fmt.Errorf("chmoding %s: %w", path, err)
+			}
+		}
+		return nil
+	})
+	return f, err
 }
 
 // parseMetadata collects X-Metadata-<Key> headers: keys lowercased, keys

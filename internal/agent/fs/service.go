@@ -1,9 +1,11 @@
 // Package fs implements envd's filesystem.Filesystem Connect service and
 // the /files upload and download routes.
 //
-// File operations run as the agent (root in the sandbox) on the sandbox's
-// own paths; whatever they create (files, parent directories) is owned by
-// the request's user. Paths are resolved as envd does (users.ResolvePath).
+// File operations run with the request's user's filesystem credentials
+// (fsuid, fsgid and groups, on a thread of their own): the kernel checks
+// permissions and follows symlinks as that user would, so a symlink a user
+// plants cannot make the agent read or write what the user could not.
+// Whatever they create (files, parent directories) is owned by the user. Paths are resolved as envd does (users.ResolvePath).
 // Uploads are streamed to disk, never held in memory. Watchers keep a
 // bounded event queue each.
 package fs
@@ -20,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
@@ -29,7 +32,8 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/users"
 )
 
-// maxWatchers bounds the polling watchers (CreateWatcher) alive at once.
+// maxWatchers bounds the polling watchers (CreateWatcher) alive at once,
+// and the WatchDir streams open at once.
 const maxWatchers = 256
 
 // Options configures a Service.
@@ -42,6 +46,9 @@ type Options struct {
 type Service struct {
 	users *users.Resolver
 	log   *slog.Logger
+
+	queued  atomic.Int64 // watch events queued by all watchers
+	streams atomic.Int64 // WatchDir streams open
 
 	mu       sync.Mutex
 	watchers map[string]*watch
@@ -87,7 +94,11 @@ func (s *Service) Stat(ctx context.Context, req *connect.Request[pb.StatRequest]
 	if err != nil {
 		return nil, err
 	}
-	e, err := entryInfo(s.users.ResolvePath(req.Msg.GetPath(), u), newNames())
+	var e *pb.EntryInfo
+	err = asUser(u, func() (err error) {
+		e, err = entryInfo(s.users.ResolvePath(req.Msg.GetPath(), u), newNames())
+		return err
+	})
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -100,24 +111,26 @@ func (s *Service) MakeDir(ctx context.Context, req *connect.Request[pb.MakeDirRe
 	if err != nil {
 		return nil, err
 	}
-	p := s.users.ResolvePath(req.Msg.GetPath(), u)
-	if fi, err := os.Stat(p); err == nil {
-		if fi.IsDir() {
-			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
+	return runAs(u, func() (*connect.Response[pb.MakeDirResponse], error) {
+		p := s.users.ResolvePath(req.Msg.GetPath(), u)
+		if fi, err := os.Stat(p); err == nil {
+			if fi.IsDir() {
+				return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
+			}
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists and is not a directory", p))
 		}
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists and is not a directory", p))
-	}
-	if err := mkdirAllAs(p, u.UID, u.GID); err != nil {
-		if errors.Is(err, errNotDir) {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating directory %s: %w", p, err))
+		if err := mkdirAllAs(p, u.UID, u.GID); err != nil {
+			if errors.Is(err, errNotDir) {
+				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating directory %s: %w", p, err))
+			}
+			return nil, rpcError(fmt.Errorf("creating directory %s: %w", p, err))
 		}
-		return nil, rpcError(fmt.Errorf("creating directory %s: %w", p, err))
-	}
-	e, err := entryInfo(p, newNames())
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	return connect.NewResponse(&pb.MakeDirResponse{Entry: e}), nil
+		e, err := entryInfo(p, newNames())
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		return connect.NewResponse(&pb.MakeDirResponse{Entry: e}), nil
+	})
 }
 
 // Move renames source to destination, creating the destination's parents.
@@ -126,34 +139,36 @@ func (s *Service) Move(ctx context.Context, req *connect.Request[pb.MoveRequest]
 	if err != nil {
 		return nil, err
 	}
-	src := s.users.ResolvePath(req.Msg.GetSource(), u)
-	dst := s.users.ResolvePath(req.Msg.GetDestination(), u)
-	if _, err := os.Lstat(src); err != nil {
-		return nil, rpcError(err)
-	}
-	if err := mkdirAllAs(filepath.Dir(dst), u.UID, u.GID); err != nil {
-		if errors.Is(err, errNotDir) {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating parent of %s: %w", dst, err))
+	return runAs(u, func() (*connect.Response[pb.MoveResponse], error) {
+		src := s.users.ResolvePath(req.Msg.GetSource(), u)
+		dst := s.users.ResolvePath(req.Msg.GetDestination(), u)
+		if _, err := os.Lstat(src); err != nil {
+			return nil, rpcError(err)
 		}
-		return nil, rpcError(fmt.Errorf("creating parent of %s: %w", dst, err))
-	}
-	err = os.Rename(src, dst)
-	if errors.Is(err, unix.EXDEV) {
-		// overlayfs refuses to rename directories from a lower layer (and
-		// mounts are separate filesystems): copy, then remove, like mv.
-		err = moveByCopy(src, dst)
-	}
-	if err != nil {
-		if errors.Is(err, iofs.ErrExist) || errors.Is(err, errNotEmpty) || errors.Is(err, errIsDir) || errors.Is(err, errNotDir) {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("moving %s to %s: %w", src, dst, err))
+		if err := mkdirAllAs(filepath.Dir(dst), u.UID, u.GID); err != nil {
+			if errors.Is(err, errNotDir) {
+				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating parent of %s: %w", dst, err))
+			}
+			return nil, rpcError(fmt.Errorf("creating parent of %s: %w", dst, err))
 		}
-		return nil, rpcError(fmt.Errorf("moving %s to %s: %w", src, dst, err))
-	}
-	e, err := entryInfo(dst, newNames())
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	return connect.NewResponse(&pb.MoveResponse{Entry: e}), nil
+		err = os.Rename(src, dst)
+		if errors.Is(err, unix.EXDEV) {
+			// overlayfs refuses to rename directories from a lower layer (and
+			// mounts are separate filesystems): copy, then remove, like mv.
+			err = moveByCopy(src, dst)
+		}
+		if err != nil {
+			if errors.Is(err, iofs.ErrExist) || errors.Is(err, errNotEmpty) || errors.Is(err, errIsDir) || errors.Is(err, errNotDir) {
+				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("moving %s to %s: %w", src, dst, err))
+			}
+			return nil, rpcError(fmt.Errorf("moving %s to %s: %w", src, dst, err))
+		}
+		e, err := entryInfo(dst, newNames())
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		return connect.NewResponse(&pb.MoveResponse{Entry: e}), nil
+	})
 }
 
 // ListDir lists a directory down to the requested depth (0 means 1).
@@ -162,51 +177,53 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRe
 	if err != nil {
 		return nil, err
 	}
-	root := s.users.ResolvePath(req.Msg.GetPath(), u)
-	fi, err := os.Stat(root)
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	if !fi.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", root))
-	}
-	depth := int(req.Msg.GetDepth())
-	if depth < 1 {
-		depth = 1
-	}
-	n := newNames()
-	res := &pb.ListDirResponse{}
-	var walk func(dir string, level int) error
-	walk = func(dir string, level int) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		des, err := os.ReadDir(dir)
+	return runAs(u, func() (*connect.Response[pb.ListDirResponse], error) {
+		root := s.users.ResolvePath(req.Msg.GetPath(), u)
+		fi, err := os.Stat(root)
 		if err != nil {
-			if level == 1 {
+			return nil, rpcError(err)
+		}
+		if !fi.IsDir() {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", root))
+		}
+		depth := int(req.Msg.GetDepth())
+		if depth < 1 {
+			depth = 1
+		}
+		n := newNames()
+		res := &pb.ListDirResponse{}
+		var walk func(dir string, level int) error
+		walk = func(dir string, level int) error {
+			if err := ctx.Err(); err != nil {
 				return err
 			}
-			return nil // unreadable subdirectory: list what we can
-		}
-		for _, de := range des {
-			p := filepath.Join(dir, de.Name())
-			e, err := entryInfo(p, n)
+			des, err := os.ReadDir(dir)
 			if err != nil {
-				continue // vanished meanwhile
-			}
-			res.Entries = append(res.Entries, e)
-			if level < depth && de.IsDir() {
-				if err := walk(p, level+1); err != nil {
+				if level == 1 {
 					return err
 				}
+				return nil // unreadable subdirectory: list what we can
 			}
+			for _, de := range des {
+				p := filepath.Join(dir, de.Name())
+				e, err := entryInfo(p, n)
+				if err != nil {
+					continue // vanished meanwhile
+				}
+				res.Entries = append(res.Entries, e)
+				if level < depth && de.IsDir() {
+					if err := walk(p, level+1); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
 		}
-		return nil
-	}
-	if err := walk(root, 1); err != nil {
-		return nil, rpcError(err)
-	}
-	return connect.NewResponse(res), nil
+		if err := walk(root, 1); err != nil {
+			return nil, rpcError(err)
+		}
+		return connect.NewResponse(res), nil
+	})
 }
 
 // Remove removes a path recursively; a missing path is not an error.
@@ -215,14 +232,16 @@ func (s *Service) Remove(ctx context.Context, req *connect.Request[pb.RemoveRequ
 	if err != nil {
 		return nil, err
 	}
-	p := s.users.ResolvePath(req.Msg.GetPath(), u)
-	if p == "/" {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
-	}
-	if err := os.RemoveAll(p); err != nil {
-		return nil, rpcError(fmt.Errorf("removing %s: %w", p, err))
-	}
-	return connect.NewResponse(&pb.RemoveResponse{}), nil
+	return runAs(u, func() (*connect.Response[pb.RemoveResponse], error) {
+		p := s.users.ResolvePath(req.Msg.GetPath(), u)
+		if p == "/" {
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return nil, rpcError(fmt.Errorf("removing %s: %w", p, err))
+		}
+		return connect.NewResponse(&pb.RemoveResponse{}), nil
+	})
 }
 
 // CreateWatcher starts a polling watcher (used by the Python sync SDK).
@@ -238,7 +257,9 @@ func (s *Service) CreateWatcher(ctx context.Context, req *connect.Request[pb.Cre
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("too many watchers (%d)", n))
 	}
 	m := req.Msg
-	w, err := newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+	w, err := runAs(u, func() (*watch, error) {
+		return newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), &s.queued, s.log)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +280,15 @@ func (s *Service) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.
 	if w == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", req.Msg.GetWatcherId()))
 	}
-	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: w.take()}), nil
+	evs, overflow := w.take()
+	if overflow {
+		s.mu.Lock()
+		delete(s.watchers, req.Msg.GetWatcherId())
+		s.mu.Unlock()
+		w.close()
+		return nil, errWatchOverflow
+	}
+	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: evs}), nil
 }
 
 // RemoveWatcher stops a watcher.

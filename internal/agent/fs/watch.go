@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,8 +27,16 @@ var (
 	errIsDir    = unix.EISDIR
 )
 
-// maxQueuedEvents bounds one watcher's queue; older events are dropped.
-const maxQueuedEvents = 10000
+// Watcher queues are bounded one by one and together: a watcher whose
+// client does not keep up overflows, loses its queue and reports the loss
+// (an error on its stream or its next poll) instead of growing.
+const (
+	maxQueuedEvents = 8192  // one watcher
+	maxTotalEvents  = 32768 // all watchers of the agent
+)
+
+// errWatchOverflow ends a watcher that lost events.
+var errWatchOverflow = connect.NewError(connect.CodeDataLoss, errors.New("watch events dropped: the client did not keep up"))
 
 const defaultKeepalive = 90 * time.Second
 
@@ -39,12 +48,14 @@ type watch struct {
 	fw           *fsnotify.Watcher
 	log          *slog.Logger
 
-	mu      sync.Mutex
-	events  []*pb.FilesystemEvent
-	dropped int
-	notify  chan struct{}
-	done    chan struct{}
-	once    sync.Once
+	total *atomic.Int64 // events queued by all watchers
+
+	mu       sync.Mutex
+	events   []*pb.FilesystemEvent
+	overflow bool
+	notify   chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
 // network filesystem magics (statfs f_type) refused unless allowed.
@@ -56,7 +67,7 @@ var networkFS = map[int64]string{
 	0x65735546: "fuse",
 }
 
-func newWatch(root string, recursive, includeEntry, allowNetwork bool, log *slog.Logger) (*watch, error) {
+func newWatch(root string, recursive, includeEntry, allowNetwork bool, total *atomic.Int64, log *slog.Logger) (*watch, error) {
 	fi, err := os.Stat(root)
 	if err != nil {
 		return nil, rpcError(err)
@@ -77,7 +88,7 @@ func newWatch(root string, recursive, includeEntry, allowNetwork bool, log *slog
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("creating watcher: %w", err))
 	}
 	w := &watch{
-		root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, log: log,
+		root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, log: log, total: total,
 		notify: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	if err := w.add(root); err != nil {
@@ -122,6 +133,9 @@ func (w *watch) run() {
 				return
 			}
 			w.log.Warn("watch error", "root", w.root, "err", err)
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.markOverflow()
+			}
 		}
 	}
 }
@@ -163,28 +177,56 @@ func (w *watch) handle(ev fsnotify.Event) {
 
 func (w *watch) push(fe *pb.FilesystemEvent) {
 	w.mu.Lock()
-	if len(w.events) >= maxQueuedEvents {
-		w.events = w.events[1:]
-		w.dropped++
+	if w.overflow {
+		w.mu.Unlock()
+		return
+	}
+	if len(w.events) >= maxQueuedEvents || w.total.Add(1) > maxTotalEvents {
+		if len(w.events) < maxQueuedEvents {
+			w.total.Add(-1)
+		}
+		w.mu.Unlock()
+		w.markOverflow()
+		return
 	}
 	w.events = append(w.events, fe)
 	w.mu.Unlock()
+	w.wake()
+}
+
+func (w *watch) wake() {
 	select {
 	case w.notify <- struct{}{}:
 	default:
 	}
 }
 
-func (w *watch) take() []*pb.FilesystemEvent {
+// markOverflow discards the queue: the client is told of the loss.
+func (w *watch) markOverflow() {
+	w.mu.Lock()
+	w.total.Add(-int64(len(w.events)))
+	w.events, w.overflow = nil, true
+	w.mu.Unlock()
+	w.wake()
+}
+
+// take returns and clears the queued events; overflow reports that events
+// were lost.
+func (w *watch) take() (evs []*pb.FilesystemEvent, overflow bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	evs := w.events
+	evs = w.events
 	w.events = nil
-	return evs
+	w.total.Add(-int64(len(evs)))
+	return evs, w.overflow
 }
 
 func (w *watch) close() {
 	w.once.Do(func() {
+		w.mu.Lock()
+		w.total.Add(-int64(len(w.events)))
+		w.events = nil
+		w.mu.Unlock()
 		w.fw.Close()
 		close(w.done)
 	})
@@ -196,8 +238,15 @@ func (s *Service) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDir
 	if err != nil {
 		return err
 	}
+	if s.streams.Add(1) > maxWatchers {
+		s.streams.Add(-1)
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("too many watch streams (%d)", maxWatchers))
+	}
+	defer s.streams.Add(-1)
 	m := req.Msg
-	w, err := newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), s.log)
+	w, err := runAs(u, func() (*watch, error) {
+		return newWatch(s.users.ResolvePath(m.GetPath(), u), m.GetRecursive(), m.GetIncludeEntry(), m.GetAllowNetworkMounts(), &s.queued, s.log)
+	})
 	if err != nil {
 		return err
 	}
@@ -209,11 +258,14 @@ func (s *Service) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDir
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
-		evs := w.take()
+		evs, overflow := w.take()
 		for _, fe := range evs {
 			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: fe}}); err != nil {
 				return err
 			}
+		}
+		if overflow {
+			return errWatchOverflow
 		}
 		if len(evs) > 0 {
 			t.Reset(interval)

@@ -14,26 +14,36 @@ const (
 	maxMerged = 256 << 10
 )
 
-// subscriber is one stream's bounded queue of process events.
-//
-// The producers (the process's output readers) block while the queue is
-// full, which holds the process back through its pipe, but for at most the
-// stall timeout: a stream that does not drain in that time is dropped and
-// ends with an error, so one slow client can neither stop the process
-// forever nor grow memory without bound. A client that reads promptly gets
-// every byte.
-type subscriber struct {
-	mu      sync.Mutex
-	queue   []*pb.ProcessEvent
-	bytes   int
-	space   chan struct{} // closed and replaced whenever the consumer takes
-	notify  chan struct{} // cap 1: something to take
-	dropped bool          // the producer gave up on this subscriber
-	gone    bool          // the consumer left
+// item is one queued event and the output budget bytes it holds.
+type item struct {
+	ev *pb.ProcessEvent
+	n  int
 }
 
-func newSubscriber() *subscriber {
-	return &subscriber{space: make(chan struct{}), notify: make(chan struct{}, 1)}
+// subscriber is one stream's bounded queue of process events.
+//
+// Queued data holds bytes of the agent's output budget until the stream
+// has sent it. The producers (the process's output readers) block while
+// the queue is full, which holds the process back through its pipe, but
+// for at most the stall timeout: a stream that does not drain in that time
+// is dropped and ends with an error, so one slow client can neither stop
+// the process forever nor grow memory without bound. A client that reads
+// promptly gets every byte.
+type subscriber struct {
+	b *budget
+
+	mu       sync.Mutex
+	queue    []item
+	bytes    int
+	lastTake time.Time
+	space    chan struct{} // closed and replaced whenever the consumer takes
+	notify   chan struct{} // cap 1: something to take
+	dropped  bool          // the producer gave up on this subscriber
+	gone     bool          // the consumer left
+}
+
+func newSubscriber(b *budget) *subscriber {
+	return &subscriber{b: b, lastTake: time.Now(), space: make(chan struct{}), notify: make(chan struct{}, 1)}
 }
 
 func (s *subscriber) wake() {
@@ -43,7 +53,8 @@ func (s *subscriber) wake() {
 	}
 }
 
-// push queues ev, whose payload is n bytes; control events (n == 0) are
+// push queues ev, whose payload is n bytes already taken from the budget
+// (released here if the event is not queued); control events (n == 0) are
 // never held back.
 func (s *subscriber) push(ev *pb.ProcessEvent, n int, stall time.Duration) {
 	var timer *time.Timer
@@ -56,10 +67,11 @@ func (s *subscriber) push(ev *pb.ProcessEvent, n int, stall time.Duration) {
 		s.mu.Lock()
 		if s.gone || s.dropped {
 			s.mu.Unlock()
+			s.b.release(int64(n))
 			return
 		}
 		if n == 0 || s.bytes == 0 || s.bytes+n <= maxQueued {
-			s.queue = append(s.queue, ev)
+			s.queue = append(s.queue, item{ev, n})
 			s.bytes += n
 			s.mu.Unlock()
 			s.wake()
@@ -73,22 +85,49 @@ func (s *subscriber) push(ev *pb.ProcessEvent, n int, stall time.Duration) {
 		select {
 		case <-space:
 		case <-timer.C:
-			s.mu.Lock()
-			s.dropped = true
-			s.queue, s.bytes = nil, 0
-			s.mu.Unlock()
-			s.wake()
+			s.drop()
+			s.b.release(int64(n))
 			return
 		}
 	}
 }
 
+// drop discards the queue and marks the stream as having lost output.
+func (s *subscriber) drop() {
+	s.mu.Lock()
+	if s.gone || s.dropped {
+		s.mu.Unlock()
+		return
+	}
+	s.dropped = true
+	freed := s.bytes
+	s.queue, s.bytes = nil, 0
+	close(s.space)
+	s.space = make(chan struct{})
+	s.mu.Unlock()
+	s.b.release(int64(freed))
+	s.wake()
+}
+
+// dropIfStalled drops the stream if it holds output and has not taken any
+// for the stall time.
+func (s *subscriber) dropIfStalled(stall time.Duration) {
+	s.mu.Lock()
+	stalled := s.bytes > 0 && time.Since(s.lastTake) >= stall
+	s.mu.Unlock()
+	if stalled {
+		s.drop()
+	}
+}
+
 // take removes and returns everything queued, merging adjacent data
-// events of the same kind; dropped reports that output was lost.
-func (s *subscriber) take() (evs []*pb.ProcessEvent, dropped bool) {
+// events of the same kind; dropped reports that output was lost. The
+// caller releases each item's bytes once it has sent it.
+func (s *subscriber) take() (items []item, dropped bool) {
 	s.mu.Lock()
 	q := s.queue
 	s.queue, s.bytes = nil, 0
+	s.lastTake = time.Now()
 	dropped = s.dropped
 	if len(q) > 0 {
 		close(s.space)
@@ -101,25 +140,27 @@ func (s *subscriber) take() (evs []*pb.ProcessEvent, dropped bool) {
 func (s *subscriber) close() {
 	s.mu.Lock()
 	s.gone = true
+	freed := s.bytes
 	s.queue, s.bytes = nil, 0
 	close(s.space)
 	s.space = make(chan struct{})
 	s.mu.Unlock()
+	s.b.release(int64(freed))
 }
 
-func merge(q []*pb.ProcessEvent) []*pb.ProcessEvent {
+func merge(q []item) []item {
 	if len(q) < 2 {
 		return q
 	}
 	out := q[:0:0]
-	for _, ev := range q {
+	for _, it := range q {
 		if len(out) > 0 {
-			if prev := out[len(out)-1]; mergeable(prev, ev) {
-				out[len(out)-1] = appendData(prev, ev)
+			if prev := out[len(out)-1]; mergeable(prev.ev, it.ev) {
+				out[len(out)-1] = item{appendData(prev.ev, it.ev), prev.n + it.n}
 				continue
 			}
 		}
-		out = append(out, ev)
+		out = append(out, it)
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package process
 
 import (
 	"errors"
+	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -14,9 +15,12 @@ import (
 
 // proc is one process started by the agent.
 type proc struct {
-	pid   int
-	info  *pb.ProcessInfo
-	stall time.Duration
+	pid     int
+	info    *pb.ProcessInfo
+	stall   time.Duration
+	budget  *budget
+	onStall func()        // drops the agent's stalled streams
+	stop    chan struct{} // closed when output readers must give up
 
 	master  *os.File // PTY master, nil without a PTY
 	stdinMu sync.Mutex
@@ -35,7 +39,7 @@ type proc struct {
 // subscribe returns a new stream queue; for a finished process it holds
 // just the end event.
 func (p *proc) subscribe() *subscriber {
-	s := newSubscriber()
+	s := newSubscriber(p.budget)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.end != nil {
@@ -53,6 +57,9 @@ func (p *proc) unsubscribe(s *subscriber) {
 	s.close()
 }
 
+// publish hands ev to every stream. Its n payload bytes were taken from the
+// budget once; every further stream takes its own n (each may hold the
+// event until it has sent it); with no stream they go back at once.
 func (p *proc) publish(ev *pb.ProcessEvent, n int) {
 	p.mu.Lock()
 	subs := make([]*subscriber, 0, len(p.subs))
@@ -60,7 +67,14 @@ func (p *proc) publish(ev *pb.ProcessEvent, n int) {
 		subs = append(subs, s)
 	}
 	p.mu.Unlock()
-	for _, s := range subs {
+	if len(subs) == 0 {
+		p.budget.release(int64(n))
+		return
+	}
+	for i, s := range subs {
+		if i > 0 && n > 0 && !p.budget.acquire(int64(n), p.stop, p.stall, p.onStall) {
+			continue
+		}
 		s.push(ev, n, p.stall)
 	}
 }
@@ -74,11 +88,16 @@ func (p *proc) running() bool {
 	}
 }
 
-// signal sends sig to the process group of p (p leads its own session).
+// signal sends sig to the session p leads: its process group, then every
+// other process of the session (job control moves background jobs to
+// groups of their own). It fails with ESRCH only if nothing was left.
 func (p *proc) signal(sig unix.Signal) error {
 	err := unix.Kill(-p.pid, sig)
 	if errors.Is(err, unix.ESRCH) && p.running() {
 		err = unix.Kill(p.pid, sig)
+	}
+	if signalSession(p.pid, sig) && errors.Is(err, unix.ESRCH) {
+		err = nil
 	}
 	return err
 }
@@ -97,21 +116,70 @@ func (p *proc) killAt(t time.Time) {
 	})
 }
 
-// readOutput copies f into data events of the given kind until EOF.
+// readChunk is the most one read from a process's output takes.
+const readChunk = 32 << 10
+
+// readBufs are the buffers of reads in progress; a reader waiting for
+// output holds none.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readChunk); return &b }}
+
+// readOutput copies f into data events of the given kind until EOF. Before
+// each read it takes readChunk bytes of the budget (giving back what the
+// read did not use), so the agent reads no more output than it may hold.
 func (p *proc) readOutput(f *os.File, kind int, closeFile bool, wg *sync.WaitGroup) {
 	defer wg.Done()
 	if closeFile {
 		defer f.Close()
 	}
-	buf := make([]byte, 64<<10)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	draining := false // past the read deadline: read what is left, never wait
 	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			b := make([]byte, n)
-			copy(b, buf[:n])
-			p.publish(dataEvent(kind, b), n)
+		if !p.budget.acquire(readChunk, p.stop, p.stall, p.onStall) {
+			return
 		}
-		if err != nil {
+		var data []byte
+		var rerr error
+		read := func(fd uintptr) bool {
+			buf := readBufs.Get().(*[]byte)
+			defer readBufs.Put(buf)
+			n, e := unix.Read(int(fd), *buf)
+			for e == unix.EINTR {
+				n, e = unix.Read(int(fd), *buf)
+			}
+			if e == unix.EAGAIN && !draining {
+				return false
+			}
+			if n > 0 {
+				data = append([]byte(nil), (*buf)[:n]...)
+			}
+			switch {
+			case e != nil:
+				rerr = e
+			case n == 0:
+				rerr = io.EOF
+			}
+			return true
+		}
+		if draining {
+			err = rc.Control(func(fd uintptr) { read(fd) })
+		} else {
+			err = rc.Read(read)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// The process has exited and the grace has passed: take
+				// what is still buffered, then stop.
+				draining = true
+				p.budget.release(readChunk)
+				continue
+			}
+		}
+		p.budget.release(int64(readChunk - len(data)))
+		if len(data) > 0 {
+			p.publish(dataEvent(kind, data), len(data))
+		}
+		if err != nil || rerr != nil || (draining && len(data) == 0) {
 			return
 		}
 	}
@@ -122,18 +190,32 @@ func (p *proc) readOutput(f *os.File, kind int, closeFile bool, wg *sync.WaitGro
 // open), then publishes the end event.
 func (p *proc) finish(outputs []*os.File, wg *sync.WaitGroup, grace time.Duration, onDone func()) {
 	<-p.exited
+	// What the process wrote is read to the end, however long the
+	// streams take to send it (they are bounded by the stall timeout);
+	// the grace only bounds the wait for more output once the pipes are
+	// empty. A descriptor the poller cannot time out is closed after the
+	// grace instead.
+	var unpollable []*os.File
+	for _, f := range outputs {
+		if err := f.SetReadDeadline(time.Now().Add(grace)); err != nil {
+			unpollable = append(unpollable, f)
+		}
+	}
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
-	t := time.NewTimer(grace)
-	select {
-	case <-drained:
-	case <-t.C:
-		for _, f := range outputs {
-			f.Close()
+	if len(unpollable) > 0 {
+		t := time.NewTimer(grace)
+		select {
+		case <-drained:
+		case <-t.C:
+			close(p.stop)
+			for _, f := range unpollable {
+				f.Close()
+			}
 		}
-		<-drained
+		t.Stop()
 	}
-	t.Stop()
+	<-drained
 	p.stdinMu.Lock()
 	if p.stdin != nil {
 		p.stdin.Close()

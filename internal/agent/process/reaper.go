@@ -25,6 +25,7 @@ type reaper struct {
 	// child that exits at once is never reaped before its waiter exists.
 	mu      sync.Mutex
 	waiters map[int]func(unix.WaitStatus)
+	oom     *oomScores // children's OOM score, set around each fork
 }
 
 var (
@@ -35,7 +36,7 @@ var (
 // getReaper returns the process-wide reaper, starting it on first use.
 func getReaper() *reaper {
 	theReaperOnce.Do(func() {
-		r := &reaper{waiters: make(map[int]func(unix.WaitStatus))}
+		r := &reaper{waiters: make(map[int]func(unix.WaitStatus)), oom: newOOMScores()}
 		ch := make(chan os.Signal, 1)
 		signal.Notify(ch, syscall.SIGCHLD)
 		go func() {
@@ -49,11 +50,14 @@ func getReaper() *reaper {
 }
 
 // start forks with the reaper lock held and registers onExit for the
-// new child before any wait4 can see it.
+// new child before any wait4 can see it. The child starts with the OOM
+// score of the agent's children (see oomScores).
 func (r *reaper) start(fork func() (int, error), onExit func(unix.WaitStatus)) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	restore := r.oom.forChild()
 	pid, err := fork()
+	restore()
 	if err != nil {
 		return 0, err
 	}

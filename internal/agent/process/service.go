@@ -9,11 +9,19 @@
 //   - Output fans out to every connected stream through bounded queues: a
 //     client that reads promptly gets every byte; a stalled one holds the
 //     process back for at most a stall timeout, then its stream is dropped
-//     with a data_loss error. Memory per stream is bounded.
+//     with a data_loss error. Memory per stream is bounded, and all queued
+//     output of the agent (pipes and PTYs) together stays within one
+//     budget (Options.OutputBudget): past it the agent stops reading and
+//     the processes block on write. Nothing is dropped without an error.
+//   - A process's output is read to the end after it exits; the drain
+//     grace only bounds the wait for more once its pipes are empty (a
+//     background child holding them open).
 //   - Processes outlive their streams (background commands). A deadline on
 //     Start (Connect-Timeout-Ms) kills the process group when it passes.
 //     A finished process stays visible to Connect for the retention time.
-//   - Each process leads its own session; signals go to its process group.
+//   - Each process leads its own session; a signal goes to its process group
+//     and to every other process of its session (jobs in groups of their
+//     own), so killing a command leaves nothing it started running.
 //   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
 //     same arguments (the SDKs always ask for bash; busybox templates lack it).
 //   - One goroutine per agent reaps children (wait4 on SIGCHLD), including
@@ -70,6 +78,10 @@ type Options struct {
 	// DrainGrace is how long output is awaited after the process exited,
 	// while something else (a background child) holds its pipes (500 ms).
 	DrainGrace time.Duration
+	// OutputBudget is the bytes of output (pipes and PTYs) the agent holds
+	// at once for all its streams (DefaultOutputBudget). Past it, the
+	// agent stops reading until streams have sent what they hold.
+	OutputBudget int64
 }
 
 // Service is the process.Process handler.
@@ -77,6 +89,7 @@ type Service struct {
 	opts   Options
 	log    *slog.Logger
 	reaper *reaper
+	budget *budget
 
 	mu      sync.Mutex
 	procs   map[int]*proc
@@ -115,7 +128,11 @@ func NewService(opts Options) *Service {
 	if opts.DrainGrace == 0 {
 		opts.DrainGrace = 500 * time.Millisecond
 	}
-	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), procs: make(map[int]*proc), envVars: maps.Clone(opts.EnvVars)}
+	if opts.OutputBudget <= 0 {
+		opts.OutputBudget = DefaultOutputBudget
+	}
+	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), budget: newBudget(opts.OutputBudget),
+		procs: make(map[int]*proc), envVars: maps.Clone(opts.EnvVars)}
 }
 
 // Handler returns the Connect route prefix and handler.
@@ -139,6 +156,32 @@ func (s *Service) Close() {
 		}
 	}
 }
+
+// dropStalled drops every stream that holds output and has not taken any
+// for the stall time, giving its bytes back to the budget: called by a
+// reader that has waited that long for the budget.
+func (s *Service) dropStalled() {
+	s.mu.Lock()
+	procs := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		p.mu.Lock()
+		subs := make([]*subscriber, 0, len(p.subs))
+		for sub := range p.subs {
+			subs = append(subs, sub)
+		}
+		p.mu.Unlock()
+		for _, sub := range subs {
+			sub.dropIfStalled(s.opts.Stall)
+		}
+	}
+}
+
+// OutputHeld returns the bytes of process output the agent holds now.
+func (s *Service) OutputHeld() int64 { return s.budget.used() }
 
 func (s *Service) lookup(sel *pb.ProcessSelector) (*proc, error) {
 	s.mu.Lock()
@@ -218,19 +261,21 @@ func pump(ctx context.Context, interval time.Duration, sub *subscriber, send fun
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
-		evs, dropped := sub.take()
-		for _, ev := range evs {
-			if err := send(ev); err != nil {
+		items, dropped := sub.take()
+		for i, it := range items {
+			err := send(it.ev)
+			sub.b.release(int64(it.n))
+			if err != nil || it.ev.GetEnd() != nil {
+				for _, rest := range items[i+1:] {
+					sub.b.release(int64(rest.n))
+				}
 				return err
-			}
-			if ev.GetEnd() != nil {
-				return nil
 			}
 		}
 		if dropped {
 			return connect.NewError(connect.CodeDataLoss, errors.New("output dropped: the client did not keep up"))
 		}
-		if len(evs) > 0 {
+		if len(items) > 0 {
 			t.Reset(interval)
 		}
 		select {
@@ -487,15 +532,18 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	argv := append([]string{argv0}, cfg.GetArgs()...)
 
 	p := &proc{
-		info:   &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},
-		stall:  s.opts.Stall,
-		master: master,
-		stdin:  stdinW,
-		exited: make(chan struct{}),
-		done:   make(chan struct{}),
-		subs:   make(map[*subscriber]struct{}),
+		info:    &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},
+		stall:   s.opts.Stall,
+		budget:  s.budget,
+		onStall: s.dropStalled,
+		stop:    make(chan struct{}),
+		master:  master,
+		stdin:   stdinW,
+		exited:  make(chan struct{}),
+		done:    make(chan struct{}),
+		subs:    make(map[*subscriber]struct{}),
 	}
-	sub := newSubscriber()
+	sub := newSubscriber(s.budget)
 	p.subs[sub] = struct{}{}
 
 	s.mu.Lock()

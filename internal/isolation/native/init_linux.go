@@ -262,7 +262,7 @@ func mountProcSys(root string) error {
 		if err != nil {
 			return fmt.Errorf("opening %s: %w", p, err)
 		}
-		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
+		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,nr_inodes=16,mode=0555")
 		unix.Close(fd)
 		if err != nil {
 			return fmt.Errorf("masking %s: %w", p, err)
@@ -314,7 +314,7 @@ func mountDev(root string, shmBytes int64) error {
 	if err != nil {
 		return fmt.Errorf("preparing /dev/shm: %w", err)
 	}
-	err = unix.Mount("tmpfs", fdPath(shmFD), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(shmBytes, 10))
+	err = unix.Mount("tmpfs", fdPath(shmFD), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(shmBytes, 10)+",nr_inodes="+strconv.FormatInt(shmInodes(shmBytes), 10))
 	unix.Close(shmFD)
 	if err != nil {
 		return fmt.Errorf("mounting /dev/shm: %w", err)
@@ -329,6 +329,14 @@ func mountDev(root string, shmBytes int64) error {
 		}
 	}
 	return nil
+}
+
+// shmInodes is the inode limit of a /dev/shm of the given size: one inode
+// per 4 KiB page, at most 16,384. An empty file costs kernel memory (inode
+// and dentry, about 1 KiB) but no page, so without this limit a loop of
+// touch could pin far more memory than the size allows.
+func shmInodes(size int64) int64 {
+	return max(min(size/4096, 16384), 64)
 }
 
 func ensureTmp(root string) error {

@@ -28,7 +28,7 @@ import (
 
 // Defaults for a sandbox whose Spec leaves a limit at zero.
 var Defaults = isolation.Limits{
-	CPUs:        2,
+	CPUs:        1,
 	MemoryBytes: 512 << 20,
 	Pids:        1024,
 	DiskBytes:   1 << 30,

@@ -355,6 +355,7 @@ func TestDiskLimit(t *testing.T) {
 func TestBindReadOnly(t *testing.T) {
 	b := newBackend(t)
 	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
 	os.WriteFile(filepath.Join(dir, "f"), []byte("host"), 0o644)
 	sb := create(t, b, isolation.Spec{Binds: []isolation.Bind{
 		{HostPath: dir, Path: "/ro", ReadOnly: true},
@@ -365,6 +366,27 @@ func TestBindReadOnly(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "f")); string(b) != "host" {
 		t.Errorf("host file changed through a read-only bind: %q", b)
+	}
+}
+
+// TestBindRootOwnedRefused proves that the backend itself (not only the
+// CLI) refuses a writable bind of a directory owned by root, whose files
+// of root's would become the sandbox user's, and that a symlink given as
+// the source is not followed.
+func TestBindRootOwnedRefused(t *testing.T) {
+	b := newBackend(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	dir := t.TempDir()
+	_, err := b.Create(t.Context(), isolation.Spec{RootFS: rootfs, Binds: []isolation.Bind{{HostPath: dir, Path: "/w"}}})
+	if !errors.Is(err, native.ErrRootOwnedBind) {
+		t.Errorf("Create with a writable bind of root's %s: %v, want ErrRootOwnedBind", dir, err)
+	}
+	user := t.TempDir()
+	os.Chown(user, 1000, 1000)
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(user, link)
+	if _, err := b.Create(t.Context(), isolation.Spec{RootFS: rootfs, Binds: []isolation.Bind{{HostPath: link, Path: "/w"}}}); err == nil {
+		t.Errorf("Create with a symlink as bind source succeeded, want refusal")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -360,23 +361,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	defer unix.Close(lower)
 	fds := []int{lower}
 	for _, bd := range spec.Binds {
-		st, err := os.Stat(bd.HostPath)
+		fd, isDir, err := s.bindTree(bd, hostUID)
 		if err != nil {
-			return fmt.Errorf("bind source: %w", err)
-		}
-		sys := st.Sys().(*syscall.Stat_t)
-		bns, err := bindUserNS(s.b.exe, sys.Uid, sys.Gid, hostUID+sandboxUserID)
-		if err != nil {
-			return fmt.Errorf("bind %s: %w", bd.HostPath, err)
-		}
-		fd, err := idmappedTree(bd.HostPath, bns, bd.ReadOnly)
-		unix.Close(bns)
-		if err != nil {
-			return fmt.Errorf("bind %s: %w", bd.HostPath, err)
+			return err
 		}
 		defer unix.Close(fd)
 		fds = append(fds, fd)
-		cfg.Binds = append(cfg.Binds, bindTarget{Path: bd.Path, IsDir: st.IsDir()})
+		cfg.Binds = append(cfg.Binds, bindTarget{Path: bd.Path, IsDir: isDir})
 	}
 	msg, err := json.Marshal(cfg)
 	if err != nil {
@@ -390,6 +381,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	if err != nil {
 		return err
 	}
+	protectAgent(cmd.Process.Pid)
 	if _, err := parent.Write([]byte{goAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -417,6 +409,21 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	default:
 	}
 	return nil
+}
+
+// agentOOMScoreAdj is the OOM score adjustment the daemon gives a
+// sandbox's agent: the last process the kernel kills when the sandbox runs
+// out of memory, but still killable (-1000 would leave a sandbox whose
+// agent alone exceeds the limit stuck in OOM).
+const agentOOMScoreAdj = -999
+
+// protectAgent lowers the OOM score of the sandbox's PID 1 from the host
+// side, before anything of the sandbox runs. Lowering needs
+// CAP_SYS_RESOURCE in the host's user namespace; a daemon without it leaves
+// the score as it is, and the agent still ranks below its processes by
+// raising theirs (internal/agent/process).
+func protectAgent(pid int) {
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(agentOOMScoreAdj)), 0)
 }
 
 var denyAll = func() *policy.Policy {
@@ -477,6 +484,69 @@ func (s *sandbox) SetEgress(p *policy.Policy) {
 		p = denyAll
 	}
 	s.net.SetPolicy(p)
+}
+
+// bindTree returns the detached, idmapped mount of a bind's source and
+// whether it is a directory. The source is opened once, without following
+// a symlink, and its owner checked and its tree cloned through that one
+// descriptor: a path swapped meanwhile cannot change what is mounted.
+//
+// A source owned by root is refused unless read-only: its owner would
+// become the sandbox's user, and root's files under it (a socket in /run)
+// writable. Read-only, it is mapped so that ownership is kept: root's files
+// belong to nobody inside.
+func (s *sandbox) bindTree(bd isolation.Bind, hostUID uint32) (int, bool, error) {
+	src, err := unix.Openat2(unix.AT_FDCWD, bd.HostPath, &unix.OpenHow{
+		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return -1, false, fmt.Errorf("bind source %s: %w", bd.HostPath, err)
+	}
+	defer unix.Close(src)
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return -1, false, fmt.Errorf("bind source %s: %w", bd.HostPath, err)
+	}
+	owner, group := st.Uid, st.Gid
+	if owner == 0 {
+		if !bd.ReadOnly {
+			return -1, false, fmt.Errorf("bind source %s is owned by root: %w", bd.HostPath, ErrRootOwnedBind)
+		}
+		owner, group = nobodyID, nobodyID
+	}
+	bns, err := bindUserNS(s.b.exe, owner, group, hostUID+sandboxUserID)
+	if err != nil {
+		return -1, false, fmt.Errorf("bind %s: %w", bd.HostPath, err)
+	}
+	defer unix.Close(bns)
+	tree, err := unix.OpenTree(src, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return -1, false, fmt.Errorf("cloning %s: %w", bd.HostPath, err)
+	}
+	if err := idmap(tree, bns, bd.ReadOnly); err != nil {
+		unix.Close(tree)
+		return -1, false, fmt.Errorf("idmapping %s: %w", bd.HostPath, err)
+	}
+	return tree, st.Mode&unix.S_IFMT == unix.S_IFDIR, nil
+}
+
+// ErrRootOwnedBind refuses a writable bind of a directory or file owned by
+// root.
+var ErrRootOwnedBind = errors.New("a bind of root's may only be read-only (:ro)")
+
+// nobodyID is the host id a read-only bind of root's maps to the
+// sandbox's user instead of root, so that root's files stay not the
+// user's.
+const nobodyID = 65534
+
+// idmap makes the detached tree nosuid, nodev (and read-only) and idmapped
+// through userns.
+func idmap(tree, userns int, readOnly bool) error {
+	set := uint64(unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if readOnly {
+		set |= unix.MOUNT_ATTR_RDONLY
+	}
+	attr := &unix.MountAttr{Attr_set: set, Userns_fd: uint64(userns)}
+	return unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr)
 }
 
 // idmappedTree returns a detached, nosuid, nodev clone of the tree at
