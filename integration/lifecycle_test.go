@@ -111,7 +111,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// Its host resources (cgroup, state, writable layer, mounts) are
 	// released right after the kill answered, while the daemon still runs.
-	assertNoSandboxLeftovers(t, d.DataDir, map[string]bool{sb.ID(): true}, nil)
+	assertNoSandboxLeftovers(t, d.DataDir, map[string]bool{sb.ID(): true}, map[string]bool{other.ID(): true})
 }
 
 func listedIDs(l []api.ListedSandbox) []string {
