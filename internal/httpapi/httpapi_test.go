@@ -261,7 +261,7 @@ func TestSandboxRoutes(t *testing.T) {
 	var d api.SandboxDetail
 	json.Unmarshal(b, &d)
 	if d.SandboxID != id || d.State != "running" || d.ClientID != api.ClientID || d.EnvdAccessToken != s.EnvdAccessToken ||
-		d.Metadata["a"] != "b" || d.CPUCount != 2 || d.MemoryMB != 512 || d.Domain == nil || d.EndAt.Sub(d.StartedAt) != time.Minute {
+		d.Metadata["a"] != "b" || d.CPUCount != 1 || d.MemoryMB != 512 || d.Domain == nil || d.EndAt.Sub(d.StartedAt) != time.Minute {
 		t.Errorf("GET detail = %s", b)
 	}
 

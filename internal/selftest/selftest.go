@@ -34,7 +34,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -286,7 +285,7 @@ func runNet(ctx context.Context, opts Options, c probe.Check, targets []netip.Ad
 		return res
 	}
 	if host != nil {
-		if n := host.accepted.Load(); n > 0 {
+		if n := host.drain(); n > 0 {
 			return fail(c, "the host listener on port %d accepted %d connection(s) from the sandbox", host.port, n)
 		}
 	}
@@ -356,11 +355,11 @@ func randomName() string {
 }
 
 // hostListener is a TCP listener on every host address that counts the
-// connections it accepts.
+// connections that reached it.
 type hostListener struct {
-	ln       net.Listener
+	ln       *net.TCPListener
 	port     uint16
-	accepted atomic.Int64
+	accepted int64
 }
 
 func listenHost() (*hostListener, error) {
@@ -368,18 +367,24 @@ func listenHost() (*hostListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("selftest: opening the host listener the sandbox is set on: %w", err)
 	}
-	h := &hostListener{ln: ln, port: uint16(ln.Addr().(*net.TCPAddr).Port)}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h.accepted.Add(1)
-			c.Close()
+	return &hostListener{ln: ln.(*net.TCPListener), port: uint16(ln.Addr().(*net.TCPAddr).Port)}, nil
+}
+
+// drain accepts every connection waiting in the listener's backlog and
+// returns how many have reached it so far. A connection that succeeded
+// from the sandbox completed its handshake, so it is in the backlog by the
+// time the probe has answered: accepting here, after the probe, cannot
+// miss it the way a goroutine accepting on its own time could.
+func (h *hostListener) drain() int64 {
+	for {
+		h.ln.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		c, err := h.ln.Accept()
+		if err != nil {
+			return h.accepted
 		}
-	}()
-	return h, nil
+		h.accepted++
+		c.Close()
+	}
 }
 
 func (h *hostListener) Close() error { return h.ln.Close() }

@@ -337,6 +337,14 @@ func (p *Pool) fill(t Target) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits})
+	if err == nil {
+		// Ready means serving: a backend's Create returns once the agent
+		// is started, not once it answers, and a sandbox handed out
+		// before would make its first request wait for the agent's start.
+		if err = waitServing(ctx, sb); err != nil {
+			sb.Kill(context.WithoutCancel(ctx))
+		}
+	}
 	if err != nil {
 		p.log.Warn("starting a pooled sandbox", "err", err)
 	}
@@ -382,6 +390,27 @@ func (p *Pool) Close(ctx context.Context) error {
 }
 
 // configure hands the agent its configuration.
+// waitServing returns once sb's agent answers GET /health.
+func waitServing(ctx context.Context, sb isolation.Sandbox) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("waiting for the pooled sandbox's agent: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("waiting for the pooled sandbox's agent: status %d", resp.StatusCode)
+	}
+	return nil
+}
+
 func configure(ctx context.Context, sb isolation.Sandbox, cfg isolation.AgentConfig) error {
 	body, err := json.Marshal(cfg)
 	if err != nil {
