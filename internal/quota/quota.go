@@ -372,6 +372,26 @@ func (f *FS) Usage(name string) (Usage, error) {
 	}, nil
 }
 
+// UsageFD reads the use of the filesystem whose root fd names: a
+// directory's writable layer once its host mount is detached and only the
+// sandbox's mount namespace and this descriptor keep it.
+func UsageFD(fd int) (Usage, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return Usage{}, fmt.Errorf("statfs: %w", err)
+	}
+	if st.Type != ext4SuperMagic {
+		return Usage{}, fmt.Errorf("not a writable layer (filesystem type %#x): %w", st.Type, api.ErrNotFound)
+	}
+	bs := st.Bsize
+	return Usage{
+		Bytes:       int64(st.Blocks-st.Bfree) * bs,
+		LimitBytes:  int64(st.Blocks) * bs,
+		Inodes:      int64(st.Files - st.Ffree),
+		LimitInodes: int64(st.Files),
+	}, nil
+}
+
 func randomSuffix() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])

@@ -25,6 +25,7 @@ import (
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/egress/tun"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/quota"
 )
 
 // initConfig is what the daemon sends to `fence init` in the new namespaces.
@@ -62,7 +63,12 @@ type sandbox struct {
 	ln    *net.UnixListener
 	limit isolation.Limits
 
-	net      *egress.Stack // the sandbox's network; nil until made
+	net *egress.Stack // the sandbox's network; nil until made
+	// diskDir is the writable layer's mount point on the host while the
+	// sandbox is created; diskFD its root, kept for usage readings once
+	// the host's mount is detached (see detachDisk). -1 when none.
+	diskDir  string
+	diskFD   int
 	lifeline *os.File      // write end of the agent's lifeline pipe
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
@@ -87,11 +93,12 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
 	s := &sandbox{
-		b:     b,
-		id:    spec.ID,
-		sock:  b.sockPath(spec.ID),
-		limit: limits,
-		done:  make(chan struct{}),
+		b:      b,
+		id:     spec.ID,
+		sock:   b.sockPath(spec.ID),
+		limit:  limits,
+		done:   make(chan struct{}),
+		diskFD: -1,
 	}
 	b.mu.Lock()
 	if _, dup := b.live[spec.ID]; dup {
@@ -177,7 +184,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		if err != nil {
 			return nil, fmt.Errorf("creating writable layer: %w", err)
 		}
-		disk = d
+		disk, s.diskDir = d, d
 	} else if err := os.Mkdir(disk, 0o700); err != nil {
 		return nil, fmt.Errorf("creating writable layer: %w", err)
 	}
@@ -317,6 +324,11 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	}
 	child.Close()
 	s.cmd = cmd
+	// The init's mount namespace, a copy of this one, has the writable
+	// layer: the host's own mount of it can go.
+	if err := s.detachDisk(); err != nil {
+		return err
+	}
 	go func() {
 		waitExited(cmd.Process.Pid)
 		_ = cmd.Wait()
@@ -467,6 +479,30 @@ func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy)
 	return nil
 }
 
+// detachDisk removes the host's mount of the sandbox's writable layer once
+// the sandbox's mount namespace has its own copy, keeping a descriptor of
+// its root for usage readings. A mount namespace is cloned with every
+// mount of its parent: were each sandbox's layer left mounted here, every
+// create would copy (and its init then tear down) one mount per live
+// sandbox, and creates would slow down as sandboxes accumulate. The layer's
+// filesystem lives on in the sandbox's namespace and through the
+// descriptor, and is unmounted (and its loop device freed) when both are
+// gone: at kill, or when a crashed daemon's sandboxes die with it.
+func (s *sandbox) detachDisk() error {
+	if s.diskDir == "" {
+		return nil
+	}
+	fd, err := unix.Open(s.diskDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening writable layer: %w", err)
+	}
+	s.diskFD = fd
+	if err := unix.Unmount(s.diskDir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching writable layer: %w", err)
+	}
+	return nil
+}
+
 // DialPort implements isolation.PortDialer: a TCP connection to port
 // inside the sandbox, made through its network stack.
 func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
@@ -599,8 +635,8 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 		Pids:        st.Pids,
 		DiskLimit:   s.limit.DiskBytes,
 	}
-	if s.b.disk != nil {
-		if u, err := s.b.disk.Usage(s.id); err == nil {
+	if s.diskFD >= 0 {
+		if u, err := quota.UsageFD(s.diskFD); err == nil {
 			out.DiskBytes = u.Bytes
 		}
 	}
@@ -686,6 +722,10 @@ func (s *sandbox) release(ctx context.Context) error {
 		if err := s.cg.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
+	}
+	if s.diskFD >= 0 {
+		unix.Close(s.diskFD)
+		s.diskFD = -1
 	}
 	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
 		errs = append(errs, err)
