@@ -13,7 +13,7 @@ import "time"
 const EnvdPort = 49983
 
 // EnvdVersion is the envd version fence's agent advertises. The SDKs gate
-// features on it (reference §3.9); 0.6.13 enables all of them.
+// features on it; 0.6.13 enables all of them.
 const EnvdVersion = "0.6.13"
 
 // ClientID is the constant E2B returns in the deprecated clientID field,
@@ -135,7 +135,7 @@ type Error struct {
 }
 
 // ProxyError is the body of the 502 fence answers for sandbox traffic to an
-// unknown or stopped sandbox (reference §2.7).
+// unknown or stopped sandbox.
 type ProxyError struct {
 	SandboxID string `json:"sandboxId"`
 	Message   string `json:"message"`

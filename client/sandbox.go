@@ -186,7 +186,7 @@ func (c *Client) ListPage(ctx context.Context, opts ListOptions) ([]api.ListedSa
 // encodeMetadata encodes a metadata filter the way the E2B SDKs do: each key
 // and value escaped like encodeURIComponent, joined as a form
 // (k=v&k2=v2) that is form-encoded once more; the query encoding then adds
-// the outer layer (reference §2.5).
+// the outer layer.
 func encodeMetadata(md map[string]string) string {
 	keys := make([]string, 0, len(md))
 	for k := range md {

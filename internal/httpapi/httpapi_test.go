@@ -402,7 +402,7 @@ func TestList(t *testing.T) {
 	if got := fmt.Sprint(listIDs(t, b)); resp.StatusCode != 200 || got != reversed(ids...) {
 		t.Errorf("GET /sandboxes = %d %s, want %s", resp.StatusCode, got, reversed(ids...))
 	}
-	// Exactly what the SDKs send for metadata {k:"v w"} (reference §2.5).
+	// Exactly what the SDKs send for metadata {k:"v w"}.
 	resp, b = e.api(t, "GET", "/v2/sandboxes?metadata=k%3Dv%252520w&state=running,paused", "")
 	if got := fmt.Sprint(listIDs(t, b)); resp.StatusCode != 200 || got != reversed(ids[0], ids[2], ids[4]) {
 		t.Errorf("GET /v2/sandboxes?metadata=k=v w = %d %s, want %s", resp.StatusCode, got, reversed(ids[0], ids[2], ids[4]))

@@ -38,7 +38,7 @@ var internalPaths = map[string]bool{
 	"/fsfreeze": true, "/fsthaw": true, "/upgrade": true,
 }
 
-// msgUnauthorized is envd's own 401 message (reference §3.6).
+// msgUnauthorized is envd's own 401 message.
 const msgUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
 
 // sandboxTarget reports whether r is sandbox traffic and to where. A
@@ -174,13 +174,13 @@ func (h *handler) forward(w http.ResponseWriter, r *http.Request, p *httputil.Re
 	<-stopped
 	if st.killed.Load() && rw.wroteHeader && !st.errHandled.Load() {
 		// The sandbox died mid-response: abort the connection so the client
-		// sees a broken stream, not a clean end (reference §3.4).
+		// sees a broken stream, not a clean end.
 		panic(http.ErrAbortHandler)
 	}
 }
 
 // authorizeSandbox checks the access token (or a /files signature) of a
-// request to the agent, as envd itself would (reference §3.6). It reports
+// request to the agent, as envd itself would. It reports
 // whether the request was let in by its URL signature.
 func (h *handler) authorizeSandbox(r *http.Request, token, p string) (signed bool, err error) {
 	if token == "" || (p == "/health" && r.Method == http.MethodGet) {

@@ -4,7 +4,7 @@ import "net/http"
 
 const routeHealth = "GET /health"
 
-// routes is THE control-plane route table (reference §2.3).
+// routes is THE control-plane route table.
 func (h *handler) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc(routeHealth, h.health)

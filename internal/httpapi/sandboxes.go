@@ -384,7 +384,7 @@ func listed(list []*sandbox.Sandbox) []api.ListedSandbox {
 	return out
 }
 
-// parseMetadataFilter decodes the SDKs' metadata filter (reference §2.5):
+// parseMetadataFilter decodes the SDKs' metadata filter:
 // after the normal query decoding, the value is unescaped once more, split
 // into k=v pairs on '&', and each key and value unescaped again.
 func parseMetadataFilter(values []string) (map[string]string, error) {

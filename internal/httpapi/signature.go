@@ -13,8 +13,7 @@ import (
 	"time"
 )
 
-// Signature errors; their texts are API (reference §3.6, test-checked by
-// the SDKs).
+// Signature errors; their texts are API: the SDKs check them.
 var (
 	errMissingSignature = errors.New("missing signature query parameter")
 	errInvalidSignature = errors.New("invalid signature")
