@@ -2,8 +2,8 @@
 // shapes of E2B's REST API (which fence serves unchanged so the official e2b
 // SDKs work) and fence's error codes.
 //
-// Field names and status codes are API: the e2b SDKs read them literally
-// (see ../shared/reference/e2b-protocol.md §2). Change them only with a test
+// Field names and status codes are API: the e2b SDKs read them literally.
+// Change them only with a test
 // that shows the SDK still works.
 package api
 

@@ -28,7 +28,8 @@ import (
 
 // The fake internet: a network namespace "wan" joined to the host by a veth
 // pair, with servers that log everything that reaches them (the oracle of
-// the egress tests, /work/shared/notes/security.md §4).
+// the egress tests: an attempt fails only if the client fails AND nothing
+// reached these servers).
 const (
 	wanHostIP  = "203.0.113.1"  // the host's end of the veth
 	wanIP      = "203.0.113.10" // allowed.test, rebind.test

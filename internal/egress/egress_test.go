@@ -262,8 +262,8 @@ func TestAllowedByName(t *testing.T) {
 	}
 }
 
-// TestDenied checks the PROXY classes of notes/security.md §4: each attempt
-// fails in the sandbox AND no upstream received a byte of it.
+// TestDenied checks the ways out a proxy must refuse: each attempt fails in
+// the sandbox AND no upstream received a byte of it.
 func TestDenied(t *testing.T) {
 	e := newEnv(t, allowList, func(o *egress.Options) {
 		o.HostAddrs = []netip.Addr{netip.MustParseAddr("203.0.113.20")} // shared.test is "the host"
