@@ -363,13 +363,7 @@ func (f *FS) Usage(name string) (Usage, error) {
 	if mounted, err := isMountPoint(mnt); err != nil || !mounted {
 		return Usage{}, fmt.Errorf("quota dir %s is not mounted: %w", name, api.ErrNotFound)
 	}
-	bs := st.Bsize
-	return Usage{
-		Bytes:       int64(st.Blocks-st.Bfree) * bs,
-		LimitBytes:  int64(st.Blocks) * bs,
-		Inodes:      int64(st.Files - st.Ffree),
-		LimitInodes: int64(st.Files),
-	}, nil
+	return usageOf(&st), nil
 }
 
 // UsageFD reads the use of the filesystem whose root fd names: a
@@ -383,13 +377,18 @@ func UsageFD(fd int) (Usage, error) {
 	if st.Type != ext4SuperMagic {
 		return Usage{}, fmt.Errorf("not a writable layer (filesystem type %#x): %w", st.Type, api.ErrNotFound)
 	}
+	return usageOf(&st), nil
+}
+
+// usageOf reads a writable layer's use from its statfs.
+func usageOf(st *unix.Statfs_t) Usage {
 	bs := st.Bsize
 	return Usage{
 		Bytes:       int64(st.Blocks-st.Bfree) * bs,
 		LimitBytes:  int64(st.Blocks) * bs,
 		Inodes:      int64(st.Files - st.Ffree),
 		LimitInodes: int64(st.Files),
-	}, nil
+	}
 }
 
 func randomSuffix() string {
