@@ -33,6 +33,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -392,48 +393,51 @@ func (p *Pool) Close(ctx context.Context) error {
 // configure hands the agent its configuration.
 // waitServing returns once sb's agent answers GET /health.
 func waitServing(ctx context.Context, sb isolation.Sandbox) error {
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
+	if err := agentRequest(ctx, sb, http.MethodGet, "/health", nil); err != nil {
 		return fmt.Errorf("waiting for the pooled sandbox's agent: %w", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("waiting for the pooled sandbox's agent: status %d", resp.StatusCode)
 	}
 	return nil
 }
 
+// configure hands the request's agent configuration to a pooled sandbox.
 func configure(ctx context.Context, sb isolation.Sandbox, cfg isolation.AgentConfig) error {
 	body, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := agentRequest(ctx, sb, http.MethodPost, "/init", body); err != nil {
+		return fmt.Errorf("configuring agent: %w", err)
+	}
+	return nil
+}
+
+// agentRequest sends one request to sb's agent on a connection of its own
+// (a JSON body when body is not nil) and wants a 2xx answer.
+func agentRequest(ctx context.Context, sb isolation.Sandbox, method, path string, body []byte) error {
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
 		DisableKeepAlives: true,
 	}}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/init", bytes.NewReader(body))
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, rd)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("configuring agent: %w", err)
+		return err
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("configuring agent: status %d", resp.StatusCode)
+		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return nil
 }
