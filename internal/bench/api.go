@@ -128,20 +128,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	defer func() {
 		kctx := context.WithoutCancel(ctx)
 		kstart := time.Now()
-		var kwg sync.WaitGroup
-		work := make(chan *client.Sandbox)
-		for range densityClients {
-			kwg.Go(func() {
-				for sb := range work {
-					sb.Kill(kctx)
-				}
-			})
-		}
-		for _, sb := range sbs {
-			work <- sb
-		}
-		close(work)
-		kwg.Wait()
+		forEach(sbs, func(sb *client.Sandbox) { sb.Kill(kctx) })
 		fmt.Fprintf(out, "  killing all %d: %s\n", len(sbs), ms(time.Since(kstart)))
 	}()
 	if first != nil {
@@ -170,17 +157,30 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	// Every sandbox still answers.
 	astart := time.Now()
 	var bad []string
-	var awg sync.WaitGroup
+	forEach(sbs, func(sb *client.Sandbox) {
+		st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/true"})
+		if err != nil || st.ExitCode != 0 {
+			mu.Lock()
+			bad = append(bad, fmt.Sprintf("%s: %v %+v", sb.ID(), err, st))
+			mu.Unlock()
+		}
+	})
+	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
+	}
+	return nil
+}
+
+// forEach calls f with every sandbox, densityClients at a time.
+func forEach(sbs []*client.Sandbox, f func(*client.Sandbox)) {
+	var wg sync.WaitGroup
 	work := make(chan *client.Sandbox)
 	for range densityClients {
-		awg.Go(func() {
+		wg.Go(func() {
 			for sb := range work {
-				st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/true"})
-				if err != nil || st.ExitCode != 0 {
-					mu.Lock()
-					bad = append(bad, fmt.Sprintf("%s: %v %+v", sb.ID(), err, st))
-					mu.Unlock()
-				}
+				f(sb)
 			}
 		})
 	}
@@ -188,13 +188,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		work <- sb
 	}
 	close(work)
-	awg.Wait()
-	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
-	}
-	return nil
+	wg.Wait()
 }
 
 func ms2(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
@@ -215,18 +209,12 @@ func rate(stamp []time.Time, start time.Time, i, j int) float64 {
 	return float64(j-i) / d.Seconds()
 }
 
-// openFDs counts this process's open descriptors.
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	return len(ents)
-}
+// openFDs counts this process's open descriptors, threads its OS threads.
+func openFDs() int { return entries("/proc/self/fd") }
+func threads() int { return entries("/proc/self/task") }
 
-// threads counts this process's OS threads.
-func threads() int {
-	ents, err := os.ReadDir("/proc/self/task")
+func entries(dir string) int {
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return 0
 	}

@@ -8,6 +8,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -301,29 +302,42 @@ func processClient(sb isolation.Sandbox) processconnect.ProcessClient {
 }
 
 func execTrue(ctx context.Context, c processconnect.ProcessClient) error {
+	_, err := runAsRoot(ctx, c, "/bin/true")
+	return err
+}
+
+// runAsRoot runs cmd in a sandbox as its root through the agent, and
+// returns its standard output once it has exited 0.
+func runAsRoot(ctx context.Context, c processconnect.ProcessClient, cmd string, args ...string) ([]byte, error) {
 	stdin := false
 	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/true"},
+		Process: &process.ProcessConfig{Cmd: cmd, Args: args},
 		Stdin:   &stdin,
 	})
 	req.Header().Set("Authorization", "Basic cm9vdDo=") // root
 	stream, err := c.Start(ctx, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stream.Close()
+	var stdout, stderr bytes.Buffer
 	for stream.Receive() {
-		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			stdout.Write(d.GetStdout())
+			stderr.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
 			if end.GetExitCode() != 0 {
-				return fmt.Errorf("true exited %d", end.GetExitCode())
+				return nil, fmt.Errorf("%s exited %d: %s", cmd, end.GetExitCode(), bytes.TrimSpace(stderr.Bytes()))
 			}
-			return nil
+			return stdout.Bytes(), nil
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	return errors.New("stream ended without an end event")
+	return nil, errors.New("stream ended without an end event")
 }
 
 func runcMeasure(ctx context.Context, opts Options) Result {

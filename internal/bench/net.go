@@ -18,10 +18,8 @@ import (
 	"strconv"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -287,37 +285,12 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 }
 
 // clientInSandbox runs `fence bench-client` inside sb, as the sandbox's
-// user, through the agent.
+// root, through the agent.
 func clientInSandbox(ctx context.Context, sb isolation.Sandbox, args []string) (NetResult, error) {
 	var r NetResult
-	stdin := false
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: native.AgentPath, Args: args},
-		Stdin:   &stdin,
-	})
-	req.Header().Set("Authorization", "Basic cm9vdDo=") // root
-	stream, err := processClient(sb).Start(ctx, req)
+	out, err := runAsRoot(ctx, processClient(sb), native.AgentPath, args...)
 	if err != nil {
 		return r, err
 	}
-	defer stream.Close()
-	var stdout, stderr bytes.Buffer
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			stdout.Write(d.GetStdout())
-			stderr.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			if end.GetExitCode() != 0 {
-				return r, fmt.Errorf("bench-client exited %d: %s", end.GetExitCode(), bytes.TrimSpace(stderr.Bytes()))
-			}
-			err := json.Unmarshal(stdout.Bytes(), &r)
-			return r, err
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return r, err
-	}
-	return r, errors.New("stream ended without an end event")
+	return r, json.Unmarshal(out, &r)
 }
