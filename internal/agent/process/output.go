@@ -100,10 +100,7 @@ func (s *subscriber) drop() {
 		return
 	}
 	s.dropped = true
-	freed := s.bytes
-	s.queue, s.bytes = nil, 0
-	close(s.space)
-	s.space = make(chan struct{})
+	freed := s.emptyLocked()
 	s.mu.Unlock()
 	s.b.release(int64(freed))
 	s.wake()
@@ -126,24 +123,30 @@ func (s *subscriber) dropIfStalled(stall time.Duration) {
 func (s *subscriber) take() (items []item, dropped bool) {
 	s.mu.Lock()
 	q := s.queue
-	s.queue, s.bytes = nil, 0
 	s.lastTake = time.Now()
 	dropped = s.dropped
 	if len(q) > 0 {
-		close(s.space)
-		s.space = make(chan struct{})
+		s.emptyLocked()
 	}
 	s.mu.Unlock()
 	return merge(q), dropped
 }
 
-func (s *subscriber) close() {
-	s.mu.Lock()
-	s.gone = true
+// emptyLocked empties the queue, wakes the writers waiting for room and
+// returns the bytes it held (the caller releases them to the budget once
+// they are sent or dropped).
+func (s *subscriber) emptyLocked() int {
 	freed := s.bytes
 	s.queue, s.bytes = nil, 0
 	close(s.space)
 	s.space = make(chan struct{})
+	return freed
+}
+
+func (s *subscriber) close() {
+	s.mu.Lock()
+	s.gone = true
+	freed := s.emptyLocked()
 	s.mu.Unlock()
 	s.b.release(int64(freed))
 }
