@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,6 +58,7 @@ func startNetServer() (*netServer, error) {
 		lock.Close()
 		return nil, err
 	}
+	removeStaleNetServers()
 	sfx := strconv.Itoa(os.Getpid())
 	s := &netServer{ns: "fencebench-" + sfx, hostIf: "fbh" + sfx, lock: lock}
 	peer := "fbp" + sfx
@@ -89,6 +91,19 @@ func startNetServer() (*netServer, error) {
 	s.ln = ln
 	go s.serve()
 	return s, nil
+}
+
+// removeStaleNetServers removes what a benchmark killed during its network
+// measure left: with the lock held, every fencebench- namespace is a dead
+// run's, and deleting it deletes its veth pair (and the host's address on
+// it) too.
+func removeStaleNetServers() {
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "fencebench-") {
+			exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
 }
 
 // listenInNetns opens a TCP listener in the named network namespace: a
