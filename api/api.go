@@ -41,25 +41,80 @@ type NewSandbox struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
 	Network             *NetworkConfig    `json:"network,omitempty"`
 	// fence extensions (ignored by E2B's SDKs, which never send them).
-	CPUCount *float64 `json:"cpuCount,omitempty"`
-	MemoryMB *int64   `json:"memoryMB,omitempty"`
-	DiskMB   *int64   `json:"diskSizeMB,omitempty"`
+	// Secrets binds stored secrets to environment variables: the sandbox
+	// sees a random placeholder in each variable, and the egress gateway
+	// swaps it for the real value only in the allowed places of requests
+	// to the bound hosts. Keyed by the variable's name.
+	Secrets  map[string]SecretBinding `json:"secrets,omitempty"`
+	CPUCount *float64                 `json:"cpuCount,omitempty"`
+	MemoryMB *int64                   `json:"memoryMB,omitempty"`
+	DiskMB   *int64                   `json:"diskSizeMB,omitempty"`
 }
 
-// NetworkConfig is E2B's SandboxNetworkConfig.
+// NetworkConfig is E2B's SandboxNetworkConfig, with fence's additions.
 type NetworkConfig struct {
-	AllowOut           []string `json:"allowOut,omitempty"`
-	DenyOut            []string `json:"denyOut,omitempty"`
-	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
-	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+	// Rules are E2B's header transforms, keyed by host ("api.example.com"
+	// or "*.example.com"); values may hold ${e2b.secrets.NAME}.
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+	// EgressProxy tunnels the sandbox's allowed TCP flows through a
+	// SOCKS5 proxy. Its password is never returned.
+	EgressProxy        *EgressProxy `json:"egressProxy,omitempty"`
+	AllowPublicTraffic *bool        `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string       `json:"maskRequestHost,omitempty"`
+	// fence extensions.
+	// Inspect makes the egress gateway terminate every name-allowed TLS
+	// flow and decide each request on its own Host/:authority; nil takes
+	// the daemon's default (fence serve --inspect).
+	Inspect *bool `json:"inspect,omitempty"`
+	// Passthrough names hosts ("example.com", "*.example.com") the gateway
+	// never intercepts, even under Inspect: certificate pinning and mutual
+	// TLS keep working there, and no rule or secret applies to them.
+	Passthrough []string `json:"passthrough,omitempty"`
+}
+
+// NetworkRule is one entry of NetworkConfig.Rules.
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
+}
+
+// NetworkTransform rewrites matching outbound requests.
+type NetworkTransform struct {
+	// Headers are set on (or replace same-named headers of) each request.
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// EgressProxy is E2B's bring-your-own SOCKS5 egress proxy.
+type EgressProxy struct {
+	Address  string `json:"address"`
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
+// SecretBinding is fence's placeholder binding of one stored secret.
+type SecretBinding struct {
+	// Secret is the stored secret's name or sec_ ID.
+	Secret string `json:"secret"`
+	// Hosts are the hosts ("api.example.com", "*.example.com") whose
+	// requests may carry the real value.
+	Hosts []string `json:"hosts"`
+	// Places are where in a request the placeholder is replaced: "header"
+	// (the default), "query", "basicAuth".
+	Places []string `json:"places,omitempty"`
 }
 
 // NetworkUpdate is the body of PUT /sandboxes/{id}/network (E2B's
-// SandboxNetworkUpdateConfig).
+// SandboxNetworkUpdateConfig). It replaces the whole egress configuration:
+// an omitted field is cleared.
 type NetworkUpdate struct {
-	AllowOut            []string `json:"allowOut,omitempty"`
-	DenyOut             []string `json:"denyOut,omitempty"`
-	AllowInternetAccess *bool    `json:"allow_internet_access,omitempty"`
+	AllowOut            []string                 `json:"allowOut,omitempty"`
+	DenyOut             []string                 `json:"denyOut,omitempty"`
+	Rules               map[string][]NetworkRule `json:"rules,omitempty"`
+	EgressProxy         *EgressProxy             `json:"egressProxy,omitempty"`
+	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
+	Inspect             *bool                    `json:"inspect,omitempty"`
+	Passthrough         []string                 `json:"passthrough,omitempty"`
 }
 
 // Sandbox is the create/connect response.
