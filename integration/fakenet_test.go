@@ -5,10 +5,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
@@ -16,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,7 +55,16 @@ type fakeNet struct {
 	HostIf  string // host end of the veth
 	LogPath string
 	DNS     *egresstest.DNSServer // upstream resolver for the daemon (on 127.0.0.1)
+	// CAFile is the root the wan's HTTPS servers (port 443) chain to: the
+	// "public" root a daemon under test is given (fence serve
+	// --upstream-ca). Port 8443 serves a self-signed certificate no
+	// daemon trusts.
+	CAFile string
+	TLSDir string
 }
+
+// fakeNetTLSEnv tells the helper where its certificates are.
+const fakeNetTLSEnv = "FENCE_FAKENET_TLS"
 
 // dnsZone is the upstream DNS zone of the egress tests.
 func dnsZone() map[string][]string {
@@ -67,6 +79,17 @@ func dnsZone() map[string][]string {
 		"priv.test":                 {privIP},
 		"rebind.test":               {wanIP},
 		"other.test":                {wanIP},
+		// The egress gateway's tests: a bound API host, a host with a
+		// header rule, and package registries, all on the wan.
+		"api.secret.test":        {wanIP},
+		"rules.test":             {wanIP},
+		"pypi.org":               {wanIP},
+		"files.pythonhosted.org": {wanIP},
+		"registry.npmjs.org":     {wanIP},
+		"deb.debian.org":         {wanIP},
+		"proxy.golang.org":       {wanIP},
+		"static.crates.io":       {wanIP},
+		"github.com":             {wanIP},
 	}
 }
 
@@ -123,7 +146,12 @@ func newFakeNet(t *testing.T) *fakeNet {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", f.NS, exe, "-test.run=^TestFakeNetHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fakeNetEnv+"="+f.LogPath)
+	f.TLSDir = t.TempDir()
+	if err := writeWanPKI(f.TLSDir); err != nil {
+		t.Fatalf("making the wan's certificates: %v", err)
+	}
+	f.CAFile = filepath.Join(f.TLSDir, "ca.pem")
+	cmd.Env = append(os.Environ(), fakeNetEnv+"="+f.LogPath, fakeNetTLSEnv+"="+f.TLSDir)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	stdin, err := cmd.StdinPipe() // the helper exits when this closes
@@ -355,27 +383,55 @@ func TestFakeNetHelper(t *testing.T) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		logf("http local=%s host=%s path=%s src=%s", local, r.Host, r.URL.Path, r.RemoteAddr)
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		// What a request carried, for the gateway's tests: every header,
+		// the query and the body, on one line.
+		logf("request host=%s proto=%s method=%s uri=%q headers=%q body=%q", r.Host, r.Proto, r.Method, r.RequestURI, r.Header, body)
+		switch {
+		case r.URL.Path == "/headers":
+			// Echoes the request's headers back (httpbin's /headers).
+			for k, v := range r.Header {
+				fmt.Fprintf(w, "%s: %s\n", k, strings.Join(v, ","))
+			}
+			return
+		case r.URL.Path == "/redirect":
+			http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
+			return
+		case isArtifact(r.URL.Path):
+			w.Write(artifactBytes(r.URL.Path))
+			return
+		}
 		fmt.Fprintf(w, "hello from wan host=%s path=%s\n", r.Host, r.URL.Path)
 	})
 	cert, err := selfSigned()
 	if err != nil {
 		fail(err)
 	}
+	tlsDir := os.Getenv(fakeNetTLSEnv)
+	signed, err := tls.LoadX509KeyPair(filepath.Join(tlsDir, "leaf.pem"), filepath.Join(tlsDir, "leaf-key.pem"))
+	if err != nil {
+		fail(err)
+	}
+	untrusted := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
 	tlsCfg := &tls.Config{
-		Certificates: []tls.Certificate{cert},
+		Certificates: []tls.Certificate{signed},
+		NextProtos:   []string{"h2", "http/1.1"},
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			logf("sni name=%q local=%s src=%s", h.ServerName, h.Conn.LocalAddr(), h.Conn.RemoteAddr())
 			return nil, nil
 		},
 	}
-	for _, port := range []string{"80", "8080", "443"} {
+	for _, port := range []string{"80", "8080", "443", "8443"} {
 		l, err := net.Listen("tcp", ":"+port)
 		if err != nil {
 			fail(err)
 		}
 		var ln net.Listener = &loggingListener{Listener: l, logf: logf}
-		if port == "443" {
+		switch port {
+		case "443":
 			ln = tls.NewListener(ln, tlsCfg)
+		case "8443":
+			ln = tls.NewListener(ln, untrusted)
 		}
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: nil}
 		go srv.Serve(ln)
@@ -486,4 +542,88 @@ func (c *canary) Conns() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.conns...)
+}
+
+// writeWanPKI makes the wan's CA and a certificate for every name and
+// address of the zone under it, as ca.pem, leaf.pem and leaf-key.pem.
+func writeWanPKI(dir string) error {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(10),
+		Subject:               pkix.Name{CommonName: "fence fake public root"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for n := range dnsZone() {
+		names = append(names, n)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(11),
+		Subject:      pkix.Name{CommonName: "fence fake wan"},
+		DNSNames:     names,
+		IPAddresses:  []net.IP{net.ParseIP(wanIP), net.ParseIP(evilIP), net.ParseIP(wanIP6)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	for name, b := range map[string]*pem.Block{
+		"ca.pem":       {Type: "CERTIFICATE", Bytes: caDER},
+		"leaf.pem":     {Type: "CERTIFICATE", Bytes: der},
+		"leaf-key.pem": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(b), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isArtifact reports whether the wan serves path as a package artifact.
+func isArtifact(path string) bool {
+	for _, ext := range []string{".whl", ".tar.gz", ".tgz", ".deb", ".zip", ".crate"} {
+		if strings.HasSuffix(path, ext) {
+			return true
+		}
+	}
+	return false
+}
+
+// artifactBytes is the content the wan serves for an artifact path:
+// 96 KiB that depend on the path.
+func artifactBytes(path string) []byte {
+	out := make([]byte, 0, 96<<10)
+	sum := sha256.Sum256([]byte(path))
+	for len(out) < cap(out) {
+		out = append(out, sum[:]...)
+		sum = sha256.Sum256(sum[:])
+	}
+	return out
 }

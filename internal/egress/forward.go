@@ -96,11 +96,13 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	)
 	upDone := make(chan int64, 1)
 	first := newFirstBytes(up)
-	if d.VerifyName {
+	icpt := st.opts.Interceptor
+	if d.VerifyName || icpt != nil {
 		// Let the upstream speak first while we wait for the client's
 		// first bytes; nothing goes upstream until the name is checked.
 		spoke := &countingConn{Conn: down}
-		go func() { upDone <- copyHalf(st.ctx, spoke, first, st.downLimit) }()
+		held := &holdConn{Conn: first}
+		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit) }()
 		var res sniff.Result
 		var serr error
 		// The upstream spoke first if it sent anything before the
@@ -110,7 +112,15 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		loose := func() bool { return byName && !spokeFirst() }
 		peeked, res, serr = peek(down, st.opts.PeekTimeout, loose)
 		serverFirst = spokeFirst()
-		if serr == nil && len(peeked) == 0 {
+		if !d.VerifyName {
+			// Peeked only for the gateway: whatever the bytes are, the
+			// flow was allowed without them.
+			serr = nil
+			if serverFirst {
+				res = sniff.Result{}
+			}
+		}
+		if d.VerifyName && serr == nil && len(peeked) == 0 {
 			// The client said nothing in time. Only a server-first
 			// protocol (the upstream spoke: SSH, SMTP) may go on, and
 			// its first client bytes are still checked; a silent
@@ -126,7 +136,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		switch {
 		case serr != nil:
 			ev.Allowed, ev.Reason = false, ReasonSniff
-		case res.Kind == sniff.TLS:
+		case res.Kind == sniff.TLS && d.VerifyName:
 			// A TLS ClientHello without SNI names nothing: refused, or
 			// it would reach every name the address serves.
 			d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names, Observed: res.Name})
@@ -136,7 +146,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			}
 		case res.Kind == sniff.HTTP:
 			// Every request's Host is checked as it goes (relayHTTP).
-			checkHTTP = true
+			checkHTTP = d.VerifyName
 		case byName && !serverFirst:
 			// Admitted for a name, the client spoke first, and it is
 			// neither TLS nor HTTP/1.x: nothing names what it reaches.
@@ -147,6 +157,12 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			down.Close()
 			up.Close()
 			ev.BytesIn = <-upDone
+			ev.Duration = time.Since(start)
+			st.record(ev)
+			return
+		}
+		if icpt != nil && !serverFirst && wantsIntercept(icpt, res, peeked) {
+			st.intercept(&ev, icpt, held, spoke, upDone, up, down, peeked, dst, names, res)
 			ev.Duration = time.Since(start)
 			st.record(ev)
 			return
@@ -291,10 +307,20 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }
 
 type closeWriter interface{ CloseWrite() error }
 
-// countingConn counts the bytes written to it.
+// countingConn counts the bytes written to it. Once held, closing it
+// does nothing (its copier is being stopped to hand the flow over).
 type countingConn struct {
 	net.Conn
-	n atomic.Int64
+	n    atomic.Int64
+	held atomic.Bool
+}
+
+// Close closes the underlying connection unless the conn is held.
+func (c *countingConn) Close() error {
+	if c.held.Load() {
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
@@ -305,6 +331,9 @@ func (c *countingConn) Write(b []byte) (int, error) {
 
 // CloseWrite half-closes the underlying connection.
 func (c *countingConn) CloseWrite() error {
+	if c.held.Load() {
+		return nil
+	}
 	if cw, ok := c.Conn.(closeWriter); ok {
 		return cw.CloseWrite()
 	}

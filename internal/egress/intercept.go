@@ -1,9 +1,15 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/egress/sniff"
 )
 
 // Interceptor takes over the flows a sandbox's egress gateway must see
@@ -42,4 +48,111 @@ type InterceptedFlow struct {
 	Names []string
 	// SNI is the TLS server name (normalised); empty for plain HTTP.
 	SNI string
+}
+
+// wantsIntercept asks the interceptor about a flow whose first client
+// bytes are known.
+func wantsIntercept(icpt Interceptor, res sniff.Result, peeked []byte) bool {
+	switch res.Kind {
+	case sniff.TLS:
+		return res.Name != "" && icpt.InterceptTLS(res.Name)
+	case sniff.HTTP:
+		return icpt.InterceptHTTP(httpHost(peeked))
+	}
+	return false
+}
+
+// httpHost returns the Host header of the first request head in b, as far
+// as b holds it, or "".
+func httpHost(b []byte) string {
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		line = bytes.TrimRight(line, "\r")
+		if len(line) == 0 {
+			continue
+		}
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if ok && bytes.EqualFold(bytes.TrimSpace(name), []byte("host")) {
+			h := string(bytes.TrimSpace(value))
+			if host, _, err := net.SplitHostPort(h); err == nil {
+				return host
+			}
+			return h
+		}
+	}
+	return ""
+}
+
+// holdConn is the upstream as the pre-peek copier reads it: once held,
+// closing it does nothing, so the copier can be stopped (by a read
+// deadline) without ending the flow.
+type holdConn struct {
+	net.Conn
+	held atomic.Bool
+}
+
+// Close closes the underlying connection unless the conn is held.
+func (c *holdConn) Close() error {
+	if c.held.Load() {
+		return nil
+	}
+	return c.Conn.Close()
+}
+
+// intercept stops the copier that forwarded the upstream's bytes while
+// the stack peeked (nothing has come from a client-first upstream), and
+// hands the flow to the interceptor.
+func (st *Stack) intercept(ev *FlowEvent, icpt Interceptor, held *holdConn, spoke *countingConn,
+	upDone chan int64, up, down net.Conn, peeked []byte, dst netip.AddrPort, names []string, res sniff.Result) {
+	held.held.Store(true)
+	spoke.held.Store(true)
+	up.SetReadDeadline(time.Now())
+	n := <-upDone
+	up.SetReadDeadline(time.Time{})
+	if n > 0 || st.ctx.Err() != nil {
+		// The upstream spoke after all: the flow is not the gateway's.
+		down.Close()
+		up.Close()
+		ev.BytesIn, ev.Err = n, "upstream spoke while the flow was handed over"
+		return
+	}
+	f := InterceptedFlow{
+		Conn:     &prefixConn{Conn: down, prefix: peeked},
+		Upstream: up,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, st.opts.ConnectTimeout)
+			defer cancel()
+			return st.dial(ctx, "tcp", dst.String())
+		},
+		Dst:   dst,
+		Names: names,
+	}
+	if res.Kind == sniff.TLS {
+		f.SNI, _ = policy.NormalizeName(res.Name)
+	}
+	ev.Intercepted = true
+	ev.BytesOut, ev.BytesIn = icpt.Serve(st.ctx, f)
+	down.Close()
+}
+
+// prefixConn reads prefix before the connection's own bytes.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// CloseWrite half-closes the connection when it can.
+func (c *prefixConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
 }

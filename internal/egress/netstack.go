@@ -58,6 +58,9 @@ type FlowEvent struct {
 	Start    time.Time
 	Duration time.Duration
 	Err      string // dial or copy error, if any
+	// Intercepted is set when the egress gateway relayed the flow (and
+	// decided each of its requests, with events of its own).
+	Intercepted bool
 	// Suppressed counts the sandbox's refused connection attempts that
 	// the stack dropped without an event of their own (over the refused
 	// rate) since its previous event that carried such a count.
@@ -141,6 +144,10 @@ type Options struct {
 	PeekTimeout time.Duration
 	// DNSMaxTTL and DNSGrace: see dns.Config.
 	DNSMaxTTL, DNSGrace time.Duration
+	// Interceptor, if set, is asked about every allowed TCP flow once its
+	// first client bytes are known, and relays those it wants (the egress
+	// gateway). Nil relays every allowed flow as it is.
+	Interceptor Interceptor
 }
 
 const nicID tcpip.NICID = 1

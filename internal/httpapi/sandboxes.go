@@ -90,6 +90,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		EnvVars:             req.EnvVars,
 		AllowInternetAccess: req.AllowInternetAccess,
 		Network:             req.Network,
+		Secrets:             req.Secrets,
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -95,6 +97,15 @@ type Options struct {
 	// NeverCIDRs are the operator's ranges that no sandbox may reach,
 	// whatever its policy lists.
 	NeverCIDRs []netip.Prefix
+	// InspectByDefault makes the egress gateway intercept every
+	// name-allowed TLS flow of a sandbox whose network says nothing about
+	// inspection (fence serve --inspect).
+	InspectByDefault bool
+	// Secrets, if set, is checked for the secrets a create binds.
+	Secrets gateway.Secrets
+	// CAEnv are variables every sandbox gets (under its own envVars) so
+	// that its tools trust the egress gateway's CA.
+	CAEnv map[string]string
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
@@ -118,6 +129,11 @@ type Manager struct {
 	defaults  Defaults
 
 	allowInternetByDefault bool
+	inspectByDefault       bool
+	secrets                gateway.Secrets
+	caEnv                  map[string]string
+	// gateways holds each handed-out sandbox's *gatewayState, by ID.
+	gateways sync.Map
 	hostAddrs              []netip.Addr
 	hosts                  policy.HostSet
 	never                  []netip.Prefix
@@ -182,6 +198,9 @@ func New(opts Options) (*Manager, error) {
 		templates:              opts.Templates,
 		defaults:               opts.Defaults.withBuiltins(),
 		allowInternetByDefault: opts.AllowInternetByDefault,
+		inspectByDefault:       opts.InspectByDefault,
+		secrets:                opts.Secrets,
+		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
 		hosts:                  opts.Hosts,
 		never:                  opts.NeverCIDRs,
@@ -373,11 +392,26 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	phEnv, bindings, err := m.bindSecrets(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	gw := &gatewayState{}
+	gw.cfg.Store(m.buildGateway(ctx, egressPolicy, req.Network, bindings))
+	env := req.EnvVars
+	if len(m.caEnv)+len(phEnv) > 0 {
+		env = maps.Clone(m.caEnv)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, req.EnvVars)
+		maps.Copy(env, phEnv)
+	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
 		Egress: egressPolicy,
 		RootFS: rootfs,
 		Limits: limits,
-		Agent:  isolation.AgentConfig{EnvVars: req.EnvVars},
+		Agent:  isolation.AgentConfig{EnvVars: env},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -387,6 +421,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}
+	m.gateways.Store(id, gw)
+	defer func() {
+		if !registered {
+			m.gateways.Delete(id)
+		}
+	}()
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,
@@ -474,6 +514,7 @@ func (m *Manager) watch(e *entry) {
 	cur, ok := m.running[e.box.ID()]
 	if ok && cur == e {
 		delete(m.running, e.box.ID())
+		m.gateways.Delete(e.box.ID())
 		m.dying++
 	}
 	m.mu.Unlock()
@@ -498,6 +539,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	for id, e := range m.running {
 		all = append(all, e)
 		delete(m.running, id)
+		m.gateways.Delete(id)
 	}
 	m.mu.Unlock()
 	close(m.stop)

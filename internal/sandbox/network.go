@@ -6,6 +6,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 )
 
@@ -47,6 +48,14 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *b
 		return fmt.Errorf("sandbox %s cannot change its network: %w", id, api.ErrFailedPrecondition)
 	}
 	setter.SetEgress(p)
+	if v, ok := m.gateways.Load(id); ok {
+		gs := v.(*gatewayState)
+		var bindings []gateway.Binding
+		if old := gs.cfg.Load(); old != nil {
+			bindings = old.Bindings
+		}
+		gs.cfg.Store(m.buildGateway(ctx, p, n, bindings))
+	}
 	m.mu.Lock()
 	e.info.AllowInternetAccess = allowInternet
 	if n != nil {

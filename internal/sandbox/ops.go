@@ -178,6 +178,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	e, ok := m.running[id]
 	if ok {
 		delete(m.running, id)
+		m.gateways.Delete(id)
 		m.dying++
 	}
 	m.mu.Unlock()

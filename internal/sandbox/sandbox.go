@@ -90,6 +90,9 @@ type CreateRequest struct {
 	DiskMB              int64
 	AllowInternetAccess *bool
 	Network             *api.NetworkConfig
+	// Secrets binds stored secrets to placeholder variables (see
+	// api.NewSandbox.Secrets).
+	Secrets map[string]api.SecretBinding
 }
 
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.

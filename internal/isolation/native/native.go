@@ -73,6 +73,14 @@ type Options struct {
 	// Net is what the sandboxes' network stacks share (memory budget, DNS
 	// cache). Nil means one with the defaults, for this backend alone.
 	Net *egress.Shared
+	// Interceptor, if set, gives each sandbox's network stack its egress
+	// gateway (see egress.Options.Interceptor), by sandbox ID.
+	Interceptor func(id string) egress.Interceptor
+	// TrustedCA is a PEM certificate every sandbox trusts on top of its
+	// template's roots: the egress gateway's CA. It is added to the
+	// sandbox's own copy of /etc/ssl/certs/ca-certificates.crt and written
+	// alone to /etc/fence/ca.pem (see CAEnv).
+	TrustedCA []byte
 	// Ephemeral makes Close remove the instance itself (its cgroup parent
 	// and directories), for one-off instances such as `fence run`'s.
 	Ephemeral bool
@@ -100,6 +108,10 @@ type Backend struct {
 	// lifetime.
 	sockDirFD int
 	sbDir     string
+
+	// bundles caches, per template root, its CA bundle with TrustedCA
+	// appended.
+	bundles sync.Map // string → []byte
 
 	seccompOnce sync.Once
 	seccompProg []byte // the encoded sandbox filter (see seccompFilter)

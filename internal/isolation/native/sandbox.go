@@ -218,12 +218,16 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.Symlink(agentPath, sudoLink); err != nil {
 		return nil, fmt.Errorf("installing sudo: %w", err)
 	}
+	caFiles, err := s.installCA(cfg.UpperDir, spec.RootFS, uid)
+	if err != nil {
+		return nil, err
+	}
 	ns := "nameserver " + egress.ResolverIPv4.String() + "\nnameserver " + egress.ResolverIPv6.String() + "\n"
 	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
-	for _, d := range []string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv,
-		filepath.Dir(usrBin), usrBin, sudoLink} {
+	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv,
+		filepath.Dir(usrBin), usrBin, sudoLink}, caFiles...) {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
@@ -459,6 +463,10 @@ func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy)
 	if err != nil {
 		return fmt.Errorf("creating sandbox network device: %w", err)
 	}
+	var icpt egress.Interceptor
+	if s.b.opts.Interceptor != nil {
+		icpt = s.b.opts.Interceptor(s.id)
+	}
 	// The stack lives as long as the sandbox, not the create request.
 	st, err := egress.New(context.WithoutCancel(ctx), egress.Options{
 		SandboxID:   s.id,
@@ -468,6 +476,7 @@ func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy)
 		HostAddrs:   s.b.opts.HostAddrs,
 		Recorder:    s.b.opts.Recorder,
 		Shared:      s.b.opts.Net,
+		Interceptor: icpt,
 		Bandwidth:   s.b.opts.NetBandwidth,
 		Logger:      s.b.log,
 	})
