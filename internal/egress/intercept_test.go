@@ -26,7 +26,7 @@ type takeAll struct {
 	hdr [][]byte
 }
 
-func (i *takeAll) InterceptTLS(sni string) bool  { return sni == i.tlsName }
+func (i *takeAll) InterceptTLS(sni string) bool   { return sni == i.tlsName }
 func (i *takeAll) InterceptHTTP(host string) bool { return host == i.httpHost }
 
 func (i *takeAll) Serve(ctx context.Context, f egress.InterceptedFlow) (int64, int64) {

@@ -133,15 +133,15 @@ type Manager struct {
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
-	gateways sync.Map
-	hostAddrs              []netip.Addr
-	hosts                  policy.HostSet
-	never                  []netip.Prefix
-	max                    int
-	maxTimeout             time.Duration
-	retention              time.Duration
-	log                    *slog.Logger
-	now                    func() time.Time
+	gateways   sync.Map
+	hostAddrs  []netip.Addr
+	hosts      policy.HostSet
+	never      []netip.Prefix
+	max        int
+	maxTimeout time.Duration
+	retention  time.Duration
+	log        *slog.Logger
+	now        func() time.Time
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
