@@ -30,6 +30,13 @@ type Interceptor interface {
 	Serve(ctx context.Context, f InterceptedFlow) (out, in int64)
 }
 
+// NameChecker is implemented by interceptors that also judge the names a
+// sandbox looks up: a name it refuses (one that carries a secret's
+// placeholder) gets NXDOMAIN and never reaches the upstream resolver.
+type NameChecker interface {
+	RefuseName(name string) (reason string, refused bool)
+}
+
 // InterceptedFlow is one flow handed to an Interceptor.
 type InterceptedFlow struct {
 	// Conn is the sandbox's side. The bytes the stack peeked at (the

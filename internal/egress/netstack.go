@@ -207,7 +207,11 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.Shared == nil {
 		opts.Shared = NewShared(SharedOptions{})
 	}
-	res, err := dns.New(dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache})
+	dcfg := dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache}
+	if nc, ok := opts.Interceptor.(NameChecker); ok {
+		dcfg.Refuse = nc.RefuseName
+	}
+	res, err := dns.New(dcfg)
 	if err != nil {
 		closeFD()
 		return nil, fmt.Errorf("creating resolver: %w", err)

