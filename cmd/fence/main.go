@@ -59,6 +59,8 @@ func deps() cli.Deps {
 				TLSCert:       o.TLSCert,
 				TLSKey:        o.TLSKey,
 				AllowInternet: o.AllowInternet,
+				Inspect:       o.Inspect,
+				UpstreamCA:    o.UpstreamCA,
 				DenyCIDRs:     o.DenyCIDRs,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),

@@ -56,6 +56,12 @@ type ServeOptions struct {
 	// AllowInternet makes sandboxes whose request says nothing about their
 	// network reach the public internet; false denies all egress.
 	AllowInternet bool
+	// Inspect makes the egress gateway terminate every name-allowed TLS
+	// flow of sandboxes whose network says nothing about inspection.
+	Inspect bool
+	// UpstreamCA is a PEM bundle the egress gateway verifies upstream
+	// servers against instead of the host's roots.
+	UpstreamCA string
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int

@@ -133,6 +133,8 @@ SIGINT or SIGTERM.`,
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
 	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
+	fs.BoolVar(&o.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
+	fs.StringVar(&o.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
 	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")

@@ -71,6 +71,13 @@ type Options struct {
 	// AllowInternet is the egress of sandboxes whose request says nothing
 	// about their network; false denies all.
 	AllowInternet bool
+	// Inspect is the egress gateway's default for sandboxes that say
+	// nothing about inspection: true terminates every name-allowed TLS
+	// flow (fence serve --inspect).
+	Inspect bool
+	// UpstreamCA is a PEM file of the roots the egress gateway verifies
+	// upstream servers with; empty means the host's.
+	UpstreamCA string
 	// DenyCIDRs are ranges no sandbox may reach whatever its policy lists
 	// (the operator's own networks), on top of the built-in ones.
 	DenyCIDRs []netip.Prefix

@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+
+	"github.com/fencesandbox/fence/internal/gateway"
+	"github.com/fencesandbox/fence/internal/metrics"
+)
+
+// downloadSink keeps the package downloads the gateway records.
+type downloadSink interface {
+	RecordDownload(ctx context.Context, d gateway.Download) error
+}
+
+// gatewayRecorder counts and logs the egress gateway's decisions and
+// keeps its download records. Refused requests (a placeholder sent where
+// it may not go, a host the policy refuses) are logged at warning level,
+// under the same per-sandbox allowance as refused flows; secret names are
+// logged, values never reach it.
+type gatewayRecorder struct {
+	flows     *flowRecorder
+	log       *slog.Logger
+	requests  metrics.Counter
+	secrets   metrics.Counter
+	downloads downloadSink
+	recorded  metrics.Counter
+}
+
+func newGatewayRecorder(flows *flowRecorder, log *slog.Logger, reg *metrics.Registry, dl downloadSink) *gatewayRecorder {
+	return &gatewayRecorder{
+		flows:     flows,
+		log:       log,
+		requests:  reg.Counter("fence_gateway_requests_total", "Requests the egress gateway decided, by decision and reason."),
+		secrets:   reg.Counter("fence_gateway_secret_uses_total", "Secret values the egress gateway put into requests."),
+		recorded:  reg.Counter("fence_gateway_downloads_total", "Package downloads the egress gateway recorded, by ecosystem."),
+		downloads: dl,
+	}
+}
+
+// Request implements gateway.Recorder.
+func (r *gatewayRecorder) Request(ctx context.Context, ev gateway.Event) {
+	decision := "allow"
+	level := slog.LevelDebug
+	if !ev.Allowed {
+		decision, level = "deny", slog.LevelWarn
+	}
+	r.requests.Add(1, "decision", decision, "reason", ev.Reason)
+	if len(ev.Secrets) > 0 && ev.Allowed {
+		r.secrets.Add(int64(len(ev.Secrets)))
+	}
+	if !r.log.Enabled(ctx, level) {
+		return
+	}
+	if level > slog.LevelDebug {
+		if ok, _ := r.flows.allow(ev.SandboxID); !ok {
+			return
+		}
+	}
+	r.log.Log(ctx, level, "gateway request", "sandbox_id", ev.SandboxID, "host", ev.Host,
+		"method", ev.Method, "path", ev.Path, "decision", decision, "reason", ev.Reason,
+		"secrets", strings.Join(ev.Secrets, ","), "status", ev.Status,
+		"bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn)
+}
+
+// Download implements gateway.Recorder.
+func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
+	r.recorded.Add(1, "ecosystem", d.Ecosystem)
+	r.log.InfoContext(ctx, "package download", "sandbox_id", d.SandboxID, "ecosystem", d.Ecosystem,
+		"name", d.Name, "version", d.Version, "url", d.URL, "size", d.Size, "sha256", d.SHA256)
+	if r.downloads == nil {
+		return
+	}
+	if err := r.downloads.RecordDownload(context.WithoutCancel(ctx), d); err != nil {
+		r.log.ErrorContext(ctx, "recording a package download", "sandbox_id", d.SandboxID, "err", err)
+	}
+}
