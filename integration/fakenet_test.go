@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -381,6 +382,17 @@ func TestFakeNetHelper(t *testing.T) {
 	// HTTP on 80 and 8080, HTTPS on 443, with a self-signed certificate for
 	// every name of the zone.
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/bench/small":
+			// Measures: not logged (the log is synchronous).
+			io.WriteString(w, "ok\n")
+			return
+		case "/bench/bytes":
+			n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+			io.CopyN(w, zeroReader{}, n)
+			return
+		}
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		logf("http local=%s host=%s path=%s src=%s", local, r.Host, r.URL.Path, r.RemoteAddr)
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
@@ -626,4 +638,11 @@ func artifactBytes(path string) []byte {
 		sum = sha256.Sum256(sum[:])
 	}
 	return out
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -280,4 +281,79 @@ PY
 			}
 		}
 	})
+}
+
+// TestGatewayBench measures the gateway on the real path and logs the
+// ratios docs/BENCHMARKS.md reports: small HTTPS requests on one kept-alive
+// connection and a 100 MB download, through a pass-through flow, through
+// an intercepted one, and from the host directly, with the same curl.
+// It asserts nothing about time.
+func TestGatewayBench(t *testing.T) {
+	requireTemplate(t, "base")
+	fn := newFakeNet(t)
+	d := startDaemon(t, newDataDir(t), "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
+	inspect := true
+	in := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+		DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}, Inspect: &inspect}})
+	pass := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
+		DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}}})
+	const n = 50
+	small := strings.Repeat(" https://other.test/bench/small", n)
+	big := " https://other.test/bench/bytes?n=100000000"
+	w := ` -w '%{time_total} %{speed_download}\n'`
+	type result struct{ firstMS, nextMS, mbps float64 }
+	parse := func(out string) result {
+		var times []float64
+		var speed float64
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var tt, sp float64
+			if _, err := fmt.Sscan(l, &tt, &sp); err == nil {
+				times = append(times, tt*1000)
+				speed = sp
+			}
+		}
+		var r result
+		if len(times) == n {
+			r.firstMS = times[0]
+			rest := append([]float64(nil), times[1:]...)
+			sortFloats(rest)
+			r.nextMS = rest[len(rest)/2]
+		} else if len(times) == 1 {
+			r.mbps = speed / 1e6
+		}
+		return r
+	}
+	measure := func(name string, runIt func(args string) string) (result, result) {
+		s := parse(runIt("-sSk -o /dev/null" + w + small))
+		b := parse(runIt("-sSk -o /dev/null" + w + big))
+		t.Logf("%-12s first request %.2f ms, next (median) %.3f ms, %.0f req/s; 100 MB at %.0f MB/s", name, s.firstMS, s.nextMS, 1000/s.nextMS, b.mbps)
+		return s, b
+	}
+	host := func(args string) string {
+		out, err := exec.Command("sh", "-c", "curl --resolve other.test:443:"+wanIP+" --cacert "+fn.CAFile+" "+args).Output()
+		if err != nil {
+			t.Fatalf("host curl: %v", err)
+		}
+		return string(out)
+	}
+	in2 := func(e *client.Envd) func(string) string {
+		return func(args string) string { return sh(t, e, "curl "+args) }
+	}
+	hs, hb := measure("host", host)
+	ps, pb := measure("pass-through", in2(pass.Envd()))
+	is, ib := measure("intercepted", in2(in.Envd()))
+	if pb.mbps > 0 && hb.mbps > 0 {
+		t.Logf("throughput: intercepted/pass-through %.2f, pass-through/host %.2f, intercepted/host %.2f",
+			ib.mbps/pb.mbps, pb.mbps/hb.mbps, ib.mbps/hb.mbps)
+	}
+	t.Logf("added per request after the first: pass-through %+.3f ms, intercepted %+.3f ms (vs host); intercepted vs pass-through %+.3f ms",
+		ps.nextMS-hs.nextMS, is.nextMS-hs.nextMS, is.nextMS-ps.nextMS)
+}
+
+func sortFloats(f []float64) {
+	for i := 1; i < len(f); i++ {
+		for j := i; j > 0 && f[j] < f[j-1]; j-- {
+			f[j], f[j-1] = f[j-1], f[j]
+		}
+	}
 }
