@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -316,7 +317,7 @@ func TestGatewayBench(t *testing.T) {
 		if len(times) == n {
 			r.firstMS = times[0]
 			rest := append([]float64(nil), times[1:]...)
-			sortFloats(rest)
+			slices.Sort(rest)
 			r.nextMS = rest[len(rest)/2]
 		} else if len(times) == 1 {
 			r.mbps = speed / 1e6
@@ -350,10 +351,3 @@ func TestGatewayBench(t *testing.T) {
 		ps.nextMS-hs.nextMS, is.nextMS-hs.nextMS, is.nextMS-ps.nextMS)
 }
 
-func sortFloats(f []float64) {
-	for i := 1; i < len(f); i++ {
-		for j := i; j > 0 && f[j] < f[j-1]; j-- {
-			f[j], f[j-1] = f[j-1], f[j]
-		}
-	}
-}
