@@ -350,4 +350,3 @@ func TestGatewayBench(t *testing.T) {
 	t.Logf("added per request after the first: pass-through %+.3f ms, intercepted %+.3f ms (vs host); intercepted vs pass-through %+.3f ms",
 		ps.nextMS-hs.nextMS, is.nextMS-hs.nextMS, is.nextMS-ps.nextMS)
 }
-
