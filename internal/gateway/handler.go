@@ -1,0 +1,728 @@
+package gateway
+
+import (
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/egress/policy"
+)
+
+// Reasons an [Event] gives for a refused request.
+const (
+	ReasonBadHost         = "bad-host"           // no Host, or not a name or address
+	ReasonHostMismatch    = "host-mismatch"      // Host/:authority is not the TLS server name
+	ReasonPolicy          = "policy"             // the sandbox's policy denies the host ("policy:" + the policy's reason)
+	ReasonIPLiteral       = "ip-literal-host"    // plain HTTP to an address on a flow admitted by name
+	ReasonMethod          = "method-not-allowed" // CONNECT
+	ReasonNoConfig        = "no-config"          // the sandbox has no configuration (any more)
+	ReasonPlaceholderLeak = "placeholder-leak"   // a placeholder outside its binding's hosts and places
+	ReasonSecretMissing   = "secret-missing"     // a rule or binding names a secret the store does not give
+	ReasonSecretPlainHTTP = "secret-over-plain-http"
+	ReasonUpstreamTLS     = "upstream-tls"         // upstream failed verification: no request was sent
+	ReasonUpstream        = "upstream-error"       // upstream unreachable or failed mid-request
+	ReasonEncoding        = "unscannable-encoding" // a masked response came in an encoding the gateway cannot read
+	ReasonAborted         = "aborted"              // the response was cut short
+)
+
+// reqState is what the gateway knows about one request while it is proxied.
+type reqState struct {
+	ev       Event
+	host     string
+	rawQuery string // the query to send (placeholders replaced)
+	hdrRepl  []needle
+	basic    []needle
+	rules    map[string]string
+	masks    []needle // injected value → what the sandbox sees instead
+	bodyScan []needle
+	leak     atomic.Pointer[string] // secret whose placeholder the body carried
+	outBody  *countReader
+	inBody   *countReader
+	dl       *artifactHit
+	encErr   bool
+}
+
+type artifactHit struct {
+	artifact
+	url  string
+	body *countReader
+}
+
+type stateKey struct{}
+
+func (fc *flowConn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !fc.enter() {
+		http.Error(w, "connection closing", http.StatusServiceUnavailable)
+		return
+	}
+	defer fc.leave()
+	st := &reqState{ev: Event{
+		SandboxID: fc.sb.id, Time: time.Now(), Host: r.Host, Method: r.Method, Path: r.URL.Path,
+	}}
+	completed := false
+	defer func() {
+		if st.outBody != nil {
+			st.ev.BytesOut = st.outBody.n.Load()
+		}
+		if st.inBody != nil {
+			st.ev.BytesIn = st.inBody.n.Load()
+		}
+		if s := st.leak.Load(); s != nil {
+			st.ev.Reason = ReasonPlaceholderLeak
+			st.ev.Secrets = []string{*s}
+		} else if !completed && st.ev.Reason == "" {
+			st.ev.Reason = ReasonAborted
+		}
+		st.ev.Allowed = st.ev.Reason == ""
+		fc.sb.request(r.Context(), st.ev)
+		if completed && st.dl != nil && st.dl.body.done.Load() && st.ev.Allowed {
+			fc.sb.download(r.Context(), Download{
+				SandboxID: fc.sb.id, Time: time.Now(), Ecosystem: st.dl.Ecosystem,
+				Name: st.dl.Name, Version: st.dl.Version, URL: st.dl.url,
+				Size: st.dl.body.n.Load(), SHA256: hex.EncodeToString(st.dl.body.h.Sum(nil)),
+			})
+		}
+	}()
+	if status := fc.decide(r, st); status != 0 {
+		refuse(w, status, st.ev.Reason)
+		completed = true
+		return
+	}
+	fc.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+	completed = true
+}
+
+func refuse(w http.ResponseWriter, status int, reason string) {
+	w.Header().Set("X-Fence-Gateway", reason)
+	http.Error(w, "fence gateway: "+reason, status)
+}
+
+// decide checks a request and plans what to put into it; a non-zero
+// status refuses it (st.ev says why).
+func (fc *flowConn) decide(r *http.Request, st *reqState) int {
+	fail := func(status int, reason string, secrets ...string) int {
+		st.ev.Reason, st.ev.Secrets = reason, secrets
+		return status
+	}
+	cfg := fc.sb.cfg()
+	if cfg == nil || cfg.Policy == nil {
+		return fail(http.StatusForbidden, ReasonNoConfig)
+	}
+	hostport := r.Host
+	if hostport == "" && fc.sni != "" {
+		hostport = fc.sni
+	}
+	host, isIP, ok := splitHost(hostport)
+	if !ok {
+		return fail(http.StatusBadRequest, ReasonBadHost)
+	}
+	st.host, st.ev.Host = host, host
+	if r.Method == http.MethodConnect {
+		return fail(http.StatusMethodNotAllowed, ReasonMethod)
+	}
+	tlsFlow := fc.sni != ""
+	if tlsFlow && host != fc.sni {
+		return fail(http.StatusMisdirectedRequest, ReasonHostMismatch)
+	}
+	d := cfg.Policy.Decide(policy.Flow{Proto: policy.TCP, Dst: fc.flow.Dst, Names: fc.flow.Names, Observed: host})
+	if !d.Allow {
+		return fail(http.StatusForbidden, ReasonPolicy+":"+d.Reason)
+	}
+	if isIP && d.Reason == policy.ReasonAllowName {
+		return fail(http.StatusForbidden, ReasonIPLiteral)
+	}
+
+	// Bindings: find every placeholder, replace those in allowed places of
+	// bound hosts, refuse the others.
+	st.rawQuery = r.URL.RawQuery
+	var used []Binding
+	var usedPlace []Place
+	for _, b := range cfg.Bindings {
+		if b.Placeholder == "" {
+			continue
+		}
+		p := b.Placeholder
+		bound := matchAny(b.Hosts, host)
+		var places Place
+		if strings.Contains(r.URL.EscapedPath(), p) || strings.Contains(r.URL.Path, p) || strings.Contains(r.RequestURI, p) && !strings.Contains(r.URL.RawQuery, p) {
+			return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
+		}
+		if found, leak := scanQuery(r.URL.RawQuery, p, bound && b.Places&PlaceQuery != 0); leak {
+			return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
+		} else if found {
+			places |= PlaceQuery
+		}
+		for k, vs := range r.Header {
+			if strings.Contains(k, p) {
+				return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
+			}
+			for _, v := range vs {
+				if strings.Contains(v, p) {
+					if !bound || b.Places&PlaceHeader == 0 {
+						return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
+					}
+					places |= PlaceHeader
+				}
+				if k == "Authorization" || k == "Proxy-Authorization" {
+					if cred, ok := basicCred(v); ok && strings.Contains(cred, p) {
+						if !bound || b.Places&PlaceBasicAuth == 0 || k != "Authorization" {
+							return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
+						}
+						places |= PlaceBasicAuth
+					}
+				}
+			}
+		}
+		if places != 0 {
+			used = append(used, b)
+			usedPlace = append(usedPlace, places)
+		}
+		st.bodyScan = append(st.bodyScan, needle{find: []byte(p), secret: b.Secret})
+	}
+	if len(used) > 0 && !tlsFlow {
+		names := make([]string, len(used))
+		for i, b := range used {
+			names[i] = b.Secret
+		}
+		return fail(http.StatusForbidden, ReasonSecretPlainHTTP, names...)
+	}
+	for i, b := range used {
+		v, err := fc.sb.secret(r.Context(), b.Secret)
+		if err != nil {
+			return fail(http.StatusBadGateway, ReasonSecretMissing, b.Secret)
+		}
+		st.ev.Secrets = appendUnique(st.ev.Secrets, b.Secret)
+		nd := needle{find: []byte(b.Placeholder), replace: []byte(v)}
+		if usedPlace[i]&PlaceHeader != 0 {
+			st.hdrRepl = append(st.hdrRepl, nd)
+		}
+		if usedPlace[i]&PlaceBasicAuth != 0 {
+			st.basic = append(st.basic, nd)
+		}
+		if usedPlace[i]&PlaceQuery != 0 {
+			st.rawQuery = replaceQuery(st.rawQuery, b.Placeholder, v)
+			st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
+		}
+		st.masks = append(st.masks, maskOf(v, b.Placeholder)...)
+	}
+
+	// Header rules.
+	if rs := ruleFor(cfg.Rules, host); rs != nil {
+		st.rules = make(map[string]string, len(rs))
+		for name, tmpl := range rs {
+			if http.CanonicalHeaderKey(name) == "Host" {
+				continue
+			}
+			refs := secretRefs(tmpl)
+			if len(refs) > 0 && !tlsFlow {
+				return fail(http.StatusForbidden, ReasonSecretPlainHTTP, refs...)
+			}
+			val := tmpl
+			for _, ref := range refs {
+				v, err := fc.sb.secret(r.Context(), ref)
+				if err != nil {
+					return fail(http.StatusBadGateway, ReasonSecretMissing, ref)
+				}
+				val = strings.ReplaceAll(val, secretRef(ref), v)
+				st.ev.Secrets = appendUnique(st.ev.Secrets, ref)
+				st.masks = append(st.masks, maskOf(v, secretRef(ref))...)
+			}
+			st.rules[http.CanonicalHeaderKey(name)] = val
+		}
+	}
+	return 0
+}
+
+// rewrite builds the upstream request: same method, path and Host, sent
+// to the flow's destination, with the planned values put in.
+func (fc *flowConn) rewrite(pr *httputil.ProxyRequest) {
+	st := pr.In.Context().Value(stateKey{}).(*reqState)
+	out := pr.Out
+	if fc.sni != "" {
+		out.URL.Scheme = "https"
+	} else {
+		out.URL.Scheme = "http"
+	}
+	out.URL.Host = fc.target
+	out.Host = pr.In.Host
+	if out.Host == "" {
+		out.Host = st.host
+	}
+	out.URL.RawQuery = st.rawQuery
+	out.Trailer = nil
+	if len(st.hdrRepl) > 0 {
+		for k, vs := range out.Header {
+			for i, v := range vs {
+				vs[i] = replaceAll(v, st.hdrRepl)
+			}
+			out.Header[k] = vs
+		}
+	}
+	if len(st.basic) > 0 {
+		if v := out.Header.Get("Authorization"); v != "" {
+			if cred, ok := basicCred(v); ok {
+				real := replaceAll(cred, st.basic)
+				enc := base64.StdEncoding.EncodeToString([]byte(real))
+				out.Header.Set("Authorization", "Basic "+enc)
+				st.masks = append(st.masks, maskOf(enc, base64.StdEncoding.EncodeToString([]byte(cred)))...)
+			}
+		}
+	}
+	for k, v := range st.rules {
+		out.Header[k] = []string{v}
+	}
+	if len(st.masks) > 0 {
+		out.Header.Set("Accept-Encoding", "identity")
+	}
+	if out.Body != nil && out.Body != http.NoBody {
+		body := out.Body
+		if len(st.bodyScan) > 0 {
+			body = newLeakReader(body, st.bodyScan, func(secret string) { st.leak.Store(&secret) })
+		}
+		st.outBody = newCountReader(body, false)
+		out.Body = st.outBody
+	}
+}
+
+var errEncoding = errors.New("gateway: response encoding cannot be scanned")
+
+// modifyResponse masks injected values in what comes back, records
+// downloads and counts the body.
+func (fc *flowConn) modifyResponse(resp *http.Response) error {
+	st := resp.Request.Context().Value(stateKey{}).(*reqState)
+	st.ev.Status = resp.StatusCode
+	if st.leak.Load() != nil {
+		return errPlaceholderLeak
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		maskHeader(resp.Header, st.masks)
+		return nil
+	}
+	if len(st.masks) > 0 {
+		maskHeader(resp.Header, st.masks)
+		body, err := decoded(resp)
+		if err != nil {
+			st.encErr = true
+			return err
+		}
+		trailer := resp.Trailer
+		resp.Body = newReplaceReader(body, st.masks, func() { maskHeader(trailer, st.masks) })
+		resp.Header.Del("Content-Length")
+		resp.ContentLength = -1
+	}
+	req := resp.Request
+	if req.Method == http.MethodGet {
+		switch {
+		case resp.StatusCode == http.StatusOK:
+			a, ok := artifactOf(st.host, req.URL.EscapedPath())
+			if !ok {
+				a, ok = fc.sb.redirects.take(requestKey(fc.sni != "", st.host, req.URL))
+			}
+			if ok {
+				body := newCountReader(resp.Body, true)
+				resp.Body = body
+				st.dl = &artifactHit{artifact: a, url: (&url.URL{Scheme: req.URL.Scheme, Host: st.host, Path: req.URL.Path}).String(), body: body}
+			}
+		case resp.StatusCode >= 300 && resp.StatusCode < 400:
+			if a, ok := artifactOf(st.host, req.URL.EscapedPath()); ok {
+				base, _ := url.Parse(requestKey(fc.sni != "", st.host, req.URL))
+				if loc, err := base.Parse(resp.Header.Get("Location")); err == nil && resp.Header.Get("Location") != "" {
+					fc.sb.redirects.put(loc.String(), a)
+				}
+			}
+		}
+	}
+	st.inBody = newCountReader(resp.Body, false)
+	resp.Body = st.inBody
+	return nil
+}
+
+// decoded returns resp's body as identity bytes: gzip and deflate are
+// undone (and the header dropped); other encodings are refused.
+func decoded(resp *http.Response) (io.ReadCloser, error) {
+	ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding")))
+	switch ce {
+	case "", "identity":
+		return resp.Body, nil
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(resp.Body)
+		if err != nil {
+			if errors.Is(err, io.EOF) { // empty body
+				resp.Header.Del("Content-Encoding")
+				return resp.Body, nil
+			}
+			return nil, errEncoding
+		}
+		resp.Header.Del("Content-Encoding")
+		return readCloser{zr, resp.Body}, nil
+	case "deflate":
+		zr := flate.NewReader(&zlibSkip{r: resp.Body})
+		resp.Header.Del("Content-Encoding")
+		return readCloser{zr, resp.Body}, nil
+	}
+	return nil, errEncoding
+}
+
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (r readCloser) Close() error { return r.c.Close() }
+
+// zlibSkip drops a zlib header (HTTP's "deflate" is zlib; some servers
+// send raw deflate, which has no such header) so flate can read both.
+type zlibSkip struct {
+	r    io.Reader
+	head []byte
+	done bool
+}
+
+func (z *zlibSkip) Read(p []byte) (int, error) {
+	if !z.done {
+		z.done = true
+		var h [2]byte
+		n, err := io.ReadFull(z.r, h[:])
+		if n < 2 {
+			if err == nil || err == io.ErrUnexpectedEOF {
+				err = io.EOF
+			}
+			return copy(p, h[:n]), err
+		}
+		if h[0]&0x0f == 8 && (uint16(h[0])<<8|uint16(h[1]))%31 == 0 {
+			// zlib header; a preset dictionary is not supported by HTTP.
+		} else {
+			z.head = h[:]
+		}
+	}
+	if len(z.head) > 0 {
+		n := copy(p, z.head)
+		z.head = z.head[n:]
+		return n, nil
+	}
+	return z.r.Read(p)
+}
+
+// proxyError answers a request the gateway could not (or would not)
+// complete upstream.
+func (fc *flowConn) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	st := r.Context().Value(stateKey{}).(*reqState)
+	var verr *tls.CertificateVerificationError
+	var uerr x509.UnknownAuthorityError
+	var herr x509.HostnameError
+	var ierr x509.CertificateInvalidError
+	switch {
+	case st.leak.Load() != nil:
+		st.ev.Reason = ReasonPlaceholderLeak
+		refuse(w, http.StatusForbidden, st.ev.Reason)
+		return
+	case st.encErr || errors.Is(err, errEncoding):
+		st.ev.Reason = ReasonEncoding
+	case errors.As(err, &verr) || errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &ierr):
+		st.ev.Reason = ReasonUpstreamTLS
+	case errors.Is(err, context.Canceled):
+		st.ev.Reason = ReasonAborted
+	default:
+		st.ev.Reason = ReasonUpstream
+	}
+	fc.sb.log.Debug("gateway: upstream request failed", "host", st.host, "reason", st.ev.Reason, "err", err)
+	refuse(w, http.StatusBadGateway, st.ev.Reason)
+}
+
+func (s *sandbox) secret(ctx context.Context, name string) (string, error) {
+	if s.g.secrets == nil {
+		return "", errors.New("gateway: no secret store")
+	}
+	return s.g.secrets.Value(ctx, name)
+}
+
+func (s *sandbox) request(ctx context.Context, ev Event) {
+	if s.g.rec != nil {
+		s.g.rec.Request(context.WithoutCancel(ctx), ev)
+	}
+	if !ev.Allowed {
+		s.log.Info("gateway: request refused", "host", ev.Host, "method", ev.Method, "path", ev.Path, "reason", ev.Reason, "secrets", ev.Secrets)
+	}
+}
+
+func (s *sandbox) download(ctx context.Context, d Download) {
+	if s.g.rec != nil {
+		s.g.rec.Download(context.WithoutCancel(ctx), d)
+	}
+}
+
+// splitHost splits a Host header (or :authority) into a normalised name
+// or an address, without the port.
+func splitHost(hostport string) (host string, isIP, ok bool) {
+	h := hostport
+	if sh, _, err := net.SplitHostPort(hostport); err == nil {
+		h = sh
+	} else if strings.HasPrefix(hostport, "[") && strings.HasSuffix(hostport, "]") {
+		h = hostport[1 : len(hostport)-1]
+	}
+	if a, err := netip.ParseAddr(h); err == nil {
+		if a.Zone() != "" {
+			return "", false, false
+		}
+		return a.String(), true, true
+	}
+	n, ok := policy.NormalizeName(h)
+	return n, false, ok
+}
+
+// matchAny reports whether name (normalised) matches one of patterns.
+func matchAny(patterns []string, name string) bool {
+	for _, p := range patterns {
+		if policy.MatchPattern(normPattern(p), name) {
+			return true
+		}
+	}
+	return false
+}
+
+func normPattern(p string) string {
+	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(p)), ".")
+}
+
+// ruleFor picks host's rule set: an exact key beats a wildcard, and the
+// longest wildcard suffix wins.
+func ruleFor(rules map[string]map[string]string, host string) map[string]string {
+	var best map[string]string
+	bestLen := -1
+	for k, rs := range rules {
+		p := normPattern(k)
+		if p == host {
+			return rs
+		}
+		if strings.HasPrefix(p, "*.") && policy.MatchPattern(p, host) && len(p) > bestLen {
+			best, bestLen = rs, len(p)
+		}
+	}
+	return best
+}
+
+var secretRefRE = regexp.MustCompile(`\$\{e2b\.secrets\.([A-Za-z0-9_.\-]+)\}`)
+
+func secretRefs(tmpl string) []string {
+	var out []string
+	for _, m := range secretRefRE.FindAllStringSubmatch(tmpl, -1) {
+		out = appendUnique(out, m[1])
+	}
+	return out
+}
+
+func secretRef(name string) string { return "${e2b.secrets." + name + "}" }
+
+func appendUnique(s []string, v string) []string {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
+}
+
+// maskOf returns the needles that replace value (and its common
+// encodings in echoes: JSON string escapes) by shown.
+func maskOf(value, shown string) []needle {
+	if value == "" {
+		return nil
+	}
+	out := []needle{{find: []byte(value), replace: []byte(shown)}}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	for _, html := range []bool{true, false} {
+		b.Reset()
+		enc.SetEscapeHTML(html)
+		if enc.Encode(value) == nil {
+			j := strings.TrimSuffix(b.String(), "\n")
+			j = j[1 : len(j)-1]
+			if j != value && !containsFind(out, j) {
+				out = append(out, needle{find: []byte(j), replace: []byte(shown)})
+			}
+		}
+	}
+	return out
+}
+
+func containsFind(ns []needle, s string) bool {
+	for _, n := range ns {
+		if string(n.find) == s {
+			return true
+		}
+	}
+	return false
+}
+
+func maskHeader(h http.Header, masks []needle) {
+	if len(masks) == 0 {
+		return
+	}
+	for k, vs := range h {
+		for i, v := range vs {
+			vs[i] = replaceAll(v, masks)
+		}
+		h[k] = vs
+	}
+}
+
+// basicCred decodes "Basic base64(user:password)" to "user:password".
+func basicCred(v string) (string, bool) {
+	scheme, enc, ok := strings.Cut(strings.TrimSpace(v), " ")
+	if !ok || !strings.EqualFold(scheme, "basic") {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
+}
+
+// scanQuery looks for placeholder p in a raw query, as sent and
+// percent-decoded. A placeholder in a key, or in a value when values are
+// not allowed, is a leak; found says it sits in at least one value.
+func scanQuery(raw, p string, allowed bool) (found, leak bool) {
+	if raw == "" {
+		return false, false
+	}
+	if dec, err := url.QueryUnescape(raw); !strings.Contains(raw, p) && err == nil && !strings.Contains(dec, p) {
+		return false, false
+	}
+	for _, part := range strings.Split(raw, "&") {
+		k, v, _ := strings.Cut(part, "=")
+		if strings.Contains(k, p) || strings.Contains(unescapeLenient(k), p) {
+			return false, true
+		}
+		if strings.Contains(v, p) || strings.Contains(unescapeLenient(v), p) {
+			if !allowed {
+				return false, true
+			}
+			found = true
+		}
+	}
+	return found, false
+}
+
+// unescapeLenient percent-decodes s, keeping a malformed escape as it is.
+func unescapeLenient(s string) string {
+	if d, err := url.QueryUnescape(s); err == nil {
+		return d
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if d, err := url.PathUnescape(s[i : i+3]); err == nil {
+				b.WriteString(d)
+				i += 2
+				continue
+			}
+		}
+		if s[i] == '+' {
+			b.WriteByte(' ')
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// replaceQuery puts value in place of placeholder p in the query's values,
+// re-escaping only the values it changes.
+func replaceQuery(raw, p, value string) string {
+	parts := strings.Split(raw, "&")
+	for i, part := range parts {
+		k, v, hasEq := strings.Cut(part, "=")
+		if !hasEq {
+			continue
+		}
+		dv, err := url.QueryUnescape(v)
+		if err != nil || !strings.Contains(dv, p) {
+			continue
+		}
+		parts[i] = k + "=" + url.QueryEscape(strings.ReplaceAll(dv, p, value))
+	}
+	return strings.Join(parts, "&")
+}
+
+// requestKey is the absolute URL a redirect's Location is compared with.
+func requestKey(tls bool, host string, u *url.URL) string {
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return (&url.URL{Scheme: scheme, Host: host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}).String()
+}
+
+// redirectMemo remembers, for a short while, where a registry sent a
+// sandbox for an artifact (GitHub release assets and crates.io downloads
+// redirect to a storage host), so the download is recorded under the
+// package's name when the sandbox follows the redirect.
+type redirectMemo struct {
+	mu sync.Mutex
+	m  map[string]redirectEntry
+}
+
+type redirectEntry struct {
+	a   artifact
+	exp time.Time
+}
+
+const (
+	redirectMemoSize = 128
+	redirectMemoTTL  = 10 * time.Minute
+)
+
+func newRedirectMemo() *redirectMemo { return &redirectMemo{m: map[string]redirectEntry{}} }
+
+func (r *redirectMemo) put(loc string, a artifact) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if len(r.m) >= redirectMemoSize {
+		var oldest string
+		var oldestExp time.Time
+		for k, e := range r.m {
+			if e.exp.Before(now) {
+				delete(r.m, k)
+				continue
+			}
+			if oldest == "" || e.exp.Before(oldestExp) {
+				oldest, oldestExp = k, e.exp
+			}
+		}
+		if len(r.m) >= redirectMemoSize {
+			delete(r.m, oldest)
+		}
+	}
+	r.m[loc] = redirectEntry{a: a, exp: now.Add(redirectMemoTTL)}
+}
+
+func (r *redirectMemo) take(loc string) (artifact, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.m[loc]
+	if !ok {
+		return artifact{}, false
+	}
+	delete(r.m, loc)
+	return e.a, time.Now().Before(e.exp)
+}
