@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -191,9 +192,28 @@ func Serve(ctx context.Context, opts Options) error {
 	reg := metrics.New()
 	netShared := egress.NewShared(egress.SharedOptions{})
 	registerNetMetrics(reg, netShared)
+	flows := newFlowRecorder(log, reg)
+	// The egress gateway: its CA lives in the data dir (key 0600, never in
+	// a sandbox); every sandbox trusts the CA's certificate. mgr is set
+	// below, before any sandbox can be handed out.
+	var mgr *sandbox.Manager
+	gwRec := newGatewayRecorder(flows, log, reg, nil)
+	gw, caPEM, err := newGateway(opts, gwRec, log)
+	if err != nil {
+		return err
+	}
 	backend, err := native.New(ctx, native.Options{
-		HostAddrs:    hosts.Addrs(),
-		Recorder:     newFlowRecorder(log, reg),
+		HostAddrs: hosts.Addrs(),
+		Recorder:  flows,
+		TrustedCA: caPEM,
+		Interceptor: func(id string) egress.Interceptor {
+			return gw.ForSandbox(id, func() *gateway.Config {
+				if mgr == nil {
+					return nil
+				}
+				return mgr.GatewayConfig(id)
+			})
+		},
 		Net:          netShared,
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
@@ -217,7 +237,7 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("opening store: %w", err)
 	}
 	defer st.Close()
-	mgr, err := sandbox.New(sandbox.Options{
+	mgr, err = sandbox.New(sandbox.Options{
 		Backend:      pool,
 		Store:        st,
 		Templates:    templates,
@@ -226,6 +246,8 @@ func Serve(ctx context.Context, opts Options) error {
 		Logger:       log,
 
 		AllowInternetByDefault: opts.AllowInternet,
+		InspectByDefault:       opts.Inspect,
+		CAEnv:                  native.CAEnv(),
 		HostAddrs:              backend.HostAddrs(),
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,

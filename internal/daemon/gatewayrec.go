@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/fencesandbox/fence/internal/gateway"
@@ -75,4 +79,30 @@ func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
 	if err := r.downloads.RecordDownload(context.WithoutCancel(ctx), d); err != nil {
 		r.log.ErrorContext(ctx, "recording a package download", "sandbox_id", d.SandboxID, "err", err)
 	}
+}
+
+// newGateway loads (or makes) the gateway's CA under DataDir/gateway and
+// the roots upstream servers are verified with, and returns the gateway
+// and the CA certificate sandboxes trust.
+func newGateway(opts Options, rec gateway.Recorder, log *slog.Logger) (*gateway.Gateway, []byte, error) {
+	ca, err := gateway.LoadOrCreateCA(filepath.Join(opts.DataDir, "gateway"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the egress gateway's CA: %w", err)
+	}
+	var roots *x509.CertPool
+	if opts.UpstreamCA != "" {
+		pem, err := os.ReadFile(opts.UpstreamCA)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading --upstream-ca: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", opts.UpstreamCA)
+		}
+	}
+	gw, err := gateway.New(gateway.Options{CA: ca, Roots: roots, Recorder: rec, Logger: log.With("component", "gateway")})
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the egress gateway: %w", err)
+	}
+	return gw, ca.CertPEM(), nil
 }
