@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
@@ -40,6 +41,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
 )
@@ -210,6 +212,17 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("opening store: %w", err)
 	}
 	defer st.Close()
+	// The secret store and the download log live in the same database.
+	// The egress gateway takes secretStore as its gateway.Secrets, and
+	// its recorder hands each gateway.Download to downloadLog.RecordDownload.
+	secretStore, err := secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(opts.DataDir, "secrets.key")})
+	if err != nil {
+		return fmt.Errorf("opening secret store: %w", err)
+	}
+	downloadLog, err := downloads.Open(ctx, st, nil)
+	if err != nil {
+		return fmt.Errorf("opening download log: %w", err)
+	}
 	mgr, err := sandbox.New(sandbox.Options{
 		Backend:      pool,
 		Store:        st,
@@ -262,6 +275,8 @@ func Serve(ctx context.Context, opts Options) error {
 			Logger:          log,
 			Metrics:         reg.Handler(),
 			BodyIdleTimeout: timeouts.BodyIdle,
+			Secrets:         secretStore,
+			Downloads:       downloadLog,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.
