@@ -219,7 +219,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("opening secret store: %w", err)
 	}
-	downloadLog, err := downloads.Open(ctx, st, nil)
+	downloadLog, err := downloads.Open(ctx, st, downloads.Options{})
 	if err != nil {
 		return fmt.Errorf("opening download log: %w", err)
 	}

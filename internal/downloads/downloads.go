@@ -53,10 +53,19 @@ type Download struct {
 	SHA256    string
 }
 
+// Options configure a Log.
+type Options struct {
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+	// MaxPerSandbox overrides MaxPerSandbox when positive (tests).
+	MaxPerSandbox int
+}
+
 // Log is the download record. It is safe for concurrent use.
 type Log struct {
-	db  *store.Store
-	now func() time.Time
+	db   *store.Store
+	now  func() time.Time
+	keep int
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -64,12 +73,14 @@ type Log struct {
 }
 
 // Open returns the log over db and removes the records past retention.
-// now may be nil (time.Now).
-func Open(ctx context.Context, db *store.Store, now func() time.Time) (*Log, error) {
-	if now == nil {
-		now = time.Now
+func Open(ctx context.Context, db *store.Store, opts Options) (*Log, error) {
+	l := &Log{db: db, now: opts.Now, keep: opts.MaxPerSandbox}
+	if l.now == nil {
+		l.now = time.Now
 	}
-	l := &Log{db: db, now: now}
+	if l.keep <= 0 {
+		l.keep = MaxPerSandbox
+	}
 	if err := l.prune(ctx); err != nil {
 		return nil, err
 	}
@@ -116,7 +127,7 @@ func (l *Log) RecordDownload(ctx context.Context, d gateway.Download) error {
 		Size:      max(d.Size, 0),
 		SHA256:    sum,
 	}
-	if err := l.db.InsertDownload(ctx, rec, MaxPerSandbox); err != nil {
+	if err := l.db.InsertDownload(ctx, rec, l.keep); err != nil {
 		return err
 	}
 	l.mu.Lock()

@@ -85,6 +85,11 @@ type Store struct {
 	max     int
 	now     func() time.Time
 
+	// updates serializes Update in this process, so concurrent updates of
+	// a secret queue instead of racing on its version (the store's
+	// version check still guards against any other writer).
+	updates sync.Mutex
+
 	mu sync.Mutex
 	// +checklocks:mu
 	aead cipher.AEAD // nil until the key is loaded or made
@@ -275,6 +280,8 @@ func (s *Store) Update(ctx context.Context, sel, value string, metadata map[stri
 		}
 		return nil, err
 	}
+	s.updates.Lock()
+	defer s.updates.Unlock()
 	for range updateAttempts {
 		var r *store.Secret
 		if p.id != "" {
