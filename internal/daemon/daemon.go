@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
@@ -41,6 +42,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
 )
@@ -192,13 +194,29 @@ func Serve(ctx context.Context, opts Options) error {
 	reg := metrics.New()
 	netShared := egress.NewShared(egress.SharedOptions{})
 	registerNetMetrics(reg, netShared)
+	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
+	if err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
+	defer st.Close()
+	// The secret store and the download log live in the same database:
+	// the egress gateway reads secrets from one and records downloads in
+	// the other.
+	secretStore, err := secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(opts.DataDir, "secrets.key")})
+	if err != nil {
+		return fmt.Errorf("opening secret store: %w", err)
+	}
+	downloadLog, err := downloads.Open(ctx, st, downloads.Options{})
+	if err != nil {
+		return fmt.Errorf("opening download log: %w", err)
+	}
 	flows := newFlowRecorder(log, reg)
 	// The egress gateway: its CA lives in the data dir (key 0600, never in
 	// a sandbox); every sandbox trusts the CA's certificate. mgr is set
 	// below, before any sandbox can be handed out.
 	var mgr *sandbox.Manager
-	gwRec := newGatewayRecorder(flows, log, reg, nil)
-	gw, caPEM, err := newGateway(opts, gwRec, log)
+	gwRec := newGatewayRecorder(flows, log, reg, downloadLog)
+	gw, caPEM, err := newGateway(opts, secretStore, gwRec, log)
 	if err != nil {
 		return err
 	}
@@ -232,11 +250,6 @@ func Serve(ctx context.Context, opts Options) error {
 	defer backend.Close()
 	pool := warm.New(warm.Options{Backend: backend, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
-	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
-	if err != nil {
-		return fmt.Errorf("opening store: %w", err)
-	}
-	defer st.Close()
 	mgr, err = sandbox.New(sandbox.Options{
 		Backend:      pool,
 		Store:        st,
@@ -247,6 +260,7 @@ func Serve(ctx context.Context, opts Options) error {
 
 		AllowInternetByDefault: opts.AllowInternet,
 		InspectByDefault:       opts.Inspect,
+		Secrets:                secretStore,
 		CAEnv:                  native.CAEnv(),
 		HostAddrs:              backend.HostAddrs(),
 		Hosts:                  hosts,
@@ -291,6 +305,8 @@ func Serve(ctx context.Context, opts Options) error {
 			Logger:          log,
 			Metrics:         reg.Handler(),
 			BodyIdleTimeout: timeouts.BodyIdle,
+			Secrets:         secretStore,
+			Downloads:       downloadLog,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.

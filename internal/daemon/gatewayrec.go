@@ -84,7 +84,7 @@ func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
 // newGateway loads (or makes) the gateway's CA under DataDir/gateway and
 // the roots upstream servers are verified with, and returns the gateway
 // and the CA certificate sandboxes trust.
-func newGateway(opts Options, rec gateway.Recorder, log *slog.Logger) (*gateway.Gateway, []byte, error) {
+func newGateway(opts Options, sec gateway.Secrets, rec gateway.Recorder, log *slog.Logger) (*gateway.Gateway, []byte, error) {
 	ca, err := gateway.LoadOrCreateCA(filepath.Join(opts.DataDir, "gateway"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the egress gateway's CA: %w", err)
@@ -100,7 +100,7 @@ func newGateway(opts Options, rec gateway.Recorder, log *slog.Logger) (*gateway.
 			return nil, nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", opts.UpstreamCA)
 		}
 	}
-	gw, err := gateway.New(gateway.Options{CA: ca, Roots: roots, Recorder: rec, Logger: log.With("component", "gateway")})
+	gw, err := gateway.New(gateway.Options{CA: ca, Roots: roots, Secrets: sec, Recorder: rec, Logger: log.With("component", "gateway")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the egress gateway: %w", err)
 	}

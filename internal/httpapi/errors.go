@@ -21,7 +21,20 @@ var (
 	errTooLarge         = errors.New("request body too large")
 	errNoRoute          = errors.New("no such route")
 	errMethodNotAllowed = errors.New("method not allowed")
+	errBadGateway       = errors.New("backend failed")
 )
+
+// publicError is an error whose client message is fixed text, whatever
+// its cause: for routes that must never echo their input (/secrets). Its
+// status is the one of its sentinel alone; the cause is only logged.
+type publicError struct {
+	msg      string
+	sentinel error
+	cause    error
+}
+
+func (e *publicError) Error() string { return e.msg + ": " + e.cause.Error() }
+func (e *publicError) Unwrap() error { return e.sentinel }
 
 // statusOf is THE mapping from errors to HTTP status codes.
 func statusOf(err error) int {
@@ -46,6 +59,8 @@ func statusOf(err error) int {
 		return http.StatusNotImplemented
 	case errors.Is(err, api.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, errBadGateway):
+		return http.StatusBadGateway
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	default:
@@ -64,6 +79,9 @@ var sentinels = []error{
 // clientMessage is the message shown to the client: the error chain for
 // client errors, a generic text for server faults (logged instead).
 func clientMessage(err error, status int) string {
+	if pe := (*publicError)(nil); errors.As(err, &pe) {
+		return pe.msg
+	}
 	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable {
 		return "internal error"
 	}
@@ -80,6 +98,9 @@ func errorf(sentinel error, format string, args ...any) error {
 }
 
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	if pe := (*publicError)(nil); isSecretsPath(r.URL.Path) && !errors.As(err, &pe) {
+		err = secretsError(err) // 401, 404, 405 of the edge too
+	}
 	status := statusOf(err)
 	if status >= 500 && status != http.StatusNotImplemented {
 		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)

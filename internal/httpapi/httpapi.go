@@ -78,6 +78,10 @@ type Options struct {
 	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time
+	// Secrets serves /secrets; nil answers 502 there.
+	Secrets SecretStore
+	// Downloads serves GET /sandboxes/{id}/downloads; nil answers 501.
+	Downloads DownloadLog
 	// BodyIdleTimeout bounds the wait for each read of a request body: a
 	// client that sends nothing of its body for this long loses the
 	// connection, while a long upload that keeps moving is never cut.
@@ -100,6 +104,8 @@ type handler struct {
 	portProxy   *httputil.ReverseProxy
 	promMetrics http.Handler // nil: no /metrics route
 	bodyIdle    time.Duration
+	secrets     SecretStore
+	downloads   DownloadLog
 	signatures  signatureIndex
 	scans       chan struct{} // a slot per signature scan in progress
 }
@@ -115,6 +121,8 @@ func New(opts Options) http.Handler {
 		now:         opts.Now,
 		promMetrics: opts.Metrics,
 		bodyIdle:    opts.BodyIdleTimeout,
+		secrets:     opts.Secrets,
+		downloads:   opts.Downloads,
 		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {
@@ -152,6 +160,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
+	if isSecretsPath(r.URL.Path) {
+		// Every answer about secrets, errors included, is never cached.
+		w.Header().Set("Cache-Control", "no-store")
+	}
 	_, pattern := h.mux.Handler(r)
 	if pattern == "" {
 		h.serveUnmatched(w, r)

@@ -20,6 +20,12 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.connect)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+	mux.HandleFunc("GET /sandboxes/{id}/downloads", h.sandboxDownloads)
+	mux.HandleFunc("POST /secrets", h.createSecret)
+	mux.HandleFunc("GET /secrets", h.listSecrets)
+	mux.HandleFunc("GET /secrets/{secretID}", h.getSecret)
+	mux.HandleFunc("POST /secrets/{secretID}", h.updateSecret)
+	mux.HandleFunc("DELETE /secrets/{secretID}", h.deleteSecret)
 	if h.promMetrics != nil {
 		mux.Handle("GET /metrics", h.promMetrics)
 	}

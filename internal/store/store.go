@@ -1,5 +1,6 @@
-// Package store persists fence's sandbox records in an embedded SQLite
-// database (modernc.org/sqlite, pure Go) under the daemon's data directory.
+// Package store persists fence's sandbox records, sealed secrets and
+// package-download records in an embedded SQLite database
+// (modernc.org/sqlite, pure Go) under the daemon's data directory.
 //
 // # Guarantees
 //
@@ -14,6 +15,8 @@
 //   - Environment variables given to a sandbox are never stored: they may
 //     hold secrets. The envd access token is stored while the sandbox runs
 //     and cleared when it is marked killed.
+//   - A secret's value is stored only as the sealed bytes internal/secrets
+//     gives it; the store never sees a value.
 //
 // The store holds facts only; the lifecycle rules live in internal/sandbox.
 package store
@@ -115,6 +118,31 @@ var migrations = []string{
 		slot                  INTEGER NOT NULL DEFAULT 0
 	);
 	CREATE INDEX sandboxes_state_created ON sandboxes (state, created_at DESC, id DESC);`,
+	// Secrets (values sealed by internal/secrets, never plaintext) and the
+	// package downloads the egress gateway records.
+	`CREATE TABLE secrets (
+		id         TEXT PRIMARY KEY,
+		name       TEXT NOT NULL UNIQUE,
+		version    INTEGER NOT NULL,
+		metadata   TEXT NOT NULL DEFAULT '{}',
+		sealed     BLOB NOT NULL, -- nonce || AES-256-GCM ciphertext
+		created_at INTEGER NOT NULL, -- unix nanoseconds
+		updated_at INTEGER NOT NULL
+	);
+	CREATE INDEX secrets_created ON secrets (created_at DESC, id DESC);
+	CREATE TABLE downloads (
+		seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+		sandbox_id TEXT NOT NULL,
+		time       INTEGER NOT NULL, -- unix nanoseconds
+		ecosystem  TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		version    TEXT NOT NULL,
+		url        TEXT NOT NULL,
+		size       INTEGER NOT NULL,
+		sha256     TEXT NOT NULL
+	);
+	CREATE INDEX downloads_sandbox ON downloads (sandbox_id, seq);
+	CREATE INDEX downloads_time ON downloads (time);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
