@@ -500,3 +500,28 @@ func TestPaging(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkValue measures what the gateway pays per placeholder: a lookup
+// by name and an AES-GCM open.
+func BenchmarkValue(b *testing.B) {
+	dir := b.TempDir()
+	db, err := store.Open(b.Context(), filepath.Join(dir, "fence.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	s, err := Open(Options{DB: db, KeyPath: filepath.Join(dir, "secrets.key")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		if _, err := s.Create(b.Context(), fmt.Sprint("k", i), strings.Repeat("v", 64), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if _, err := s.Value(b.Context(), "k500"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
