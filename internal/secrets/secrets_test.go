@@ -65,8 +65,8 @@ func TestIDFormat(t *testing.T) {
 	if back, ok := decodeSuffix("01h455vb4pex5vsknk084sn02q"); !ok || back != u {
 		t.Errorf("decodeSuffix = %x %v, want %x", back, ok, u)
 	}
-	max := [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-	if got := encodeSuffix(max); got != "7zzzzzzzzzzzzzzzzzzzzzzzzz" {
+	top := [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if got := encodeSuffix(top); got != "7zzzzzzzzzzzzzzzzzzzzzzzzz" {
 		t.Errorf("encodeSuffix(max) = %s", got)
 	}
 	for _, bad := range []string{"", "8zzzzzzzzzzzzzzzzzzzzzzzzz", "01h455vb4pex5vsknk084sn02", "01h455vb4pex5vsknk084sn02qq",
