@@ -95,6 +95,7 @@ the fence client verbs at it:
 		templateCmd(deps),
 		runCmd(deps),
 		sandboxCmd(),
+		secretCmd(),
 		execCmd(),
 		cpCmd(),
 		benchCmd(deps),

@@ -5,8 +5,9 @@
 //
 //   - Every sandbox has a budget: its newest MaxPerSandbox records are
 //     kept, older ones are dropped as new ones arrive; every field is
-//     bounded (longer text is cut, a malformed digest is dropped), since
-//     what the gateway reports comes from a sandbox's own requests.
+//     bounded and clean (longer text is cut, invalid UTF-8 and control
+//     characters are replaced, a malformed digest is dropped), since what
+//     the gateway reports comes from a sandbox's own requests.
 //   - Records outlive their sandbox: they are removed Retention after they
 //     were recorded (at Open, and then at most once an hour as new ones
 //     arrive), whatever happened to the sandbox record.
@@ -22,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/fencesandbox/fence/api"
@@ -140,9 +142,15 @@ func (l *Log) RecordDownload(ctx context.Context, d gateway.Download) error {
 }
 
 // clip cuts s to at most n bytes, on a rune boundary, and replaces invalid
-// UTF-8 (JSON could not carry it).
+// UTF-8 (JSON could not carry it) and control characters (a terminal
+// showing the record would obey them) with U+FFFD.
 func clip(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return utf8.RuneError
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
 	if len(s) <= n {
 		return s
 	}

@@ -82,7 +82,7 @@ func TestFieldsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := gateway.Download{SandboxID: "s", Ecosystem: strings.Repeat("é", 1000), Name: "bad\xffutf8",
+	d := gateway.Download{SandboxID: "s", Ecosystem: strings.Repeat("é", 1000), Name: "bad\xffutf8\x1b[2J\u009b",
 		URL: "https://x/" + strings.Repeat("a", 10_000), Size: -5, SHA256: "not-hex"}
 	if err := l.RecordDownload(ctx, d); err != nil {
 		t.Fatal(err)
@@ -92,7 +92,7 @@ func TestFieldsBounded(t *testing.T) {
 		t.Fatalf("List = %+v", got)
 	}
 	g := got[0]
-	if len(g.Ecosystem) > maxField || len(g.URL) > maxURL || g.Size != 0 || g.SHA256 != "" || g.Name != "bad\uFFFDutf8" ||
+	if len(g.Ecosystem) > maxField || len(g.URL) > maxURL || g.Size != 0 || g.SHA256 != "" || g.Name != "bad\uFFFDutf8\uFFFD[2J\uFFFD" ||
 		!strings.HasPrefix(g.URL, "https://x/aaa") || strings.ContainsRune(g.Ecosystem, '\uFFFD') {
 		t.Errorf("stored %q %d %q %d %q", g.Ecosystem, len(g.URL), g.Name, g.Size, g.SHA256)
 	}

@@ -19,8 +19,10 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -39,6 +41,9 @@ type testEnv struct {
 	srv  *httptest.Server
 	m    *sandbox.Manager
 	host *fake.Host
+	st   *store.Store
+	sec  *secrets.Store
+	dl   *downloads.Log
 }
 
 func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
@@ -66,14 +71,23 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 	if err := m.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Manager: m, APIKey: testKey, Domain: "fence.test", Logger: log}))
+	sec, err := secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(t.TempDir(), "secrets.key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := downloads.Open(t.Context(), st, downloads.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(New(Options{Manager: m, APIKey: testKey, Domain: "fence.test", Logger: log,
+		Secrets: sec, Downloads: dl}))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())
 		host.Close()
 		st.Close()
 	})
-	return &testEnv{srv: srv, m: m, host: host}
+	return &testEnv{srv: srv, m: m, host: host, st: st, sec: sec, dl: dl}
 }
 
 // do sends a request; hdr entries are "Name: value". A nil body sends none.

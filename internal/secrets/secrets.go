@@ -104,22 +104,23 @@ func Open(opts Options) (*Store, error) {
 	if opts.DB == nil || opts.KeyPath == "" {
 		return nil, errors.New("secrets: DB and KeyPath are required")
 	}
-	s := &Store{db: opts.DB, keyPath: opts.KeyPath, max: opts.MaxSecrets, now: opts.Now}
-	if s.max <= 0 {
-		s.max = MaxSecrets
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	key, err := readKey(s.keyPath)
+	var aead cipher.AEAD
+	key, err := readKey(opts.KeyPath)
 	switch {
 	case errors.Is(err, errNoKey):
 	case err != nil:
 		return nil, err
 	default:
-		if s.aead, err = newAEAD(key); err != nil {
+		if aead, err = newAEAD(key); err != nil {
 			return nil, fmt.Errorf("loading secrets key: %w", err)
 		}
+	}
+	s := &Store{db: opts.DB, keyPath: opts.KeyPath, max: opts.MaxSecrets, now: opts.Now, aead: aead}
+	if s.max <= 0 {
+		s.max = MaxSecrets
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	return s, nil
 }

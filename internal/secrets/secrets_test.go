@@ -65,8 +65,8 @@ func TestIDFormat(t *testing.T) {
 	if back, ok := decodeSuffix("01h455vb4pex5vsknk084sn02q"); !ok || back != u {
 		t.Errorf("decodeSuffix = %x %v, want %x", back, ok, u)
 	}
-	max := [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-	if got := encodeSuffix(max); got != "7zzzzzzzzzzzzzzzzzzzzzzzzz" {
+	top := [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if got := encodeSuffix(top); got != "7zzzzzzzzzzzzzzzzzzzzzzzzz" {
 		t.Errorf("encodeSuffix(max) = %s", got)
 	}
 	for _, bad := range []string{"", "8zzzzzzzzzzzzzzzzzzzzzzzzz", "01h455vb4pex5vsknk084sn02", "01h455vb4pex5vsknk084sn02qq",
@@ -497,6 +497,31 @@ func TestPaging(t *testing.T) {
 	for _, n := range []int{0, 101, -1} {
 		if _, _, err := e.s.List(ctx, n, ""); !errors.Is(err, api.ErrInvalidArgument) {
 			t.Errorf("List(limit %d) = %v", n, err)
+		}
+	}
+}
+
+// BenchmarkValue measures what the gateway pays per placeholder: a lookup
+// by name and an AES-GCM open.
+func BenchmarkValue(b *testing.B) {
+	dir := b.TempDir()
+	db, err := store.Open(b.Context(), filepath.Join(dir, "fence.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	s, err := Open(Options{DB: db, KeyPath: filepath.Join(dir, "secrets.key")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		if _, err := s.Create(b.Context(), fmt.Sprint("k", i), strings.Repeat("v", 64), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if _, err := s.Value(b.Context(), "k500"); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

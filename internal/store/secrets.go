@@ -41,17 +41,17 @@ type SecretCursor struct {
 
 const secretColumns = `id, name, version, metadata, sealed, created_at, updated_at`
 
-// InsertSecret adds a secret record unless the store already holds max
-// of them (0: no cap). A taken name or ID, and a full store, give an error
+// InsertSecret adds a secret record unless the store already holds
+// capacity of them (0: no cap). A taken name or ID, and a full store, give an error
 // wrapping api.ErrConflict. The count and the insert are one statement, so
-// concurrent inserts cannot overshoot max.
-func (s *Store) InsertSecret(ctx context.Context, sec *Secret, max int) error {
+// concurrent inserts cannot overshoot capacity.
+func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) error {
 	md, err := encodeMetadata(sec.Metadata)
 	if err != nil {
 		return err
 	}
-	limit := int64(max)
-	if max <= 0 {
+	limit := int64(capacity)
+	if capacity <= 0 {
 		limit = -1
 	}
 	res, err := s.db.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
@@ -66,7 +66,7 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, max int) error {
 	if n, err := res.RowsAffected(); err != nil {
 		return fmt.Errorf("inserting secret: %w", err)
 	} else if n == 0 {
-		return fmt.Errorf("inserting secret: the store holds its maximum of %d secrets: %w", max, api.ErrConflict)
+		return fmt.Errorf("inserting secret: the store holds its maximum of %d secrets: %w", capacity, api.ErrConflict)
 	}
 	return nil
 }
