@@ -216,6 +216,7 @@ func Serve(ctx context.Context, opts Options) error {
 	// below, before any sandbox can be handed out.
 	var mgr *sandbox.Manager
 	gwRec := newGatewayRecorder(flows, log, reg, downloadLog)
+	defer gwRec.close()
 	gw, caPEM, err := newGateway(opts, secretStore, gwRec, log)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/metrics"
@@ -30,17 +31,62 @@ type gatewayRecorder struct {
 	secrets   metrics.Counter
 	downloads downloadSink
 	recorded  metrics.Counter
+	dropped   metrics.Counter
+	// queue carries download records to the writer, off the path of the
+	// response they were recorded on.
+	queue chan gateway.Download
+	done  chan struct{}
+	wg    sync.WaitGroup
 }
 
 func newGatewayRecorder(flows *flowRecorder, log *slog.Logger, reg *metrics.Registry, dl downloadSink) *gatewayRecorder {
-	return &gatewayRecorder{
+	r := &gatewayRecorder{
 		flows:     flows,
 		log:       log,
 		requests:  reg.Counter("fence_gateway_requests_total", "Requests the egress gateway decided, by decision and reason."),
 		secrets:   reg.Counter("fence_gateway_secret_uses_total", "Secret values the egress gateway put into requests."),
 		recorded:  reg.Counter("fence_gateway_downloads_total", "Package downloads the egress gateway recorded, by ecosystem."),
+		dropped:   reg.Counter("fence_gateway_downloads_dropped_total", "Download records lost because the writer fell behind."),
 		downloads: dl,
+		queue:     make(chan gateway.Download, 1024),
+		done:      make(chan struct{}),
 	}
+	r.wg.Go(r.write)
+	return r
+}
+
+// write keeps the queued download records until close, then what is
+// still queued.
+func (r *gatewayRecorder) write() {
+	keep := func(d gateway.Download) {
+		if r.downloads == nil {
+			return
+		}
+		if err := r.downloads.RecordDownload(context.Background(), d); err != nil {
+			r.log.Error("recording a package download", "sandbox_id", d.SandboxID, "err", err)
+		}
+	}
+	for {
+		select {
+		case d := <-r.queue:
+			keep(d)
+		case <-r.done:
+			for {
+				select {
+				case d := <-r.queue:
+					keep(d)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// close stops the writer once the queued records are kept.
+func (r *gatewayRecorder) close() {
+	close(r.done)
+	r.wg.Wait()
 }
 
 // Request implements gateway.Recorder.
@@ -73,11 +119,10 @@ func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
 	r.recorded.Add(1, "ecosystem", d.Ecosystem)
 	r.log.InfoContext(ctx, "package download", "sandbox_id", d.SandboxID, "ecosystem", d.Ecosystem,
 		"name", d.Name, "version", d.Version, "url", d.URL, "size", d.Size, "sha256", d.SHA256)
-	if r.downloads == nil {
-		return
-	}
-	if err := r.downloads.RecordDownload(context.WithoutCancel(ctx), d); err != nil {
-		r.log.ErrorContext(ctx, "recording a package download", "sandbox_id", d.SandboxID, "err", err)
+	select {
+	case r.queue <- d:
+	default:
+		r.dropped.Add(1)
 	}
 }
 
