@@ -61,7 +61,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	defer fl.release()
 
 	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
-	up, err := st.dial(ctx, "tcp", dst.String())
+	up, err := st.dialUpstream(ctx, dst, d)
 	cancel()
 	if err != nil {
 		ev.Err = err.Error()

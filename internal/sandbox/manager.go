@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -127,6 +129,8 @@ type Manager struct {
 	log                    *slog.Logger
 	now                    func() time.Time
 
+	netMu sync.Mutex // serialises UpdateNetwork
+
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
 
@@ -157,6 +161,8 @@ type entry struct {
 	info *Sandbox
 	// +checklocks:mu
 	samples sampleRing // resource history, at most maxSamples
+	// +checklocks:mu
+	proxy *egress.Proxy // the egress proxy in use, nil for none
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -369,12 +375,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 
 	// The backend names the sandbox (a pool in front of it may hand out
 	// one started earlier, named then).
-	egressPolicy, err := m.egressPolicy(req.AllowInternetAccess, req.Network)
+	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
 	if err != nil {
 		return nil, err
 	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
-		Egress: egressPolicy,
+		Egress: createEgress(nc),
 		RootFS: rootfs,
 		Limits: limits,
 		Agent:  isolation.AgentConfig{EnvVars: req.EnvVars},
@@ -386,6 +393,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if !ValidID(id) {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
+	}
+	if nc.Proxy != nil {
+		if err := applyNetwork(box, nc, true); err != nil {
+			m.killBox(ctx, box)
+			return nil, fmt.Errorf("creating sandbox: %w", err)
+		}
 	}
 	now := m.now().UTC()
 	info := &Sandbox{
@@ -400,7 +413,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		DiskMB:              limits.DiskBytes >> 20,
 		EnvdAccessToken:     newToken(),
 		AllowInternetAccess: req.AllowInternetAccess,
-		Network:             req.Network,
+		Network:             nc.Shown,
 	}
 	if n := req.Network; n != nil {
 		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
@@ -428,7 +441,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info}
+	e := &entry{box: box, info: info, proxy: nc.Proxy}
 	m.mu.Lock()
 	m.pending--
 	registered = true

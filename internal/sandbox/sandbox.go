@@ -90,6 +90,8 @@ type CreateRequest struct {
 	DiskMB              int64
 	AllowInternetAccess *bool
 	Network             *api.NetworkConfig
+	// Secrets are fence's secret bindings, keyed by variable name.
+	Secrets map[string]api.SecretBinding
 }
 
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.
