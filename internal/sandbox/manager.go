@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
-	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
@@ -162,7 +161,7 @@ type entry struct {
 	// +checklocks:mu
 	samples sampleRing // resource history, at most maxSamples
 	// +checklocks:mu
-	proxy *egress.Proxy // the egress proxy in use, nil for none
+	net *netconf.Config // the compiled network in force
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -441,7 +440,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info, proxy: nc.Proxy}
+	e := &entry{box: box, info: info, net: nc}
 	m.mu.Lock()
 	m.pending--
 	registered = true

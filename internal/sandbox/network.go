@@ -87,7 +87,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *b
 		return err
 	}
 	e.mu.Lock()
-	proxyChanged := e.proxy != nil || nc.Proxy != nil
+	proxyChanged := e.net.Proxy != nil || nc.Proxy != nil
 	e.mu.Unlock()
 	if err := applyNetwork(e.box, nc, proxyChanged); err != nil {
 		return err
@@ -109,7 +109,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *b
 	} else {
 		e.info.Network = &shown
 	}
-	e.proxy = nc.Proxy
+	e.net = nc
 	e.mu.Unlock()
 	m.log.InfoContext(ctx, "sandbox network updated", "sandbox_id", id)
 	return nil
