@@ -356,6 +356,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
+	if err != nil {
+		return nil, err
+	}
 	rootfs, err := m.templates.Resolve(req.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
@@ -374,11 +379,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 
 	// The backend names the sandbox (a pool in front of it may hand out
 	// one started earlier, named then).
-	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
-		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
-	if err != nil {
-		return nil, err
-	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
 		Egress: createEgress(nc),
 		RootFS: rootfs,
