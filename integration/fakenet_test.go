@@ -448,6 +448,7 @@ func TestFakeNetHelper(t *testing.T) {
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: nil}
 		go srv.Serve(ln)
 	}
+	serveFakeSOCKS(logf, fail) // a SOCKS5 egress proxy on port 1080
 	logf("ready")
 	io.Copy(io.Discard, os.Stdin)
 }

@@ -197,8 +197,8 @@ func TestNetworkMemoryBound(t *testing.T) {
 	d := x.d
 	pid := d.cmd.Process.Pid
 	boxes := createAll(t, d, map[string]api.NewSandbox{
-		"attacker": {TemplateID: "base", Network: &api.NetworkConfig{AllowOut: []string{"allowed.test"}}},
-		"other":    {TemplateID: "base", Network: &api.NetworkConfig{AllowOut: []string{"allowed.test"}}},
+		"attacker": {TemplateID: "base", Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"allowed.test"}}},
+		"other":    {TemplateID: "base", Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"allowed.test"}}},
 	})
 	oe := boxes["other"].Envd()
 	x.reached(t, oe, curl+"http://allowed.test/before", "path=/before")

@@ -245,7 +245,7 @@ func TestNetwork(t *testing.T) {
 	boxes := createAll(t, d, map[string]api.NewSandbox{
 		// list: an allowlist of names, some of which resolve to addresses
 		// no rule can open.
-		"list": {TemplateID: "base", Network: &api.NetworkConfig{
+		"list": {TemplateID: "base", Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"},
 			AllowOut: []string{"allowed.test", "rebind.test", "meta.test", "loop.test", "priv.test"}}},
 		// wide: every public address, and the host's own addresses by name
 		// (which no rule can open).
@@ -553,15 +553,21 @@ serve(socket.AF_INET, '0.0.0.0')
 			}
 		}
 		x.refused(t, e, curl+"http://allowed.test/u0", noPackets)
-		put(`{"allowOut":["allowed.test"]}`)
+		put(`{"denyOut":["0.0.0.0/0"],"allowOut":["allowed.test"]}`)
 		x.reached(t, e, curl+"http://allowed.test/u1", "path=/u1")
 		x.refused(t, e, curl+"http://other.test/u1", noPackets)
 		put(`{"allow_internet_access":false}`)
 		x.refused(t, e, curl+"http://allowed.test/u2", noPackets)
-		r := d.do(t, "PUT", "/sandboxes/"+sb.ID()+"/network", d.Key, strings.NewReader(`{"allowOut":["not a name!"]}`), nil)
-		if r.Status != http.StatusBadRequest {
-			t.Errorf("PUT network with a bad entry = %d %s, want 400", r.Status, r.Body)
+		for _, bad := range []string{`{"denyOut":["0.0.0.0/0"],"allowOut":["not a name!"]}`, `{"allowOut":["allowed.test"]}`} {
+			r := d.do(t, "PUT", "/sandboxes/"+sb.ID()+"/network", d.Key, strings.NewReader(bad), nil)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("PUT network %s = %d %s, want 400", bad, r.Status, r.Body)
+			}
 		}
+		x.refused(t, e, curl+"http://allowed.test/u3", noPackets)
+		// An empty update clears every list and re-opens traffic.
+		put(`{}`)
+		x.reached(t, e, curl+"http://other.test/u4", "path=/u4")
 	})
 	t.Run("ingress", func(t *testing.T) { testIngress(t, x, boxes["ingress"], boxes["private"]) })
 	t.Run("flood", func(t *testing.T) { testFlood(t, x, boxes["wide"], boxes["list"]) })

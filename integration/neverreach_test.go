@@ -22,7 +22,7 @@ func TestNeverReachableRanges(t *testing.T) {
 	x.d = startDaemon(t, newDataDir(t), "--dns-upstream", fn.DNS.Addr,
 		"--deny-cidr", evilIP+"/32", "--deny-cidr", "2001:db8::11")
 	boxes := createAll(t, x.d, map[string]api.NewSandbox{
-		"cidr": {TemplateID: "base", Network: &api.NetworkConfig{
+		"cidr": {TemplateID: "base", Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"},
 			AllowOut: []string{"203.0.113.0/24", "2001:db8::/32", "evil.test"}}},
 		"wide": {TemplateID: "base", Network: &api.NetworkConfig{
 			AllowOut: []string{"0.0.0.0/0", "::/0", "168.63.129.16"}}},

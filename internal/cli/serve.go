@@ -69,9 +69,9 @@ DATA-DIR/api-key, generated on first start. Point the E2B SDKs at the daemon:
   E2B_API_URL=http://ADDR E2B_SANDBOX_URL=http://ADDR E2B_API_KEY=<key>
 
 Every sandbox's network goes through a user-space TCP/IP stack in the
-daemon: egress is denied unless the create request allows it
-(allow_internet_access, network.allowOut with names, *.wildcards and CIDRs),
-and the host, link-local, metadata and private addresses are never
+daemon: egress is denied unless the create request says something about it
+(allow_internet_access, network.denyOut and its allowOut exceptions: names,
+*.wildcards and CIDRs, as on E2B; see docs/NETWORK.md), and the host, link-local, metadata and private addresses are never
 reachable, nor are the ranges given with --deny-cidr. DNS answers come from
 the daemon and only for allowed names.
 

@@ -61,7 +61,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	defer fl.release()
 
 	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
-	up, err := st.dial(ctx, "tcp", dst.String())
+	up, err := st.dialUpstream(ctx, dst, d)
 	cancel()
 	if err != nil {
 		ev.Err = err.Error()
@@ -162,7 +162,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 		if icpt != nil && !serverFirst && wantsIntercept(icpt, res, peeked) {
-			st.intercept(&ev, icpt, held, spoke, upDone, up, down, peeked, dst, names, res)
+			st.intercept(&ev, d, icpt, held, spoke, upDone, up, down, peeked, dst, names, res)
 			ev.Duration = time.Since(start)
 			st.record(ev)
 			return

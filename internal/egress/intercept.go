@@ -108,7 +108,7 @@ func (c *holdConn) Close() error {
 // intercept stops the copier that forwarded the upstream's bytes while
 // the stack peeked (nothing has come from a client-first upstream), and
 // hands the flow to the interceptor.
-func (st *Stack) intercept(ev *FlowEvent, icpt Interceptor, held *holdConn, spoke *countingConn,
+func (st *Stack) intercept(ev *FlowEvent, d policy.Decision, icpt Interceptor, held *holdConn, spoke *countingConn,
 	upDone chan int64, up, down net.Conn, peeked []byte, dst netip.AddrPort, names []string, res sniff.Result) {
 	held.held.Store(true)
 	spoke.held.Store(true)
@@ -128,7 +128,7 @@ func (st *Stack) intercept(ev *FlowEvent, icpt Interceptor, held *holdConn, spok
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			ctx, cancel := context.WithTimeout(ctx, st.opts.ConnectTimeout)
 			defer cancel()
-			return st.dial(ctx, "tcp", dst.String())
+			return st.dialUpstream(ctx, dst, d)
 		},
 		Dst:   dst,
 		Names: names,

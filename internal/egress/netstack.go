@@ -100,7 +100,10 @@ type Options struct {
 	HostAddrs []netip.Addr
 	Recorder  Recorder
 	// Dial dials upstream (default: a net.Dialer).
-	Dial   DialFunc
+	Dial DialFunc
+	// Proxy, if set, is the SOCKS5 proxy every allowed TCP flow is
+	// tunnelled through (see SetProxy).
+	Proxy  *Proxy
 	Logger *slog.Logger
 
 	// Bandwidth bounds the sandbox's TCP traffic, in bytes per second in
@@ -162,6 +165,7 @@ type Stack struct {
 	fd       int
 	resolver *dns.Resolver
 	policy   atomic.Pointer[policy.Policy]
+	proxy    atomic.Pointer[Proxy]
 	hostAddr map[netip.Addr]bool
 	dial     DialFunc
 	slots    chan struct{} // egress flows
@@ -304,6 +308,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		st.hostAddr[a.Unmap().WithZone("")] = true
 	}
 	st.policy.Store(opts.Policy)
+	st.proxy.Store(opts.Proxy)
 	st.ctx, st.cancel = context.WithCancel(ctx)
 
 	if err := st.build(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
@@ -144,7 +145,7 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		AllowInternetAccess: s.AllowInternetAccess,
 		Domain:              h.domainPtr(),
 		EnvdAccessToken:     s.EnvdAccessToken,
-		Network:             s.Network,
+		Network:             netconf.Redacted(s.Network),
 	})
 }
 
@@ -166,11 +167,16 @@ func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// updateNetwork is PUT /sandboxes/{id}/network: E2B's runtime update of
-// allowOut, denyOut and allow_internet_access.
+// updateNetwork is PUT /sandboxes/{id}/network: E2B's runtime
+// replacement of the egress configuration (allowOut, denyOut, rules,
+// egressProxy, allow_internet_access, and fence's inspect and
+// passthrough). An omitted field is cleared.
 func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, false, func(ctx context.Context, id string, req *api.NetworkUpdate) error {
-		n := &api.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+		n := &api.NetworkConfig{
+			AllowOut: req.AllowOut, DenyOut: req.DenyOut, Rules: req.Rules,
+			EgressProxy: req.EgressProxy, Inspect: req.Inspect, Passthrough: req.Passthrough,
+		}
 		return h.m.UpdateNetwork(ctx, id, req.AllowInternetAccess, n)
 	})
 }

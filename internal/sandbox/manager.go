@@ -16,6 +16,7 @@ import (
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -143,6 +144,8 @@ type Manager struct {
 	log        *slog.Logger
 	now        func() time.Time
 
+	netMu sync.Mutex // serialises UpdateNetwork
+
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
 
@@ -173,6 +176,8 @@ type entry struct {
 	info *Sandbox
 	// +checklocks:mu
 	samples sampleRing // resource history, at most maxSamples
+	// +checklocks:mu
+	net *netconf.Config // the compiled network in force
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -370,6 +375,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
+	if err != nil {
+		return nil, err
+	}
 	rootfs, err := m.templates.Resolve(req.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
@@ -388,16 +398,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 
 	// The backend names the sandbox (a pool in front of it may hand out
 	// one started earlier, named then).
-	egressPolicy, err := m.egressPolicy(req.AllowInternetAccess, req.Network)
-	if err != nil {
-		return nil, err
-	}
-	phEnv, bindings, err := m.bindSecrets(ctx, req)
+	phEnv, bindings, err := m.bindSecrets(ctx, nc.Bindings)
 	if err != nil {
 		return nil, err
 	}
 	gw := &gatewayState{}
-	gw.cfg.Store(m.buildGateway(ctx, egressPolicy, req.Network, bindings))
+	gw.cfg.Store(m.gatewayConfig(nc, bindings))
 	env := req.EnvVars
 	if len(m.caEnv)+len(phEnv) > 0 {
 		env = maps.Clone(m.caEnv)
@@ -408,7 +414,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		maps.Copy(env, phEnv)
 	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
-		Egress: egressPolicy,
+		Egress: createEgress(nc),
 		RootFS: rootfs,
 		Limits: limits,
 		Agent:  isolation.AgentConfig{EnvVars: env},
@@ -420,6 +426,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if !ValidID(id) {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
+	}
+	if nc.Proxy != nil {
+		if err := applyNetwork(box, nc, true); err != nil {
+			m.killBox(ctx, box)
+			return nil, fmt.Errorf("creating sandbox: %w", err)
+		}
 	}
 	m.gateways.Store(id, gw)
 	defer func() {
@@ -440,7 +452,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		DiskMB:              limits.DiskBytes >> 20,
 		EnvdAccessToken:     newToken(),
 		AllowInternetAccess: req.AllowInternetAccess,
-		Network:             req.Network,
+		Network:             nc.Shown,
 	}
 	if n := req.Network; n != nil {
 		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
@@ -468,7 +480,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info}
+	e := &entry{box: box, info: info, net: nc}
 	m.mu.Lock()
 	m.pending--
 	registered = true

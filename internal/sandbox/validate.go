@@ -22,7 +22,6 @@ const (
 	maxMetadataValue = 4096
 	maxEnvVars       = 1000
 	maxEnvTotal      = 256 << 10
-	maxNetworkRules  = 1000
 )
 
 func invalid(format string, args ...any) error {
@@ -79,9 +78,6 @@ func (m *Manager) validate(req CreateRequest) (time.Duration, isolation.Limits, 
 	}
 	if err := validateEnv(req.EnvVars); err != nil {
 		return 0, lim, err
-	}
-	if n := req.Network; n != nil && len(n.AllowOut)+len(n.DenyOut) > maxNetworkRules {
-		return 0, lim, invalid("network has more than %d allowOut/denyOut rules", maxNetworkRules)
 	}
 	lim = isolation.Limits{
 		CPUs:        cpus,

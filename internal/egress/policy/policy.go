@@ -8,7 +8,7 @@
 //   - Names match exactly or by an anchored wildcard: "example.com" matches
 //     only example.com, "*.example.com" matches a.example.com and
 //     a.b.example.com but not example.com, evilexample.com or
-//     example.com.evil.test. Matching is case-insensitive and ignores one
+//     example.com.evil.test; "*" matches every name. Matching is case-insensitive and ignores one
 //     trailing dot.
 //   - Some destinations are never reachable, whatever the rules say:
 //     unspecified, loopback, link-local (169.254.0.0/16 and fe80::/10, so
@@ -74,8 +74,8 @@ type PortRange struct{ Lo, Hi uint16 }
 
 // Rule names destinations: exactly one of Name and Prefix is set.
 type Rule struct {
-	// Name is "example.com" (exact) or "*.example.com" (any name below
-	// example.com, not example.com itself).
+	// Name is "example.com" (exact), "*.example.com" (any name below
+	// example.com, not example.com itself) or "*" (every name).
 	Name string
 	// Prefix is an address range; a single address is a /32 or /128.
 	Prefix netip.Prefix
@@ -292,7 +292,9 @@ func Compile(spec Spec) (*Policy, error) {
 				return err
 			}
 			nr := nameRule{rule: r.String(), ports: slices.Clone(r.Ports)}
-			if suffix, ok := strings.CutPrefix(n, "*."); ok {
+			if n == "*" {
+				wild[""] = append(wild[""], nr)
+			} else if suffix, ok := strings.CutPrefix(n, "*."); ok {
 				wild[suffix] = append(wild[suffix], nr)
 			} else {
 				exact[n] = append(exact[n], nr)
@@ -548,6 +550,11 @@ func matchName(exact, wild map[string][]nameRule, name string, port uint16) (str
 			}
 		}
 	}
+	for _, r := range wild[""] { // "*": every name
+		if portOK(r.ports, port) {
+			return r.rule, true
+		}
+	}
 	return "", false
 }
 
@@ -594,7 +601,14 @@ func NormalizeName(s string) (string, bool) {
 	return s, true
 }
 
+// NormalizePattern validates and lower-cases a name pattern: an exact name,
+// "*.suffix", or "*" (every name).
+func NormalizePattern(s string) (string, error) { return normalizePattern(s) }
+
 func normalizePattern(s string) (string, error) {
+	if s == "*" {
+		return s, nil
+	}
 	rest, wild := strings.CutPrefix(s, "*.")
 	n, ok := NormalizeName(rest)
 	if !ok || strings.Contains(n, "*") {

@@ -173,7 +173,7 @@ func TestCompileErrors(t *testing.T) {
 	bad := []Spec{
 		{Allow: []Rule{{}}},
 		{Allow: []Rule{{Name: "a.test", Prefix: netip.MustParsePrefix("1.2.3.0/24")}}},
-		{Allow: []Rule{{Name: "*"}}},
+		{Allow: []Rule{{Name: "*.*"}}},
 		{Allow: []Rule{{Name: "a.*.test"}}},
 		{Allow: []Rule{{Name: "ex ample.test"}}},
 		{Allow: []Rule{{Name: "bücher.test"}}},
@@ -185,7 +185,7 @@ func TestCompileErrors(t *testing.T) {
 			t.Errorf("Compile(%+v) = nil error, want an error", s)
 		}
 	}
-	for _, s := range []string{"", "1.2.3.4/33", "*", "a b", "fe80::1%eth0", "1.2.3.4:80x", "a.test:1:2"} {
+	for _, s := range []string{"", "1.2.3.4/33", "**", "*.", "a b", "fe80::1%eth0", "1.2.3.4:80x", "a.test:1:2"} {
 		if _, err := ParseTarget(s); err == nil {
 			t.Errorf("ParseTarget(%q) = nil error, want an error", s)
 		}
@@ -194,7 +194,12 @@ func TestCompileErrors(t *testing.T) {
 
 func TestFromE2B(t *testing.T) {
 	f, tr := false, true
+	net := func(allow, deny []string) *api.NetworkConfig {
+		return &api.NetworkConfig{AllowOut: allow, DenyOut: deny}
+	}
+	all := []string{"0.0.0.0/0"}
 	tests := []struct {
+		what     string
 		allow    *bool
 		net      *api.NetworkConfig
 		dst      string
@@ -202,32 +207,104 @@ func TestFromE2B(t *testing.T) {
 		want     bool
 		allowAll bool
 	}{
-		{nil, nil, "8.8.8.8:443", nil, true, true},
-		{&tr, nil, "8.8.8.8:443", nil, true, true},
-		{&f, nil, "8.8.8.8:443", nil, false, false},
-		{&f, &api.NetworkConfig{AllowOut: []string{"8.8.8.8"}}, "8.8.8.8:443", nil, true, false},
-		{&tr, &api.NetworkConfig{AllowOut: []string{"allowed.test"}}, "8.8.8.8:443", nil, false, false},
-		{&tr, &api.NetworkConfig{AllowOut: []string{"allowed.test"}}, "8.8.8.8:443", []string{"allowed.test"}, true, false},
-		{nil, &api.NetworkConfig{DenyOut: []string{"8.8.8.0/24"}}, "8.8.8.8:443", nil, false, true},
-		{nil, &api.NetworkConfig{DenyOut: []string{"8.8.8.0/24"}}, "8.8.4.4:443", nil, true, true},
-		{nil, &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}}, "[2606:4700::1111]:443", nil, false, true},
-		{nil, &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"*.allowed.test"}}, "8.8.8.8:443", []string{"a.allowed.test"}, true, false},
+		{"nothing", nil, nil, "8.8.8.8:443", nil, true, true},
+		{"explicit true", &tr, nil, "8.8.8.8:443", nil, true, true},
+		{"false", &f, nil, "8.8.8.8:443", nil, false, false},
+		{"false, ipv6", &f, nil, "[2606:4700::1111]:443", nil, false, false},
+		// E2B's sandbox/network.test.ts cases.
+		{"allow only 1.1.1.1: 1.1.1.1", nil, net([]string{"1.1.1.1"}, all), "1.1.1.1:80", nil, true, false},
+		{"allow only 1.1.1.1: 8.8.8.8", nil, net([]string{"1.1.1.1"}, all), "8.8.8.8:80", nil, false, false},
+		{"allow wins over deny: 1.1.1.1", nil, net([]string{"1.1.1.1", "8.8.8.8"}, all), "1.1.1.1:80", nil, true, false},
+		{"allow wins over deny: 8.8.8.8", nil, net([]string{"1.1.1.1", "8.8.8.8"}, all), "8.8.8.8:80", nil, true, false},
+		{"allow wins over the same CIDR denied", nil, net([]string{"8.8.8.8"}, []string{"8.8.8.8"}), "8.8.8.8:80", nil, true, true},
+		{"deny 8.8.8.8 alone: 8.8.8.8", nil, net(nil, []string{"8.8.8.8"}), "8.8.8.8:80", nil, false, true},
+		{"deny 8.8.8.8 alone: 1.1.1.1", nil, net(nil, []string{"8.8.8.8"}), "1.1.1.1:80", nil, true, true},
+		{"deny a /24", nil, net(nil, []string{"8.8.8.0/24"}), "8.8.4.4:443", nil, true, true},
+		// allowOut alone is not an allowlist.
+		{"allowOut IP alone changes nothing", nil, net([]string{"1.1.1.1"}, nil), "8.8.8.8:80", nil, true, true},
+		{"allowOut IP alone, true", &tr, net([]string{"1.1.1.1"}, nil), "8.8.8.8:80", nil, true, true},
+		// allow_internet_access false replaces denyOut; allowOut still applies.
+		{"false + allowOut IP: allowed", &f, net([]string{"1.1.1.1"}, nil), "1.1.1.1:443", nil, true, false},
+		{"false + allowOut IP: other", &f, net([]string{"1.1.1.1"}, nil), "8.8.8.8:443", nil, false, false},
+		{"false replaces a narrower deny", &f, net(nil, []string{"8.8.8.8"}), "1.1.1.1:443", nil, false, false},
+		{"false + deny-all + domain: name", &f, net([]string{"allowed.test"}, all), "8.8.8.8:443", []string{"allowed.test"}, true, false},
+		{"true keeps the deny list", &tr, net(nil, []string{"8.8.8.8"}), "8.8.8.8:443", nil, false, true},
+		// Domains.
+		{"domain under deny-all: name", nil, net([]string{"allowed.test"}, all), "8.8.8.8:443", []string{"allowed.test"}, true, false},
+		{"domain under deny-all: other", nil, net([]string{"allowed.test"}, all), "8.8.8.8:443", nil, false, false},
+		{"wildcard", nil, net([]string{"*.allowed.test"}, all), "8.8.8.8:443", []string{"a.allowed.test"}, true, false},
+		{"wildcard is not the apex", nil, net([]string{"*.allowed.test"}, all), "8.8.8.8:443", []string{"allowed.test"}, false, false},
+		{"star", nil, net([]string{"*"}, all), "8.8.8.8:443", []string{"anything.test"}, true, false},
+		{"case-insensitive", nil, net([]string{"Allowed.TEST"}, all), "8.8.8.8:443", []string{"allowed.test"}, true, false},
+		{"preset", nil, net([]string{"@pypi"}, all), "151.101.0.223:443", []string{"files.pythonhosted.org"}, true, false},
+		// ALL_TRAFFIC also covers IPv6.
+		{"deny-all ipv6", nil, net(nil, all), "[2606:4700::1111]:443", nil, false, false},
+		{"allow-all wins over deny-all", nil, net(all, all), "8.8.8.8:443", nil, true, true},
+		{"allow-all ipv6", nil, net(all, all), "[2606:4700::1111]:443", nil, true, true},
+		// fence's extras stay.
+		{"private needs a CIDR inside it", nil, net(all, nil), "10.0.0.1:443", nil, false, true},
+		{"private CIDR allowed", nil, net([]string{"10.0.0.0/24"}, all), "10.0.0.1:443", nil, true, false},
+		{"metadata never", nil, net([]string{"169.254.169.254"}, all), "169.254.169.254:80", nil, false, false},
+		{"ports", nil, net([]string{"1.1.1.1:443"}, all), "1.1.1.1:80", nil, false, false},
+		{"deny with ports", nil, net(nil, []string{"0.0.0.0/0:25"}), "1.1.1.1:25", nil, false, true},
+		{"deny with ports, other port", nil, net(nil, []string{"0.0.0.0/0:25"}), "1.1.1.1:443", nil, true, true},
 	}
 	for _, tt := range tests {
 		spec, err := FromE2B(tt.allow, tt.net)
 		if err != nil {
-			t.Fatalf("FromE2B(%v, %+v): %v", tt.allow, tt.net, err)
+			t.Fatalf("%s: FromE2B: %v", tt.what, err)
 		}
 		p := mustCompile(t, spec)
 		if p.AllowAll() != tt.allowAll {
-			t.Errorf("FromE2B(%v, %+v).AllowAll = %v, want %v", tt.allow, tt.net, p.AllowAll(), tt.allowAll)
+			t.Errorf("%s: AllowAll = %v, want %v", tt.what, p.AllowAll(), tt.allowAll)
 		}
 		if d := p.Decide(flow(tt.dst, tt.names...)); d.Allow != tt.want {
-			t.Errorf("FromE2B(%v, %+v).Decide(%s, %v) = %+v, want allow=%v", tt.allow, tt.net, tt.dst, tt.names, d, tt.want)
+			t.Errorf("%s: Decide(%s, %v) = %+v, want allow=%v", tt.what, tt.dst, tt.names, d, tt.want)
 		}
 	}
-	if _, err := FromE2B(nil, &api.NetworkConfig{AllowOut: []string{"not a name"}}); err == nil {
-		t.Errorf("FromE2B(bad allowOut) = nil error, want an error")
+	// Names resolve only where a flow to them could be allowed.
+	spec, _ := FromE2B(nil, net([]string{"allowed.test"}, all))
+	p := mustCompile(t, spec)
+	if ok, _ := p.AllowName("allowed.test"); !ok {
+		t.Errorf("AllowName(allowed.test) under deny-all + allowOut = false")
+	}
+	if ok, _ := p.AllowName("other.test"); ok {
+		t.Errorf("AllowName(other.test) under deny-all = true")
+	}
+}
+
+func TestFromE2BInvalid(t *testing.T) {
+	f := false
+	net := func(allow, deny []string) *api.NetworkConfig {
+		return &api.NetworkConfig{AllowOut: allow, DenyOut: deny}
+	}
+	tests := []struct {
+		allow *bool
+		net   *api.NetworkConfig
+		msg   string
+	}{
+		{nil, net(nil, []string{"example.com"}), "invalid denied CIDR example.com"},
+		{nil, net(nil, []string{"*.example.com"}), "invalid denied CIDR *.example.com"},
+		{nil, net(nil, []string{"0.0.0.0"}), "invalid denied CIDR 0.0.0.0"},
+		{nil, net(nil, []string{"0.0.0.0/8"}), "invalid denied CIDR 0.0.0.0/8"},
+		{nil, net(nil, []string{"::"}), "invalid denied CIDR ::"},
+		{nil, net(nil, []string{"1.2.3.4/33"}), "invalid denied CIDR 1.2.3.4/33"},
+		{nil, net([]string{"0.0.0.0"}, []string{"0.0.0.0/0"}), "invalid allowed CIDR 0.0.0.0"},
+		{nil, net([]string{"::/64"}, []string{"0.0.0.0/0"}), "invalid allowed CIDR ::/64"},
+		{nil, net([]string{"not a name"}, []string{"0.0.0.0/0"}), "invalid allowed entry not a name"},
+		{nil, net([]string{"@nope"}, []string{"0.0.0.0/0"}), "unknown preset"},
+		{nil, net([]string{"example.com"}, nil), ErrDomainsNeedDenyAll.Error()},
+		{nil, net([]string{"example.com"}, []string{"8.8.8.8"}), ErrDomainsNeedDenyAll.Error()},
+		{nil, net([]string{"@pypi"}, nil), ErrDomainsNeedDenyAll.Error()},
+		{nil, net([]string{"example.com"}, []string{"0.0.0.0/0:443"}), ErrDomainsNeedDenyAll.Error()},
+		// Checked on the lists as given, as E2B does.
+		{&f, net([]string{"example.com"}, nil), ErrDomainsNeedDenyAll.Error()},
+	}
+	for _, tt := range tests {
+		_, err := FromE2B(tt.allow, tt.net)
+		if err == nil || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("FromE2B(%v, %+v) = %v, want an error containing %q", tt.allow, tt.net, err, tt.msg)
+		}
 	}
 }
 

@@ -29,8 +29,12 @@ func PresetOf(name string) string {
 }
 
 // MatchPattern reports whether the normalised name matches pattern: an
-// exact name, or "*.suffix" for any name below suffix (not suffix itself).
+// exact name, "*.suffix" for any name below suffix (not suffix itself), or
+// "*" for every name.
 func MatchPattern(pattern, name string) bool {
+	if pattern == "*" {
+		return name != ""
+	}
 	if suffix, ok := cutWild(pattern); ok {
 		return len(name) > len(suffix)+1 && name[len(name)-len(suffix)-1] == '.' && name[len(name)-len(suffix):] == suffix
 	}

@@ -190,6 +190,7 @@ type Sandbox struct {
 	done   chan struct{}
 	once   sync.Once
 	srvWG  sync.WaitGroup
+	net    egressState
 }
 
 var _ isolation.Sandbox = (*Sandbox)(nil)
