@@ -679,3 +679,45 @@ func TestServeEndsWithContext(t *testing.T) {
 		t.Fatal("Serve did not return after its context ended")
 	}
 }
+
+// TestBoundHostEchoLaterIsMasked: a bound host that keeps the value from
+// one request and hands it back on another (which carried no
+// placeholder) must not reveal it.
+func TestBoundHostEchoLaterIsMasked(t *testing.T) {
+	h := newHarness(t, bindingConfig(t, PlaceHeader))
+	h.secrets.set("TOKEN", tokenValue)
+	var kept string
+	h.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.Header.Get("X-Note"); v != "" {
+			kept = v
+			return
+		}
+		w.Header().Set("X-Kept", kept)
+		io.WriteString(w, "note="+kept)
+	})
+	c := h.client("h2")
+	if resp, _ := get(t, c, "https://api.test/notes", "X-Note", placeholder); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if kept != tokenValue {
+		t.Fatalf("upstream kept %q", kept)
+	}
+	resp, body := get(t, c, "https://api.test/notes")
+	if strings.Contains(body, tokenValue) || strings.Contains(resp.Header.Get("X-Kept"), tokenValue) {
+		t.Fatalf("value handed back unmasked: %q", body)
+	}
+	if body != "note="+placeholder {
+		t.Errorf("body %q", body)
+	}
+}
+
+func TestUpgradeOtherThanWebSocketRefused(t *testing.T) {
+	h := newHarness(t, &Config{Policy: allowNames(t, "api.test"), Inspect: true})
+	resp, _ := get(t, h.client("h1"), "http://api.test/", "Upgrade", "h2c", "Connection", "Upgrade, HTTP2-Settings", "HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if len(h.seenRequests()) != 0 {
+		t.Fatal("h2c upgrade reached upstream")
+	}
+}

@@ -41,6 +41,7 @@ const (
 	ReasonUpstream        = "upstream-error"       // upstream unreachable or failed mid-request
 	ReasonEncoding        = "unscannable-encoding" // a masked response came in an encoding the gateway cannot read
 	ReasonAborted         = "aborted"              // the response was cut short
+	ReasonUpgrade         = "upgrade-not-allowed"  // an Upgrade other than websocket (h2c would hide requests from the gateway)
 )
 
 // reqState is what the gateway knows about one request while it is proxied.
@@ -138,6 +139,9 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 	if r.Method == http.MethodConnect {
 		return fail(http.StatusMethodNotAllowed, ReasonMethod)
 	}
+	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		return fail(http.StatusForbidden, ReasonUpgrade)
+	}
 	tlsFlow := fc.sni != ""
 	if tlsFlow && host != fc.sni {
 		return fail(http.StatusMisdirectedRequest, ReasonHostMismatch)
@@ -194,6 +198,13 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 		if places != 0 {
 			used = append(used, b)
 			usedPlace = append(usedPlace, places)
+		} else if bound && tlsFlow {
+			// Not put in this time, but the host may hand back a value
+			// it kept from an earlier request: mask it all the same.
+			if v, err := fc.sb.secret(r.Context(), b.Secret); err == nil {
+				st.masks = append(st.masks, maskOf(v, b.Placeholder)...)
+				st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
+			}
 		}
 		st.bodyScan = append(st.bodyScan, needle{find: []byte(p), secret: b.Secret})
 	}
