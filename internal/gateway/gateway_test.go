@@ -721,3 +721,41 @@ func TestUpgradeOtherThanWebSocketRefused(t *testing.T) {
 		t.Fatal("h2c upgrade reached upstream")
 	}
 }
+
+// TestConnectionEndClosesUpstream: when the sandbox's connection ends,
+// Serve returns and every upstream connection it opened is closed.
+func TestConnectionEndClosesUpstream(t *testing.T) {
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			h := newHarness(t, &Config{Policy: allowAll(t), Inspect: true})
+			c := h.client(proto)
+			// Concurrent requests make an HTTP/1.1 gateway open several
+			// upstream connections.
+			done := make(chan struct{})
+			for i := 0; i < 4; i++ {
+				go func() {
+					defer func() { done <- struct{}{} }()
+					resp, err := c.Get("https://api.test/x")
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				}()
+			}
+			for i := 0; i < 4; i++ {
+				<-done
+			}
+			if h.upOpen.Load() == 0 {
+				t.Fatal("no upstream connection open while the sandbox's are")
+			}
+			c.Transport.(*http.Transport).CloseIdleConnections()
+			deadline := time.Now().Add(5 * time.Second)
+			for h.finished.Load() != h.served.Load() || h.upOpen.Load() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("served %d, returned %d, upstream still open %d", h.served.Load(), h.finished.Load(), h.upOpen.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}

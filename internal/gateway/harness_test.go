@@ -143,6 +143,8 @@ type harness struct {
 
 	passthrough atomic.Int64
 	served      atomic.Int64
+	finished    atomic.Int64 // Serve calls returned
+	upOpen      atomic.Int64 // upstream TLS connections open
 	wg          sync.WaitGroup
 }
 
@@ -207,6 +209,14 @@ func newHarness(t testing.TB, cfg *Config) *harness {
 		}
 		return upCA.Leaf(hello.ServerName)
 	}}
+	h.upTLS.Config.ConnState = func(_ net.Conn, cs http.ConnState) {
+		switch cs {
+		case http.StateNew:
+			h.upOpen.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			h.upOpen.Add(-1)
+		}
+	}
 	h.upTLS.StartTLS()
 	t.Cleanup(h.upTLS.Close)
 	h.upHTTP = httptest.NewServer(record)
@@ -310,6 +320,7 @@ func (h *harness) stack(ctx context.Context, c net.Conn) {
 		dst = netip.AddrPortFrom(fakeDst.Addr(), 80)
 	}
 	h.ic.Serve(ctx, egress.InterceptedFlow{Conn: sandboxSide, Upstream: u, Dial: dial, Dst: dst, Names: []string{name}, SNI: sni})
+	h.finished.Add(1)
 }
 
 type prefixConn struct {
