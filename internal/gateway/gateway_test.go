@@ -759,3 +759,20 @@ func TestConnectionEndClosesUpstream(t *testing.T) {
 		})
 	}
 }
+
+func TestHTTP2SandboxToHTTP1Upstream(t *testing.T) {
+	h := newHarness(t, ruleConfig(t))
+	h.useH1Upstream()
+	h.secrets.set("TOKEN", tokenValue)
+	c := h.client("h2")
+	for i := 0; i < 3; i++ {
+		resp, body := get(t, c, "https://api.test/echo")
+		if resp.StatusCode != 200 || resp.Proto != "HTTP/2.0" || strings.Contains(body, tokenValue) {
+			t.Fatalf("status %d proto %s", resp.StatusCode, resp.Proto)
+		}
+	}
+	seen := h.seenHost("api.test")
+	if len(seen) != 3 || seen[0].Proto != "HTTP/1.1" || seen[2].Header.Get("Authorization") != "Bearer "+tokenValue {
+		t.Fatalf("upstream saw %+v", seen)
+	}
+}

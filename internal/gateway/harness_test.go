@@ -452,3 +452,14 @@ func egressFlow(c net.Conn, h *harness) egress.InterceptedFlow {
 	u, _ := dial(context.Background())
 	return egress.InterceptedFlow{Conn: c, Upstream: u, Dial: dial, Dst: fakeDst, Names: []string{"api.test"}, SNI: "api.test"}
 }
+
+// useH1Upstream replaces the TLS upstream with one that offers only
+// HTTP/1.1 (same certificates, same handler).
+func (h *harness) useH1Upstream() {
+	old := h.upTLS
+	srv := httptest.NewUnstartedServer(old.Config.Handler)
+	srv.TLS = &tls.Config{GetCertificate: old.TLS.GetCertificate, NextProtos: []string{"http/1.1"}}
+	srv.StartTLS()
+	h.t.Cleanup(srv.Close)
+	h.upTLS = srv
+}
