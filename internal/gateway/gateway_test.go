@@ -776,3 +776,73 @@ func TestHTTP2SandboxToHTTP1Upstream(t *testing.T) {
 		t.Fatalf("upstream saw %+v", seen)
 	}
 }
+
+func TestRuleForPrecedence(t *testing.T) {
+	rules := map[string]map[string]string{
+		"api.example.com":     {"k": "exact"},
+		"*.example.com":       {"k": "wild"},
+		"*.eu.example.com":    {"k": "longer"},
+		"*.x.eu.example.com.": {"k": "longest"},
+		"API2.Example.COM":    {"k": "exact-upper"},
+	}
+	for host, want := range map[string]string{
+		"api.example.com":      "exact",
+		"api2.example.com":     "exact-upper",
+		"b.example.com":        "wild",
+		"a.eu.example.com":     "longer",
+		"eu.example.com":       "wild",
+		"z.x.eu.example.com":   "longest",
+		"example.com":          "",
+		"evilexample.com":      "",
+		"api.example.com.evil": "",
+	} {
+		got := ruleFor(rules, host)["k"]
+		if got != want {
+			t.Errorf("ruleFor(%q) = %q, want %q", host, got, want)
+		}
+	}
+}
+
+func TestManyConcurrentStreams(t *testing.T) {
+	h := newHarness(t, ruleConfig(t))
+	h.secrets.set("TOKEN", tokenValue)
+	c := h.client("h2")
+	get(t, c, "https://api.test/warm")
+	// 60 streams at a time (under MaxStreams), 240 requests in all.
+	errs := make(chan error, 60)
+	for i := 0; i < 60; i++ {
+		go func() {
+			for j := 0; j < 4; j++ {
+				resp, err := c.Get("https://api.test/echo")
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || strings.Contains(string(b), tokenValue) {
+					errs <- io.ErrUnexpectedEOF
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < 60; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.served.Load() != 1 {
+		t.Errorf("%d sandbox connections, want 1 (HTTP/2 multiplexed)", h.served.Load())
+	}
+	seen := h.seenHost("api.test")
+	if len(seen) != 241 {
+		t.Errorf("upstream saw %d requests, want 241", len(seen))
+	}
+	for _, s := range seen {
+		if s.Header.Get("Authorization") != "Bearer "+tokenValue {
+			t.Fatalf("a stream went out without its header: %+v", s.Header)
+		}
+	}
+}
