@@ -22,6 +22,17 @@
 //     sandbox with the value masked.
 //   - Redirects are never followed by the gateway.
 //   - Every decision and every secret use is an [Event]; values never are.
+//   - A download is recorded only when its whole body reached the sandbox.
+//
+// # What it does not do
+//
+// It does not look at bytes after a WebSocket 101, at flows it passes
+// through (Passthrough names, and hosts without rules when the sandbox
+// has no bindings and does not inspect: there only the SNI is checked),
+// or at placeholders the sandbox encodes (base64 in a body): those
+// are only placeholders, worthless outside. Masking catches values echoed
+// verbatim or JSON-, percent- or Basic-encoded, not transformed ones.
+// docs/GATEWAY.md has the details.
 package gateway
 
 import (

@@ -41,6 +41,7 @@ const (
 	ReasonUpstream        = "upstream-error"       // upstream unreachable or failed mid-request
 	ReasonEncoding        = "unscannable-encoding" // a masked response came in an encoding the gateway cannot read
 	ReasonAborted         = "aborted"              // the response was cut short
+	ReasonUpgrade         = "upgrade-not-allowed"  // an Upgrade other than websocket (h2c would hide requests from the gateway)
 )
 
 // reqState is what the gateway knows about one request while it is proxied.
@@ -138,6 +139,9 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 	if r.Method == http.MethodConnect {
 		return fail(http.StatusMethodNotAllowed, ReasonMethod)
 	}
+	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		return fail(http.StatusForbidden, ReasonUpgrade)
+	}
 	tlsFlow := fc.sni != ""
 	if tlsFlow && host != fc.sni {
 		return fail(http.StatusMisdirectedRequest, ReasonHostMismatch)
@@ -194,6 +198,13 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 		if places != 0 {
 			used = append(used, b)
 			usedPlace = append(usedPlace, places)
+		} else if bound && tlsFlow {
+			// Not put in this time, but the host may hand back a value
+			// it kept from an earlier request: mask it all the same.
+			if v, err := fc.sb.secret(r.Context(), b.Secret); err == nil {
+				st.masks = append(st.masks, maskOf(v, b.Placeholder)...)
+				st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
+			}
 		}
 		st.bodyScan = append(st.bodyScan, needle{find: []byte(p), secret: b.Secret})
 	}
@@ -333,19 +344,20 @@ func (fc *flowConn) modifyResponse(resp *http.Response) error {
 		switch {
 		case resp.StatusCode == http.StatusOK:
 			a, ok := artifactOf(st.host, req.URL.EscapedPath())
+			where := artifactURL(req.URL.Scheme, st.host, req.URL)
 			if !ok {
-				a, ok = fc.sb.redirects.take(requestKey(fc.sni != "", st.host, req.URL))
+				a, where, ok = fc.sb.redirects.take(requestKey(fc.sni != "", st.host, req.URL))
 			}
 			if ok {
 				body := newCountReader(resp.Body, true)
 				resp.Body = body
-				st.dl = &artifactHit{artifact: a, url: (&url.URL{Scheme: req.URL.Scheme, Host: st.host, Path: req.URL.Path}).String(), body: body}
+				st.dl = &artifactHit{artifact: a, url: where, body: body}
 			}
 		case resp.StatusCode >= 300 && resp.StatusCode < 400:
 			if a, ok := artifactOf(st.host, req.URL.EscapedPath()); ok {
 				base, _ := url.Parse(requestKey(fc.sni != "", st.host, req.URL))
 				if loc, err := base.Parse(resp.Header.Get("Location")); err == nil && resp.Header.Get("Location") != "" {
-					fc.sb.redirects.put(loc.String(), a)
+					fc.sb.redirects.put(loc.String(), a, artifactURL(req.URL.Scheme, st.host, req.URL))
 				}
 			}
 		}
@@ -459,7 +471,7 @@ func (s *sandbox) request(ctx context.Context, ev Event) {
 		s.g.rec.Request(context.WithoutCancel(ctx), ev)
 	}
 	if !ev.Allowed {
-		s.log.Info("gateway: request refused", "host", ev.Host, "method", ev.Method, "path", ev.Path, "reason", ev.Reason, "secrets", ev.Secrets)
+		s.log.Debug("gateway: request refused", "host", ev.Host, "method", ev.Method, "path", ev.Path, "reason", ev.Reason, "secrets", ev.Secrets)
 	}
 }
 
@@ -683,6 +695,7 @@ type redirectMemo struct {
 
 type redirectEntry struct {
 	a   artifact
+	url string // the registry URL the sandbox asked for
 	exp time.Time
 }
 
@@ -693,7 +706,7 @@ const (
 
 func newRedirectMemo() *redirectMemo { return &redirectMemo{m: map[string]redirectEntry{}} }
 
-func (r *redirectMemo) put(loc string, a artifact) {
+func (r *redirectMemo) put(loc string, a artifact, from string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
@@ -713,16 +726,22 @@ func (r *redirectMemo) put(loc string, a artifact) {
 			delete(r.m, oldest)
 		}
 	}
-	r.m[loc] = redirectEntry{a: a, exp: now.Add(redirectMemoTTL)}
+	r.m[loc] = redirectEntry{a: a, url: from, exp: now.Add(redirectMemoTTL)}
 }
 
-func (r *redirectMemo) take(loc string) (artifact, bool) {
+func (r *redirectMemo) take(loc string) (artifact, string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.m[loc]
 	if !ok {
-		return artifact{}, false
+		return artifact{}, "", false
 	}
 	delete(r.m, loc)
-	return e.a, time.Now().Before(e.exp)
+	return e.a, e.url, time.Now().Before(e.exp)
+}
+
+// artifactURL is the URL a download is recorded under: no query (signed
+// storage URLs carry tokens in it).
+func artifactURL(scheme, host string, u *url.URL) string {
+	return (&url.URL{Scheme: scheme, Host: host, Path: u.Path, RawPath: u.RawPath}).String()
 }

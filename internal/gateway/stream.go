@@ -145,7 +145,9 @@ func (r *replaceReader) Read(p []byte) (int, error) {
 					at, which = j, k
 				}
 			}
-			if at < 0 {
+			if at < 0 || err == nil && i+at+r.keep >= len(r.in) {
+				// None, or one that a longer needle starting at the
+				// same place might still cover once more bytes come.
 				break
 			}
 			r.out = append(r.out, r.in[i:i+at]...)
