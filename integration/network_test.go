@@ -872,7 +872,8 @@ func testEveryRequest(t *testing.T, x *netEnv, list *client.Envd) {
 		for _, l := range x.fn.since(m) {
 			switch {
 			case strings.HasPrefix(l, "syn "), strings.HasPrefix(l, "accept "):
-			case tc.firstOK && (strings.HasPrefix(l, "data ") || strings.Contains(l, "host=allowed.test path=/ok ")):
+			case tc.firstOK && (strings.HasPrefix(l, "data ") || strings.Contains(l, "host=allowed.test path=/ok ") ||
+				strings.HasPrefix(l, "request host=allowed.test ") && strings.Contains(l, `uri="/ok"`)):
 			default:
 				reached = append(reached, l)
 			}
