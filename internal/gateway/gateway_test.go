@@ -846,3 +846,18 @@ func TestManyConcurrentStreams(t *testing.T) {
 		}
 	}
 }
+
+func TestEventCountsBodies(t *testing.T) {
+	h := newHarness(t, &Config{Policy: allowAll(t), Inspect: true})
+	c := h.client("h1")
+	resp, err := c.Post("https://api.test/echo?secret-query=1", "text/plain", strings.NewReader(strings.Repeat("b", 1000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	ev := h.rec.waitEvent(t, func(ev Event) bool { return ev.Method == "POST" })
+	if ev.BytesOut != 1000 || ev.BytesIn != n || ev.Path != "/echo" || ev.Host != "api.test" || ev.Status != 200 || !ev.Allowed || ev.SandboxID != "sbx-test" {
+		t.Fatalf("event %+v (response %d bytes)", ev, n)
+	}
+}

@@ -666,8 +666,8 @@ func replaceQuery(raw, p, value string) string {
 		if !hasEq {
 			continue
 		}
-		dv, err := url.QueryUnescape(v)
-		if err != nil || !strings.Contains(dv, p) {
+		dv := unescapeLenient(v)
+		if !strings.Contains(dv, p) {
 			continue
 		}
 		parts[i] = k + "=" + url.QueryEscape(strings.ReplaceAll(dv, p, value))

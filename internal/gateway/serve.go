@@ -129,7 +129,10 @@ func (s *sandbox) InterceptHTTP(host string) bool {
 
 // Serve terminates (for TLS) and serves one intercepted flow until either
 // side ends it or ctx is done. out and in count the bytes read from and
-// written to the sandbox's connection (TLS records included).
+// written to the sandbox's connection (TLS records included). Before it
+// returns, Serve closes f.Conn, f.Upstream (used or not) and every
+// upstream connection it dialed, and waits for its requests' handlers, so
+// their events are recorded.
 func (s *sandbox) Serve(ctx context.Context, f egress.InterceptedFlow) (out, in int64) {
 	cc := &countConn{Conn: f.Conn, closed: make(chan struct{})}
 	fc := &flowConn{sb: s, flow: f, first: f.Upstream, conns: map[net.Conn]struct{}{}, idle: make(chan struct{})}

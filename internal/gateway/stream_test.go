@@ -132,3 +132,53 @@ func TestArtifactOfRefuses(t *testing.T) {
 		}
 	}
 }
+
+func FuzzArtifactOf(f *testing.F) {
+	for _, s := range []string{
+		"/packages/ab/requests-2.32.3-py3-none-any.whl", "/left-pad/-/left-pad-1.3.0.tgz",
+		"/@types/node/-/node-20.11.5.tgz", "/debian/pool/main/c/curl/curl_7.88%3a1_amd64.deb",
+		"/github.com/!burnt!sushi/toml/@v/v1.3.2.zip", "/crates/serde/serde-1.0.200.crate",
+		"/api/v1/crates/rand/0.8.5/download", "/cli/cli/releases/download/v2/gh.tgz",
+	} {
+		f.Add("files.pythonhosted.org", s)
+		f.Add("registry.npmjs.org", s)
+		f.Add("deb.debian.org", s)
+		f.Add("proxy.golang.org", s)
+		f.Add("static.crates.io", s)
+		f.Add("crates.io", s)
+		f.Add("github.com", s)
+	}
+	f.Fuzz(func(t *testing.T, host, path string) {
+		a, ok := artifactOf(host, path)
+		if ok && (a.Ecosystem == "" || a.Name == "" || a.Version == "") {
+			t.Fatalf("%s%s: incomplete %+v", host, path, a)
+		}
+	})
+}
+
+func FuzzScanQuery(f *testing.F) {
+	f.Add("a=1&key=PH&z=%2F", true)
+	f.Add("PH=1", true)
+	f.Add("k=%50H", false)
+	f.Fuzz(func(t *testing.T, raw string, allowed bool) {
+		const ph = "PH"
+		found, leak := scanQuery(raw, ph, allowed)
+		if !allowed && found {
+			t.Fatal("found in a disallowed place without a leak")
+		}
+		if !leak && found {
+			out := replaceQuery(raw, ph, "VALUE")
+			if strings.Contains(unescapeLenient(out), ph) && !strings.Contains(unescapeLenient(raw), "VALUE"+ph) {
+				// every value holding the placeholder was replaced
+				for _, part := range strings.Split(out, "&") {
+					if _, v, _ := strings.Cut(part, "="); strings.Contains(unescapeLenient(v), ph) {
+						t.Fatalf("placeholder left in %q (from %q)", out, raw)
+					}
+				}
+			}
+		}
+		if !leak && !found && strings.Contains(raw, ph) {
+			t.Fatalf("%q holds the placeholder but is neither found nor a leak", raw)
+		}
+	})
+}
