@@ -3,8 +3,10 @@ package egress
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -125,10 +127,21 @@ func (st *Stack) intercept(ev *FlowEvent, d policy.Decision, icpt Interceptor, h
 	f := InterceptedFlow{
 		Conn:     &prefixConn{Conn: down, prefix: peeked},
 		Upstream: up,
+		// Every further upstream connection the interceptor opens holds a
+		// flow slot of the sandbox's own, like a flow of the sandbox's.
 		Dial: func(ctx context.Context) (net.Conn, error) {
+			fl, ok := st.acquireFlow()
+			if !ok {
+				return nil, errFlowLimit
+			}
 			ctx, cancel := context.WithTimeout(ctx, st.opts.ConnectTimeout)
 			defer cancel()
-			return st.dialUpstream(ctx, dst, d)
+			c, err := st.dialUpstream(ctx, dst, d)
+			if err != nil {
+				fl.release()
+				return nil, err
+			}
+			return &slotConn{Conn: c, release: sync.OnceFunc(fl.release)}, nil
 		},
 		Dst:   dst,
 		Names: names,
@@ -162,4 +175,20 @@ func (c *prefixConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return c.Conn.Close()
+}
+
+// errFlowLimit is the error of an interceptor's dial over the sandbox's
+// flow limit or memory share.
+var errFlowLimit = errors.New("egress: the sandbox has its maximum of flows open")
+
+// slotConn releases its flow slot when closed.
+type slotConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }

@@ -137,3 +137,60 @@ func TestInterceptorLeavesServerFirst(t *testing.T) {
 		t.Errorf("GET under allow-all = %q, %v", got, err)
 	}
 }
+
+// dialAll is an interceptor that opens upstream connections with the
+// flow's Dial until one is refused, and reports how many it got.
+type dialAll struct{ got chan int }
+
+func (dialAll) InterceptTLS(string) bool  { return false }
+func (dialAll) InterceptHTTP(string) bool { return true }
+func (i dialAll) Serve(ctx context.Context, f egress.InterceptedFlow) (int64, int64) {
+	defer f.Conn.Close()
+	f.Upstream.Close()
+	n := 0
+	var conns []io.Closer
+	for ; n < 100; n++ {
+		c, err := f.Dial(ctx)
+		if err != nil {
+			break
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	// Closed ones are given back.
+	if c, err := f.Dial(ctx); err == nil {
+		c.Close()
+	} else {
+		n = -1
+	}
+	i.got <- n
+	return 0, 0
+}
+
+// TestInterceptorDialsCountAsFlows: the upstream connections an
+// interceptor opens hold the sandbox's flow slots, so a sandbox cannot
+// make the daemon open more than its flow limit through the gateway.
+func TestInterceptorDialsCountAsFlows(t *testing.T) {
+	icpt := dialAll{got: make(chan int, 1)}
+	e := newEnv(t, allowList, func(o *egress.Options) { o.Interceptor = icpt; o.MaxConns = 4 })
+	e.lookup(t, "allowed.test")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := e.sb.DialTCP(ctx, ap("203.0.113.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	select {
+	case n := <-icpt.got:
+		// The flow itself holds one of the four slots.
+		if n != 3 {
+			t.Errorf("the interceptor opened %d further upstream connections, want 3 (then refused, and slots given back on close)", n)
+		}
+	case <-ctx.Done():
+		t.Fatal("the interceptor did not report")
+	}
+}
