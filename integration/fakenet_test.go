@@ -406,6 +406,21 @@ func TestFakeNetHelper(t *testing.T) {
 				fmt.Fprintf(w, "%s: %s\n", k, strings.Join(v, ","))
 			}
 			return
+		case r.URL.Path == "/fake/Packages" || r.URL.Path == "/fake/Release":
+			// A flat Debian repository with one package, for apt.
+			pkgs := fakeDebPackages()
+			if strings.HasSuffix(r.URL.Path, "Release") {
+				sum := sha256.Sum256([]byte(pkgs))
+				fmt.Fprintf(w, "Origin: fence-fake\nLabel: fence-fake\nSuite: fake\nCodename: fake\nDate: Sat, 01 Nov 2025 00:00:00 UTC\nArchitectures: all amd64 arm64\nSHA256:\n %x %d Packages\n", sum, len(pkgs))
+				return
+			}
+			io.WriteString(w, pkgs)
+			return
+		case strings.HasPrefix(r.URL.Path, "/simple/requests"):
+			// PyPI's simple index, as pip reads it.
+			sum := sha256.Sum256(artifactBytes(pypiWheelPath))
+			fmt.Fprintf(w, "<html><body><a href=\"https://files.pythonhosted.org%s#sha256=%x\">requests-2.32.3-py3-none-any.whl</a></body></html>\n", pypiWheelPath, sum)
+			return
 		case r.URL.Path == "/redirect":
 			http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
 			return
@@ -646,4 +661,18 @@ type zeroReader struct{}
 func (zeroReader) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// The fake registries' artifacts.
+const (
+	pypiWheelPath = "/packages/aa/bb/cc/requests-2.32.3-py3-none-any.whl"
+	debPath       = "/fake/pool/main/h/hello/hello_2.10-3_all.deb"
+)
+
+// fakeDebPackages is the Packages index of the fake Debian repository.
+func fakeDebPackages() string {
+	deb := artifactBytes(debPath)
+	sum := sha256.Sum256(deb)
+	return fmt.Sprintf("Package: hello\nVersion: 2.10-3\nArchitecture: all\nMaintainer: fence <fence@example.invalid>\n"+
+		"Filename: %s\nSize: %d\nSHA256: %x\nDescription: fake package\n\n", strings.TrimPrefix(debPath, "/fake/"), len(deb), sum)
 }

@@ -270,13 +270,27 @@ PY
 	t.Run("downloads", func(t *testing.T) {
 		sb := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
 			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"@pypi", "@npm", "@debian"}}})
+		root := sb.Envd().WithUser("root")
+		// apt, over plain HTTP, from a flat repository on the fake archive.
+		sh(t, root, `echo 'deb [trusted=yes] http://deb.debian.org/fake ./' > /etc/apt/sources.list.d/fake.list
+rm -f /etc/apt/sources.list /etc/apt/sources.list.d/debian.sources
+apt-get -q update 2>&1 | tail -3
+cd /tmp && apt-get -q download hello 2>&1 | tail -3 && ls -l /tmp/hello_2.10-3_all.deb`)
+		// What pip does: the simple index on pypi.org, then the wheel on
+		// files.pythonhosted.org, over HTTPS with the system's trust.
+		sh(t, sb.Envd(), `python3 - <<'PY'
+import hashlib, re, urllib.request
+idx = urllib.request.urlopen('https://pypi.org/simple/requests/', timeout=20).read().decode()
+href, want = re.search(r'href="([^"#]+)#sha256=([0-9a-f]+)"', idx).groups()
+data = urllib.request.urlopen(href, timeout=20).read()
+assert hashlib.sha256(data).hexdigest() == want, 'wheel hash'
+PY`)
+		// npm's tarball URL (no node in the template).
+		sh(t, sb.Envd(), "curl -sSf --max-time 20 -o /dev/null https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz")
 		paths := map[string]string{
-			"pypi":   "https://files.pythonhosted.org/packages/aa/bb/cc/requests-2.32.3-py3-none-any.whl",
-			"npm":    "https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz",
-			"debian": "http://deb.debian.org/debian/pool/main/h/hello/hello_2.10-3_amd64.deb",
-		}
-		for _, u := range paths {
-			sh(t, sb.Envd(), "curl -sSf --max-time 20 -o /dev/null "+u)
+			"pypi":   pypiWheelPath,
+			"npm":    "/left-pad/-/left-pad-1.3.0.tgz",
+			"debian": debPath,
 		}
 		var got []struct {
 			Ecosystem, Name, Version, URL, SHA256 string
@@ -289,13 +303,14 @@ PY
 			return len(got) >= 3
 		})
 		want := map[string][2]string{"pypi": {"requests", "2.32.3"}, "npm": {"left-pad", "1.3.0"}, "debian": {"hello", "2.10-3"}}
+		if len(got) != 3 {
+			t.Errorf("records = %+v, want 3", got)
+		}
 		for _, g := range got {
 			w, ok := want[g.Ecosystem]
-			u := paths[g.Ecosystem]
-			idx := strings.Index(u, "/")
-			path := u[strings.Index(u[idx+2:], "/")+idx+2:]
-			sum := sha256.Sum256(artifactBytes(path))
-			if !ok || g.Name != w[0] || g.Version != w[1] || g.SHA256 != hex.EncodeToString(sum[:]) || g.Size != 96<<10 {
+			sum := sha256.Sum256(artifactBytes(paths[g.Ecosystem]))
+			if !ok || g.Name != w[0] || g.Version != w[1] || g.SHA256 != hex.EncodeToString(sum[:]) || g.Size != 96<<10 ||
+				!strings.HasSuffix(g.URL, paths[g.Ecosystem]) {
 				t.Errorf("record %+v, want %s %v sha256 %x size %d", g, g.Ecosystem, w, sum, 96<<10)
 			}
 		}
