@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -406,10 +407,18 @@ func TestFakeNetHelper(t *testing.T) {
 				fmt.Fprintf(w, "%s: %s\n", k, strings.Join(v, ","))
 			}
 			return
-		case r.URL.Path == "/fake/Packages" || r.URL.Path == "/fake/Release":
+		case strings.HasPrefix(r.URL.Path, "/fake/") && !isArtifact(r.URL.Path):
+			// A flat Debian repository with one package, for apt: an
+			// unsigned Release and an uncompressed Packages.
+			switch cleanPath(r.URL.Path) {
+			case "/fake/Release", "/fake/Packages":
+			default:
+				http.NotFound(w, r)
+				return
+			}
 			// A flat Debian repository with one package, for apt.
 			pkgs := fakeDebPackages()
-			if strings.HasSuffix(r.URL.Path, "Release") {
+			if cleanPath(r.URL.Path) == "/fake/Release" {
 				sum := sha256.Sum256([]byte(pkgs))
 				fmt.Fprintf(w, "Origin: fence-fake\nLabel: fence-fake\nSuite: fake\nCodename: fake\nDate: Sat, 01 Nov 2025 00:00:00 UTC\nArchitectures: all amd64 arm64\nSHA256:\n %x %d Packages\n", sum, len(pkgs))
 				return
@@ -425,7 +434,7 @@ func TestFakeNetHelper(t *testing.T) {
 			http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
 			return
 		case isArtifact(r.URL.Path):
-			w.Write(artifactBytes(r.URL.Path))
+			w.Write(artifactBytes(cleanPath(r.URL.Path)))
 			return
 		}
 		fmt.Fprintf(w, "hello from wan host=%s path=%s\n", r.Host, r.URL.Path)
@@ -676,3 +685,7 @@ func fakeDebPackages() string {
 	return fmt.Sprintf("Package: hello\nVersion: 2.10-3\nArchitecture: all\nMaintainer: fence <fence@example.invalid>\n"+
 		"Filename: %s\nSize: %d\nSHA256: %x\nDescription: fake package\n\n", strings.TrimPrefix(debPath, "/fake/"), len(deb), sum)
 }
+
+// cleanPath is path.Clean (the wan helper's own variables shadow the
+// package's name).
+func cleanPath(p string) string { return path.Clean(p) }
