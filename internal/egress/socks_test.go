@@ -264,6 +264,11 @@ func TestProxyAuth(t *testing.T) {
 	if got, err := e.get(t, ap("203.0.113.10:80"), "allowed.test"); err != nil || got != "hello allowed.test" {
 		t.Fatalf("GET with the right credentials = %q, %v", got, err)
 	}
+	// The upstream counts a connection once its handler returns, after the
+	// client has its answer: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); upstreamConns(e) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	before := upstreamConns(e)
 	// Wrong password: the flow fails, nothing reaches any upstream.
 	e.st.SetProxy(&egress.Proxy{Address: srv.l.Addr().String(), Username: "alice", Password: "wrong"})
