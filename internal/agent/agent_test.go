@@ -134,9 +134,11 @@ func (e *env) start(ctx context.Context, t *testing.T, user string, req *pb.Star
 	return e.proc.Start(ctx, r)
 }
 
+// run bounds a command generously: 20 MB of output under -race on a busy
+// 2-core machine takes tens of seconds; the bound only catches a hang.
 func (e *env) run(t *testing.T, user string, req *pb.StartRequest) *result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := e.start(ctx, t, user, req, nil)
 	if err != nil {
