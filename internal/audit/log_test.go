@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ed25519"
@@ -11,10 +12,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -559,4 +564,106 @@ func TestKeyRefused(t *testing.T) {
 	if !pubOf(t, dir3).Equal(l.PublicKey()) {
 		t.Fatal("audit.pub is not the key's")
 	}
+}
+
+// TestKillChild is the child of TestKill9: it appends in a loop and
+// reports what Flush confirmed, until it is killed.
+func TestKillChild(t *testing.T) {
+	dir := os.Getenv("FENCE_AUDIT_KILL_CHILD")
+	if dir == "" {
+		t.Skip("the child of TestKill9")
+	}
+	l, err := Open(Options{Dir: dir, CheckpointEvery: 500})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				l.Append(context.Background(), Event{Type: TypeFlow, SandboxID: fmt.Sprintf("w%d", w), Data: map[string]any{"i": i}})
+			}
+		})
+	}
+	for {
+		if err := l.Flush(context.Background()); err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		fmt.Println("committed", l.Committed())
+	}
+}
+
+// TestKill9 kills a process appending to the log with SIGKILL, several
+// times: each time the log verifies, every record Flush confirmed is
+// there, and the next Open continues the chain.
+func TestKill9(t *testing.T) {
+	dir := t.TempDir()
+	var confirmed uint64
+	for round := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "FENCE_AUDIT_KILL_CHILD="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(out)
+		target := confirmed + 5000
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) == 2 && f[0] == "committed" {
+				n, _ := strconv.ParseUint(f[1], 10, 64)
+				confirmed = max(confirmed, n)
+				if confirmed >= target {
+					break
+				}
+			} else if len(f) > 0 && f[0] == "error" {
+				t.Fatal(sc.Text())
+			}
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		go io.Copy(io.Discard, out)
+		cmd.Wait()
+		rep, err := Verify(dir, pubOf(t, dir))
+		if err != nil {
+			t.Fatalf("round %d: after SIGKILL: %v", round, err)
+		}
+		if rep.LastSeq < confirmed {
+			t.Fatalf("round %d: the log ends at %d but %d was confirmed", round, rep.LastSeq, confirmed)
+		}
+		t.Logf("round %d: killed with %d records on disk (%d confirmed), %d unsigned, warnings %v", round, rep.LastSeq, confirmed, rep.Unsigned, rep.Warnings)
+	}
+	l := openT(t, dir, nil)
+	before := l.Committed()
+	l.Append(context.Background(), Event{Type: TypeAPI})
+	l.Close()
+	rep, err := Verify(dir, l.PublicKey())
+	if err != nil || rep.LastSeq <= before || rep.Unsigned != 0 {
+		t.Fatalf("after reopening: %+v %v", rep, err)
+	}
+}
+
+// BenchmarkAppendDurable appends from several goroutines with fsync on,
+// and reports records per second committed to disk.
+func BenchmarkAppendDurable(b *testing.B) {
+	dir := b.TempDir()
+	l := openT(b, dir, nil)
+	ev := Event{Type: TypeFlow, SandboxID: "bench", Actor: "daemon", Data: map[string]any{"proto": "tcp", "dst": "93.184.216.34:443", "host": "example.com", "allowed": true}}
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Append(context.Background(), ev)
+		}
+	})
+	flush(b, l)
+	el := time.Since(start)
+	b.StopTimer()
+	// Appenders that outrun the writer for longer than BlockFor drop.
+	b.ReportMetric(float64(l.Dropped()), "dropped")
+	b.ReportMetric(float64(b.N-int(l.Dropped()))/el.Seconds(), "records/s")
 }
