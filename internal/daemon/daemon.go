@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/gateway"
@@ -169,6 +170,14 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer unlock()
+	// The audit trail, open before anything it records and closed after
+	// everything else (its Close commits the queue and signs the tail).
+	// auditLog is the audit.Sink the event sources append to.
+	auditLog, err := audit.Open(audit.Options{Dir: opts.DataDir, Logger: log})
+	if err != nil {
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	defer auditLog.Close()
 
 	key, keyPath, err := apiKey(opts)
 	if err != nil {
@@ -308,6 +317,7 @@ func Serve(ctx context.Context, opts Options) error {
 			BodyIdleTimeout: timeouts.BodyIdle,
 			Secrets:         secretStore,
 			Downloads:       downloadLog,
+			Audit:           auditLog,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.
