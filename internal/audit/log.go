@@ -140,8 +140,9 @@ type Log struct {
 
 	committed atomic.Uint64 // the last seq on disk
 
-	subMu sync.Mutex
-	subs  map[*Subscription]struct{}
+	subMu    sync.Mutex
+	subs     map[*Subscription]struct{}
+	commitCh chan struct{} // closed at the next commit (Forwarder)
 
 	root    *os.Root // the log directory, for outputs
 	outMu   sync.Mutex

@@ -264,6 +264,10 @@ func (s *Subscription) end(err error) {
 func (l *Log) publish(recs []Record) {
 	l.subMu.Lock()
 	defer l.subMu.Unlock()
+	if l.commitCh != nil {
+		close(l.commitCh)
+		l.commitCh = nil
+	}
 	for s := range l.subs {
 		for i := range recs {
 			if !s.f.match(&recs[i]) {
