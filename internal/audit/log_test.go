@@ -390,6 +390,20 @@ func TestConcurrentAppends(t *testing.T) {
 	if got != writers*each || rep.Segments < 2 {
 		t.Fatalf("%d records over %d segments", got, rep.Segments)
 	}
+	// Queries skip sealed segments by their index, with the same answer.
+	l2 := openT(t, dir, nil)
+	for range 2 {
+		recs, err := l2.Query(context.Background(), Filter{Sandbox: "w3"})
+		if err != nil || len(recs) != each {
+			t.Fatalf("w3: %d records, %v", len(recs), err)
+		}
+		if recs, _ := l2.Query(context.Background(), Filter{Sandbox: "nobody"}); len(recs) != 0 {
+			t.Fatalf("nobody: %d records", len(recs))
+		}
+		if recs, _ := l2.Query(context.Background(), Filter{Since: time.Now().Add(-time.Hour), Types: []string{TypeFlow}}); len(recs) != writers*each {
+			t.Fatalf("since an hour: %d records", len(recs))
+		}
+	}
 	// Each writer's records are in its own order.
 	for w := range writers {
 		last := -1

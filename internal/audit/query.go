@@ -43,14 +43,17 @@ func (f *Filter) match(r *Record) bool {
 	return f.Match == nil || f.Match(r)
 }
 
-// segIndex caches the time span of sealed segments (they never change) so
-// that time-bounded queries skip them unread.
+// segIndex caches the time span and the sandboxes of sealed segments
+// (they never change) so that queries skip them unread.
 type segIndex struct {
 	mu    sync.Mutex
 	spans map[string]span
 }
 
-type span struct{ min, max time.Time }
+type span struct {
+	min, max  time.Time
+	sandboxes map[string]struct{}
+}
 
 func (x *segIndex) get(name string) (span, bool) {
 	if x == nil {
@@ -102,8 +105,11 @@ func scan(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint64,
 			if (!f.Since.IsZero() && sp.max.Before(f.Since)) || (!f.Until.IsZero() && sp.min.After(f.Until)) {
 				continue
 			}
+			if _, ok := sp.sandboxes[f.Sandbox]; f.Sandbox != "" && !ok {
+				continue
+			}
 		}
-		var sp span
+		sp := span{sandboxes: map[string]struct{}{}}
 		stopped := false
 		err := scanSegment(filepath.Join(dir, s.name), func(_ int, l []byte) error {
 			r, err := parseLine(l)
@@ -119,6 +125,9 @@ func scan(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint64,
 			}
 			if r.Time.After(sp.max) {
 				sp.max = r.Time
+			}
+			if r.Sandbox != "" {
+				sp.sandboxes[r.Sandbox] = struct{}{}
 			}
 			if !f.match(&r) {
 				return nil

@@ -65,13 +65,15 @@ type loc struct {
 func Verify(dataDir string, pub ed25519.PublicKey) (Report, error) {
 	dir := filepath.Join(dataDir, LogDir)
 	var rep Report
-	segs, err := listSegments(dir)
-	if err != nil {
-		return rep, err
-	}
+	// The head first: a daemon writes it only after the segments hold
+	// what it names, so segments listed and read after it reach it.
 	hd, err := readHead(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the head file is unreadable: %v", err))
+	}
+	segs, err := listSegments(dir)
+	if err != nil {
+		return rep, err
 	}
 	wantID := keyID(pub)
 	v := &verifier{rep: &rep, pub: pub, wantID: wantID, head: hd}
