@@ -133,7 +133,6 @@ type Log struct {
 	lastCk    time.Time
 	lastHead  time.Time
 	headDirty bool
-	lastCkSeq uint64
 	lastCkRec string // the checkpoint data of the last checkpoint
 	buf       []byte
 	lastPrune time.Time
@@ -436,6 +435,13 @@ func (l *Log) commit(batch []pending) {
 			recs = recs[:n]
 		}
 	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		// The head names only a checkpoint that is on disk.
+		if recs[i].Type == TypeCheckpoint {
+			l.lastCkRec, l.headDirty = string(recs[i].Data), true
+			break
+		}
+	}
 	if len(recs) > 0 {
 		l.committed.Store(l.seq)
 		l.publish(recs)
@@ -459,9 +465,6 @@ func (l *Log) checkpoint() pending {
 	sig := ed25519.Sign(l.key, checkpointMessage(l.seq, h))
 	data := map[string]any{"seq": l.seq, "hash": l.prev, "sig": base64.StdEncoding.EncodeToString(sig), "key": keyID(l.pub)}
 	l.lastCk = l.opts.Now()
-	l.lastCkSeq = l.seq
-	l.lastCkRec = string(mustJSON(data))
-	l.headDirty = true
 	return pending{time: l.lastCk, typ: TypeCheckpoint, data: mustJSON(data)}
 }
 
@@ -637,7 +640,7 @@ func (l *Log) recover() ([]pending, error) {
 		}
 		l.seq, l.prev = r.Seq, hexHash(last)
 		if r.Type == TypeCheckpoint {
-			l.lastCkSeq, l.lastCkRec = r.Seq, string(r.Data)
+			l.lastCkRec = string(r.Data)
 		}
 		if _, err := f.Seek(0, io.SeekEnd); err != nil {
 			f.Close()

@@ -681,3 +681,27 @@ func BenchmarkAppendDurable(b *testing.B) {
 	b.ReportMetric(float64(l.Dropped()), "dropped")
 	b.ReportMetric(float64(b.N-int(l.Dropped()))/el.Seconds(), "records/s")
 }
+
+// TestOpenNoticesTruncation cuts the log back past a checkpoint while the
+// daemon is down: the next Open records it, and Verify reports it even
+// after new checkpoints.
+func TestOpenNoticesTruncation(t *testing.T) {
+	dir := t.TempDir()
+	fill(t, dir, 40, func(o *Options) { o.CheckpointEvery = 10 })
+	p, lines := segLines(t, dir)
+	writeLines(t, p, lines[:20])
+	l := openT(t, dir, nil)
+	for range 5 {
+		l.Append(context.Background(), Event{Type: TypeAPI})
+	}
+	l.Close()
+	recs, _ := l.Query(context.Background(), Filter{Types: []string{TypeTruncated}})
+	if len(recs) != 1 || recs[0].Seq != 21 {
+		t.Fatalf("truncation records %+v", recs)
+	}
+	_, err := Verify(dir, l.PublicKey())
+	var b *Break
+	if !errors.As(err, &b) || b.Seq != 21 || !strings.Contains(b.Reason, "it ended at seq 20, but seq 43 had been signed") {
+		t.Fatalf("verify: %v", err)
+	}
+}
