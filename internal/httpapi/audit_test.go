@@ -247,3 +247,39 @@ func TestSandboxLogs(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestAuditStreamSlowClient opens a stream and does not read it while far
+// more records than the TCP buffers and the subscriber's buffer hold are
+// committed: the writer is never held up, and the stream ends with an
+// error event instead of delivering them all.
+func TestAuditStreamSlowClient(t *testing.T) {
+	e, al := newAuditEnv(t)
+	sc, stop := openStream(t, e, "", "")
+	defer stop()
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	big := strings.Repeat("x", 4000)
+	const total = 8000
+	for range total {
+		al.Append(context.Background(), audit.Event{Type: audit.TypeAPI, Data: map[string]any{"pad": big}})
+	}
+	if err := al.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if al.Committed() < total || al.Dropped() != 0 {
+		t.Fatalf("writer: committed %d, dropped %d", al.Committed(), al.Dropped())
+	}
+	n, sawError := 0, false
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "id: ") {
+			n++
+		}
+		if l == "event: error" {
+			sawError = true
+		}
+	}
+	if !sawError || n >= total {
+		t.Fatalf("a slow client got %d of %d records, error event %v", n, total, sawError)
+	}
+	t.Logf("the slow client got %d of %d records, then was disconnected", n, total)
+}
