@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // Levels of Summary, as E2B's sandbox logs name them.
@@ -164,7 +165,7 @@ func message1(typ string, d map[string]any) string {
 			continue
 		}
 		s := trim(str(v), 200)
-		if strings.ContainsAny(s, " \t\n\"") || s == "" {
+		if s == "" || strings.IndexFunc(s, func(r rune) bool { return r == ' ' || r == '"' || !unicode.IsPrint(r) }) >= 0 {
 			s = strconv.Quote(s)
 		}
 		fmt.Fprintf(&b, " %s=%s", k, s)
