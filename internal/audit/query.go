@@ -158,10 +158,12 @@ func scan(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint64,
 // Limit newest.
 func collect(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint64) ([]Record, error) {
 	var out []Record
+	next := 0 // with Desc and Limit, out is a ring and next its oldest
 	err := scan(ctx, dir, idx, f, upTo, func(r *Record, _ []byte) error {
 		if f.Desc && f.Limit > 0 && len(out) == f.Limit {
-			copy(out, out[1:])
-			out = out[:len(out)-1]
+			out[next] = *r
+			next = (next + 1) % f.Limit
+			return nil
 		}
 		out = append(out, *r)
 		if !f.Desc && f.Limit > 0 && len(out) == f.Limit {
@@ -173,6 +175,7 @@ func collect(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint
 		err = nil
 	}
 	if f.Desc {
+		out = slices.Concat(out[next:], out[:next])
 		slices.Reverse(out)
 	}
 	return out, err
