@@ -117,14 +117,18 @@ func (f *Forwarder) run(ctx context.Context) {
 		wake := f.l.changed()
 		var lines [][]byte
 		var lastSeq uint64
-		err := scan(ctx, f.l.dir, &f.l.idx, Filter{After: f.last.Load()}, f.l.Committed(), func(r *Record, l []byte) error {
-			lines = append(lines, bytes.Clone(l))
-			lastSeq = r.Seq
-			if len(lines) == forwardBatch {
-				return errStop
-			}
-			return nil
-		})
+		upTo := f.l.Committed()
+		var err error
+		if upTo > f.last.Load() {
+			err = scan(ctx, f.l.dir, &f.l.idx, Filter{After: f.last.Load()}, upTo, func(r *Record, l []byte) error {
+				lines = append(lines, bytes.Clone(l))
+				lastSeq = r.Seq
+				if len(lines) == forwardBatch {
+					return errStop
+				}
+				return nil
+			})
+		}
 		if err != nil && !errors.Is(err, errStop) {
 			if ctx.Err() != nil {
 				return

@@ -184,7 +184,11 @@ func collect(ctx context.Context, dir string, idx *segIndex, f Filter, upTo uint
 // Query returns the committed records matching f, in seq order (newest
 // first with Desc).
 func (l *Log) Query(ctx context.Context, f Filter) ([]Record, error) {
-	return collect(ctx, l.dir, &l.idx, f, l.committed.Load())
+	upTo := l.committed.Load()
+	if upTo == 0 {
+		return nil, nil // nothing committed (0 would mean no bound)
+	}
+	return collect(ctx, l.dir, &l.idx, f, upTo)
 }
 
 // Export calls fn with the line (exact bytes, no newline) of each record
