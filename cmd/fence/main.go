@@ -68,6 +68,8 @@ func deps() cli.Deps {
 				HTTP: daemon.HTTPTimeouts{
 					Header: o.HeaderTimeout, Idle: o.IdleTimeout, BodyIdle: o.BodyIdleTimeout,
 				},
+
+				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention,
 			})
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {

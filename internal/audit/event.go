@@ -3,6 +3,26 @@
 // starts and ends, file writes, egress and gateway decisions, downloads),
 // with signed checkpoints so that editing, deleting, reordering or
 // truncating records is detected.
+//
+// # Guarantees
+//
+//   - Append never waits on the disk: it queues, waiting at most
+//     Options.BlockFor (100 ms) for room, then drops; every drop is counted
+//     and recorded in the chain (audit.dropped).
+//   - One writer commits in groups with one write and one fdatasync; a
+//     record is visible (Query, Subscribe, Forward) only once on disk. A
+//     crash loses at most the queue and the group in flight; a torn final
+//     line is cut at the next Open, and that is recorded.
+//   - seq rises by one per record; each record holds the SHA-256 of the
+//     line before it; checkpoints (every 1000 records, every 5 s, at Close)
+//     sign the chain with Ed25519. Verify names the first record edited,
+//     deleted, moved or cut; records after the last checkpoint are
+//     unsigned, and the key's holder can rewrite everything (docs/AUDIT.md).
+//   - Files are 0600 in a 0700 directory; the key is refused when a
+//     symlink or readable by others. Readers (Query, Export, Verify) read
+//     complete lines only, so they are safe while the daemon writes.
+//   - Kept command output and segments have budgets: per stream, per
+//     sandbox, and Retention (7 days), and pruning is recorded.
 package audit
 
 import (

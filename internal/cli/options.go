@@ -72,6 +72,12 @@ type ServeOptions struct {
 	// waits on clients (request headers, keep-alive, each read of a
 	// body); zero takes the daemon's defaults. Hidden flags, for tests.
 	HeaderTimeout, IdleTimeout, BodyIdleTimeout time.Duration
+	// AuditForward are destinations every audit record is also sent to
+	// (file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT, https://URL).
+	AuditForward []string
+	// AuditRetention is how long audit segments and kept command output
+	// stay; zero means 7 days, negative forever.
+	AuditRetention time.Duration
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

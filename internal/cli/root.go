@@ -96,6 +96,7 @@ the fence client verbs at it:
 		runCmd(deps),
 		sandboxCmd(),
 		secretCmd(),
+		auditCmd(),
 		execCmd(),
 		cpCmd(),
 		benchCmd(deps),

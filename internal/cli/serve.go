@@ -140,6 +140,8 @@ SIGINT or SIGTERM.`,
 	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
 	fs.DurationVar(&o.IdleTimeout, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
 	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
+	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
+	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout"} {
 		_ = fs.MarkHidden(f)
 	}

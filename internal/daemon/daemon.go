@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/gateway"
@@ -97,6 +98,12 @@ type Options struct {
 	// HTTP bounds the API server's waits on clients; zero fields take the
 	// defaults of HTTPTimeouts.
 	HTTP HTTPTimeouts
+	// AuditForward are destinations every audit record is also sent to
+	// (see audit.Log.Forward).
+	AuditForward []string
+	// AuditRetention is how long audit records and kept command output
+	// stay; zero means 7 days, negative forever.
+	AuditRetention time.Duration
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is
@@ -169,6 +176,30 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer unlock()
+	// The audit trail, open before anything it records and closed after
+	// everything else (its Close commits the queue and signs the tail).
+	// auditLog is the audit.Sink the event sources append to.
+	auditLog, err := audit.Open(audit.Options{Dir: opts.DataDir, Logger: log, Retention: opts.AuditRetention})
+	if err != nil {
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	var forwarders []*audit.Forwarder
+	defer func() {
+		auditLog.Close()
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, f := range forwarders {
+			f.Wait(fctx) // what is left is sent at the next start
+			f.Close()
+		}
+	}()
+	for _, dest := range opts.AuditForward {
+		f, err := auditLog.Forward(dest)
+		if err != nil {
+			return err
+		}
+		forwarders = append(forwarders, f)
+	}
 
 	key, keyPath, err := apiKey(opts)
 	if err != nil {
@@ -308,6 +339,7 @@ func Serve(ctx context.Context, opts Options) error {
 			BodyIdleTimeout: timeouts.BodyIdle,
 			Secrets:         secretStore,
 			Downloads:       downloadLog,
+			Audit:           auditLog,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.

@@ -82,6 +82,9 @@ type Options struct {
 	Secrets SecretStore
 	// Downloads serves GET /sandboxes/{id}/downloads; nil answers 501.
 	Downloads DownloadLog
+	// Audit serves GET /audit, GET /audit/stream and the sandbox logs
+	// routes; nil answers 501 there.
+	Audit AuditLog
 	// BodyIdleTimeout bounds the wait for each read of a request body: a
 	// client that sends nothing of its body for this long loses the
 	// connection, while a long upload that keeps moving is never cut.
@@ -106,6 +109,7 @@ type handler struct {
 	bodyIdle    time.Duration
 	secrets     SecretStore
 	downloads   DownloadLog
+	audit       AuditLog
 	signatures  signatureIndex
 	scans       chan struct{} // a slot per signature scan in progress
 }
@@ -123,6 +127,7 @@ func New(opts Options) http.Handler {
 		bodyIdle:    opts.BodyIdleTimeout,
 		secrets:     opts.Secrets,
 		downloads:   opts.Downloads,
+		audit:       opts.Audit,
 		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {

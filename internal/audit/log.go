@@ -1,0 +1,667 @@
+package audit
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options configure a Log. Zero fields take the defaults noted.
+type Options struct {
+	// Dir is the daemon's data dir: segments go to Dir/audit, the key to
+	// Dir/audit-key and the public key to Dir/audit.pub. Required.
+	Dir    string
+	Logger *slog.Logger // nil discards
+	// SegmentSize is the size past which a new segment is started; 64 MiB.
+	SegmentSize int64
+	// QueueSize bounds the events waiting for the writer; 65536.
+	QueueSize int
+	// MaxBatch bounds the records committed by one write and fsync; 8192.
+	MaxBatch int
+	// BlockFor is how long Append waits for room in a full queue before it
+	// drops the event (counted, and recorded as an audit.dropped record);
+	// 100 ms.
+	BlockFor time.Duration
+	// CheckpointEvery and CheckpointInterval: a signed checkpoint follows
+	// every CheckpointEvery records (1000) and, when records were written
+	// since the last one, every CheckpointInterval (5 s).
+	CheckpointEvery    int
+	CheckpointInterval time.Duration
+	// Retention: segments and command outputs older than this are removed
+	// (at Open and hourly); 7 days. Negative keeps everything.
+	Retention time.Duration
+	// OutputPerProcess and OutputPerSandbox bound the command output kept
+	// (per stream, and over all streams of a sandbox); 1 MiB and 16 MiB.
+	// Output beyond them is counted and hashed, not kept.
+	OutputPerProcess int64
+	OutputPerSandbox int64
+	// NoSync skips fsync (tests of everything but durability).
+	NoSync bool
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SegmentSize <= 0 {
+		o.SegmentSize = 64 << 20
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 1 << 16
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 8192
+	}
+	if o.BlockFor <= 0 {
+		o.BlockFor = 100 * time.Millisecond
+	}
+	if o.CheckpointEvery <= 0 {
+		o.CheckpointEvery = 1000
+	}
+	if o.CheckpointInterval <= 0 {
+		o.CheckpointInterval = 5 * time.Second
+	}
+	if o.Retention == 0 {
+		o.Retention = 7 * 24 * time.Hour
+	}
+	if o.OutputPerProcess <= 0 {
+		o.OutputPerProcess = 1 << 20
+	}
+	if o.OutputPerSandbox <= 0 {
+		o.OutputPerSandbox = 16 << 20
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Log is the audit log. It implements Sink. See the package doc and
+// docs/AUDIT.md for the format and guarantees:
+//
+//   - Append queues and returns: it waits at most Options.BlockFor for room
+//     in a full queue, then drops the event; drops are counted (Dropped)
+//     and recorded in the chain as an audit.dropped record.
+//   - One writer goroutine commits in batches (group commit): it writes a
+//     batch with one write, fsyncs, then publishes it (Query, Subscribe).
+//     A crash loses at most what was queued and the batch being written
+//     (QueueSize + MaxBatch records; in practice the last few
+//     milliseconds). Flush waits until everything appended before it is
+//     on disk.
+//   - Records are hash-chained (prev) and checkpoints sign the chain with
+//     the key in DATA-DIR/audit-key.
+type Log struct {
+	opts    Options
+	dir     string // DATA-DIR/audit
+	dataDir string
+	key     ed25519.PrivateKey
+	pub     ed25519.PublicKey
+	log     *slog.Logger
+
+	mu     sync.RWMutex // held for reading by Append while it queues
+	closed bool
+	ch     chan pending
+
+	dropped   atomic.Int64 // since the last audit.dropped record
+	dropTotal atomic.Int64
+	writeErrs atomic.Int64
+
+	stop chan struct{}
+	done chan struct{}
+
+	// Writer state (the writer goroutine's alone once started).
+	f         *os.File
+	segFirst  uint64
+	segSize   int64
+	seq       uint64
+	prev      string
+	sinceCk   int
+	lastCk    time.Time
+	lastHead  time.Time
+	headDirty bool
+	lastCkRec string // the checkpoint data of the last checkpoint
+	buf       []byte
+	lastPrune time.Time
+
+	committed atomic.Uint64 // the last seq on disk
+
+	subMu    sync.Mutex
+	subs     map[*Subscription]struct{}
+	commitCh chan struct{} // closed at the next commit (Forwarder)
+
+	root    *os.Root // the log directory, for outputs
+	outMu   sync.Mutex
+	outUsed map[string]int64 // bytes kept per sandbox
+
+	idx segIndex
+}
+
+type pending struct {
+	time                time.Time
+	typ, sandbox, actor string
+	data                json.RawMessage
+	body                []byte
+	flush               chan struct{} // a Flush marker, no record
+}
+
+// Open opens (creating if needed) the audit log of a data dir, recovers
+// from a crash (a torn final line is cut, and that is recorded) and starts
+// the writer. Close it to stop the writer and sign the tail.
+func Open(opts Options) (*Log, error) {
+	opts.defaults()
+	if opts.Dir == "" {
+		return nil, errors.New("audit: Options.Dir is required")
+	}
+	l := &Log{
+		opts:    opts,
+		dataDir: opts.Dir,
+		dir:     filepath.Join(opts.Dir, LogDir),
+		log:     opts.Logger,
+		ch:      make(chan pending, opts.QueueSize),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		subs:    map[*Subscription]struct{}{},
+		outUsed: map[string]int64{},
+	}
+	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: creating %s: %w", l.dir, err)
+	}
+	if err := os.Chmod(l.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	root, err := os.OpenRoot(l.dir)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l.root = root
+	ok := false
+	defer func() {
+		if !ok {
+			root.Close()
+			if l.f != nil {
+				l.f.Close()
+			}
+		}
+	}()
+	key, err := loadOrCreateKey(filepath.Join(opts.Dir, KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l.key = key
+	l.pub = key.Public().(ed25519.PublicKey)
+	if err := writePub(filepath.Join(opts.Dir, PubFile), l.pub); err != nil {
+		return nil, fmt.Errorf("audit: writing public key: %w", err)
+	}
+	notes, err := l.recover()
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l.committed.Store(l.seq)
+	l.lastCk = opts.Now()
+	for _, n := range notes {
+		l.writeInternal(n)
+	}
+	l.prune()
+	ok = true
+	go l.run()
+	return l, nil
+}
+
+// PublicKey is the key checkpoints are signed with.
+func (l *Log) PublicKey() ed25519.PublicKey { return l.pub }
+
+// Dropped is how many events Append dropped since Open.
+func (l *Log) Dropped() int64 { return l.dropTotal.Load() }
+
+// Committed is the seq of the last record on disk.
+func (l *Log) Committed() uint64 { return l.committed.Load() }
+
+// Append queues an event; see Log for when it drops one.
+func (l *Log) Append(ctx context.Context, ev Event) {
+	if ev.Time.IsZero() {
+		ev.Time = l.opts.Now()
+	}
+	data := marshalData(ev.Data)
+	p := pending{time: ev.Time, typ: ev.Type, sandbox: ev.SandboxID, actor: ev.Actor, data: data}
+	if p.typ == "" {
+		p.typ = "unknown"
+	}
+	p.body = body(p.time, p.typ, p.sandbox, p.actor, p.data)
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		l.drop()
+		return
+	}
+	select {
+	case l.ch <- p:
+		return
+	default:
+	}
+	t := time.NewTimer(l.opts.BlockFor)
+	defer t.Stop()
+	select {
+	case l.ch <- p:
+	case <-t.C:
+		l.drop()
+	case <-ctx.Done():
+		l.drop()
+	}
+}
+
+func (l *Log) drop() {
+	l.dropped.Add(1)
+	l.dropTotal.Add(1)
+}
+
+// Flush waits until every event appended before it is on disk (or ctx is
+// done, or the log closed).
+func (l *Log) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return errors.New("audit: log closed")
+	}
+	select {
+	case l.ch <- pending{flush: done}:
+	case <-ctx.Done():
+		l.mu.RUnlock()
+		return ctx.Err()
+	}
+	l.mu.RUnlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close commits what is queued, signs the tail with a checkpoint and
+// stops the writer. Appends after Close are dropped.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		<-l.done
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	close(l.stop)
+	<-l.done
+	l.subMu.Lock()
+	for s := range l.subs {
+		s.end(errors.New("audit log closed"))
+	}
+	l.subs = map[*Subscription]struct{}{}
+	l.subMu.Unlock()
+	return l.root.Close()
+}
+
+// run is the writer.
+func (l *Log) run() {
+	defer close(l.done)
+	defer func() {
+		if l.f != nil {
+			l.f.Close()
+		}
+	}()
+	tick := time.NewTicker(min(l.opts.CheckpointInterval, time.Second))
+	defer tick.Stop()
+	batch := make([]pending, 0, 64)
+	for {
+		select {
+		case p := <-l.ch:
+			batch = append(batch[:0], p)
+			batch = l.fill(batch)
+			l.commit(batch)
+		case <-tick.C:
+			l.periodic()
+		case <-l.stop:
+			for {
+				batch = l.fill(batch[:0])
+				if len(batch) == 0 {
+					break
+				}
+				l.commit(batch)
+			}
+			if l.sinceCk > 0 {
+				l.commit(nil) // a checkpoint over the tail
+			}
+			l.writeHead()
+			return
+		}
+	}
+}
+
+// fill adds queued events to batch, up to MaxBatch, without waiting.
+func (l *Log) fill(batch []pending) []pending {
+	for len(batch) < l.opts.MaxBatch {
+		select {
+		case p := <-l.ch:
+			batch = append(batch, p)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+func (l *Log) periodic() {
+	now := l.opts.Now()
+	if l.sinceCk > 0 && now.Sub(l.lastCk) >= l.opts.CheckpointInterval {
+		l.commit(nil)
+	}
+	if l.headDirty && now.Sub(l.lastHead) >= time.Second {
+		l.writeHead()
+	}
+	if now.Sub(l.lastPrune) >= time.Hour {
+		l.prune()
+	}
+}
+
+// commit writes batch (and any record of drops, and a checkpoint when
+// due), fsyncs, then publishes. With a nil batch it writes a checkpoint
+// over the tail.
+func (l *Log) commit(batch []pending) {
+	l.buf = l.buf[:0]
+	startSeq := l.seq
+	var recs []Record
+	var ends []int
+	var flushes []chan struct{}
+	add := func(p pending) {
+		if p.body == nil {
+			p.body = body(p.time, p.typ, p.sandbox, p.actor, p.data)
+		}
+		l.seq++
+		prev := l.prev
+		start := len(l.buf)
+		l.buf = line(l.buf, l.seq, p.body, prev)
+		l.prev = hexHash(l.buf[start:])
+		l.buf = append(l.buf, '\n')
+		ends = append(ends, len(l.buf))
+		recs = append(recs, Record{Seq: l.seq, Time: p.time, Type: p.typ, Sandbox: p.sandbox, Actor: p.actor, Data: p.data, Prev: prev})
+		if p.typ == TypeCheckpoint {
+			l.sinceCk = 0
+		} else {
+			l.sinceCk++
+		}
+	}
+	for _, p := range batch {
+		if p.flush != nil {
+			flushes = append(flushes, p.flush)
+			continue
+		}
+		add(p)
+		if l.sinceCk >= l.opts.CheckpointEvery {
+			add(l.checkpoint())
+		}
+	}
+	if n := l.dropped.Swap(0); n > 0 {
+		add(pending{time: l.opts.Now(), typ: TypeDropped, data: mustJSON(map[string]any{"count": n})})
+	}
+	if batch == nil && l.sinceCk > 0 {
+		add(l.checkpoint())
+	}
+	if len(recs) > 0 {
+		n, err := l.write(l.buf, ends, startSeq+1)
+		if err != nil {
+			l.log.Error("audit: writing records", "err", err, "records", len(recs), "written", n)
+			l.writeErrs.Add(1)
+		}
+		if n < len(recs) {
+			// The records not written are lost: the chain goes on from
+			// the last one in the files, and the loss is counted as drops.
+			l.seq, l.prev = recs[n].Seq-1, recs[n].Prev
+			lost := int64(len(recs) - n)
+			l.dropped.Add(lost)
+			l.dropTotal.Add(lost)
+			recs = recs[:n]
+		}
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		// The head names only a checkpoint that is on disk.
+		if recs[i].Type == TypeCheckpoint {
+			l.lastCkRec, l.headDirty = string(recs[i].Data), true
+			break
+		}
+	}
+	if len(recs) > 0 {
+		l.committed.Store(l.seq)
+		l.publish(recs)
+	}
+	for _, c := range flushes {
+		close(c)
+	}
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// checkpoint builds the checkpoint over the record last added.
+func (l *Log) checkpoint() pending {
+	h, _ := hex.DecodeString(l.prev)
+	sig := ed25519.Sign(l.key, checkpointMessage(l.seq, h))
+	data := map[string]any{"seq": l.seq, "hash": l.prev, "sig": base64.StdEncoding.EncodeToString(sig), "key": keyID(l.pub)}
+	l.lastCk = l.opts.Now()
+	return pending{time: l.lastCk, typ: TypeCheckpoint, data: mustJSON(data)}
+}
+
+// write appends the records in b (record k ends at ends[k], the first is
+// seq first) to the segments, starting a new segment when the current one
+// would pass SegmentSize (a record is never split; a segment holds at least
+// one), and fsyncs. It returns how many records are in the files: on a
+// failed write the segment is cut back to its size before it.
+func (l *Log) write(b []byte, ends []int, first uint64) (int, error) {
+	off, i := 0, 0
+	for i < len(ends) {
+		if l.f == nil {
+			if err := l.rotate(first + uint64(i)); err != nil {
+				return i, err
+			}
+		}
+		j := i
+		for j < len(ends) && (l.segSize+int64(ends[j]-off) <= l.opts.SegmentSize || (j == i && l.segSize == 0)) {
+			j++
+		}
+		if j > i {
+			chunk := b[off:ends[j-1]]
+			if _, err := l.f.Write(chunk); err != nil {
+				_ = l.f.Truncate(l.segSize)
+				return i, err
+			}
+			l.segSize += int64(len(chunk))
+			off, i = ends[j-1], j
+		}
+		if i < len(ends) {
+			if err := l.seal(); err != nil {
+				return i, err
+			}
+		}
+	}
+	if !l.opts.NoSync {
+		if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
+			return len(ends), fmt.Errorf("fsync: %w", err)
+		}
+	}
+	return len(ends), nil
+}
+
+// seal syncs and closes the current segment.
+func (l *Log) seal() error {
+	var err error
+	if !l.opts.NoSync {
+		err = unix.Fdatasync(int(l.f.Fd()))
+	}
+	l.f.Close()
+	l.f = nil
+	return err
+}
+
+// rotate starts a segment whose first record is first.
+func (l *Log) rotate(first uint64) error {
+	f, err := os.OpenFile(filepath.Join(l.dir, segName(first)), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if st.Size() != 0 {
+		f.Close()
+		return fmt.Errorf("segment %s exists and is not empty", segName(first))
+	}
+	syncDir(l.dir)
+	l.f, l.segFirst, l.segSize = f, first, 0
+	return nil
+}
+
+// writeInternal commits one of the log's own records at once (before the
+// writer starts, or from it).
+func (l *Log) writeInternal(p pending) {
+	l.commit([]pending{p})
+}
+
+// head is the last checkpoint, kept apart from the segments so that
+// cutting the log's tail back past it is noticed (by Open and by Verify).
+type head struct {
+	Seq  uint64 `json:"seq"`
+	Hash string `json:"hash"`
+	Sig  string `json:"sig"`
+	Key  string `json:"key"`
+}
+
+const headFile = "head"
+
+func (l *Log) writeHead() {
+	if !l.headDirty {
+		return
+	}
+	if err := writeFileAtomic(filepath.Join(l.dir, headFile), []byte(l.lastCkRec+"\n"), 0o600); err != nil {
+		l.log.Warn("audit: writing head", "err", err)
+		return
+	}
+	l.headDirty = false
+	l.lastHead = l.opts.Now()
+}
+
+func readHead(dir string) (*head, error) {
+	b, err := os.ReadFile(filepath.Join(dir, headFile))
+	if err != nil {
+		return nil, err
+	}
+	var h head
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("head: %w", err)
+	}
+	return &h, nil
+}
+
+// recover finds the end of the chain: the last complete line of the last
+// non-empty segment. A torn final line (no newline) is cut away. It
+// returns the records to write about what it found.
+func (l *Log) recover() ([]pending, error) {
+	var notes []pending
+	segs, err := listSegments(l.dir)
+	if err != nil {
+		return nil, err
+	}
+	l.seq, l.prev = 0, genesis
+	for i := len(segs) - 1; i >= 0; i-- {
+		path := filepath.Join(l.dir, segs[i].name)
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		lr := newLineReader(f)
+		var last []byte
+		for {
+			ln, err := lr.next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				f.Close()
+				return nil, fmt.Errorf("%s: %w", segs[i].name, err)
+			}
+			last = append(last[:0], ln...)
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		if torn := st.Size() - lr.off; torn > 0 {
+			if err := f.Truncate(lr.off); err != nil {
+				f.Close()
+				return nil, fmt.Errorf("cutting the torn end of %s: %w", segs[i].name, err)
+			}
+			f.Sync()
+			l.log.Warn("audit: cut a torn final line", "segment", segs[i].name, "bytes", torn)
+			notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
+				data: mustJSON(map[string]any{"segment": segs[i].name, "bytes": torn})})
+		}
+		if last == nil {
+			f.Close()
+			if i == len(segs)-1 {
+				// An empty newest segment (a crash after rotating): it is
+				// made again, with the right name, on the first write.
+				os.Remove(path)
+			}
+			continue
+		}
+		r, err := parseLine(last)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("the last record of %s is not well-formed (%v); run fence audit verify", segs[i].name, err)
+		}
+		l.seq, l.prev = r.Seq, hexHash(last)
+		if r.Type == TypeCheckpoint {
+			l.lastCkRec = string(r.Data)
+		}
+		if _, err := f.Seek(0, io.SeekEnd); err != nil {
+			f.Close()
+			return nil, err
+		}
+		if i == len(segs)-1 {
+			f.Close()
+			f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, err
+			}
+			l.f, l.segFirst, l.segSize = f, segs[i].first, lr.off
+		} else {
+			f.Close()
+		}
+		break
+	}
+	if h, err := readHead(l.dir); err == nil && h.Seq > l.seq {
+		l.log.Error("audit: the log ends before its last signed checkpoint: records were removed", "head_seq", h.Seq, "last_seq", l.seq)
+		notes = append(notes, pending{time: l.opts.Now(), typ: TypeTruncated,
+			data: mustJSON(map[string]any{"head_seq": h.Seq, "last_seq": l.seq, "head_hash": h.Hash})})
+	}
+	return notes, nil
+}

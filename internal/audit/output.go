@@ -1,0 +1,188 @@
+package audit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// outputDir holds kept command output: output/<sandbox>/<file>, under the
+// log directory.
+const outputDir = "output"
+
+var (
+	validSandbox = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+	validStream  = regexp.MustCompile(`^[a-z]{1,16}$`)
+)
+
+var outputSeq atomic.Uint64
+
+// Output keeps one output stream of one process: the first bytes up to the
+// per-process and per-sandbox budgets are stored in a file (0600); all of
+// it is counted and hashed. Write never fails, so keeping output never
+// breaks the stream it copies.
+type Output struct {
+	l       *Log
+	sandbox string
+	rel     string // path relative to the data dir
+	limit   int64
+
+	mu     sync.Mutex
+	f      *os.File // nil once the budget is spent or a write failed
+	h      hash.Hash
+	size   int64
+	kept   int64
+	closed bool
+}
+
+// OutputSum describes a closed (or open) output stream.
+type OutputSum struct {
+	Size   int64  `json:"size"`   // bytes written
+	Kept   int64  `json:"kept"`   // bytes stored (the first Kept of Size)
+	SHA256 string `json:"sha256"` // of all Size bytes
+	Path   string `json:"path"`   // of the stored bytes, relative to the data dir
+}
+
+// Output starts keeping a stream ("stdout", "stderr") of process pid of a
+// sandbox. The caller writes the stream's bytes to it and closes it when
+// the process ends; Sum then goes in the process.end record.
+func (l *Log) Output(sandboxID string, pid int, stream string) (*Output, error) {
+	if !validSandbox.MatchString(sandboxID) {
+		return nil, fmt.Errorf("audit: invalid sandbox ID %q", sandboxID)
+	}
+	if !validStream.MatchString(stream) {
+		return nil, fmt.Errorf("audit: invalid stream name %q", stream)
+	}
+	sub := path.Join(outputDir, sandboxID)
+	if err := l.root.MkdirAll(sub, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	name := fmt.Sprintf("%d-%d-%d.%s", l.opts.Now().UnixNano(), pid, outputSeq.Add(1), stream)
+	f, err := l.root.OpenFile(path.Join(sub, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l.outMu.Lock()
+	if _, ok := l.outUsed[sandboxID]; !ok {
+		l.outUsed[sandboxID] = dirSize(l.root.FS(), sub)
+	}
+	l.outMu.Unlock()
+	return &Output{l: l, sandbox: sandboxID, rel: filepath.Join(LogDir, sub, name), limit: l.opts.OutputPerProcess, f: f, h: sha256.New()}, nil
+}
+
+func dirSize(fsys fs.FS, dir string) int64 {
+	var n int64
+	ents, _ := fs.ReadDir(fsys, dir)
+	for _, e := range ents {
+		if i, err := e.Info(); err == nil && i.Mode().IsRegular() {
+			n += i.Size()
+		}
+	}
+	return n
+}
+
+// Write implements io.Writer; it always reports all of p written.
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return len(p), nil
+	}
+	o.h.Write(p)
+	o.size += int64(len(p))
+	if o.f == nil {
+		return len(p), nil
+	}
+	keep := min(int64(len(p)), o.limit-o.kept)
+	l := o.l
+	l.outMu.Lock()
+	keep = max(min(keep, l.opts.OutputPerSandbox-l.outUsed[o.sandbox]), 0)
+	l.outUsed[o.sandbox] += keep
+	l.outMu.Unlock()
+	if keep > 0 {
+		n, err := o.f.Write(p[:keep])
+		o.kept += int64(n)
+		if err != nil {
+			l.log.Warn("audit: keeping command output", "sandbox", o.sandbox, "err", err)
+			keep = 0
+		}
+	}
+	if keep < int64(len(p)) {
+		// Budget spent: the rest is only counted and hashed.
+		o.f.Close()
+		o.f = nil
+	}
+	return len(p), nil
+}
+
+// Close flushes the stored bytes to disk.
+func (o *Output) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil
+	}
+	o.closed = true
+	if o.f == nil {
+		return nil
+	}
+	err := o.f.Sync()
+	if cerr := o.f.Close(); err == nil {
+		err = cerr
+	}
+	o.f = nil
+	return err
+}
+
+// Sum is the stream's size, kept size, SHA-256 (of everything written so
+// far) and the stored file.
+func (o *Output) Sum() OutputSum {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return OutputSum{Size: o.size, Kept: o.kept, SHA256: hex.EncodeToString(o.h.Sum(nil)), Path: o.rel}
+}
+
+// pruneOutputs removes output files older than cutoff, and the sandbox
+// directories they leave empty. It returns how many files it removed.
+func (l *Log) pruneOutputs(cutoff time.Time) int {
+	n := 0
+	ents, err := fs.ReadDir(l.root.FS(), outputDir)
+	if err != nil {
+		return 0
+	}
+	for _, sb := range ents {
+		if !sb.IsDir() {
+			continue
+		}
+		sub := path.Join(outputDir, sb.Name())
+		files, _ := fs.ReadDir(l.root.FS(), sub)
+		left := len(files)
+		for _, f := range files {
+			i, err := f.Info()
+			if err != nil || !i.ModTime().Before(cutoff) {
+				continue
+			}
+			if err := l.root.Remove(path.Join(sub, f.Name())); err == nil || errors.Is(err, os.ErrNotExist) {
+				n++
+				left--
+			}
+		}
+		l.outMu.Lock()
+		delete(l.outUsed, sb.Name()) // counted again from the files on next use
+		l.outMu.Unlock()
+		if left == 0 {
+			l.root.Remove(sub)
+		}
+	}
+	return n
+}

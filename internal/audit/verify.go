@@ -1,0 +1,294 @@
+package audit
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// Report is what Verify found.
+type Report struct {
+	Segments          int
+	Records           uint64
+	FirstSeq, LastSeq uint64
+	Checkpoints       int
+	// LastCheckpoint is the seq of the last checkpoint record; Unsigned
+	// counts the records after it, which no signature covers.
+	LastCheckpoint uint64
+	Unsigned       uint64
+	// Warnings are facts a reader should know that do not break the
+	// chain: torn lines cut after a crash, dropped events, an unsigned
+	// tail.
+	Warnings []string
+	// Break is the first place the log is not what the writer wrote; nil
+	// when intact.
+	Break *Break
+}
+
+// Break names the first broken record.
+type Break struct {
+	Segment string // file name
+	Line    int    // 1-based line in Segment
+	Seq     uint64 // the record's seq (or the seq expected there)
+	Reason  string
+}
+
+func (b *Break) Error() string {
+	return fmt.Sprintf("audit log broken at %s line %d (seq %d): %s", b.Segment, b.Line, b.Seq, b.Reason)
+}
+
+type loc struct {
+	seg  string
+	line int
+	seq  uint64
+}
+
+// Verify checks the audit log of dataDir against the public key pub: every
+// line is a well-formed record, seqs are contiguous, each prev is the hash
+// of the line before, each checkpoint is signed by pub over the record
+// before it, the log starts at seq 1 or where a prune record says, and it
+// reaches the last checkpoint the daemon recorded apart (the head). It
+// returns the report and, when the log is broken, the *Break (also in
+// Report.Break); other errors are I/O.
+//
+// What it cannot detect: records after the last checkpoint can be cut or
+// rewritten by whoever can write the files (see Report.Unsigned; the head
+// narrows this to the last second of checkpoints); and whoever holds the
+// signing key can rewrite everything. Verifying with a public key kept
+// off the host, and forwarding records off the host, answer both.
+func Verify(dataDir string, pub ed25519.PublicKey) (Report, error) {
+	dir := filepath.Join(dataDir, LogDir)
+	var rep Report
+	// The head first: a daemon writes it only after the segments hold
+	// what it names, so segments listed and read after it reach it.
+	hd, err := readHead(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the head file is unreadable: %v", err))
+	}
+	segs, err := listSegments(dir)
+	if err != nil {
+		return rep, err
+	}
+	wantID := keyID(pub)
+	v := &verifier{rep: &rep, pub: pub, wantID: wantID, head: hd}
+	for i, s := range segs {
+		if v.brk != nil {
+			break
+		}
+		rep.Segments++
+		f, err := os.Open(filepath.Join(dir, s.name))
+		if err != nil {
+			return rep, err
+		}
+		lr := newLineReader(f)
+		first := true
+		for v.brk == nil {
+			l, err := lr.next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				v.fail(loc{s.name, lr.n + 1, v.expect}, err.Error())
+				break
+			}
+			at := loc{s.name, lr.n, v.expect}
+			if first {
+				first = false // the first segment's start is checked by record()
+				if r, err := parseLine(l); err == nil && i > 0 && r.Seq != s.first {
+					v.fail(loc{s.name, lr.n, r.Seq}, fmt.Sprintf("the segment's name says its first record is seq %d", s.first))
+					break
+				}
+			}
+			v.record(at, l)
+		}
+		if st, err := f.Stat(); err == nil && st.Size() > lr.off && v.brk == nil {
+			if i == len(segs)-1 {
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s ends with %d bytes of an incomplete line (a write in progress, or a crash: the daemon cuts it at its next start)", s.name, st.Size()-lr.off))
+			} else {
+				v.fail(loc{s.name, lr.n + 1, v.expect}, "an incomplete line in a sealed segment")
+			}
+		}
+		f.Close()
+	}
+	v.finish()
+	rep.Break = v.brk
+	if v.brk != nil {
+		return rep, v.brk
+	}
+	return rep, nil
+}
+
+type verifier struct {
+	rep    *Report
+	pub    ed25519.PublicKey
+	wantID string
+	head   *head
+	brk    *Break
+
+	expect   uint64 // the next seq; 0 before the first record
+	prevHash string
+	prevLoc  loc
+	// A prev mismatch between prevLoc (record N) and the record after it
+	// (N+1): which one changed is decided by the record after N+1.
+	mismatch     *[2]loc
+	mismatchHash string // hash of record N+1
+	start        *struct {
+		at   loc
+		prev string
+	} // a first record after seq 1, until a prune record accounts for it
+	headSeen bool
+	drops    int64
+}
+
+func (v *verifier) fail(at loc, reason string) {
+	if v.brk == nil {
+		v.brk = &Break{Segment: at.seg, Line: at.line, Seq: at.seq, Reason: reason}
+	}
+}
+
+func (v *verifier) record(at loc, l []byte) {
+	r, err := parseLine(l)
+	if err != nil {
+		v.fail(at, "not a well-formed record: "+err.Error())
+		return
+	}
+	at.seq = r.Seq
+	h := hexHash(l)
+	if m := v.mismatch; m != nil {
+		if r.Seq == m[1].seq+1 && r.Prev == v.mismatchHash {
+			v.fail(m[0], fmt.Sprintf("record %d was altered: its hash is not the prev that record %d holds", m[0].seq, m[1].seq))
+		} else {
+			v.fail(m[1], fmt.Sprintf("record %d was altered: its prev is not the hash of record %d, and its hash not the prev of the record after it", m[1].seq, m[0].seq))
+		}
+		return
+	}
+	switch {
+	case v.expect == 0:
+		v.rep.FirstSeq = r.Seq
+		if r.Seq == 1 {
+			if r.Prev != genesis {
+				v.fail(at, "the first record's prev is not the genesis (zeros)")
+				return
+			}
+		} else {
+			v.start = &struct {
+				at   loc
+				prev string
+			}{at, r.Prev}
+		}
+	case r.Seq > v.expect:
+		v.fail(loc{at.seg, at.line, v.expect}, fmt.Sprintf("records %d to %d are missing here (deleted, or moved): found seq %d", v.expect, r.Seq-1, r.Seq))
+		return
+	case r.Seq < v.expect:
+		v.fail(at, fmt.Sprintf("seq %d where %d was expected: records were reordered or duplicated", r.Seq, v.expect))
+		return
+	case r.Prev != v.prevHash:
+		v.mismatch = &[2]loc{v.prevLoc, at}
+		v.mismatchHash = h
+		return
+	}
+	v.rep.Records++
+	v.rep.LastSeq = r.Seq
+	switch r.Type {
+	case TypeCheckpoint:
+		v.checkpoint(at, r)
+	case TypePrune:
+		var d struct {
+			FirstKept uint64 `json:"first_kept"`
+			Prev      string `json:"prev"`
+		}
+		if json.Unmarshal(r.Data, &d) == nil && v.start != nil && d.FirstKept == v.start.at.seq && d.Prev == v.start.prev {
+			v.start = nil
+		}
+	case TypeTruncated:
+		var d struct {
+			HeadSeq uint64 `json:"head_seq"`
+			LastSeq uint64 `json:"last_seq"`
+		}
+		json.Unmarshal(r.Data, &d)
+		v.fail(at, fmt.Sprintf("the daemon found the log cut back when it started: it ended at seq %d, but seq %d had been signed (records were removed)", d.LastSeq, d.HeadSeq))
+		return
+	case TypeRecovered:
+		v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon cut a torn final line after a crash (%s)", r.Seq, string(r.Data)))
+	case TypeDropped:
+		var d struct {
+			Count int64 `json:"count"`
+		}
+		json.Unmarshal(r.Data, &d)
+		v.drops += d.Count
+	}
+	if v.head != nil && r.Seq == v.head.Seq {
+		v.headSeen = true
+		if h != v.head.Hash {
+			v.fail(at, "record differs from the one the last recorded checkpoint (head) signed")
+			return
+		}
+	}
+	v.expect = r.Seq + 1
+	v.prevHash = h
+	v.prevLoc = at
+}
+
+func (v *verifier) checkpoint(at loc, r Record) {
+	var d struct {
+		Seq  uint64 `json:"seq"`
+		Hash string `json:"hash"`
+		Sig  string `json:"sig"`
+		Key  string `json:"key"`
+	}
+	if err := json.Unmarshal(r.Data, &d); err != nil {
+		v.fail(at, "a checkpoint without its fields")
+		return
+	}
+	if d.Seq != r.Seq-1 || d.Hash != r.Prev {
+		v.fail(at, fmt.Sprintf("the checkpoint covers seq %d, not the record before it", d.Seq))
+		return
+	}
+	if d.Key != v.wantID {
+		v.fail(at, fmt.Sprintf("the checkpoint is signed by key %s, not by the verifying key %s", d.Key, v.wantID))
+		return
+	}
+	hash, err1 := hex.DecodeString(d.Hash)
+	sig, err2 := base64.StdEncoding.DecodeString(d.Sig)
+	if err1 != nil || err2 != nil || !ed25519.Verify(v.pub, checkpointMessage(d.Seq, hash), sig) {
+		v.fail(at, "the checkpoint's signature does not verify")
+		return
+	}
+	v.rep.Checkpoints++
+	v.rep.LastCheckpoint = r.Seq
+}
+
+func (v *verifier) finish() {
+	rep := v.rep
+	if v.brk == nil && v.mismatch != nil {
+		m := v.mismatch
+		v.fail(m[0], fmt.Sprintf("the hash chain breaks between records %d and %d: one of them was altered", m[0].seq, m[1].seq))
+	}
+	if v.brk == nil && v.start != nil {
+		v.fail(v.start.at, fmt.Sprintf("records before seq %d are missing and no prune record accounts for them", v.start.at.seq))
+	}
+	if v.brk == nil && v.head != nil && !v.headSeen {
+		if v.head.Seq > rep.LastSeq {
+			v.fail(v.prevLoc, fmt.Sprintf("the log ends at seq %d, but a checkpoint over seq %d was recorded: records were removed from the end", rep.LastSeq, v.head.Seq))
+		}
+	}
+	if v.drops > 0 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d events were dropped by the daemon (its queue was full); the drops are recorded", v.drops))
+	}
+	if rep.Records > 0 {
+		rep.Unsigned = rep.LastSeq - rep.LastCheckpoint
+		if rep.LastCheckpoint == 0 {
+			rep.Unsigned = rep.Records
+		}
+	}
+	if v.brk == nil && rep.Unsigned > 0 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("records after the last checkpoint are unsigned (%d records, seq %d to %d): cutting or rewriting them is not detectable from the log alone",
+			rep.Unsigned, rep.LastSeq-rep.Unsigned+1, rep.LastSeq))
+	}
+}
