@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
@@ -82,6 +83,11 @@ type Options struct {
 	Secrets SecretStore
 	// Downloads serves GET /sandboxes/{id}/downloads; nil answers 501.
 	Downloads DownloadLog
+	// Audit, if set, receives API actions and the processes and uploads
+	// that go through the sandbox proxy; Outputs keeps those processes'
+	// output.
+	Audit   audit.Sink
+	Outputs OutputKeeper
 	// BodyIdleTimeout bounds the wait for each read of a request body: a
 	// client that sends nothing of its body for this long loses the
 	// connection, while a long upload that keeps moving is never cut.
@@ -106,8 +112,14 @@ type handler struct {
 	bodyIdle    time.Duration
 	secrets     SecretStore
 	downloads   DownloadLog
-	signatures  signatureIndex
-	scans       chan struct{} // a slot per signature scan in progress
+	// audit receives what the API did and what went through the sandbox
+	// proxy (processes, uploads); outputs keeps processes' output. Nil:
+	// nothing is recorded.
+	audit      audit.Sink
+	outputs    OutputKeeper
+	keyActor   string
+	signatures signatureIndex
+	scans      chan struct{} // a slot per signature scan in progress
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -123,6 +135,9 @@ func New(opts Options) http.Handler {
 		bodyIdle:    opts.BodyIdleTimeout,
 		secrets:     opts.Secrets,
 		downloads:   opts.Downloads,
+		audit:       opts.Audit,
+		outputs:     opts.Outputs,
+		keyActor:    audit.KeyActor(opts.APIKey),
 		scans:       make(chan struct{}, maxSignatureScans()),
 	}
 	if h.log == nil {
@@ -170,6 +185,10 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if pattern != routeHealth && !h.authenticated(r) {
+		if h.audit != nil {
+			h.audit.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, Actor: "unauthenticated",
+				Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": http.StatusUnauthorized}})
+		}
 		msg := "invalid API key"
 		if r.Header.Get("X-API-Key") == "" {
 			msg = "missing API key: send it in the X-API-Key header"
@@ -178,7 +197,18 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	h.mux.ServeHTTP(w, r)
+	if h.audit == nil || pattern == routeHealth {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	r = r.WithContext(audit.WithActor(r.Context(), h.keyActor))
+	tw := &tapWriter{ResponseWriter: w}
+	h.mux.ServeHTTP(tw, r)
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return // reads are not actions
+	}
+	h.audit.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, SandboxID: r.PathValue("id"),
+		Actor: h.keyActor, Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": tw.status}})
 }
 
 func (h *handler) authenticated(r *http.Request) bool {
