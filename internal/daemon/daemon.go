@@ -242,11 +242,13 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("opening download log: %w", err)
 	}
 	flows := newFlowRecorder(log, reg)
+	flows.audit = auditLog
 	// The egress gateway: its CA lives in the data dir (key 0600, never in
 	// a sandbox); every sandbox trusts the CA's certificate. mgr is set
 	// below, before any sandbox can be handed out.
 	var mgr *sandbox.Manager
 	gwRec := newGatewayRecorder(flows, log, reg, downloadLog)
+	gwRec.audit = auditLog
 	defer gwRec.close()
 	gw, caPEM, err := newGateway(opts, secretStore, gwRec, log)
 	if err != nil {
@@ -292,6 +294,7 @@ func Serve(ctx context.Context, opts Options) error {
 
 		AllowInternetByDefault: opts.AllowInternet,
 		InspectByDefault:       opts.Inspect,
+		Audit:                  auditLog,
 		Secrets:                secretStore,
 		CAEnv:                  native.CAEnv(),
 		HostAddrs:              backend.HostAddrs(),
@@ -340,6 +343,7 @@ func Serve(ctx context.Context, opts Options) error {
 			Secrets:         secretStore,
 			Downloads:       downloadLog,
 			Audit:           auditLog,
+			Outputs:         auditOutputs{auditLog},
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.

@@ -2,15 +2,20 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"fmt"
+	"hash"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/gateway"
+	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/metrics"
 )
 
@@ -30,8 +35,10 @@ type gatewayRecorder struct {
 	requests  metrics.Counter
 	secrets   metrics.Counter
 	downloads downloadSink
-	recorded  metrics.Counter
-	dropped   metrics.Counter
+	// audit, if set, gets every request decision, secret use and download.
+	audit    audit.Sink
+	recorded metrics.Counter
+	dropped  metrics.Counter
 	// queue carries download records to the writer, off the path of the
 	// response they were recorded on.
 	queue chan gateway.Download
@@ -97,6 +104,24 @@ func (r *gatewayRecorder) Request(ctx context.Context, ev gateway.Event) {
 		decision, level = "deny", slog.LevelWarn
 	}
 	r.requests.Add(1, "decision", decision, "reason", ev.Reason)
+	if r.audit != nil {
+		d := map[string]any{"host": ev.Host, "method": ev.Method, "path": ev.Path, "decision": decision,
+			"status": ev.Status, "bytes_out": ev.BytesOut, "bytes_in": ev.BytesIn}
+		if ev.Reason != "" {
+			d["reason"] = ev.Reason
+		}
+		if len(ev.Secrets) > 0 {
+			d["secrets"] = ev.Secrets
+		}
+		r.audit.Append(ctx, audit.Event{Type: audit.TypeGateway, Time: ev.Time, SandboxID: ev.SandboxID, Actor: "sandbox", Data: d})
+		if ev.Allowed {
+			for _, name := range ev.Secrets {
+				// A secret's name and where it went; never its value.
+				r.audit.Append(ctx, audit.Event{Type: audit.TypeSecretUse, Time: ev.Time, SandboxID: ev.SandboxID, Actor: "sandbox",
+					Data: map[string]any{"secret": name, "host": ev.Host, "method": ev.Method, "path": ev.Path}})
+			}
+		}
+	}
 	if len(ev.Secrets) > 0 && ev.Allowed {
 		r.secrets.Add(int64(len(ev.Secrets)))
 	}
@@ -117,6 +142,11 @@ func (r *gatewayRecorder) Request(ctx context.Context, ev gateway.Event) {
 // Download implements gateway.Recorder.
 func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
 	r.recorded.Add(1, "ecosystem", d.Ecosystem)
+	if r.audit != nil {
+		r.audit.Append(ctx, audit.Event{Type: audit.TypeDownload, Time: d.Time, SandboxID: d.SandboxID, Actor: "sandbox",
+			Data: map[string]any{"ecosystem": d.Ecosystem, "name": d.Name, "version": d.Version, "url": d.URL,
+				"size": d.Size, "sha256": d.SHA256}})
+	}
 	r.log.InfoContext(ctx, "package download", "sandbox_id", d.SandboxID, "ecosystem", d.Ecosystem,
 		"name", d.Name, "version", d.Version, "url", d.URL, "size", d.Size, "sha256", d.SHA256)
 	select {
@@ -150,4 +180,43 @@ func newGateway(opts Options, sec gateway.Secrets, rec gateway.Recorder, log *sl
 		return nil, nil, fmt.Errorf("starting the egress gateway: %w", err)
 	}
 	return gw, ca.CertPEM(), nil
+}
+
+// auditOutputs keeps the output of processes started through the proxy
+// in the audit log's output store (stdout, stderr and a PTY's output in
+// one stream, in the order they came).
+type auditOutputs struct{ l *audit.Log }
+
+// Output implements httpapi.OutputKeeper.
+func (a auditOutputs) Output(sandboxID string, pid int) httpapi.ProcessOutput {
+	o, err := a.l.Output(sandboxID, pid, "output")
+	if err != nil {
+		return &hashOnly{h: sha256.New()}
+	}
+	return &auditOutput{o: o}
+}
+
+type auditOutput struct{ o *audit.Output }
+
+func (a *auditOutput) Write(p []byte) (int, error) { return a.o.Write(p) }
+
+func (a *auditOutput) Finish() (int64, string, int64) {
+	a.o.Close()
+	s := a.o.Sum()
+	return s.Size, s.SHA256, s.Kept
+}
+
+// hashOnly counts and hashes an output the store could not take.
+type hashOnly struct {
+	h    hash.Hash
+	size int64
+}
+
+func (o *hashOnly) Write(p []byte) (int, error) {
+	o.size += int64(len(p))
+	return o.h.Write(p)
+}
+
+func (o *hashOnly) Finish() (int64, string, int64) {
+	return o.size, hex.EncodeToString(o.h.Sum(nil)), 0
 }

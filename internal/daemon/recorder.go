@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/metrics"
 )
@@ -32,6 +33,9 @@ type flowRecorder struct {
 	flows  metrics.Counter
 	bytes  metrics.Counter
 	global *rate.Limiter
+
+	// audit, if set, gets every flow event.
+	audit audit.Sink
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -62,6 +66,9 @@ func (r *flowRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 		decision, level = "allow", slog.LevelDebug
 	}
 	r.flows.Add(1, "proto", ev.Proto, "decision", decision)
+	if r.audit != nil {
+		r.audit.Append(ctx, flowAudit(ev, decision))
+	}
 	r.bytes.Add(ev.BytesOut, "direction", "out")
 	r.bytes.Add(ev.BytesIn, "direction", "in")
 	if !r.log.Enabled(ctx, level) {
@@ -146,4 +153,32 @@ func registerNetMetrics(reg *metrics.Registry, n *egress.Shared) {
 		reg.CounterFunc(c.name, c.help, func() int64 { return c.v(n.Stats()) })
 	}
 	reg.GaugeFunc("fence_egress_flow_memory_reserved_bytes", "Worst-case memory charged to the sandboxes' open TCP flows.", func() int64 { return n.Stats().Reserved })
+}
+
+// flowAudit is the audit record of a flow event.
+func flowAudit(ev egress.FlowEvent, decision string) audit.Event {
+	d := map[string]any{"proto": ev.Proto, "dst": ev.Dst.String(), "decision": decision, "reason": ev.Reason}
+	for k, v := range map[string]string{"name": ev.Name, "observed": ev.Observed, "rule": ev.Rule, "error": ev.Err} {
+		if v != "" {
+			d[k] = v
+		}
+	}
+	if ev.Proto != "dns" {
+		d["src"] = ev.Src.String()
+		d["bytes_out"], d["bytes_in"], d["duration_ms"] = ev.BytesOut, ev.BytesIn, ev.Duration.Milliseconds()
+	}
+	if len(ev.Answers) > 0 {
+		as := make([]string, len(ev.Answers))
+		for i, a := range ev.Answers {
+			as[i] = a.String()
+		}
+		d["answers"] = as
+	}
+	if ev.Intercepted {
+		d["intercepted"] = true
+	}
+	if ev.Suppressed > 0 {
+		d["attempts_dropped"] = ev.Suppressed
+	}
+	return audit.Event{Type: audit.TypeFlow, Time: ev.Start, SandboxID: ev.SandboxID, Actor: "sandbox", Data: d}
 }

@@ -16,6 +16,7 @@ import (
 
 // AuditLog is the part of *audit.Log the API uses.
 type AuditLog interface {
+	audit.Sink
 	Query(ctx context.Context, f audit.Filter) ([]audit.Record, error)
 	Subscribe(f audit.Filter, buffer int) *audit.Subscription
 }

@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
@@ -83,8 +84,11 @@ type Options struct {
 	// Downloads serves GET /sandboxes/{id}/downloads; nil answers 501.
 	Downloads DownloadLog
 	// Audit serves GET /audit, GET /audit/stream and the sandbox logs
-	// routes; nil answers 501 there.
+	// routes (nil answers 501 there), and receives the API's actions and
+	// the processes and uploads that go through the sandbox proxy.
 	Audit AuditLog
+	// Outputs keeps the output of processes started through the proxy.
+	Outputs OutputKeeper
 	// BodyIdleTimeout bounds the wait for each read of a request body: a
 	// client that sends nothing of its body for this long loses the
 	// connection, while a long upload that keeps moving is never cut.
@@ -110,8 +114,14 @@ type handler struct {
 	secrets     SecretStore
 	downloads   DownloadLog
 	audit       AuditLog
-	signatures  signatureIndex
-	scans       chan struct{} // a slot per signature scan in progress
+	// sink receives what the API did and what went through the sandbox
+	// proxy (processes, uploads); outputs keeps processes' output. Nil:
+	// nothing is recorded.
+	sink       audit.Sink
+	outputs    OutputKeeper
+	keyActor   string
+	signatures signatureIndex
+	scans      chan struct{} // a slot per signature scan in progress
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -128,7 +138,12 @@ func New(opts Options) http.Handler {
 		secrets:     opts.Secrets,
 		downloads:   opts.Downloads,
 		audit:       opts.Audit,
+		outputs:     opts.Outputs,
+		keyActor:    audit.KeyActor(opts.APIKey),
 		scans:       make(chan struct{}, maxSignatureScans()),
+	}
+	if opts.Audit != nil {
+		h.sink = opts.Audit
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -175,6 +190,10 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if pattern != routeHealth && !h.authenticated(r) {
+		if h.sink != nil {
+			h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, Actor: "unauthenticated",
+				Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": http.StatusUnauthorized}})
+		}
 		msg := "invalid API key"
 		if r.Header.Get("X-API-Key") == "" {
 			msg = "missing API key: send it in the X-API-Key header"
@@ -183,7 +202,18 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	h.mux.ServeHTTP(w, r)
+	if h.sink == nil || pattern == routeHealth {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	r = r.WithContext(audit.WithActor(r.Context(), h.keyActor))
+	tw := &tapWriter{ResponseWriter: w}
+	h.mux.ServeHTTP(tw, r)
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return // reads are not actions
+	}
+	h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, SandboxID: r.PathValue("id"),
+		Actor: h.keyActor, Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": tw.status}})
 }
 
 func (h *handler) authenticated(r *http.Request) bool {

@@ -94,6 +94,7 @@ type proxyState struct {
 	signed     bool   // a /files request let in by its URL signature
 	user       string // envd user named by Basic auth, when hasUser
 	hasUser    bool
+	actor      string      // who acts, for the audit trail
 	killed     atomic.Bool // the sandbox stopped while the request ran
 	errHandled atomic.Bool // ErrorHandler answered the request
 }
@@ -127,7 +128,13 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		writeError(w, r, h.log, err)
 		return
 	}
-	h.forward(w, r, h.proxy, box, &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser})
+	st := &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser, actor: "envd-token"}
+	if signed {
+		st.actor = "signed-url"
+	}
+	w, r, done := h.tapEnvd(w, r, st)
+	defer done()
+	h.forward(w, r, h.proxy, box, st)
 }
 
 // servePort forwards a request to a port of the sandbox other than the

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -98,6 +99,8 @@ type Options struct {
 	// NeverCIDRs are the operator's ranges that no sandbox may reach,
 	// whatever its policy lists.
 	NeverCIDRs []netip.Prefix
+	// Audit, if set, receives the lifecycle events (create, kill and why).
+	Audit audit.Sink
 	// InspectByDefault makes the egress gateway intercept every
 	// name-allowed TLS flow of a sandbox whose network says nothing about
 	// inspection (fence serve --inspect).
@@ -131,6 +134,7 @@ type Manager struct {
 
 	allowInternetByDefault bool
 	inspectByDefault       bool
+	audit                  audit.Sink
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
@@ -204,6 +208,7 @@ func New(opts Options) (*Manager, error) {
 		defaults:               opts.Defaults.withBuiltins(),
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		inspectByDefault:       opts.InspectByDefault,
+		audit:                  opts.Audit,
 		secrets:                opts.Secrets,
 		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
@@ -495,6 +500,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	m.mu.Unlock()
 	m.nudge()
 
+	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
 	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", req.TemplateID,
 		"end_at", info.EndAt)
 	return info.clone(), nil
@@ -533,6 +539,7 @@ func (m *Manager) watch(e *entry) {
 	if ok && cur == e {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
+		m.record(ctx, audit.TypeKill, e.box.ID(), map[string]any{"reason": "exited"})
 		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
 		m.markKilled(ctx, e.box.ID())
 	}

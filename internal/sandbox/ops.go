@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -187,6 +188,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	}
 	m.killRemoved(ctx, e.box)
 	m.markKilled(ctx, id)
+	m.record(ctx, audit.TypeKill, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)
 	return nil
 }
