@@ -282,7 +282,12 @@ func (h *handler) tapUpload(w http.ResponseWriter, r *http.Request, st *proxySta
 	go func() {
 		defer close(parsed)
 		if err != nil || boundary == "" {
-			io.Copy(io.Discard, pr)
+			// The body is the file itself (application/octet-stream).
+			hs := sha256.New()
+			n, _ := io.Copy(hs, pr)
+			if qpath != "" {
+				files = append(files, file{path: qpath, size: n, sum: hex.EncodeToString(hs.Sum(nil))})
+			}
 			return
 		}
 		mr := multipart.NewReader(pr, boundary)

@@ -151,3 +151,20 @@ func TestTapUpload(t *testing.T) {
 		}
 	}
 }
+
+// TestTapUploadRaw: an upload whose body is the file itself.
+func TestTapUploadRaw(t *testing.T) {
+	sink := &recSink{}
+	h := &handler{sink: sink}
+	r := httptest.NewRequest(http.MethodPost, "/files?path=/tmp/raw.bin", strings.NewReader("raw bytes"))
+	r.Header.Set("Content-Type", "application/octet-stream")
+	rec := httptest.NewRecorder()
+	w, r2, done := h.tapEnvd(rec, r, &proxyState{id: "sbx", path: "/files"})
+	io.Copy(io.Discard, r2.Body)
+	w.WriteHeader(200)
+	done()
+	sum := sha256.Sum256([]byte("raw bytes"))
+	if len(sink.evs) != 1 || sink.evs[0].Data["path"] != "/tmp/raw.bin" || sink.evs[0].Data["sha256"] != hex.EncodeToString(sum[:]) {
+		t.Errorf("events %+v", sink.evs)
+	}
+}
