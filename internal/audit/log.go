@@ -641,6 +641,10 @@ func (l *Log) recover() ([]pending, error) {
 		l.seq, l.prev = r.Seq, hexHash(last)
 		if r.Type == TypeCheckpoint {
 			l.lastCkRec = string(r.Data)
+		} else {
+			// The previous writer died before signing its last records:
+			// the next checkpoint (periodic, or at Close) signs them.
+			l.sinceCk = 1
 		}
 		if _, err := f.Seek(0, io.SeekEnd); err != nil {
 			f.Close()
