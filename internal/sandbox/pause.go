@@ -76,9 +76,10 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 }
 
 // Resume resumes a paused sandbox with the deadline now+d, as a new run
-// (StartedAt is now). A running sandbox gives an error wrapping
-// api.ErrConflict; unknown and killed ones api.ErrNotFound.
-func (m *Manager) Resume(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+// (StartedAt is now); autoPause, if not nil, replaces its AutoPause. A
+// running sandbox gives an error wrapping api.ErrConflict; unknown and
+// killed ones api.ErrNotFound.
+func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
 	if err := m.checkTimeout(d); err != nil {
 		return nil, err
 	}
@@ -88,6 +89,13 @@ func (m *Manager) Resume(ctx context.Context, id string, d time.Duration) (*Sand
 	}
 	if err := m.resume(ctx, e, d, "request"); err != nil {
 		return nil, err
+	}
+	if autoPause != nil {
+		if _, ok := e.box.(isolation.Pauser); ok {
+			e.mu.Lock()
+			e.info.AutoPause = *autoPause
+			e.mu.Unlock()
+		}
 	}
 	return e.snapshot(), nil
 }

@@ -25,9 +25,10 @@ func TestPauseResume(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
 	e := newEnv(t, func(o *Options) { o.Now = clk.Now })
 	ctx := t.Context()
-	s := e.mustCreate(t, CreateRequest{Timeout: time.Minute})
-	other := e.mustCreate(t, CreateRequest{})
 	t0 := clk.Now()
+	s := e.mustCreate(t, CreateRequest{Timeout: time.Minute})
+	clk.Advance(time.Second)
+	other := e.mustCreate(t, CreateRequest{})
 	clk.Advance(10 * time.Second)
 	if err := e.m.Pause(ctx, s.ID); err != nil {
 		t.Fatalf("Pause() = %v", err)
@@ -53,14 +54,14 @@ func TestPauseResume(t *testing.T) {
 	if err := e.m.Pause(ctx, s.ID); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("Pause(paused) = %v, want ErrConflict", err)
 	}
-	if _, err := e.m.Resume(ctx, other.ID, time.Minute); !errors.Is(err, api.ErrConflict) {
+	if _, err := e.m.Resume(ctx, other.ID, time.Minute, nil); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("Resume(running) = %v, want ErrConflict", err)
 	}
 	for _, id := range []string{"unknown", "Bad/ID"} {
 		if err := e.m.Pause(ctx, id); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("Pause(%q) = %v, want ErrNotFound", id, err)
 		}
-		if _, err := e.m.Resume(ctx, id, time.Minute); !errors.Is(err, api.ErrNotFound) {
+		if _, err := e.m.Resume(ctx, id, time.Minute, nil); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("Resume(%q) = %v, want ErrNotFound", id, err)
 		}
 	}
@@ -93,10 +94,10 @@ func TestPauseResume(t *testing.T) {
 	if _, err := e.m.Get(ctx, s.ID); err != nil {
 		t.Fatalf("Get(paused past its old deadline) = %v", err)
 	}
-	if _, err := e.m.Resume(ctx, s.ID, 25*time.Hour); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := e.m.Resume(ctx, s.ID, 25*time.Hour, nil); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("Resume(25h) = %v, want ErrInvalidArgument", err)
 	}
-	r, err := e.m.Resume(ctx, s.ID, 15*time.Second)
+	r, err := e.m.Resume(ctx, s.ID, 15*time.Second, nil)
 	if err != nil {
 		t.Fatalf("Resume() = %v", err)
 	}
@@ -138,7 +139,7 @@ func TestPauseCutsTraffic(t *testing.T) {
 	default:
 		t.Errorf("RunDone not closed by the pause")
 	}
-	if _, err := e.m.Resume(t.Context(), s.ID, time.Minute); err != nil {
+	if _, err := e.m.Resume(t.Context(), s.ID, time.Minute, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, info2, _ := e.m.Lookup(s.ID)
@@ -235,7 +236,7 @@ func TestKillPaused(t *testing.T) {
 	if rec.State != store.StateKilled || rec.EnvdAccessToken != "" {
 		t.Errorf("record = %+v, want killed without token", rec)
 	}
-	if _, err := e.m.Resume(ctx, s.ID, time.Minute); !errors.Is(err, api.ErrNotFound) {
+	if _, err := e.m.Resume(ctx, s.ID, time.Minute, nil); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Resume(killed) = %v, want ErrNotFound", err)
 	}
 }
