@@ -17,8 +17,18 @@ import (
 
 // counterFromHost reads the counter file of a sandbox from the host,
 // through /proc/PID/root of one of its processes: it works while the
-// sandbox is frozen, when nothing inside could answer.
+// sandbox is frozen, when nothing inside could answer. It is -1 before the
+// loop first wrote it.
 func counterFromHost(t *testing.T, id string) int {
+	t.Helper()
+	n, ok := readCounterFromHost(t, id)
+	if !ok {
+		t.Fatalf("no process of sandbox %s shows /tmp/c", id)
+	}
+	return n
+}
+
+func readCounterFromHost(t *testing.T, id string) (int, bool) {
 	t.Helper()
 	for _, p := range sandboxProcs(t, id) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/c", p.PID))
@@ -26,11 +36,10 @@ func counterFromHost(t *testing.T, id string) int {
 			continue
 		}
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			return n
+			return n, true
 		}
 	}
-	t.Fatalf("no process of sandbox %s shows /tmp/c", id)
-	return 0
+	return -1, false
 }
 
 // TestPauseResume proves pause and resume through the real daemon: a
@@ -46,7 +55,10 @@ func TestPauseResume(t *testing.T) {
 	other := d.create(t, api.NewSandbox{TemplateID: "minimal"})
 	e := sb.Envd()
 	sh(t, e, `echo kept > /tmp/file; (i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
-	eventually(t, 30*time.Second, "the counter to count", func() bool { return counterFromHost(t, sb.ID()) > 2 })
+	eventually(t, 30*time.Second, "the counter to count", func() bool {
+		n, _ := readCounterFromHost(t, sb.ID())
+		return n > 2
+	})
 
 	if err := d.Client.Pause(ctx, sb.ID()); err != nil {
 		t.Fatalf("Pause: %v", err)
