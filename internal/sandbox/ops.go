@@ -211,12 +211,17 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }
 
 // Running returns the number of running (not paused) sandboxes.
-func (m *Manager) Running() int {
+func (m *Manager) Running() int { return m.count(StateRunning) }
+
+// Paused returns the number of paused sandboxes.
+func (m *Manager) Paused() int { return m.count(StatePaused) }
+
+func (m *Manager) count(st State) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
 	for _, e := range m.running {
-		if e.state() == StateRunning {
+		if e.state() == st {
 			n++
 		}
 	}

@@ -250,8 +250,8 @@ func TestPausedCountsAgainstMax(t *testing.T) {
 	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, api.ErrResourceExhausted) {
 		t.Errorf("Create() with a paused sandbox at the cap = %v, want ErrResourceExhausted", err)
 	}
-	if n := e.m.Running(); n != 0 {
-		t.Errorf("Running() = %d with one paused sandbox, want 0", n)
+	if n, p := e.m.Running(), e.m.Paused(); n != 0 || p != 1 {
+		t.Errorf("Running(), Paused() = %d, %d with one paused sandbox, want 0, 1", n, p)
 	}
 }
 
