@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +231,37 @@ func TestStreamAbortOnPause(t *testing.T) {
 			t.Errorf("stream still open after pause; want it aborted")
 		}
 		break
+	}
+}
+
+// TestSignedFilesToPaused: a signed /files URL of a paused sandbox gets the
+// proxy's 502 (not a signature error), or resumes it with autoResume.
+func TestSignedFilesToPaused(t *testing.T) {
+	e := newTestEnv(t)
+	plain := e.create(t, `{"templateID":"base"}`)
+	auto := e.create(t, `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`)
+	signed := func(s api.Sandbox) string {
+		return "/files?path=a.txt&signature=" + url.QueryEscape(fileSignature("a.txt", "read", "", s.EnvdAccessToken, nil))
+	}
+	// Seen once while running: the signature is in the index.
+	if resp, b := e.do(t, "GET", signed(plain), ""); resp.StatusCode != 200 {
+		t.Fatalf("signed read while running = %d %s", resp.StatusCode, b)
+	}
+	for _, s := range []api.Sandbox{plain, auto} {
+		if err := e.m.Pause(t.Context(), s.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 { // from the index, then from a fresh scan
+		resp, b := e.do(t, "GET", signed(plain), "")
+		wantProxyError(t, fmt.Sprintf("signed read of a paused sandbox (%d)", i), resp, b, plain.SandboxID, msgSandboxNotFound)
+	}
+	resp, b := e.do(t, "GET", signed(auto), "")
+	var echo fake.Echo
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil || echo.SandboxID != auto.SandboxID {
+		t.Errorf("signed read of a paused autoResume sandbox = %d %s, want 200 (resumed)", resp.StatusCode, b)
+	}
+	if got := e.info(t, auto.SandboxID).State; got != "running" {
+		t.Errorf("state after the signed read = %s, want running", got)
 	}
 }

@@ -56,8 +56,9 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	return e.box, s, true
 }
 
-// MatchToken returns the first running (not paused) sandbox whose envd access token
-// match accepts. It reads memory only (no store) and calls match outside
+// MatchToken returns the first live sandbox (running or paused: traffic
+// for a paused one then gets the proxy's answer for it, the 502 or an
+// auto-resume) whose envd access token match accepts. It reads memory only (no store) and calls match outside
 // the manager's lock, once per running sandbox with a token at most.
 func (m *Manager) MatchToken(match func(token string) bool) (string, bool) {
 	type idToken struct{ id, token string }
@@ -65,7 +66,7 @@ func (m *Manager) MatchToken(match func(token string) bool) (string, bool) {
 	all := make([]idToken, 0, len(m.running))
 	for id, e := range m.running {
 		e.mu.Lock()
-		if tok := e.info.EnvdAccessToken; tok != "" && e.info.State == StateRunning {
+		if tok := e.info.EnvdAccessToken; tok != "" {
 			all = append(all, idToken{id, tok})
 		}
 		e.mu.Unlock()
