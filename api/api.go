@@ -32,14 +32,18 @@ const (
 
 // NewSandbox is the body of POST /sandboxes and POST /v2/sandboxes.
 type NewSandbox struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int32            `json:"timeout,omitempty"` // seconds
-	Metadata            map[string]string `json:"metadata,omitempty"`
-	EnvVars             map[string]string `json:"envVars,omitempty"`
-	AutoPause           *bool             `json:"autoPause,omitempty"`
-	Secure              *bool             `json:"secure,omitempty"`
-	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
-	Network             *NetworkConfig    `json:"network,omitempty"`
+	TemplateID string            `json:"templateID"`
+	Timeout    *int32            `json:"timeout,omitempty"` // seconds
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"envVars,omitempty"`
+	AutoPause  *bool             `json:"autoPause,omitempty"`
+	// AutoPauseMemory false asks for a filesystem-only auto-pause, which
+	// fence's native backend does not offer (400).
+	AutoPauseMemory     *bool          `json:"autoPauseMemory,omitempty"`
+	AutoResume          *AutoResume    `json:"autoResume,omitempty"`
+	Secure              *bool          `json:"secure,omitempty"`
+	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"`
+	Network             *NetworkConfig `json:"network,omitempty"`
 	// fence extensions (ignored by E2B's SDKs, which never send them).
 	// Secrets binds stored secrets to environment variables: the sandbox
 	// sees a random placeholder in each variable, and the egress gateway
@@ -49,6 +53,18 @@ type NewSandbox struct {
 	CPUCount *float64                 `json:"cpuCount,omitempty"`
 	MemoryMB *int64                   `json:"memoryMB,omitempty"`
 	DiskMB   *int64                   `json:"diskSizeMB,omitempty"`
+}
+
+// AutoResume is E2B's auto-resume policy: traffic to a paused sandbox
+// resumes it.
+type AutoResume struct {
+	Enabled bool `json:"enabled"`
+}
+
+// Lifecycle is what a sandbox does at its deadline (GET /sandboxes/{id}).
+type Lifecycle struct {
+	OnTimeout  string `json:"onTimeout"` // "kill" | "pause"
+	AutoResume bool   `json:"autoResume"`
 }
 
 // NetworkConfig is E2B's SandboxNetworkConfig, with fence's additions.
@@ -152,6 +168,7 @@ type SandboxDetail struct {
 	Domain              *string        `json:"domain"`
 	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
 	Network             *NetworkConfig `json:"network,omitempty"`
+	Lifecycle           *Lifecycle     `json:"lifecycle,omitempty"`
 }
 
 // TimeoutRequest is POST /sandboxes/{id}/timeout.
@@ -162,6 +179,22 @@ type TimeoutRequest struct {
 // ConnectRequest is POST /sandboxes/{id}/connect (v1 requires timeout, v2 not).
 type ConnectRequest struct {
 	Timeout *int32 `json:"timeout,omitempty"`
+	// Memory false asks for a cold boot instead of a memory restore.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// PauseRequest is the optional body of POST /sandboxes/{id}/pause.
+type PauseRequest struct {
+	// Memory false asks for a filesystem-only pause (the resume reboots).
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// ResumeRequest is POST /sandboxes/{id}/resume (E2B's older route; connect
+// replaced it).
+type ResumeRequest struct {
+	Timeout   *int32 `json:"timeout,omitempty"` // seconds; 15 when absent
+	AutoPause *bool  `json:"autoPause,omitempty"`
+	Memory    *bool  `json:"memory,omitempty"`
 }
 
 // RefreshRequest is POST /sandboxes/{id}/refreshes.

@@ -76,6 +76,16 @@ func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) 
 	return s, nil
 }
 
+// Pause pauses a running sandbox in place (POST /sandboxes/{id}/pause):
+// its processes stop with their memory until Connect resumes it. Pausing a
+// paused sandbox is an error that is api.ErrConflict.
+func (c *Client) Pause(ctx context.Context, id string) error {
+	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, api.PauseRequest{}, nil, http.StatusNoContent); err != nil {
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
 // Get returns a sandbox's details (GET /sandboxes/{id}).
 func (c *Client) Get(ctx context.Context, id string) (*api.SandboxDetail, error) {
 	var d api.SandboxDetail

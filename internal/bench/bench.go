@@ -110,6 +110,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	results = append(results, phases.results()...)
 	results = append(results, fenceWarm(ctx, opts))
 	results = append(results, fenceExec(ctx, opts))
+	results = append(results, fencePause(ctx, opts)...)
 	if opts.Peers {
 		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
 			return run(ctx, "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", opts.RootFS, "/",
@@ -290,6 +291,61 @@ func fenceExec(ctx context.Context, opts Options) Result {
 	return measure("fence exec true in a running sandbox", opts.Iterations, func(int) error {
 		return execTrue(ctx, c)
 	})
+}
+
+// pauseFillMiB is the memory a sandbox holds while its pause and resume
+// are timed: a pause freezes its processes and keeps their memory where it
+// is, so the figure shows whether the cost grows with the memory in use.
+const pauseFillMiB = 100
+
+// fencePause measures pausing and resuming (isolation.Pauser) a sandbox
+// whose shell holds pauseFillMiB in a variable.
+func fencePause(ctx context.Context, opts Options) []Result {
+	name := fmt.Sprintf("fence pause (%d MiB in use)", pauseFillMiB)
+	fail := func(err error) []Result { return []Result{{Name: name, Err: err}} }
+	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchpause"), RootFS: opts.RootFS})
+	if err != nil {
+		return fail(err)
+	}
+	defer sb.Kill(context.WithoutCancel(ctx))
+	p, ok := sb.(isolation.Pauser)
+	if !ok {
+		return fail(fmt.Errorf("the %s backend cannot pause", opts.Backend.Name()))
+	}
+	fill := fmt.Sprintf(`(x=$(head -c %d /dev/zero | tr '\000' a); sleep 3600) </dev/null >/dev/null 2>&1 &`, pauseFillMiB<<20)
+	if _, err := runAsRoot(ctx, processClient(sb), "sh", "-c", fill); err != nil {
+		return fail(err)
+	}
+	var inUse int64
+	for deadline := time.Now().Add(time.Minute); inUse < pauseFillMiB<<20; time.Sleep(100 * time.Millisecond) {
+		st, err := sb.Stats(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if inUse = st.MemoryBytes; time.Now().After(deadline) {
+			return fail(fmt.Errorf("the sandbox holds %.0f MiB after a minute, want %d", mib(inUse), pauseFillMiB))
+		}
+	}
+	var resumes []time.Duration
+	pause := measure(name, opts.Iterations, func(int) error {
+		if err := p.Pause(ctx); err != nil {
+			return err
+		}
+		start := time.Now()
+		err := p.Resume(ctx)
+		resumes = append(resumes, time.Since(start))
+		return err
+	})
+	// measure timed pause+resume; split them.
+	resume := Result{Name: fmt.Sprintf("fence resume (%d MiB in use)", pauseFillMiB), Err: pause.Err}
+	if pause.Err == nil {
+		resumes = resumes[1:] // the warm-up's
+		resume.Samples = resumes
+		for i := range pause.Samples {
+			pause.Samples[i] -= resumes[i]
+		}
+	}
+	return []Result{pause, resume}
 }
 
 // processClient speaks to a sandbox's agent the way the daemon's proxy

@@ -423,6 +423,33 @@ func TestListOpenLeftovers(t *testing.T) {
 // TestV2Core runs the v2 code on a cgroup2 hierarchy: /sys/fs/cgroup on a
 // pure v2 host, the controller-less "unified" mount on a hybrid one (so
 // only the core files: procs, freeze, kill, clone into cgroup).
+// TestKillFrozen: a frozen group's tasks die on Kill without being thawed
+// first (how a paused sandbox is killed).
+func TestKillFrozen(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("frozenkill", Limits{Pids: 64})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	start(t, g, `(sleep 60 &); sleep 60`)
+	waitFor(t, "two tasks", func() bool { ps, _ := g.Pids(); return len(ps) >= 2 })
+	if err := g.Freeze(); err != nil {
+		t.Fatalf("Freeze error: %v", err)
+	}
+	if err := g.Kill(); err != nil {
+		t.Fatalf("Kill of a frozen group error: %v", err)
+	}
+	if ps, err := g.Pids(); err != nil || len(ps) != 0 {
+		t.Errorf("Pids() after Kill = %v, %v; want none", ps, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := g.Remove(ctx); err != nil {
+		t.Fatalf("Remove error: %v", err)
+	}
+	assertGone(t, g)
+}
+
 func TestV2Core(t *testing.T) {
 	requireRoot(t)
 	root := ""
@@ -482,11 +509,18 @@ func TestV2Core(t *testing.T) {
 	if _, err := g.Stats(); err != nil {
 		t.Errorf("Stats error: %v", err)
 	}
+	// Kill works on a frozen group (a paused sandbox is killed frozen).
+	if err := g.Freeze(); err != nil {
+		t.Fatalf("second Freeze error: %v", err)
+	}
 	if err := g.Kill(); err != nil {
-		t.Fatalf("Kill error: %v", err)
+		t.Fatalf("Kill of the frozen group error: %v", err)
 	}
 	if p, err := g.Pids(); err != nil || len(p) != 0 {
 		t.Errorf("Pids() after Kill = %v, %v; want none", p, err)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatalf("Thaw after Kill error: %v", err)
 	}
 	if err := g.Remove(context.Background()); err != nil {
 		t.Fatalf("Remove error: %v", err)

@@ -195,6 +195,9 @@ func (g *Group) Thaw() error {
 
 func (g *Group) setFrozen(frozen bool, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	// A freeze usually completes within a millisecond or two (a pause is
+	// timed by it): poll fast first, then back off.
+	wait := 500 * time.Microsecond
 	if g.v2() {
 		d := g.dirs[""]
 		v := map[bool]string{true: "1", false: "0"}[frozen]
@@ -212,7 +215,8 @@ func (g *Group) setFrozen(frozen bool, timeout time.Duration) error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("cgroup.events frozen = %d after %v", n, timeout)
 			}
-			time.Sleep(pollEvery)
+			time.Sleep(wait)
+			wait = min(2*wait, pollEvery)
 		}
 	}
 	d := g.dir("freezer")
@@ -235,7 +239,8 @@ func (g *Group) setFrozen(frozen bool, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("freezer.state = %v after %v", f, timeout)
 		}
-		time.Sleep(pollEvery)
+		time.Sleep(wait)
+		wait = min(2*wait, pollEvery)
 	}
 }
 

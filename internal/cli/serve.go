@@ -216,6 +216,7 @@ func benchCmd(deps Deps) *cobra.Command {
 
   - create → exec true → kill, cold, and its phases (create, exec, kill);
   - the same from the warm pool, and exec in a running sandbox;
+  - pause and resume of a sandbox holding 100 MiB;
   - the SDK-shaped round trip through the API of a daemon started for the
     run (create → run 'echo hi' → kill, per phase), for --template and base;
   - with --peers, bwrap, runc and a plain fork+exec running the same /bin/true

@@ -305,6 +305,7 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
+	reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}

@@ -23,9 +23,11 @@
 //     the Basic user name envd reads (another scheme is refused), and a
 //     signed URL loses its signature. The agent's internal routes (/init,
 //     …) are refused.
-//   - Traffic for an unknown or killed sandbox gets 502 api.ProxyError, and
-//     responses in flight when a sandbox dies are aborted, not ended cleanly,
-//     so the SDKs report the sandbox as gone.
+//   - Traffic for an unknown, killed or paused sandbox gets 502
+//     api.ProxyError (a paused sandbox created with autoResume is resumed
+//     instead, and the request served), and responses in flight when a
+//     sandbox dies or is paused are aborted, not ended cleanly, so the SDKs
+//     report the sandbox as gone.
 package httpapi
 
 import (
@@ -56,6 +58,10 @@ type Manager interface {
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
+	Connect(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
+	WakeOnTraffic(ctx context.Context, id string) bool
 }
 
 var _ Manager = (*sandbox.Manager)(nil)

@@ -249,7 +249,8 @@ func TestCreate(t *testing.T) {
 		{"zero timeout", `{"templateID":"base","timeout":0}`, 400, "timeout"},
 		{"huge timeout", `{"templateID":"base","timeout":2000000000}`, 400, "timeout"},
 		{"negative cpu", `{"templateID":"base","cpuCount":-1}`, 400, "cpuCount"},
-		{"autoPause", `{"templateID":"base","autoPause":true}`, 501, "autoPause"},
+		{"autoPauseMemory without autoPause", `{"templateID":"base","autoPauseMemory":false}`, 400, "autoPauseMemory"},
+		{"filesystem-only autoPause", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`, 400, "not supported"},
 		{"oversized", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, "larger than"},
 	}
 	for _, tt := range tests {
@@ -334,10 +335,6 @@ func TestSandboxRoutes(t *testing.T) {
 		}
 	}
 
-	resp, b = e.api(t, "POST", "/sandboxes/"+id+"/pause", `{}`)
-	wantError(t, "POST pause", resp, b, 501, "pause is not supported by fence yet")
-	resp, b = e.api(t, "POST", "/sandboxes/unknown/pause", `{}`)
-	wantError(t, "POST pause unknown", resp, b, 404, "")
 	resp, b = e.api(t, "POST", "/sandboxes/"+id+"/fork", `{}`)
 	wantError(t, "POST fork", resp, b, 501, "fork")
 	resp, b = e.api(t, "GET", "/snapshots", "")
@@ -354,6 +351,8 @@ func TestSandboxRoutes(t *testing.T) {
 		{"POST", "/v2/sandboxes/" + id + "/connect", `{}`},
 		{"POST", "/sandboxes/" + id + "/refreshes", `{}`},
 		{"GET", "/sandboxes/" + id + "/metrics", ""},
+		{"POST", "/sandboxes/" + id + "/pause", `{}`},
+		{"POST", "/sandboxes/" + id + "/resume", `{}`},
 	} {
 		resp, b = e.api(t, r.method, r.path, r.body)
 		wantError(t, r.method+" "+r.path+" after kill", resp, b, 404, "not found")

@@ -94,9 +94,10 @@ type proxyState struct {
 	signed     bool   // a /files request let in by its URL signature
 	user       string // envd user named by Basic auth, when hasUser
 	hasUser    bool
-	actor      string      // who acts, for the audit trail
-	killed     atomic.Bool // the sandbox stopped while the request ran
-	errHandled atomic.Bool // ErrorHandler answered the request
+	actor      string          // who acts, for the audit trail
+	runDone    <-chan struct{} // closed when the sandbox is paused
+	killed     atomic.Bool     // the sandbox stopped (or was paused) while the request ran
+	errHandled atomic.Bool     // ErrorHandler answered the request
 }
 
 func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target) {
@@ -105,6 +106,10 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		return
 	}
 	box, info, ok := h.m.Lookup(t.id)
+	if !ok && h.m.WakeOnTraffic(r.Context(), t.id) {
+		// A paused sandbox created with autoResume runs again for it.
+		box, info, ok = h.m.Lookup(t.id)
+	}
 	if !ok {
 		writeNotFound(w, t.id, msgSandboxNotFound)
 		return
@@ -128,7 +133,8 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		writeError(w, r, h.log, err)
 		return
 	}
-	st := &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser, actor: "envd-token"}
+	st := &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser, actor: "envd-token",
+		runDone: info.RunDone}
 	if signed {
 		st.actor = "signed-url"
 	}
@@ -154,11 +160,12 @@ func (h *handler) servePort(w http.ResponseWriter, r *http.Request, t target, bo
 			return
 		}
 	}
-	h.forward(w, r, h.portProxy, box, &proxyState{id: t.id, port: t.port, path: r.URL.Path, mask: info.MaskRequestHost})
+	h.forward(w, r, h.portProxy, box, &proxyState{id: t.id, port: t.port, path: r.URL.Path, mask: info.MaskRequestHost,
+		runDone: info.RunDone})
 }
 
 // forward proxies r with p, and aborts the response if the sandbox dies
-// while it runs.
+// or is paused while it runs.
 func (h *handler) forward(w http.ResponseWriter, r *http.Request, p *httputil.ReverseProxy, box isolation.Sandbox, st *proxyState) {
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), proxyStateKey{}, st))
 	defer cancel()
@@ -167,6 +174,9 @@ func (h *handler) forward(w http.ResponseWriter, r *http.Request, p *httputil.Re
 		defer close(stopped)
 		select {
 		case <-box.Done():
+			st.killed.Store(true)
+			cancel()
+		case <-st.runDone: // nil (never) when the manager gives none
 			st.killed.Store(true)
 			cancel()
 		case <-ctx.Done():

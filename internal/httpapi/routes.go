@@ -16,6 +16,8 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}", h.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", h.kill)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", h.setTimeout)
+	mux.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
+	mux.HandleFunc("POST /sandboxes/{id}/resume", h.resume)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", h.connect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.connect)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
@@ -35,8 +37,6 @@ func (h *handler) routes() *http.ServeMux {
 	}
 
 	// Not supported yet: a clear error, never a hang.
-	mux.HandleFunc("POST /sandboxes/{id}/pause", h.unsupported("pause", true))
-	mux.HandleFunc("POST /sandboxes/{id}/resume", h.unsupported("resume", true))
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h.unsupported("fork", true))
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.unsupported("snapshots", true))
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)

@@ -58,7 +58,7 @@ func toListed(s *sandbox.Sandbox) api.ListedSandbox {
 		EnvdVersion: api.EnvdVersion,
 		StartedAt:   s.StartedAt,
 		EndAt:       s.EndAt,
-		State:       string(sandbox.StateRunning),
+		State:       string(s.State),
 		Metadata:    s.Metadata,
 	}
 }
@@ -81,11 +81,18 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	if req.AutoPause != nil && *req.AutoPause {
-		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "autoPause is not supported by fence yet"))
+	autoPause := req.AutoPause != nil && *req.AutoPause
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		if !autoPause {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoPauseMemory can only be set with autoPause"))
+			return
+		}
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoPauseMemory false (a filesystem-only pause) is not supported: fence pauses keep the sandbox's memory"))
 		return
 	}
 	cr := sandbox.CreateRequest{
+		AutoPause:           autoPause,
+		AutoResume:          req.AutoResume != nil && req.AutoResume.Enabled,
 		TemplateID:          req.TemplateID,
 		Metadata:            req.Metadata,
 		EnvVars:             req.EnvVars,
@@ -146,7 +153,64 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		Domain:              h.domainPtr(),
 		EnvdAccessToken:     s.EnvdAccessToken,
 		Network:             netconf.Redacted(s.Network),
+		Lifecycle:           lifecycle(s),
 	})
+}
+
+func lifecycle(s *sandbox.Sandbox) *api.Lifecycle {
+	l := &api.Lifecycle{OnTimeout: "kill", AutoResume: s.AutoResume}
+	if s.AutoPause {
+		l.OnTimeout = "pause"
+	}
+	return l
+}
+
+// errNoMemoryless refuses a filesystem-only pause or a cold-boot resume:
+// fence's pause keeps the sandbox's processes and memory.
+var errNoMemoryless = errorf(api.ErrInvalidArgument,
+	"memory false (a filesystem-only pause, or a reboot on resume) is not supported: fence pauses keep the sandbox's memory")
+
+// pause is POST /sandboxes/{id}/pause: 204, 409 if already paused.
+func (h *handler) pause(w http.ResponseWriter, r *http.Request) {
+	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.PauseRequest) error {
+		if req.Memory != nil && !*req.Memory {
+			return errNoMemoryless
+		}
+		return h.m.Pause(ctx, id)
+	})
+}
+
+// resumeDefaultTimeout is the timeout of POST /sandboxes/{id}/resume
+// without one (E2B's).
+const resumeDefaultTimeout = 15 * time.Second
+
+// resume is E2B's older POST /sandboxes/{id}/resume: 201 with the
+// sandbox, 409 if it is running.
+func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	var req api.ResumeRequest
+	if err := decodeJSON(r, &req, true); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		writeError(w, r, h.log, errNoMemoryless)
+		return
+	}
+	d := resumeDefaultTimeout
+	if req.Timeout != nil {
+		d = seconds(*req.Timeout)
+	}
+	s, err := h.m.Resume(r.Context(), id, d, req.AutoPause)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
 }
 
 func (h *handler) kill(w http.ResponseWriter, r *http.Request) {
@@ -182,7 +246,7 @@ func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request) {
 }
 
 // connect answers 200 for a running sandbox after extending (never
-// shortening) its deadline. fence has no paused sandboxes to resume.
+// shortening) its deadline, and 201 for a paused one after resuming it.
 func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 	id, err := sandboxID(r)
 	if err != nil {
@@ -194,20 +258,24 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	if req.Memory != nil && !*req.Memory {
+		writeError(w, r, h.log, errNoMemoryless)
+		return
+	}
 	d := h.m.DefaultTimeout()
 	if req.Timeout != nil {
 		d = seconds(*req.Timeout)
 	}
-	if err := h.m.Extend(r.Context(), id, d); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	s, err := h.m.Get(r.Context(), id)
+	s, resumed, err := h.m.Connect(r.Context(), id, d)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.toAPISandbox(s))
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.toAPISandbox(s))
 }
 
 func (h *handler) refresh(w http.ResponseWriter, r *http.Request) {

@@ -29,6 +29,10 @@ import (
 // ErrNotFound is returned for an unknown sandbox.
 var ErrNotFound = errors.New("sandbox not found")
 
+// ErrPaused is returned by DialAgent and DialPort of a paused sandbox:
+// nothing inside could answer.
+var ErrPaused = errors.New("sandbox is paused")
+
 // Limits are the kernel-enforced resource limits of one sandbox.
 // A zero field means "the backend's default", never "unlimited".
 type Limits struct {
@@ -83,6 +87,21 @@ type PortDialer interface {
 // changed while they run.
 type EgressSetter interface {
 	SetEgress(p *policy.Policy)
+}
+
+// Pauser is implemented by sandboxes that can be paused in place.
+//
+// Pause stops every process of the sandbox where it is (a frozen cgroup on
+// the native backend); memory, files and open descriptors are kept, and
+// nothing of the sandbox runs until Resume. While paused, DialAgent and
+// DialPort fail at once with an error wrapping ErrPaused. Resume lets the
+// processes run on from where they were. Pausing a paused sandbox and
+// resuming a running one do nothing. Kill works in either state and leaves
+// nothing behind, and Cleanup after a crash removes a paused sandbox like
+// any other. A failed Pause leaves the sandbox running.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
 }
 
 // Stats is a point-in-time resource reading of a sandbox, from the host side.

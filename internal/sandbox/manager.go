@@ -25,9 +25,9 @@ import (
 type Store interface {
 	Insert(ctx context.Context, sb *store.Sandbox) error
 	List(ctx context.Context, f store.Filter) ([]*store.Sandbox, error)
-	ListRunning(ctx context.Context) ([]*store.Sandbox, error)
 	UpdateEndAt(ctx context.Context, id string, endAt time.Time) error
 	SetState(ctx context.Context, id string, st store.State) error
+	Transition(ctx context.Context, id string, from, to store.State, startedAt, endAt time.Time) error
 	DeleteKilledBefore(ctx context.Context, t time.Time) (int64, error)
 }
 
@@ -171,9 +171,14 @@ type Manager struct {
 	dying int // sandboxes out of running whose kill has not returned yet
 }
 
-// entry is one running sandbox.
+// entry is one live (running or paused) sandbox.
 type entry struct {
 	box isolation.Sandbox
+	// timeout is the create timeout, the new one of an auto-resume.
+	timeout time.Duration
+
+	// life serialises pause and resume.
+	life sync.Mutex
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -182,6 +187,8 @@ type entry struct {
 	samples sampleRing // resource history, at most maxSamples
 	// +checklocks:mu
 	net *netconf.Config // the compiled network in force
+	// +checklocks:mu
+	runDone chan struct{} // closed when the current run ends by a pause
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -190,10 +197,18 @@ func (e *entry) snapshot() *Sandbox {
 	return e.info.clone()
 }
 
-func (e *entry) endAt() time.Time {
+// deadline returns the sandbox's deadline, and false when it is paused
+// (and has none).
+func (e *entry) deadline() (time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.info.EndAt
+	return e.info.EndAt, e.info.State == StateRunning
+}
+
+func (e *entry) state() State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.info.State
 }
 
 // New returns a Manager. Call Start before using it.
@@ -256,7 +271,9 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 
-	stale, err := m.store.ListRunning(ctx)
+	// Paused sandboxes are frozen processes of the previous daemon: they
+	// do not survive it either.
+	stale, err := m.store.List(ctx, store.Filter{States: []store.State{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
@@ -264,7 +281,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
 			return fmt.Errorf("recovering sandbox %s: %w", s.ID, err)
 		}
-		m.log.InfoContext(ctx, "sandbox left running by a previous daemon marked killed", "sandbox_id", s.ID)
+		m.log.InfoContext(ctx, "sandbox left "+string(s.State)+" by a previous daemon marked killed", "sandbox_id", s.ID)
 	}
 	removed, err := m.backend.Cleanup(ctx)
 	if err != nil {
@@ -432,6 +449,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}
+	if _, ok := box.(isolation.Pauser); req.AutoPause && !ok {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
 	if nc.Proxy != nil {
 		if err := applyNetwork(box, nc, true); err != nil {
 			m.killBox(ctx, box)
@@ -458,6 +479,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		EnvdAccessToken:     newToken(),
 		AllowInternetAccess: req.AllowInternetAccess,
 		Network:             nc.Shown,
+		AutoPause:           req.AutoPause,
+		AutoResume:          req.AutoResume,
 	}
 	if n := req.Network; n != nil {
 		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
@@ -485,7 +508,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info, net: nc}
+	e := &entry{box: box, info: info, net: nc, timeout: timeout, runDone: make(chan struct{})}
 	m.mu.Lock()
 	m.pending--
 	registered = true
@@ -625,26 +648,39 @@ func (m *Manager) nextDeadline() (time.Time, bool) {
 	defer m.mu.Unlock()
 	var next time.Time
 	for _, e := range m.running {
-		if end := e.endAt(); next.IsZero() || end.Before(next) {
+		end, ok := e.deadline()
+		if ok && (next.IsZero() || end.Before(next)) {
 			next = end
 		}
 	}
 	return next, !next.IsZero()
 }
 
-// reap kills every sandbox whose deadline has passed.
+// reap kills every running sandbox whose deadline has passed, or pauses it
+// if it was created with AutoPause (and kills it if the pause fails).
 func (m *Manager) reap(ctx context.Context) {
 	now := m.now()
 	m.mu.Lock()
 	var due []string
+	pause := map[string]bool{}
 	for id, e := range m.running {
-		if !e.endAt().After(now) {
+		if end, ok := e.deadline(); ok && !end.After(now) {
 			due = append(due, id)
+			e.mu.Lock()
+			pause[id] = e.info.AutoPause
+			e.mu.Unlock()
 		}
 	}
 	m.mu.Unlock()
 	slices.Sort(due)
 	for _, id := range due {
+		if pause[id] {
+			err := m.pause(ctx, id, "timeout")
+			if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, ErrClosed) || errors.Is(err, errNotRunning) {
+				continue
+			}
+			m.log.ErrorContext(ctx, "pausing expired sandbox; killing it instead", "sandbox_id", id, "err", err)
+		}
 		err := m.kill(ctx, id, "timeout")
 		if err != nil && !errors.Is(err, api.ErrNotFound) && !errors.Is(err, ErrClosed) {
 			m.log.ErrorContext(ctx, "killing expired sandbox", "sandbox_id", id, "err", err)

@@ -40,17 +40,26 @@ func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
 }
 
 // Lookup returns the backend handle and a copy of a running sandbox, for
-// the traffic proxy. It reports false for unknown and killed sandboxes.
+// the traffic proxy. It reports false for unknown, killed and paused
+// sandboxes. The copy's RunDone is closed when the sandbox is paused.
 func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	e, err := m.lookup(id)
 	if err != nil {
 		return nil, nil, false
 	}
-	return e.box, e.snapshot(), true
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.info.State != StateRunning {
+		return nil, nil, false
+	}
+	s := e.info.clone()
+	s.RunDone = e.runDone
+	return e.box, s, true
 }
 
-// MatchToken returns the first running sandbox whose envd access token
-// match accepts. It reads memory only (no store) and calls match outside
+// MatchToken returns the first live sandbox (running or paused: traffic
+// for a paused one then gets the proxy's answer for it, the 502 or an
+// auto-resume) whose envd access token match accepts. It reads memory only (no store) and calls match outside
 // the manager's lock, once per running sandbox with a token at most.
 func (m *Manager) MatchToken(match func(token string) bool) (string, bool) {
 	type idToken struct{ id, token string }
@@ -72,8 +81,8 @@ func (m *Manager) MatchToken(match func(token string) bool) (string, bool) {
 	return "", false
 }
 
-// List returns running sandboxes matching f, newest first. fence has no
-// paused sandboxes, so a filter naming only "paused" returns none.
+// List returns the running and paused sandboxes matching f, newest first
+// (by the start of their current run).
 func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 	if err := func() error {
 		m.mu.Lock()
@@ -85,12 +94,16 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 	}(); err != nil {
 		return nil, err
 	}
-	wantRunning := len(f.States) == 0
+	states := []store.State{store.StateRunning, store.StatePaused}
+	if len(f.States) > 0 {
+		states = nil
+	}
 	for _, s := range f.States {
 		switch s {
 		case StateRunning:
-			wantRunning = true
+			states = append(states, store.StateRunning)
 		case StatePaused:
+			states = append(states, store.StatePaused)
 		default:
 			return nil, invalid("unknown state %q: want running or paused", s)
 		}
@@ -98,7 +111,7 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 	if f.Limit < 0 {
 		return nil, invalid("limit %d is negative", f.Limit)
 	}
-	sf := store.Filter{State: store.StateRunning, Template: f.Template, Metadata: f.Metadata, Limit: f.Limit,
+	sf := store.Filter{States: states, Template: f.Template, Metadata: f.Metadata, Limit: f.Limit,
 		StartedAfter: f.StartedAfter, Ascending: f.Ascending}
 	if f.PageToken != "" {
 		t, id, err := parsePageToken(f.PageToken)
@@ -107,17 +120,18 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 		}
 		sf.Before = &store.Cursor{CreatedAt: t, ID: id}
 	}
-	if !wantRunning {
-		return []*Sandbox{}, nil
-	}
 	recs, err := m.store.List(ctx, sf)
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", err)
 	}
 	out := make([]*Sandbox, 0, len(recs))
 	for _, r := range recs {
+		st := StateRunning
+		if r.State == store.StatePaused {
+			st = StatePaused
+		}
 		out = append(out, &Sandbox{
-			ID: r.ID, TemplateID: r.Template, State: StateRunning,
+			ID: r.ID, TemplateID: r.Template, State: st,
 			StartedAt: r.CreatedAt, EndAt: r.EndAt, Metadata: r.Metadata,
 			CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
 			EnvdAccessToken: r.EnvdAccessToken, AllowInternetAccess: r.AllowInternetAccess,
@@ -149,6 +163,9 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.info.State != StateRunning {
+		return fmt.Errorf("sandbox %q is paused: resume it with connect first: %w", id, api.ErrNotFound)
+	}
 	end := m.now().UTC().Add(d)
 	if onlyExtend && !end.After(e.info.EndAt) {
 		return nil
@@ -196,9 +213,20 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 // DefaultTimeout is the timeout of a sandbox whose request names none.
 func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }
 
-// Running returns the number of running sandboxes.
-func (m *Manager) Running() int {
+// Running returns the number of running (not paused) sandboxes.
+func (m *Manager) Running() int { return m.count(StateRunning) }
+
+// Paused returns the number of paused sandboxes.
+func (m *Manager) Paused() int { return m.count(StatePaused) }
+
+func (m *Manager) count(st State) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.running)
+	n := 0
+	for _, e := range m.running {
+		if e.state() == st {
+			n++
+		}
+	}
+	return n
 }

@@ -13,10 +13,21 @@
 //     are held ahead of demand by a warm pool (PoolBudget) at once. At the
 //     cap, Create takes a unit back from the pool (which kills one of its
 //     sandboxes first); beyond that it fails with api.ErrResourceExhausted.
-//   - A sandbox is killed at its deadline (EndAt) by the reaper, and marked
-//     killed when its Done channel closes on its own (the agent died).
-//   - Start marks every sandbox the store still holds as running killed and
-//     then calls Backend.Cleanup, so a crashed daemon leaves nothing behind.
+//   - A sandbox is killed at its deadline (EndAt) by the reaper, or paused
+//     there if it was created with AutoPause, and marked killed when its
+//     Done channel closes on its own (the agent died).
+//   - A paused sandbox (Pause, on a backend whose sandboxes implement
+//     isolation.Pauser) keeps its memory, files, processes, ID and envd
+//     access token; it has no deadline while paused (its EndAt is the time
+//     it was paused), takes no traffic (Lookup reports false for it, and
+//     RunDone of the run it ended is closed), and still counts against
+//     MaxSandboxes. Resume (or Connect) starts a new run: StartedAt is the
+//     resume time and EndAt the resume time plus the timeout given.
+//   - Pausing a paused sandbox and resuming a running one fail with
+//     api.ErrConflict and change nothing.
+//   - Start marks every sandbox the store still holds as running or paused
+//     killed and then calls Backend.Cleanup, so a crashed daemon leaves
+//     nothing behind: paused sandboxes do not survive a restart.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
 //
@@ -42,8 +53,7 @@ import (
 // State is a sandbox state as the E2B API names it.
 type State string
 
-// States. fence has no paused sandboxes yet; the value exists because the
-// API's list filter names it.
+// States.
 const (
 	StateRunning State = "running"
 	StatePaused  State = "paused"
@@ -70,6 +80,14 @@ type Sandbox struct {
 	// MaskRequestHost is the Host header sent to the sandbox's ports
 	// (${PORT} replaced); empty keeps the client's.
 	MaskRequestHost string
+	// AutoPause pauses the sandbox at its deadline instead of killing it.
+	AutoPause bool
+	// AutoResume resumes the paused sandbox when traffic arrives for it.
+	AutoResume bool
+	// RunDone is closed when the sandbox's current run ends by a pause
+	// (kill and death close the backend's Done): traffic in flight then
+	// is cut. Only set on the copies Lookup returns.
+	RunDone <-chan struct{}
 }
 
 func (s *Sandbox) clone() *Sandbox {
@@ -93,6 +111,12 @@ type CreateRequest struct {
 	// Secrets binds stored secrets to placeholder variables (see
 	// api.NewSandbox.Secrets).
 	Secrets map[string]api.SecretBinding
+	// AutoPause pauses the sandbox at its deadline instead of killing it
+	// (E2B's lifecycle.onTimeout "pause").
+	AutoPause bool
+	// AutoResume resumes the paused sandbox when traffic arrives for it,
+	// with the create timeout as its new one.
+	AutoResume bool
 }
 
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.

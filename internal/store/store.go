@@ -47,7 +47,10 @@ type State string
 // The states a sandbox record can be in.
 const (
 	StateRunning State = "running"
-	StateKilled  State = "killed"
+	// StatePaused is a sandbox stopped in place (its processes frozen),
+	// which may run again.
+	StatePaused State = "paused"
+	StateKilled State = "killed"
 )
 
 // Sandbox is one sandbox record.
@@ -55,8 +58,8 @@ type Sandbox struct {
 	ID                  string
 	Template            string
 	State               State
-	CreatedAt           time.Time
-	EndAt               time.Time // the deadline
+	CreatedAt           time.Time // the start of its current run (reset when resumed)
+	EndAt               time.Time // the deadline; for a paused sandbox, when it was paused
 	Metadata            map[string]string
 	CPUs                float64
 	MemoryMB            int64
@@ -71,6 +74,9 @@ type Sandbox struct {
 type Filter struct {
 	// State, if set, selects only records in that state.
 	State State
+	// States, if not empty, selects only records in one of these states
+	// (and State, if set, as well).
+	States []State
 	// Template, if set, selects only records of that template.
 	Template string
 	// Metadata selects records whose metadata has every given pair.
@@ -143,6 +149,27 @@ var migrations = []string{
 	);
 	CREATE INDEX downloads_sandbox ON downloads (sandbox_id, seq);
 	CREATE INDEX downloads_time ON downloads (time);`,
+	// Paused sandboxes: SQLite cannot change a CHECK constraint, so the
+	// table is made again with the same columns.
+	`CREATE TABLE sandboxes_new (
+		id                    TEXT PRIMARY KEY,
+		template              TEXT NOT NULL,
+		state                 TEXT NOT NULL CHECK (state IN ('running', 'paused', 'killed')),
+		created_at            INTEGER NOT NULL, -- unix nanoseconds: the start of the current run
+		end_at                INTEGER NOT NULL, -- unix nanoseconds: the deadline, or when it was paused
+		metadata              TEXT NOT NULL DEFAULT '{}',
+		cpu                   REAL NOT NULL,
+		memory_mb             INTEGER NOT NULL,
+		disk_mb               INTEGER NOT NULL,
+		envd_access_token     TEXT NOT NULL DEFAULT '',
+		allow_internet_access INTEGER,
+		network               TEXT,
+		slot                  INTEGER NOT NULL DEFAULT 0
+	);
+	INSERT INTO sandboxes_new (` + columns + `) SELECT ` + columns + ` FROM sandboxes;
+	DROP TABLE sandboxes;
+	ALTER TABLE sandboxes_new RENAME TO sandboxes;
+	CREATE INDEX sandboxes_state_created ON sandboxes (state, created_at DESC, id DESC);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
@@ -306,6 +333,12 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		where = append(where, "state = ?")
 		args = append(args, string(f.State))
 	}
+	if len(f.States) > 0 {
+		where = append(where, "state IN (?"+strings.Repeat(",?", len(f.States)-1)+")")
+		for _, st := range f.States {
+			args = append(args, string(st))
+		}
+	}
 	if f.Template != "" {
 		where = append(where, "template = ?")
 		args = append(args, f.Template)
@@ -365,6 +398,16 @@ func (s *Store) UpdateEndAt(ctx context.Context, id string, endAt time.Time) err
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET end_at = ? WHERE id = ? AND state = 'running'`,
 		endAt.UnixNano(), id)
 	return checkOne(res, err, "updating deadline of sandbox "+id)
+}
+
+// Transition moves a record from state from to state to, setting the start
+// of its current run and its deadline (for a paused record, the time it
+// was paused), in one statement. A record not in state from is an error
+// wrapping ErrNotFound.
+func (s *Store) Transition(ctx context.Context, id string, from, to State, startedAt, endAt time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, created_at = ?, end_at = ? WHERE id = ? AND state = ?`,
+		string(to), startedAt.UnixNano(), endAt.UnixNano(), id, string(from))
+	return checkOne(res, err, fmt.Sprintf("moving sandbox %s from %s to %s", id, from, to))
 }
 
 // SetState sets the state of a record. Marking a record killed also clears

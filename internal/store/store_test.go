@@ -348,3 +348,81 @@ func TestFileModes(t *testing.T) {
 	defer s.Close()
 	check("older database")
 }
+
+func TestPausedTransitions(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	for i, id := range []string{"p1", "p2", "p3"} {
+		if err := s.Insert(ctx, rec(id, i, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pausedAt := t0.Add(time.Minute)
+	if err := s.Transition(ctx, "p2", StateRunning, StatePaused, t0.Add(time.Second), pausedAt); err != nil {
+		t.Fatalf("Transition(running→paused) = %v", err)
+	}
+	if err := s.Transition(ctx, "p2", StateRunning, StatePaused, t0, pausedAt); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Transition of a record not in the from state = %v, want ErrNotFound", err)
+	}
+	if err := s.SetState(ctx, "p3", StateKilled); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, "p2")
+	if err != nil || got.State != StatePaused || !got.EndAt.Equal(pausedAt) || got.EnvdAccessToken != "tok-p2" {
+		t.Errorf("Get(p2) = %+v, %v; want paused at %v with its token", got, err, pausedAt)
+	}
+	for _, tc := range []struct {
+		states []State
+		want   string
+	}{
+		{[]State{StatePaused}, "p2 "},
+		{[]State{StateRunning}, "p1 "},
+		{[]State{StateRunning, StatePaused}, "p2 p1 "},
+		{nil, "p3 p2 p1 "},
+	} {
+		l, err := s.List(ctx, Filter{States: tc.states})
+		if err != nil || ids(l) != tc.want {
+			t.Errorf("List(States %v) = %s, %v; want %s", tc.states, ids(l), err, tc.want)
+		}
+	}
+	// Resuming starts a new run: its start and deadline move.
+	resumed := t0.Add(2 * time.Minute)
+	if err := s.Transition(ctx, "p2", StatePaused, StateRunning, resumed, resumed.Add(time.Hour)); err != nil {
+		t.Fatalf("Transition(paused→running) = %v", err)
+	}
+	got, _ = s.Get(ctx, "p2")
+	if got.State != StateRunning || !got.CreatedAt.Equal(resumed) || !got.EndAt.Equal(resumed.Add(time.Hour)) {
+		t.Errorf("Get(p2) after resume = %+v", got)
+	}
+}
+
+// TestMigrationKeepsRecords opens a database at the schema before paused
+// sandboxes and checks that its records survive the table's rebuild.
+func TestMigrationKeepsRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fence.db")
+	saved := migrations
+	migrations = saved[:2]
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		migrations = saved
+		t.Fatal(err)
+	}
+	err = s.Insert(t.Context(), rec("old1", 1, map[string]string{"k": "v"}))
+	s.Close()
+	migrations = saved
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open after the upgrade = %v", err)
+	}
+	defer s.Close()
+	got, err := s.Get(t.Context(), "old1")
+	if err != nil || got.Metadata["k"] != "v" || got.EnvdAccessToken != "tok-old1" || got.Slot != 1 {
+		t.Fatalf("Get(old1) after the upgrade = %+v, %v", got, err)
+	}
+	if err := s.Transition(t.Context(), "old1", StateRunning, StatePaused, got.CreatedAt, t0); err != nil {
+		t.Errorf("pausing an upgraded record = %v", err)
+	}
+}

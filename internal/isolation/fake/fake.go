@@ -13,6 +13,9 @@
 //   - anything else: 200 with a JSON Echo of the request, so proxy tests
 //     can see what was forwarded.
 //
+// Sandboxes implement isolation.Pauser: while paused, DialAgent fails with
+// isolation.ErrPaused and open streams send nothing until Resume.
+//
 // Sandboxes live on a Host, which stands for the machine: a Backend made on
 // the same Host after a "crash" finds and cleans up what an earlier Backend
 // left there, as a real backend finds leftovers on disk.
@@ -191,9 +194,72 @@ type Sandbox struct {
 	once   sync.Once
 	srvWG  sync.WaitGroup
 	net    egressState
+
+	pmu sync.Mutex
+	// +checklocks:pmu
+	paused bool
+	// +checklocks:pmu
+	thawed chan struct{} // closed by Resume; streams wait on it while paused
+	// +checklocks:pmu
+	pauses int
 }
 
-var _ isolation.Sandbox = (*Sandbox)(nil)
+var (
+	_ isolation.Sandbox = (*Sandbox)(nil)
+	_ isolation.Pauser  = (*Sandbox)(nil)
+)
+
+// Pause implements isolation.Pauser: new agent connections are refused
+// with isolation.ErrPaused and open streams stop sending until Resume.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("pausing %s: %w", s.id, isolation.ErrNotFound)
+	default:
+	}
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if !s.paused {
+		s.paused = true
+		s.thawed = make(chan struct{})
+		s.pauses++
+	}
+	return nil
+}
+
+// Resume implements isolation.Pauser.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("resuming %s: %w", s.id, isolation.ErrNotFound)
+	default:
+	}
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.paused {
+		s.paused = false
+		close(s.thawed)
+	}
+	return nil
+}
+
+// Paused reports whether the sandbox is paused, and how many times it was
+// paused in all.
+func (s *Sandbox) Paused() (bool, int) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.paused, s.pauses
+}
+
+// frozen returns a channel that is closed when the sandbox is not paused.
+func (s *Sandbox) frozen() <-chan struct{} {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.paused {
+		return s.thawed
+	}
+	return nil
+}
 
 func newSandbox(spec isolation.Spec, interval time.Duration, linger bool, h *Host) *Sandbox {
 	s := &Sandbox{
@@ -222,6 +288,9 @@ func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 	case <-s.done:
 		return nil, fmt.Errorf("dialing agent of %s: %w", s.id, isolation.ErrNotFound)
 	default:
+	}
+	if p, _ := s.Paused(); p {
+		return nil, fmt.Errorf("dialing agent of %s: %w", s.id, isolation.ErrPaused)
 	}
 	return s.ln.dial(ctx)
 }
@@ -317,6 +386,16 @@ func (s *Sandbox) agentHandler(interval time.Duration) http.Handler {
 			case <-done:
 				return
 			case <-t.C:
+				if th := s.frozen(); th != nil {
+					// Paused: nothing runs until Resume.
+					select {
+					case <-th:
+					case <-r.Context().Done():
+						return
+					case <-done:
+						return
+					}
+				}
 				if err := writeEnvelope(w, `{"event":{"keepalive":{}}}`); err != nil {
 					return
 				}

@@ -27,6 +27,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/selftest"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 	"github.com/fencesandbox/fence/internal/testutil"
@@ -64,6 +65,28 @@ func TestConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+}
+
+// TestPauseConformance runs the isolation.Pauser cases on native
+// sandboxes, and again on sandboxes handed out by a warm pool in front of
+// the backend (the daemon's default setup).
+func TestPauseConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	t.Run("Direct", func(t *testing.T) {
+		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+	})
+	t.Run("WarmPool", func(t *testing.T) {
+		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend {
+			p := warm.New(warm.Options{Backend: newBackend(t), Size: 1})
+			p.Start(warm.Target{RootFS: rootfs}, nil)
+			if err := p.WaitReady(t.Context()); err != nil {
+				t.Fatalf("WaitReady: %v", err)
+			}
+			t.Cleanup(func() { p.Close(context.Background()) })
+			return p
+		}, rootfs)
+	})
 }
 
 type result struct {

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,9 +74,20 @@ type sandbox struct {
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
+
+	// pmu serialises Pause, Resume and the start of Kill.
+	pmu sync.Mutex
+	// paused is set while the sandbox's cgroup is frozen (or being
+	// frozen): DialAgent and DialPort refuse at once.
+	paused atomic.Bool
+	// +checklocks:pmu
+	killed bool
 }
 
-var _ isolation.Sandbox = (*sandbox)(nil)
+var (
+	_ isolation.Sandbox = (*sandbox)(nil)
+	_ isolation.Pauser  = (*sandbox)(nil)
+)
 
 // Create implements isolation.Backend.
 func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.Sandbox, err error) {
@@ -520,6 +532,9 @@ func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
 	default:
 	}
+	if s.paused.Load() {
+		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrPaused)
+	}
 	return s.net.DialSandbox(ctx, port)
 }
 
@@ -627,6 +642,11 @@ func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
 	default:
 	}
+	// A frozen agent would take the connection (the kernel queues it)
+	// and never answer.
+	if s.paused.Load() {
+		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrPaused)
+	}
 	var d net.Dialer
 	return d.DialContext(ctx, "unix", s.sock)
 }
@@ -659,7 +679,17 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 // leaves them to the next start's Cleanup, as for any other leftover.
 func (s *sandbox) Kill(ctx context.Context) error {
 	s.killOnce.Do(func() {
-		if s.killErr = s.stop(); s.killErr != nil {
+		s.pmu.Lock()
+		s.killed = true
+		frozen := s.paused.Load()
+		s.pmu.Unlock()
+		if frozen {
+			s.killErr = s.killFrozen()
+		}
+		if s.killErr == nil {
+			s.killErr = s.stop()
+		}
+		if s.killErr != nil {
 			// Something of the sandbox may still run: release what can be
 			// released now and tell the caller.
 			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
@@ -676,6 +706,78 @@ func (s *sandbox) Kill(ctx context.Context) error {
 		})
 	})
 	return s.killErr
+}
+
+// Pause implements isolation.Pauser: it freezes the sandbox's cgroup
+// (cgroup.freeze on v2, the freezer hierarchy on v1) and returns once every
+// task is frozen. Memory stays where it is, charged to the sandbox.
+func (s *sandbox) Pause(ctx context.Context) error {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if err := s.liveLocked(); err != nil {
+		return err
+	}
+	if s.paused.Load() {
+		return nil
+	}
+	// Refuse new connections before anything stops answering them.
+	s.paused.Store(true)
+	if err := s.cg.Freeze(); err != nil {
+		if terr := s.cg.Thaw(); terr != nil {
+			// Neither frozen nor thawed: the sandbox is of no use.
+			return fmt.Errorf("pausing sandbox %s: %w (and thawing: %v)", s.id, err, terr)
+		}
+		s.paused.Store(false)
+		return fmt.Errorf("pausing sandbox %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Resume implements isolation.Pauser: it thaws the sandbox's cgroup.
+func (s *sandbox) Resume(ctx context.Context) error {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if err := s.liveLocked(); err != nil {
+		return err
+	}
+	if !s.paused.Load() {
+		return nil
+	}
+	if err := s.cg.Thaw(); err != nil {
+		return fmt.Errorf("resuming sandbox %s: %w", s.id, err)
+	}
+	s.paused.Store(false)
+	return nil
+}
+
+// liveLocked reports an error wrapping isolation.ErrNotFound for a killed
+// or stopped sandbox.
+//
+// +checklocks:s.pmu
+func (s *sandbox) liveLocked() error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("sandbox %s has stopped: %w", s.id, isolation.ErrNotFound)
+	default:
+	}
+	if s.killed {
+		return fmt.Errorf("sandbox %s is killed: %w", s.id, isolation.ErrNotFound)
+	}
+	return nil
+}
+
+// killFrozen kills every task of a paused sandbox where it stands: a
+// frozen task does not act on SIGKILL until thawed, so the tasks are
+// killed while frozen (cgroup.kill on v2; on v1 each is signalled inside
+// a freeze) and only then thawed, and no code of the sandbox runs again.
+func (s *sandbox) killFrozen() error {
+	if err := s.cg.Kill(); err != nil {
+		return fmt.Errorf("killing paused sandbox %s: %w", s.id, err)
+	}
+	if err := s.cg.Thaw(); err != nil {
+		return fmt.Errorf("killing paused sandbox %s: %w", s.id, err)
+	}
+	return nil
 }
 
 // reapers bounds how many killed sandboxes release their host resources at

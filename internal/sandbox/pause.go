@@ -1,0 +1,198 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+// Pause and resume conflicts. Both wrap api.ErrConflict.
+var (
+	errNotRunning = fmt.Errorf("%w", api.ErrConflict)
+	errNotPaused  = fmt.Errorf("%w", api.ErrConflict)
+)
+
+// Pause pauses a running sandbox in place: its processes stop where they
+// are, with their memory, until Resume or Connect. Traffic to it gets the
+// proxy's 502 meanwhile, and traffic in flight is cut. A paused sandbox
+// gives an error wrapping api.ErrConflict; unknown and killed ones
+// api.ErrNotFound; a backend that cannot pause api.ErrUnimplemented.
+func (m *Manager) Pause(ctx context.Context, id string) error {
+	return m.pause(ctx, id, "request")
+}
+
+func (m *Manager) pause(ctx context.Context, id, reason string) error {
+	e, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	p, ok := e.box.(isolation.Pauser)
+	if !ok {
+		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, m.backend.Name(), api.ErrUnimplemented)
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	e.mu.Lock()
+	if e.info.State != StateRunning {
+		e.mu.Unlock()
+		return fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
+	}
+	// From here Lookup refuses its traffic, and what is in flight is cut.
+	e.info.State = StatePaused
+	close(e.runDone)
+	started := e.info.StartedAt
+	e.mu.Unlock()
+	reopen := func() {
+		e.mu.Lock()
+		e.info.State = StateRunning
+		e.runDone = make(chan struct{})
+		e.mu.Unlock()
+	}
+	// Neither the pause nor its record may be abandoned half-way because
+	// the client left.
+	ctx = context.WithoutCancel(ctx)
+	if err := p.Pause(ctx); err != nil {
+		reopen()
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	now := m.now().UTC()
+	if err := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, started, now); err != nil {
+		// Killed meanwhile, or the store failed: nothing is paused.
+		rerr := p.Resume(ctx)
+		reopen()
+		return fmt.Errorf("recording the pause of sandbox %s: %w", id, errors.Join(err, rerr))
+	}
+	e.mu.Lock()
+	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
+	e.mu.Unlock()
+	m.nudge()
+	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
+	m.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// Resume resumes a paused sandbox with the deadline now+d, as a new run
+// (StartedAt is now); autoPause, if not nil, replaces its AutoPause. A
+// running sandbox gives an error wrapping api.ErrConflict; unknown and
+// killed ones api.ErrNotFound.
+func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
+	if err := m.checkTimeout(d); err != nil {
+		return nil, err
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.resume(ctx, e, d, "request"); err != nil {
+		return nil, err
+	}
+	if autoPause != nil {
+		if _, ok := e.box.(isolation.Pauser); ok {
+			e.mu.Lock()
+			e.info.AutoPause = *autoPause
+			e.mu.Unlock()
+		}
+	}
+	return e.snapshot(), nil
+}
+
+// Connect is E2B's connect: a running sandbox's deadline moves to now+d
+// unless it is already later (Extend), and a paused one is resumed with
+// the deadline now+d. It reports whether it resumed the sandbox.
+func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (*Sandbox, bool, error) {
+	if err := m.checkTimeout(d); err != nil {
+		return nil, false, err
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, false, err
+	}
+	if e.state() == StatePaused {
+		err := m.resume(ctx, e, d, "connect")
+		if err == nil {
+			return e.snapshot(), true, nil
+		}
+		if !errors.Is(err, errNotPaused) {
+			return nil, false, err
+		}
+		// Resumed by someone else meanwhile: it runs, so extend it.
+	}
+	if err := m.Extend(ctx, id, d); err != nil {
+		return nil, false, err
+	}
+	s, err := m.Get(ctx, id)
+	return s, false, err
+}
+
+// WakeOnTraffic resumes a paused sandbox created with AutoResume, with its
+// create timeout, for traffic that arrived for it. It reports whether the
+// sandbox runs now.
+func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
+	e, err := m.lookup(id)
+	if err != nil {
+		return false
+	}
+	e.mu.Lock()
+	st, auto := e.info.State, e.info.AutoResume
+	e.mu.Unlock()
+	if st == StateRunning {
+		return true
+	}
+	if !auto {
+		return false
+	}
+	err = m.resume(ctx, e, e.timeout, "traffic")
+	if err != nil && !errors.Is(err, errNotPaused) {
+		m.log.ErrorContext(ctx, "resuming sandbox on traffic", "sandbox_id", id, "err", err)
+		return false
+	}
+	return true
+}
+
+func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason string) error {
+	id := e.box.ID()
+	e.life.Lock()
+	defer e.life.Unlock()
+	if e.state() != StatePaused {
+		return fmt.Errorf("sandbox '%s' is already running: %w", id, errNotPaused)
+	}
+	p, ok := e.box.(isolation.Pauser)
+	if !ok { // cannot happen: it was paused through it
+		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
+	}
+	ctx = context.WithoutCancel(ctx)
+	now := m.now().UTC()
+	end := now.Add(d)
+	// The record first: a sandbox killed meanwhile has none to resume.
+	if err := m.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
+		if errors.Is(err, api.ErrNotFound) {
+			return notFound(id)
+		}
+		return fmt.Errorf("recording the resume of sandbox %s: %w", id, err)
+	}
+	if err := p.Resume(ctx); err != nil {
+		e.mu.Lock()
+		paused := e.info.EndAt
+		e.mu.Unlock()
+		if terr := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, e.snapshot().StartedAt, paused); terr != nil {
+			m.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
+		}
+		return fmt.Errorf("resuming sandbox %s: %w", id, err)
+	}
+	e.mu.Lock()
+	e.info.State = StateRunning
+	e.info.StartedAt = now
+	e.info.EndAt = end
+	e.runDone = make(chan struct{})
+	e.mu.Unlock()
+	m.nudge()
+	m.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
+	m.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
+	return nil
+}
