@@ -89,8 +89,9 @@ func New(opts Options) (*Store, error) {
 		log:      opts.Logger,
 		progress: opts.Progress,
 		builders: map[string]builder{
-			"minimal": buildMinimal,
-			"base":    buildBase,
+			"minimal":          buildMinimal,
+			"base":             buildBase,
+			"code-interpreter": buildCodeInterpreter,
 		},
 	}
 	if s.log == nil {
@@ -244,6 +245,9 @@ func (s *Store) Resolve(name string) (rootfs string, err error) {
 func (s *Store) info(name string) (Info, error) {
 	if err := ValidateName(name); err != nil {
 		return Info{}, err
+	}
+	if target, ok := aliases[name]; ok {
+		name = target
 	}
 	notBuilt := func(why string) error {
 		return fmt.Errorf("template %q %s: run `fence template build %s`: %w", name, why, name, api.ErrNotFound)
