@@ -50,6 +50,9 @@ func debootstrap(ctx context.Context, s *Store, rootfs, label string, packages [
 		"--include=" + strings.Join(packages, ","),
 		`--aptopt=APT::Install-Recommends "false"`,
 		`--aptopt=APT::Install-Suggests "false"`,
+		// A package that times out once is fetched again, not the
+		// whole build redone.
+		`--aptopt=Acquire::Retries "5"`,
 		"--dpkgopt=path-exclude=/usr/share/man/*",
 		"--dpkgopt=path-exclude=/usr/share/info/*",
 		"--dpkgopt=path-exclude=/usr/share/doc/*",

@@ -29,6 +29,13 @@ var codeInterpreterPackages = append(slices.Clone(basePackages),
 // code-interpreter SDK's default template name.
 var aliases = map[string]string{"code-interpreter-v1": "code-interpreter"}
 
+// readyPorts are the Info.ReadyPorts of the templates that have any.
+var readyPorts = map[string][]uint16{"code-interpreter": {codeInterpreterPort}}
+
+// codeInterpreterPort is where the code-interpreter server listens, once
+// its default kernel is ready.
+const codeInterpreterPort = 49999
+
 // agentServices is /etc/fence/services.json of the code-interpreter
 // template: the agent starts the server with the sandbox (see
 // agent.ServicesFile; kept in step by hand, the template package does not

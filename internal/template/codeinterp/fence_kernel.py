@@ -35,20 +35,35 @@ def load(ip):
     from traitlets import ObjectName, Unicode
 
     class ChartFormatter(BaseFormatter):
+        """Describes matplotlib figures. It matches figures by class, not
+        through the formatter's registry, which IPython's matplotlib
+        integration clears of Figure whenever the backend is set up."""
+
         format_type = Unicode(CHART_MIME)
         print_method = ObjectName("_repr_fence_chart_")
         _return_type = (dict,)
 
+        def __call__(self, obj):
+            if not self.enabled:
+                return None
+            if not any(c.__name__ == "Figure" and c.__module__ == "matplotlib.figure" for c in type(obj).__mro__):
+                return None
+            try:
+                return figure_chart(obj)
+            except Exception:
+                return None
+
     df = ip.display_formatter
     f = ChartFormatter(parent=df)
-    f.for_type_by_name("matplotlib.figure", "Figure", figure_chart)
     df.formatters[CHART_MIME] = f
     if CHART_MIME not in df.active_types:
         df.active_types.append(CHART_MIME)
     # Ahead of demand: the first execution should not pay for these.
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-    import matplotlib.pyplot  # noqa: F401
+    for mod in ("numpy", "pandas", "matplotlib.pyplot"):
+        try:
+            __import__(mod)
+        except Exception:
+            pass
 
 
 def _num(v):

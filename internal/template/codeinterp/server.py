@@ -2,7 +2,7 @@
 """fence code-interpreter server: E2B's code-interpreter protocol on port 49999.
 
 Started by the fence agent with the sandbox (see /etc/fence/services.json), as
-the sandbox's user. Each context is one IPython kernel (ipykernel, started and
+the sandbox's user; it listens once its default Python kernel is ready. Each context is one IPython kernel (ipykernel, started and
 driven with jupyter_client); POST /execute runs code in one and streams the
 kernel's output as newline-delimited JSON:
 
@@ -96,7 +96,6 @@ class Context:
         env = dict(os.environ)
         env.pop("JPY_PARENT_PID", None)
         km = KernelManager(kernel_name="python3")
-        km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         km.start_kernel(cwd=self.cwd, env=env)
         kc = km.blocking_client()
         kc.start_channels()
@@ -405,16 +404,28 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.flush()
-            ctx.execute(code, env_vars, emit, gone)
+            try:
+                ctx.execute(code, env_vars, emit, gone)
+            except Disconnected:
+                raise
+            except Exception as e:
+                # The response has begun: report in the stream.
+                traceback.print_exc()
+                emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": traceback.format_exc()})
         emit({"type": "end_of_execution"})
         write_chunk(b"")
 
 
 def main():
+    # The default Python kernel starts before the port opens: the daemon
+    # holds a create until the port accepts connections, so the first
+    # execution does not wait for a kernel.
+    try:
+        SERVER.default_context("python")
+    except Exception:
+        traceback.print_exc()
     httpd = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     httpd.daemon_threads = True
-    # The default Python kernel starts now, not at the first execution.
-    threading.Thread(target=lambda: SERVER.default_context("python"), daemon=True).start()
     httpd.serve_forever()
 
 
