@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -272,6 +273,12 @@ func TestCodeInterpreterAlias(t *testing.T) {
 	got, err := s.Resolve("code-interpreter-v1")
 	if err != nil || got != want {
 		t.Errorf("Resolve(code-interpreter-v1) = %q, %v; want %q", got, err, want)
+	}
+	if got := s.ReadyPorts("code-interpreter-v1"); !slices.Equal(got, []uint16{49999}) {
+		t.Errorf("ReadyPorts(code-interpreter-v1) = %v, want [49999] (the server's port, recorded at build)", got)
+	}
+	if got := s.ReadyPorts("minimal"); got != nil {
+		t.Errorf("ReadyPorts(minimal) = %v, want none", got)
 	}
 	if err := s.Build(t.Context(), "code-interpreter-v1"); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("Build(code-interpreter-v1) = %v, want ErrInvalidArgument (an alias is not built)", err)

@@ -19,7 +19,12 @@ templates="${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}"
 if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
 	(cd "$repo" && CGO_ENABLED=0 go build -o bin/fence ./cmd/fence)
 fi
-for t in base minimal code-interpreter; do
+need=(base minimal)
+# code-interpreter only for the runs that use it (all tests, its file, its bench).
+if [[ $# -eq 0 || "$*" == *code-interpreter* || "${1:-}" == --bench-ci ]]; then
+	need+=(code-interpreter)
+fi
+for t in "${need[@]}"; do
 	if [[ ! -d "$templates/$t" ]]; then
 		echo "run.sh: template $t missing in $templates: run 'bin/fence template build $t'" >&2
 		exit 2
