@@ -40,6 +40,24 @@ test('code interpreter: state, streams, results, errors', async (t) => {
   assert.equal(out.join(''), 'hello out\n')
   assert.equal(err.join(''), 'hello err\n')
 
+  // Output streams while the code runs: the first line reaches the
+  // callback before the code has printed the second (it waits for a file
+  // the test creates only after seeing the first line).
+  const seen = []
+  const streamed = s.runCode(
+    'import os, time\nprint("first", flush=True)\n' +
+      'while not os.path.exists("/tmp/go"): time.sleep(0.05)\nprint("second")',
+    {
+      onStdout: async (m) => {
+        seen.push(m.line)
+        if (m.line === 'first\n') await s.files.write('/tmp/go', 'x')
+      },
+    },
+  )
+  const sr = await streamed
+  assert.equal(sr.error, undefined)
+  assert.deepEqual(seen, ['first\n', 'second\n'])
+
   // An exception: name, value and traceback; the kernel lives on.
   const ex = await s.runCode('def f():\n    raise ValueError("bad value 7")\nf()')
   assert.ok(ex.error, 'want an error')
