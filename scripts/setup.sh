@@ -4,7 +4,7 @@
 #
 #   FENCE_TEMPLATES_DIR  where templates are built and kept between runs
 #                        (default /var/lib/fence/templates, fence's default)
-#   FENCE_TEMPLATES   templates to build (default "minimal base")
+#   FENCE_TEMPLATES   templates to build (default "minimal base code-interpreter")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +32,7 @@ echo "==> building bin/fence"
 CGO_ENABLED=0 go build -trimpath -o bin/fence ./cmd/fence
 
 tdir=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}
-for t in ${FENCE_TEMPLATES:-minimal base}; do
+for t in ${FENCE_TEMPLATES:-minimal base code-interpreter}; do
   echo "==> template $t (kept in $tdir)"
   bin/fence template build "$t" --templates-dir "$tdir"
 done

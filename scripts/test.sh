@@ -2,7 +2,7 @@
 # test.sh: the whole test suite, as root. Sets up first (see setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FENCE_TEMPLATES=${FENCE_TEMPLATES:-minimal base} scripts/setup.sh
+FENCE_TEMPLATES=${FENCE_TEMPLATES:-minimal base code-interpreter} scripts/setup.sh
 export FENCE_TEST_TEMPLATES=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}
 export FENCE_BIN="$PWD/bin/fence"
 export PATH=$PATH:/usr/local/go/bin

@@ -35,6 +35,9 @@ type Options struct {
 	// SudoSocket, if set, is where Serve offers sudo to the sandbox's
 	// users (see package sudo).
 	SudoSocket string
+	// ServicesFile, if set, names the template's services file (see
+	// ServicesFile), whose services Serve starts and keeps running.
+	ServicesFile string
 }
 
 // Serve serves envd's protocol on ln until ctx is done. It closes ln. On
@@ -71,6 +74,11 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 			srv := &sudo.Server{Procs: a.procs, Log: logger(opts)}
 			go srv.Serve(ctx, sln)
 		}
+	}
+	if opts.ServicesFile != "" {
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		runServices(sctx, opts.ServicesFile, a.procs, a.users, logger(opts))
 	}
 	srv := &http.Server{
 		Handler:           h,
@@ -126,6 +134,7 @@ func NewHandler(opts Options) (http.Handler, func()) {
 type built struct {
 	mux   *http.ServeMux
 	procs *process.Service
+	users *users.Resolver
 	close func()
 }
 
@@ -176,7 +185,7 @@ func build(opts Options) *built {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fs.WriteError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
-	return &built{mux: mux, procs: procs, close: func() {
+	return &built{mux: mux, procs: procs, users: resolver, close: func() {
 		procs.Close()
 		files.Close()
 	}}

@@ -21,5 +21,7 @@
 //     routes (streaming uploads, gzip both ways, xattr metadata).
 //   - users: Basic-auth username → Unix user, envd's path resolution.
 //
-// Serve and NewHandler wire them onto one http.Handler.
+// Serve and NewHandler wire them onto one http.Handler. Serve also starts
+// the services a template declares in ServicesFile (the code-interpreter
+// server), as the sandbox's processes, and restarts them when they exit.
 package agent

@@ -175,12 +175,15 @@ func templateCmd(deps Deps) *cobra.Command {
 	var dataDir, tdir string
 	var force bool
 	build := &cobra.Command{
-		Use:   "build minimal|base",
+		Use:   "build minimal|base|code-interpreter",
 		Short: "Build a template",
 		Long: `Build a template, an immutable directory tree that sandboxes share
 read-only:
   minimal  busybox; builds in seconds, for tests
   base     Debian bookworm with python3, curl, git, sudo and user "user"
+  code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
+           matplotlib, and the @e2b/code-interpreter server on port 49999
+           (also answers to code-interpreter-v1)
 Progress goes to stderr. An existing template is kept unless --force.`,
 		Example: `  fence template build minimal
   fence template build base --force`,
@@ -190,8 +193,8 @@ Progress goes to stderr. An existing template is kept unless --force.`,
 				return errUnavailable("fence template build")
 			}
 			name := args[0]
-			if name != "minimal" && name != "base" {
-				return usagef("unknown template %q: want minimal or base", name)
+			if name != "minimal" && name != "base" && name != "code-interpreter" {
+				return usagef("unknown template %q: want minimal, base or code-interpreter", name)
 			}
 			if err := deps.BuildTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, force, cmd.ErrOrStderr()); err != nil {
 				return fmt.Errorf("building template %s: %w", name, err)

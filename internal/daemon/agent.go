@@ -65,5 +65,6 @@ func RunAgent(ctx context.Context) error {
 	// loses garbage, not workers.
 	debug.SetMemoryLimit(agentMemoryLimit)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath})
+	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath,
+		ServicesFile: agent.ServicesFile})
 }

@@ -459,6 +459,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
 	}
+	if rp, ok := m.templates.(ReadyPorter); ok {
+		if err := m.waitReady(ctx, box, req.TemplateID, rp.ReadyPorts(req.TemplateID)); err != nil {
+			m.killBox(ctx, box)
+			return nil, fmt.Errorf("creating sandbox: %w", err)
+		}
+	}
 	m.gateways.Store(id, gw)
 	defer func() {
 		if !registered {

@@ -30,6 +30,14 @@ var aptSourcesDir = "/etc/apt"
 
 // buildBase runs mmdebstrap into rootfs.
 func buildBase(ctx context.Context, s *Store, rootfs string) (string, error) {
+	return debootstrap(ctx, s, rootfs, "base", basePackages, "about 80 s", nil)
+}
+
+// debootstrap runs mmdebstrap into rootfs: Debian baseSuite minbase with
+// packages, without docs, man pages or locales, and user "user" (1000:1000,
+// passwordless sudo). hooks are further mmdebstrap customize hooks, run
+// after those. Progress lines are prefixed with label.
+func debootstrap(ctx context.Context, s *Store, rootfs, label string, packages []string, eta string, hooks []string) (string, error) {
 	bin, err := exec.LookPath("mmdebstrap")
 	if err != nil {
 		return "", fmt.Errorf("mmdebstrap not found: install it with `apt-get install mmdebstrap`: %w", err)
@@ -39,9 +47,12 @@ func buildBase(ctx context.Context, s *Store, rootfs string) (string, error) {
 		"--mode=root",
 		"--format=directory",
 		"--variant=minbase",
-		"--include=" + strings.Join(basePackages, ","),
+		"--include=" + strings.Join(packages, ","),
 		`--aptopt=APT::Install-Recommends "false"`,
 		`--aptopt=APT::Install-Suggests "false"`,
+		// A package that times out once is fetched again, not the
+		// whole build redone.
+		`--aptopt=Acquire::Retries "5"`,
 		"--dpkgopt=path-exclude=/usr/share/man/*",
 		"--dpkgopt=path-exclude=/usr/share/info/*",
 		"--dpkgopt=path-exclude=/usr/share/doc/*",
@@ -50,15 +61,20 @@ func buildBase(ctx context.Context, s *Store, rootfs string) (string, error) {
 		"--dpkgopt=path-exclude=/usr/share/lintian/*",
 		`--customize-hook=chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user`,
 		`--customize-hook=echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"`,
+	}
+	for _, h := range hooks {
+		args = append(args, "--customize-hook="+h)
+	}
+	args = append(args,
 		`--customize-hook=rm -rf "$1"/var/log/*.log "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old`,
 		baseSuite,
 		rootfs,
 		fmt.Sprintf("deb %s %s main", mirror, baseSuite),
 		fmt.Sprintf("deb %s %s-updates main", mirror, baseSuite),
 		fmt.Sprintf("deb %s %s-security main", security, baseSuite),
-	}
-	fmt.Fprintf(s.progress, "base: mmdebstrap %s from %s (about 80 s)\n", baseSuite, mirror)
-	out := &lineWriter{prefix: "base: ", w: s.progress}
+	)
+	fmt.Fprintf(s.progress, "%s: mmdebstrap %s from %s (%s)\n", label, baseSuite, mirror, eta)
+	out := &lineWriter{prefix: label + ": ", w: s.progress}
 	cmd := command(ctx, bin, args...)
 	// A private mount namespace: the /proc, /sys and /dev mounts mmdebstrap
 	// makes inside the tree cannot outlive it, even if it is killed.
@@ -73,7 +89,7 @@ func buildBase(ctx context.Context, s *Store, rootfs string) (string, error) {
 		}
 		return "", fmt.Errorf("running mmdebstrap: %w; last output:\n%s", err, out.Tail())
 	}
-	return fmt.Sprintf("mmdebstrap --variant=minbase %s from %s with %s", baseSuite, mirror, strings.Join(basePackages, ",")), nil
+	return fmt.Sprintf("mmdebstrap --variant=minbase %s from %s with %s", baseSuite, mirror, strings.Join(packages, ",")), nil
 }
 
 // hostMirrors returns the Debian archive and security mirrors named in the

@@ -44,6 +44,12 @@
 //     mirror, with python3, curl, git, sudo, ca-certificates, procps and bash,
 //     and user "user" (1000:1000, /bin/bash, passwordless sudo), without
 //     docs, man pages or locales (≈130 MB, ≈80 s).
+//   - "code-interpreter" (also resolved as "code-interpreter-v1"): base plus
+//     Debian's python3-ipykernel, python3-jupyter-client, python3-numpy,
+//     python3-pandas and python3-matplotlib, and the @e2b/code-interpreter
+//     server (codeinterp/server.py) in /opt/fence/code-interpreter, which the
+//     agent starts from /etc/fence/services.json; its Info.ReadyPorts is
+//     [49999] (≈1.2 GB, several minutes). See docs/CODE_INTERPRETER.md.
 //
 // # Not done here
 //

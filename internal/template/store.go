@@ -54,6 +54,10 @@ type Info struct {
 	SizeBytes     int64     `json:"sizeBytes"` // apparent size of the rootfs files
 	Source        string    `json:"source"`    // how it was built, for humans
 	FormatVersion int       `json:"formatVersion"`
+	// ReadyPorts are TCP ports a sandbox of this template serves once it
+	// has started (the code-interpreter server's 49999): a create waits
+	// for them to accept connections before it returns.
+	ReadyPorts []uint16 `json:"readyPorts,omitempty"`
 	// RootFS is the absolute path of the template's root filesystem. It is
 	// not stored.
 	RootFS string `json:"-"`
@@ -89,8 +93,9 @@ func New(opts Options) (*Store, error) {
 		log:      opts.Logger,
 		progress: opts.Progress,
 		builders: map[string]builder{
-			"minimal": buildMinimal,
-			"base":    buildBase,
+			"minimal":          buildMinimal,
+			"base":             buildBase,
+			"code-interpreter": buildCodeInterpreter,
 		},
 	}
 	if s.log == nil {
@@ -192,7 +197,8 @@ func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOpt
 	if err != nil {
 		return fmt.Errorf("measuring template %q: %w", name, err)
 	}
-	info := Info{Name: name, BuiltAt: time.Now().UTC(), SizeBytes: size, Source: source, FormatVersion: FormatVersion}
+	info := Info{Name: name, BuiltAt: time.Now().UTC(), SizeBytes: size, Source: source, FormatVersion: FormatVersion,
+		ReadyPorts: readyPorts[name]}
 	if err := writeInfo(filepath.Join(work, infoFile), info); err != nil {
 		return err
 	}
@@ -240,10 +246,23 @@ func (s *Store) Resolve(name string) (rootfs string, err error) {
 	return info.RootFS, nil
 }
 
+// ReadyPorts returns the ports a sandbox of the named template serves once
+// started (see Info.ReadyPorts); none for a template that is not built.
+func (s *Store) ReadyPorts(name string) []uint16 {
+	info, err := s.info(name)
+	if err != nil {
+		return nil
+	}
+	return info.ReadyPorts
+}
+
 // info reads the Info of a built template.
 func (s *Store) info(name string) (Info, error) {
 	if err := ValidateName(name); err != nil {
 		return Info{}, err
+	}
+	if target, ok := aliases[name]; ok {
+		name = target
 	}
 	notBuilt := func(why string) error {
 		return fmt.Errorf("template %q %s: run `fence template build %s`: %w", name, why, name, api.ErrNotFound)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,7 +227,7 @@ func TestBadNames(t *testing.T) {
 			t.Errorf("Remove(%q) = %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, minimal") {
+	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, code-interpreter, minimal") {
 		t.Errorf("Build(ubuntu) = %v, want ErrInvalidArgument listing the known templates", err)
 	}
 }
@@ -249,6 +250,38 @@ func TestResolveMissing(t *testing.T) {
 	}
 	if infos, err := s.List(); err != nil || len(infos) != 0 {
 		t.Errorf("List() = %v, %v, want none", infos, err)
+	}
+}
+
+// TestCodeInterpreterAlias: the code-interpreter SDK's default template
+// name resolves to the code-interpreter template (here built by a stand-in
+// builder), and only once that is built.
+func TestCodeInterpreterAlias(t *testing.T) {
+	requireRoot(t)
+	s := newStore(t, nil)
+	if _, err := s.Resolve("code-interpreter-v1"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("Resolve(code-interpreter-v1) before the build = %v, want ErrNotFound", err)
+	}
+	s.builders["code-interpreter"] = buildMinimal
+	if err := s.Build(t.Context(), "code-interpreter"); err != nil {
+		t.Fatal(err)
+	}
+	want, err := s.Resolve("code-interpreter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Resolve("code-interpreter-v1")
+	if err != nil || got != want {
+		t.Errorf("Resolve(code-interpreter-v1) = %q, %v; want %q", got, err, want)
+	}
+	if got := s.ReadyPorts("code-interpreter-v1"); !slices.Equal(got, []uint16{49999}) {
+		t.Errorf("ReadyPorts(code-interpreter-v1) = %v, want [49999] (the server's port, recorded at build)", got)
+	}
+	if got := s.ReadyPorts("minimal"); got != nil {
+		t.Errorf("ReadyPorts(minimal) = %v, want none", got)
+	}
+	if err := s.Build(t.Context(), "code-interpreter-v1"); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("Build(code-interpreter-v1) = %v, want ErrInvalidArgument (an alias is not built)", err)
 	}
 }
 

@@ -6,9 +6,11 @@
 # throwaway data dir under /var/tmp, points E2B_API_URL and E2B_SANDBOX_URL
 # at it, runs `node --test test/`, stops the daemon and exits with the test
 # status. Needs root (the native backend) and the `base` and `minimal`
-# templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates).
+# templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates), and
+# code-interpreter for test/code-interpreter.test.mjs.
 # Extra arguments go to `node --test` (e.g. a single test file);
-# `run.sh --bench` runs bench.mjs against the daemon instead of the tests.
+# `run.sh --bench` runs bench.mjs against the daemon instead of the tests,
+# `run.sh --bench-ci` bench-code-interpreter.mjs.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -17,7 +19,12 @@ templates="${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}"
 if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
 	(cd "$repo" && CGO_ENABLED=0 go build -o bin/fence ./cmd/fence)
 fi
-for t in base minimal; do
+need=(base minimal)
+# code-interpreter only for the runs that use it (all tests, its file, its bench).
+if [[ $# -eq 0 || "$*" == *code-interpreter* || "${1:-}" == --bench-ci ]]; then
+	need+=(code-interpreter)
+fi
+for t in "${need[@]}"; do
 	if [[ ! -d "$templates/$t" ]]; then
 		echo "run.sh: template $t missing in $templates: run 'bin/fence template build $t'" >&2
 		exit 2
@@ -70,6 +77,8 @@ fi
 status=0
 if [[ "${1:-}" == --bench ]]; then
 	node bench.mjs || status=$?
+elif [[ "${1:-}" == --bench-ci ]]; then
+	node bench-code-interpreter.mjs || status=$?
 elif [[ $# -gt 0 ]]; then
 	node --test --test-concurrency=2 "$@" || status=$?
 else

@@ -1,0 +1,61 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// dialBox is a sandbox whose port opens after a number of refused dials.
+type dialBox struct {
+	isolation.Sandbox
+	refuse int32
+	dials  atomic.Int32
+}
+
+func (b *dialBox) ID() string { return "dialbox" }
+
+func (b *dialBox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
+	if b.dials.Add(1) <= b.refuse {
+		return nil, errors.New("connection refused")
+	}
+	c1, c2 := net.Pipe()
+	c2.Close()
+	return c1, nil
+}
+
+func TestWaitReadyWaitsForThePort(t *testing.T) {
+	m := &Manager{log: slog.New(slog.DiscardHandler)}
+	box := &dialBox{refuse: 5}
+	if err := m.waitReady(t.Context(), box, "code-interpreter", []uint16{49999}); err != nil {
+		t.Fatalf("waitReady = %v", err)
+	}
+	if n := box.dials.Load(); n != 6 {
+		t.Errorf("dials = %d, want 6 (5 refused, then open)", n)
+	}
+}
+
+func TestWaitReadyEndsWithTheContext(t *testing.T) {
+	m := &Manager{log: slog.New(slog.DiscardHandler)}
+	box := &dialBox{refuse: 1 << 30}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	err := m.waitReady(ctx, box, "code-interpreter", []uint16{49999})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("waitReady with an ending ctx = %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestWaitReadyWithoutPorts(t *testing.T) {
+	m := &Manager{log: slog.New(slog.DiscardHandler)}
+	box := &dialBox{refuse: 1 << 30}
+	if err := m.waitReady(t.Context(), box, "base", nil); err != nil || box.dials.Load() != 0 {
+		t.Errorf("waitReady(no ports) = %v after %d dials, want nil at once", err, box.dials.Load())
+	}
+}
