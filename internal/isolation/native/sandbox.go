@@ -82,6 +82,14 @@ type sandbox struct {
 	paused atomic.Bool
 	// +checklocks:pmu
 	killed bool
+
+	// layerMu guards diskFD against release while an export opens the
+	// layer; layerGone is set once it is released.
+	layerMu   sync.RWMutex
+	layerGone bool
+	// archive is set by Kill: release keeps the layer in the forensics
+	// archive (Options.Forensics) before removing it.
+	archive bool
 }
 
 var (
@@ -695,6 +703,7 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
 			return
 		}
+		s.archive = true
 		s.b.closing.Go(func() {
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
@@ -834,10 +843,14 @@ func (s *sandbox) release(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
 	}
+	s.archiveLayer(ctx)
+	s.layerMu.Lock()
+	s.layerGone = true
 	if s.diskFD >= 0 {
 		unix.Close(s.diskFD)
 		s.diskFD = -1
 	}
+	s.layerMu.Unlock()
 	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
 		errs = append(errs, err)
 	}
