@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,6 +38,20 @@ func (s *sandbox) ExportLayer(ctx context.Context, w io.Writer, limit int64) err
 	}
 	defer unix.Close(fd)
 	return writeLayer(ctx, fd, w, limit)
+}
+
+// LayerSize implements isolation.LayerReader.
+func (s *sandbox) LayerSize(ctx context.Context) (int64, error) {
+	fd, err := s.openUpper()
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	lw := &layerWriter{ctx: ctx, left: math.MaxInt64}
+	if err := lw.dir(fd, "", 0); err != nil {
+		return 0, err
+	}
+	return math.MaxInt64 - lw.left + int64(lw.whiteouts.Len()) + 512, nil
 }
 
 // openUpper opens the overlay's upper directory: through the layer's
@@ -105,6 +120,14 @@ func writeLayer(ctx context.Context, root int, w io.Writer, limit int64) error {
 		return err
 	}
 	return lw.tw.Close()
+}
+
+// header writes hdr, unless only counting.
+func (lw *layerWriter) header(hdr *tar.Header) error {
+	if lw.tw == nil {
+		return nil
+	}
+	return lw.tw.WriteHeader(hdr)
 }
 
 func (lw *layerWriter) charge(n int64) error {
@@ -195,7 +218,7 @@ func (lw *layerWriter) entry(dirfd int, rel, name string, depth int) error {
 			}
 		}
 		hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
-		if err := lw.tw.WriteHeader(hdr); err != nil {
+		if err := lw.header(hdr); err != nil {
 			return err
 		}
 		return lw.dir(sub, p+"/", depth+1)
@@ -209,11 +232,14 @@ func (lw *layerWriter) entry(dirfd int, rel, name string, depth int) error {
 			return fmt.Errorf("reading layer symlink /%s: %w", p, err)
 		}
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(buf[:n])
-		return lw.tw.WriteHeader(hdr)
+		return lw.header(hdr)
 	case unix.S_IFIFO:
 		hdr.Typeflag = tar.TypeFifo
-		return lw.tw.WriteHeader(hdr)
+		return lw.header(hdr)
 	case unix.S_IFREG:
+		if lw.tw == nil { // counting only
+			return lw.charge(st.Size)
+		}
 		return lw.file(dirfd, name, hdr)
 	default:
 		return nil // sockets, block devices: nothing to keep
