@@ -268,7 +268,9 @@ type auditQuerier interface {
 // Usage reports the usage of the live sandboxes and, from the audit
 // trail's sandbox.usage records, of the killed ones (within the trail's
 // retention) matching f, with totals per key. A sandbox's figures are
-// over its whole life, not cut to [Since, Until].
+// over its whole life, not cut to [Since, Until]. Asked for one running
+// sandbox, its figures are read afresh; else they are as of the last
+// reading (SampleEvery).
 func (m *Manager) Usage(ctx context.Context, f UsageFilter) (*UsageReport, error) {
 	now := m.now().UTC()
 	rep := &UsageReport{Sandboxes: []Usage{}, Keys: []KeyUsage{}}
@@ -282,6 +284,9 @@ func (m *Manager) Usage(ctx context.Context, f UsageFilter) (*UsageReport, error
 	m.mu.Unlock()
 	seen := map[string]bool{}
 	for _, e := range live {
+		if f.Sandbox != "" {
+			e.sample(now) // one sandbox asked for: its figures as of now
+		}
 		e.mu.Lock()
 		u := e.use.snapshot(now)
 		u.SandboxID, u.Template, u.State = e.info.ID, e.info.TemplateID, string(e.info.State)
