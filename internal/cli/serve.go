@@ -113,8 +113,10 @@ SIGINT or SIGTERM.`,
 			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
 				return usagef("--timeout and --max-sandboxes must be above zero")
 			}
-			if o.ForensicsBudget, err = parseBytes(forensicsBudget); err != nil || o.ForensicsBudget <= 0 {
-				return usagef("--forensics-budget must be a size above zero such as 500MiB or 2GiB, got %q", forensicsBudget)
+			if forensicsBudget != "" {
+				if o.ForensicsBudget, err = parseBytes(forensicsBudget); err != nil || o.ForensicsBudget <= 0 {
+					return usagef("--forensics-budget must be a size above zero such as 500MiB or 2GiB, got %q", forensicsBudget)
+				}
 			}
 			o.NoAudit = !auditOn
 			o.Limits = limits
@@ -151,7 +153,7 @@ SIGINT or SIGTERM.`,
 	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
 	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
 	fs.DurationVar(&o.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
-	fs.StringVar(&forensicsBudget, "forensics-budget", "2GiB", "disk the kept filesystem changes may take in all, oldest dropped first (e.g. 500MiB, 2GiB)")
+	fs.StringVar(&forensicsBudget, "forensics-budget", "", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	fs.BoolVar(&auditOn, "audit", true, "keep the audit trail (off only to measure its cost)")
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
