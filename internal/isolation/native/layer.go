@@ -47,7 +47,7 @@ func (s *sandbox) LayerSize(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	defer unix.Close(fd)
-	lw := &layerWriter{ctx: ctx, left: math.MaxInt64}
+	lw := newLayerWriter(ctx, nil, math.MaxInt64)
 	if err := lw.dir(fd, "", 0); err != nil {
 		return 0, err
 	}
@@ -103,9 +103,15 @@ type layerWriter struct {
 	whiteouts bytes.Buffer
 }
 
-func writeLayer(ctx context.Context, root int, w io.Writer, limit int64) error {
-	lw := &layerWriter{ctx: ctx, tw: tar.NewWriter(w), left: limit}
+// newLayerWriter writes to tw, or only counts when tw is nil.
+func newLayerWriter(ctx context.Context, tw *tar.Writer, limit int64) *layerWriter {
+	lw := &layerWriter{ctx: ctx, tw: tw, left: limit}
 	lw.whiteouts.WriteString("# paths deleted (whiteouts) or made opaque in this sandbox, against its template\n")
+	return lw
+}
+
+func writeLayer(ctx context.Context, root int, w io.Writer, limit int64) error {
+	lw := newLayerWriter(ctx, tar.NewWriter(w), limit)
 	if err := lw.dir(root, "", 0); err != nil {
 		return err
 	}
