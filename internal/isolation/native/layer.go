@@ -156,12 +156,12 @@ func quote(p string) string {
 }
 
 // dir writes the entries of the directory fd (the layer's path rel).
+// Its names are read a batch at a time (memory stays bounded however
+// many a directory holds), sorted within each batch.
 func (lw *layerWriter) dir(fd int, rel string, depth int) error {
 	if depth > maxLayerDepth {
-		return fmt.Errorf("%w: directories nest deeper than %d", forensics.ErrTooLarge, maxLayerDepth)
-	}
-	if err := lw.ctx.Err(); err != nil {
-		return err
+		lw.whiteouts.WriteString("# not exported: /" + quote(rel) + " (nested deeper than " + strconv.Itoa(maxLayerDepth) + " directories)\n")
+		return nil
 	}
 	// Read the names through a duplicate: os.File owns (and closes) it.
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -169,22 +169,29 @@ func (lw *layerWriter) dir(fd int, rel string, depth int) error {
 		return fmt.Errorf("reading layer directory /%s: %w", rel, err)
 	}
 	f := os.NewFile(uintptr(dup), rel)
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("reading layer directory /%s: %w", rel, err)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		if rel == "" && name == ".whiteouts" {
-			lw.whiteouts.WriteString("# /.whiteouts of the sandbox itself is not exported (the name is this list's)\n")
-			continue
-		}
-		if err := lw.entry(fd, rel, name, depth); err != nil {
+	defer f.Close()
+	for {
+		if err := lw.ctx.Err(); err != nil {
 			return err
 		}
+		names, err := f.Readdirnames(1024)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading layer directory /%s: %w", rel, err)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			if rel == "" && name == ".whiteouts" {
+				lw.whiteouts.WriteString("# /.whiteouts of the sandbox itself is not exported (the name is this list's)\n")
+				continue
+			}
+			if err := lw.entry(fd, rel, name, depth); err != nil {
+				return err
+			}
+		}
 	}
-	return nil
 }
 
 func (lw *layerWriter) entry(dirfd int, rel, name string, depth int) error {
