@@ -145,6 +145,26 @@ func TestForensicsExport(t *testing.T) {
 		t.Errorf("changes/opt/fifo = %+v, want a fifo", h)
 	}
 
+	// Paused: its layer is read all the same, and the pause is accounted;
+	// it is then killed paused.
+	if err := d.Client.Pause(ctxT(t), sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	r := d.do(t, "GET", "/sandboxes/"+sb.ID()+"/export", d.Key, nil, nil)
+	if r.Status != 200 {
+		t.Fatalf("export of the paused sandbox: %d %s", r.Status, r.Body)
+	}
+	paused := readExport(t, strings.NewReader(string(r.Body)))
+	paused.check(t, sb.ID(), "paused", secret)
+	var pu sandbox.UsageReport
+	if err := d.Client.Usage(ctxT(t), map[string][]string{"sandbox": {sb.ID()}}, &pu); err != nil {
+		t.Fatal(err)
+	}
+	if len(pu.Sandboxes) != 1 || pu.Sandboxes[0].PausedSeconds < 0.9 || pu.Sandboxes[0].RunningSeconds <= 0 {
+		t.Errorf("usage of the paused sandbox: %+v, want a second or more paused", pu.Sandboxes)
+	}
+
 	if err := sb.Kill(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
