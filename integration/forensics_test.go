@@ -187,6 +187,14 @@ func TestForensicsExport(t *testing.T) {
 	if r := d.do(t, "GET", "/sandboxes/zz"+randHex(6)+"/export", d.Key, nil, nil); r.Status != 404 {
 		t.Errorf("export of an unknown sandbox: %d %s, want 404", r.Status, r.Body)
 	}
+	for _, q := range []string{"since=yesterday", "until=-1h", "sandbox=../x", "sandbox=ABC"} {
+		if r := d.do(t, "GET", "/usage?"+q, d.Key, nil, nil); r.Status != 400 {
+			t.Errorf("GET /usage?%s: %d %s, want 400", q, r.Status, r.Body)
+		}
+	}
+	if r := d.do(t, "GET", "/usage", "", nil, nil); r.Status != 401 {
+		t.Errorf("usage without the API key: %d, want 401", r.Status)
+	}
 	if r := d.do(t, "GET", "/sandboxes/"+sb.ID()+"/export", "", nil, nil); r.Status != 401 {
 		t.Errorf("export without the API key: %d, want 401", r.Status)
 	}
