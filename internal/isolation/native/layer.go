@@ -77,14 +77,20 @@ func (s *sandbox) openUpper() (int, error) {
 	return fd, nil
 }
 
+// archiveTimeout bounds archiving one killed sandbox's layer.
+const archiveTimeout = 2 * time.Minute
+
 // archiveLayer keeps the layer of a killed sandbox in the backend's
-// forensics archive, if it has one; called by release before the layer
-// goes.
-func (s *sandbox) archiveLayer(ctx context.Context) {
+// forensics archive, if it has one: called by Kill's background release
+// once no process of the sandbox runs, before the layer goes, with its own
+// time budget (the release's is left whole).
+func (s *sandbox) archiveLayer() {
 	a := s.b.opts.Forensics
-	if a == nil || !s.archive {
+	if a == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), archiveTimeout)
+	defer cancel()
 	fd, err := s.openUpper()
 	if err != nil {
 		s.b.log.Warn("archiving a killed sandbox's layer", "sandbox_id", s.id, "err", err)

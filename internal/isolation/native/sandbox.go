@@ -87,9 +87,6 @@ type sandbox struct {
 	// layer; layerGone is set once it is released.
 	layerMu   sync.RWMutex
 	layerGone bool
-	// archive is set by Kill: release keeps the layer in the forensics
-	// archive (Options.Forensics) before removing it.
-	archive bool
 }
 
 var (
@@ -703,10 +700,10 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
 			return
 		}
-		s.archive = true
 		s.b.closing.Go(func() {
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
+			s.archiveLayer()
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			if err := s.release(ctx); err != nil {
@@ -843,7 +840,6 @@ func (s *sandbox) release(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
 	}
-	s.archiveLayer(ctx)
 	s.layerMu.Lock()
 	s.layerGone = true
 	if s.diskFD >= 0 {
