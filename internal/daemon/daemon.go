@@ -263,6 +263,7 @@ func Serve(ctx context.Context, opts Options) error {
 			cmp.Or(opts.ForensicsRetention, forensics.DefaultRetention), opts.ForensicsBudget); err != nil {
 			return err
 		}
+		go archive.PruneEvery(ctx, 10*time.Minute)
 	}
 	// The egress gateway: its CA lives in the data dir (key 0600, never in
 	// a sandbox); every sandbox trusts the CA's certificate. mgr is set

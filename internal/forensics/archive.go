@@ -18,6 +18,7 @@ package forensics
 
 import (
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -158,6 +159,21 @@ type gzReadCloser struct {
 }
 
 func (g gzReadCloser) Close() error { return errors.Join(g.Reader.Close(), g.f.Close()) }
+
+// PruneEvery prunes every interval until ctx is done: expired archives
+// go even when no sandbox is killed.
+func (a *Archive) PruneEvery(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.Prune()
+		}
+	}
+}
 
 // Prune removes expired archives, then the oldest while over the budget.
 func (a *Archive) Prune() {
