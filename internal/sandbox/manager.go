@@ -577,7 +577,7 @@ func (m *Manager) watch(e *entry) {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
 		m.record(ctx, audit.TypeKill, e.box.ID(), map[string]any{"reason": "exited"})
-		m.finishUsage(ctx, e, true)
+		m.finishUsage(ctx, e)
 		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
 		m.markKilled(ctx, e.box.ID())
 	}
@@ -607,7 +607,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		var wg sync.WaitGroup
 		for _, e := range all {
 			wg.Go(func() {
-				m.finishUsage(ctx, e, true)
+				m.finishUsage(ctx, e)
 				m.killBox(ctx, e.box)
 				m.markKilled(ctx, e.box.ID())
 			})

@@ -236,10 +236,8 @@ func (m *Manager) recentActor(id string) (string, bool) {
 
 // finishUsage takes a last reading of a sandbox being killed (its cgroup
 // still there) and records its usage in the audit trail.
-func (m *Manager) finishUsage(ctx context.Context, e *entry, final bool) {
-	if final {
-		e.sample(m.now())
-	}
+func (m *Manager) finishUsage(ctx context.Context, e *entry) {
+	e.sample(m.now())
 	now := m.now().UTC()
 	e.mu.Lock()
 	u := e.use.snapshot(now)
