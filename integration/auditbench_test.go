@@ -57,6 +57,9 @@ func TestAuditOverhead(t *testing.T) {
 	elapsed := time.Since(start)
 	time.Sleep(6 * time.Second) // a checkpoint's worth: what was queued is committed
 	records := count() - before
+	if out, _, _ := runFence(t, nil, nil, "audit", "export", "--data-dir", off.DataDir, "--type", "process.start,process.end,sandbox.create"); strings.TrimSpace(out) != "" {
+		t.Errorf("the daemon with --audit=false recorded:\n%s", out)
+	}
 	p := func(l []time.Duration, q float64) time.Duration {
 		c := slices.Clone(l)
 		slices.Sort(c)
