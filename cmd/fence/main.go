@@ -70,6 +70,7 @@ func deps() cli.Deps {
 				},
 
 				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention,
+				ForensicsRetention: o.ForensicsRetention, ForensicsBudget: o.ForensicsBudget, NoAudit: o.NoAudit,
 			})
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {

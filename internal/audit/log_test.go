@@ -705,3 +705,23 @@ func TestOpenNoticesTruncation(t *testing.T) {
 		t.Fatalf("verify: %v", err)
 	}
 }
+
+// TestOutputSilentLeavesNoFile: a process that prints nothing costs no
+// file (nor its directory, nor an fsync at its end).
+func TestOutputSilentLeavesNoFile(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, func(o *Options) { o.NoSync = true })
+	o, err := l.Output("quiet", 7, "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := o.Sum(); s.Path != "" || s.Size != 0 || s.Kept != 0 {
+		t.Errorf("silent stream: %+v", s)
+	}
+	if _, err := os.Stat(filepath.Join(dir, LogDir, outputDir, "quiet")); !os.IsNotExist(err) {
+		t.Errorf("a silent process made its sandbox's output directory: %v", err)
+	}
+}

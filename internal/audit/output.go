@@ -37,8 +37,11 @@ type Output struct {
 	rel     string // path relative to the data dir
 	limit   int64
 
+	sub, name string // where the file goes, made at the first byte kept
+
 	mu     sync.Mutex
-	f      *os.File // nil once the budget is spent or a write failed
+	opened bool     // the file was made (or that failed)
+	f      *os.File // nil until the first byte kept, and once the budget is spent or a write failed
 	h      hash.Hash
 	size   int64
 	kept   int64
@@ -63,21 +66,34 @@ func (l *Log) Output(sandboxID string, pid int, stream string) (*Output, error) 
 	if !validStream.MatchString(stream) {
 		return nil, fmt.Errorf("audit: invalid stream name %q", stream)
 	}
+	// The file is made at the first byte kept: a process that writes
+	// nothing (most) costs no file, no directory walk and no fsync.
 	sub := path.Join(outputDir, sandboxID)
-	if err := l.root.MkdirAll(sub, 0o700); err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
 	name := fmt.Sprintf("%d-%d-%d.%s", l.opts.Now().UnixNano(), pid, outputSeq.Add(1), stream)
-	f, err := l.root.OpenFile(path.Join(sub, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	return &Output{l: l, sandbox: sandboxID, sub: sub, name: name, limit: l.opts.OutputPerProcess, h: sha256.New()}, nil
+}
+
+// open makes the stream's file; on failure nothing is kept.
+//
+// +checklocks:o.mu
+func (o *Output) open() {
+	o.opened = true
+	l := o.l
+	if err := l.root.MkdirAll(o.sub, 0o700); err != nil {
+		l.log.Warn("audit: keeping command output", "sandbox", o.sandbox, "err", err)
+		return
+	}
+	f, err := l.root.OpenFile(path.Join(o.sub, o.name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		l.log.Warn("audit: keeping command output", "sandbox", o.sandbox, "err", err)
+		return
 	}
 	l.outMu.Lock()
-	if _, ok := l.outUsed[sandboxID]; !ok {
-		l.outUsed[sandboxID] = dirSize(l.root.FS(), sub)
+	if _, ok := l.outUsed[o.sandbox]; !ok {
+		l.outUsed[o.sandbox] = dirSize(l.root.FS(), o.sub)
 	}
 	l.outMu.Unlock()
-	return &Output{l: l, sandbox: sandboxID, rel: filepath.Join(LogDir, sub, name), limit: l.opts.OutputPerProcess, f: f, h: sha256.New()}, nil
+	o.f, o.rel = f, filepath.Join(LogDir, o.sub, o.name)
 }
 
 func dirSize(fsys fs.FS, dir string) int64 {
@@ -100,6 +116,9 @@ func (o *Output) Write(p []byte) (int, error) {
 	}
 	o.h.Write(p)
 	o.size += int64(len(p))
+	if !o.opened && len(p) > 0 {
+		o.open()
+	}
 	if o.f == nil {
 		return len(p), nil
 	}
@@ -145,7 +164,7 @@ func (o *Output) Close() error {
 }
 
 // Sum is the stream's size, kept size, SHA-256 (of everything written so
-// far) and the stored file.
+// far) and the stored file ("" when nothing was written).
 func (o *Output) Sum() OutputSum {
 	o.mu.Lock()
 	defer o.mu.Unlock()

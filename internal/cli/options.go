@@ -78,6 +78,13 @@ type ServeOptions struct {
 	// AuditRetention is how long audit segments and kept command output
 	// stay; zero means 7 days, negative forever.
 	AuditRetention time.Duration
+	// ForensicsRetention is how long killed sandboxes' layers are kept for
+	// export (zero: 24h; negative: none); ForensicsBudget bounds them in
+	// all (zero: 2 GiB). NoAudit keeps no audit trail (hidden, to measure
+	// its cost).
+	ForensicsRetention time.Duration
+	ForensicsBudget    int64
+	NoAudit            bool
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

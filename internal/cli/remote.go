@@ -72,7 +72,7 @@ func parseTimeout(s string) (time.Duration, error) {
 func sandboxCmd() *cobra.Command {
 	group := groupCmd("sandbox", "Create, list and kill sandboxes on a daemon")
 	group.Aliases = []string{"sandboxes", "sb"}
-	group.AddCommand(sandboxCreateCmd(), sandboxListCmd(), sandboxKillCmd(), sandboxTimeoutCmd(), sandboxDownloadsCmd())
+	group.AddCommand(sandboxCreateCmd(), sandboxListCmd(), sandboxKillCmd(), sandboxTimeoutCmd(), sandboxDownloadsCmd(), sandboxExportCmd())
 	return group
 }
 

@@ -58,6 +58,8 @@ func serveCmd(deps Deps) *cobra.Command {
 	var o ServeOptions
 	var lim limitFlags
 	var denyCIDRs []string
+	var forensicsBudget string
+	auditOn := true
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -109,6 +111,12 @@ SIGINT or SIGTERM.`,
 			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
 				return usagef("--timeout and --max-sandboxes must be above zero")
 			}
+			if forensicsBudget != "" {
+				if o.ForensicsBudget, err = parseBytes(forensicsBudget); err != nil || o.ForensicsBudget <= 0 {
+					return usagef("--forensics-budget must be a size above zero such as 500MiB or 2GiB, got %q", forensicsBudget)
+				}
+			}
+			o.NoAudit = !auditOn
 			o.Limits = limits
 			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
 			o.APIKey = os.Getenv("FENCE_API_KEY")
@@ -142,7 +150,10 @@ SIGINT or SIGTERM.`,
 	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
 	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
 	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
-	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout"} {
+	fs.DurationVar(&o.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
+	fs.StringVar(&forensicsBudget, "forensics-budget", "", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
+	fs.BoolVar(&auditOn, "audit", true, "keep the audit trail (off only to measure its cost)")
+	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
 	}
 	return cmd

@@ -13,6 +13,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -35,6 +36,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
@@ -104,6 +106,15 @@ type Options struct {
 	// AuditRetention is how long audit records and kept command output
 	// stay; zero means 7 days, negative forever.
 	AuditRetention time.Duration
+	// ForensicsRetention is how long the writable layer of a killed
+	// sandbox is kept for export (DATA-DIR/forensics); zero means
+	// forensics.DefaultRetention, negative keeps none.
+	ForensicsRetention time.Duration
+	// ForensicsBudget bounds the kept layers in all, oldest dropped first;
+	// zero means forensics.DefaultBudget.
+	ForensicsBudget int64
+	// NoAudit keeps no audit trail (for measuring its cost only).
+	NoAudit bool
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is
@@ -242,13 +253,24 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("opening download log: %w", err)
 	}
 	flows := newFlowRecorder(log, reg)
-	flows.audit = auditLog
+	// sources are what the event sources get: the log, or nothing with
+	// NoAudit (the log stays open, empty, for a clean start and stop).
+	sources := auditSources(auditLog, opts.NoAudit)
+	flows.audit = sources.sink
+	var archive *forensics.Archive
+	if opts.ForensicsRetention >= 0 {
+		if archive, err = forensics.OpenArchive(filepath.Join(opts.DataDir, "forensics"),
+			cmp.Or(opts.ForensicsRetention, forensics.DefaultRetention), opts.ForensicsBudget); err != nil {
+			return err
+		}
+		go archive.PruneEvery(ctx, 10*time.Minute)
+	}
 	// The egress gateway: its CA lives in the data dir (key 0600, never in
 	// a sandbox); every sandbox trusts the CA's certificate. mgr is set
 	// below, before any sandbox can be handed out.
 	var mgr *sandbox.Manager
 	gwRec := newGatewayRecorder(flows, log, reg, downloadLog)
-	gwRec.audit = auditLog
+	gwRec.audit = sources.sink
 	defer gwRec.close()
 	gw, caPEM, err := newGateway(opts, secretStore, gwRec, log)
 	if err != nil {
@@ -272,6 +294,7 @@ func Serve(ctx context.Context, opts Options) error {
 		DiskPool:     4,
 		DNSUpstream:  opts.DNSUpstream,
 		NetBandwidth: opts.NetBandwidth,
+		Forensics:    archive,
 		Defaults: isolation.Limits{
 			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
 			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
@@ -294,16 +317,19 @@ func Serve(ctx context.Context, opts Options) error {
 
 		AllowInternetByDefault: opts.AllowInternet,
 		InspectByDefault:       opts.Inspect,
-		Audit:                  auditLog,
+		Audit:                  sources.sink,
 		Secrets:                secretStore,
 		CAEnv:                  native.CAEnv(),
 		HostAddrs:              backend.HostAddrs(),
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
+		Forensics:              layerArchive(archive),
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
+	flows.usage = mgr.AddEgress
+	registerUsageMetrics(reg, mgr)
 	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
 	if err := mgr.Start(ctx); err != nil {
@@ -343,8 +369,8 @@ func Serve(ctx context.Context, opts Options) error {
 			BodyIdleTimeout: timeouts.BodyIdle,
 			Secrets:         secretStore,
 			Downloads:       downloadLog,
-			Audit:           auditLog,
-			Outputs:         auditOutputs{auditLog},
+			Audit:           sources.log,
+			Outputs:         sources.outputs,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.

@@ -36,6 +36,8 @@ type flowRecorder struct {
 
 	// audit, if set, gets every flow event.
 	audit audit.Sink
+	// usage, if set, counts each sandbox's egress bytes.
+	usage func(id string, out, in int64)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -68,6 +70,9 @@ func (r *flowRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 	r.flows.Add(1, "proto", ev.Proto, "decision", decision)
 	if r.audit != nil {
 		r.audit.Append(ctx, flowAudit(ev, decision))
+	}
+	if r.usage != nil && ev.SandboxID != "" {
+		r.usage(ev.SandboxID, ev.BytesOut, ev.BytesIn)
 	}
 	r.bytes.Add(ev.BytesOut, "direction", "out")
 	r.bytes.Add(ev.BytesIn, "direction", "in")

@@ -25,6 +25,8 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/downloads", h.sandboxDownloads)
 	mux.HandleFunc("GET /sandboxes/{id}/logs", h.sandboxLogsV1)
 	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", h.sandboxLogsV2)
+	mux.HandleFunc("GET /sandboxes/{id}/export", h.export)
+	mux.HandleFunc("GET /usage", h.usage)
 	mux.HandleFunc("GET /audit", h.auditQuery)
 	mux.HandleFunc("GET /audit/stream", h.auditStream)
 	mux.HandleFunc("POST /secrets", h.createSecret)

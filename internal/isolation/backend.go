@@ -20,6 +20,7 @@ package isolation
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"time"
 
@@ -102,6 +103,21 @@ type EgressSetter interface {
 type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
+}
+
+// LayerReader is implemented by sandboxes whose writable layer (what the
+// sandbox changed against its template) the daemon can read, running or
+// paused, for a forensics export.
+//
+// ExportLayer writes the layer as an uncompressed tar whose entries are
+// all under changes/: files, directories, symlinks (as symlinks, never
+// followed) and fifos, with the deleted paths (whiteouts) listed in
+// changes/.whiteouts. More than limit bytes is an error. LayerSize is
+// what ExportLayer would write (headers included) without reading the
+// files, for a clear error before an export starts.
+type LayerReader interface {
+	ExportLayer(ctx context.Context, w io.Writer, limit int64) error
+	LayerSize(ctx context.Context) (int64, error)
 }
 
 // Stats is a point-in-time resource reading of a sandbox, from the host side.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,23 @@ type family struct {
 	mu               sync.Mutex
 	series           map[string]*atomic.Int64 // rendered labels → value
 	fn               func() int64             // for GaugeFunc and CounterFunc
+	vec              func() []Value           // for CounterVecFunc
+}
+
+// Value is one series of a CounterVecFunc: its label pairs and value.
+type Value struct {
+	Labels []string
+	V      float64
+}
+
+// CounterVecFunc registers a counter whose series fn reports at scrape
+// time (fractional values allowed); no series may ever decrease, and the
+// labels must have a bounded set of values.
+func (r *Registry) CounterVecFunc(name, help string, fn func() []Value) {
+	f := r.family(name, help, "counter")
+	f.mu.Lock()
+	f.vec = fn
+	f.mu.Unlock()
 }
 
 // New returns an empty Registry.
@@ -115,6 +133,17 @@ func (r *Registry) WriteTo(w io.Writer) (int64, error) {
 		f.mu.Lock()
 		if f.fn != nil {
 			fmt.Fprintf(&b, "%s %d\n", f.name, f.fn())
+		}
+		if f.vec != nil {
+			vals := f.vec()
+			lines := make([]string, 0, len(vals))
+			for _, v := range vals {
+				lines = append(lines, fmt.Sprintf("%s%s %s\n", f.name, render(v.Labels), strconv.FormatFloat(v.V, 'g', -1, 64)))
+			}
+			slices.Sort(lines)
+			for _, l := range lines {
+				b.WriteString(l)
+			}
 		}
 		keys := make([]string, 0, len(f.series))
 		for k := range f.series {

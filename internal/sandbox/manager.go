@@ -110,6 +110,9 @@ type Options struct {
 	// CAEnv are variables every sandbox gets (under its own envVars) so
 	// that its tools trust the egress gateway's CA.
 	CAEnv map[string]string
+	// Forensics, if set, gives the archived layers of killed sandboxes
+	// for Export.
+	Forensics LayerArchive
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
@@ -135,6 +138,7 @@ type Manager struct {
 	allowInternetByDefault bool
 	inspectByDefault       bool
 	audit                  audit.Sink
+	forensics              LayerArchive
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
@@ -169,6 +173,11 @@ type Manager struct {
 	pooled int // sandboxes started ahead of demand (PoolBudget units)
 	// +checklocks:mu
 	dying int // sandboxes out of running whose kill has not returned yet
+
+	keys     keyTotals // usage per key (usage.go)
+	recentMu sync.Mutex
+	// +checklocks:recentMu
+	recent map[string]string // killed sandbox → its key, for late flows
 }
 
 // entry is one live (running or paused) sandbox.
@@ -189,6 +198,9 @@ type entry struct {
 	net *netconf.Config // the compiled network in force
 	// +checklocks:mu
 	runDone chan struct{} // closed when the current run ends by a pause
+	// +checklocks:mu
+	use  usageAcc   // what it used (usage.go)
+	keys *keyTotals // its key's counters: the Manager's
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -224,6 +236,7 @@ func New(opts Options) (*Manager, error) {
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		inspectByDefault:       opts.InspectByDefault,
 		audit:                  opts.Audit,
+		forensics:              opts.Forensics,
 		secrets:                opts.Secrets,
 		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
@@ -514,7 +527,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info, net: nc, timeout: timeout, runDone: make(chan struct{})}
+	e := &entry{box: box, info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
+		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
 	m.mu.Lock()
 	m.pending--
 	registered = true
@@ -569,6 +583,7 @@ func (m *Manager) watch(e *entry) {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
 		m.record(ctx, audit.TypeKill, e.box.ID(), map[string]any{"reason": "exited"})
+		m.finishUsage(ctx, e)
 		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
 		m.markKilled(ctx, e.box.ID())
 	}
@@ -598,6 +613,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		var wg sync.WaitGroup
 		for _, e := range all {
 			wg.Go(func() {
+				m.finishUsage(ctx, e)
 				m.killBox(ctx, e.box)
 				m.markKilled(ctx, e.box.ID())
 			})

@@ -203,6 +203,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	if !ok {
 		return notFound(id)
 	}
+	m.finishUsage(ctx, e)
 	m.killRemoved(ctx, e.box)
 	m.markKilled(ctx, id)
 	m.record(ctx, audit.TypeKill, id, map[string]any{"reason": reason})

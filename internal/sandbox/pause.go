@@ -70,6 +70,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	}
 	e.mu.Lock()
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
+	e.use.mark(now, true)
 	e.mu.Unlock()
 	m.nudge()
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
@@ -189,6 +190,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.info.State = StateRunning
 	e.info.StartedAt = now
 	e.info.EndAt = end
+	e.use.mark(now, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
 	m.nudge()

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fencesandbox/fence/internal/forensics"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -90,6 +91,9 @@ type Options struct {
 	// sandbox, as `fence agent`. Empty means the running executable. It
 	// must be a static binary (CGO_ENABLED=0): templates carry no libc.
 	Executable string
+	// Forensics, if set, keeps the writable layer of each killed sandbox
+	// (archived in the background release, never on the kill's path).
+	Forensics *forensics.Archive
 	// Logger receives diagnostics, including the first bytes each sandbox's
 	// init writes to stderr. Nil discards.
 	Logger *slog.Logger

@@ -82,6 +82,11 @@ type sandbox struct {
 	paused atomic.Bool
 	// +checklocks:pmu
 	killed bool
+
+	// layerMu guards diskFD against release while an export opens the
+	// layer; layerGone is set once it is released.
+	layerMu   sync.RWMutex
+	layerGone bool
 }
 
 var (
@@ -698,6 +703,7 @@ func (s *sandbox) Kill(ctx context.Context) error {
 		s.b.closing.Go(func() {
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
+			s.archiveLayer()
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			if err := s.release(ctx); err != nil {
@@ -834,10 +840,13 @@ func (s *sandbox) release(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
 	}
+	s.layerMu.Lock()
+	s.layerGone = true
 	if s.diskFD >= 0 {
 		unix.Close(s.diskFD)
 		s.diskFD = -1
 	}
+	s.layerMu.Unlock()
 	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
 		errs = append(errs, err)
 	}

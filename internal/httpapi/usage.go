@@ -1,0 +1,76 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/forensics"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+// UsageManager is implemented by managers that account usage and export
+// sandboxes (*sandbox.Manager).
+type UsageManager interface {
+	Usage(ctx context.Context, f sandbox.UsageFilter) (*sandbox.UsageReport, error)
+	Export(ctx context.Context, id string) (*forensics.Bundle, error)
+}
+
+var _ UsageManager = (*sandbox.Manager)(nil)
+
+// usage is GET /usage?sandbox=&since=&until=: per-sandbox usage rows and
+// totals per API key.
+func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
+	um, ok := h.m.(UsageManager)
+	if !ok {
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon accounts no usage"))
+		return
+	}
+	f, err := h.auditFilter(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if id := f.Sandbox; id != "" && !sandbox.ValidID(id) {
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "invalid sandbox id %q", id))
+		return
+	}
+	rep, err := um.Usage(r.Context(), sandbox.UsageFilter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// export is GET /sandboxes/{id}/export: the sandbox's forensics tar.gz.
+// Every error comes before the first byte; one while streaming aborts
+// the response, so a client never takes a cut archive for a whole one.
+func (h *handler) export(w http.ResponseWriter, r *http.Request) {
+	id, err := sandboxID(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	um, ok := h.m.(UsageManager)
+	if !ok {
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon cannot export sandboxes"))
+		return
+	}
+	b, err := um.Export(r.Context(), id)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/gzip")
+	w.Header().Set("Content-Disposition", `attachment; filename="fence-`+id+`.tar.gz"`)
+	w.WriteHeader(http.StatusOK)
+	if err := forensics.Write(r.Context(), w, *b); err != nil {
+		h.log.WarnContext(r.Context(), "exporting sandbox", "sandbox_id", id, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	if h.sink != nil {
+		h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: "sandbox.export", SandboxID: id, Actor: h.keyActor})
+	}
+}

@@ -1,0 +1,93 @@
+package native_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/forensics"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+)
+
+// TestExportLayer: a running sandbox's layer is read through the
+// backend (its host mount is detached): a symlink to the host's root is
+// kept as a symlink and nothing below it is read, the cap is a clear
+// ErrTooLarge that LayerSize predicts, and at kill the layer is archived.
+func TestExportLayer(t *testing.T) {
+	archive, err := forensics.OpenArchive(filepath.Join(t.TempDir(), "forensics"), time.Hour, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBackendWith(t, native.Options{Forensics: archive})
+	sb := create(t, b, isolation.Spec{})
+	r := run(t, sb, "root", "/bin/sh", "-c", "mkdir -p /opt && ln -s / /opt/hostroot && dd if=/dev/zero of=/opt/big bs=1M count=2 2>/dev/null && echo ok")
+	if r.stdout != "ok\n" {
+		t.Fatalf("setup: %q %q", r.stdout, r.stderr)
+	}
+	lr := sb.(isolation.LayerReader)
+	size, err := lr.LayerSize(t.Context())
+	if err != nil || size < 2<<20 || size > 4<<20 {
+		t.Fatalf("LayerSize = %d, %v; want a little over 2 MiB", size, err)
+	}
+	if err := lr.ExportLayer(t.Context(), io.Discard, 1<<20); !errors.Is(err, forensics.ErrTooLarge) {
+		t.Errorf("ExportLayer over the cap: %v, want ErrTooLarge", err)
+	}
+	var buf bytes.Buffer
+	if err := lr.ExportLayer(t.Context(), &buf, size); err != nil {
+		t.Fatalf("ExportLayer at LayerSize: %v", err)
+	}
+	names := tarNames(t, &buf)
+	if h := names["changes/opt/hostroot"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "/" {
+		t.Errorf("changes/opt/hostroot = %+v, want a symlink to /", h)
+	}
+	for n := range names {
+		if len(n) > len("changes/opt/hostroot/") && n[:len("changes/opt/hostroot/")] == "changes/opt/hostroot/" {
+			t.Errorf("the symlink was followed: %s", n)
+		}
+	}
+	if h := names["changes/opt/big"]; h == nil || h.Size != 2<<20 {
+		t.Errorf("changes/opt/big = %+v", h)
+	}
+	if err := sb.Kill(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var rc io.ReadCloser
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if rc, err = archive.Open(sb.ID()); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("the killed sandbox's layer is not archived: %v", err)
+	}
+	defer rc.Close()
+	if h := tarNames(t, rc)["changes/opt/hostroot"]; h == nil || h.Typeflag != tar.TypeSymlink {
+		t.Errorf("archived changes/opt/hostroot = %+v", h)
+	}
+	if _, err := lr.LayerSize(t.Context()); err == nil {
+		t.Errorf("LayerSize after kill succeeds")
+	}
+}
+
+func tarNames(t *testing.T, r io.Reader) map[string]*tar.Header {
+	t.Helper()
+	out := map[string]*tar.Header{}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[h.Name] = h
+	}
+}
