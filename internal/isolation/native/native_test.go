@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -47,6 +48,11 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 	opts.StateDir = filepath.Join(dir, "state")
 	opts.Instance = "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
 	opts.Executable = testutil.FenceBinary(t)
+	if opts.Logger == nil {
+		// What a sandbox's init and agent print on stderr before dying
+		// shows up with a failure.
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	b, err := native.New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("native.New: %v", err)

@@ -55,14 +55,17 @@ type bindTarget struct {
 
 // sandbox is one running native sandbox.
 type sandbox struct {
-	b     *Backend
-	id    string
-	sock  string
-	slot  *slot
-	cg    *cgroup.Group
-	cmd   *exec.Cmd
-	ln    *net.UnixListener
-	limit isolation.Limits
+	b    *Backend
+	id   string
+	sock string
+	slot *slot
+	cg   *cgroup.Group
+	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
+	// release goroutine alone).
+	cgRemoved bool
+	cmd       *exec.Cmd
+	ln        *net.UnixListener
+	limit     isolation.Limits
 
 	net *egress.Stack // the sandbox's network; nil until made
 	// diskDir is the writable layer's mount point on the host while the
@@ -703,9 +706,12 @@ func (s *sandbox) Kill(ctx context.Context) error {
 		s.b.closing.Go(func() {
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
-			s.archiveLayer()
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
+			// The cgroup goes first: the sandbox no longer exists for the
+			// host's accounting while its layer is archived.
+			s.removeCgroup(ctx)
+			s.archiveLayer()
 			if err := s.release(ctx); err != nil {
 				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)
 			}
@@ -835,7 +841,7 @@ func (s *sandbox) release(ctx context.Context) error {
 			}
 		})
 	}
-	if s.cg != nil {
+	if s.cg != nil && !s.cgRemoved {
 		if err := s.cg.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
@@ -855,6 +861,17 @@ func (s *sandbox) release(ctx context.Context) error {
 	delete(s.b.live, s.id)
 	s.b.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// removeCgroup removes the cgroup of a killed sandbox ahead of the rest
+// of its release; a failure is left to release, which tries again.
+func (s *sandbox) removeCgroup(ctx context.Context) {
+	if s.cg == nil {
+		return
+	}
+	if err := s.cg.Remove(ctx); err == nil {
+		s.cgRemoved = true
+	}
 }
 
 // limitedLog forwards the first bytes a sandbox's init and agent write to
