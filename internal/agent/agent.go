@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -52,6 +54,7 @@ type Options struct {
 // SIG_IGN, so the processes the agent starts get the default disposition
 // back at exec.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
+	spareThreads(spareThreadCount)
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, ignoredSignals...)
 	defer func() {
@@ -189,4 +192,34 @@ func build(opts Options) *built {
 		procs.Close()
 		files.Close()
 	}}
+}
+
+// spareThreadCount is how many idle OS threads the agent keeps beyond what
+// it has started with. Each costs one task of the sandbox's pids budget
+// and about 40 KB of host memory.
+const spareThreadCount = 4
+
+// spareThreads makes the Go runtime start n more OS threads now and keep
+// them idle. The agent's threads count against the sandbox's pids limit: a
+// workload that takes every task left (a fork bomb at the limit) would
+// otherwise find the runtime needing one more thread at that moment, and
+// a Go program that cannot make a thread dies ("failed to create new OS
+// thread"), taking the sandbox with it. The runtime reuses idle threads
+// before it makes new ones, and never ends one that was unlocked.
+func spareThreads(n int) {
+	var locked, release sync.WaitGroup
+	locked.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			// Locked, the goroutine keeps its thread while it waits, so
+			// each of the n takes a thread of its own.
+			runtime.LockOSThread()
+			locked.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	locked.Wait()
+	release.Done()
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -338,11 +339,12 @@ func TestPidsLimitHoldsForkBomb(t *testing.T) {
 	if st.Pids > 64 || st.Pids < 10 {
 		t.Errorf("cgroup pids = %d after the fork loop, want the limit to hold it at ≤ 64", st.Pids)
 	}
-	// Once the sleeps end the sandbox works again.
+	// Once the sleeps end the sandbox works again: the agent's own tasks
+	// (its threads, spares included) are all that is left.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		st, _ := sb.Stats(t.Context())
-		if st.Pids < 10 {
+		if st.Pids < 16 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -502,5 +504,37 @@ func TestSudo(t *testing.T) {
 	r = runIn(t, sb, "nobody", "/tmp", "/bin/sh", "-c", "sudo id -un; echo rc=$?")
 	if !strings.Contains(r.stdout, "rc=1") || !strings.Contains(r.stderr, "not in the sudoers file") {
 		t.Errorf("sudo as nobody: stdout %q, stderr %q; want a refusal", r.stdout, r.stderr)
+	}
+}
+
+// TestAgentSurvivesPidsExhaustion: with every task of the sandbox's pids
+// budget taken by its workload, requests that make the agent busy (several
+// streams at once) must not need a thread the runtime cannot make: the
+// agent stays up and answers once the workload is gone.
+func TestAgentSurvivesPidsExhaustion(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{Pids: 48}})
+	// Fill the budget and keep it full for a while.
+	go run(t, sb, "root", "/bin/sh", "-c", "i=0; while [ $i -lt 200 ]; do sleep 4 & i=$((i+1)); done; wait")
+	time.Sleep(500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+			}}
+			if resp, err := hc.Get("http://agent/health"); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-sb.Done():
+		t.Fatal("the sandbox died while its workload held every task")
+	case <-time.After(5 * time.Second):
+	}
+	if r := run(t, sb, "root", "/bin/echo", "alive"); strings.TrimSpace(r.stdout) != "alive" {
+		t.Errorf("after the workload: %+v", r)
 	}
 }
