@@ -307,7 +307,8 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }
 
 type closeWriter interface{ CloseWrite() error }
 
-// countingConn counts the bytes written to it. Once held, closing it
+// countingConn counts the bytes written to it (offered, counted before
+// the write). Once held, closing it
 // does nothing (its copier is being stopped to hand the flow over).
 type countingConn struct {
 	net.Conn
@@ -324,9 +325,10 @@ func (c *countingConn) Close() error {
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	c.n.Add(int64(n))
-	return n, err
+	// Counted before they are written: whoever reads the count after the
+	// sandbox could have seen these bytes sees them counted.
+	c.n.Add(int64(len(b)))
+	return c.Conn.Write(b)
 }
 
 // CloseWrite half-closes the underlying connection.
