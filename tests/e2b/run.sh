@@ -71,8 +71,12 @@ export E2B_SANDBOX_URL="http://127.0.0.1:$port"
 unset E2B_DEBUG E2B_DOMAIN
 
 cd "$here"
-if [[ ! -d node_modules ]]; then
+# Installed again whenever package-lock.json changed since the last
+# install (a stamp of its hash is kept in node_modules).
+lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [[ ! -d node_modules || "$(cat node_modules/.fence-lock-sha256 2>/dev/null)" != "$lock_sum" ]]; then
 	npm ci --no-audit --no-fund
+	echo "$lock_sum" > node_modules/.fence-lock-sha256
 fi
 status=0
 if [[ "${1:-}" == --bench ]]; then
