@@ -270,6 +270,9 @@ func TestPausedDoesNotSurviveRestart(t *testing.T) {
 	if err := m1.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// m1 "crashes" below; its goroutines still stop before the store and
+	// its directory go.
+	defer m1.Shutdown(context.Background())
 	s, err := m1.Create(ctx, CreateRequest{TemplateID: "base"})
 	if err != nil {
 		t.Fatal(err)
