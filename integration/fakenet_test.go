@@ -506,18 +506,15 @@ func (c *loggingConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// selfSigned makes a certificate for every name of dnsZone.
-func selfSigned() (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
+// wanLeafTemplate is the template of the wan servers' certificate: every
+// name and address of the zone.
+func wanLeafTemplate(serial int64) *x509.Certificate {
 	var names []string
 	for n := range dnsZone() {
 		names = append(names, n)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
+	return &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
 		Subject:      pkix.Name{CommonName: "fence fake wan"},
 		DNSNames:     names,
 		IPAddresses:  []net.IP{net.ParseIP(wanIP), net.ParseIP(evilIP), net.ParseIP(wanIP6)},
@@ -526,6 +523,15 @@ func selfSigned() (tls.Certificate, error) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
+}
+
+// selfSigned makes a certificate for every name of dnsZone.
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := wanLeafTemplate(1)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -609,20 +615,7 @@ func writeWanPKI(dir string) error {
 	if err != nil {
 		return err
 	}
-	var names []string
-	for n := range dnsZone() {
-		names = append(names, n)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(11),
-		Subject:      pkix.Name{CommonName: "fence fake wan"},
-		DNSNames:     names,
-		IPAddresses:  []net.IP{net.ParseIP(wanIP), net.ParseIP(evilIP), net.ParseIP(wanIP6)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	tmpl := wanLeafTemplate(11)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
 		return err
