@@ -8,11 +8,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/fencesandbox/fence/internal/keyfile"
 )
 
 // Files in the data dir.
@@ -45,34 +45,14 @@ func keyID(pub ed25519.PublicKey) string {
 // atomically) if absent. A key that is a symlink, not a regular file, not
 // owned by this user or readable by group or others is refused.
 func loadOrCreateKey(path string) (ed25519.PrivateKey, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
+	b, err := keyfile.ReadPrivate(path, 256)
+	if errors.Is(err, fs.ErrNotExist) {
 		return createKey(path)
 	}
-	if errors.Is(err, unix.ELOOP) {
-		return nil, fmt.Errorf("audit key %s is a symlink: refused", path)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("opening audit key: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("audit key %s is not a regular file: refused", path)
-	}
-	if st.Mode&0o077 != 0 {
-		return nil, fmt.Errorf("audit key %s is readable by group or others (mode %#o): refused; chmod 600 it or remove it", path, st.Mode&0o777)
-	}
-	if int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("audit key %s is owned by uid %d, not %d: refused", path, st.Uid, os.Geteuid())
-	}
-	b := make([]byte, 256)
-	n, _ := f.Read(b)
-	seed, err := hex.DecodeString(strings.TrimSpace(string(b[:n])))
+	seed, err := hex.DecodeString(strings.TrimSpace(string(b)))
 	if err != nil || len(seed) != ed25519.SeedSize {
 		return nil, fmt.Errorf("audit key %s does not hold a hex Ed25519 seed", path)
 	}
@@ -84,35 +64,13 @@ func createKey(path string) (ed25519.PrivateKey, error) {
 	if _, err := rand.Read(seed); err != nil {
 		return nil, err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".audit-key-*")
+	err := keyfile.CreatePrivate(path, []byte(hex.EncodeToString(seed)+"\n"))
+	if errors.Is(err, fs.ErrExist) {
+		return loadOrCreateKey(path) // made meanwhile: use that one
+	}
 	if err != nil {
-		return nil, fmt.Errorf("creating audit key: %w", err)
+		return nil, fmt.Errorf("audit key: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	// CreateTemp makes it 0600 already; say so anyway.
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if _, err := tmp.WriteString(hex.EncodeToString(seed) + "\n"); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("writing audit key: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, err
-	}
-	// Link, not rename: a key that appeared meanwhile is never replaced.
-	if err := os.Link(tmp.Name(), path); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return loadOrCreateKey(path)
-		}
-		return nil, fmt.Errorf("installing audit key: %w", err)
-	}
-	syncDir(filepath.Dir(path))
 	return ed25519.NewKeyFromSeed(seed), nil
 }
 
@@ -135,36 +93,7 @@ func LoadPublicKey(path string) (ed25519.PublicKey, error) {
 }
 
 func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	syncDir(filepath.Dir(path))
-	return nil
+	return keyfile.WriteAtomic(path, b, mode)
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-}
+func syncDir(dir string) { keyfile.SyncDir(dir) }

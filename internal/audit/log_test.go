@@ -560,7 +560,7 @@ func TestRetention(t *testing.T) {
 func TestKeyRefused(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, KeyFile), []byte(strings.Repeat("ab", 32)+"\n"), 0o644)
-	if _, err := Open(Options{Dir: dir}); err == nil || !strings.Contains(err.Error(), "readable by group or others") {
+	if _, err := Open(Options{Dir: dir}); err == nil || !strings.Contains(err.Error(), "group and others must have no access") {
 		t.Fatalf("a 0644 key: %v", err)
 	}
 	dir2 := t.TempDir()

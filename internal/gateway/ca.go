@@ -12,16 +12,15 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/keyfile"
 )
 
 // CA file names inside the directory given to [LoadOrCreateCA].
@@ -81,8 +80,8 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 		return nil, fmt.Errorf("gateway CA: making %s: %w", dir, err)
 	}
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
-	keyPEM, keyErr := readPrivateFile(keyPath)
-	certPEM, certErr := readFileNoFollow(certPath)
+	keyPEM, keyErr := keyfile.ReadPrivate(keyPath, maxPEMFile)
+	certPEM, certErr := keyfile.ReadNoFollow(certPath, maxPEMFile)
 	switch {
 	case keyErr != nil && !errors.Is(keyErr, fs.ErrNotExist):
 		return nil, fmt.Errorf("gateway CA: %w", keyErr)
@@ -110,7 +109,7 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway CA: encoding key: %w", err)
 		}
-		if err := writeFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		if err := keyfile.WriteAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 			return nil, fmt.Errorf("gateway CA: %w", err)
 		}
 		key = k
@@ -120,7 +119,7 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 		return nil, fmt.Errorf("gateway CA: %w", err)
 	}
 	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
-	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+	if err := keyfile.WriteAtomic(certPath, certPEM, 0o644); err != nil {
 		return nil, fmt.Errorf("gateway CA: %w", err)
 	}
 	return newCA(cert, certPEM, key), nil
@@ -210,82 +209,6 @@ func parseKey(keyPEM []byte) (*ecdsa.PrivateKey, error) {
 		return k, nil
 	}
 	return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
-}
-
-// readPrivateFile reads a key file without following a symlink and
-// refuses one that is not a regular file or that group or others may
-// read or write.
-func readPrivateFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("stat %s: %w", path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("%s has mode %04o: group and others must have no access (chmod 600)", path, perm)
-	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("%s is owned by uid %d, not by the daemon's uid %d", path, sys.Uid, os.Geteuid())
-	}
-	return io.ReadAll(io.LimitReader(f, maxPEMFile))
-}
-
-func readFileNoFollow(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	return io.ReadAll(io.LimitReader(f, maxPEMFile))
-}
-
-// writeFileAtomic writes data to a temporary file in path's directory
-// with mode perm, syncs it and renames it over path, then syncs the
-// directory.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	ok = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }
 
 func randSerial() (*big.Int, error) {
