@@ -448,11 +448,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
 	}
+	var rt Runtime
+	if r, ok := m.templates.(Runtimer); ok {
+		rt, _ = r.Runtime(req.TemplateID)
+	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
 		Egress: createEgress(nc),
 		RootFS: rootfs,
 		Limits: limits,
-		Agent:  isolation.AgentConfig{EnvVars: env},
+		Agent:  isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -484,6 +488,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			m.gateways.Delete(id)
 		}
 	}()
+	// Start and ready commands run once the sandbox's egress gateway knows it.
+	if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("creating sandbox: %w", err)
+	}
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,

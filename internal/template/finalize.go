@@ -102,3 +102,9 @@ func writeRegular(p, data string, mode fs.FileMode) error {
 	}
 	return nil
 }
+
+// Finalize makes a tree built elsewhere (a template build's layer) fit to
+// be a shared read-only lower layer, as every template of this package
+// is: the mount-point directories exist and are empty, /etc/resolv.conf is
+// a regular file. It never follows a symlink found in the tree.
+func Finalize(rootfs string) error { return finalize(rootfs) }
