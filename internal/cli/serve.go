@@ -185,8 +185,9 @@ func templateCmd(deps Deps) *cobra.Command {
 	group := groupCmd("template", "Build the templates sandboxes start from")
 	var dataDir, tdir string
 	var force bool
+	var df dockerfileFlags
 	build := &cobra.Command{
-		Use:   "build minimal|base|code-interpreter",
+		Use:   "build minimal|base|code-interpreter | NAME -f Dockerfile",
 		Short: "Build a template",
 		Long: `Build a template, an immutable directory tree that sandboxes share
 read-only:
@@ -195,11 +196,19 @@ read-only:
   code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
            matplotlib, and the @e2b/code-interpreter server on port 49999
            (also answers to code-interpreter-v1)
-Progress goes to stderr. An existing template is kept unless --force.`,
+Progress goes to stderr. An existing template is kept unless --force.
+
+With -f, NAME is built from a Dockerfile by the running daemon (E2B's
+template build API): every RUN runs in a sandbox, egress limited to the
+package registries, layers cached; see docs/TEMPLATES.md.`,
 		Example: `  fence template build minimal
-  fence template build base --force`,
+  fence template build base --force
+  fence template build myapp -f Dockerfile --context .`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if df.file != "" {
+				return buildDockerfile(cmd.Context(), &df, dataDir, args[0], cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
 			}
@@ -217,7 +226,8 @@ Progress goes to stderr. An existing template is kept unless --force.`,
 	fs.StringVar(&dataDir, "data-dir", DefaultDataDir, "directory for fence's state")
 	fs.StringVar(&tdir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
 	fs.BoolVar(&force, "force", false, "rebuild the template if it exists")
-	group.AddCommand(build)
+	df.add(fs)
+	group.AddCommand(build, templateListCmd(), templateRmCmd(), templateTagsCmd())
 	return group
 }
 

@@ -200,6 +200,10 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 	fail := func(format string, args ...any) (layer, string, Runtime, error) {
 		return layer{}, "", Runtime{}, &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
 	}
+	if t := imageTemplate(b.spec.FromImage); t != "" {
+		s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
+		b.spec.FromImage, b.spec.FromTemplate = "", t
+	}
 	if ref := b.spec.FromTemplate; ref != "" {
 		n, err := ParseName(ref)
 		if err != nil {
@@ -299,6 +303,20 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		return layer{}, "", Runtime{}, err
 	}
 	return l, key, Runtime{}, nil
+}
+
+// imageTemplate is the fence template standing for E2B's own images
+// (the SDK's default base, e2bdev/base), or "".
+func imageTemplate(img string) string {
+	ref := strings.TrimPrefix(strings.TrimPrefix(img, "docker.io/"), "index.docker.io/")
+	ref = strings.TrimSuffix(ref, ":latest")
+	switch ref {
+	case "e2bdev/base":
+		return "base"
+	case "e2bdev/code-interpreter":
+		return "code-interpreter"
+	}
+	return ""
 }
 
 // registryAuth maps fromImageRegistry to the puller's credentials.
