@@ -241,4 +241,3 @@ func templateTagsCmd() *cobra.Command {
 	cmd.Flags().StringSliceVar(&remove, "rm", nil, "tags to remove")
 	return cmd
 }
-
