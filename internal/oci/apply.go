@@ -25,7 +25,7 @@ func apply(root *os.Root, dir string, m layerMeta) error {
 	}
 	for _, w := range m.Whiteouts {
 		if err := root.RemoveAll(w); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("whiteout %s: %w", w, err)
+			return fmt.Errorf("whiteout %s: %w: %w", w, err, ErrInvalidImage)
 		}
 	}
 	implicit := make(map[string]bool, len(m.Implicit))
@@ -72,7 +72,7 @@ func emptyIn(root *os.Root, d string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("opaque directory %s: %w", d, err)
+		return fmt.Errorf("opaque directory %s: %w: %w", d, err, ErrInvalidImage)
 	}
 	names, err := f.Readdirnames(-1)
 	f.Close()
@@ -81,7 +81,7 @@ func emptyIn(root *os.Root, d string) error {
 	}
 	for _, n := range names {
 		if err := root.RemoveAll(path.Join(d, n)); err != nil {
-			return fmt.Errorf("opaque directory %s: %w", d, err)
+			return fmt.Errorf("opaque directory %s: %w: %w", d, err, ErrInvalidImage)
 		}
 	}
 	return nil
