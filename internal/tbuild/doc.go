@@ -18,7 +18,8 @@
 // before changing it, so sharing inodes is safe), then the layer applied,
 // deletions and opaque directories included, through descriptors that
 // never follow a symlink. Sandbox uids (shifted on the host) are mapped
-// back; extended attributes (file capabilities) are not kept.
+// back; extended attributes (file capabilities) and set-id bits are not
+// kept.
 //
 // # Guarantees
 //

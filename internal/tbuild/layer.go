@@ -274,6 +274,10 @@ func applyEntry(root int, rel string, hdr *tar.Header, r io.Reader) error {
 		}
 		return unix.Fchmodat(dfd, base, mode, 0)
 	case tar.TypeReg:
+		// Set-id bits are cleared, as internal/oci does for images: they
+		// do nothing in a sandbox (no_new_privs, nosuid), and a file a
+		// build step made set-uid root must do nothing on the host either.
+		mode &^= unix.S_ISUID | unix.S_ISGID
 		fd, err := unix.Openat(dfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return err

@@ -165,8 +165,8 @@ func TestApplyLayerSafety(t *testing.T) {
 	}
 	var st syscall.Stat_t
 	syscall.Stat(child+"/etc/shared", &st)
-	if st.Uid != 1000 || st.Gid != 1000 || st.Mode&0o7777 != 0o4755 {
-		t.Errorf("child file uid %d gid %d mode %o, want 1000 1000 4755 (sandbox ids mapped back)", st.Uid, st.Gid, st.Mode&0o7777)
+	if st.Uid != 1000 || st.Gid != 1000 || st.Mode&0o7777 != 0o755 {
+		t.Errorf("child file uid %d gid %d mode %o, want 1000 1000 755 (sandbox ids mapped back, set-id bits cleared)", st.Uid, st.Gid, st.Mode&0o7777)
 	}
 	if _, err := os.Lstat(child + "/gone"); !os.IsNotExist(err) {
 		t.Errorf("whiteout not applied: %v", err)
