@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	. "github.com/fencesandbox/fence/internal/oci/ocitest"
 )
 
 // buildTemplate registers a build of name, triggers it with spec and
@@ -257,5 +258,62 @@ func TestTemplateBuildBadInput(t *testing.T) {
 	}
 	if r := d.do(t, "POST", "/v3/templates", d.Key, strings.NewReader(`{"name":"Bad Name!"}`), nil); r.Status != 400 {
 		t.Errorf("register a bad name: %d %s", r.Status, r.Body)
+	}
+}
+
+// A build from a registry image (E2B's fromImage with fromImageRegistry
+// credentials) pulls with the credentials, runs its steps with the
+// image's env and workdir, and its sandboxes see the image's layers;
+// wrong credentials and AWS keys fail the build clearly.
+func TestTemplateBuildFromImage(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	reg := NewRegistry(t)
+	ref := reg.Push(t, "fence/bb:1", busyboxImage(t))
+	reg.Authorize = func(w http.ResponseWriter, r *http.Request) bool {
+		if u, p, ok := r.BasicAuth(); ok && u == "puller" && p == "s3cret" {
+			return true
+		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="fence-test"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		return false
+	}
+	trigger := func(name, registry string, force bool) (string, string) {
+		t.Helper()
+		reg, err := d.Client.RegisterTemplate(ctxT(t), name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf(`{"fromImage":%q,"fromImageRegistry":%s,"force":%v,"steps":[`+
+			`{"type":"RUN","args":["id -u > /work/who; pwd > /work/pwd; echo $PATH > /work/path"],"force":false}]}`, ref, registry, force)
+		r := d.do(t, "POST", "/v2/templates/"+reg.TemplateID+"/builds/"+reg.BuildID, d.Key, strings.NewReader(body), nil)
+		if r.Status != 202 {
+			t.Fatalf("trigger: %d %s", r.Status, r.Body)
+		}
+		return reg.TemplateID, reg.BuildID
+	}
+
+	tid, bid := trigger("wrongcreds", `{"type":"registry","username":"puller","password":"nope"}`, false)
+	st, logs := waitBuild(t, d, tid, bid)
+	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "base" || !strings.Contains(st.Reason.Message, "pulling image") {
+		t.Errorf("wrong credentials: %s %+v\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	tid, bid = trigger("awskeys", `{"type":"aws","awsAccessKeyId":"AKIA","awsSecretAccessKey":"x","awsRegion":"us-east-1"}`, false)
+	if st, _ := waitBuild(t, d, tid, bid); st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, "aws") {
+		t.Errorf("aws keys: %s %+v, want a clear error", st.Status, st.Reason)
+	}
+
+	tid, bid = trigger("fromimage", `{"type":"registry","username":"puller","password":"s3cret"}`, false)
+	st, logs = waitBuild(t, d, tid, bid)
+	if st.Status != "ready" {
+		t.Fatalf("build from %s: %s %+v\n%s", ref, st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	r := d.do(t, "GET", "/templates/"+tid+"/builds/"+bid+"/status", d.Key, nil, nil)
+	if strings.Contains(string(r.Body), "s3cret") {
+		t.Errorf("the registry password shows in the build status")
+	}
+	sb := d.create(t, api.NewSandbox{TemplateID: "fromimage"})
+	out := sh(t, sb.Envd(), "cat /work/who /work/pwd /work/path /etc/opq/c; id -u; pwd")
+	if want := "1000\n/work\n/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nc\n1000\n/work\n"; out != want {
+		t.Errorf("sandbox of the image template:\n%q\nwant\n%q", out, want)
 	}
 }
