@@ -547,6 +547,10 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 		s.mu.Unlock()
 		return fmt.Errorf("template builds are not available: %w", api.ErrUnavailable)
 	}
+	if len(s.running) >= maxConcurrentBuilds {
+		s.mu.Unlock()
+		return fmt.Errorf("%d template builds are running, at most %d at once: %w", len(s.running), maxConcurrentBuilds, api.ErrResourceExhausted)
+	}
 	// Other builds of the template in progress are canceled.
 	for id, cancel := range s.running {
 		if o := s.builds[id]; o != nil && o.TemplateID == b.TemplateID {
@@ -578,6 +582,10 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 }
 
 const maxBuildTime = 2 * time.Hour
+
+// maxConcurrentBuilds bounds the builds running at once (each holds a
+// sandbox while its steps run); more is E2B's 429.
+const maxConcurrentBuilds = 4
 
 func validateSpec(sp *Spec) error {
 	switch {
