@@ -1123,6 +1123,6 @@ func (s *Service) logf(buildID, level, step, format string, args ...any) {
 }
 
 const (
-	maxLogEntries = 20000
-	maxLogLine    = 4096
+	maxLogEntries = 5000
+	maxLogLine    = 2048
 )
