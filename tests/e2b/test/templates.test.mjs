@@ -145,3 +145,15 @@ test('Template ready command: create waits for it', async (t) => {
   const r = await s.commands.run('ls /tmp/ready-marker')
   assert.equal(r.exitCode, 0)
 })
+
+test('Template().fromBaseImage() and the default base are fence\'s base template; skipCache runs every step', async (t) => {
+  const name = uniq('tpl-baseimg')
+  const cmd = 'python3 -c "print(6*7)" > /tmp/answer'
+  await build(t, Template().fromBaseImage().runCmd(cmd), name)
+  const s = await create(t, { template: name })
+  assert.equal((await s.commands.run('cat /tmp/answer && whoami')).stdout, '42\nuser\n')
+  const logs = []
+  // skipCache forces every step after it.
+  await Template.build(Template().fromBaseImage().skipCache().runCmd(cmd), name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()) })
+  assert.ok(!logs.some((l) => l.includes('CACHED [builder 1/')), `skipCache left a cached step:\n${logs.join('\n')}`)
+})
