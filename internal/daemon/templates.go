@@ -31,5 +31,6 @@ func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {
 	if !ok {
 		return sandbox.Runtime{}, false
 	}
-	return sandbox.Runtime{DefaultUser: rt.User, DefaultWorkdir: rt.Workdir, StartCmd: rt.StartCmd, ReadyCmd: rt.ReadyCmd}, true
+	return sandbox.Runtime{DefaultUser: rt.User, DefaultWorkdir: rt.Workdir, StartCmd: rt.StartCmd, ReadyCmd: rt.ReadyCmd,
+		CPUs: float64(rt.CPUs), MemoryMB: int64(rt.MemoryMB)}, true
 }

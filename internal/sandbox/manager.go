@@ -406,6 +406,17 @@ func (b PoolBudget) Release() {
 
 // Create starts a sandbox. See the package doc for its guarantees.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	var rt Runtime
+	if r, ok := m.templates.(Runtimer); ok {
+		rt, _ = r.Runtime(req.TemplateID)
+	}
+	// A built template's size is its sandboxes' unless the request says.
+	if req.CPUs == 0 {
+		req.CPUs = rt.CPUs
+	}
+	if req.MemoryMB == 0 {
+		req.MemoryMB = rt.MemoryMB
+	}
 	timeout, limits, err := m.validate(req)
 	if err != nil {
 		return nil, err
@@ -447,10 +458,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
-	}
-	var rt Runtime
-	if r, ok := m.templates.(Runtimer); ok {
-		rt, _ = r.Runtime(req.TemplateID)
 	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
 		Egress: createEgress(nc),

@@ -23,6 +23,10 @@ type Runtime struct {
 	// ReadyCmd is run the same way until it exits 0; Create answers only
 	// then. Empty with a StartCmd means nothing to wait for.
 	ReadyCmd string
+	// CPUs and MemoryMB are the size of the template's sandboxes when the
+	// create request gives none; zero means the daemon's defaults.
+	CPUs     float64
+	MemoryMB int64
 }
 
 // Runtimer is implemented by Templates that know a template's Runtime

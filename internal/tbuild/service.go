@@ -87,6 +87,9 @@ type Runtime struct {
 	Workdir  string `json:"workdir,omitempty"`
 	StartCmd string `json:"startCmd,omitempty"`
 	ReadyCmd string `json:"readyCmd,omitempty"`
+	// CPUs and MemoryMB are the build request's, its sandboxes' size.
+	CPUs     int `json:"cpuCount,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
 }
 
 // Build is one build of a template.
@@ -1099,7 +1102,9 @@ func (s *Service) Runtime(name string) (Runtime, bool) {
 	if err != nil {
 		return Runtime{}, false
 	}
-	return b.Runtime, true
+	rt := b.Runtime
+	rt.CPUs, rt.MemoryMB = b.CPUs, b.MemoryMB
+	return rt, true
 }
 
 // logf appends an entry to a build's log (at most maxLogEntries kept).

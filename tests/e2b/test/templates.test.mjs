@@ -48,11 +48,14 @@ test('Template.build: copy, runCmd, setEnvs, setWorkdir, setUser, start and read
     .runCmd('echo root-was-here > /opt/root.txt')
     .setUser('user')
     .setStartCmd('python3 -m http.server 8000', waitForURL('http://localhost:8000/index.html'))
-  const { info, logs } = await build(t, tpl(), name)
+  const { info, logs } = await build(t, tpl(), name, { cpuCount: 1, memoryMB: 768 })
   assert.equal(info.name, name)
   assert.ok(logs.some((l) => l.includes('[builder')), 'step lines in the build logs')
 
   const s = await create(t, { template: name })
+  const sinfo = await s.getInfo()
+  assert.equal(sinfo.cpuCount, 1, 'the build\'s cpuCount sizes its sandboxes')
+  assert.equal(sinfo.memoryMB, 768, 'the build\'s memoryMB sizes its sandboxes')
   const r = await s.commands.run('whoami && pwd && cat /opt/hello.txt /srv/app/main.py /opt/greeting /opt/root.txt && ls /srv/app && stat -c %U /opt/hello.txt && echo "env:${GREETING:-unset}"')
   const out = r.stdout
   assert.match(out, /^user\n\/srv\/app\n/, 'default user and workdir come from the build')
