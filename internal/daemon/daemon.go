@@ -361,6 +361,7 @@ func Serve(ctx context.Context, opts Options) error {
 		}
 	}
 	shutdownSandboxes := func() {
+		builds.Close() // builds end canceled, not by their sandboxes' kill
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if err := pool.Close(sctx); err != nil {

@@ -296,7 +296,7 @@ func (s *Service) keysDir() string  { return filepath.Join(s.opts.Dir, "layers")
 
 // removeTemp removes the half-made trees and uploads of a crashed daemon.
 func (s *Service) removeTemp() {
-	for _, dir := range []string{s.treesDir(), s.filesDir()} {
+	for _, dir := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			if strings.HasPrefix(e.Name(), ".tmp-") {
