@@ -141,6 +141,7 @@ type Sandboxes interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
 	Kill(ctx context.Context, id string) error
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
 }
 
 // Parents resolves the templates fence builds itself (minimal, base, …).
@@ -891,9 +892,32 @@ func (s *Service) Alias(name string) (id string, public bool, err error) {
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	s.mu.Lock()
 	t, err := s.templateLocked(idOrName)
+	sbs := s.opts.Sandboxes
+	s.mu.Unlock()
 	if err != nil {
-		s.mu.Unlock()
 		return err
+	}
+	if sbs != nil {
+		live, err := sbs.List(ctx, sandbox.ListFilter{})
+		if err != nil {
+			return err
+		}
+		for _, sb := range live {
+			n, err := ParseName(sb.TemplateID)
+			if err != nil || n.Alias != t.Alias && n.Alias != t.ID {
+				continue
+			}
+			what := "running"
+			if sb.State == sandbox.StatePaused {
+				what = "paused"
+			}
+			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
+		}
+	}
+	s.mu.Lock()
+	if s.templates[t.ID] != t {
+		s.mu.Unlock()
+		return fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
 	}
 	for id, b := range s.builds {
 		if b.TemplateID == t.ID {

@@ -134,6 +134,12 @@ test('Template.exists, tags, buildInBackground and getBuildStatus', async (t) =>
   assert.deepEqual(tags, ['default', 'prod', 'v1'])
   const s2 = await create(t, { template: `${name}:prod` })
   assert.equal((await s2.commands.run('cat /tmp/version')).stdout, 'v1\n')
+  // A template with live sandboxes cannot be deleted (E2B's 400).
+  const del = await fetch(`${process.env.E2B_API_URL}/templates/${name}`, {
+    method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
+  })
+  assert.equal(del.status, 400)
+  assert.match((await del.json()).message, /running sandboxes/)
   await Template.removeTags(name, ['prod'], opts)
   assert.deepEqual((await Template.getTags(bg.templateId, opts)).map((x) => x.tag).sort(), ['default', 'v1'])
   await assert.rejects(Sandbox.create(`${name}:prod`, { ...opts }), /not found|404/i)
