@@ -19,8 +19,10 @@ import (
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/selftest"
+	"github.com/fencesandbox/fence/internal/template"
 )
 
 func main() {
@@ -78,6 +80,19 @@ func deps() cli.Deps {
 				templatesDir = dataDir + "/templates"
 			}
 			return daemon.BuildTemplate(ctx, templatesDir, name, force, progress)
+		},
+		BuildImageTemplate: func(ctx context.Context, dataDir, templatesDir, name string, img cli.ImageSource, progress io.Writer) error {
+			if templatesDir == "" {
+				templatesDir = dataDir + "/templates"
+			}
+			src := template.ImageSource{Ref: img.Ref, Archive: img.Archive, Platform: img.Platform}
+			switch {
+			case img.Token != "":
+				src.Auth = &oci.Auth{Token: img.Token}
+			case img.Username != "":
+				src.Auth = &oci.Auth{Username: img.Username, Password: img.Password}
+			}
+			return daemon.BuildImageTemplate(ctx, templatesDir, name, src, progress)
 		},
 		NewLocal: func(ctx context.Context, o cli.LocalOptions) (isolation.Sandbox, error) {
 			return daemon.NewLocal(ctx, daemon.LocalOptions{

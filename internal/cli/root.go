@@ -21,6 +21,9 @@ type Deps struct {
 	// BuildTemplate builds template name into templatesDir, writing
 	// progress to progress (`fence template build`).
 	BuildTemplate func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error
+	// BuildImageTemplate builds template name from a container image
+	// (`fence template build NAME --from-image REF|--from-archive PATH`).
+	BuildImageTemplate func(ctx context.Context, dataDir, templatesDir, name string, img ImageSource, progress io.Writer) error
 	// NewLocal starts a sandbox without a daemon (for `fence run`); its
 	// DialAgent reaches its agent. The caller kills it.
 	NewLocal func(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
@@ -34,6 +37,18 @@ type Deps struct {
 	// BenchClient is the network measure's client (hidden `fence
 	// bench-client`), run by `fence bench` in a sandbox and on the host.
 	BenchClient func(args []string, out io.Writer) error
+}
+
+// ImageSource is the image of `fence template build --from-image` or
+// `--from-archive`.
+type ImageSource struct {
+	Ref      string // registry reference, or the image in the archive
+	Archive  string // OCI layout directory or docker-save tarball
+	Platform string // os/arch[/variant]
+	// Username and Password, or Token, authenticate to the registry
+	// (from FENCE_REGISTRY_USERNAME, FENCE_REGISTRY_PASSWORD and
+	// FENCE_REGISTRY_TOKEN).
+	Username, Password, Token string
 }
 
 // ExitError carries the exit code of a command run in a sandbox. Run exits

@@ -185,27 +185,69 @@ func templateCmd(deps Deps) *cobra.Command {
 	group := groupCmd("template", "Build the templates sandboxes start from")
 	var dataDir, tdir string
 	var force bool
+	var img ImageSource
+	var archiveRef string
+	var df dockerfileFlags
 	build := &cobra.Command{
-		Use:   "build minimal|base|code-interpreter",
+		Use:   "build NAME",
 		Short: "Build a template",
 		Long: `Build a template, an immutable directory tree that sandboxes share
 read-only:
   minimal  busybox; builds in seconds, for tests
-  base     Debian bookworm with python3, curl, git, sudo and user "user"
+  base     Debian bookworm with python (3) and pip, node and npm, curl, git,
+           sudo and user "user"
   code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
            matplotlib, and the @e2b/code-interpreter server on port 49999
            (also answers to code-interpreter-v1)
-Progress goes to stderr. An existing template is kept unless --force.`,
+A built-in template is kept unless --force or its definition changed.
+
+With --from-image REF (a registry reference) or --from-archive PATH (an OCI
+layout directory or a docker save tarball), NAME is any template name and
+the template is unpacked from that image, replacing one of the same name.
+Layers are cached and shared between templates. Registry credentials come
+from FENCE_REGISTRY_USERNAME and FENCE_REGISTRY_PASSWORD, or
+FENCE_REGISTRY_TOKEN. Progress goes to stderr.
+
+With -f, NAME is built from a Dockerfile by the running daemon (E2B's
+template build API): every RUN runs in a sandbox, egress limited to the
+package registries, layers cached; see docs/TEMPLATES.md.`,
 		Example: `  fence template build minimal
-  fence template build base --force`,
+  fence template build base --force
+  fence template build py --from-image python:3.12-slim
+  docker save myimage:1 -o img.tar && fence template build my --from-archive img.tar
+  fence template build myapp -f Dockerfile --context .`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if df.file != "" {
+				if img.Ref != "" || img.Archive != "" {
+					return usagef("-f and --from-image/--from-archive exclude each other")
+				}
+				return buildDockerfile(cmd.Context(), &df, dataDir, name, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
+			if img.Ref != "" || img.Archive != "" {
+				if img.Ref != "" && img.Archive != "" {
+					return usagef("--from-image and --from-archive exclude each other (select an image of an archive with --archive-ref)")
+				}
+				if deps.BuildImageTemplate == nil {
+					return errUnavailable("fence template build --from-image")
+				}
+				if img.Archive != "" {
+					img.Ref = archiveRef
+				}
+				img.Username = os.Getenv("FENCE_REGISTRY_USERNAME")
+				img.Password = os.Getenv("FENCE_REGISTRY_PASSWORD")
+				img.Token = os.Getenv("FENCE_REGISTRY_TOKEN")
+				if err := deps.BuildImageTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, img, cmd.ErrOrStderr()); err != nil {
+					return fmt.Errorf("building template %s: %w", name, err)
+				}
+				return nil
+			}
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
 			}
-			name := args[0]
 			if name != "minimal" && name != "base" && name != "code-interpreter" {
-				return usagef("unknown template %q: want minimal, base or code-interpreter", name)
+				return usagef("unknown template %q: want minimal, base or code-interpreter, or an image with --from-image or --from-archive", name)
 			}
 			if err := deps.BuildTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, force, cmd.ErrOrStderr()); err != nil {
 				return fmt.Errorf("building template %s: %w", name, err)
@@ -217,7 +259,12 @@ Progress goes to stderr. An existing template is kept unless --force.`,
 	fs.StringVar(&dataDir, "data-dir", DefaultDataDir, "directory for fence's state")
 	fs.StringVar(&tdir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
 	fs.BoolVar(&force, "force", false, "rebuild the template if it exists")
-	group.AddCommand(build)
+	fs.StringVar(&img.Ref, "from-image", "", "build from this registry image (docker.io/library/debian:bookworm, REPO@sha256:...)")
+	fs.StringVar(&img.Archive, "from-archive", "", "build from an OCI layout directory or a docker save tarball")
+	fs.StringVar(&archiveRef, "archive-ref", "", "with --from-archive: the image to take when the archive holds several")
+	fs.StringVar(&img.Platform, "platform", "", "image platform os/arch[/variant] (default linux/<host arch>)")
+	df.add(fs)
+	group.AddCommand(build, templateListCmd(), templateRmCmd(), templateTagsCmd())
 	return group
 }
 

@@ -44,9 +44,11 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
+	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -307,10 +309,24 @@ func Serve(ctx context.Context, opts Options) error {
 	defer backend.Close()
 	pool := warm.New(warm.Options{Backend: backend, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
+	// Template builds: their trees and uploads live in the data dir; the
+	// images they start from come from the shared layer cache.
+	var images tbuild.Images
+	if c, err := oci.NewCache(filepath.Join(opts.DataDir, "oci")); err == nil {
+		images = c
+	} else {
+		log.Info("building templates from images is not available", "err", err)
+	}
+	builds, err := tbuild.New(ctx, tbuild.Options{Dir: filepath.Join(opts.DataDir, "builds"), Store: st,
+		Parents: templates, Images: images, Logger: log})
+	if err != nil {
+		return fmt.Errorf("opening template builds: %w", err)
+	}
+	defer builds.Close()
 	mgr, err = sandbox.New(sandbox.Options{
 		Backend:      pool,
 		Store:        st,
-		Templates:    templates,
+		Templates:    templateSet{own: templates, built: builds},
 		Defaults:     opts.Defaults,
 		MaxSandboxes: opts.MaxSandboxes,
 		Logger:       log,
@@ -328,6 +344,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
+	builds.SetSandboxes(mgr)
 	flows.usage = mgr.AddEgress
 	registerUsageMetrics(reg, mgr)
 	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
@@ -344,6 +361,7 @@ func Serve(ctx context.Context, opts Options) error {
 		}
 	}
 	shutdownSandboxes := func() {
+		builds.Close() // builds end canceled, not by their sandboxes' kill
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if err := pool.Close(sctx); err != nil {
@@ -371,6 +389,7 @@ func Serve(ctx context.Context, opts Options) error {
 			Downloads:       downloadLog,
 			Audit:           sources.log,
 			Outputs:         sources.outputs,
+			Templates:       builds,
 		}),
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.

@@ -89,6 +89,17 @@ func BuildTemplate(ctx context.Context, templatesDir, name string, force bool, p
 	return st.BuildWithOptions(ctx, name, template.BuildOptions{Force: force})
 }
 
+// BuildImageTemplate builds template name from a container image,
+// printing progress to progress.
+func BuildImageTemplate(ctx context.Context, templatesDir, name string, src template.ImageSource, progress io.Writer) error {
+	st, err := template.New(template.Options{Dir: templatesDir, Progress: progress})
+	if err != nil {
+		return err
+	}
+	_, err = st.BuildImage(ctx, name, src)
+	return err
+}
+
 // BenchOptions configures Bench.
 type BenchOptions struct {
 	DataDir, TemplatesDir, Template string

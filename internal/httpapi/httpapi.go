@@ -100,6 +100,8 @@ type Options struct {
 	// connection, while a long upload that keeps moving is never cut.
 	// Zero means one minute.
 	BodyIdleTimeout time.Duration
+	// Templates serves the template build routes; nil answers 501 there.
+	Templates Templates
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -128,6 +130,7 @@ type handler struct {
 	keyActor   string
 	signatures signatureIndex
 	scans      chan struct{} // a slot per signature scan in progress
+	templates  Templates
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -147,6 +150,7 @@ func New(opts Options) http.Handler {
 		outputs:     opts.Outputs,
 		keyActor:    audit.KeyActor(opts.APIKey),
 		scans:       make(chan struct{}, maxSignatureScans()),
+		templates:   opts.Templates,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -180,6 +184,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		h.serveSignedFiles(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, uploadPrefix) {
+		h.serveTemplateUpload(w, r)
 		return
 	}
 	h.serveControl(w, r)

@@ -34,6 +34,21 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /secrets/{secretID}", h.getSecret)
 	mux.HandleFunc("POST /secrets/{secretID}", h.updateSecret)
 	mux.HandleFunc("DELETE /secrets/{secretID}", h.deleteSecret)
+	// Template builds (internal/tbuild).
+	mux.HandleFunc("POST /v3/templates", h.registerTemplate)
+	mux.HandleFunc("GET /templates/{id}/files/{hash}", h.templateFiles)
+	mux.HandleFunc("POST /v2/templates/{id}/builds/{buildID}", h.triggerBuild)
+	mux.HandleFunc("GET /templates/{id}/builds/{buildID}/status", h.buildStatus)
+	mux.HandleFunc("GET /templates/{id}/builds/{buildID}/logs", h.buildLogs)
+	mux.HandleFunc("POST /templates/tags", h.assignTags)
+	mux.HandleFunc("DELETE /templates/tags", h.removeTags)
+	mux.HandleFunc("GET /templates/{a}/{b}", h.templateSub) // aliases/{alias}, {id}/tags
+	mux.HandleFunc("DELETE /templates/{id}", h.deleteTemplate)
+	mux.HandleFunc("GET /templates", h.listTemplates)
+	mux.HandleFunc("GET /v2/templates", h.listTemplates)
+	mux.HandleFunc("GET /templates/{id}", h.getTemplate)
+	mux.HandleFunc("PATCH /templates/{id}", h.patchTemplate)
+	mux.HandleFunc("PATCH /v2/templates/{id}", h.patchTemplate)
 	if h.promMetrics != nil {
 		mux.Handle("GET /metrics", h.promMetrics)
 	}
@@ -43,7 +58,6 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.unsupported("snapshots", true))
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.unsupported("snapshots", false))
-	mux.HandleFunc("DELETE /templates/{id}", h.unsupported("deleting templates and snapshots", false))
 	mux.HandleFunc("GET /sandboxes/metrics", h.unsupported("metrics of several sandboxes", false))
 	return mux
 }

@@ -406,6 +406,17 @@ func (b PoolBudget) Release() {
 
 // Create starts a sandbox. See the package doc for its guarantees.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	var rt Runtime
+	if r, ok := m.templates.(Runtimer); ok {
+		rt, _ = r.Runtime(req.TemplateID)
+	}
+	// A built template's size is its sandboxes' unless the request says.
+	if req.CPUs == 0 {
+		req.CPUs = rt.CPUs
+	}
+	if req.MemoryMB == 0 {
+		req.MemoryMB = rt.MemoryMB
+	}
 	timeout, limits, err := m.validate(req)
 	if err != nil {
 		return nil, err
@@ -452,7 +463,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		Egress: createEgress(nc),
 		RootFS: rootfs,
 		Limits: limits,
-		Agent:  isolation.AgentConfig{EnvVars: env},
+		Agent:  isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -484,6 +495,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			m.gateways.Delete(id)
 		}
 	}()
+	// Start and ready commands run once the sandbox's egress gateway knows it.
+	if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("creating sandbox: %w", err)
+	}
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,

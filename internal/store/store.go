@@ -170,6 +170,20 @@ var migrations = []string{
 	DROP TABLE sandboxes;
 	ALTER TABLE sandboxes_new RENAME TO sandboxes;
 	CREATE INDEX sandboxes_state_created ON sandboxes (state, created_at DESC, id DESC);`,
+	// Built templates, their builds and tags (internal/tbuild keeps its
+	// records as JSON documents; see templates.go).
+	`CREATE TABLE built_templates (
+		id    TEXT PRIMARY KEY,
+		alias TEXT NOT NULL UNIQUE,
+		doc   TEXT NOT NULL
+	);
+	CREATE TABLE template_builds (
+		id          TEXT PRIMARY KEY,
+		template_id TEXT NOT NULL,
+		status      TEXT NOT NULL,
+		doc         TEXT NOT NULL
+	);
+	CREATE INDEX template_builds_template ON template_builds (template_id);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -12,6 +12,7 @@
 //	<Dir>/.build-<name>-<random>/ a build in progress (same layout as <name>/)
 //	<Dir>/.remove-<name>-<random>/ a template being removed
 //	<Dir>/.lock                   flock held by Build and Remove
+//	<Dir>/.layers/                the image layer cache (package oci), by default
 //
 // Template names match [a-z0-9][a-z0-9._-]* (at most 64 bytes), so a name
 // never escapes Dir and never collides with the dot-prefixed work entries.
@@ -26,8 +27,19 @@
 //     removed by the next Build.
 //   - Builds and removals of one Store directory are serialized across
 //     processes by an flock on <Dir>/.lock. Resolve and List do not take it.
-//   - Building a template that exists with the current format version is a
-//     no-op unless BuildOptions.Force is set.
+//   - Building a built-in template that exists with the current format
+//     version and the current definition (Info.Definition, a digest of its
+//     suite, packages, hooks and files) is a no-op unless BuildOptions.Force
+//     is set; a changed definition is rebuilt.
+//   - BuildImage makes a template of a container image (registry, OCI
+//     layout or docker-save tarball) through package oci: its files are hard
+//     links into the shared layer cache, which is safe because a template
+//     is never written in place. Info.Image records the reference, the
+//     digest and the layers; Info.Env, WorkDir and User the image's
+//     defaults. Building or removing a template collects the layers no
+//     template uses.
+//   - Every path finalize writes is resolved inside the tree: an image's
+//     symlinks (/etc -> /elsewhere) never lead a write out of it.
 //   - Every built tree has empty directories /proc, /sys, /dev, /tmp (1777),
 //     /run and /.fence (where the backend mounts the agent), and a regular
 //     /etc/resolv.conf; /dev holds no device nodes.
@@ -41,9 +53,10 @@
 //     /bin with a symlink per applet, /etc/passwd with root, user (1000:1000,
 //     /home/user) and nobody. Builds in well under a second; for tests.
 //   - "base": Debian bookworm minbase built by mmdebstrap from the host's apt
-//     mirror, with python3, curl, git, sudo, ca-certificates, procps and bash,
-//     and user "user" (1000:1000, /bin/bash, passwordless sudo), without
-//     docs, man pages or locales (≈130 MB, ≈80 s).
+//     mirror, with python3 (also as python), pip and venv, nodejs and npm,
+//     curl, git, sudo, ca-certificates, procps and bash, /etc/pip.conf
+//     allowing pip installs, and user "user" (1000:1000, /bin/bash,
+//     passwordless sudo), without docs, man pages or locales.
 //   - "code-interpreter" (also resolved as "code-interpreter-v1"): base plus
 //     Debian's python3-ipykernel, python3-jupyter-client, python3-numpy,
 //     python3-pandas and python3-matplotlib, and the @e2b/code-interpreter

@@ -37,7 +37,7 @@ func finalize(rootfs string) error {
 	// resolv.conf is provided per sandbox by the backend; the template's
 	// must be a regular file (a bind-mount target), never a symlink and
 	// never the build host's.
-	if err := writeRegular(filepath.Join(rootfs, "etc", "resolv.conf"), "# provided by fence at sandbox start\n", 0o644); err != nil {
+	if err := writeRegular(rootfs, "etc/resolv.conf", "# provided by fence at sandbox start\n", 0o644); err != nil {
 		return err
 	}
 	return nil
@@ -78,27 +78,43 @@ func ensureDir(p string, mode fs.FileMode, clear bool) error {
 	return nil
 }
 
-// writeRegular replaces p (whatever it is) with a regular file holding data.
-func writeRegular(p, data string, mode fs.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+// writeRegular replaces p (whatever it is) with a regular file holding
+// data. p is resolved inside rootfs: a symlink in the tree (an image's
+// /etc -> /somewhere) never leads the write out of it.
+func writeRegular(rootfs, p, data string, mode fs.FileMode) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", filepath.Dir(p), err)
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := root.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("replacing %s: %w", p, err)
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	f, err := root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", p, err)
 	}
 	_, err = f.WriteString(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if err == nil {
+		err = f.Chown(0, 0)
 	}
 	if err == nil {
-		err = os.Chmod(p, mode)
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", p, err)
 	}
 	return nil
 }
+
+// Finalize makes a tree built elsewhere (a template build's layer) fit to
+// be a shared read-only lower layer, as every template of this package
+// is: the mount-point directories exist and are empty, /etc/resolv.conf is
+// a regular file. It never follows a symlink found in the tree.
+func Finalize(rootfs string) error { return finalize(rootfs) }

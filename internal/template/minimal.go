@@ -85,7 +85,7 @@ func buildMinimal(ctx context.Context, s *Store, rootfs string) (string, error) 
 	fmt.Fprintf(s.progress, "minimal: linked %d applets\n", n)
 
 	for _, f := range minimalFiles {
-		if err := writeRegular(filepath.Join(rootfs, f.path), f.data, f.mode); err != nil {
+		if err := writeRegular(rootfs, f.path, f.data, f.mode); err != nil {
 			return "", err
 		}
 	}

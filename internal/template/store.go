@@ -38,6 +38,10 @@ type Options struct {
 	// Progress receives human-readable progress lines during a build. If
 	// nil, progress is discarded.
 	Progress io.Writer
+	// LayerCache is the directory of the image layer cache (see package
+	// oci). It must be on the filesystem of Dir, so that templates share
+	// the cached files' inodes. Default: Dir/.layers.
+	LayerCache string
 }
 
 // BuildOptions are per-call knobs of BuildWithOptions.
@@ -58,6 +62,19 @@ type Info struct {
 	// has started (the code-interpreter server's 49999): a create waits
 	// for them to accept connections before it returns.
 	ReadyPorts []uint16 `json:"readyPorts,omitempty"`
+	// Definition is a digest of what a built-in template is built from
+	// (its packages, hooks and files): Build rebuilds a template whose
+	// Definition differs from the current one, so a changed definition
+	// reaches machines that built the template before.
+	Definition string `json:"definition,omitempty"`
+	// Image is set for a template unpacked from a container image.
+	Image *ImageInfo `json:"image,omitempty"`
+	// Env (KEY=VALUE), WorkDir and User are the defaults a sandbox of the
+	// template starts with (from the image's configuration); empty means
+	// fence's defaults.
+	Env     []string `json:"env,omitempty"`
+	WorkDir string   `json:"workDir,omitempty"`
+	User    string   `json:"user,omitempty"`
 	// RootFS is the absolute path of the template's root filesystem. It is
 	// not stored.
 	RootFS string `json:"-"`
@@ -70,6 +87,8 @@ type Store struct {
 	log      *slog.Logger
 	progress io.Writer
 	builders map[string]builder
+	// layerCache is Options.LayerCache; the cache is opened on first use.
+	layerCache string
 }
 
 // builder fills rootfs (an existing empty directory) and returns a
@@ -89,9 +108,10 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("creating template dir: %w", err)
 	}
 	s := &Store{
-		dir:      dir,
-		log:      opts.Logger,
-		progress: opts.Progress,
+		dir:        dir,
+		layerCache: opts.LayerCache,
+		log:        opts.Logger,
+		progress:   opts.Progress,
 		builders: map[string]builder{
 			"minimal":          buildMinimal,
 			"base":             buildBase,
@@ -103,6 +123,9 @@ func New(opts Options) (*Store, error) {
 	}
 	if s.progress == nil {
 		s.progress = io.Discard
+	}
+	if s.layerCache == "" {
+		s.layerCache = filepath.Join(dir, ".layers")
 	}
 	return s, nil
 }
@@ -142,9 +165,10 @@ func (s *Store) Build(ctx context.Context, name string) error {
 	return s.BuildWithOptions(ctx, name, BuildOptions{})
 }
 
-// BuildWithOptions builds the named template ("minimal" or "base"). An
-// unknown or malformed name is an error wrapping api.ErrInvalidArgument. If
-// the template exists and opts.Force is false, it does nothing.
+// BuildWithOptions builds the named template ("minimal", "base" or
+// "code-interpreter"). An unknown or malformed name is an error wrapping
+// api.ErrInvalidArgument. If the template exists with the current
+// definition and opts.Force is false, it does nothing.
 func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOptions) (err error) {
 	if err := ValidateName(name); err != nil {
 		return err
@@ -153,27 +177,43 @@ func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOpt
 	if !ok {
 		return fmt.Errorf("unknown template %q (known: %s): %w", name, strings.Join(s.Names(), ", "), api.ErrInvalidArgument)
 	}
+	def := definition(name)
+	_, err = s.buildTree(ctx, name, opts.Force, def, func(ctx context.Context, rootfs string) (Info, error) {
+		source, err := build(ctx, s, rootfs)
+		return Info{Source: source, Definition: def, ReadyPorts: readyPorts[name]}, err
+	})
+	return err
+}
+
+// buildTree builds template name with fill, which fills rootfs (an empty
+// directory) and returns the Info fields it decides. Unless force, a
+// template that exists with definition def (when def is not empty) is
+// kept, and its Info returned.
+func (s *Store) buildTree(ctx context.Context, name string, force bool, def string, fill func(ctx context.Context, rootfs string) (Info, error)) (_ Info, err error) {
 	unlock, err := s.lock(ctx)
 	if err != nil {
-		return err
+		return Info{}, err
 	}
 	defer unlock()
 	s.removeLeftovers(ctx)
 
-	if !opts.Force {
-		if _, err := s.info(name); err == nil {
-			s.log.DebugContext(ctx, "template exists", "template", name)
-			return nil
+	if !force && def != "" {
+		if info, err := s.info(name); err == nil {
+			if info.Definition == def {
+				s.log.DebugContext(ctx, "template exists", "template", name)
+				return info, nil
+			}
+			fmt.Fprintf(s.progress, "%s: its definition changed since it was built: rebuilding\n", name)
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("building template %q: %w", name, err)
+		return Info{}, fmt.Errorf("building template %q: %w", name, err)
 	}
 
 	work := filepath.Join(s.dir, ".build-"+name+"-"+randomSuffix())
 	rootfs := filepath.Join(work, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
-		return fmt.Errorf("creating build dir: %w", err)
+		return Info{}, fmt.Errorf("creating build dir: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -186,33 +226,33 @@ func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOpt
 
 	start := time.Now()
 	s.log.InfoContext(ctx, "building template", "template", name)
-	source, err := build(ctx, s, rootfs)
+	info, err := fill(ctx, rootfs)
 	if err != nil {
-		return fmt.Errorf("building template %q: %w", name, err)
+		return Info{}, fmt.Errorf("building template %q: %w", name, err)
 	}
 	if err := finalize(rootfs); err != nil {
-		return fmt.Errorf("finalizing template %q: %w", name, err)
+		return Info{}, fmt.Errorf("finalizing template %q: %w", name, err)
 	}
 	size, err := treeSize(rootfs)
 	if err != nil {
-		return fmt.Errorf("measuring template %q: %w", name, err)
+		return Info{}, fmt.Errorf("measuring template %q: %w", name, err)
 	}
-	info := Info{Name: name, BuiltAt: time.Now().UTC(), SizeBytes: size, Source: source, FormatVersion: FormatVersion,
-		ReadyPorts: readyPorts[name]}
+	info.Name, info.BuiltAt, info.SizeBytes, info.FormatVersion = name, time.Now().UTC(), size, FormatVersion
 	if err := writeInfo(filepath.Join(work, infoFile), info); err != nil {
-		return err
+		return Info{}, err
 	}
 	// Last chance to give up: after the rename the template exists.
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("building template %q: %w", name, err)
+		return Info{}, fmt.Errorf("building template %q: %w", name, err)
 	}
 	if err := s.commit(work, filepath.Join(s.dir, name)); err != nil {
-		return fmt.Errorf("installing template %q: %w", name, err)
+		return Info{}, fmt.Errorf("installing template %q: %w", name, err)
 	}
 	committed = true
 	s.log.InfoContext(ctx, "built template", "template", name, "size", size, "duration", time.Since(start))
 	fmt.Fprintf(s.progress, "%s: built (%s) in %s\n", name, humanSize(size), time.Since(start).Round(100*time.Millisecond))
-	return nil
+	info.RootFS = filepath.Join(s.dir, name, "rootfs")
+	return info, nil
 }
 
 // commit renames the finished build work into place at final. If final
@@ -336,6 +376,7 @@ func (s *Store) Remove(name string) error {
 	if err := os.RemoveAll(trash); err != nil {
 		return fmt.Errorf("removing template %q: %w", name, err)
 	}
+	s.gcSoon(context.Background())
 	return nil
 }
 

@@ -1,0 +1,103 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// Runtime is what a built template asks of each sandbox made from it: the
+// agent's default user and workdir, and E2B's start and ready commands.
+type Runtime struct {
+	DefaultUser    string
+	DefaultWorkdir string
+	// StartCmd is started (bash -l -c, as the default user, in the default
+	// workdir) at every sandbox start and left running.
+	StartCmd string
+	// ReadyCmd is run the same way until it exits 0; Create answers only
+	// then. Empty with a StartCmd means nothing to wait for.
+	ReadyCmd string
+	// CPUs and MemoryMB are the size of the template's sandboxes when the
+	// create request gives none; zero means the daemon's defaults.
+	CPUs     float64
+	MemoryMB int64
+}
+
+// Runtimer is implemented by Templates that know a template's Runtime
+// (internal/tbuild's built templates).
+type Runtimer interface {
+	Runtime(name string) (Runtime, bool)
+}
+
+// readyCmdTimeout bounds the wait for a ready command (E2B's 10 minutes);
+// readyCmdPoll is the longest pause between its runs.
+const (
+	readyCmdTimeout = 10 * time.Minute
+	readyCmdPoll    = 2 * time.Second
+)
+
+// startRuntime starts rt's start command in box and waits for its ready
+// command to pass. A start command that exits non-zero before then, or a
+// ready command that never passes, is an error.
+func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, template string, rt Runtime) error {
+	if rt.StartCmd == "" && rt.ReadyCmd == "" {
+		return nil
+	}
+	tr := &http.Transport{
+		DialContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return box.DialAgent(ctx) },
+		DisableCompression: true,
+	}
+	defer tr.CloseIdleConnections()
+	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil)
+	start := time.Now()
+	var startDone <-chan struct{}
+	var startProc *client.Process
+	if rt.StartCmd != "" {
+		// The start command outlives this call: its context is not ctx.
+		p, err := e.Start(context.WithoutCancel(ctx), client.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", rt.StartCmd},
+			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir, Tag: "start-cmd"})
+		if err != nil {
+			return fmt.Errorf("starting the start command of template %s: %w", template, err)
+		}
+		startProc, startDone = p, p.Done()
+		defer p.Close() // stops following it; the process runs on
+	}
+	if rt.ReadyCmd == "" {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, readyCmdTimeout)
+	defer cancel()
+	pause := 100 * time.Millisecond
+	for {
+		st, err := e.Run(wctx, client.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", rt.ReadyCmd},
+			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir})
+		if err == nil && st.Exited && st.ExitCode == 0 {
+			m.log.DebugContext(ctx, "template ready command passed", "sandbox_id", box.ID(), "template", template,
+				"waited", time.Since(start))
+			return nil
+		}
+		select {
+		case <-startDone:
+			if st, err := startProc.Wait(); err == nil && st.Exited && st.ExitCode != 0 {
+				return fmt.Errorf("template %s: start command failed: exit status %d", template, st.ExitCode)
+			}
+			startDone = nil
+		default:
+		}
+		select {
+		case <-wctx.Done():
+			if errors.Is(wctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+				return fmt.Errorf("template %s: ready command timed out after %s", template, readyCmdTimeout)
+			}
+			return fmt.Errorf("waiting for the ready command of template %s: %w", template, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(pause*2, readyCmdPoll)
+	}
+}

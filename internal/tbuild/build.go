@@ -1,0 +1,724 @@
+package tbuild
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/template"
+)
+
+var (
+	octalRE  = regexp.MustCompile(`^[0-7]{3,4}$`)
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	userRE   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+)
+
+// context of a build: E2B's build context (user, workdir, env).
+type buildCtx struct {
+	User    string            `json:"user"`
+	Workdir string            `json:"workdir,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Shell   string            `json:"shell"` // /bin/bash, or /bin/sh where the tree has no bash
+}
+
+// layer is a cache entry: the tree a chain key built and the context
+// after it.
+type layer struct {
+	Tree string   `json:"tree"`
+	Ctx  buildCtx `json:"ctx"`
+}
+
+// maxLayerBytes bounds one step's writable layer as read back.
+const maxLayerBytes = 16 << 30
+
+// stepError fails a build at a step.
+type stepError struct {
+	step string
+	msg  string
+}
+
+func (e *stepError) Error() string { return e.msg }
+
+func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
+	start := time.Now()
+	s.logf(buildID, "info", "base", "Building template %s", buildID)
+	b := &builder{s: s, id: buildID, spec: spec}
+	rt, tree, err := b.build(ctx)
+	if b.box != nil {
+		b.box.kill()
+	}
+	now := s.now().UTC()
+	s.mu.Lock()
+	rec := s.builds[buildID]
+	if rec == nil { // deleted meanwhile
+		s.mu.Unlock()
+		return
+	}
+	rec.UpdatedAt, rec.FinishedAt = now, &now
+	if err == nil && rec.Status == StatusBuilding {
+		rec.Status, rec.Tree, rec.Runtime = StatusReady, tree, rt
+		if t := s.templates[rec.TemplateID]; t != nil {
+			for _, tag := range rec.Tags {
+				t.Tags[tag] = TagRef{BuildID: rec.ID, CreatedAt: now}
+			}
+			t.UpdatedAt = now
+			defer s.saveTemplate(ctx, t)
+		}
+	} else {
+		var se *stepError
+		reason := &Reason{Step: "base"}
+		switch {
+		case errors.As(err, &se):
+			reason.Step, reason.Message = se.step, se.msg
+		case err == nil:
+			reason.Message = "the build was canceled"
+		case errors.Is(err, context.Canceled):
+			reason.Message = "the build was canceled"
+		case errors.Is(err, context.DeadlineExceeded):
+			reason.Message = "the build took longer than " + maxBuildTime.String()
+		default:
+			reason.Message = err.Error()
+		}
+		rec.Status, rec.Reason = StatusError, reason
+	}
+	st := rec.Status
+	s.mu.Unlock()
+	if st == StatusReady {
+		s.logf(buildID, "info", "finalize", "Template is ready (built in %s)", time.Since(start).Round(10*time.Millisecond))
+	} else {
+		s.mu.Lock()
+		msg, step := rec.Reason.Message, rec.Reason.Step
+		s.mu.Unlock()
+		s.logf(buildID, "error", step, "Build failed: %s", msg)
+	}
+	s.saveBuild(context.WithoutCancel(ctx), rec)
+}
+
+// builder runs one build.
+type builder struct {
+	s    *Service
+	id   string
+	spec Spec
+	box  *buildBox // the sandbox of the current run of uncached steps
+	// boxTree is the tree box started from.
+	boxTree string
+}
+
+type stepPlan struct {
+	label string // "base", "1".."N"
+	typ   string
+	args  []string
+	hash  string
+	force bool
+}
+
+func (b *builder) build(ctx context.Context) (Runtime, string, error) {
+	s := b.s
+	cur, key, rt, err := b.base(ctx)
+	if err != nil {
+		return Runtime{}, "", err
+	}
+	// E2B's default-user phase, then the steps.
+	plan := []stepPlan{{label: "base", typ: "USER", args: []string{"user", "true"}, force: b.spec.Force}}
+	for i, st := range b.spec.Steps {
+		plan = append(plan, stepPlan{label: fmt.Sprint(i + 1), typ: st.Type, args: st.Args, hash: st.FilesHash, force: st.Force || b.spec.Force})
+	}
+	n := len(b.spec.Steps)
+	for i, st := range plan {
+		key = hashKeys(key, st.typ, strings.Join(st.args, " "), st.hash)
+		if i == 0 {
+			key = hashKeys(key, "DEFAULT USER", "user")
+		}
+		desc := fmt.Sprintf("[builder %d/%d] %s %s", i, n, st.typ, strings.Join(st.args, " "))
+		if i == 0 {
+			desc = "[builder] default user: user"
+		}
+		if !st.force {
+			if l, ok := s.cached(key); ok {
+				s.logf(b.id, "info", st.label, "CACHED %s [%s]", desc, key[:12])
+				cur = l
+				b.dropBox()
+				continue
+			}
+		}
+		t0 := time.Now()
+		s.logf(b.id, "info", st.label, "%s", desc)
+		next, err := b.step(ctx, cur, st)
+		if err != nil {
+			return Runtime{}, "", err
+		}
+		if err := s.keep(key, next); err != nil {
+			return Runtime{}, "", err
+		}
+		cur = next
+		s.logf(b.id, "info", st.label, "done in %s", time.Since(t0).Round(10*time.Millisecond))
+	}
+	b.dropBox()
+	if b.spec.StartCmd != "" || b.spec.ReadyCmd != "" {
+		rt.StartCmd, rt.ReadyCmd = b.spec.StartCmd, b.spec.ReadyCmd
+		if rt.ReadyCmd == "" {
+			rt.ReadyCmd = "sleep 20"
+		}
+	}
+	rt.User, rt.Workdir = cur.Ctx.User, cur.Ctx.Workdir
+	if rt.StartCmd != "" || rt.ReadyCmd != "" {
+		s.logf(b.id, "info", "finalize", "start command: %q, ready command: %q (run at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
+	}
+	return rt, cur.Tree, nil
+}
+
+func (b *builder) dropBox() {
+	if b.box != nil {
+		b.box.kill()
+		b.box = nil
+	}
+}
+
+// base makes (or finds) the base layer: a parent template's tree or an
+// unpacked image.
+func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
+	s := b.s
+	fail := func(format string, args ...any) (layer, string, Runtime, error) {
+		return layer{}, "", Runtime{}, &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
+	}
+	if t := imageTemplate(b.spec.FromImage); t != "" {
+		s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
+		b.spec.FromImage, b.spec.FromTemplate = "", t
+	}
+	if ref := b.spec.FromTemplate; ref != "" {
+		n, err := ParseName(ref)
+		if err != nil {
+			return fail("fromTemplate %q: %v", ref, err)
+		}
+		s.mu.Lock()
+		_, pb, rerr := s.resolveLocked(n)
+		if rerr == nil {
+			tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
+			s.mu.Unlock()
+			key := hashKeys("v2", "template:"+pid)
+			s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
+			parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.treePath(tree))}}
+			return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
+		}
+		s.mu.Unlock()
+		if n.Namespace != "" || n.Tag != "" {
+			return fail("fromTemplate %q: %v", ref, rerr)
+		}
+		rootfs, err := s.opts.Parents.Resolve(n.Alias)
+		if err != nil {
+			return fail("fromTemplate %q: template not found", ref)
+		}
+		fi, err := os.Stat(rootfs)
+		if err != nil {
+			return fail("fromTemplate %q: %v", ref, err)
+		}
+		key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
+		s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
+		if l, ok := s.cached(key); ok {
+			return l, key, Runtime{}, nil
+		}
+		l := layer{Tree: "", Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
+		// The built-in tree is used in place: it is as immutable as a layer.
+		l.Tree = rootfs
+		if err := s.keep(key, l); err != nil {
+			return layer{}, "", Runtime{}, err
+		}
+		return l, key, Runtime{}, nil
+	}
+	img := b.spec.FromImage
+	key := hashKeys("v2", img)
+	s.logf(b.id, "info", "base", "FROM %s", img)
+	if !b.spec.Force {
+		if l, ok := s.cached(key); ok {
+			s.logf(b.id, "info", "base", "CACHED [base] FROM %s [%s]", img, key[:12])
+			return l, key, Runtime{}, nil
+		}
+	}
+	if s.opts.Images == nil {
+		return fail("fromImage %q: pulling images is not available on this server", img)
+	}
+	opts := oci.Options{Progress: &lineWriter{fn: func(line string) { s.logf(b.id, "info", "base", "%s", line) }}}
+	s.mu.Lock()
+	rc := s.creds[b.id]
+	s.mu.Unlock()
+	if rc != nil {
+		auth, err := registryAuth(rc)
+		if err != nil {
+			return fail("fromImageRegistry: %v", err)
+		}
+		opts.Auth = auth
+	}
+	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	if err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	image, err := s.opts.Images.Unpack(ctx, img, tmp, opts)
+	if err != nil {
+		return fail("pulling image %q: %v", img, err)
+	}
+	s.logf(b.id, "info", "base", "image %s (%s)", image.Ref, image.Digest)
+	s.mu.Lock()
+	if rec := s.builds[b.id]; rec != nil {
+		rec.ImageDigest = image.Digest
+	}
+	s.mu.Unlock()
+	if err := template.Finalize(tmp); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	c := buildCtx{User: "root", Workdir: image.Config.WorkingDir, Env: map[string]string{}, Shell: shellOf(tmp)}
+	for _, kv := range image.Config.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			c.Env[k] = v
+		}
+	}
+	tree := "img-" + key[:32]
+	if err := s.commitTree(tmp, tree); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	l := layer{Tree: tree, Ctx: c}
+	if err := s.keep(key, l); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	return l, key, Runtime{}, nil
+}
+
+// imageTemplate is the fence template standing for E2B's own images
+// (the SDK's default base, e2bdev/base), or "".
+func imageTemplate(img string) string {
+	ref := strings.TrimPrefix(strings.TrimPrefix(img, "docker.io/"), "index.docker.io/")
+	ref = strings.TrimSuffix(ref, ":latest")
+	switch ref {
+	case "e2bdev/base":
+		return "base"
+	case "e2bdev/code-interpreter":
+		return "code-interpreter"
+	}
+	return ""
+}
+
+// registryAuth maps fromImageRegistry to the puller's credentials.
+func registryAuth(rc *RegistryConfig) (*oci.Auth, error) {
+	switch rc.Type {
+	case "registry":
+		if rc.Username == "" || rc.Password == "" {
+			return nil, errors.New("registry credentials need a username and a password")
+		}
+		return &oci.Auth{Username: rc.Username, Password: rc.Password}, nil
+	case "gcp":
+		// Google's registries take a service-account key as the password
+		// of the user _json_key.
+		if !json.Valid([]byte(rc.ServiceAccountJSON)) {
+			return nil, errors.New("gcp: serviceAccountJson is not valid JSON")
+		}
+		return &oci.Auth{Username: "_json_key", Password: rc.ServiceAccountJSON}, nil
+	case "aws":
+		return nil, errors.New("aws: pulling from Amazon ECR with access keys is not supported by fence; " +
+			"use fromImage with {username: \"AWS\", password: <the output of `aws ecr get-login-password`>} instead")
+	}
+	return nil, fmt.Errorf("unknown registry type %q", rc.Type)
+}
+
+// shellOf is the shell steps run with in tree: bash if it has one.
+func shellOf(tree string) string {
+	for _, p := range []string{"bin/bash", "usr/bin/bash"} {
+		if _, err := os.Lstat(filepath.Join(tree, p)); err == nil {
+			return "/bin/bash"
+		}
+	}
+	return "/bin/sh"
+}
+
+// treePath is the absolute path of a layer tree (a built-in template's
+// tree is named by its absolute path).
+func (s *Service) treePath(tree string) string {
+	if filepath.IsAbs(tree) {
+		return tree
+	}
+	return filepath.Join(s.treesDir(), tree)
+}
+
+func (s *Service) cached(key string) (layer, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cachedLocked(key)
+}
+
+// +checklocks:s.mu
+func (s *Service) cachedLocked(key string) (layer, bool) {
+	j, err := os.ReadFile(filepath.Join(s.keysDir(), key+".json"))
+	if err != nil {
+		return layer{}, false
+	}
+	var l layer
+	if json.Unmarshal(j, &l) != nil {
+		return layer{}, false
+	}
+	if _, err := os.Lstat(s.treePath(l.Tree)); err != nil {
+		return layer{}, false
+	}
+	return l, true
+}
+
+// keep records a cache entry (written whole, then renamed).
+func (s *Service) keep(key string, l layer) error {
+	j, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(s.keysDir(), ".tmp-"+key)
+	if err := os.WriteFile(tmp, j, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.keysDir(), key+".json"))
+}
+
+// commitTree renames a finished tree into place under its name.
+func (s *Service) commitTree(tmp, name string) error {
+	dst := filepath.Join(s.treesDir(), name)
+	if _, err := os.Lstat(dst); err == nil {
+		return nil // the same content is there already; tmp is removed by the caller
+	}
+	return os.Rename(tmp, dst)
+}
+
+// step runs one step from layer cur.
+func (b *builder) step(ctx context.Context, cur layer, st stepPlan) (layer, error) {
+	s := b.s
+	c := cur.Ctx
+	c.Env = copyEnv(c.Env)
+	fail := func(format string, args ...any) (layer, error) {
+		return layer{}, &stepError{step: st.label, msg: fmt.Sprintf(format, args...)}
+	}
+	if st.typ == "ENV" {
+		if c.Env == nil {
+			c.Env = map[string]string{}
+		}
+		for i := 0; i+1 < len(st.args); i += 2 {
+			c.Env[st.args[i]] = os.Expand(st.args[i+1], func(k string) string { return c.Env[k] })
+		}
+		return layer{Tree: cur.Tree, Ctx: c}, nil
+	}
+	if b.box == nil {
+		box, err := s.startBox(ctx, b.id, cur.Tree)
+		if err != nil {
+			return fail("starting the build sandbox: %v", err)
+		}
+		b.box, b.boxTree = box, cur.Tree
+	}
+	out := &lineWriter{fn: func(line string) { s.logf(b.id, "info", st.label, "%s", line) }}
+	defer out.Flush()
+	var script, user string
+	switch st.typ {
+	case "RUN":
+		script, user = st.args[0], c.User
+		if len(st.args) == 2 && st.args[1] != "" {
+			user = st.args[1]
+		}
+	case "WORKDIR":
+		p := st.args[0]
+		if !path.IsAbs(p) {
+			p = path.Join(cmpOr(c.Workdir, "/"), p)
+		}
+		p = path.Clean(p)
+		script, user = fmt.Sprintf(`[ -d %[1]s ] || { mkdir -p %[1]s && chown "$(id -u %[2]s):$(id -g %[2]s)" %[1]s; }`, shellQuote(p), shellQuote(c.User)), "root"
+		c.Workdir = p
+	case "USER":
+		u := st.args[0]
+		script = fmt.Sprintf(`id -u %[1]s >/dev/null 2>&1 || useradd --create-home --shell /bin/bash %[1]s 2>/dev/null || adduser -D -s /bin/sh %[1]s`, shellQuote(u))
+		if len(st.args) == 2 && st.args[1] == "true" {
+			script += fmt.Sprintf(` && { passwd -d %[1]s >/dev/null 2>&1 || true; } && { getent group sudo >/dev/null 2>&1 && usermod -aG sudo %[1]s 2>/dev/null || true; } && if [ -d /etc/sudoers.d ]; then printf '%%s ALL=(ALL:ALL) NOPASSWD: ALL\n' %[1]s > /etc/sudoers.d/%[1]s && chmod 0440 /etc/sudoers.d/%[1]s; fi`, shellQuote(u))
+		}
+		user = "root"
+		c.User = u
+	case "COPY":
+		var err error
+		script, err = b.copyScript(ctx, st, c)
+		if err != nil {
+			return fail("%v", err)
+		}
+		user = "root"
+	}
+	run := c
+	run.Workdir = cur.Ctx.Workdir // WORKDIR runs where the step before left
+	code, err := b.box.exec(ctx, run, user, script, out)
+	out.Flush()
+	if err != nil {
+		if ctx.Err() != nil {
+			return layer{}, ctx.Err()
+		}
+		return fail("failed to run command '%s': %v", script, err)
+	}
+	if code != 0 {
+		if st.typ == "RUN" {
+			return fail("failed to run command '%s': command failed: exit status %d", st.args[0], code)
+		}
+		return fail("%s %s failed: exit status %d", st.typ, strings.Join(st.args, " "), code)
+	}
+	tree, err := b.snapshot(ctx)
+	if err != nil {
+		return layer{}, err
+	}
+	return layer{Tree: tree, Ctx: c}, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func copyEnv(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// copyScript puts the step's archive into the sandbox and returns the
+// script (run as root there) that places it, E2B's COPY semantics.
+func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (string, error) {
+	f, err := os.Open(filepath.Join(b.s.filesDir(), st.hash+".tar"))
+	if err != nil {
+		return "", fmt.Errorf("COPY %s: the files with hash %s were never uploaded", st.args[0], st.hash)
+	}
+	defer f.Close()
+	staging := "/tmp/.fence-copy-" + st.hash[:16]
+	if err := b.box.envd.WriteFile(ctx, staging+".tar", f); err != nil {
+		return "", fmt.Errorf("COPY %s: putting the files in the build sandbox: %v", st.args[0], err)
+	}
+	src, dest := st.args[0], st.args[1]
+	// The static prefix of the pattern: up to the last '/' before a glob.
+	prefix := src
+	if i := strings.IndexAny(src, "*?[{"); i >= 0 {
+		prefix = src[:i]
+		if j := strings.LastIndex(prefix, "/"); j >= 0 {
+			prefix = prefix[:j]
+		} else {
+			prefix = "."
+		}
+	}
+	prefix = cleanRel(prefix)
+	if prefix == "" {
+		prefix = "."
+	}
+	owner := c.User
+	if len(st.args) > 2 && st.args[2] != "" {
+		owner = st.args[2]
+	}
+	mode := ""
+	if len(st.args) > 3 {
+		mode = st.args[3]
+	}
+	if !path.IsAbs(dest) {
+		base := c.Workdir
+		if base == "" {
+			base = "$(getent passwd " + shellQuote(c.User) + " | cut -d: -f6)"
+		}
+		dest = base + "/" + shellQuote(dest)
+	} else {
+		dest = shellQuote(dest)
+	}
+	trail := ""
+	if strings.HasSuffix(st.args[1], "/") {
+		trail = "/"
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "set -e\nu=%s\nrm -rf \"$u\"; mkdir -p \"$u/unpack\"\ntar -xf \"$u.tar\" -C \"$u/unpack\" --no-same-owner 2>/dev/null || tar -xf \"$u.tar\" -C \"$u/unpack\"\n", staging)
+	fmt.Fprintf(&sb, "src=\"$u/unpack\"/%s\ndest=%s%s\n", shellQuote(prefix), dest, trail)
+	fmt.Fprintf(&sb, "chown -R -h \"$(id -u %[1]s):$(id -g %[1]s)\" \"$src\"\n", shellQuote(owner))
+	if mode != "" {
+		fmt.Fprintf(&sb, "chmod -R %s \"$src\"\n", mode)
+	}
+	sb.WriteString(`if [ -d "$src" ] && [ ! -L "$src" ]; then mkdir -p "$dest"; cp -a "$src"/. "$dest"/
+else case "$dest" in */) mkdir -p "$dest"; cp -a "$src" "$dest";; *) mkdir -p "$(dirname "$dest")"; rm -rf "$dest" 2>/dev/null || true; cp -a "$src" "$dest";; esac; fi
+rm -rf "$u" "$u.tar"
+`)
+	return sb.String(), nil
+}
+
+// snapshot makes a tree of the box's start tree plus its writable layer.
+func (b *builder) snapshot(ctx context.Context) (string, error) {
+	s := b.s
+	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	spool, err := os.CreateTemp(s.treesDir(), ".tmp-layer-")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
+	if err := b.box.layers.ExportLayer(ctx, spool, maxLayerBytes); err != nil {
+		return "", fmt.Errorf("reading the build sandbox's layer: %w", err)
+	}
+	root := filepath.Join(tmp, "rootfs")
+	if err := cloneTree(ctx, s.treePath(b.boxTree), root); err != nil {
+		return "", fmt.Errorf("copying the layer below: %w", err)
+	}
+	if err := applyLayer(ctx, root, spool.Name()); err != nil {
+		return "", fmt.Errorf("applying the step's changes: %w", err)
+	}
+	if err := template.Finalize(root); err != nil {
+		return "", err
+	}
+	name := "l-" + newID(24)
+	if err := os.Rename(root, filepath.Join(s.treesDir(), name)); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// buildBox is a sandbox a build runs steps in.
+type buildBox struct {
+	s      *Service
+	id     string
+	handle string
+	envd   *client.Envd
+	layers isolation.LayerReader
+	tr     *http.Transport
+}
+
+// startBox creates a sandbox of tree through the sandbox manager: the
+// same isolation and limits as any sandbox, egress limited to the build
+// allowlist.
+func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox, error) {
+	handle := ".build-layer-" + newID(16)
+	s.mu.Lock()
+	s.layers[handle] = s.treePath(tree)
+	rec := s.builds[buildID]
+	cpus, mem := 0, 0
+	if rec != nil {
+		cpus, mem = rec.CPUs, rec.MemoryMB
+	}
+	s.mu.Unlock()
+	forget := func() {
+		s.mu.Lock()
+		delete(s.layers, handle)
+		s.mu.Unlock()
+	}
+	f := false
+	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
+		TemplateID: handle, Timeout: maxBuildTime,
+		Metadata:            map[string]string{"fence.template-build": buildID},
+		CPUs:                float64(cpus),
+		MemoryMB:            int64(mem),
+		AllowInternetAccess: &f,
+		Network:             &api.NetworkConfig{AllowOut: slices.Clone(s.opts.Allow), DenyOut: []string{"0.0.0.0/0"}},
+	})
+	if err != nil {
+		forget()
+		return nil, err
+	}
+	box, _, ok := s.opts.Sandboxes.Lookup(sb.ID)
+	lr, isLR := box.(isolation.LayerReader)
+	if !ok || !isLR {
+		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), sb.ID)
+		forget()
+		return nil, errors.New("the sandbox backend cannot read a sandbox's layer")
+	}
+	tr := &http.Transport{
+		DialContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return box.DialAgent(ctx) },
+		DisableCompression: true,
+	}
+	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil).WithUser("root")
+	s.logf(buildID, "debug", "", "build sandbox %s started", sb.ID)
+	return &buildBox{s: s, id: sb.ID, handle: handle, envd: e, layers: lr, tr: tr}, nil
+}
+
+func (b *buildBox) kill() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.s.opts.Sandboxes.Kill(ctx, b.id); err != nil {
+		b.s.log.Warn("killing a build sandbox", "sandbox_id", b.id, "err", err)
+	}
+	b.tr.CloseIdleConnections()
+	b.s.mu.Lock()
+	delete(b.s.layers, b.handle)
+	b.s.mu.Unlock()
+}
+
+// exec runs script with the build context's shell, env and workdir.
+func (b *buildBox) exec(ctx context.Context, c buildCtx, user, script string, out io.Writer) (int, error) {
+	env := copyEnv(c.Env)
+	if p, ok := env["PATH"]; ok {
+		env["PATH"] = p + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	args := []string{"-l", "-c", script}
+	if c.Shell == "/bin/sh" {
+		args = []string{"-c", script}
+	}
+	st, err := b.envd.Run(ctx, client.ProcessSpec{Cmd: cmpOr(c.Shell, "/bin/bash"), Args: args, User: user,
+		Cwd: c.Workdir, Env: env, Stdout: out, Stderr: out})
+	if err != nil {
+		return -1, err
+	}
+	if sig, ok := st.Signal(); ok {
+		return 128 + int(sig), nil
+	}
+	if !st.Exited && st.Error != "" {
+		return -1, errors.New(st.Error)
+	}
+	return st.ExitCode, nil
+}
+
+// lineWriter calls fn for each line written.
+type lineWriter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	fn  func(string)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for {
+		i := bytes.IndexByte(w.buf.Bytes(), '\n')
+		if i < 0 {
+			if w.buf.Len() > maxLogLine {
+				w.fn(w.buf.String())
+				w.buf.Reset()
+			}
+			return len(p), nil
+		}
+		line := strings.TrimRight(string(w.buf.Next(i+1)), "\r\n")
+		w.fn(line)
+	}
+}
+
+// Flush emits a last line without its newline.
+func (w *lineWriter) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.buf.Len() > 0 {
+		w.fn(w.buf.String())
+		w.buf.Reset()
+	}
+}

@@ -1,0 +1,47 @@
+// Package tbuild builds templates from E2B build requests (the SDK's
+// Template builder, `fence template build -f Dockerfile`): it keeps the
+// templates, builds and tags of E2B's template API, runs every build step
+// fenced, and serves the result to sandbox creation.
+//
+// # How a build runs
+//
+// The base is a parent template's tree (fromTemplate) or an image the oci
+// package unpacks (fromImage, fromImageRegistry). Then E2B's default-user
+// phase (user "user" with passwordless sudo), then the steps, in order.
+// Every step that touches files (RUN, COPY, WORKDIR, USER) runs inside a
+// sandbox made by the sandbox manager from the tree built so far, with the
+// same isolation and limits as any sandbox and egress limited to the
+// build's allowlist (default: the package registries' presets). ENV only
+// changes the build context. After each step the sandbox's writable layer
+// is read (isolation.LayerReader) and a new tree is made: the start tree
+// hard-linked (templates are never written, an overlay copies a file up
+// before changing it, so sharing inodes is safe), then the layer applied,
+// deletions and opaque directories included, through descriptors that
+// never follow a symlink. Sandbox uids (shifted on the host) are mapped
+// back; extended attributes (file capabilities) and set-id bits are not
+// kept.
+//
+// # Guarantees
+//
+//   - The layer cache is keyed like E2B's chain: a step's key hashes the
+//     previous key, the step's type and arguments and its files hash, so a
+//     change invalidates every later step. A hit is logged as CACHED.
+//     Whole-build force bypasses every lookup; a step's force bypasses its
+//     own.
+//   - Layer trees appear only complete (made in a .tmp- directory and
+//     renamed) and are never written afterwards; a crashed daemon's .tmp-
+//     leftovers are removed at start. A build that does not finish makes
+//     no template: a template build is ready only once every step passed,
+//     and builds found waiting or building at start are marked failed.
+//   - Build records, tags and templates persist in the store; logs are
+//     append-only and indexed by offset.
+//   - Uploaded COPY archives are checked (gzip or plain tar, relative
+//     paths) before they are kept; a malformed one is a clear error and
+//     keeps nothing. They are extracted inside the build sandbox, never on
+//     the host.
+//
+// # Not done here
+//
+// Layer trees are kept while any build or cache entry names them; nothing
+// removes unused ones yet (fence template rm removes records, not layers).
+package tbuild

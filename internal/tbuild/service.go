@@ -1,0 +1,1157 @@
+package tbuild
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+// Status is a build's state.
+type Status string
+
+// Build states, E2B's.
+const (
+	StatusWaiting  Status = "waiting"
+	StatusBuilding Status = "building"
+	StatusReady    Status = "ready"
+	StatusError    Status = "error"
+)
+
+// LogEntry is one line of a build's log.
+type LogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"` // debug, info, warn, error
+	Message   string    `json:"message"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// Reason says why a build failed.
+type Reason struct {
+	Message    string     `json:"message"`
+	Step       string     `json:"step,omitempty"`
+	LogEntries []LogEntry `json:"logEntries,omitempty"`
+}
+
+// Step is one build step as the SDKs send it.
+type Step struct {
+	Type      string   `json:"type"`
+	Args      []string `json:"args"`
+	FilesHash string   `json:"filesHash,omitempty"`
+	Force     bool     `json:"force"`
+}
+
+// RegistryConfig is fromImageRegistry: credentials for the image's
+// registry. It is never stored.
+type RegistryConfig struct {
+	Type               string `json:"type"`
+	Username           string `json:"username,omitempty"`
+	Password           string `json:"password,omitempty"`
+	AWSAccessKeyID     string `json:"awsAccessKeyId,omitempty"`
+	AWSSecretAccessKey string `json:"awsSecretAccessKey,omitempty"`
+	AWSRegion          string `json:"awsRegion,omitempty"`
+	ServiceAccountJSON string `json:"serviceAccountJson,omitempty"`
+}
+
+// Spec is the body of a build trigger (E2B's TemplateBuildStartV2).
+type Spec struct {
+	FromImage         string          `json:"fromImage,omitempty"`
+	FromTemplate      string          `json:"fromTemplate,omitempty"`
+	FromImageRegistry *RegistryConfig `json:"fromImageRegistry,omitempty"`
+	Steps             []Step          `json:"steps,omitempty"`
+	StartCmd          string          `json:"startCmd,omitempty"`
+	ReadyCmd          string          `json:"readyCmd,omitempty"`
+	Force             bool            `json:"force,omitempty"`
+}
+
+// Runtime is what a template's build leaves for its sandboxes.
+type Runtime struct {
+	User     string `json:"user,omitempty"`
+	Workdir  string `json:"workdir,omitempty"`
+	StartCmd string `json:"startCmd,omitempty"`
+	ReadyCmd string `json:"readyCmd,omitempty"`
+	// CPUs and MemoryMB are the build request's, its sandboxes' size.
+	CPUs     int `json:"cpuCount,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
+}
+
+// Build is one build of a template.
+type Build struct {
+	ID          string     `json:"id"`
+	TemplateID  string     `json:"templateID"`
+	Status      Status     `json:"status"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	UpdatedAt   time.Time  `json:"updatedAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	CPUs        int        `json:"cpuCount"`
+	MemoryMB    int        `json:"memoryMB"`
+	Tags        []string   `json:"tags"`
+	Spec        *Spec      `json:"spec,omitempty"` // without credentials
+	Reason      *Reason    `json:"reason,omitempty"`
+	Logs        []LogEntry `json:"logs,omitempty"`
+	Tree        string     `json:"tree,omitempty"` // layer tree of a ready build
+	Runtime     Runtime    `json:"runtime"`
+	ImageDigest string     `json:"imageDigest,omitempty"`
+}
+
+// TagRef is where a tag points.
+type TagRef struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Template is a built template's record.
+type Template struct {
+	ID        string            `json:"id"`
+	Alias     string            `json:"alias"`
+	CreatedAt time.Time         `json:"createdAt"`
+	UpdatedAt time.Time         `json:"updatedAt"`
+	Public    bool              `json:"public"`
+	Tags      map[string]TagRef `json:"tags"`
+}
+
+// DocStore persists the records; *store.Store implements it.
+type DocStore interface {
+	PutTemplateDoc(ctx context.Context, d store.Doc) error
+	PutBuildDoc(ctx context.Context, d store.Doc) error
+	DeleteTemplateDoc(ctx context.Context, id string) error
+	TemplateDocs(ctx context.Context) ([]store.Doc, error)
+	BuildDocs(ctx context.Context) ([]store.Doc, error)
+}
+
+// Sandboxes makes the build sandboxes; *sandbox.Manager implements it.
+type Sandboxes interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	Kill(ctx context.Context, id string) error
+	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+}
+
+// Parents resolves the templates fence builds itself (minimal, base, …).
+type Parents interface {
+	Resolve(name string) (rootfs string, err error)
+}
+
+// Images unpacks OCI images; *oci.Cache implements it.
+type Images interface {
+	Unpack(ctx context.Context, ref, dst string, opts oci.Options) (oci.Image, error)
+}
+
+// Options configure a Service.
+type Options struct {
+	// Dir holds the layer trees and uploaded files. Required.
+	Dir   string
+	Store DocStore // required
+	// Sandboxes makes the build sandboxes; without it, builds fail.
+	Sandboxes Sandboxes
+	Parents   Parents // required
+	// Images unpacks fromImage bases; nil fails such builds clearly.
+	Images Images
+	// Allow is the egress allowlist of build steps (allowOut entries:
+	// names, presets, CIDRs); nil means DefaultAllow.
+	Allow []string
+	// Namespace is the team slug names are shown under; empty "fence".
+	Namespace string
+	// MaxUploadBytes bounds one COPY archive; zero means 1 GiB.
+	MaxUploadBytes int64
+	Logger         *slog.Logger
+	Now            func() time.Time
+}
+
+// DefaultAllow is the build steps' default egress: the package
+// registries' presets.
+var DefaultAllow = []string{"@pypi", "@npm", "@debian", "@go", "@crates", "@github"}
+
+// Service keeps E2B's template records and runs builds. It is safe for
+// concurrent use.
+type Service struct {
+	opts Options
+	log  *slog.Logger
+	now  func() time.Time
+
+	mu sync.Mutex
+	// +checklocks:mu
+	templates map[string]*Template
+	// +checklocks:mu
+	builds map[string]*Build
+	// +checklocks:mu
+	uploads map[string]upload // token → upload
+	// +checklocks:mu
+	running map[string]context.CancelFunc // build ID → cancel
+	// +checklocks:mu
+	layers map[string]string // handle → tree path, for build sandboxes
+	// +checklocks:mu
+	creds map[string]*RegistryConfig // build ID → credentials, never stored
+
+	wg sync.WaitGroup
+}
+
+type upload struct {
+	hash    string
+	expires time.Time
+}
+
+// New opens the service: it reads the records, marks the builds that a
+// stopped daemon left unfinished as failed and removes unfinished trees.
+func New(ctx context.Context, opts Options) (*Service, error) {
+	if opts.Dir == "" || opts.Store == nil || opts.Parents == nil {
+		return nil, errors.New("tbuild: Dir, Store and Parents are required")
+	}
+	if opts.Allow == nil {
+		opts.Allow = DefaultAllow
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = "fence"
+	}
+	if opts.MaxUploadBytes == 0 {
+		opts.MaxUploadBytes = 1 << 30
+	}
+	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
+		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]upload{},
+		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, d := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	if err := os.Chmod(s.treesDir(), 0o755); err != nil {
+		return nil, err
+	}
+	s.removeTemp()
+	tdocs, err := opts.Store.TemplateDocs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range tdocs {
+		var t Template
+		if err := json.Unmarshal(d.JSON, &t); err != nil {
+			s.log.Warn("skipping a corrupt template record", "id", d.ID, "err", err)
+			continue
+		}
+		if t.Tags == nil {
+			t.Tags = map[string]TagRef{}
+		}
+		s.templates[t.ID] = &t
+	}
+	bdocs, err := opts.Store.BuildDocs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range bdocs {
+		var b Build
+		if err := json.Unmarshal(d.JSON, &b); err != nil {
+			s.log.Warn("skipping a corrupt build record", "id", d.ID, "err", err)
+			continue
+		}
+		if b.Status == StatusWaiting || b.Status == StatusBuilding {
+			b.Status = StatusError
+			b.Reason = &Reason{Message: "the build was interrupted: the fence daemon stopped during it", Step: "base"}
+			now := s.now().UTC()
+			b.FinishedAt, b.UpdatedAt = &now, now
+			b.Logs = append(b.Logs, LogEntry{Timestamp: now, Level: "error", Message: b.Reason.Message})
+			s.builds[b.ID] = &b
+			s.saveBuild(ctx, &b)
+			continue
+		}
+		s.builds[b.ID] = &b
+	}
+	return s, nil
+}
+
+// Close cancels the builds in progress and waits for them to stop.
+func (s *Service) Close() {
+	s.mu.Lock()
+	for _, c := range s.running {
+		c()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *Service) treesDir() string { return filepath.Join(s.opts.Dir, "trees") }
+func (s *Service) filesDir() string { return filepath.Join(s.opts.Dir, "files") }
+func (s *Service) keysDir() string  { return filepath.Join(s.opts.Dir, "layers") }
+
+// removeTemp removes the half-made trees and uploads of a crashed daemon.
+func (s *Service) removeTemp() {
+	for _, dir := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".tmp-") {
+				p := filepath.Join(dir, e.Name())
+				s.log.Info("removing an unfinished template layer", "path", p)
+				if err := os.RemoveAll(p); err != nil {
+					s.log.Warn("removing an unfinished template layer", "path", p, "err", err)
+				}
+			}
+		}
+	}
+}
+
+func newID(n int) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func (s *Service) saveTemplate(ctx context.Context, t *Template) {
+	s.mu.Lock()
+	b, err := json.Marshal(t)
+	id, alias := t.ID, t.Alias
+	s.mu.Unlock()
+	if err == nil {
+		err = s.opts.Store.PutTemplateDoc(context.WithoutCancel(ctx), store.Doc{ID: id, Key: alias, JSON: b})
+	}
+	if err != nil {
+		s.log.Error("recording a template", "id", id, "err", err)
+	}
+}
+
+func (s *Service) saveBuild(ctx context.Context, b *Build) {
+	s.mu.Lock()
+	j, err := json.Marshal(b)
+	id, tid, st := b.ID, b.TemplateID, b.Status
+	s.mu.Unlock()
+	if err == nil {
+		err = s.opts.Store.PutBuildDoc(context.WithoutCancel(ctx), store.Doc{ID: id, Key: tid, Status: string(st), JSON: j})
+	}
+	if err != nil {
+		s.log.Error("recording a build", "id", id, "err", err)
+	}
+}
+
+// Registered is the answer to Register (E2B's TemplateRequestResponseV3).
+type Registered struct {
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID"`
+	Names      []string `json:"names"`
+	Aliases    []string `json:"aliases"`
+	Tags       []string `json:"tags"`
+	Public     bool     `json:"public"`
+}
+
+// Register records a new build of the template called name (created if
+// new), in state waiting.
+func (s *Service) Register(ctx context.Context, name string, tags []string, cpus, memoryMB int) (*Registered, error) {
+	if strings.TrimSpace(name) == "" {
+		return nil, fmt.Errorf("Name is required: %w", api.ErrInvalidArgument)
+	}
+	n, err := ParseName(name)
+	if err != nil {
+		return nil, err
+	}
+	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
+		return nil, fmt.Errorf("namespace %q is not this server's (%q): %w", n.Namespace, s.opts.Namespace, api.ErrInvalidArgument)
+	}
+	var all []string
+	if n.Tag != "" {
+		all = append(all, n.Tag)
+	}
+	for _, t := range tags {
+		t = strings.ToLower(strings.TrimSpace(t))
+		if !tagRE.MatchString(t) || uuidRE.MatchString(t) {
+			return nil, fmt.Errorf("invalid tag %q (want [a-z0-9_.-]+, not a UUID): %w", t, api.ErrInvalidArgument)
+		}
+		if !slices.Contains(all, t) {
+			all = append(all, t)
+		}
+	}
+	if len(all) == 0 {
+		all = []string{DefaultTag}
+	}
+	if cpus == 0 {
+		cpus = 2
+	}
+	if memoryMB == 0 {
+		memoryMB = 1024
+	}
+	if cpus < 1 || cpus > 32 || (cpus != 1 && cpus%2 != 0) {
+		return nil, fmt.Errorf("cpuCount %d: want 1 or an even number up to 32: %w", cpus, api.ErrInvalidArgument)
+	}
+	if memoryMB < 128 || memoryMB%2 != 0 {
+		return nil, fmt.Errorf("memoryMB %d: want an even number of at least 128: %w", memoryMB, api.ErrInvalidArgument)
+	}
+	now := s.now().UTC()
+	s.mu.Lock()
+	if _, taken := s.templates[n.Alias]; taken {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("Alias '%s' is already used: %w", n.Alias, api.ErrConflict)
+	}
+	t := s.byAliasLocked(n.Alias)
+	if t == nil {
+		t = &Template{ID: newID(20), Alias: n.Alias, CreatedAt: now, Tags: map[string]TagRef{}}
+		s.templates[t.ID] = t
+	}
+	t.UpdatedAt = now
+	b := &Build{ID: newUUID(), TemplateID: t.ID, Status: StatusWaiting, CreatedAt: now, UpdatedAt: now,
+		CPUs: cpus, MemoryMB: memoryMB, Tags: all}
+	var superseded []*Build
+	for _, old := range s.builds {
+		if old.TemplateID == t.ID && old.Status == StatusWaiting {
+			old.Status, old.UpdatedAt = StatusError, now
+			old.Reason = &Reason{Message: "The build was canceled because it was superseded by a newer one."}
+			superseded = append(superseded, old)
+		}
+	}
+	s.builds[b.ID] = b
+	s.mu.Unlock()
+	s.saveTemplate(ctx, t)
+	s.saveBuild(ctx, b)
+	for _, old := range superseded {
+		s.saveBuild(ctx, old)
+	}
+	return &Registered{TemplateID: t.ID, BuildID: b.ID, Names: []string{s.opts.Namespace + "/" + n.Alias},
+		Aliases: []string{n.Alias}, Tags: all}, nil
+}
+
+// +checklocks:s.mu
+func (s *Service) byAliasLocked(alias string) *Template {
+	for _, t := range s.templates {
+		if t.Alias == alias {
+			return t
+		}
+	}
+	return nil
+}
+
+// template finds a template by ID or name (a tag is ignored).
+// +checklocks:s.mu
+func (s *Service) templateLocked(idOrName string) (*Template, error) {
+	if t, ok := s.templates[idOrName]; ok {
+		return t, nil
+	}
+	n, err := ParseName(idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
+		return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
+	}
+	if t := s.byAliasLocked(n.Alias); t != nil {
+		return t, nil
+	}
+	if t, ok := s.templates[n.Alias]; ok {
+		return t, nil
+	}
+	return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
+}
+
+// buildLocked finds a build of a template.
+// +checklocks:s.mu
+func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
+	if !uuidRE.MatchString(buildID) {
+		return nil, fmt.Errorf("invalid build ID %q: %w", buildID, api.ErrInvalidArgument)
+	}
+	t, err := s.templateLocked(templateID)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := s.builds[buildID]
+	if !ok || b.TemplateID != t.ID {
+		return nil, fmt.Errorf("template %q has no build %q: %w", templateID, buildID, api.ErrNotFound)
+	}
+	return b, nil
+}
+
+// FileStatus says whether the COPY archive with this hash is kept, and
+// gives a token to upload it with (valid 30 minutes).
+func (s *Service) FileStatus(templateID, hash string) (present bool, token string, err error) {
+	if !hashRE.MatchString(hash) {
+		return false, "", fmt.Errorf("Invalid files hash: %w", api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.templateLocked(templateID); err != nil {
+		return false, "", err
+	}
+	_, statErr := os.Stat(filepath.Join(s.filesDir(), hash+".tar"))
+	token = newID(40)
+	now := s.now()
+	for k, u := range s.uploads {
+		if now.After(u.expires) {
+			delete(s.uploads, k)
+		}
+	}
+	if len(s.uploads) >= 10000 {
+		return false, "", fmt.Errorf("too many uploads pending: %w", api.ErrResourceExhausted)
+	}
+	s.uploads[token] = upload{hash: hash, expires: now.Add(30 * time.Minute)}
+	return statErr == nil, token, nil
+}
+
+// Upload stores the COPY archive the token was issued for: a tar,
+// gzipped or not, checked before it is kept.
+func (s *Service) Upload(ctx context.Context, token string, body io.Reader) error {
+	s.mu.Lock()
+	u, ok := s.uploads[token]
+	if ok && s.now().After(u.expires) {
+		delete(s.uploads, token)
+		ok = false
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("unknown or expired upload link: %w", api.ErrNotFound)
+	}
+	return storeArchive(ctx, s.filesDir(), u.hash, body, s.opts.MaxUploadBytes)
+}
+
+// Trigger starts a waiting build with spec. The build is building when
+// Trigger returns.
+func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec Spec) error {
+	if err := validateSpec(&spec); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	b, err := s.buildLocked(templateID, buildID)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if b.Status != StatusWaiting {
+		s.mu.Unlock()
+		return fmt.Errorf("build is not in waiting state: %w", api.ErrInvalidArgument)
+	}
+	if s.opts.Sandboxes == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("template builds are not available: %w", api.ErrUnavailable)
+	}
+	if len(s.running) >= maxConcurrentBuilds {
+		s.mu.Unlock()
+		return fmt.Errorf("%d template builds are running, at most %d at once: %w", len(s.running), maxConcurrentBuilds, api.ErrResourceExhausted)
+	}
+	// Other builds of the template in progress are canceled.
+	for id, cancel := range s.running {
+		if o := s.builds[id]; o != nil && o.TemplateID == b.TemplateID {
+			cancel()
+		}
+	}
+	stored := spec
+	stored.FromImageRegistry = nil
+	b.Spec = &stored
+	b.Status, b.UpdatedAt = StatusBuilding, s.now().UTC()
+	if spec.FromImageRegistry != nil {
+		s.creds[b.ID] = spec.FromImageRegistry
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxBuildTime)
+	s.running[b.ID] = cancel
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.saveBuild(ctx, b)
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		s.run(bctx, b.ID, spec)
+		s.mu.Lock()
+		delete(s.running, b.ID)
+		delete(s.creds, b.ID)
+		s.mu.Unlock()
+	}()
+	return nil
+}
+
+const maxBuildTime = 2 * time.Hour
+
+// maxConcurrentBuilds bounds the builds running at once (each holds a
+// sandbox while its steps run); more is E2B's 429.
+const maxConcurrentBuilds = 4
+
+func validateSpec(sp *Spec) error {
+	switch {
+	case sp.FromImage != "" && sp.FromTemplate != "":
+		return fmt.Errorf("cannot specify both fromImage and fromTemplate: %w", api.ErrInvalidArgument)
+	case sp.FromImage == "" && sp.FromTemplate == "":
+		return fmt.Errorf("must specify either fromImage or fromTemplate: %w", api.ErrInvalidArgument)
+	}
+	if len(sp.Steps) > 1000 {
+		return fmt.Errorf("%d steps: at most 1000: %w", len(sp.Steps), api.ErrInvalidArgument)
+	}
+	for i := range sp.Steps {
+		st := &sp.Steps[i]
+		st.Type = strings.ToUpper(st.Type)
+		switch st.Type {
+		case "ADD":
+			st.Type = "COPY"
+		case "ARG":
+			st.Type = "ENV"
+		}
+		bad := func(why string) error {
+			return fmt.Errorf("step %d (%s): %s: %w", i+1, st.Type, why, api.ErrInvalidArgument)
+		}
+		switch st.Type {
+		case "RUN":
+			if len(st.Args) < 1 || len(st.Args) > 2 || st.Args[0] == "" {
+				return bad("want [command] or [command, user]")
+			}
+		case "COPY":
+			if len(st.Args) < 2 || len(st.Args) > 4 || st.Args[1] == "" {
+				return bad("want [src, dest, user, mode]")
+			}
+			if !hashRE.MatchString(st.FilesHash) {
+				return bad("filesHash must be 64 hex digits")
+			}
+			if len(st.Args) == 4 && st.Args[3] != "" && !octalRE.MatchString(st.Args[3]) {
+				return bad("mode must be octal")
+			}
+		case "ENV":
+			if len(st.Args)%2 != 0 {
+				return bad("want key, value pairs")
+			}
+			for j := 0; j < len(st.Args); j += 2 {
+				if !envKeyRE.MatchString(st.Args[j]) {
+					return bad(fmt.Sprintf("invalid variable name %q", st.Args[j]))
+				}
+			}
+		case "WORKDIR":
+			if len(st.Args) != 1 || st.Args[0] == "" {
+				return bad("want [path]")
+			}
+		case "USER":
+			if len(st.Args) < 1 || len(st.Args) > 2 || !userRE.MatchString(st.Args[0]) {
+				return bad("want [user] with a valid user name")
+			}
+		default:
+			return fmt.Errorf("step %d: unknown step type %q (want RUN, COPY, ENV, WORKDIR or USER): %w", i+1, st.Type, api.ErrInvalidArgument)
+		}
+		for _, a := range st.Args {
+			if strings.ContainsRune(a, 0) {
+				return bad("an argument holds a NUL byte")
+			}
+		}
+	}
+	if rc := sp.FromImageRegistry; rc != nil {
+		switch rc.Type {
+		case "registry", "aws", "gcp":
+		default:
+			return fmt.Errorf("fromImageRegistry: unknown type %q (want registry, aws or gcp): %w", rc.Type, api.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Info is the answer to Status (E2B's TemplateBuildInfo).
+type Info struct {
+	TemplateID string     `json:"templateID"`
+	BuildID    string     `json:"buildID"`
+	Status     Status     `json:"status"`
+	LogEntries []LogEntry `json:"logEntries"`
+	Logs       []string   `json:"logs"`
+	Reason     *Reason    `json:"reason,omitempty"`
+}
+
+var levels = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
+
+// Status returns a build's state and its log entries [offset,
+// offset+limit) of at least level.
+func (s *Service) Status(templateID, buildID string, offset, limit int, level string) (*Info, error) {
+	if limit <= 0 || limit > 100 {
+		limit = 100
+	}
+	if offset < 0 {
+		return nil, fmt.Errorf("negative logsOffset: %w", api.ErrInvalidArgument)
+	}
+	min, ok := levels[level]
+	if level != "" && !ok {
+		return nil, fmt.Errorf("invalid level %q (want debug, info, warn or error): %w", level, api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := s.buildLocked(templateID, buildID)
+	if err != nil {
+		return nil, err
+	}
+	info := &Info{TemplateID: b.TemplateID, BuildID: b.ID, Status: b.Status, LogEntries: []LogEntry{}, Logs: []string{}}
+	var logs []LogEntry
+	for _, e := range b.Logs {
+		if levels[e.Level] >= min {
+			logs = append(logs, e)
+		}
+	}
+	if offset < len(logs) {
+		info.LogEntries = slices.Clone(logs[offset:min2(len(logs), offset+limit)])
+	}
+	if b.Reason != nil {
+		r := *b.Reason
+		r.LogEntries = nil
+		for _, e := range info.LogEntries {
+			if e.Step == r.Step && levels[e.Level] >= levels["warn"] {
+				r.LogEntries = append(r.LogEntries, e)
+			}
+		}
+		info.Reason = &r
+	}
+	return info, nil
+}
+
+func min2(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+// Logs returns log entries of a build from cursor (unix ms) on, forward
+// or backward.
+func (s *Service) Logs(templateID, buildID string, cursor int64, backward bool, limit int, level string) ([]LogEntry, error) {
+	if limit <= 0 || limit > 100 {
+		limit = 100
+	}
+	min, ok := levels[level]
+	if level != "" && !ok {
+		return nil, fmt.Errorf("invalid level %q: %w", level, api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := s.buildLocked(templateID, buildID)
+	if err != nil {
+		return nil, err
+	}
+	out := []LogEntry{}
+	logs := b.Logs
+	if backward {
+		logs = slices.Clone(logs)
+		slices.Reverse(logs)
+	}
+	for _, e := range logs {
+		ms := e.Timestamp.UnixMilli()
+		if levels[e.Level] < min || (cursor > 0 && (!backward && ms < cursor || backward && ms > cursor)) {
+			continue
+		}
+		out = append(out, e)
+		if len(out) == limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// TagInfo is one tag of a template.
+type TagInfo struct {
+	Tag       string    `json:"tag"`
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// AssignTags points tags at the build target ("name[:tag]") resolves to.
+func (s *Service) AssignTags(ctx context.Context, target string, tags []string) (string, []string, error) {
+	if len(tags) == 0 {
+		return "", nil, fmt.Errorf("tags are required: %w", api.ErrInvalidArgument)
+	}
+	n, err := ParseName(target)
+	if err != nil {
+		return "", nil, err
+	}
+	var clean []string
+	for _, t := range tags {
+		t = strings.ToLower(strings.TrimSpace(t))
+		if !tagRE.MatchString(t) || uuidRE.MatchString(t) {
+			return "", nil, fmt.Errorf("invalid tag %q: %w", t, api.ErrInvalidArgument)
+		}
+		clean = append(clean, t)
+	}
+	s.mu.Lock()
+	t, b, err := s.resolveLocked(n)
+	if err != nil {
+		s.mu.Unlock()
+		return "", nil, err
+	}
+	now := s.now().UTC()
+	for _, tag := range clean {
+		t.Tags[tag] = TagRef{BuildID: b.ID, CreatedAt: now}
+	}
+	t.UpdatedAt = now
+	s.mu.Unlock()
+	s.saveTemplate(ctx, t)
+	return b.ID, clean, nil
+}
+
+// RemoveTags removes tags of the template name (which must have no tag).
+func (s *Service) RemoveTags(ctx context.Context, name string, tags []string) error {
+	n, err := ParseName(name)
+	if err != nil {
+		return err
+	}
+	if n.Tag != "" || strings.Contains(name, ":") {
+		return fmt.Errorf("name %q must not hold a tag: %w", name, api.ErrInvalidArgument)
+	}
+	if len(tags) == 0 {
+		return fmt.Errorf("tags are required: %w", api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	t, err := s.templateLocked(name)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	for _, tag := range tags {
+		tag = strings.ToLower(strings.TrimSpace(tag))
+		if tag == DefaultTag {
+			s.mu.Unlock()
+			return fmt.Errorf("the default tag cannot be removed: %w", api.ErrInvalidArgument)
+		}
+		if _, ok := t.Tags[tag]; !ok {
+			s.mu.Unlock()
+			return fmt.Errorf("Template '%s' with tag '%s' not found: %w", name, tag, api.ErrNotFound)
+		}
+	}
+	for _, tag := range tags {
+		delete(t.Tags, strings.ToLower(strings.TrimSpace(tag)))
+	}
+	t.UpdatedAt = s.now().UTC()
+	s.mu.Unlock()
+	s.saveTemplate(ctx, t)
+	return nil
+}
+
+// Tags lists a template's tags.
+func (s *Service) Tags(idOrName string) ([]TagInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, err := s.templateLocked(idOrName)
+	if err != nil {
+		return nil, err
+	}
+	out := []TagInfo{}
+	for _, tag := range slices.Sorted(maps.Keys(t.Tags)) {
+		r := t.Tags[tag]
+		out = append(out, TagInfo{Tag: tag, BuildID: r.BuildID, CreatedAt: r.CreatedAt})
+	}
+	return out, nil
+}
+
+// Alias answers GET /templates/aliases/{alias}: the template's ID and
+// whether it is public. fence's own templates (minimal, base, …) are
+// public.
+func (s *Service) Alias(name string) (id string, public bool, err error) {
+	n, err := ParseName(name)
+	if err != nil {
+		return "", false, err
+	}
+	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
+		return "", false, fmt.Errorf("namespace %q is not this server's: %w", n.Namespace, api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	t := s.byAliasLocked(n.Alias)
+	if t != nil {
+		if n.Tag != "" {
+			if _, ok := t.Tags[n.Tag]; !ok {
+				s.mu.Unlock()
+				return "", false, fmt.Errorf("tag '%s' does not exist for template '%s': %w", n.Tag, n.Alias, api.ErrNotFound)
+			}
+		}
+		id, public := t.ID, t.Public
+		s.mu.Unlock()
+		return id, public, nil
+	}
+	s.mu.Unlock()
+	if n.Tag == "" {
+		if _, err := s.opts.Parents.Resolve(n.Alias); err == nil {
+			return n.Alias, true, nil
+		}
+	}
+	return "", false, fmt.Errorf("template %q not found: %w", name, api.ErrNotFound)
+}
+
+// Delete removes a template (any tag in the name is ignored) and its
+// builds' records.
+func (s *Service) Delete(ctx context.Context, idOrName string) error {
+	s.mu.Lock()
+	t, err := s.templateLocked(idOrName)
+	sbs := s.opts.Sandboxes
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if sbs != nil {
+		live, err := sbs.List(ctx, sandbox.ListFilter{})
+		if err != nil {
+			return err
+		}
+		for _, sb := range live {
+			n, err := ParseName(sb.TemplateID)
+			if err != nil || n.Alias != t.Alias && n.Alias != t.ID {
+				continue
+			}
+			what := "running"
+			if sb.State == sandbox.StatePaused {
+				what = "paused"
+			}
+			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
+		}
+	}
+	s.mu.Lock()
+	if s.templates[t.ID] != t {
+		s.mu.Unlock()
+		return fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
+	}
+	for id, b := range s.builds {
+		if b.TemplateID == t.ID {
+			if c, ok := s.running[id]; ok {
+				c()
+			}
+			delete(s.builds, id)
+		}
+	}
+	delete(s.templates, t.ID)
+	s.mu.Unlock()
+	return s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID)
+}
+
+// Listed is one template in a list (E2B's Template).
+type Listed struct {
+	TemplateID    string     `json:"templateID"`
+	BuildID       string     `json:"buildID"`
+	CPUCount      int        `json:"cpuCount"`
+	MemoryMB      int        `json:"memoryMB"`
+	DiskSizeMB    int        `json:"diskSizeMB"`
+	Public        bool       `json:"public"`
+	Aliases       []string   `json:"aliases"`
+	Names         []string   `json:"names"`
+	CreatedAt     time.Time  `json:"createdAt"`
+	UpdatedAt     time.Time  `json:"updatedAt"`
+	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
+	SpawnCount    int64      `json:"spawnCount"`
+	BuildCount    int        `json:"buildCount"`
+	BuildStatus   Status     `json:"buildStatus"`
+	CreatedBy     *struct{}  `json:"createdBy"`
+	EnvdVersion   string     `json:"envdVersion"`
+}
+
+// EnvdVersion is the envd version fence's agent reports.
+const EnvdVersion = "0.2.0"
+
+// List returns the templates, newest first.
+func (s *Service) List() []Listed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Listed{}
+	for _, t := range s.templates {
+		l := Listed{TemplateID: t.ID, BuildID: "00000000-0000-0000-0000-000000000000", CPUCount: 2, MemoryMB: 1024,
+			Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
+			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, BuildStatus: StatusWaiting, EnvdVersion: EnvdVersion}
+		var latest *Build
+		for _, b := range s.builds {
+			if b.TemplateID != t.ID {
+				continue
+			}
+			l.BuildCount++
+			if latest == nil || b.CreatedAt.After(latest.CreatedAt) {
+				latest = b
+			}
+		}
+		if latest != nil {
+			l.BuildStatus = latest.Status
+		}
+		if r, ok := t.Tags[DefaultTag]; ok {
+			if b := s.builds[r.BuildID]; b != nil {
+				l.BuildID, l.CPUCount, l.MemoryMB = b.ID, b.CPUs, b.MemoryMB
+			}
+		}
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b Listed) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return out
+}
+
+// BuildSummary is one build in a template's detail.
+type BuildSummary struct {
+	BuildID     string     `json:"buildID"`
+	Status      Status     `json:"status"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	UpdatedAt   time.Time  `json:"updatedAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	CPUCount    int        `json:"cpuCount"`
+	MemoryMB    int        `json:"memoryMB"`
+	EnvdVersion string     `json:"envdVersion,omitempty"`
+}
+
+// Detail is E2B's TemplateWithBuilds.
+type Detail struct {
+	TemplateID    string         `json:"templateID"`
+	Public        bool           `json:"public"`
+	Aliases       []string       `json:"aliases"`
+	Names         []string       `json:"names"`
+	CreatedAt     time.Time      `json:"createdAt"`
+	UpdatedAt     time.Time      `json:"updatedAt"`
+	LastSpawnedAt *time.Time     `json:"lastSpawnedAt"`
+	SpawnCount    int64          `json:"spawnCount"`
+	Builds        []BuildSummary `json:"builds"`
+}
+
+// Get returns a template's detail, builds newest first.
+func (s *Service) Get(id string) (*Detail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.templates[id]
+	if !ok {
+		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
+	}
+	d := &Detail{TemplateID: t.ID, Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Builds: []BuildSummary{}}
+	for _, b := range s.builds {
+		if b.TemplateID == t.ID {
+			d.Builds = append(d.Builds, BuildSummary{BuildID: b.ID, Status: b.Status, CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
+				FinishedAt: b.FinishedAt, CPUCount: b.CPUs, MemoryMB: b.MemoryMB, EnvdVersion: EnvdVersion})
+		}
+	}
+	slices.SortFunc(d.Builds, func(a, b BuildSummary) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return d, nil
+}
+
+// SetPublic sets (when public is not nil) whether a template is public
+// and returns its names.
+func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]string, error) {
+	s.mu.Lock()
+	t, ok := s.templates[id]
+	if !ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
+	}
+	if public != nil {
+		t.Public = *public
+		t.UpdatedAt = s.now().UTC()
+	}
+	names := []string{s.opts.Namespace + "/" + t.Alias}
+	s.mu.Unlock()
+	if public != nil {
+		s.saveTemplate(ctx, t)
+	}
+	return names, nil
+}
+
+// SetSandboxes gives the service the sandbox manager its builds run in
+// (made after the service, which resolves its templates).
+func (s *Service) SetSandboxes(sb Sandboxes) {
+	s.mu.Lock()
+	s.opts.Sandboxes = sb
+	s.mu.Unlock()
+}
+
+// resolveLocked finds the ready build a name selects: the newest ready
+// build its tag (default when none) points at, or the build whose UUID
+// the tag is.
+// +checklocks:s.mu
+func (s *Service) resolveLocked(n Name) (*Template, *Build, error) {
+	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
+		return nil, nil, fmt.Errorf("template %s/%s not found: %w", n.Namespace, n.Alias, api.ErrNotFound)
+	}
+	t := s.byAliasLocked(n.Alias)
+	if t == nil {
+		t = s.templates[n.Alias]
+	}
+	if t == nil {
+		return nil, nil, fmt.Errorf("template %q not found: %w", n.Alias, api.ErrNotFound)
+	}
+	tag := n.TagOrDefault()
+	var b *Build
+	if uuidRE.MatchString(tag) {
+		b = s.builds[tag]
+	} else if r, ok := t.Tags[tag]; ok {
+		b = s.builds[r.BuildID]
+	}
+	if b == nil || b.TemplateID != t.ID || b.Status != StatusReady {
+		return nil, nil, fmt.Errorf("Template '%s' with tag '%s' not found: tag '%s' does not exist for template '%s': %w", n.Alias, tag, tag, n.Alias, api.ErrNotFound)
+	}
+	return t, b, nil
+}
+
+// Resolve returns the root filesystem of the template a sandbox create
+// names (a built template's name[:tag] or ID, or a build sandbox's
+// layer); ok is false when the name is none of these.
+func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, found := s.layers[name]; found {
+		return p, true, nil
+	}
+	n, perr := ParseName(name)
+	if perr != nil {
+		return "", false, nil
+	}
+	if s.byAliasLocked(n.Alias) == nil && s.templates[n.Alias] == nil {
+		return "", false, nil
+	}
+	_, b, err := s.resolveLocked(n)
+	if err != nil {
+		return "", true, err
+	}
+	return s.treePath(b.Tree), true, nil
+}
+
+// Runtime returns the start command, ready command, default user and
+// workdir of the built template a sandbox create names.
+func (s *Service) Runtime(name string) (Runtime, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, err := ParseName(name)
+	if err != nil {
+		return Runtime{}, false
+	}
+	_, b, err := s.resolveLocked(n)
+	if err != nil {
+		return Runtime{}, false
+	}
+	rt := b.Runtime
+	rt.CPUs, rt.MemoryMB = b.CPUs, b.MemoryMB
+	return rt, true
+}
+
+// logf appends an entry to a build's log (at most maxLogEntries kept).
+func (s *Service) logf(buildID, level, step, format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.builds[buildID]
+	if b == nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxLogLine {
+		msg = msg[:maxLogLine] + "…"
+	}
+	if len(b.Logs) == maxLogEntries {
+		msg, level = "log truncated: more than "+fmt.Sprint(maxLogEntries)+" lines", "warn"
+	} else if len(b.Logs) > maxLogEntries {
+		return
+	}
+	b.Logs = append(b.Logs, LogEntry{Timestamp: s.now().UTC(), Level: level, Message: msg, Step: step})
+}
+
+const (
+	maxLogEntries = 5000
+	maxLogLine    = 2048
+)

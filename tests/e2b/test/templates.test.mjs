@@ -1,0 +1,168 @@
+// The official SDK's Template builder against fence: builds run fenced in
+// sandboxes, are cached by E2B's chain key, and their templates start
+// sandboxes with the build's default user, workdir and start command.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { randomBytes } from 'node:crypto'
+import { Sandbox, Template, BuildError, waitForURL, waitForFile } from 'e2b'
+import { opts, create } from '../helpers.mjs'
+
+const uniq = (p) => `${p}-${randomBytes(4).toString('hex')}`
+
+function context(t) {
+  const dir = mkdtempSync(join(tmpdir(), 'fence-tpl-'))
+  t.after(() => rmSync(dir, { recursive: true, force: true }))
+  writeFileSync(join(dir, 'hello.txt'), 'hello from the context\n')
+  mkdirSync(join(dir, 'app'))
+  writeFileSync(join(dir, 'app', 'main.py'), 'print("main")\n')
+  writeFileSync(join(dir, 'app', 'index.html'), '<h1>fence template</h1>\n')
+  return dir
+}
+
+async function build(t, tpl, name, extra = {}) {
+  const logs = []
+  const info = await Template.build(tpl, name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()), ...extra })
+  t.after(async () => {
+    await fetch(`${process.env.E2B_API_URL}/templates/${info.templateId}`, {
+      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
+    }).catch(() => {})
+  })
+  return { info, logs }
+}
+
+test('Template.build: copy, runCmd, setEnvs, setWorkdir, setUser, start and ready commands', async (t) => {
+  const dir = context(t)
+  const name = uniq('tpl-e2e')
+  const tpl = () => Template({ fileContextPath: dir })
+    .fromTemplate('base')
+    .copy('hello.txt', '/opt/hello.txt')
+    .copy('app', '/srv/app/')
+    .setEnvs({ GREETING: 'build-time-only' })
+    .runCmd('echo "$GREETING" > /tmp/greeting && sudo mv /tmp/greeting /opt/greeting')
+    .setWorkdir('/srv/app')
+    .runCmd('touch made-in-workdir')
+    .setUser('root')
+    .runCmd('echo root-was-here > /opt/root.txt')
+    .setUser('user')
+    .setStartCmd('python3 -m http.server 8000', waitForURL('http://localhost:8000/index.html'))
+  const { info, logs } = await build(t, tpl(), name, { cpuCount: 1, memoryMB: 768 })
+  assert.equal(info.name, name)
+  assert.ok(logs.some((l) => l.includes('[builder')), 'step lines in the build logs')
+
+  const s = await create(t, { template: name })
+  const sinfo = await s.getInfo()
+  assert.equal(sinfo.cpuCount, 1, 'the build\'s cpuCount sizes its sandboxes')
+  assert.equal(sinfo.memoryMB, 768, 'the build\'s memoryMB sizes its sandboxes')
+  const r = await s.commands.run('whoami && pwd && cat /opt/hello.txt /srv/app/main.py /opt/greeting /opt/root.txt && ls /srv/app && stat -c %U /opt/hello.txt && echo "env:${GREETING:-unset}"')
+  const out = r.stdout
+  assert.match(out, /^user\n\/srv\/app\n/, 'default user and workdir come from the build')
+  assert.match(out, /hello from the context/)
+  assert.match(out, /print\("main"\)/)
+  assert.match(out, /build-time-only/)
+  assert.match(out, /root-was-here/)
+  assert.match(out, /made-in-workdir/)
+  assert.match(out, /\nuser\n/, 'COPY gives the files to the context user')
+  assert.match(out, /env:unset/, 'setEnvs is build-time only')
+  // The start command runs at sandbox start; create answered once ready.
+  const page = await s.commands.run('curl -s http://localhost:8000/index.html')
+  assert.match(page.stdout, /fence template/)
+
+  // An unchanged rebuild hits the cache at every step.
+  const again = await build(t, tpl(), name)
+  const cached = again.logs.filter((l) => l.includes('CACHED'))
+  assert.ok(cached.length >= 8, `CACHED lines on an unchanged rebuild, got:\n${again.logs.join('\n')}`)
+})
+
+test('Template.build: a failing step fails the build with its log and exit code', async (t) => {
+  const name = uniq('tpl-fail')
+  const tpl = Template().fromTemplate('base').runCmd('echo step-one').runCmd('echo about-to-fail; exit 7')
+  const logs = []
+  await assert.rejects(
+    Template.build(tpl, name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()) }),
+    (err) => {
+      assert.ok(err instanceof BuildError, `BuildError, got ${err}`)
+      assert.match(err.message, /exit status 7/)
+      assert.match(err.message, /about-to-fail; exit 7/)
+      return true
+    },
+  )
+  assert.ok(logs.some((l) => l.includes('about-to-fail')), 'the step output is in the logs')
+  assert.equal(await Template.exists(name, opts), true, 'the template record exists')
+  await assert.rejects(Sandbox.create(name, { ...opts }), /not found|404/i, 'no ready build, no sandbox')
+})
+
+test('Template.build: egress outside the allowlist is refused to a RUN step', async (t) => {
+  const name = uniq('tpl-egress')
+  const tpl = Template().fromTemplate('base').runCmd('curl -sS --max-time 10 https://example.com -o /dev/null')
+  await assert.rejects(Template.build(tpl, name, opts), (err) => err instanceof BuildError)
+})
+
+test('Template.exists, tags, buildInBackground and getBuildStatus', async (t) => {
+  assert.equal(await Template.exists('base', opts), true)
+  assert.equal(await Template.exists('minimal', opts), true)
+  assert.equal(await Template.exists(uniq('never-built'), opts), false)
+
+  const name = uniq('tpl-tags')
+  const tpl = Template().fromTemplate('base').runCmd('echo v1 > /tmp/version')
+  const bg = await Template.buildInBackground(tpl, `${name}:v1`, opts)
+  t.after(async () => {
+    await fetch(`${process.env.E2B_API_URL}/templates/${bg.templateId}`, {
+      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
+    }).catch(() => {})
+  })
+  const st = await Template.getBuildStatus(bg, opts)
+  assert.ok(['building', 'ready'].includes(st.status), `status right after buildInBackground: ${st.status}`)
+  let status = st
+  for (let i = 0; i < 600 && status.status === 'building'; i++) {
+    await new Promise((r) => setTimeout(r, 200))
+    status = await Template.getBuildStatus(bg, opts)
+  }
+  assert.equal(status.status, 'ready', JSON.stringify(status.reason))
+  assert.equal(await Template.exists(name, opts), true)
+
+  // name:v1 alone has no default build.
+  await assert.rejects(Sandbox.create(name, { ...opts }), /not found|404/i)
+  const s = await create(t, { template: `${name}:v1` })
+  assert.equal((await s.commands.run('cat /tmp/version')).stdout, 'v1\n')
+
+  const assigned = await Template.assignTags(`${name}:v1`, ['prod', 'default'], opts)
+  assert.equal(assigned.buildId, bg.buildId)
+  const tags = (await Template.getTags(bg.templateId, opts)).map((x) => x.tag).sort()
+  assert.deepEqual(tags, ['default', 'prod', 'v1'])
+  const s2 = await create(t, { template: `${name}:prod` })
+  assert.equal((await s2.commands.run('cat /tmp/version')).stdout, 'v1\n')
+  // A template with live sandboxes cannot be deleted (E2B's 400).
+  const del = await fetch(`${process.env.E2B_API_URL}/templates/${name}`, {
+    method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
+  })
+  assert.equal(del.status, 400)
+  assert.match((await del.json()).message, /running sandboxes/)
+  await Template.removeTags(name, ['prod'], opts)
+  assert.deepEqual((await Template.getTags(bg.templateId, opts)).map((x) => x.tag).sort(), ['default', 'v1'])
+  await assert.rejects(Sandbox.create(`${name}:prod`, { ...opts }), /not found|404/i)
+})
+
+test('Template ready command: create waits for it', async (t) => {
+  const name = uniq('tpl-ready')
+  const tpl = Template().fromTemplate('base')
+    .setStartCmd('sleep 2 && touch /tmp/ready-marker && sleep infinity', waitForFile('/tmp/ready-marker'))
+  await build(t, tpl, name)
+  const s = await create(t, { template: name })
+  const r = await s.commands.run('ls /tmp/ready-marker')
+  assert.equal(r.exitCode, 0)
+})
+
+test('Template().fromBaseImage() and the default base are fence\'s base template; skipCache runs every step', async (t) => {
+  const name = uniq('tpl-baseimg')
+  const cmd = 'python3 -c "print(6*7)" > /tmp/answer'
+  await build(t, Template().fromBaseImage().runCmd(cmd), name)
+  const s = await create(t, { template: name })
+  assert.equal((await s.commands.run('cat /tmp/answer && whoami')).stdout, '42\nuser\n')
+  const logs = []
+  // skipCache forces every step after it.
+  await Template.build(Template().fromBaseImage().skipCache().runCmd(cmd), name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()) })
+  assert.ok(!logs.some((l) => l.includes('CACHED [builder 1/')), `skipCache left a cached step:\n${logs.join('\n')}`)
+})
