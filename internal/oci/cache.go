@@ -229,7 +229,11 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 			return Image{}, bad("layer digest %q is not sha256", d.String())
 		}
 	}
-	if m, err := src.img.Manifest(); err == nil {
+	if src.manifest {
+		m, err := src.img.Manifest()
+		if err != nil {
+			return Image{}, bad("reading the image manifest: %v", err)
+		}
 		var total int64
 		for _, l := range m.Layers {
 			total += l.Size
