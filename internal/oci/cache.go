@@ -294,7 +294,7 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 		if err := ctx.Err(); err != nil {
 			return Image{}, err
 		}
-		if err := apply(root, c.layerDir(diffIDs[i]), metas[i]); err != nil {
+		if err := apply(root, c.layerDir(diffIDs[i]), metas[i], opts.Copy); err != nil {
 			return Image{}, fmt.Errorf("%s: applying layer %d/%d %s: %w", src.ref, i+1, len(layers), short(diffIDs[i]), err)
 		}
 		img.Bytes += metas[i].Bytes
