@@ -421,14 +421,14 @@ func TestBuildBase(t *testing.T) {
 		t.Errorf("/etc/passwd = %q, want user 1000:1000 with /bin/bash", passwd)
 	}
 	cmd := exec.CommandContext(t.Context(), "/bin/bash", "-c", "sudo -n -u root true && su user -c 'sudo -n id -u' && python3 -c 'print(6*7)' && "+
-		"su user -c 'python -c \"print(7*8)\" && node -e \"console.log(8*9)\" && pip --version >/dev/null && npm --version >/dev/null && python -m venv /tmp/venv && echo ok'")
+		"su user -c 'python -c \"print(7*8)\" && node -e \"console.log(8*9)\" && pip --version | cut -d\" \" -f1 && npm --version | cut -d. -f1 && python -m venv /tmp/venv && echo ok'")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	// Stdout only: sudo warns on stderr that it cannot resolve the host's
 	// name (the backend writes /etc/hosts per sandbox).
-	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "0\n42\n56\n72\nok" {
-		t.Errorf("chroot sudo/python/node/pip/npm = %q, %v, want \"0\\n42\\n56\\n72\\nok\"", out, err)
+	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "0\n42\n56\n72\npip\n9\nok" {
+		t.Errorf("chroot sudo/python/node/pip/npm = %q, %v, want \"0\\n42\\n56\\n72\\npip\\n9\\nok\"", out, err)
 	}
 	infos, _ := s.List()
 	if len(infos) == 1 {
