@@ -104,3 +104,32 @@ func TestTemplateFromImage(t *testing.T) {
 		}
 	}
 }
+
+// baseFirstCommands are what a user of E2B's base image types first.
+const baseFirstCommands = `python -m http.server 8000 >/dev/null 2>&1 &
+for i in $(seq 100); do code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/) && break; sleep 0.1; done
+echo "http.server $code"
+python -c 'print(6*7)'
+pip --version | cut -d' ' -f1
+node -e 'console.log(7*6)'
+npm --version >/dev/null && echo npm
+git --version | cut -d' ' -f1,2
+sudo -n true && echo sudo
+kill $! 2>/dev/null || true`
+
+// TestBaseFirstCommands runs, in a sandbox of base, the commands a new
+// user of E2B's base image types first: python (not only python3) serving
+// http.server, pip, node, npm, git, curl and sudo. Root: fence run creates
+// the sandbox.
+func TestBaseFirstCommands(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "base")
+	tdir := filepath.Dir(filepath.Dir(rootfs))
+	dataDir := filepath.Join(testutil.StateDir(t), "data")
+	out, errs, code := runFence(t, nil, nil, "run", "--data-dir", dataDir, "--templates-dir", tdir, "--template", "base", "--", "bash", "-c", baseFirstCommands)
+	t.Logf("fence run: exit %d, stdout %q, stderr %q", code, out, errs)
+	want := "http.server 200\n42\npip\n42\nnpm\ngit version\nsudo\n"
+	if code != 0 || out != want {
+		t.Errorf("base's first commands: exit %d, output %q; want %q", code, out, want)
+	}
+}

@@ -17,7 +17,7 @@ import (
 // as root: opaque directories are emptied and whiteouts removed first, then
 // the layer's directories are made and its files and symlinks hard-linked
 // in. Every path in root is resolved inside it.
-func apply(root *os.Root, dir string, m layerMeta) error {
+func apply(root *os.Root, dir string, m layerMeta, copyFiles bool) error {
 	for _, o := range m.Opaque {
 		if err := emptyIn(root, o); err != nil {
 			return err
@@ -33,6 +33,7 @@ func apply(root *os.Root, dir string, m layerMeta) error {
 		implicit[d] = true
 	}
 	tree := filepath.Join(dir, treeDir)
+	copied := map[uint64]string{} // inodes of the layer copied, not linked: their first name
 	// The walk reads the cache's own tree (no symlink in it is followed);
 	// only root, the destination, is resolved component by component.
 	err := filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
@@ -46,7 +47,24 @@ func apply(root *os.Root, dir string, m layerMeta) error {
 		if d.IsDir() {
 			return applyDir(root, p, rel, implicit[rel])
 		}
-		return linkInto(root, p, rel)
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		ino := fi.Sys().(*syscall.Stat_t).Ino
+		if first, ok := copied[ino]; ok {
+			// A hard link within the layer, whose first name was copied:
+			// link to the copy.
+			if err := root.RemoveAll(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("replacing %s: %w", rel, err)
+			}
+			return root.Link(first, rel)
+		}
+		didCopy, err := linkInto(root, p, rel, copyFiles)
+		if didCopy {
+			copied[ino] = rel
+		}
+		return err
 	})
 	if err != nil {
 		return err
@@ -130,27 +148,32 @@ func applyDir(root *os.Root, src, rel string, implicit bool) error {
 }
 
 // linkInto replaces rel in root with a hard link to src (a regular file or
-// a symlink of the cache), or a copy when root is on another filesystem.
-func linkInto(root *os.Root, src, rel string) error {
+// a symlink of the cache), or a copy if copyFile or when root is on
+// another filesystem.
+func linkInto(root *os.Root, src, rel string, copyFile bool) (copied bool, err error) {
 	if _, err := root.Lstat(rel); err == nil {
 		if err := root.RemoveAll(rel); err != nil {
-			return fmt.Errorf("replacing %s: %w", rel, err)
+			return false, fmt.Errorf("replacing %s: %w", rel, err)
 		}
 	}
 	parent, err := root.Open(path.Dir(rel))
 	if err != nil {
-		return fmt.Errorf("opening the directory of %s: %w: %w", rel, err, ErrInvalidImage)
+		return false, fmt.Errorf("opening the directory of %s: %w: %w", rel, err, ErrInvalidImage)
 	}
 	defer parent.Close()
 	base := path.Base(rel)
-	err = unix.Linkat(unix.AT_FDCWD, src, int(parent.Fd()), base, 0)
+	err = unix.EXDEV
+	if !copyFile {
+		err = unix.Linkat(unix.AT_FDCWD, src, int(parent.Fd()), base, 0)
+	}
 	if errors.Is(err, unix.EXDEV) {
+		copied = true
 		err = copyInto(parent, src, base)
 	}
 	if err != nil {
-		return fmt.Errorf("linking %s: %w", rel, err)
+		return copied, fmt.Errorf("linking %s: %w", rel, err)
 	}
-	return nil
+	return copied, nil
 }
 
 // copyInto copies src (a regular file or symlink) to base in parent.

@@ -229,7 +229,11 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 			return Image{}, bad("layer digest %q is not sha256", d.String())
 		}
 	}
-	if m, err := src.img.Manifest(); err == nil {
+	if src.manifest {
+		m, err := src.img.Manifest()
+		if err != nil {
+			return Image{}, bad("reading the image manifest: %v", err)
+		}
 		var total int64
 		for _, l := range m.Layers {
 			total += l.Size
@@ -290,7 +294,7 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 		if err := ctx.Err(); err != nil {
 			return Image{}, err
 		}
-		if err := apply(root, c.layerDir(diffIDs[i]), metas[i]); err != nil {
+		if err := apply(root, c.layerDir(diffIDs[i]), metas[i], opts.Copy); err != nil {
 			return Image{}, fmt.Errorf("%s: applying layer %d/%d %s: %w", src.ref, i+1, len(layers), short(diffIDs[i]), err)
 		}
 		img.Bytes += metas[i].Bytes

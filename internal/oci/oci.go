@@ -113,6 +113,11 @@ type Options struct {
 	MaxFiles int64
 	// MaxLayers bounds the number of layers (DefaultMaxLayers if zero).
 	MaxLayers int
+	// Copy writes dst's files as copies instead of hard links to the
+	// cache's, for a caller that will change the tree in place. (A tree of
+	// hard links must never be written in place: the change would reach
+	// the cache and every tree sharing the layer.)
+	Copy bool
 }
 
 // Config is the part of an image's configuration a template keeps.

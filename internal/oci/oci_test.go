@@ -216,6 +216,15 @@ func TestUnpack(t *testing.T) {
 	if _, err := c.Unpack(t.Context(), ref, dst2, oci.Options{}); err == nil {
 		t.Error("Unpack into a non-empty directory succeeded")
 	}
+	// Copy: a tree of its own files, hard links within it kept.
+	dst3 := mkdst(t, c)
+	if _, err := c.Unpack(t.Context(), ref, dst3, oci.Options{Copy: true}); err != nil {
+		t.Fatalf("Unpack(Copy): %v", err)
+	}
+	checkTestImage(t, dst3)
+	if ino(t, filepath.Join(dst, "etc/keep")) == ino(t, filepath.Join(dst3, "etc/keep")) {
+		t.Error("Unpack(Copy) linked the cached file")
+	}
 }
 
 type testWriter struct{ t *testing.T }

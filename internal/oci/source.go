@@ -24,6 +24,10 @@ type source struct {
 	img    v1.Image
 	ref    string
 	digest string
+	// manifest: the image has a real manifest, whose layer sizes bound
+	// the download before it starts (a docker-save tarball has none, and
+	// go-containerregistry would compress every layer to make one).
+	manifest bool
 }
 
 // platform parses opts.Platform (default linux/<host arch>).
@@ -74,7 +78,7 @@ func remoteSource(ctx context.Context, ref string, opts Options) (source, error)
 	if err != nil {
 		return source{}, fmt.Errorf("pulling %s: %w", r.Name(), err)
 	}
-	return source{img: img, ref: r.Name(), digest: d.String()}, nil
+	return source{img: img, ref: r.Name(), digest: d.String(), manifest: true}, nil
 }
 
 // loopbackOnlyHTTP refuses plain-HTTP requests to hosts that are not on a
@@ -204,7 +208,7 @@ func layoutSource(path, ref string, opts Options) (source, error) {
 	if ref != "" {
 		r += ":" + ref
 	}
-	return source{img: img, ref: r, digest: dg.String()}, nil
+	return source{img: img, ref: r, digest: dg.String(), manifest: true}, nil
 }
 
 // platformImage picks plat's image from an index (one level deep).

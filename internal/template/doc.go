@@ -56,7 +56,8 @@
 //     mirror, with python3 (also as python), pip and venv, nodejs and npm,
 //     curl, git, sudo, ca-certificates, procps and bash, /etc/pip.conf
 //     allowing pip installs, and user "user" (1000:1000, /bin/bash,
-//     passwordless sudo), without docs, man pages or locales.
+//     passwordless sudo), without docs, man pages or locales (≈390 MB, of
+//     which nodejs and npm ≈190 MB).
 //   - "code-interpreter" (also resolved as "code-interpreter-v1"): base plus
 //     Debian's python3-ipykernel, python3-jupyter-client, python3-numpy,
 //     python3-pandas and python3-matplotlib, and the @e2b/code-interpreter

@@ -403,7 +403,7 @@ func TestBuildBase(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Resolve(base) = %v", err)
 	}
-	for _, p := range []string{"usr/bin/python3", "usr/bin/curl", "usr/bin/git", "usr/bin/sudo", "usr/bin/bash", "usr/bin/ps", "etc/ssl/certs/ca-certificates.crt", "etc/sudoers.d/user", ".fence", "home/user"} {
+	for _, p := range []string{"usr/bin/python3", "usr/bin/python", "usr/bin/pip", "usr/bin/node", "usr/bin/npm", "etc/pip.conf", "usr/bin/curl", "usr/bin/git", "usr/bin/sudo", "usr/bin/bash", "usr/bin/ps", "etc/ssl/certs/ca-certificates.crt", "etc/sudoers.d/user", ".fence", "home/user"} {
 		if _, err := os.Stat(filepath.Join(rootfs, p)); err != nil {
 			t.Errorf("Stat(/%s) = %v", p, err)
 		}
@@ -420,14 +420,15 @@ func TestBuildBase(t *testing.T) {
 	if !strings.Contains(string(passwd), "user:x:1000:1000::/home/user:/bin/bash") {
 		t.Errorf("/etc/passwd = %q, want user 1000:1000 with /bin/bash", passwd)
 	}
-	cmd := exec.CommandContext(t.Context(), "/bin/bash", "-c", "sudo -n -u root true && su user -c 'sudo -n id -u' && python3 -c 'print(6*7)'")
+	cmd := exec.CommandContext(t.Context(), "/bin/bash", "-c", "sudo -n -u root true && su user -c 'sudo -n id -u' && python3 -c 'print(6*7)' && "+
+		"su user -c 'python -c \"print(7*8)\" && node -e \"console.log(8*9)\" && pip --version | cut -d\" \" -f1 && npm --version | cut -d. -f1 && python -m venv /tmp/venv && echo ok'")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	// Stdout only: sudo warns on stderr that it cannot resolve the host's
 	// name (the backend writes /etc/hosts per sandbox).
-	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "0\n42" {
-		t.Errorf("chroot sudo/python3 = %q, %v, want \"0\\n42\"", out, err)
+	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "0\n42\n56\n72\npip\n9\nok" {
+		t.Errorf("chroot sudo/python/node/pip/npm = %q, %v, want \"0\\n42\\n56\\n72\\npip\\n9\\nok\"", out, err)
 	}
 	infos, _ := s.List()
 	if len(infos) == 1 {
