@@ -24,6 +24,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
@@ -70,13 +71,9 @@ type Spec struct {
 	Egress *policy.Policy
 }
 
-// AgentConfig is what the agent inside the sandbox needs to know. It holds
-// no secret: anything in it is visible to the sandbox.
-type AgentConfig struct {
-	EnvVars        map[string]string `json:"envVars,omitempty"`
-	DefaultUser    string            `json:"defaultUser,omitempty"`
-	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
-}
+// AgentConfig is what the agent inside the sandbox needs to know (see
+// package boot, the agent's boot contract).
+type AgentConfig = boot.Config
 
 // PortDialer is implemented by sandboxes whose ports the daemon can reach
 // (ingress): it connects to a TCP port inside the sandbox.

@@ -23,6 +23,7 @@ import (
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
@@ -103,6 +104,7 @@ type Options struct {
 type Backend struct {
 	opts    Options
 	log     *slog.Logger
+	fence   netfence.Fence // the sandboxes' network fence, from opts
 	cg      *cgroup.Manager
 	disk    *quota.FS // nil when project quotas are unavailable
 	slots   *slots
@@ -189,8 +191,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		opts:    opts,
-		log:     log,
+		opts: opts,
+		log:  log,
+		fence: netfence.Fence{DNSUpstream: opts.DNSUpstream, HostAddrs: opts.HostAddrs, Bandwidth: opts.NetBandwidth,
+			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log},
 		exe:     exe,
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
