@@ -90,7 +90,14 @@ type Options struct {
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
-	Logger     *slog.Logger // nil discards
+	// Backend is the default isolation backend: "native" (the default) or
+	// "gvisor". The other one is also offered, per create, when it can run
+	// here (gvisor needs runsc, see Runsc).
+	Backend string
+	// Runsc is the runsc binary of the gvisor backend; empty means
+	// $FENCE_RUNSC, else /var/lib/fence/cache/runsc/runsc.
+	Runsc  string
+	Logger *slog.Logger // nil discards
 	// Stdout receives the start-up lines meant for the operator (where the
 	// API key is, the address). Nil discards.
 	Stdout io.Writer
@@ -305,7 +312,12 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("starting native backend: %w", err)
 	}
 	defer backend.Close()
-	pool := warm.New(warm.Options{Backend: backend, Size: opts.WarmPool, Logger: log})
+	routed, closeBackends, err := withGvisor(ctx, opts, backend, gw, &mgr, caPEM, flows, netShared, hosts.Addrs(), log)
+	if err != nil {
+		return err
+	}
+	defer closeBackends()
+	pool := warm.New(warm.Options{Backend: routed, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
 	mgr, err = sandbox.New(sandbox.Options{
 		Backend:      pool,

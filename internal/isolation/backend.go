@@ -66,6 +66,9 @@ type Spec struct {
 	Binds []Bind
 	// Agent is handed to the fence agent inside the sandbox.
 	Agent AgentConfig
+	// Backend names the backend to create the sandbox on, for a router of
+	// several (isolation/multi); empty means the default.
+	Backend string
 	// Egress is the sandbox's network policy. Every sandbox's traffic goes
 	// through the daemon's user-space stack; nil means deny all.
 	Egress *policy.Policy
@@ -100,6 +103,24 @@ type EgressSetter interface {
 type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
+}
+
+// Adopter is implemented by backends whose paused sandboxes outlive the
+// process that paused them, their state being on disk (gVisor's checkpoint
+// images). Adopt takes over the paused sandbox id left by an earlier
+// instance on the same state: it comes back paused (Resume restores it),
+// and Cleanup no longer counts it as a leftover. A sandbox that cannot be
+// adopted gives an error wrapping ErrNotFound.
+type Adopter interface {
+	Adopt(ctx context.Context, id string) (Sandbox, error)
+}
+
+// Keeper is implemented by sandboxes whose paused state can outlive the
+// daemon (see Adopter): Kept reports whether this one is paused with its
+// state safely on disk, so that a daemon shutting down leaves it for the
+// next one to adopt instead of killing it.
+type Keeper interface {
+	Kept() bool
 }
 
 // LayerReader is implemented by sandboxes whose writable layer (what the

@@ -285,12 +285,16 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Unlock()
 
 	// Paused sandboxes are frozen processes of the previous daemon: they
-	// do not survive it either.
+	// do not survive it either, unless the backend keeps them on disk
+	// (isolation.Adopter), which adopts them before its Cleanup.
 	stale, err := m.store.List(ctx, store.Filter{States: []store.State{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
+		if m.adopt(ctx, s) {
+			continue
+		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
 			return fmt.Errorf("recovering sandbox %s: %w", s.ID, err)
 		}
@@ -410,6 +414,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	backendName, err := m.backendFor(req)
+	if err != nil {
+		return nil, err
+	}
 	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
 		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
 	if err != nil {
@@ -449,10 +457,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		maps.Copy(env, phEnv)
 	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
-		Egress: createEgress(nc),
-		RootFS: rootfs,
-		Limits: limits,
-		Agent:  isolation.AgentConfig{EnvVars: env},
+		Backend: backendName,
+		Egress:  createEgress(nc),
+		RootFS:  rootfs,
+		Limits:  limits,
+		Agent:   isolation.AgentConfig{EnvVars: env},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -589,7 +598,8 @@ func (m *Manager) watch(e *entry) {
 	}
 }
 
-// Shutdown kills every sandbox and stops the reaper. Later calls to the
+// Shutdown kills every sandbox (but paused ones a backend keeps on disk,
+// isolation.Keeper, which the next Start adopts) and stops the reaper. Later calls to the
 // Manager fail with ErrClosed. It returns ctx.Err() if ctx ends first.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
@@ -612,6 +622,11 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
+			if k, ok := e.box.(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
+				// Its state is on disk: the next daemon adopts it.
+				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.box.ID())
+				continue
+			}
 			wg.Go(func() {
 				m.finishUsage(ctx, e)
 				m.killBox(ctx, e.box)
