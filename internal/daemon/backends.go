@@ -40,11 +40,8 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, gw *gate
 		StateDir:   filepath.Join(opts.DataDir, "gvisor"),
 		Runsc:      opts.Runsc,
 		Executable: opts.Executable,
-		Defaults: isolation.Limits{
-			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
-			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
-		},
-		TrustedCA: caPEM,
+		Defaults:   opts.Defaults.Limits(),
+		TrustedCA:  caPEM,
 		Fence: netfence.Fence{
 			DNSUpstream: opts.DNSUpstream,
 			HostAddrs:   hostAddrs,

@@ -40,7 +40,6 @@ import (
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
-	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
@@ -302,11 +301,8 @@ func Serve(ctx context.Context, opts Options) error {
 		DNSUpstream:  opts.DNSUpstream,
 		NetBandwidth: opts.NetBandwidth,
 		Forensics:    archive,
-		Defaults: isolation.Limits{
-			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
-			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
-		},
-		Logger: log,
+		Defaults:     opts.Defaults.Limits(),
+		Logger:       log,
 	})
 	if err != nil {
 		return fmt.Errorf("starting native backend: %w", err)

@@ -45,6 +45,37 @@ type Limits struct {
 	NoFile      uint64  // RLIMIT_NOFILE, clamped to the host's hard limit
 }
 
+// DefaultLimits are the built-in limits of a sandbox whose Spec and whose
+// daemon's flags leave a limit at zero: the one place every backend and the
+// sandbox manager take them from.
+var DefaultLimits = Limits{
+	CPUs:        1,
+	MemoryBytes: 512 << 20,
+	Pids:        1024,
+	DiskBytes:   1 << 30,
+	NoFile:      1024,
+}
+
+// WithDefaults returns l with each zero field taken from d.
+func (l Limits) WithDefaults(d Limits) Limits {
+	if l.CPUs == 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	if l.NoFile == 0 {
+		l.NoFile = d.NoFile
+	}
+	return l
+}
+
 // Bind is a host path made visible inside the sandbox (fence run -v).
 type Bind struct {
 	HostPath string // absolute, already validated by the caller

@@ -42,34 +42,43 @@ type Templates interface {
 // Defaults are the resources and timeout of a sandbox whose create request
 // does not name them. Zero fields take the built-in values in brackets.
 type Defaults struct {
-	CPUs     float64       // [1]
-	MemoryMB int64         // [512]
-	Pids     int64         // [1024]
-	DiskMB   int64         // [1024]
-	NoFile   uint64        // [1024]
+	CPUs     float64       // [isolation.DefaultLimits]
+	MemoryMB int64         // [isolation.DefaultLimits]
+	Pids     int64         // [isolation.DefaultLimits]
+	DiskMB   int64         // [isolation.DefaultLimits]
+	NoFile   uint64        // [isolation.DefaultLimits]
 	Timeout  time.Duration // [5m]
 }
 
 func (d Defaults) withBuiltins() Defaults {
+	b := isolation.DefaultLimits
 	if d.CPUs == 0 {
-		d.CPUs = 1
+		d.CPUs = b.CPUs
 	}
 	if d.MemoryMB == 0 {
-		d.MemoryMB = 512
+		d.MemoryMB = b.MemoryBytes >> 20
 	}
 	if d.Pids == 0 {
-		d.Pids = 1024
+		d.Pids = b.Pids
 	}
 	if d.DiskMB == 0 {
-		d.DiskMB = 1024
+		d.DiskMB = b.DiskBytes >> 20
 	}
 	if d.NoFile == 0 {
-		d.NoFile = 1024
+		d.NoFile = b.NoFile
 	}
 	if d.Timeout == 0 {
 		d.Timeout = 5 * time.Minute
 	}
 	return d
+}
+
+// Limits returns d's resource limits in the backends' type; zero fields
+// stay zero (the backend's defaults apply).
+func (d Defaults) Limits() isolation.Limits {
+	return isolation.Limits{
+		CPUs: d.CPUs, MemoryBytes: d.MemoryMB << 20, Pids: d.Pids, DiskBytes: d.DiskMB << 20, NoFile: d.NoFile,
+	}
 }
 
 // Options configure a Manager.

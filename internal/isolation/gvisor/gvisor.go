@@ -31,14 +31,8 @@ const DefaultRunsc = "/var/lib/fence/cache/runsc/runsc"
 const RunscEnv = "FENCE_RUNSC"
 
 // Defaults for a sandbox whose Spec leaves a limit at zero: the same as
-// native's.
-var Defaults = isolation.Limits{
-	CPUs:        1,
-	MemoryBytes: 512 << 20,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	NoFile:      1024,
-}
+// every backend's.
+var Defaults = isolation.DefaultLimits
 
 // Options configures a Backend.
 type Options struct {
@@ -237,24 +231,7 @@ func (b *Backend) Close() error {
 // HostAddrs returns the host addresses no sandbox may reach.
 func (b *Backend) HostAddrs() []netip.Addr { return b.fence.HostAddrs }
 
-func withDefaults(l, d isolation.Limits) isolation.Limits {
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	if l.NoFile == 0 {
-		l.NoFile = d.NoFile
-	}
-	return l
-}
+func withDefaults(l, d isolation.Limits) isolation.Limits { return l.WithDefaults(d) }
 
 // runscTimeout bounds one runsc command.
 const runscTimeout = 2 * time.Minute

@@ -29,13 +29,7 @@ import (
 )
 
 // Defaults for a sandbox whose Spec leaves a limit at zero.
-var Defaults = isolation.Limits{
-	CPUs:        1,
-	MemoryBytes: 512 << 20,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	NoFile:      1024,
-}
+var Defaults = isolation.DefaultLimits
 
 // Options configures a Backend.
 type Options struct {
@@ -394,24 +388,7 @@ func checkTraversable(dir string) error {
 	}
 }
 
-func withDefaults(l, d isolation.Limits) isolation.Limits {
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	if l.NoFile == 0 {
-		l.NoFile = d.NoFile
-	}
-	return l
-}
+func withDefaults(l, d isolation.Limits) isolation.Limits { return l.WithDefaults(d) }
 
 // Cleanup implements isolation.Backend. It removes every sandbox of this
 // instance that is not live in this process: cgroups, sockets, writable
