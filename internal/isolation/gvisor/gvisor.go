@@ -239,22 +239,50 @@ const runscTimeout = 2 * time.Minute
 // run runs runsc with the backend's global flags and args, and returns its
 // error with what it printed.
 func (b *Backend) run(ctx context.Context, extra []string, args ...string) error {
+	return b.runOut(ctx, nil, extra, args...)
+}
+
+// runOut is run with runsc's stdout and stderr going to out when it is
+// not nil. A command that starts a sandbox (run, restore) must write to a
+// file, never a pipe: the detached sandbox keeps its stdio, and a pipe
+// would hold the command's Wait until the sandbox ends.
+func (b *Backend) runOut(ctx context.Context, out *os.File, extra []string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, runscTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, b.runsc, append(append(b.globalFlags(), extra...), args...)...)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
+	var buf bytes.Buffer
+	if out != nil {
+		cmd.Stdout, cmd.Stderr = out, out
+	} else {
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+	}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(out.String())
-		if len(msg) > 2048 {
-			msg = msg[len(msg)-2048:]
+		msg := buf.Bytes()
+		if out != nil {
+			msg = tail(out.Name(), 2048)
 		}
-		return fmt.Errorf("runsc %s: %w: %s", args[0], err, msg)
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, bytes.TrimSpace(msg))
 	}
 	return nil
+}
+
+// tail returns the last n bytes of the file at path.
+func tail(path string, n int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(st.Size()-n, 0)
+	buf := make([]byte, st.Size()-off)
+	k, _ := f.ReadAt(buf, off)
+	return buf[:k]
 }
 
 func (b *Backend) globalFlags() []string {

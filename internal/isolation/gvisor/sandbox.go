@@ -309,13 +309,20 @@ func (s *sandbox) startRun(ctx context.Context, image string) (err error) {
 	}
 	pidFile := filepath.Join(s.dir, "pid")
 	os.Remove(pidFile)
+	// runsc's messages and the agent's stderr (warnings only): truncated
+	// at every run.
+	out, err := os.OpenFile(filepath.Join(s.dir, "runsc.out"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating runsc output: %w", err)
+	}
+	defer out.Close()
 	if image == "" {
-		err = s.b.run(ctx, s.sandboxFlags(), "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, s.id)
+		err = s.b.runOut(ctx, out, s.sandboxFlags(), "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, s.id)
 	} else {
 		// A container left stopped by a checkpoint is deleted first; a
 		// restore makes it anew.
 		_ = s.b.run(ctx, nil, "delete", "--force", s.id)
-		err = s.b.run(ctx, s.sandboxFlags(), "restore", "--detach", "--bundle", bundle, "--pid-file", pidFile,
+		err = s.b.runOut(ctx, out, s.sandboxFlags(), "restore", "--detach", "--bundle", bundle, "--pid-file", pidFile,
 			"--image-path", image, s.id)
 	}
 	if err != nil {
