@@ -243,7 +243,7 @@ func (s *sandbox) ociSpec(netns string) (*specs.Spec, error) {
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: boot.Argv,
+			Args: append([]string{boot.Path}, boot.Argv[1:]...), // argv[0] is the path to run
 			Env:  env,
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
