@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netfence"
@@ -214,6 +216,11 @@ func (b *Backend) Name() string { return "gvisor" }
 func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
+		// runsc pins an empty network namespace for its gofers by a bind
+		// mount in its root, made again when missing: it must not outlive
+		// the backend (concurrent runsc commands may have stacked several).
+		for unix.Unmount(filepath.Join(b.root, "null-netns"), unix.MNT_DETACH) == nil {
+		}
 		if !b.opts.Ephemeral {
 			return
 		}
