@@ -26,9 +26,17 @@ import (
 	"github.com/fencesandbox/fence/internal/netfence"
 )
 
+// cgroupLimits are the host cgroup's limits of a sandbox with limits l.
+// Its tasks are gVisor's, not the host's: the host group holds the sentry,
+// its gofer and the systrap stubs, whose threads grow with the sandbox's
+// tasks, so its pids limit is a bound on those (hostPids), and the
+// sandbox's own task count is bounded inside gVisor (RLIMIT_NPROC).
 func cgroupLimits(l isolation.Limits) cgroup.Limits {
-	return cgroup.Limits{CPUs: l.CPUs, MemoryBytes: l.MemoryBytes, Pids: l.Pids}
+	return cgroup.Limits{CPUs: l.CPUs, MemoryBytes: l.MemoryBytes, Pids: hostPids(l.Pids)}
 }
+
+// hostPids is the host pids limit for a sandbox of pids tasks.
+func hostPids(pids int64) int64 { return 4*pids + 512 }
 
 // record is what a sandbox's directory says about it: enough for a later
 // daemon to restore its checkpoint (see Adopt). It is written by the
@@ -249,10 +257,17 @@ func (s *sandbox) ociSpec(netns string) (*specs.Spec, error) {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile},
+				// gVisor's tasks are not host tasks: the cgroup's pids limit
+				// bounds the sentry's threads, this one the sandbox's tasks.
+				{Type: "RLIMIT_NPROC", Hard: uint64(s.rec.Limits.Pids), Soft: uint64(s.rec.Limits.Pids)},
+			},
 			NoNewPrivileges: true,
 		},
-		Root:     &specs.Root{Path: s.rec.RootFS, Readonly: true},
+		// Not read-only: gVisor's root overlay (sandboxFlags) takes every
+		// write; the gofer serves the template as its read-only lower.
+		Root:     &specs.Root{Path: s.rec.RootFS},
 		Hostname: s.id,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
