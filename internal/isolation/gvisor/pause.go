@@ -34,6 +34,11 @@ func (s *sandbox) Pause(ctx context.Context) error {
 		return fmt.Errorf("pausing sandbox %s: %w", s.id, err)
 	}
 	s.endRun()
+	// The stopped container goes now, not on the resume's path; a restore
+	// makes it anew (and Adopt deletes one a crash left).
+	if err := s.b.run(ctx, nil, "delete", "--force", s.id); err != nil && !notExist(err) {
+		s.b.log.Warn("deleting a checkpointed container", "sandbox_id", s.id, "err", err)
+	}
 	return nil
 }
 
@@ -128,6 +133,11 @@ func (b *Backend) Adopt(ctx context.Context, id string) (isolation.Sandbox, erro
 	s.paused.Store(true)
 	if err := b.register(s); err != nil {
 		return nil, err
+	}
+	// A crash between the checkpoint and its container's delete leaves
+	// the stopped container in runsc's state.
+	if err := b.run(ctx, nil, "delete", "--force", id); err != nil && !notExist(err) {
+		b.log.Warn("deleting a checkpointed container", "sandbox_id", id, "err", err)
 	}
 	return s, nil
 }

@@ -334,9 +334,6 @@ func (s *sandbox) startRun(ctx context.Context, image string) (err error) {
 	if image == "" {
 		err = s.b.runOut(ctx, out, s.sandboxFlags(), "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, s.id)
 	} else {
-		// A container left stopped by a checkpoint is deleted first; a
-		// restore makes it anew.
-		_ = s.b.run(ctx, nil, "delete", "--force", s.id)
 		err = s.b.runOut(ctx, out, s.sandboxFlags(), "restore", "--detach", "--bundle", bundle, "--pid-file", pidFile,
 			"--image-path", image, s.id)
 	}
@@ -348,7 +345,10 @@ func (s *sandbox) startRun(ctx context.Context, image string) (err error) {
 		return err
 	}
 	go s.watch(pid)
-	return s.waitAgent(ctx, st)
+	t0 := time.Now()
+	err = s.waitAgent(ctx, st)
+	s.b.log.Debug("sandbox run started", "sandbox_id", s.id, "restored", image != "", "agent_wait", time.Since(t0))
+	return err
 }
 
 func readPid(path string) (int, error) {
