@@ -221,10 +221,19 @@ func (b *Backend) Close() error {
 		// the backend (concurrent runsc commands may have stacked several).
 		for unix.Unmount(filepath.Join(b.root, "null-netns"), unix.MNT_DETACH) == nil {
 		}
+		// The cgroup parent goes once empty, in fence's hierarchies and in
+		// those runsc added groups to (cpuset, devices, blkio on v1); one
+		// still in use (a paused sandbox kept on disk) stays.
+		_ = b.cg.RemoveParent()
+		if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "fence", b.opts.Instance)); dirs != nil {
+			for _, d := range dirs {
+				_ = unix.Rmdir(d)
+			}
+		}
 		if !b.opts.Ephemeral {
 			return
 		}
-		errs := []error{b.cg.RemoveParent()}
+		var errs []error
 		for _, d := range []string{b.root, b.sbDir} {
 			if e := os.RemoveAll(d); e != nil {
 				errs = append(errs, e)
