@@ -31,6 +31,9 @@ export PATH=$PATH:/usr/local/go/bin
 echo "==> building bin/fence"
 CGO_ENABLED=0 go build -trimpath -o bin/fence ./cmd/fence
 
+# runsc for the gvisor backend, cached in /var/lib/fence/cache/runsc.
+scripts/build-runsc.sh
+
 tdir=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}
 for t in ${FENCE_TEMPLATES:-minimal base code-interpreter}; do
   echo "==> template $t (kept in $tdir)"

@@ -65,6 +65,7 @@ func deps() cli.Deps {
 				UpstreamCA:    o.UpstreamCA,
 				DenyCIDRs:     o.DenyCIDRs,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
+				Backend:       o.Backend,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 				Stdout:        os.Stdout,
 				HTTP: daemon.HTTPTimeouts{
@@ -103,6 +104,7 @@ func deps() cli.Deps {
 				Binds:        o.Binds,
 				Agent:        isolation.AgentConfig{EnvVars: o.Env, DefaultWorkdir: o.Workdir},
 				Recorder:     flowRecorder(o.OnFlow),
+				Backend:      o.Backend,
 			})
 		},
 		Agent:       daemon.RunAgent,

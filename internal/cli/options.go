@@ -39,6 +39,8 @@ type ServeOptions struct {
 	Domain string
 	// Limits are the per-sandbox defaults.
 	Limits isolation.Limits
+	// Backend is the default isolation backend ("native" or "gvisor").
+	Backend string
 	// Timeout is the default sandbox time to live.
 	Timeout time.Duration
 	// MaxSandboxes caps the number of sandboxes alive at once.
@@ -99,6 +101,8 @@ type LocalOptions struct {
 	Workdir string            // default working directory; "" = the template's
 	Env     map[string]string // sandbox-wide environment (only what -e gave)
 	Limits  isolation.Limits
+	// Backend is the isolation backend ("native", the default, or "gvisor").
+	Backend string
 	// OnFlow, when set, receives each decision of the sandbox's network
 	// stack (`fence selftest` judges its network checks by them).
 	OnFlow func(selftest.Flow)

@@ -103,6 +103,7 @@ and fence's data directory cannot be mounted.`,
 	fs.StringArrayVarP(&env, "env", "e", nil, "set an environment variable: KEY=VALUE (repeatable)")
 	fs.StringVarP(&user, "user", "u", "", "user to run CMD as, e.g. root (default: the template's user)")
 	fs.BoolVar(&noStdin, "no-stdin", false, "do not attach stdin (CMD reads EOF)")
+	fs.StringVar(&o.Backend, "backend", "", "isolation backend: native (the default) or gvisor (runsc, see scripts/build-runsc.sh)")
 	lim.add(fs)
 	return cmd
 }

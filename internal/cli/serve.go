@@ -102,6 +102,9 @@ SIGINT or SIGTERM.`,
 			if o.DenyCIDRs, err = parseDenyCIDRs(denyCIDRs); err != nil {
 				return err
 			}
+			if o.Backend != "" && o.Backend != "native" && o.Backend != "gvisor" {
+				return usagef("--backend must be native or gvisor, got %q", o.Backend)
+			}
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
 			}
@@ -144,6 +147,7 @@ SIGINT or SIGTERM.`,
 	fs.BoolVar(&o.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
 	fs.StringVar(&o.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
 	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
+	fs.StringVar(&o.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
 	fs.DurationVar(&o.IdleTimeout, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")

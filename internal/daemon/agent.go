@@ -12,31 +12,30 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/agent"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/agent/sudo"
-	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/native"
 )
 
 // agentMemoryLimit is the Go runtime's soft memory limit in the agent.
 const agentMemoryLimit = 64 << 20
 
 // RunAgent is the `fence agent` role: PID 1 inside a sandbox. It takes its
-// listener and configuration from the native backend's init and serves
-// until the sandbox dies.
+// listener and configuration as package boot describes and serves until
+// the sandbox dies.
 func RunAgent(ctx context.Context) error {
-	var cfg isolation.AgentConfig
-	if raw := os.Getenv(native.AgentConfigEnv); raw != "" {
+	var cfg boot.Config
+	if raw := os.Getenv(boot.ConfigEnv); raw != "" {
 		if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 			return fmt.Errorf("decoding agent config: %w", err)
 		}
 	}
-	os.Unsetenv(native.AgentConfigEnv)
-	f := os.NewFile(native.AgentListenerFD, "listener")
-	ln, err := net.FileListener(f)
+	os.Unsetenv(boot.ConfigEnv)
+	listen := os.Getenv(boot.ListenEnv)
+	os.Unsetenv(boot.ListenEnv)
+	ln, err := agentListener(listen)
 	if err != nil {
-		return fmt.Errorf("opening agent listener: %w", err)
+		return err
 	}
-	f.Close()
 	// Not dumpable: the sandbox's root, which has no CAP_SYS_PTRACE, then
 	// cannot read or write the agent's memory and descriptors through
 	// /proc/1. (Its children become dumpable again at exec.)
@@ -48,17 +47,21 @@ func RunAgent(ctx context.Context) error {
 	// which the command's SIGINT/SIGTERM handling cancels, is detached.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	unix.CloseOnExec(native.AgentLifelineFD)
-	life := os.NewFile(native.AgentLifelineFD, "lifeline")
-	go func() {
-		var b [1]byte
-		for {
-			if _, err := life.Read(b[:]); err != nil {
-				cancel()
-				return
+	if listen == "" {
+		// A backend that hands the agent a listener also hands it a
+		// lifeline (see package boot).
+		unix.CloseOnExec(boot.LifelineFD)
+		life := os.NewFile(boot.LifelineFD, "lifeline")
+		go func() {
+			var b [1]byte
+			for {
+				if _, err := life.Read(b[:]); err != nil {
+					cancel()
+					return
+				}
 			}
-		}
-	}()
+		}()
+	}
 	// The agent's heap holds little beyond queued output (bounded by
 	// process.DefaultOutputBudget): a soft limit makes the collector work
 	// harder before the agent grows, so a sandbox near its memory limit
@@ -67,4 +70,23 @@ func RunAgent(ctx context.Context) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath,
 		ServicesFile: agent.ServicesFile})
+}
+
+// agentListener returns the inherited listener, or a TCP listener on
+// listen when it is set.
+func agentListener(listen string) (net.Listener, error) {
+	if listen != "" {
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return nil, fmt.Errorf("opening agent listener: %w", err)
+		}
+		return ln, nil
+	}
+	f := os.NewFile(boot.ListenerFD, "listener")
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("opening agent listener: %w", err)
+	}
+	return ln, nil
 }

@@ -40,7 +40,6 @@ import (
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
-	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
@@ -92,7 +91,14 @@ type Options struct {
 	// Executable is the static fence binary for sandboxes; empty means the
 	// running one.
 	Executable string
-	Logger     *slog.Logger // nil discards
+	// Backend is the default isolation backend: "native" (the default) or
+	// "gvisor". The other one is also offered, per create, when it can run
+	// here (gvisor needs runsc, see Runsc).
+	Backend string
+	// Runsc is the runsc binary of the gvisor backend; empty means
+	// $FENCE_RUNSC, else /var/lib/fence/cache/runsc/runsc.
+	Runsc  string
+	Logger *slog.Logger // nil discards
 	// Stdout receives the start-up lines meant for the operator (where the
 	// API key is, the address). Nil discards.
 	Stdout io.Writer
@@ -297,17 +303,19 @@ func Serve(ctx context.Context, opts Options) error {
 		DNSUpstream:  opts.DNSUpstream,
 		NetBandwidth: opts.NetBandwidth,
 		Forensics:    archive,
-		Defaults: isolation.Limits{
-			CPUs: opts.Defaults.CPUs, MemoryBytes: opts.Defaults.MemoryMB << 20,
-			Pids: opts.Defaults.Pids, DiskBytes: opts.Defaults.DiskMB << 20, NoFile: opts.Defaults.NoFile,
-		},
-		Logger: log,
+		Defaults:     opts.Defaults.Limits(),
+		Logger:       log,
 	})
 	if err != nil {
 		return fmt.Errorf("starting native backend: %w", err)
 	}
 	defer backend.Close()
-	pool := warm.New(warm.Options{Backend: backend, Size: opts.WarmPool, Logger: log})
+	routed, closeBackends, err := withGvisor(ctx, opts, backend, gw, &mgr, caPEM, flows, netShared, hosts.Addrs(), log)
+	if err != nil {
+		return err
+	}
+	defer closeBackends()
+	pool := warm.New(warm.Options{Backend: routed, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
 	// Template builds: their trees and uploads live in the data dir; the
 	// images they start from come from the shared layer cache.

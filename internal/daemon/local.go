@@ -15,7 +15,9 @@ import (
 	"github.com/fencesandbox/fence/internal/bench"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/gvisor"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/template"
 )
@@ -30,12 +32,20 @@ type LocalOptions struct {
 	Agent        isolation.AgentConfig
 	// Recorder receives the sandbox's network flows; nil logs nothing.
 	Recorder egress.Recorder
+	// Backend is "native" (empty) or "gvisor".
+	Backend string
+}
+
+// localBackend is a one-off backend of `fence run`.
+type localBackend interface {
+	isolation.Backend
+	Close() error
 }
 
 // localSandbox is a sandbox owned by this process alone (`fence run`).
 type localSandbox struct {
 	isolation.Sandbox
-	backend *native.Backend
+	backend localBackend
 }
 
 // Kill kills the sandbox and removes what its one-off backend made.
@@ -58,12 +68,25 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 	if err != nil {
 		return nil, err
 	}
-	b, err := native.New(ctx, native.Options{
-		StateDir:  filepath.Join(opts.DataDir, "native"),
-		Instance:  "run-" + strconv.Itoa(os.Getpid()),
-		Ephemeral: true,
-		Recorder:  opts.Recorder,
-	})
+	var b localBackend
+	switch opts.Backend {
+	case "", BackendNative:
+		b, err = native.New(ctx, native.Options{
+			StateDir:  filepath.Join(opts.DataDir, "native"),
+			Instance:  "run-" + strconv.Itoa(os.Getpid()),
+			Ephemeral: true,
+			Recorder:  opts.Recorder,
+		})
+	case BackendGvisor:
+		b, err = gvisor.New(ctx, gvisor.Options{
+			StateDir:  filepath.Join(opts.DataDir, "gvisor"),
+			Instance:  "run-" + strconv.Itoa(os.Getpid()),
+			Ephemeral: true,
+			Fence:     netfence.Fence{Recorder: opts.Recorder},
+		})
+	default:
+		return nil, fmt.Errorf("unknown backend %q (native or gvisor)", opts.Backend)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"strings"
+
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/tbuild"
@@ -29,8 +31,31 @@ func (t templateSet) ReadyPorts(name string) []uint16 { return t.own.ReadyPorts(
 func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {
 	rt, ok := t.built.Runtime(name)
 	if !ok {
-		return sandbox.Runtime{}, false
+		return t.ownRuntime(name)
 	}
 	return sandbox.Runtime{DefaultUser: rt.User, DefaultWorkdir: rt.Workdir, StartCmd: rt.StartCmd, ReadyCmd: rt.ReadyCmd,
 		CPUs: float64(rt.CPUs), MemoryMB: int64(rt.MemoryMB)}, true
+}
+
+// ownRuntime gives a template built from a container image its image's
+// environment, working directory and user (when the user is a name; a
+// numeric uid is left to the template's default user).
+func (t templateSet) ownRuntime(name string) (sandbox.Runtime, bool) {
+	info, err := t.own.Info(name)
+	if err != nil || (len(info.Env) == 0 && info.WorkDir == "" && info.User == "") {
+		return sandbox.Runtime{}, false
+	}
+	rt := sandbox.Runtime{DefaultWorkdir: info.WorkDir}
+	if u, _, _ := strings.Cut(info.User, ":"); u != "" && strings.Trim(u, "0123456789") != "" {
+		rt.DefaultUser = u
+	}
+	for _, kv := range info.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			if rt.Env == nil {
+				rt.Env = map[string]string{}
+			}
+			rt.Env[k] = v
+		}
+	}
+	return rt, true
 }

@@ -24,6 +24,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
@@ -42,6 +43,37 @@ type Limits struct {
 	Pids        int64   // maximum number of tasks (processes and threads)
 	DiskBytes   int64   // writable disk (the overlay upper layer)
 	NoFile      uint64  // RLIMIT_NOFILE, clamped to the host's hard limit
+}
+
+// DefaultLimits are the built-in limits of a sandbox whose Spec and whose
+// daemon's flags leave a limit at zero: the one place every backend and the
+// sandbox manager take them from.
+var DefaultLimits = Limits{
+	CPUs:        1,
+	MemoryBytes: 512 << 20,
+	Pids:        1024,
+	DiskBytes:   1 << 30,
+	NoFile:      1024,
+}
+
+// WithDefaults returns l with each zero field taken from d.
+func (l Limits) WithDefaults(d Limits) Limits {
+	if l.CPUs == 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	if l.NoFile == 0 {
+		l.NoFile = d.NoFile
+	}
+	return l
 }
 
 // Bind is a host path made visible inside the sandbox (fence run -v).
@@ -65,18 +97,17 @@ type Spec struct {
 	Binds []Bind
 	// Agent is handed to the fence agent inside the sandbox.
 	Agent AgentConfig
+	// Backend names the backend to create the sandbox on, for a router of
+	// several (isolation/multi); empty means the default.
+	Backend string
 	// Egress is the sandbox's network policy. Every sandbox's traffic goes
 	// through the daemon's user-space stack; nil means deny all.
 	Egress *policy.Policy
 }
 
-// AgentConfig is what the agent inside the sandbox needs to know. It holds
-// no secret: anything in it is visible to the sandbox.
-type AgentConfig struct {
-	EnvVars        map[string]string `json:"envVars,omitempty"`
-	DefaultUser    string            `json:"defaultUser,omitempty"`
-	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
-}
+// AgentConfig is what the agent inside the sandbox needs to know (see
+// package boot, the agent's boot contract).
+type AgentConfig = boot.Config
 
 // PortDialer is implemented by sandboxes whose ports the daemon can reach
 // (ingress): it connects to a TCP port inside the sandbox.
@@ -103,6 +134,24 @@ type EgressSetter interface {
 type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
+}
+
+// Adopter is implemented by backends whose paused sandboxes outlive the
+// process that paused them, their state being on disk (gVisor's checkpoint
+// images). Adopt takes over the paused sandbox id left by an earlier
+// instance on the same state: it comes back paused (Resume restores it),
+// and Cleanup no longer counts it as a leftover. A sandbox that cannot be
+// adopted gives an error wrapping ErrNotFound.
+type Adopter interface {
+	Adopt(ctx context.Context, id string) (Sandbox, error)
+}
+
+// Keeper is implemented by sandboxes whose paused state can outlive the
+// daemon (see Adopter): Kept reports whether this one is paused with its
+// state safely on disk, so that a daemon shutting down leaves it for the
+// next one to adopt instead of killing it.
+type Keeper interface {
+	Kept() bool
 }
 
 // LayerReader is implemented by sandboxes whose writable layer (what the

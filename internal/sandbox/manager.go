@@ -42,34 +42,43 @@ type Templates interface {
 // Defaults are the resources and timeout of a sandbox whose create request
 // does not name them. Zero fields take the built-in values in brackets.
 type Defaults struct {
-	CPUs     float64       // [1]
-	MemoryMB int64         // [512]
-	Pids     int64         // [1024]
-	DiskMB   int64         // [1024]
-	NoFile   uint64        // [1024]
+	CPUs     float64       // [isolation.DefaultLimits]
+	MemoryMB int64         // [isolation.DefaultLimits]
+	Pids     int64         // [isolation.DefaultLimits]
+	DiskMB   int64         // [isolation.DefaultLimits]
+	NoFile   uint64        // [isolation.DefaultLimits]
 	Timeout  time.Duration // [5m]
 }
 
 func (d Defaults) withBuiltins() Defaults {
+	b := isolation.DefaultLimits
 	if d.CPUs == 0 {
-		d.CPUs = 1
+		d.CPUs = b.CPUs
 	}
 	if d.MemoryMB == 0 {
-		d.MemoryMB = 512
+		d.MemoryMB = b.MemoryBytes >> 20
 	}
 	if d.Pids == 0 {
-		d.Pids = 1024
+		d.Pids = b.Pids
 	}
 	if d.DiskMB == 0 {
-		d.DiskMB = 1024
+		d.DiskMB = b.DiskBytes >> 20
 	}
 	if d.NoFile == 0 {
-		d.NoFile = 1024
+		d.NoFile = b.NoFile
 	}
 	if d.Timeout == 0 {
 		d.Timeout = 5 * time.Minute
 	}
 	return d
+}
+
+// Limits returns d's resource limits in the backends' type; zero fields
+// stay zero (the backend's defaults apply).
+func (d Defaults) Limits() isolation.Limits {
+	return isolation.Limits{
+		CPUs: d.CPUs, MemoryBytes: d.MemoryMB << 20, Pids: d.Pids, DiskBytes: d.DiskMB << 20, NoFile: d.NoFile,
+	}
 }
 
 // Options configure a Manager.
@@ -285,12 +294,16 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Unlock()
 
 	// Paused sandboxes are frozen processes of the previous daemon: they
-	// do not survive it either.
+	// do not survive it either, unless the backend keeps them on disk
+	// (isolation.Adopter), which adopts them before its Cleanup.
 	stale, err := m.store.List(ctx, store.Filter{States: []store.State{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
+		if m.adopt(ctx, s) {
+			continue
+		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
 			return fmt.Errorf("recovering sandbox %s: %w", s.ID, err)
 		}
@@ -421,6 +434,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	backendName, err := m.backendFor(req)
+	if err != nil {
+		return nil, err
+	}
 	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
 		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
 	if err != nil {
@@ -451,19 +468,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, bindings))
 	env := req.EnvVars
-	if len(m.caEnv)+len(phEnv) > 0 {
+	if len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
 		env = maps.Clone(m.caEnv)
 		if env == nil {
 			env = map[string]string{}
 		}
+		maps.Copy(env, rt.Env) // the template's defaults; the request wins
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
 	}
 	box, err := m.backend.Create(ctx, isolation.Spec{
-		Egress: createEgress(nc),
-		RootFS: rootfs,
-		Limits: limits,
-		Agent:  isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
+		Backend: backendName,
+		Egress:  createEgress(nc),
+		RootFS:  rootfs,
+		Limits:  limits,
+		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -605,7 +624,8 @@ func (m *Manager) watch(e *entry) {
 	}
 }
 
-// Shutdown kills every sandbox and stops the reaper. Later calls to the
+// Shutdown kills every sandbox (but paused ones a backend keeps on disk,
+// isolation.Keeper, which the next Start adopts) and stops the reaper. Later calls to the
 // Manager fail with ErrClosed. It returns ctx.Err() if ctx ends first.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
@@ -628,6 +648,11 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
+			if k, ok := e.box.(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
+				// Its state is on disk: the next daemon adopts it.
+				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.box.ID())
+				continue
+			}
 			wg.Go(func() {
 				m.finishUsage(ctx, e)
 				m.killBox(ctx, e.box)

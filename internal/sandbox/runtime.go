@@ -17,6 +17,9 @@ import (
 type Runtime struct {
 	DefaultUser    string
 	DefaultWorkdir string
+	// Env holds the template's environment defaults (an image's ENV);
+	// the create request's variables override them.
+	Env map[string]string
 	// StartCmd is started (bash -l -c, as the default user, in the default
 	// workdir) at every sandbox start and left running.
 	StartCmd string

@@ -27,7 +27,9 @@
 //     api.ErrConflict and change nothing.
 //   - Start marks every sandbox the store still holds as running or paused
 //     killed and then calls Backend.Cleanup, so a crashed daemon leaves
-//     nothing behind: paused sandboxes do not survive a restart.
+//     nothing behind: paused sandboxes do not survive a restart, except on
+//     a backend that keeps them on disk (isolation.Adopter, gVisor), where
+//     they are adopted, paused, before the Cleanup.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
 //

@@ -132,13 +132,4 @@ func trunc(s string) string {
 }
 
 // DefaultLimits returns the limits of a sandbox whose request names none.
-func (m *Manager) DefaultLimits() isolation.Limits {
-	d := m.defaults
-	return isolation.Limits{
-		CPUs:        d.CPUs,
-		MemoryBytes: d.MemoryMB << 20,
-		Pids:        d.Pids,
-		DiskBytes:   d.DiskMB << 20,
-		NoFile:      d.NoFile,
-	}
-}
+func (m *Manager) DefaultLimits() isolation.Limits { return m.defaults.Limits() }

@@ -144,3 +144,22 @@ func StateDir(t testing.TB) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// RequireRunsc returns the runsc binary the gvisor backend uses
+// ($FENCE_RUNSC, else the cache scripts/build-runsc.sh fills). It skips t
+// when there is none, and fails under CI, whose setup builds it.
+func RequireRunsc(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	p := os.Getenv("FENCE_RUNSC")
+	if p == "" {
+		p = "/var/lib/fence/cache/runsc/runsc"
+	}
+	if _, err := os.Stat(p); err != nil {
+		if InCI() {
+			t.Fatalf("runsc missing at %s (scripts/setup.sh builds it with scripts/build-runsc.sh): %v", p, err)
+		}
+		t.Skipf("runsc missing at %s (build it with scripts/build-runsc.sh): %v", p, err)
+	}
+	return p
+}

@@ -233,5 +233,111 @@ func testCleanupPausedAfterCrash(t *testing.T, newBackend func(t *testing.T) iso
 	if !slices.Contains(ids, s.ID()) {
 		t.Errorf("Cleanup() = %v, want it to contain the paused %s", ids, s.ID())
 	}
+	if a, ok := b2.(isolation.Adopter); ok {
+		// A paused sandbox of such a backend has no process to end: it is
+		// gone when nothing can bring it back.
+		if s2, err := a.Adopt(t.Context(), s.ID()); err == nil {
+			s2.Kill(t.Context())
+			t.Errorf("Adopt(%s) after Cleanup succeeded, want ErrNotFound", s.ID())
+		} else if !errors.Is(err, isolation.ErrNotFound) {
+			t.Errorf("Adopt(%s) after Cleanup = %v, want ErrNotFound", s.ID(), err)
+		}
+		if err := p.Resume(t.Context()); err == nil {
+			t.Errorf("Resume() of the cleaned-up %s succeeded, want error", s.ID())
+		}
+		return
+	}
 	waitDone(t, s, "after Cleanup of a paused sandbox")
+}
+
+// RunPersistentPause runs the cases of backends whose paused sandboxes
+// outlive their daemon (isolation.Adopter): a sandbox paused by one
+// backend is adopted by the next on the same state and resumes with its
+// processes and memory.
+func RunPersistentPause(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string)
+	}{
+		{"AdoptResumes", testAdoptResumes},
+		{"AdoptUnknown", testAdoptUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newBackend, rootfs) })
+	}
+}
+
+func adopter(t *testing.T, b isolation.Backend) isolation.Adopter {
+	t.Helper()
+	a, ok := b.(isolation.Adopter)
+	if !ok {
+		t.Fatalf("backend %T does not implement isolation.Adopter", b)
+	}
+	return a
+}
+
+func testAdoptResumes(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
+	b1 := newBackend(t)
+	s, p := createPausable(t, b1, rootfs)
+	mustExec(t, s, "sh", "-c", "echo kept > /tmp/file && "+counterLoop)
+	c1 := waitAdvance(t, s, waitAdvance(t, s, 0))
+	if err := p.Pause(t.Context()); err != nil {
+		t.Fatalf("Pause() = %v", err)
+	}
+	// The daemon "crashes" with the sandbox paused; the next one adopts it
+	// before it cleans up.
+	b2 := newBackend(t)
+	s2, err := adopter(t, b2).Adopt(t.Context(), s.ID())
+	if err != nil {
+		t.Fatalf("Adopt(%s) = %v", s.ID(), err)
+	}
+	t.Cleanup(func() { s2.Kill(context.WithoutCancel(t.Context())) })
+	ids, err := b2.Cleanup(t.Context())
+	if err != nil || slices.Contains(ids, s.ID()) {
+		t.Fatalf("Cleanup() = %v, %v: it removed the adopted %s", ids, err, s.ID())
+	}
+	if c, err := s2.DialAgent(t.Context()); err == nil {
+		c.Close()
+		t.Errorf("DialAgent() of the adopted, paused sandbox succeeded, want ErrPaused")
+	}
+	p2, ok := s2.(isolation.Pauser)
+	if !ok {
+		t.Fatalf("adopted sandbox %T does not implement isolation.Pauser", s2)
+	}
+	if err := p2.Resume(t.Context()); err != nil {
+		t.Fatalf("Resume() of the adopted sandbox = %v", err)
+	}
+	c2 := readCounter(t, s2)
+	t.Logf("counter: %d before the pause, %d after the restart and resume", c1, c2)
+	if c2 < c1 || c2-c1 > 10 {
+		t.Errorf("counter went from %d to %d: the loop's state was not kept", c1, c2)
+	}
+	waitAdvance(t, s2, c2) // the same loop runs on
+	if got := mustExec(t, s2, "cat", "/tmp/file"); got != "kept\n" {
+		t.Errorf("/tmp/file after the restart = %q, want kept", got)
+	}
+	if err := s2.Kill(t.Context()); err != nil {
+		t.Fatalf("Kill() = %v", err)
+	}
+	waitDone(t, s2, "after Kill")
+	ids, err = b2.Cleanup(t.Context())
+	if err != nil || slices.Contains(ids, s.ID()) {
+		t.Errorf("Cleanup() = %v, %v: Kill left %s behind", ids, err, s.ID())
+	}
+}
+
+func testAdoptUnknown(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
+	b := newBackend(t)
+	a := adopter(t, b)
+	// A running sandbox (no checkpoint) and an unknown ID cannot be adopted.
+	s, _ := createPausable(t, b, rootfs)
+	for _, id := range []string{s.ID(), "tnosuchsandbox0", "../etc"} {
+		if s2, err := a.Adopt(t.Context(), id); err == nil {
+			s2.Kill(t.Context())
+			t.Errorf("Adopt(%q) succeeded, want an error", id)
+		}
+	}
+	if code, err := health(t.Context(), s); err != nil || code != http.StatusNoContent {
+		t.Errorf("GET /health after failed adoptions = %d, %v; want 204", code, err)
+	}
 }

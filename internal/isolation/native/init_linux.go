@@ -12,32 +12,31 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
 
-// File descriptors `fence init` receives from the daemon.
+// File descriptors `fence init` receives from the daemon; the agent's
+// are those of its boot contract (package boot).
 const (
 	syncFD     = 3
-	listenerFD = 4
-	lifelineFD = 5
+	listenerFD = boot.ListenerFD
+	lifelineFD = boot.LifelineFD
 )
 
 // goAhead is the byte the daemon sends once the sandbox is in its cgroups.
 const goAhead = 'g'
 
-// AgentListenerFD is the descriptor on which the agent finds its listener.
-const AgentListenerFD = listenerFD
-
-// AgentLifelineFD is the read end of a pipe whose EOF tells the agent that
-// the process supervising the sandbox has died.
-const AgentLifelineFD = lifelineFD
-
-// AgentConfigEnv is the environment variable carrying the agent's
-// configuration (JSON isolation.AgentConfig) into `fence agent`.
-const AgentConfigEnv = "FENCE_AGENT_CONFIG"
+// AgentListenerFD, AgentLifelineFD and AgentConfigEnv are boot's, kept
+// under their old names.
+const (
+	AgentListenerFD = boot.ListenerFD
+	AgentLifelineFD = boot.LifelineFD
+	AgentConfigEnv  = boot.ConfigEnv
+)
 
 // agentPath is where the fence binary is bind-mounted inside the sandbox.
-const agentPath = "/.fence/fence"
+const agentPath = boot.Path
 
 // AgentPath is where the fence binary is inside every sandbox (read-only),
 // for callers that run one of its roles there.
@@ -142,9 +141,9 @@ func setup(sync *os.File) error {
 	if err := setRlimits(cfg.NoFile); err != nil {
 		return err
 	}
-	agentCfg, err := json.Marshal(cfg.Agent)
+	env, err := boot.Env(cfg.Agent, "")
 	if err != nil {
-		return fmt.Errorf("encoding agent config: %w", err)
+		return err
 	}
 	if err := unix.CloseRange(lifelineFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("closing descriptors: %w", err)
@@ -164,11 +163,7 @@ func setup(sync *os.File) error {
 	if err := dropPrivileges(cfg.Seccomp); err != nil {
 		return err
 	}
-	env := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		AgentConfigEnv + "=" + string(agentCfg),
-	}
-	err = unix.Exec(agentPath, []string{"fence", "agent"}, env)
+	err = unix.Exec(agentPath, boot.Argv, env)
 	return fmt.Errorf("executing agent: %w", err)
 }
 

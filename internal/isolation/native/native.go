@@ -23,18 +23,13 @@ import (
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
 
 // Defaults for a sandbox whose Spec leaves a limit at zero.
-var Defaults = isolation.Limits{
-	CPUs:        1,
-	MemoryBytes: 512 << 20,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	NoFile:      1024,
-}
+var Defaults = isolation.DefaultLimits
 
 // Options configures a Backend.
 type Options struct {
@@ -103,6 +98,7 @@ type Options struct {
 type Backend struct {
 	opts    Options
 	log     *slog.Logger
+	fence   netfence.Fence // the sandboxes' network fence, from opts
 	cg      *cgroup.Manager
 	disk    *quota.FS // nil when project quotas are unavailable
 	slots   *slots
@@ -189,8 +185,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		opts:    opts,
-		log:     log,
+		opts: opts,
+		log:  log,
+		fence: netfence.Fence{DNSUpstream: opts.DNSUpstream, HostAddrs: opts.HostAddrs, Bandwidth: opts.NetBandwidth,
+			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log},
 		exe:     exe,
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
@@ -390,24 +388,7 @@ func checkTraversable(dir string) error {
 	}
 }
 
-func withDefaults(l, d isolation.Limits) isolation.Limits {
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	if l.NoFile == 0 {
-		l.NoFile = d.NoFile
-	}
-	return l
-}
+func withDefaults(l, d isolation.Limits) isolation.Limits { return l.WithDefaults(d) }
 
 // Cleanup implements isolation.Backend. It removes every sandbox of this
 // instance that is not live in this process: cgroups, sockets, writable

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,8 +23,8 @@ import (
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
-	"github.com/fencesandbox/fence/internal/egress/tun"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 )
 
@@ -462,47 +461,14 @@ func protectAgent(pid int) {
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(agentOOMScoreAdj)), 0)
 }
 
-var denyAll = func() *policy.Policy {
-	p, err := policy.Compile(policy.Spec{})
-	if err != nil {
-		panic(err)
-	}
-	return p
-}()
+var denyAll = netfence.DenyAll
 
-// startNetwork gives the sandbox its only way out: a TUN device in its
-// network namespace whose packets a user-space stack in the daemon
-// terminates and decides on (internal/egress).
+// startNetwork gives the sandbox its only way out: the network fence
+// (internal/netfence) attached to its network namespace.
 func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy) error {
-	if pol == nil {
-		pol = denyAll
-	}
-	fd, err := tun.Create(fmt.Sprintf("/proc/%d/ns/net", pid), tun.Config{
-		Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6},
-	})
+	st, err := s.b.fence.Attach(ctx, s.id, fmt.Sprintf("/proc/%d/ns/net", pid), pol)
 	if err != nil {
-		return fmt.Errorf("creating sandbox network device: %w", err)
-	}
-	var icpt egress.Interceptor
-	if s.b.opts.Interceptor != nil {
-		icpt = s.b.opts.Interceptor(s.id)
-	}
-	// The stack lives as long as the sandbox, not the create request.
-	st, err := egress.New(context.WithoutCancel(ctx), egress.Options{
-		SandboxID:   s.id,
-		FD:          fd,
-		Policy:      pol,
-		DNSUpstream: s.b.opts.DNSUpstream,
-		HostAddrs:   s.b.opts.HostAddrs,
-		Recorder:    s.b.opts.Recorder,
-		Shared:      s.b.opts.Net,
-		Interceptor: icpt,
-		Bandwidth:   s.b.opts.NetBandwidth,
-		Logger:      s.b.log,
-	})
-	if err != nil {
-		unix.Close(fd)
-		return fmt.Errorf("starting sandbox network: %w", err)
+		return err
 	}
 	s.net = st
 	return nil

@@ -175,7 +175,7 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 func (p *Pool) serves(spec isolation.Spec) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.budget != nil && spec.ID == "" && len(spec.Binds) == 0 &&
+	return p.budget != nil && spec.ID == "" && len(spec.Binds) == 0 && spec.Backend == "" &&
 		spec.RootFS == p.target.RootFS && spec.Limits == p.target.Limits
 }
 
@@ -440,4 +440,23 @@ func agentRequest(ctx context.Context, sb isolation.Sandbox, method, path string
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return nil
+}
+
+// Adopt implements isolation.Adopter by passing the call to the backend
+// behind the pool; a backend without it adopts nothing (ErrNotFound).
+func (p *Pool) Adopt(ctx context.Context, id string) (isolation.Sandbox, error) {
+	a, ok := p.opts.Backend.(isolation.Adopter)
+	if !ok {
+		return nil, fmt.Errorf("the %s backend keeps no paused sandbox: %w", p.opts.Backend.Name(), isolation.ErrNotFound)
+	}
+	return a.Adopt(ctx, id)
+}
+
+// Has reports whether the backend behind the pool has a backend named
+// name (see isolation/multi).
+func (p *Pool) Has(name string) bool {
+	if h, ok := p.opts.Backend.(interface{ Has(string) bool }); ok {
+		return h.Has(name)
+	}
+	return name == p.opts.Backend.Name()
 }

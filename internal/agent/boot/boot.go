@@ -1,0 +1,81 @@
+// Package boot is the contract between an isolation backend that starts a
+// sandbox and the fence agent that runs as the sandbox's PID 1: where the
+// fence binary is inside the sandbox, how the agent is started, and how it
+// finds its configuration, its listener and its lifeline. Every backend
+// (internal/isolation/native, internal/isolation/gvisor) starts the agent
+// through it, and the agent role (`fence agent`) reads it; nothing else
+// about the agent's start is shared between them.
+//
+// # The contract
+//
+//   - The fence binary is at Path inside the sandbox, read-only, and is
+//     executed as Argv with the environment Env returns (a fixed PATH and
+//     the Config as JSON in ConfigEnv). The agent removes ConfigEnv from its
+//     own environment before it starts anything.
+//   - The agent serves envd's protocol on the listener it inherits as
+//     ListenerFD, or, when ListenEnv is set, on a TCP listener it opens at
+//     that address itself (a backend that cannot hand a host socket in,
+//     such as gVisor, whose sandbox must survive a checkpoint and restore).
+//   - If LifelineFD is open, EOF on it means the supervisor has died and
+//     the agent ends the sandbox. A backend whose sandboxes must outlive
+//     their supervisor (a checkpointed gVisor sandbox is restored by the
+//     next daemon) gives none, and removes leftovers itself on the next
+//     start.
+//   - Config holds nothing secret: the sandbox can read all of it.
+package boot
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Path is where the fence binary is inside every sandbox (read-only).
+const Path = "/.fence/fence"
+
+// Argv is the agent's argument vector.
+var Argv = []string{"fence", "agent"}
+
+// DefaultPath is the PATH the agent starts with.
+const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Descriptors the agent may inherit.
+const (
+	// ListenerFD is the agent's listening socket when ListenEnv is unset.
+	ListenerFD = 4
+	// LifelineFD is the read end of a pipe whose EOF tells the agent that
+	// the process supervising the sandbox has died.
+	LifelineFD = 5
+)
+
+// ConfigEnv carries the agent's Config (JSON) into `fence agent`.
+const ConfigEnv = "FENCE_AGENT_CONFIG"
+
+// ListenEnv, when set, is the TCP address ("host:port") the agent listens
+// on instead of inheriting ListenerFD.
+const ListenEnv = "FENCE_AGENT_LISTEN"
+
+// Port is the agent's TCP port when it listens on the sandbox's network:
+// envd's port, which E2B clients address it by.
+const Port = 49983
+
+// Config is what the agent inside the sandbox needs to know. It holds no
+// secret: anything in it is visible to the sandbox.
+type Config struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+// Env returns the agent's environment for cfg; listen, if not empty, is
+// the TCP address for ListenEnv.
+func Env(cfg Config, listen string) ([]string, error) {
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encoding agent config: %w", err)
+	}
+	env := []string{DefaultPath, ConfigEnv + "=" + string(raw)}
+	if listen != "" {
+		env = append(env, ListenEnv+"="+listen)
+	}
+	return env, nil
+}

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/gateway"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/gvisor"
+	"github.com/fencesandbox/fence/internal/isolation/multi"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/netfence"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+// Backend names.
+const (
+	BackendNative = "native"
+	BackendGvisor = "gvisor"
+)
+
+// withGvisor returns the daemon's backend: native alone, or native and
+// gvisor behind a router whose default is opts.Backend. The gvisor backend
+// gets the same network fence (resolver, host addresses, flow recorder,
+// shared stack budget, gateway) and CA as native. Without runsc, gvisor is
+// left out, unless it is the default, which is then an error.
+func withGvisor(ctx context.Context, opts Options, nat *native.Backend, gw *gateway.Gateway, mgr **sandbox.Manager,
+	caPEM []byte, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) (isolation.Backend, func(), error) {
+	switch opts.Backend {
+	case "", BackendNative, BackendGvisor:
+	default:
+		return nil, nil, fmt.Errorf("unknown backend %q (native or gvisor)", opts.Backend)
+	}
+	gv, err := gvisor.New(ctx, gvisor.Options{
+		StateDir:   filepath.Join(opts.DataDir, "gvisor"),
+		Runsc:      opts.Runsc,
+		Executable: opts.Executable,
+		Defaults:   opts.Defaults.Limits(),
+		TrustedCA:  caPEM,
+		Fence: netfence.Fence{
+			DNSUpstream: opts.DNSUpstream,
+			HostAddrs:   hostAddrs,
+			Bandwidth:   opts.NetBandwidth,
+			Recorder:    rec,
+			Net:         net,
+			Interceptor: func(id string) egress.Interceptor {
+				return gw.ForSandbox(id, func() *gateway.Config {
+					if *mgr == nil {
+						return nil
+					}
+					return (*mgr).GatewayConfig(id)
+				})
+			},
+			Logger: log,
+		},
+		Logger: log,
+	})
+	if err != nil {
+		if opts.Backend == BackendGvisor {
+			return nil, nil, fmt.Errorf("starting gvisor backend: %w", err)
+		}
+		if !errors.Is(err, gvisor.ErrNoRunsc) {
+			log.Warn("gvisor backend unavailable", "err", err)
+		} else {
+			log.Info("gvisor backend unavailable: no runsc", "err", err)
+		}
+		return nat, func() {}, nil
+	}
+	def, other := isolation.Backend(nat), isolation.Backend(gv)
+	if opts.Backend == BackendGvisor {
+		def, other = gv, nat
+	}
+	r, err := multi.New(def, other)
+	if err != nil {
+		gv.Close()
+		return nil, nil, err
+	}
+	return r, func() { gv.Close() }, nil
+}

@@ -1,0 +1,51 @@
+// Package gvisor is fence's gVisor isolation backend: each sandbox is a
+// runsc sandbox (gVisor's user-space kernel on the systrap platform), so
+// the sandbox's system calls are served by gVisor, not the host kernel.
+//
+// # What a sandbox gets
+//
+//   - The fence agent as PID 1 (package boot's contract), listening on
+//     boot.Port inside the sandbox's own network; the daemon reaches it
+//     through the sandbox's network stack, never through a host socket.
+//   - The template as a read-only root under a gVisor overlay whose upper
+//     layer lives in a host file of the sandbox's own (runsc
+//     --overlay2=root:dir=…), bounded by the disk limit.
+//   - The same network fence as every backend (internal/netfence): the
+//     daemon makes a network namespace holding only a TUN device, runsc
+//     (--network=sandbox) adopts it into gVisor's stack, and every packet
+//     the sandbox sends comes out of the TUN into the daemon's stack.
+//   - The same limits as native: a cgroup (internal/cgroup) made by the
+//     backend with the memory, pids and CPU limits, which runsc joins with
+//     the sentry and gofer; RLIMIT_NOFILE in the OCI spec.
+//   - /etc/hosts, /etc/resolv.conf and the gateway's CA bound read-only
+//     from the sandbox's host directory; sudo is the agent's
+//     (/usr/bin/sudo is the fence binary).
+//
+// # Pause keeps memory and processes
+//
+// Pause checkpoints the sandbox with `runsc checkpoint` (memory, processes,
+// open files and the overlay's contents) into an image in the sandbox's
+// directory, after which no process of it exists on the host. Resume
+// restores the image with `runsc restore` into a fresh network namespace
+// and network stack with the sandbox's current policy. The image on disk
+// is the state: a restarted daemon adopts a paused sandbox (Adopt) and
+// resumes it like any other. An image never changes once written, so one
+// image can be restored more than once (a fork with memory) under new IDs.
+//
+// # Crash safety
+//
+// Every host resource is named after the sandbox ID: the runsc container
+// (in the instance's runsc root), the cgroup under fence/<instance>, and
+// the sandbox directory (bundle, bound files, overlay file, image).
+// Network namespaces and TUN devices live only as descriptors of the
+// daemon and vanish with it. Cleanup deletes every container, cgroup and
+// directory of the instance that is neither live nor adopted.
+//
+// # What differs from native
+//
+// The agent has no lifeline: a running sandbox outlives a crashed daemon
+// (its network is dead, since the daemon held its stack) until the next
+// start's Cleanup removes it. The agent listens on the sandbox's network,
+// so processes inside can reach it (as they can reach sudo). Bound /etc
+// files are read-only.
+package gvisor

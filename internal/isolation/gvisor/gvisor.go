@@ -1,0 +1,364 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
+)
+
+// DefaultRunsc is where scripts/build-runsc.sh caches runsc.
+const DefaultRunsc = "/var/lib/fence/cache/runsc/runsc"
+
+// RunscEnv names a runsc binary to use instead of DefaultRunsc.
+const RunscEnv = "FENCE_RUNSC"
+
+// Defaults for a sandbox whose Spec leaves a limit at zero: the same as
+// every backend's.
+var Defaults = isolation.DefaultLimits
+
+// Options configures a Backend.
+type Options struct {
+	// StateDir holds the backend's host state: runsc's state, the
+	// sandboxes' bundles, overlay files and checkpoint images. Required.
+	StateDir string
+	// Instance separates this backend's sandboxes (cgroups, runsc root)
+	// from other fence processes' on the host. Empty means "gvisor-" and a
+	// hash of StateDir.
+	Instance string
+	// Runsc is the runsc binary. Empty means $FENCE_RUNSC, else
+	// DefaultRunsc.
+	Runsc string
+	// Platform is runsc's platform; empty means systrap.
+	Platform string
+	// Executable is the static fence binary run as the agent. Empty means
+	// the running executable.
+	Executable string
+	// Defaults replaces zero limits of a Spec; its zero fields take the
+	// package's Defaults.
+	Defaults isolation.Limits
+	// Fence is the sandboxes' network fence (zero fields take netfence's
+	// defaults).
+	Fence netfence.Fence
+	// TrustedCA is a PEM certificate every sandbox trusts on top of its
+	// template's roots (the egress gateway's CA).
+	TrustedCA []byte
+	// Ephemeral makes Close remove the instance itself (for `fence run`).
+	Ephemeral bool
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Backend is the gVisor isolation.Backend.
+type Backend struct {
+	opts  Options
+	log   *slog.Logger
+	fence netfence.Fence
+	cg    *cgroup.Manager
+	runsc string
+	exe   string // the agent binary, a copy of Executable kept by content
+	root  string // runsc --root
+	sbDir string // sandbox directories
+
+	closeOnce sync.Once
+
+	mu sync.Mutex
+	// +checklocks:mu
+	live map[string]*sandbox
+}
+
+var _ isolation.Backend = (*Backend)(nil)
+
+var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+// New prepares the backend: its state directories, cgroup parent and the
+// agent binary. It fails if runsc is missing.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("gvisor backend: StateDir is required")
+	}
+	abs, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("resolving state directory: %w", err)
+	}
+	opts.StateDir = abs
+	if opts.Instance == "" {
+		sum := sha256.Sum256([]byte(abs))
+		opts.Instance = "gvisor-" + hex.EncodeToString(sum[:4])
+	}
+	if opts.Platform == "" {
+		opts.Platform = "systrap"
+	}
+	opts.Defaults = withDefaults(opts.Defaults, Defaults)
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	runsc, err := FindRunsc(opts.Runsc)
+	if err != nil {
+		return nil, err
+	}
+	exe := opts.Executable
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("finding own executable: %w", err)
+		}
+	}
+	b := &Backend{
+		opts:  opts,
+		log:   log,
+		fence: opts.Fence.WithDefaults(),
+		runsc: runsc,
+		root:  filepath.Join(abs, "runsc", opts.Instance),
+		sbDir: filepath.Join(abs, "sandboxes", opts.Instance),
+		live:  map[string]*sandbox{},
+	}
+	for _, d := range []string{abs, b.root, b.sbDir, filepath.Join(abs, "bin")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating state directory: %w", err)
+		}
+	}
+	if b.exe, err = keepBinary(exe, filepath.Join(abs, "bin")); err != nil {
+		return nil, err
+	}
+	if b.cg, err = cgroup.NewManager("fence/" + opts.Instance); err != nil {
+		return nil, fmt.Errorf("preparing cgroups: %w", err)
+	}
+	return b, nil
+}
+
+// FindRunsc returns the runsc binary to use: path, else $FENCE_RUNSC, else
+// DefaultRunsc. A missing binary is an error that says how to build it.
+func FindRunsc(path string) (string, error) {
+	if path == "" {
+		path = os.Getenv(RunscEnv)
+	}
+	if path == "" {
+		path = DefaultRunsc
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("runsc not found at %s (build it with scripts/build-runsc.sh, or set %s): %w", path, RunscEnv, ErrNoRunsc)
+	}
+	return path, nil
+}
+
+// ErrNoRunsc is returned by New and FindRunsc when runsc is missing.
+var ErrNoRunsc = errors.New("no runsc")
+
+// keepBinary copies the fence binary into dir under a name derived from
+// its content and returns the copy's path. A checkpointed sandbox holds
+// its agent's binary open: restoring it needs the very same file, also
+// after the daemon's own binary has been replaced.
+func keepBinary(exe, dir string) (string, error) {
+	f, err := os.Open(exe)
+	if err != nil {
+		return "", fmt.Errorf("opening fence binary: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("reading fence binary: %w", err)
+	}
+	dst := filepath.Join(dir, "fence-"+hex.EncodeToString(h.Sum(nil)[:8]))
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".fence-*")
+	if err != nil {
+		return "", fmt.Errorf("copying fence binary: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, f); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("copying fence binary: %w", err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("copying fence binary: %w", err)
+	}
+	return dst, nil
+}
+
+// Name implements isolation.Backend.
+func (b *Backend) Name() string { return "gvisor" }
+
+// Close releases the backend's own resources; an Ephemeral backend also
+// removes its instance. Sandboxes must have been killed first.
+func (b *Backend) Close() error {
+	var err error
+	b.closeOnce.Do(func() {
+		// runsc pins an empty network namespace for its gofers by a bind
+		// mount in its root, made again when missing: it must not outlive
+		// the backend (concurrent runsc commands may have stacked several).
+		for unix.Unmount(filepath.Join(b.root, "null-netns"), unix.MNT_DETACH) == nil {
+		}
+		// The cgroup parent goes once empty, in fence's hierarchies and in
+		// those runsc added groups to (cpuset, devices, blkio on v1); one
+		// still in use (a paused sandbox kept on disk) stays.
+		_ = b.cg.RemoveParent()
+		if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "fence", b.opts.Instance)); dirs != nil {
+			for _, d := range dirs {
+				_ = unix.Rmdir(d)
+			}
+		}
+		if !b.opts.Ephemeral {
+			return
+		}
+		var errs []error
+		for _, d := range []string{b.root, b.sbDir} {
+			if e := os.RemoveAll(d); e != nil {
+				errs = append(errs, e)
+			}
+		}
+		err = errors.Join(errs...)
+	})
+	return err
+}
+
+// HostAddrs returns the host addresses no sandbox may reach.
+func (b *Backend) HostAddrs() []netip.Addr { return b.fence.HostAddrs }
+
+func withDefaults(l, d isolation.Limits) isolation.Limits { return l.WithDefaults(d) }
+
+// runscTimeout bounds one runsc command.
+const runscTimeout = 2 * time.Minute
+
+// run runs runsc with the backend's global flags and args, and returns its
+// error with what it printed.
+func (b *Backend) run(ctx context.Context, extra []string, args ...string) error {
+	return b.runOut(ctx, nil, extra, args...)
+}
+
+// runOut is run with runsc's stdout and stderr going to out when it is
+// not nil. A command that starts a sandbox (run, restore) must write to a
+// file, never a pipe: the detached sandbox keeps its stdio, and a pipe
+// would hold the command's Wait until the sandbox ends.
+func (b *Backend) runOut(ctx context.Context, out *os.File, extra []string, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, runscTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, b.runsc, append(append(b.globalFlags(), extra...), args...)...)
+	var buf bytes.Buffer
+	if out != nil {
+		cmd.Stdout, cmd.Stderr = out, out
+	} else {
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+	}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		msg := buf.Bytes()
+		if out != nil {
+			msg = tail(out.Name(), 2048)
+		}
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// tail returns the last n bytes of the file at path.
+func tail(path string, n int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(st.Size()-n, 0)
+	buf := make([]byte, st.Size()-off)
+	k, _ := f.ReadAt(buf, off)
+	return buf[:k]
+}
+
+func (b *Backend) globalFlags() []string {
+	return []string{"--root", b.root, "--platform", b.opts.Platform, "--network", "sandbox"}
+}
+
+// Cleanup implements isolation.Backend: it deletes every container,
+// cgroup and sandbox directory of this instance that is not live (or
+// adopted) in this process.
+func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	ids, err := b.cg.List()
+	if err != nil {
+		return nil, fmt.Errorf("listing cgroups: %w", err)
+	}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	for _, dir := range []string{b.sbDir, b.root} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			name := strings.TrimSuffix(e.Name(), ".state")
+			if i := strings.IndexByte(name, '_'); i > 0 {
+				name = name[:i] // runsc's own files: <id>_sandbox:<id>.state
+			}
+			seen[name] = true
+		}
+	}
+	var removed []string
+	var errs []error
+	for id := range seen {
+		b.mu.Lock()
+		_, live := b.live[id]
+		b.mu.Unlock()
+		if live || !idPattern.MatchString(id) {
+			continue
+		}
+		if err := b.removeLeftovers(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up sandbox %s: %w", id, err))
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeLeftovers deletes the container, cgroup and directory of id.
+func (b *Backend) removeLeftovers(ctx context.Context, id string) error {
+	var errs []error
+	if err := b.run(ctx, nil, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") &&
+		!strings.Contains(err.Error(), "not found") {
+		errs = append(errs, err)
+	}
+	if g, err := b.cg.Open(id); err == nil {
+		if err := g.Remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(b.sbDir, id)); err != nil {
+		errs = append(errs, fmt.Errorf("removing state: %w", err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,77 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netconf"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+// adopt takes over a sandbox a previous daemon left paused, on a backend
+// whose paused sandboxes outlive their daemon (isolation.Adopter, e.g.
+// gVisor's checkpoint images). It reports whether the sandbox is live
+// again, paused, under this Manager; if not, the caller marks it killed
+// and the backend's Cleanup removes what is left.
+//
+// The sandbox keeps its ID, envd access token, metadata, limits and
+// network (recompiled from the stored configuration). What the store does
+// not hold comes back at its default: autoPause and autoResume off, and the
+// secret bindings of the create (their placeholders pass unreplaced).
+func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
+	a, ok := m.backend.(isolation.Adopter)
+	if !ok || rec.State != store.StatePaused {
+		return false
+	}
+	box, err := a.Adopt(ctx, rec.ID)
+	if err != nil {
+		if !errors.Is(err, isolation.ErrNotFound) {
+			m.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
+		}
+		return false
+	}
+	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: rec.AllowInternetAccess, Network: rec.Network})
+	if err == nil && box.ID() != rec.ID {
+		err = errors.New("the backend adopted another sandbox")
+	}
+	if err == nil {
+		if setter, ok := box.(isolation.EgressSetter); ok {
+			setter.SetEgress(createEgress(nc))
+		}
+		if nc.Proxy != nil {
+			err = applyNetwork(box, nc, true)
+		}
+	}
+	if err != nil {
+		m.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
+		m.killBox(ctx, box)
+		return false
+	}
+	gw := &gatewayState{}
+	gw.cfg.Store(m.gatewayConfig(nc, nil))
+	m.gateways.Store(rec.ID, gw)
+	now := m.now().UTC()
+	info := &Sandbox{
+		ID: rec.ID, TemplateID: rec.Template, State: StatePaused,
+		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: rec.Metadata,
+		CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB,
+		EnvdAccessToken: rec.EnvdAccessToken, AllowInternetAccess: rec.AllowInternetAccess,
+		Network: rec.Network,
+	}
+	if info.Metadata == nil {
+		info.Metadata = map[string]string{}
+	}
+	runDone := make(chan struct{})
+	close(runDone) // its run ended with the pause
+	e := &entry{box: box, info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
+		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
+	e.use.mark(now, true)
+	m.mu.Lock()
+	m.running[rec.ID] = e
+	m.wg.Go(func() { m.watch(e) })
+	m.mu.Unlock()
+	m.log.InfoContext(ctx, "paused sandbox left by a previous daemon adopted", "sandbox_id", rec.ID)
+	return true
+}

@@ -1,0 +1,25 @@
+package sandbox
+
+// BackendMetadataKey is the create metadata key that picks the isolation
+// backend of one sandbox ("native", "gvisor"); without it the daemon's
+// default (fence serve --backend) is used. It is metadata so that E2B's
+// SDKs, which pass metadata through unchanged, can set it; it stays in the
+// sandbox's metadata like any other key.
+const BackendMetadataKey = "fence.backend"
+
+// backendFor returns the backend a create asks for: "" for the default.
+// An unknown name is invalid input.
+func (m *Manager) backendFor(req CreateRequest) (string, error) {
+	name, ok := req.Metadata[BackendMetadataKey]
+	if !ok || name == m.backend.Name() {
+		return "", nil
+	}
+	has := func(n string) bool { return false }
+	if h, ok := m.backend.(interface{ Has(string) bool }); ok {
+		has = h.Has
+	}
+	if name == "" || !has(name) {
+		return "", invalid("metadata %s: backend %q is not available on this daemon (default %q)", BackendMetadataKey, name, m.backend.Name())
+	}
+	return name, nil
+}
