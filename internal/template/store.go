@@ -104,8 +104,8 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolving template dir: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating template dir: %w", err)
+	if err := privateDir(dir); err != nil {
+		return nil, err
 	}
 	s := &Store{
 		dir:        dir,
@@ -503,4 +503,28 @@ func humanSize(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// privateDir makes dir (mode 0700) or, when it exists with access for
+// group or others, takes that access away. Template trees keep their
+// files' owners (an idmapped mount maps them for each sandbox), so a host
+// user whose uid owns files in a template could otherwise change every
+// sandbox made from it; only the daemon's user may reach into the store.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating template dir: %w", err)
+	}
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("template dir: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("template dir %s is not a directory", dir)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, st.Mode().Perm()&0o700); err != nil {
+			return fmt.Errorf("template dir %s: taking group and other access away: %w", dir, err)
+		}
+	}
+	return nil
 }

@@ -435,3 +435,25 @@ func TestBuildBase(t *testing.T) {
 		t.Logf("base: %d MiB", infos[0].SizeBytes>>20)
 	}
 }
+
+func TestStoreDirIsPrivate(t *testing.T) {
+	parent := t.TempDir()
+	fresh := filepath.Join(parent, "fresh")
+	if _, err := New(Options{Dir: fresh}); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(parent, "old")
+	if err := os.Mkdir(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(old, 0o755)
+	if _, err := New(Options{Dir: old}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{fresh, old} {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s: mode %v %v, want no group or other access", d, st.Mode(), err)
+		}
+	}
+}
