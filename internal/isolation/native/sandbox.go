@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
@@ -110,6 +111,18 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	}
 	if err := checkBinds(spec.Binds); err != nil {
 		return nil, err
+	}
+	// A create waits while the teardown of killed sandboxes is too far
+	// behind: their cgroups, layers and loop devices are still held, and
+	// a new sandbox would add to them and slow their release.
+	wctx, cancel := context.WithTimeout(ctx, backlogWait)
+	n, werr := b.pending.waitRoom(wctx)
+	cancel()
+	if werr != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("waiting for the release of %d killed sandboxes: %w", n, ctx.Err())
+		}
+		return nil, fmt.Errorf("the release of %d killed sandboxes is behind, try again: %w", n, api.ErrUnavailable)
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
 	s := &sandbox{
@@ -703,9 +716,16 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
 			return
 		}
+		// The pending release is counted before Kill returns: past the
+		// budget, Kill waits here for the teardown to catch up.
+		s.b.pending.add()
 		s.b.closing.Go(func() {
+			defer s.b.pending.done()
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
+			if h := s.b.reapHook; h != nil {
+				h(s.id)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			// The cgroup goes first: the sandbox no longer exists for the
@@ -793,10 +813,14 @@ func (s *sandbox) killFrozen() error {
 }
 
 // reapers bounds how many killed sandboxes release their host resources at
-// once; reapTimeout bounds one release.
+// once; reapTimeout bounds one release. maxPendingReleases bounds how many
+// killed sandboxes may wait for their release (a Kill past it waits; a
+// Create waits while half of it is pending, at most backlogWait).
 const (
-	reapers     = 2
-	reapTimeout = time.Minute
+	reapers            = 2
+	reapTimeout        = time.Minute
+	maxPendingReleases = 64
+	backlogWait        = 30 * time.Second
 )
 
 // teardown stops and releases a sandbox at once. It tolerates a partially

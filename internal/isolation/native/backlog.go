@@ -1,0 +1,87 @@
+package native
+
+import (
+	"context"
+	"sync"
+)
+
+// backlog counts the killed sandboxes whose host resources (cgroup,
+// writable layer, loop device, state) are still to be released. It is the
+// budget of the teardown that Kill leaves behind it: a Kill that would
+// take it past its maximum waits for a release to finish, and a Create
+// waits while it stands above half of it (see Backend.Create), so a flood
+// of kills can neither pile up unbounded pending teardown nor starve it
+// with new sandboxes.
+type backlog struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	n int
+	// +checklocks:mu
+	max int
+	// wake is closed (and replaced) whenever n falls.
+	// +checklocks:mu
+	wake chan struct{}
+}
+
+func newBacklog(max int) *backlog {
+	return &backlog{max: max, wake: make(chan struct{})}
+}
+
+// add counts one more pending release, waiting while the backlog is full.
+// It does not give up: a release always ends (each is bounded by
+// reapTimeout), and the sandbox is already dead, so the only alternative
+// would be to drop its resources unaccounted.
+func (q *backlog) add() {
+	for {
+		q.mu.Lock()
+		if q.n < q.max {
+			q.n++
+			q.mu.Unlock()
+			return
+		}
+		w := q.wake
+		q.mu.Unlock()
+		<-w
+	}
+}
+
+// done counts one pending release as finished.
+func (q *backlog) done() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.n--
+	close(q.wake)
+	q.wake = make(chan struct{})
+}
+
+// len returns the number of pending releases.
+func (q *backlog) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// waitRoom returns once fewer than half of the backlog's maximum releases
+// are pending, or with ctx's error and the number pending.
+func (q *backlog) waitRoom(ctx context.Context) (int, error) {
+	for {
+		q.mu.Lock()
+		n, limit, w := q.n, max(1, q.max/2), q.wake
+		q.mu.Unlock()
+		if n < limit {
+			return n, nil
+		}
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return n, ctx.Err()
+		}
+	}
+}
+
+// setMax changes the maximum (tests only, before any Kill).
+func (q *backlog) setMax(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.max = n
+}
