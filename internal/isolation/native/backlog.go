@@ -85,3 +85,25 @@ func (q *backlog) setMax(n int) {
 	defer q.mu.Unlock()
 	q.max = n
 }
+
+// waitEmpty returns once no release is pending, or with ctx's error.
+func (q *backlog) waitEmpty(ctx context.Context) error {
+	for {
+		q.mu.Lock()
+		n, w := q.n, q.wake
+		q.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// WaitReleased returns once the host resources of every killed sandbox
+// have been released (the teardown Kill leaves behind it is done), or
+// with ctx's error. `fence bench` times the teardown with it.
+func (b *Backend) WaitReleased(ctx context.Context) error { return b.pending.waitEmpty(ctx) }
