@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,4 +163,48 @@ func waitDone(t *testing.T, s isolation.Sandbox) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("sandbox %s still running", s.ID())
 	}
+}
+
+// TestKillStopsEveryProcessAtOnce runs writers in a sandbox (one looping in
+// a shell, one forking a new process for every write) into a host
+// directory, kills the sandbox and checks that nothing is written once Kill
+// has returned, though the processes' exits and the sandbox's teardown are
+// left to the background.
+func TestKillStopsEveryProcessAtOnce(t *testing.T) {
+	b := newBackend(t)
+	release := b.HoldReleases(8)
+	defer release()
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	os.Chown(dir, 1000, 1000)
+	sb := create(t, b, isolation.Spec{Binds: []isolation.Bind{{HostPath: dir, Path: "/w"}}})
+	script := `(while :; do echo a >> /w/a; done) </dev/null >/dev/null 2>&1 &
+(while :; do sh -c 'echo b >> /w/b'; done) </dev/null >/dev/null 2>&1 &
+echo started`
+	if r := run(t, sb, "user", "/bin/sh", "-c", script); !strings.Contains(r.stdout, "started") {
+		t.Fatalf("starting the writers: %+v", r)
+	}
+	size := func(name string) int64 {
+		st, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return -1
+		}
+		return st.Size()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for size("a") <= 0 || size("b") <= 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the writers wrote nothing in 30 s (a: %d, b: %d bytes)", size("a"), size("b"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	a, bs := size("a"), size("b")
+	time.Sleep(500 * time.Millisecond)
+	if a2, b2 := size("a"), size("b"); a2 != a || b2 != bs {
+		t.Errorf("written after Kill returned: a %d → %d bytes, b %d → %d bytes", a, a2, bs, b2)
+	}
+	waitDone(t, sb)
 }

@@ -86,6 +86,9 @@ type sandbox struct {
 	paused atomic.Bool
 	// +checklocks:pmu
 	killed bool
+	// gone is set once Kill has made sure no process of the sandbox can
+	// run again (their exits may still be under way).
+	gone atomic.Bool
 
 	// layerMu guards diskFD against release while an export opens the
 	// layer; layerGone is set once it is released.
@@ -553,6 +556,9 @@ func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
 	default:
 	}
+	if s.gone.Load() {
+		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
+	}
 	if s.paused.Load() {
 		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrPaused)
 	}
@@ -663,6 +669,9 @@ func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
 	default:
 	}
+	if s.gone.Load() {
+		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
+	}
 	// A frozen agent would take the connection (the kernel queues it)
 	// and never answer.
 	if s.paused.Load() {
@@ -694,10 +703,13 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 }
 
 // Kill implements isolation.Sandbox. It returns once no process of the
-// sandbox can run again; its host resources (cgroup, writable layer, state
-// directory, uid slot) are released right after, in the background, at
-// most reapers at a time (Backend.Close waits for them). A crash meanwhile
-// leaves them to the next start's Cleanup, as for any other leftover.
+// sandbox can run again: every one has SIGKILL pending (signalAll). Their
+// exits (with the kernel's teardown of the sandbox's namespaces) and the
+// release of its host resources (cgroup, writable layer, state directory,
+// uid slot) happen after, in the background, at most reapers at a time and
+// at most maxPendingReleases pending (Backend.Close waits for them). A
+// crash meanwhile leaves them to the next start's Cleanup, as for any
+// other leftover.
 func (s *sandbox) Kill(ctx context.Context) error {
 	s.killOnce.Do(func() {
 		s.pmu.Lock()
@@ -708,7 +720,16 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = s.killFrozen()
 		}
 		if s.killErr == nil {
-			s.killErr = s.stop()
+			s.killErr = s.signalAll()
+			if s.killErr != nil {
+				// Not every process could be found: wait for the kernel to
+				// end them all, as the death of PID 1 makes it do.
+				s.b.log.Warn("signalling a sandbox's processes; waiting for them", "sandbox_id", s.id, "err", s.killErr)
+				s.killErr = s.stop()
+			}
+		}
+		if s.killErr == nil {
+			s.gone.Store(true)
 		}
 		if s.killErr != nil {
 			// Something of the sandbox may still run: release what can be
@@ -726,6 +747,7 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			if h := s.b.reapHook; h != nil {
 				h(s.id)
 			}
+			s.awaitExit(10 * time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			// The cgroup goes first: the sandbox no longer exists for the
