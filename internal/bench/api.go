@@ -76,6 +76,10 @@ func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); retu
 // densityClients is how many clients create sandboxes at once.
 const densityClients = 8
 
+// densityWindow is how many creates a rate at a given number of sandboxes
+// alive is measured over.
+const densityWindow = 50
+
 // density creates n idle sandboxes through the API with densityClients
 // concurrent clients and reports how the create rate and this process's
 // memory (the daemon's, plus the clients' few bytes per sandbox) change as
@@ -150,6 +154,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
 	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
+	if len(stamp) >= 2*densityWindow+10 {
+		// With about 10 sandboxes alive (past the clients' ramp-up) and
+		// with all but the last few alive.
+		at10 := rate(stamp, start, 10, 10+densityWindow)
+		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
+		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
+			at10, len(stamp)-densityWindow, atN, atN/at10, densityWindow)
+	}
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",

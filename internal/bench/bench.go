@@ -31,6 +31,7 @@ import (
 	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
 
@@ -106,9 +107,23 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
 	var results []Result
 	var phases coldPhases
+	rt, _ := opts.Backend.(releaseTimer)
+	var rt0 native.ReleaseTimes
+	if rt != nil {
+		rt0 = rt.ReleaseTimes()
+	}
 	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
 		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
 	})
+	var teardown string
+	if rt != nil && cold.Err == nil {
+		t := rt.ReleaseTimes()
+		if n := t.N - rt0.N; n > 0 {
+			per := func(a, b time.Duration) string { return ms((a - b) / time.Duration(n)) }
+			teardown = fmt.Sprintf("teardown of a cold cycle's sandbox (after kill answered), mean of %d: exits and the kernel's namespace teardown %s, cgroup removal %s, layer archive %s, layer, socket and state release %s\n",
+				n, per(t.Exit, rt0.Exit), per(t.Cgroup, rt0.Cgroup), per(t.Archive, rt0.Archive), per(t.Rest, rt0.Rest))
+		}
+	}
 	if cold.Err == nil {
 		cold.Samples = phases.cycle()
 	}
@@ -156,6 +171,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}
 	}
 	writeTable(out, results)
+	fmt.Fprint(out, teardown)
 	writeRatios(out, results)
 	if idleErr != nil {
 		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", idleErr)
@@ -289,6 +305,12 @@ func (p *coldPhases) cycle() []time.Duration {
 		s[i] = p.create[i] + p.exec[i] + p.kill[i]
 	}
 	return s
+}
+
+// releaseTimer is a backend that sums the steps of its teardowns (the
+// native backend).
+type releaseTimer interface {
+	ReleaseTimes() native.ReleaseTimes
 }
 
 // releaseWaiter is a backend that can wait for the teardown its kills

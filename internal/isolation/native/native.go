@@ -125,6 +125,8 @@ type Backend struct {
 	closing   sync.WaitGroup // killed sandboxes releasing their resources, network stacks shutting down
 	reapers   chan struct{}  // a slot per release in progress (see sandbox.Kill)
 	pending   *backlog       // killed sandboxes whose release is pending
+	// releaseTimes sums the steps of the background releases.
+	releaseTimes releaseTimes
 	// reapHook, when set (tests), runs before each background release.
 	reapHook func(id string)
 

@@ -742,21 +742,27 @@ func (s *sandbox) Kill(ctx context.Context) error {
 		s.b.pending.add()
 		s.b.closing.Go(func() {
 			defer s.b.pending.done()
-			s.b.reapers <- struct{}{}
-			defer func() { <-s.b.reapers }()
 			if h := s.b.reapHook; h != nil {
 				h(s.id)
 			}
+			// The exits take no reaper: the kernel does that work.
+			t0 := time.Now()
 			s.awaitExit(10 * time.Second)
+			s.b.reapers <- struct{}{}
+			defer func() { <-s.b.reapers }()
+			t1 := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			// The cgroup goes first: the sandbox no longer exists for the
 			// host's accounting while its layer is archived.
 			s.removeCgroup(ctx)
+			t2 := time.Now()
 			s.archiveLayer()
+			t3 := time.Now()
 			if err := s.release(ctx); err != nil {
 				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)
 			}
+			s.b.releaseTimes.add(t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
 		})
 	})
 	return s.killErr
