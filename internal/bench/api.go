@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -148,6 +149,12 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	runtime.GC()
 	debug.FreeOSMemory()
 	rssN := rss()
+	if path := os.Getenv("FENCE_BENCH_HEAP_PROFILE"); path != "" {
+		// What the idle sandboxes hold in the daemon's heap, for pprof.
+		if err := writeHeapProfile(path); err != nil {
+			fmt.Fprintf(out, "  heap profile: %v\n", err)
+		}
+	}
 	var mstat runtime.MemStats
 	runtime.ReadMemStats(&mstat)
 	w := max(10, n/10)
@@ -231,4 +238,17 @@ func entries(dir string) int {
 		return 0
 	}
 	return len(ents)
+}
+
+// writeHeapProfile writes this process's heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
