@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -136,8 +137,16 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		forEach(sbs, func(sb *client.Sandbox) { sb.Kill(kctx) })
 		fmt.Fprintf(out, "  killing all %d: %s\n", len(sbs), ms(time.Since(kstart)))
 	}()
+	// A create that failed is reported, and the figures are still given
+	// for the sandboxes that were created.
+	var createErr error
 	if first != nil {
-		return fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
+		createErr = fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
+		fmt.Fprintf(out, "  %v\n", createErr)
+		if len(sbs) == 0 {
+			return createErr
+		}
+		n = len(sbs)
 	}
 	// Settle, then read the memory.
 	select {
@@ -187,9 +196,9 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
 	if len(bad) > 0 {
 		slices.Sort(bad)
-		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
+		return errors.Join(createErr, fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0]))
 	}
-	return nil
+	return createErr
 }
 
 // forEach calls f with every sandbox, densityClients at a time.
