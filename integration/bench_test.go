@@ -31,6 +31,9 @@ func TestBenchSmoke(t *testing.T) {
 		"api create→run echo→kill, minimal", "density: 12 idle minimal sandboxes",
 		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
 		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
+		"phase: teardown (after kill answered)", "ratios in this run (medians):",
+		"teardown of a cold cycle's sandbox (after kill answered), mean of ",
+		"fence create→exec true→kill / bwrap /bin/true:", "DNS lookup of an allowed name, cached, p50: sandbox",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("fence bench output lacks %q", want)

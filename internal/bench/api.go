@@ -2,11 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -76,6 +78,10 @@ func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); retu
 // densityClients is how many clients create sandboxes at once.
 const densityClients = 8
 
+// densityWindow is how many creates a rate at a given number of sandboxes
+// alive is measured over.
+const densityWindow = 50
+
 // density creates n idle sandboxes through the API with densityClients
 // concurrent clients and reports how the create rate and this process's
 // memory (the daemon's, plus the clients' few bytes per sandbox) change as
@@ -131,8 +137,16 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		forEach(sbs, func(sb *client.Sandbox) { sb.Kill(kctx) })
 		fmt.Fprintf(out, "  killing all %d: %s\n", len(sbs), ms(time.Since(kstart)))
 	}()
+	// A create that failed is reported, and the figures are still given
+	// for the sandboxes that were created.
+	var createErr error
 	if first != nil {
-		return fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
+		createErr = fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
+		fmt.Fprintf(out, "  %v\n", createErr)
+		if len(sbs) == 0 {
+			return createErr
+		}
+		n = len(sbs)
 	}
 	// Settle, then read the memory.
 	select {
@@ -144,12 +158,26 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	runtime.GC()
 	debug.FreeOSMemory()
 	rssN := rss()
+	if path := os.Getenv("FENCE_BENCH_HEAP_PROFILE"); path != "" {
+		// What the idle sandboxes hold in the daemon's heap, for pprof.
+		if err := writeHeapProfile(path); err != nil {
+			fmt.Fprintf(out, "  heap profile: %v\n", err)
+		}
+	}
 	var mstat runtime.MemStats
 	runtime.ReadMemStats(&mstat)
 	w := max(10, n/10)
 	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
 	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
+	if len(stamp) >= 2*densityWindow+10 {
+		// With about 10 sandboxes alive (past the clients' ramp-up) and
+		// with all but the last few alive.
+		at10 := rate(stamp, start, 10, 10+densityWindow)
+		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
+		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
+			at10, len(stamp)-densityWindow, atN, atN/at10, densityWindow)
+	}
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
@@ -168,9 +196,9 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
 	if len(bad) > 0 {
 		slices.Sort(bad)
-		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
+		return errors.Join(createErr, fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0]))
 	}
-	return nil
+	return createErr
 }
 
 // forEach calls f with every sandbox, densityClients at a time.
@@ -219,4 +247,17 @@ func entries(dir string) int {
 		return 0
 	}
 	return len(ents)
+}
+
+// writeHeapProfile writes this process's heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

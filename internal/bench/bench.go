@@ -31,6 +31,7 @@ import (
 	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
 
@@ -61,6 +62,9 @@ type Options struct {
 	// NetBytes, when above zero, is the size of the network measure's bulk
 	// download (needs iproute2).
 	NetBytes int64
+	// DNSServer, when set, is the benchmark's DNS server (StartDNS), the
+	// upstream of Backend: the network measure then times DNS lookups.
+	DNSServer string
 }
 
 // Result is one measure.
@@ -103,9 +107,26 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
 	var results []Result
 	var phases coldPhases
+	rt, _ := opts.Backend.(releaseTimer)
+	var rt0 native.ReleaseTimes
+	if rt != nil {
+		rt0 = rt.ReleaseTimes()
+	}
 	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
 		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
 	})
+	var teardown string
+	if rt != nil && cold.Err == nil {
+		t := rt.ReleaseTimes()
+		if n := t.N - rt0.N; n > 0 {
+			per := func(a, b time.Duration) string { return ms((a - b) / time.Duration(n)) }
+			teardown = fmt.Sprintf("teardown of a cold cycle's sandbox (after kill answered), mean of %d: exits and the kernel's namespace teardown %s, cgroup removal %s, layer archive %s, layer, socket and state release %s\n",
+				n, per(t.Exit, rt0.Exit), per(t.Cgroup, rt0.Cgroup), per(t.Archive, rt0.Archive), per(t.Rest, rt0.Rest))
+		}
+	}
+	if cold.Err == nil {
+		cold.Samples = phases.cycle()
+	}
 	results = append(results, cold)
 	results = append(results, phases.results()...)
 	results = append(results, fenceWarm(ctx, opts))
@@ -117,10 +138,17 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 				"--proc", "/proc", "--dev", "/dev", "/bin/true")
 		}))
 		results = append(results, runcMeasure(ctx, opts))
+		npeers := 3
+		if runsc := runscBinary(); runsc != "" {
+			results = append(results, runscMeasure(ctx, opts, runsc))
+			npeers++
+		} else {
+			fmt.Fprintf(out, "runsc: not installed (%s, FENCE_RUNSC or PATH), skipped\n", RunscPath)
+		}
 		results = append(results, measure("baseline fork+exec /bin/true", opts.Iterations, func(int) error {
 			return run(ctx, "/bin/true")
 		}))
-		for i := len(results) - 3; i < len(results); i++ {
+		for i := len(results) - npeers; i < len(results); i++ {
 			results[i].peer = true
 		}
 	}
@@ -143,6 +171,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}
 	}
 	writeTable(out, results)
+	fmt.Fprint(out, teardown)
+	writeRatios(out, results)
 	if idleErr != nil {
 		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", idleErr)
 	} else {
@@ -250,15 +280,43 @@ func newID(prefix string) string {
 	return prefix + strconv.Itoa(os.Getpid()) + "x" + strconv.Itoa(seq)
 }
 
-// coldPhases splits the cold cycle into its phases.
-type coldPhases struct{ create, exec, kill []time.Duration }
+// coldPhases splits the cold cycle into its phases. The teardown is the
+// release of the killed sandbox's host resources, after Kill has answered
+// (off the request path), timed when the backend can report it.
+type coldPhases struct{ create, exec, kill, teardown []time.Duration }
 
 func (p *coldPhases) results() []Result {
-	return []Result{
+	r := []Result{
 		{Name: "  phase: create", Samples: p.create},
 		{Name: "  phase: exec true", Samples: p.exec},
 		{Name: "  phase: kill", Samples: p.kill},
 	}
+	if len(p.teardown) > 0 {
+		r = append(r, Result{Name: "  phase: teardown (after kill answered)", Samples: p.teardown})
+	}
+	return r
+}
+
+// cycle returns the samples of the whole cycle, create to kill answered
+// (the teardown after it is not part of it).
+func (p *coldPhases) cycle() []time.Duration {
+	s := make([]time.Duration, len(p.create))
+	for i := range s {
+		s[i] = p.create[i] + p.exec[i] + p.kill[i]
+	}
+	return s
+}
+
+// releaseTimer is a backend that sums the steps of its teardowns (the
+// native backend).
+type releaseTimer interface {
+	ReleaseTimes() native.ReleaseTimes
+}
+
+// releaseWaiter is a backend that can wait for the teardown its kills
+// leave behind (the native backend).
+type releaseWaiter interface {
+	WaitReleased(ctx context.Context) error
 }
 
 func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, p *coldPhases, i int) error {
@@ -273,10 +331,20 @@ func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, p *coldP
 	if kerr := sb.Kill(context.WithoutCancel(ctx)); err == nil {
 		err = kerr
 	}
+	t3 := time.Now()
+	// Each cycle starts with the previous one's teardown done, so that
+	// the phases do not include it; the API round trips below do overlap
+	// it, as a client's back-to-back sandboxes do.
+	if w, ok := b.(releaseWaiter); ok && err == nil {
+		err = w.WaitReleased(ctx)
+	}
 	if i >= 0 && err == nil {
 		p.create = append(p.create, t1.Sub(t0))
 		p.exec = append(p.exec, t2.Sub(t1))
-		p.kill = append(p.kill, time.Since(t2))
+		p.kill = append(p.kill, t3.Sub(t2))
+		if _, ok := b.(releaseWaiter); ok {
+			p.teardown = append(p.teardown, time.Since(t3))
+		}
 	}
 	return err
 }
@@ -398,37 +466,84 @@ func runAsRoot(ctx context.Context, c processconnect.ProcessClient, cmd string, 
 
 func runcMeasure(ctx context.Context, opts Options) Result {
 	name := "runc run /bin/true"
-	bundle := filepath.Join(opts.WorkDir, "bundle")
-	state := filepath.Join(opts.WorkDir, "runc-state")
-	if err := os.MkdirAll(bundle, 0o700); err != nil {
-		return Result{Name: name, Err: err}
-	}
-	if err := run(ctx, "runc", "spec", "--bundle", bundle); err != nil {
-		return Result{Name: name, Err: err}
-	}
-	spec, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	bundle, err := ociBundle(ctx, opts)
 	if err != nil {
 		return Result{Name: name, Err: err}
 	}
+	state := filepath.Join(opts.WorkDir, "runc-state")
+	return measure(name, opts.Iterations, func(i int) error {
+		return run(ctx, "runc", "--root", state, "run", "--bundle", bundle, newID("benchrunc"))
+	})
+}
+
+// ociBundle writes (once) an OCI bundle running /bin/true in opts.RootFS,
+// read-only, from runc's default spec, and returns its directory.
+func ociBundle(ctx context.Context, opts Options) (string, error) {
+	bundle := filepath.Join(opts.WorkDir, "bundle")
+	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err == nil {
+		return bundle, nil
+	}
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return "", err
+	}
+	if err := run(ctx, "runc", "spec", "--bundle", bundle); err != nil {
+		return "", err
+	}
+	spec, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", err
+	}
 	var doc map[string]any
 	if err := json.Unmarshal(spec, &doc); err != nil {
-		return Result{Name: name, Err: err}
+		return "", err
 	}
 	doc["root"] = map[string]any{"path": opts.RootFS, "readonly": true}
 	proc, _ := doc["process"].(map[string]any)
 	if proc == nil {
-		return Result{Name: name, Err: errors.New("runc spec has no process")}
+		return "", errors.New("runc spec has no process")
 	}
 	proc["terminal"] = false
 	proc["args"] = []string{"/bin/true"}
 	if spec, err = json.Marshal(doc); err != nil {
-		return Result{Name: name, Err: err}
+		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600); err != nil {
+		return "", err
+	}
+	return bundle, nil
+}
+
+// RunscPath is where fence's build scripts leave gVisor's runsc; the
+// FENCE_RUNSC environment variable overrides it.
+const RunscPath = "/var/lib/fence/cache/runsc/runsc"
+
+// runscBinary returns the runsc to measure, or "" when there is none.
+func runscBinary() string {
+	for _, p := range []string{os.Getenv("FENCE_RUNSC"), RunscPath} {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// runscMeasure runs the runc bundle under gVisor's runsc (no network, as
+// bwrap's --unshare-all and fence's default-deny).
+func runscMeasure(ctx context.Context, opts Options, runsc string) Result {
+	name := "runsc run /bin/true"
+	bundle, err := ociBundle(ctx, opts)
+	if err != nil {
 		return Result{Name: name, Err: err}
 	}
+	state := filepath.Join(opts.WorkDir, "runsc-state")
 	return measure(name, opts.Iterations, func(i int) error {
-		return run(ctx, "runc", "--root", state, "run", "--bundle", bundle, newID("benchrunc"))
+		return run(ctx, runsc, "--root", state, "--network=none", "run", "--bundle", bundle, newID("benchrunsc"))
 	})
 }
 
@@ -516,4 +631,53 @@ func rss() int64 {
 	}
 	pages, _ := strconv.ParseInt(f[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// ratioGoals are fence's targets against its peers: a fence measure, the
+// peer it is compared with, and the most the ratio of their medians should
+// be (zero: no target, reported only).
+var ratioGoals = []struct {
+	measure, peer string
+	goal          float64
+}{
+	{"fence create→exec true→kill", "bwrap /bin/true", 2},
+	{"fence create→exec true→kill, warm pool", "bwrap /bin/true", 1},
+	{"fence exec true in a running sandbox", "baseline fork+exec /bin/true", 1.3},
+	{"api create→run echo→kill, minimal", "bwrap /bin/true", 2.5},
+	{"api create→run echo→kill, base", "bwrap /bin/true", 4},
+	{"api create→run echo→kill, base (warm pool)", "bwrap /bin/true", 4},
+	{"fence create→exec true→kill", "runc run /bin/true", 0},
+	{"fence create→exec true→kill", "runsc run /bin/true", 0},
+}
+
+// writeRatios prints, for every measure and peer that both ran, the ratio
+// of their medians in this run and whether it meets fence's target.
+func writeRatios(out io.Writer, results []Result) {
+	byName := map[string]Result{}
+	for _, r := range results {
+		if r.Err == nil && len(r.Samples) > 0 {
+			byName[r.Name] = r
+		}
+	}
+	var lines []string
+	for _, g := range ratioGoals {
+		m, ok1 := byName[g.measure]
+		p, ok2 := byName[g.peer]
+		if !ok1 || !ok2 || p.quantile(0.5) <= 0 {
+			continue
+		}
+		ratio := float64(m.quantile(0.5)) / float64(p.quantile(0.5))
+		line := fmt.Sprintf("  %s / %s: %.2fx", g.measure, g.peer, ratio)
+		if g.goal > 0 {
+			verdict := "met"
+			if ratio > g.goal {
+				verdict = "not met"
+			}
+			line += fmt.Sprintf(" (target ≤ %.1fx: %s)", g.goal, verdict)
+		}
+		lines = append(lines, line)
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(out, "ratios in this run (medians):\n%s\n", strings.Join(lines, "\n"))
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	mdns "github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/egress/policy"
@@ -179,6 +180,43 @@ type NetResult struct {
 	BytesPerSec   float64 `json:"bytesPerSec"`
 	ConnectP50Sec float64 `json:"connectP50Sec"`
 	Connects      int     `json:"connects"`
+	// DNSFirstSec is the first lookup of --dns (a cache miss upstream of a
+	// sandbox); DNSP50Sec the median of the lookups after it (answered
+	// from the daemon's cache in a sandbox).
+	DNSFirstSec float64 `json:"dnsFirstSec,omitempty"`
+	DNSP50Sec   float64 `json:"dnsP50Sec,omitempty"`
+}
+
+// DNSName is the name the network measure resolves; the benchmark's DNS
+// server (StartDNS) answers it with the upstream server's address.
+const DNSName = "bench.fence.test"
+
+// StartDNS starts the benchmark's DNS server on the host's loopback: it
+// answers A queries for DNSName with the network measure's server address
+// (a long TTL, so that the sandboxes' resolver caches it) and NXDOMAIN to
+// everything else. The backend under measure uses it as its upstream.
+func StartDNS() (addr string, stop func(), err error) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, q *mdns.Msg) {
+		m := new(mdns.Msg)
+		m.SetReply(q)
+		if len(q.Question) == 1 && strings.EqualFold(q.Question[0].Name, DNSName+".") && q.Question[0].Qtype == mdns.TypeA {
+			m.Answer = []mdns.RR{&mdns.A{
+				Hdr: mdns.RR_Header{Name: q.Question[0].Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 3600},
+				A:   net.ParseIP(netServerIP).To4(),
+			}}
+		} else if len(q.Question) == 1 && strings.EqualFold(q.Question[0].Name, DNSName+".") {
+			// The name exists: no record of that type.
+		} else {
+			m.Rcode = mdns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	return pc.LocalAddr().String(), func() { srv.Shutdown() }, nil
 }
 
 // Client is the hidden `fence bench-client` role: from wherever it runs (a
@@ -190,6 +228,9 @@ func Client(args []string, out io.Writer) error {
 	addr := fs.String("addr", "", "server address host:port")
 	size := fs.Int64("bytes", 256<<20, "bytes to download")
 	connects := fs.Int("connects", 50, "connections to time")
+	dnsName := fs.String("dns", "", "name to resolve (A) --lookups times")
+	dnsServer := fs.String("dns-server", "", "DNS server ip:port (default: the system's resolver)")
+	lookups := fs.Int("lookups", 50, "lookups of --dns to time after the first")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -236,6 +277,34 @@ func Client(args []string, out io.Writer) error {
 		slices.Sort(lat)
 		r.ConnectP50Sec, r.Connects = lat[len(lat)/2].Seconds(), len(lat)
 	}
+	if *dnsName != "" {
+		res := &net.Resolver{PreferGo: true}
+		if *dnsServer != "" {
+			res.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, *dnsServer)
+			}
+		}
+		var dl []time.Duration
+		for i := -1; i < *lookups; i++ {
+			t := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := res.LookupNetIP(ctx, "ip4", *dnsName)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("resolving %s: %w", *dnsName, err)
+			}
+			if i < 0 {
+				r.DNSFirstSec = time.Since(t).Seconds()
+			} else {
+				dl = append(dl, time.Since(t))
+			}
+		}
+		if len(dl) > 0 {
+			slices.Sort(dl)
+			r.DNSP50Sec = dl[len(dl)/2].Seconds()
+		}
+	}
 	return json.NewEncoder(out).Encode(r)
 }
 
@@ -247,7 +316,7 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer srv.close()
-	pol, err := policy.Compile(policy.Spec{Allow: []policy.Rule{{Prefix: netip.MustParsePrefix(netServerIP + "/32")}}})
+	pol, err := policy.Compile(policy.Spec{Allow: []policy.Rule{{Prefix: netip.MustParsePrefix(netServerIP + "/32")}, {Name: DNSName}}})
 	if err != nil {
 		return err
 	}
@@ -257,6 +326,13 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer sb.Kill(context.WithoutCancel(ctx))
 	args := []string{"bench-client", "--addr", srv.addr(), "--bytes", strconv.FormatInt(opts.NetBytes, 10)}
+	hostArgs := args
+	if opts.DNSServer != "" {
+		// In the sandbox, its resolver (fence's, answering from its cache
+		// after the first lookup); on the host, the same server directly.
+		args = append(slices.Clone(args), "--dns", DNSName)
+		hostArgs = append(slices.Clone(hostArgs), "--dns", DNSName, "--dns-server", opts.DNSServer)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -269,7 +345,7 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 			return fmt.Errorf("in the sandbox: %w", err)
 		}
 		in = append(in, r)
-		hb, err := exec.CommandContext(ctx, exe, args...).Output()
+		hb, err := exec.CommandContext(ctx, exe, hostArgs...).Output()
 		if err != nil {
 			return fmt.Errorf("on the host: %w", err)
 		}
@@ -296,6 +372,12 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		opts.NetBytes>>20, sIn/1e6, sIn*8/1e9, sHost/1e6, sIn/sHost)
 	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms\n",
 		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3)
+	if opts.DNSServer != "" {
+		dn := func(r NetResult) float64 { return r.DNSP50Sec }
+		df := func(r NetResult) float64 { return r.DNSFirstSec }
+		fmt.Fprintf(out, "  DNS lookup of an allowed name, cached, p50: sandbox %.3f ms (through fence's resolver; first lookup %.2f ms), host %.3f ms (the server directly)\n",
+			med(in, dn)*1e3, med(in, df)*1e3, med(host, dn)*1e3)
+	}
 	return nil
 }
 

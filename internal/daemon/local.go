@@ -148,11 +148,19 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The sandboxes of the measures resolve through the benchmark's own
+	// DNS server (the network measure times lookups of its name).
+	dnsAddr, stopDNS, err := bench.StartDNS()
+	if err != nil {
+		return err
+	}
+	defer stopDNS()
 	b, err := native.New(ctx, native.Options{
-		StateDir:  filepath.Join(opts.DataDir, "native"),
-		Instance:  "bench-" + strconv.Itoa(os.Getpid()),
-		DiskPool:  4,
-		Ephemeral: true,
+		StateDir:    filepath.Join(opts.DataDir, "native"),
+		Instance:    "bench-" + strconv.Itoa(os.Getpid()),
+		DiskPool:    4,
+		Ephemeral:   true,
+		DNSUpstream: dnsAddr,
 	})
 	if err != nil {
 		return err
@@ -171,6 +179,7 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 	return bench.Run(ctx, bench.Options{
 		Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers,
 		Daemon: benchDaemon(opts), Templates: tmpls, Density: opts.Density, NetBytes: opts.NetBytes,
+		DNSServer: dnsAddr,
 	}, out)
 }
 

@@ -16,7 +16,6 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -162,7 +161,6 @@ type Stack struct {
 	log      *slog.Logger
 	s        *stack.Stack
 	link     stack.LinkEndpoint
-	fd       int
 	resolver *dns.Resolver
 	policy   atomic.Pointer[policy.Policy]
 	proxy    atomic.Pointer[Proxy]
@@ -264,19 +262,9 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 
 	link := opts.Link
 	if opts.FD > 0 {
-		link, err = fdbased.New(&fdbased.Options{
-			FDs:                []int{opts.FD},
-			MTU:                opts.MTU,
-			PacketDispatchMode: fdbased.Readv,
-			RXChecksumOffload:  true, // the kernel's TUN delivers locally built packets
-			// One processor: packets are delivered on the reading
-			// goroutine, so the stack reads no faster than it handles
-			// them (more would queue packets without bound) and the
-			// packet rate limit paces the read itself.
-			ProcessorsPerChannel: 1,
-		})
+		// The link owns the fd from here on (it closes it on error too).
+		link, err = newTunLink(opts.FD, opts.MTU)
 		if err != nil {
-			closeFD()
 			return nil, fmt.Errorf("creating TUN link endpoint: %w", err)
 		}
 	}
@@ -285,7 +273,6 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		opts:       opts,
 		log:        opts.Logger.With("sandbox", opts.SandboxID),
 		link:       link,
-		fd:         opts.FD,
 		resolver:   res,
 		hostAddr:   map[netip.Addr]bool{},
 		dial:       dial,
@@ -465,9 +452,7 @@ func (st *Stack) Close() error {
 		st.link.Close()
 		st.link.Wait()
 	}
-	if st.fd > 0 {
-		unix.Close(st.fd)
-	}
+	// The TUN link closed the device's fd.
 	if st.acct.heavy() {
 		st.opts.Shared.returnMemory()
 	}

@@ -1,5 +1,7 @@
 package native
 
+import "sync"
+
 // Forget drops a sandbox from the backend's memory without killing it, as
 // a daemon crash would.
 func (b *Backend) Forget(id string) {
@@ -7,3 +9,17 @@ func (b *Backend) Forget(id string) {
 	defer b.mu.Unlock()
 	delete(b.live, id)
 }
+
+// HoldReleases makes every background release of a killed sandbox wait
+// until the returned function is called, and sets how many releases may be
+// pending; call it before any Kill.
+func (b *Backend) HoldReleases(maxPending int) (releaseAll func()) {
+	gate := make(chan struct{})
+	b.pending.setMax(maxPending)
+	b.reapHook = func(string) { <-gate }
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// PendingReleases returns how many killed sandboxes wait for their release.
+func (b *Backend) PendingReleases() int { return b.pending.len() }

@@ -120,6 +120,11 @@ type Backend struct {
 	closeOnce sync.Once
 	closing   sync.WaitGroup // killed sandboxes releasing their resources, network stacks shutting down
 	reapers   chan struct{}  // a slot per release in progress (see sandbox.Kill)
+	pending   *backlog       // killed sandboxes whose release is pending
+	// releaseTimes sums the steps of the background releases.
+	releaseTimes releaseTimes
+	// reapHook, when set (tests), runs before each background release.
+	reapHook func(id string)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -194,6 +199,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
 		reapers: make(chan struct{}, reapers),
+		pending: newBacklog(maxPendingReleases),
 	}
 	// The state directory must be traversable (not readable) by sandbox
 	// uids, which own their own sandbox directory below it.

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
@@ -84,6 +85,9 @@ type sandbox struct {
 	paused atomic.Bool
 	// +checklocks:pmu
 	killed bool
+	// gone is set once Kill has made sure no process of the sandbox can
+	// run again (their exits may still be under way).
+	gone atomic.Bool
 
 	// layerMu guards diskFD against release while an export opens the
 	// layer; layerGone is set once it is released.
@@ -109,6 +113,18 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	}
 	if err := checkBinds(spec.Binds); err != nil {
 		return nil, err
+	}
+	// A create waits while the teardown of killed sandboxes is too far
+	// behind: their cgroups, layers and loop devices are still held, and
+	// a new sandbox would add to them and slow their release.
+	wctx, cancel := context.WithTimeout(ctx, backlogWait)
+	n, werr := b.pending.waitRoom(wctx)
+	cancel()
+	if werr != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("waiting for the release of %d killed sandboxes: %w", n, ctx.Err())
+		}
+		return nil, fmt.Errorf("the release of %d killed sandboxes is behind, try again: %w", n, api.ErrUnavailable)
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
 	s := &sandbox{
@@ -506,6 +522,9 @@ func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
 	default:
 	}
+	if s.gone.Load() {
+		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
+	}
 	if s.paused.Load() {
 		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrPaused)
 	}
@@ -616,6 +635,9 @@ func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
 	default:
 	}
+	if s.gone.Load() {
+		return nil, fmt.Errorf("dialing agent: %w", isolation.ErrNotFound)
+	}
 	// A frozen agent would take the connection (the kernel queues it)
 	// and never answer.
 	if s.paused.Load() {
@@ -647,10 +669,13 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 }
 
 // Kill implements isolation.Sandbox. It returns once no process of the
-// sandbox can run again; its host resources (cgroup, writable layer, state
-// directory, uid slot) are released right after, in the background, at
-// most reapers at a time (Backend.Close waits for them). A crash meanwhile
-// leaves them to the next start's Cleanup, as for any other leftover.
+// sandbox can run again: every one has SIGKILL pending (signalAll). Their
+// exits (with the kernel's teardown of the sandbox's namespaces) and the
+// release of its host resources (cgroup, writable layer, state directory,
+// uid slot) happen after, in the background, at most reapers at a time and
+// at most maxPendingReleases pending (Backend.Close waits for them). A
+// crash meanwhile leaves them to the next start's Cleanup, as for any
+// other leftover.
 func (s *sandbox) Kill(ctx context.Context) error {
 	s.killOnce.Do(func() {
 		s.pmu.Lock()
@@ -661,7 +686,16 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = s.killFrozen()
 		}
 		if s.killErr == nil {
-			s.killErr = s.stop()
+			s.killErr = s.signalAll()
+			if s.killErr != nil {
+				// Not every process could be found: wait for the kernel to
+				// end them all, as the death of PID 1 makes it do.
+				s.b.log.Warn("signalling a sandbox's processes; waiting for them", "sandbox_id", s.id, "err", s.killErr)
+				s.killErr = s.stop()
+			}
+		}
+		if s.killErr == nil {
+			s.gone.Store(true)
 		}
 		if s.killErr != nil {
 			// Something of the sandbox may still run: release what can be
@@ -669,18 +703,32 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
 			return
 		}
+		// The pending release is counted before Kill returns: past the
+		// budget, Kill waits here for the teardown to catch up.
+		s.b.pending.add()
 		s.b.closing.Go(func() {
+			defer s.b.pending.done()
+			if h := s.b.reapHook; h != nil {
+				h(s.id)
+			}
+			// The exits take no reaper: the kernel does that work.
+			t0 := time.Now()
+			s.awaitExit(10 * time.Second)
 			s.b.reapers <- struct{}{}
 			defer func() { <-s.b.reapers }()
+			t1 := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
 			defer cancel()
 			// The cgroup goes first: the sandbox no longer exists for the
 			// host's accounting while its layer is archived.
 			s.removeCgroup(ctx)
+			t2 := time.Now()
 			s.archiveLayer()
+			t3 := time.Now()
 			if err := s.release(ctx); err != nil {
 				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)
 			}
+			s.b.releaseTimes.add(t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
 		})
 	})
 	return s.killErr
@@ -759,10 +807,14 @@ func (s *sandbox) killFrozen() error {
 }
 
 // reapers bounds how many killed sandboxes release their host resources at
-// once; reapTimeout bounds one release.
+// once; reapTimeout bounds one release. maxPendingReleases bounds how many
+// killed sandboxes may wait for their release (a Kill past it waits; a
+// Create waits while half of it is pending, at most backlogWait).
 const (
-	reapers     = 2
-	reapTimeout = time.Minute
+	reapers            = 2
+	reapTimeout        = time.Minute
+	maxPendingReleases = 64
+	backlogWait        = 30 * time.Second
 )
 
 // teardown stops and releases a sandbox at once. It tolerates a partially
