@@ -7,3 +7,6 @@ func (b *Backend) Forget(id string) {
 	defer b.mu.Unlock()
 	delete(b.live, id)
 }
+
+// LayersDir is where the backend keeps its layers.
+func (b *Backend) LayersDir() string { return b.layersDir() }
