@@ -170,6 +170,9 @@ var migrations = []string{
 	DROP TABLE sandboxes;
 	ALTER TABLE sandboxes_new RENAME TO sandboxes;
 	CREATE INDEX sandboxes_state_created ON sandboxes (state, created_at DESC, id DESC);`,
+	// Snapshots (E2B's snapshot templates) and checkpoints: each names a
+	// filesystem layer the backend keeps (layers.go).
+	migrationLayers,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -172,10 +172,16 @@ func (b *Backend) layerChain(id string) ([]string, error) {
 // CreateOn implements isolation.Layers.
 func (b *Backend) CreateOn(ctx context.Context, spec isolation.Spec, layer string) (isolation.Sandbox, error) {
 	if layer == "" {
+		if err := b.waitReleased(ctx, spec.ID); err != nil {
+			return nil, err
+		}
 		return b.Create(ctx, spec)
 	}
 	if !idPattern.MatchString(layer) {
 		return nil, fmt.Errorf("invalid layer id %q", layer)
+	}
+	if err := b.waitReleased(ctx, spec.ID); err != nil {
+		return nil, err
 	}
 	return b.create(ctx, spec, layer)
 }
@@ -298,6 +304,31 @@ func (b *Backend) mergedChanges(chain []string, top []isolation.FileChange, root
 	return out, nil
 }
 
+// stamps returns the mtimes of files under upper, by path inside.
+func stamps(paths []string, upper string) map[string]unix.Timespec {
+	out := map[string]unix.Timespec{}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			out[strings.TrimPrefix(p, upper)] = st.Mtim
+		}
+	}
+	return out
+}
+
+// ours drops the entries of files fence wrote at create and the sandbox
+// left as they were: they are not the sandbox's changes.
+func (s *sandbox) ours(es []isolation.FileChange, mtimes map[string]unix.Timespec) []isolation.FileChange {
+	out := es[:0]
+	for _, e := range es {
+		if t, ok := s.gen[e.Path]; ok && mtimes[e.Path] == t {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
 // Base implements isolation.Checkpointer.
 func (s *sandbox) Base() string { return s.base }
 
@@ -308,11 +339,11 @@ func (s *sandbox) Changes(ctx context.Context) ([]isolation.FileChange, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: 1 << 62}
+	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: 1 << 62, mtimes: map[string]unix.Timespec{}}
 	if err := c.dir(fd, -1, "", 0); err != nil {
 		return nil, err
 	}
-	return s.b.mergedChanges(s.chain, c.entries, s.rootfs)
+	return s.b.mergedChanges(s.chain, s.ours(c.entries, c.mtimes), s.rootfs)
 }
 
 // Checkpoint implements isolation.Checkpointer.
@@ -363,7 +394,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, fmt.Errorf("opening layer: %w", err)
 	}
 	defer unix.Close(dst)
-	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left}
+	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{}}
 	took, err := s.frozen(func() error {
 		src, err := s.openUpper()
 		if err != nil {
@@ -380,7 +411,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
 	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: c.bytes, Created: time.Now().UTC(),
-		RootFS: s.rootfs, Entries: c.entries}
+		RootFS: s.rootfs, Entries: s.ours(c.entries, c.mtimes)}
 	if err := writeLayerMeta(filepath.Join(tmp, "meta.json"), m); err != nil {
 		return isolation.LayerInfo{}, err
 	}
@@ -457,6 +488,7 @@ type layerCopy struct {
 	left    int64 // bytes the copy may still take
 	bytes   int64
 	entries []isolation.FileChange
+	mtimes  map[string]unix.Timespec // of the entries, by path
 	buf     []byte
 }
 
@@ -534,6 +566,9 @@ func (c *layerCopy) entry(src, dst int, rel, name string, depth int) error {
 		return err
 	}
 	e := isolation.FileChange{Path: "/" + p, Mode: st.Mode & 0o7777}
+	if c.mtimes != nil {
+		c.mtimes[e.Path] = st.Mtim
+	}
 	uid, gid := c.id(st.Uid), c.id(st.Gid)
 	mtime := []unix.Timespec{st.Atim, st.Mtim}
 	switch st.Mode & unix.S_IFMT {
@@ -731,4 +766,27 @@ func copyXattrs(src, dst int) error {
 		}
 	}
 	return nil
+}
+
+// waitReleased waits until a killed sandbox named id has released its
+// host resources (a sandbox rebooted under its own ID needs them gone).
+func (b *Backend) waitReleased(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reapTimeout)
+	defer cancel()
+	for {
+		b.mu.Lock()
+		_, live := b.live[id]
+		b.mu.Unlock()
+		if !live {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s is still being released: %w", id, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }

@@ -74,6 +74,9 @@ type sandbox struct {
 	rootfs string
 	base   string
 	chain  []string
+	// gen holds the files fence wrote into the writable layer at create,
+	// by path inside, with their mtime then (see Changes).
+	gen map[string]unix.Timespec
 
 	net *egress.Stack // the sandbox's network; nil until made
 	// diskDir is the writable layer's mount point on the host while the
@@ -275,6 +278,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
+	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), cfg.UpperDir)
 	// The writable layer holds what the sandbox writes: its root is the
 	// sandbox's alone (init, as the sandbox's root, traverses it to mount
 	// the overlay), so no other host user reaches a file below, whatever
