@@ -79,4 +79,6 @@ type FileChange struct {
 	// Opaque marks a directory made anew over one of the template's: what
 	// was below it in the template is hidden.
 	Opaque bool `json:"opaque,omitempty"`
+	// InTemplate tells that the template has something at Path.
+	InTemplate bool `json:"inTemplate,omitempty"`
 }

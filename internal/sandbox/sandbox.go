@@ -84,6 +84,11 @@ type Sandbox struct {
 	AutoPause bool
 	// AutoResume resumes the paused sandbox when traffic arrives for it.
 	AutoResume bool
+	// AutoPauseNoMemory makes the pause at the deadline a filesystem-only
+	// one (E2B's autoPauseMemory false): the resume reboots.
+	AutoPauseNoMemory bool
+	// AutoCheckpoint checkpoints the filesystem before every command.
+	AutoCheckpoint bool
 	// RunDone is closed when the sandbox's current run ends by a pause
 	// (kill and death close the backend's Done): traffic in flight then
 	// is cut. Only set on the copies Lookup returns.
@@ -117,6 +122,11 @@ type CreateRequest struct {
 	// AutoResume resumes the paused sandbox when traffic arrives for it,
 	// with the create timeout as its new one.
 	AutoResume bool
+	// AutoPauseNoMemory makes the pause at the deadline filesystem-only.
+	AutoPauseNoMemory bool
+	// AutoCheckpoint checkpoints the filesystem before every command
+	// (fence's extension), so that an agent can rewind a step.
+	AutoCheckpoint bool
 }
 
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.

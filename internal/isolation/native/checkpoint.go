@@ -298,6 +298,7 @@ func (b *Backend) mergedChanges(chain []string, top []isolation.FileChange, root
 		case e.Kind == "dir" && inTemplate && st.IsDir() && !e.Opaque && uint32(st.Mode().Perm()) == e.Mode&0o777:
 			continue // only there because something below it changed
 		}
+		e.InTemplate = inTemplate
 		out = append(out, e)
 	}
 	slices.SortFunc(out, func(a, c isolation.FileChange) int { return strings.Compare(a.Path, c.Path) })
