@@ -19,6 +19,7 @@ type Layers interface {
 	ListSnapshots(ctx context.Context, sandboxID, name string) ([]*sandbox.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, ref string) error
 	IsSnapshot(ctx context.Context, ref string) bool
+	HasTemplate(name string) bool
 	Fork(ctx context.Context, id string, count int, d time.Duration) ([]sandbox.ForkResult, error)
 	CreateCheckpoint(ctx context.Context, id, name string, auto bool) (*sandbox.Checkpoint, error)
 	Checkpoints(ctx context.Context, id string) ([]*sandbox.Checkpoint, error)
@@ -118,8 +119,12 @@ func (h *handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l, err := h.layersOr()
-	if err != nil || !l.IsSnapshot(r.Context(), ref) {
+	if err != nil || l.HasTemplate(ref) {
 		h.unsupported("deleting templates", false)(w, r)
+		return
+	}
+	if !l.IsSnapshot(r.Context(), ref) {
+		writeError(w, r, h.log, errorf(api.ErrNotFound, "template or snapshot %q not found", ref))
 		return
 	}
 	if err := l.DeleteSnapshot(r.Context(), ref); err != nil {

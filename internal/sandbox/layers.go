@@ -115,7 +115,7 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 	if !ok || m.layers == nil || ref == "" {
 		return nil, nil
 	}
-	if _, err := m.templates.Resolve(ref); err == nil || !errors.Is(err, api.ErrNotFound) {
+	if _, err := m.templates.Resolve(ref); err == nil {
 		return nil, nil
 	}
 	sn, err := ls.FindSnapshot(ctx, ref)
@@ -125,7 +125,7 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 		}
 		return nil, err
 	}
-	return &origin{layer: sn.Layer, template: sn.Template}, nil
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID}, nil
 }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
@@ -547,6 +547,12 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 	m.nudgeGC()
 	m.record(ctx, audit.TypeSnapshotDelete, sn.SandboxID, map[string]any{"snapshot": sn.ID})
 	return nil
+}
+
+// HasTemplate reports whether name is an ordinary template's.
+func (m *Manager) HasTemplate(name string) bool {
+	_, err := m.templates.Resolve(name)
+	return err == nil
 }
 
 // IsSnapshot reports whether ref names a snapshot.

@@ -467,6 +467,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 type origin struct {
 	layer    string
 	template string // the template under the layer
+	shown    string // the TemplateID the sandbox shows, if not the request's
 	// parent, for a fork: its environment and secret bindings are kept
 	// (the placeholders its files may hold stay valid).
 	parent *entry
@@ -602,6 +603,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}
+	}
+	if from != nil && from.shown != "" {
+		info.TemplateID = from.shown
 	}
 	slot := 0
 	if s, ok := box.(interface{ Slot() int }); ok {
