@@ -103,7 +103,7 @@ type layerState struct {
 func (m *Manager) layerStore() (LayerStore, error) {
 	ls, ok := m.store.(LayerStore)
 	if !ok || m.layers == nil {
-		return nil, fmt.Errorf("the %s backend keeps no filesystem layers: %w", m.backend.Name(), api.ErrUnimplemented)
+		return nil, fmt.Errorf("snapshots, forks, checkpoints and filesystem-only pauses need filesystem layers, which the %s backend does not keep: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
 	return ls, nil
 }

@@ -478,6 +478,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if err != nil {
 		return nil, err
 	}
+	if req.AutoPauseNoMemory && m.layers == nil {
+		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
 	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
 		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
 	if err != nil {
