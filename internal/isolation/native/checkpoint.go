@@ -341,7 +341,7 @@ func (s *sandbox) Changes(ctx context.Context) ([]isolation.FileChange, error) {
 	}
 	defer unix.Close(fd)
 	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: 1 << 62, mtimes: map[string]unix.Timespec{}}
-	if err := c.dir(fd, -1, "", 0); err != nil {
+	if err := c.dir(fd, -1, -1, "", 0); err != nil {
 		return nil, err
 	}
 	return s.b.mergedChanges(s.chain, s.ours(c.entries, c.mtimes), s.rootfs)
@@ -395,14 +395,24 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, fmt.Errorf("opening layer: %w", err)
 	}
 	defer unix.Close(dst)
-	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{}}
+	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{}, next: map[string]prevFile{}}
 	took, err := s.frozen(func() error {
 		src, err := s.openUpper()
 		if err != nil {
 			return err
 		}
 		defer unix.Close(src)
-		return c.dir(src, dst, "", 0)
+		prev := -1
+		if s.last != nil {
+			// The previous checkpoint's files that did not change since
+			// are linked from its layer, not copied: both are frozen.
+			if fd, err := unix.Open(b.layerTree(s.last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				defer unix.Close(fd)
+				prev, c.prev = fd, s.last.files
+			}
+		}
+		c.stableBefore = time.Now().Add(-stableMargin)
+		return c.dir(src, dst, prev, "", 0)
 	})
 	if err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("checkpointing sandbox %s: %w", s.id, err)
@@ -427,6 +437,9 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	b.layers.mu.Lock()
 	b.layers.metas[id] = m
 	b.layers.mu.Unlock()
+	s.pmu.Lock()
+	s.last = &lastCheckpoint{layer: id, files: c.next}
+	s.pmu.Unlock()
 	info := m.info()
 	info.Took = took
 	return info, nil
@@ -491,6 +504,40 @@ type layerCopy struct {
 	entries []isolation.FileChange
 	mtimes  map[string]unix.Timespec // of the entries, by path
 	buf     []byte
+	// prev indexes the previous checkpoint's files (nil: none), next this
+	// one's; stableBefore is the ctime before which a file is indexed.
+	prev, next   map[string]prevFile
+	stableBefore time.Time
+}
+
+// prevFile is what identifies a file of the writable layer as unchanged
+// since a checkpoint copied it: the same inode with the same change time
+// and size (a write, truncate, chmod, chown, rename or utimes sets the
+// change time; the sandbox cannot set it back).
+type prevFile struct {
+	ino   uint64
+	ctime unix.Timespec
+	size  int64
+	sha   string
+}
+
+// lastCheckpoint is a sandbox's previous checkpoint: its layer and index.
+type lastCheckpoint struct {
+	layer string
+	files map[string]prevFile
+}
+
+// stableMargin keeps out of the index the files whose change time is so
+// close to the checkpoint that a write right after it could get the same
+// (coarse) timestamp.
+const stableMargin = 50 * time.Millisecond
+
+// remember indexes a copied (or linked) file for the next checkpoint.
+func (c *layerCopy) remember(path string, st *unix.Stat_t, sum string) {
+	if c.next == nil || !time.Unix(st.Ctim.Unix()).Before(c.stableBefore) {
+		return
+	}
+	c.next[path] = prevFile{ino: st.Ino, ctime: st.Ctim, size: st.Size, sha: sum}
 }
 
 // entryCost is what an entry is charged on top of its data.
@@ -524,7 +571,7 @@ func (c *layerCopy) add(e isolation.FileChange) error {
 
 // dir copies the entries of directory src (the layer's path rel) into
 // directory dst (-1: list only).
-func (c *layerCopy) dir(src, dst int, rel string, depth int) error {
+func (c *layerCopy) dir(src, dst, prev int, rel string, depth int) error {
 	if depth > maxLayerDepth {
 		return fmt.Errorf("/%s: nested deeper than %d directories", rel, maxLayerDepth)
 	}
@@ -547,14 +594,14 @@ func (c *layerCopy) dir(src, dst int, rel string, depth int) error {
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			if err := c.entry(src, dst, rel, name, depth); err != nil {
+			if err := c.entry(src, dst, prev, rel, name, depth); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-func (c *layerCopy) entry(src, dst int, rel, name string, depth int) error {
+func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error {
 	p := rel + name
 	var st unix.Stat_t
 	if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -616,7 +663,14 @@ func (c *layerCopy) entry(src, dst int, rel, name string, depth int) error {
 		if err := c.add(e); err != nil {
 			return err
 		}
-		if err := c.dir(sfd, dfd, p+"/", depth+1); err != nil {
+		sub := -1
+		if prev >= 0 {
+			if fd, err := unix.Openat(prev, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				defer unix.Close(fd)
+				sub = fd
+			}
+		}
+		if err := c.dir(sfd, dfd, sub, p+"/", depth+1); err != nil {
 			return err
 		}
 		if dfd >= 0 {
@@ -661,7 +715,7 @@ func (c *layerCopy) entry(src, dst int, rel, name string, depth int) error {
 		return c.add(e)
 	case unix.S_IFREG:
 		e.Kind = "file"
-		sum, size, err := c.file(src, dst, name, p, uid, gid, mtime)
+		sum, size, err := c.file(src, dst, prev, name, p, uid, gid, mtime)
 		if err != nil {
 			return err
 		}
@@ -677,7 +731,7 @@ func (c *layerCopy) entry(src, dst int, rel, name string, depth int) error {
 
 // file copies (or only hashes) one regular file and returns its hash and
 // size; size -1 when it is gone or no longer a regular file.
-func (c *layerCopy) file(src, dst int, name, p string, uid, gid int, times []unix.Timespec) (string, int64, error) {
+func (c *layerCopy) file(src, dst, prev int, name, p string, uid, gid int, times []unix.Timespec) (string, int64, error) {
 	sfd, err := unix.Openat(src, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) {
@@ -690,6 +744,15 @@ func (c *layerCopy) file(src, dst int, name, p string, uid, gid int, times []uni
 	var st unix.Stat_t
 	if err := unix.Fstat(sfd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return "", -1, err
+	}
+	key := "/" + p
+	if dst >= 0 && prev >= 0 {
+		if pf, ok := c.prev[key]; ok && pf.ino == st.Ino && pf.ctime == st.Ctim && pf.size == st.Size {
+			if unix.Linkat(prev, name, dst, name, 0) == nil {
+				c.remember(key, &st, pf.sha)
+				return pf.sha, st.Size, nil
+			}
+		}
 	}
 	if err := c.charge(st.Size); err != nil {
 		return "", 0, err
@@ -727,7 +790,9 @@ func (c *layerCopy) file(src, dst int, name, p string, uid, gid int, times []uni
 	if err := finish(dfd, uid, gid, st.Mode&0o7777, times); err != nil {
 		return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), st.Size, nil
+	sum := hex.EncodeToString(h.Sum(nil))
+	c.remember(key, &st, sum)
+	return sum, st.Size, nil
 }
 
 // finish sets a copied file's owner, mode and times (the owner first: a

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -150,5 +151,52 @@ func TestCheckpointCrashAndBudget(t *testing.T) {
 	})
 	if len(left) > 0 {
 		t.Errorf("temporary layers left: %v", left)
+	}
+}
+
+// A second checkpoint links the files that did not change since the first
+// from its layer (they cost no space again) and copies the others, even a
+// file rewritten at once after the first with the same size.
+func TestCheckpointIncremental(t *testing.T) {
+	b := newBackend(t)
+	src := create(t, b, isolation.Spec{})
+	sh(t, src, `echo same > /same && echo one > /changed && sleep 0.2`)
+	cp := src.(isolation.Checkpointer)
+	first, err := cp.Checkpoint(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, src, `echo two > /changed`) // same size, right after
+	second, err := cp.Checkpoint(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := func(layer, name string) uint64 {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(b.LayersDir(), layer, "tree", name), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	if ino(first.ID, "same") != ino(second.ID, "same") {
+		t.Errorf("an unchanged file was copied again instead of linked")
+	}
+	if ino(first.ID, "changed") == ino(second.ID, "changed") {
+		t.Errorf("a changed file was linked from the previous checkpoint")
+	}
+	if second.Bytes >= first.Bytes {
+		t.Logf("second checkpoint %d bytes, first %d", second.Bytes, first.Bytes)
+	}
+	g := createOn(t, b, second.ID)
+	if got := sh(t, g, `cat /same /changed`); got != "same\ntwo\n" {
+		t.Errorf("sandbox on the second checkpoint reads %q", got)
+	}
+	// Deleting the first layer leaves the second whole.
+	if err := b.DeleteLayer(t.Context(), first.ID); err != nil {
+		t.Fatal(err)
+	}
+	h := createOn(t, b, second.ID)
+	if got := sh(t, h, `cat /same`); got != "same\n" {
+		t.Errorf("after the first layer went: %q", got)
 	}
 }

@@ -77,6 +77,9 @@ type sandbox struct {
 	// gen holds the files fence wrote into the writable layer at create,
 	// by path inside, with their mtime then (see Changes).
 	gen map[string]unix.Timespec
+	// last is the previous checkpoint (checkpoint.go).
+	// +checklocks:pmu
+	last *lastCheckpoint
 
 	net *egress.Stack // the sandbox's network; nil until made
 	// diskDir is the writable layer's mount point on the host while the
