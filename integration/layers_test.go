@@ -255,3 +255,34 @@ func rsh(t testing.TB, e *client.Envd, script string) string {
 	}
 	return out
 }
+
+// fence sandbox checkpoint|checkpoints|diff|rewind against a daemon.
+func TestLayersCLI(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{})
+	e := sb.Envd()
+	rsh(t, e, `echo one > /a`)
+	out, errOut, code := d.fenceCLI(t, nil, "sandbox", "checkpoint", sb.ID(), "--name", "first")
+	if code != 0 || len(strings.TrimSpace(out)) == 0 {
+		t.Fatalf("checkpoint: %q %q exit %d", out, errOut, code)
+	}
+	cp := strings.TrimSpace(out)
+	rsh(t, e, `echo two > /a; echo new > /b`)
+	out, errOut, code = d.fenceCLI(t, nil, "sandbox", "diff", sb.ID(), "--from", "first")
+	if code != 0 || !strings.Contains(out, "M  4") || !strings.Contains(out, "/a\n") || !strings.Contains(out, "/b\n") {
+		t.Errorf("diff: %q %q exit %d", out, errOut, code)
+	}
+	out, _, _ = d.fenceCLI(t, nil, "sandbox", "checkpoints", sb.ID())
+	if !strings.Contains(out, cp) || !strings.Contains(out, "first") {
+		t.Errorf("checkpoints: %q", out)
+	}
+	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), cp); code != 0 {
+		t.Fatalf("rewind: %q exit %d", errOut, code)
+	}
+	if got := rsh(t, e, `cat /a; test -e /b && echo b; true`); got != "one\n" {
+		t.Errorf("after rewind: %q", got)
+	}
+	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), "nope"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("rewind to an unknown checkpoint: %q exit %d", errOut, code)
+	}
+}
