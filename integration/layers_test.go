@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -38,8 +39,23 @@ func layerDirs(dataDir string) (complete, temporary []string) {
 func TestLayersGoSDK(t *testing.T) {
 	d := startDaemon(t, newDataDir(t))
 	ctx := ctxT(t)
-	sb := d.create(t, api.NewSandbox{Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"E": "env"}})
+	if _, err := d.Client.CreateSecret(ctx, "layers-token", "s3cret-value", nil); err != nil {
+		t.Fatal(err)
+	}
+	noInternet := false
+	sb := d.create(t, api.NewSandbox{Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"E": "env"},
+		AllowInternetAccess: &noInternet,
+		Network:             &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"api.example.com"}},
+		Secrets:             map[string]api.SecretBinding{"TOKEN": {Secret: "layers-token", Hosts: []string{"api.example.com"}}}})
 	e := sb.Envd()
+	placeholder := rsh(t, e, `echo $TOKEN`)
+	if strings.Contains(placeholder, "s3cret") || len(strings.TrimSpace(placeholder)) < 10 {
+		t.Fatalf("TOKEN in the sandbox: %q", placeholder)
+	}
+	parentInfo, err := d.Client.Get(ctx, sb.ID())
+	if err != nil || parentInfo.Network == nil || parentInfo.AllowInternetAccess == nil {
+		t.Fatalf("parent: %+v, %v", parentInfo, err)
+	}
 	rsh(t, e, `mkdir -p /work && echo one > /work/a && echo keep > /work/k && rm /bin/ls`)
 	cp1, err := d.Client.Checkpoint(ctx, sb.ID(), "one")
 	if err != nil {
@@ -80,6 +96,14 @@ func TestLayersGoSDK(t *testing.T) {
 	if out := rsh(t, e, `cat /work/a /work/k; test -e /work/b && echo b; echo $E; ps | grep -c '[s]leep 3600' || true`); out != "one\nkeep\nenv\n0\n" {
 		t.Errorf("after rewind: %q", out)
 	}
+	// The rewind kept the deadline, the placeholder, metadata and network.
+	if info, err := d.Client.Get(ctx, sb.ID()); err != nil || !info.EndAt.Equal(parentInfo.EndAt) || info.Metadata["k"] != "v" ||
+		!reflect.DeepEqual(info.Network, parentInfo.Network) {
+		t.Errorf("after rewind: %+v, %v; before %+v", info, err, parentInfo)
+	}
+	if got := rsh(t, e, `echo $TOKEN`); got != placeholder {
+		t.Errorf("TOKEN after rewind %q, was %q", got, placeholder)
+	}
 
 	// Forks: independent of each other and of the parent.
 	rsh(t, e, `sleep 3600 >/dev/null 2>&1 &`)
@@ -101,8 +125,14 @@ func TestLayersGoSDK(t *testing.T) {
 	if out := rsh(t, e, `cat /work/a; ps | grep -c '[s]leep 999' || true`); out != "one\n0\n" {
 		t.Errorf("parent sees %q", out)
 	}
-	if info, _ := d.Client.Get(ctx, forks[0].ID()); info == nil || info.Metadata["k"] != "v" {
-		t.Errorf("fork's metadata: %+v", info)
+	// A fork keeps the parent's metadata, network and secret bindings
+	// (the placeholder its files may hold stays valid).
+	if info, _ := d.Client.Get(ctx, forks[0].ID()); info == nil || info.Metadata["k"] != "v" ||
+		!reflect.DeepEqual(info.Network, parentInfo.Network) || !reflect.DeepEqual(info.AllowInternetAccess, parentInfo.AllowInternetAccess) {
+		t.Errorf("fork's info: %+v; parent's %+v", info, parentInfo)
+	}
+	if got := rsh(t, f1, `echo $TOKEN`); got != placeholder {
+		t.Errorf("TOKEN in a fork %q, parent's %q", got, placeholder)
 	}
 
 	// A snapshot outlives its sandbox; deleting it while a sandbox made

@@ -605,6 +605,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duratio
 		TemplateID: src.TemplateID, Timeout: d, Metadata: maps.Clone(src.Metadata),
 		CPUs: src.CPUs, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
 		AllowInternetAccess: src.AllowInternetAccess,
+		Network:             src.Network,
 		AutoPause:           src.AutoPause, AutoResume: src.AutoResume, AutoPauseNoMemory: src.AutoPauseNoMemory,
 		AutoCheckpoint: src.AutoCheckpoint,
 	}

@@ -481,9 +481,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if req.AutoPauseNoMemory && m.layers == nil {
 		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
-		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
-	if err != nil {
+	var nc *netconf.Config
+	if from != nil && from.parent != nil {
+		// A fork keeps its parent's network exactly as it is now (updates
+		// included) and its secret bindings.
+		from.parent.mu.Lock()
+		nc = from.parent.net
+		from.parent.mu.Unlock()
+	} else if nc, err = m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars}); err != nil {
 		return nil, err
 	}
 	tmpl := req.TemplateID
@@ -609,6 +615,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 	if from != nil && from.shown != "" {
 		info.TemplateID = from.shown
+	}
+	if from != nil && from.parent != nil {
+		info.Network = req.Network // the parent's, as it shows it
 	}
 	slot := 0
 	if s, ok := box.(interface{ Slot() int }); ok {
