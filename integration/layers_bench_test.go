@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"slices"
 	"testing"
@@ -22,7 +23,8 @@ func TestLayersBench(t *testing.T) {
 	}
 	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
-	ctx := ctxT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
 	c := d.Client
 	mem := int64(1024)
 	sb := d.create(t, api.NewSandbox{TemplateID: "base", MemoryMB: &mem})
@@ -62,7 +64,23 @@ sleep 2`)
 	report(t, "resume (connect)", resumes)
 	var frozen []float64
 	var cps []string
-	measure("checkpoint", func() {
+	start := time.Now()
+	first, err := c.Checkpoint(ctx, sb.ID(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%-28s %8.1f ms (frozen %.1f ms, %d entries, %d bytes)", "checkpoint, first", ms(time.Since(start)), first.FrozenMs, first.Files, first.Bytes)
+	cps = append(cps, first.CheckpointID)
+	rsh(t, e, `python3 -c "
+import os
+for i in range(100): open('/home/user/work/f%d' % i, 'wb').write(os.urandom(4096))"`)
+	start = time.Now()
+	again, err := c.Checkpoint(ctx, sb.ID(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%-28s %8.1f ms (frozen %.1f ms, %d bytes)", "checkpoint, 100 rewritten", ms(time.Since(start)), again.FrozenMs, again.Bytes)
+	measure("checkpoint, none changed", func() {
 		cp, err := c.Checkpoint(ctx, sb.ID(), "")
 		if err != nil {
 			t.Fatal(err)
