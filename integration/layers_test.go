@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,5 +315,40 @@ func TestLayersCLI(t *testing.T) {
 	}
 	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), "nope"); code == 0 || !strings.Contains(errOut, "not found") {
 		t.Errorf("rewind to an unknown checkpoint: %q exit %d", errOut, code)
+	}
+}
+
+// A sandbox that dies after a rewind (or a filesystem-only resume) is
+// noticed like any other: the manager follows the backend sandbox that
+// replaced the first.
+func TestLayersDeathAfterReboot(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	for _, how := range []string{"rewind", "cold resume"} {
+		sb := d.create(t, api.NewSandbox{})
+		switch how {
+		case "rewind":
+			cp, err := d.Client.Checkpoint(ctx, sb.ID(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID); err != nil {
+				t.Fatal(err)
+			}
+		case "cold resume":
+			if err := d.Client.PauseWithoutMemory(ctx, sb.ID()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Client.Connect(ctx, sb.ID(), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := syscall.Kill(agentPID(t, sb.ID()), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, how+": the dead sandbox is gone", func() bool {
+			_, err := d.Client.Get(ctx, sb.ID())
+			return errors.Is(err, api.ErrNotFound)
+		})
 	}
 }

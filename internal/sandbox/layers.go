@@ -347,6 +347,19 @@ func (m *Manager) reboot(ctx context.Context, e *entry, layer string) error {
 	e.layer = layer
 	e.mu.Unlock()
 	e.setBox(box)
+	return m.stillLive(ctx, e, box)
+}
+
+// stillLive kills box, just set as e's, if e was killed meanwhile (Kill
+// does not wait for a reboot): whichever comes second kills it.
+func (m *Manager) stillLive(ctx context.Context, e *entry, box isolation.Sandbox) error {
+	m.mu.Lock()
+	cur := m.running[box.ID()]
+	m.mu.Unlock()
+	if cur != e {
+		m.killBox(ctx, box)
+		return notFound(box.ID())
+	}
 	return nil
 }
 
@@ -428,7 +441,7 @@ func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
 	e.mu.Unlock()
 	e.setBox(box)
 	m.nudgeGC()
-	return nil
+	return m.stillLive(ctx, e, box)
 }
 
 // usesLayers reports whether e kept layers (its records or its boot).

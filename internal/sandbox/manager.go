@@ -231,12 +231,21 @@ type entry struct {
 	cold string // the layer of a filesystem-only pause, "" otherwise
 }
 
-type boxRef struct{ isolation.Sandbox }
+// boxRef is one backend sandbox of an entry; replaced is closed when
+// another takes its place.
+type boxRef struct {
+	isolation.Sandbox
+	replaced chan struct{}
+}
 
 // sb returns the current backend sandbox.
 func (e *entry) sb() isolation.Sandbox { return e.boxp.Load().Sandbox }
 
-func (e *entry) setBox(b isolation.Sandbox) { e.boxp.Store(&boxRef{b}) }
+func (e *entry) setBox(b isolation.Sandbox) {
+	if old := e.boxp.Swap(&boxRef{b, make(chan struct{})}); old != nil {
+		close(old.replaced)
+	}
+}
 
 func (e *entry) snapshot() *Sandbox {
 	e.mu.Lock()
@@ -682,13 +691,15 @@ func (m *Manager) markKilled(ctx context.Context, id string) {
 // reboot replaced its backend sandbox).
 func (m *Manager) watch(e *entry) {
 	for {
-		box := e.sb()
+		ref := e.boxp.Load()
 		select {
-		case <-box.Done():
+		case <-ref.Done():
+		case <-ref.replaced:
+			continue
 		case <-m.stop:
 			return
 		}
-		if e.sb() == box {
+		if e.boxp.Load() == ref {
 			break
 		}
 	}
