@@ -28,6 +28,14 @@
 //   - Start marks every sandbox the store still holds as running or paused
 //     killed and then calls Backend.Cleanup, so a crashed daemon leaves
 //     nothing behind: paused sandboxes do not survive a restart.
+//   - Snapshots, forks, checkpoints, rewinds and filesystem-only pauses
+//     rest on the backend's layers (layers.go): a layer is deleted once no
+//     snapshot or checkpoint record, live sandbox or layer above it keeps
+//     it, and Start deletes every layer no snapshot keeps, so a crash at
+//     any point leaves a recorded snapshot or nothing. A rewind and the
+//     resume of a filesystem-only pause reboot the sandbox under its ID,
+//     keeping its token, deadline, metadata, environment, network and
+//     secret bindings; its processes and memory are not kept.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
 //
