@@ -11,6 +11,10 @@ import (
 // of layers it may boot on.
 var ErrLayerBudget = errors.New("layer budget exhausted")
 
+// ErrLayerInUse is returned by DeleteLayer for a layer a live sandbox
+// boots on (directly or below another layer).
+var ErrLayerInUse = errors.New("layer in use")
+
 // A layer is an immutable copy of what a sandbox had changed against its
 // template (or against the layer it booted on, its parent) at one moment:
 // files, directories, symlinks and deletions. Sandboxes boot on a layer
@@ -49,7 +53,9 @@ type Layers interface {
 	// ListLayers lists the complete layers the backend keeps. Layers
 	// whose making a crash interrupted are removed by Backend.Cleanup.
 	ListLayers(ctx context.Context) ([]LayerInfo, error)
-	// DeleteLayer removes a layer; an unknown one is not an error.
+	// DeleteLayer removes a layer; an unknown one is not an error, one a
+	// live sandbox boots on is ErrLayerInUse (a killed sandbox's layers
+	// are free once its release is done).
 	DeleteLayer(ctx context.Context, id string) error
 }
 

@@ -762,7 +762,11 @@ func (m *Manager) layerCollector() {
 		case <-m.stop:
 			return
 		case <-m.gcWake:
-			if err := m.gc(context.Background()); err != nil {
+			err := m.gc(context.Background())
+			if errors.Is(err, isolation.ErrLayerInUse) {
+				// A killed sandbox still releasing: try again shortly.
+				time.AfterFunc(time.Second, m.nudgeGC)
+			} else if err != nil {
 				m.log.Error("collecting unused layers", "err", err)
 			}
 		}

@@ -206,6 +206,16 @@ func (b *Backend) DeleteLayer(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("invalid layer id %q", id)
 	}
+	// A sandbox's overlay looks names up in its layers as it goes: the
+	// files of a layer under a live sandbox must stay.
+	b.mu.Lock()
+	for sid, sb := range b.live {
+		if slices.Contains(sb.chain, id) {
+			b.mu.Unlock()
+			return fmt.Errorf("layer %s is used by sandbox %s: %w", id, sid, isolation.ErrLayerInUse)
+		}
+	}
+	b.mu.Unlock()
 	b.layers.mu.Lock()
 	if err := b.loadLayersLocked(); err != nil {
 		b.layers.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -108,12 +109,21 @@ func TestCheckpointLayers(t *testing.T) {
 	if got := sh(t, g, `cat /home/app/a /home/app/sub/b; test -e /home/app/f1only && echo f1only`); got != "mine\ntwo\nf1only\n" {
 		t.Errorf("sandbox on a stacked layer sees %q", got)
 	}
-	// Deleting the layers under a running sandbox does not disturb it.
-	if err := b.DeleteLayer(t.Context(), info2.ID); err != nil {
-		t.Fatal(err)
+	// A layer under a running sandbox is not deleted; once it is gone,
+	// the layer can be.
+	if err := b.DeleteLayer(t.Context(), info2.ID); !errors.Is(err, isolation.ErrLayerInUse) {
+		t.Errorf("DeleteLayer under a running sandbox = %v, want ErrLayerInUse", err)
 	}
-	if got := sh(t, g, `cat /home/app/a`); got != "mine\n" {
-		t.Errorf("after its layer was deleted: %q", got)
+	g.Kill(t.Context())
+	for i := 0; ; i++ {
+		err := b.DeleteLayer(t.Context(), info2.ID)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, isolation.ErrLayerInUse) || i > 500 {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, err := b.CreateOn(t.Context(), isolation.Spec{RootFS: testutil.RootFS(t, "minimal")}, info2.ID); !errors.Is(err, isolation.ErrNotFound) {
 		t.Errorf("CreateOn a deleted layer: %v, want ErrNotFound", err)
