@@ -37,8 +37,8 @@ type NewSandbox struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	EnvVars    map[string]string `json:"envVars,omitempty"`
 	AutoPause  *bool             `json:"autoPause,omitempty"`
-	// AutoPauseMemory false asks for a filesystem-only auto-pause, which
-	// fence's native backend does not offer (400).
+	// AutoPauseMemory false asks for a filesystem-only auto-pause: the
+	// resume reboots the sandbox on its files.
 	AutoPauseMemory     *bool          `json:"autoPauseMemory,omitempty"`
 	AutoResume          *AutoResume    `json:"autoResume,omitempty"`
 	Secure              *bool          `json:"secure,omitempty"`
@@ -53,6 +53,9 @@ type NewSandbox struct {
 	CPUCount *float64                 `json:"cpuCount,omitempty"`
 	MemoryMB *int64                   `json:"memoryMB,omitempty"`
 	DiskMB   *int64                   `json:"diskSizeMB,omitempty"`
+	// AutoCheckpoint checkpoints the sandbox's filesystem before every
+	// command it runs, so that a step can be rewound.
+	AutoCheckpoint *bool `json:"autoCheckpoint,omitempty"`
 }
 
 // AutoResume is E2B's auto-resume policy: traffic to a paused sandbox

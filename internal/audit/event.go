@@ -32,19 +32,26 @@ import (
 
 // Event types. A record's Type is one of these.
 const (
-	TypeAPI       = "api" // an API request: method, route, status, actor
-	TypeCreate    = "sandbox.create"
-	TypeKill      = "sandbox.kill" // reason: request, timeout, exited, shutdown
-	TypeTimeout   = "sandbox.timeout"
-	TypePause     = "sandbox.pause"
-	TypeResume    = "sandbox.resume"
-	TypeProcStart = "process.start" // argv, env names (never values), cwd, user, pid
-	TypeProcEnd   = "process.end"   // pid, exit code or signal, output size and sha256
-	TypeFileWrite = "file.write"    // path, size, sha256
-	TypeFlow      = "egress.flow"   // a network flow decision
-	TypeGateway   = "gateway.request"
-	TypeDownload  = "gateway.download"
-	TypeSecretUse = "secret.use"
+	TypeAPI     = "api" // an API request: method, route, status, actor
+	TypeCreate  = "sandbox.create"
+	TypeKill    = "sandbox.kill" // reason: request, timeout, exited, shutdown
+	TypeTimeout = "sandbox.timeout"
+	TypePause   = "sandbox.pause"
+	TypeResume  = "sandbox.resume"
+	// Filesystem layers: checkpoint, rewind, snapshot (and its deletion),
+	// fork.
+	TypeSandboxCheckpoint = "sandbox.checkpoint"
+	TypeRewind            = "sandbox.rewind"
+	TypeSnapshot          = "sandbox.snapshot"
+	TypeSnapshotDelete    = "snapshot.delete"
+	TypeFork              = "sandbox.fork"
+	TypeProcStart         = "process.start" // argv, env names (never values), cwd, user, pid
+	TypeProcEnd           = "process.end"   // pid, exit code or signal, output size and sha256
+	TypeFileWrite         = "file.write"    // path, size, sha256
+	TypeFlow              = "egress.flow"   // a network flow decision
+	TypeGateway           = "gateway.request"
+	TypeDownload          = "gateway.download"
+	TypeSecretUse         = "secret.use"
 )
 
 // Event is one thing the daemon saw. Data holds the type's fields; it is

@@ -73,6 +73,7 @@ func sandboxCmd() *cobra.Command {
 	group := groupCmd("sandbox", "Create, list and kill sandboxes on a daemon")
 	group.Aliases = []string{"sandboxes", "sb"}
 	group.AddCommand(sandboxCreateCmd(), sandboxListCmd(), sandboxKillCmd(), sandboxTimeoutCmd(), sandboxDownloadsCmd(), sandboxExportCmd())
+	group.AddCommand(sandboxLayerCmds()...)
 	return group
 }
 

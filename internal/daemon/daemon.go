@@ -348,6 +348,7 @@ func Serve(ctx context.Context, opts Options) error {
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
 		Forensics:              layerArchive(archive),
+		Layers:                 backend,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)

@@ -48,6 +48,13 @@ const (
 // user, pid, exit, output) and the files uploaded (POST /files: path,
 // size, sha256). It changes nothing of either.
 func (h *handler) tapEnvd(w http.ResponseWriter, r *http.Request, st *proxyState) (http.ResponseWriter, *http.Request, func()) {
+	// A sandbox created with autoCheckpoint is checkpointed before each
+	// command starts (a no-op for the others).
+	if r.Method == http.MethodPost && st.path == "/process.Process/Start" && st.port == 0 {
+		if l, ok := h.m.(Layers); ok {
+			l.AutoCheckpoint(r.Context(), st.id)
+		}
+	}
 	if h.sink == nil || r.Method != http.MethodPost {
 		return w, r, func() {}
 	}

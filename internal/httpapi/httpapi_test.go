@@ -250,7 +250,10 @@ func TestCreate(t *testing.T) {
 		{"huge timeout", `{"templateID":"base","timeout":2000000000}`, 400, "timeout"},
 		{"negative cpu", `{"templateID":"base","cpuCount":-1}`, 400, "cpuCount"},
 		{"autoPauseMemory without autoPause", `{"templateID":"base","autoPauseMemory":false}`, 400, "autoPauseMemory"},
-		{"filesystem-only autoPause", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`, 400, "not supported"},
+		// The fake backend keeps no layers: a filesystem-only pause is not
+		// available (the native backend's is tested in integration).
+		{"filesystem-only autoPause", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`, 501, "without memory"},
+		{"filesystem-only autoPause with autoResume", `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`, 400, "autoResume"},
 		{"oversized", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, "larger than"},
 	}
 	for _, tt := range tests {

@@ -58,7 +58,6 @@ func TestPauseRoutes(t *testing.T) {
 
 	// Bad input changes nothing.
 	for _, tc := range []struct{ path, body, msg string }{
-		{"/sandboxes/" + id + "/pause", `{"memory":false}`, "memory false"},
 		{"/sandboxes/" + id + "/pause", `{"memory":`, "malformed"},
 		{"/v2/sandboxes/" + id + "/connect", `{"memory":false}`, "memory false"},
 		{"/sandboxes/" + id + "/resume", `{"memory":false}`, "memory false"},
@@ -66,10 +65,13 @@ func TestPauseRoutes(t *testing.T) {
 		resp, b := e.api(t, "POST", tc.path, tc.body)
 		wantError(t, "POST "+tc.path+" "+tc.body, resp, b, 400, tc.msg)
 	}
+	// The fake backend keeps no layers: no filesystem-only pause.
+	resp, b := e.api(t, "POST", "/sandboxes/"+id+"/pause", `{"memory":false}`)
+	wantError(t, "POST pause memory false", resp, b, 501, "filesystem layers")
 	if got := e.info(t, id).State; got != "running" {
 		t.Fatalf("state after bad requests = %s, want running", got)
 	}
-	resp, b := e.api(t, "POST", "/sandboxes/"+id+"/resume", `{}`)
+	resp, b = e.api(t, "POST", "/sandboxes/"+id+"/resume", `{}`)
 	wantError(t, "POST resume of a running sandbox", resp, b, 409, "already running")
 
 	// Pause: 204, with the SDK's body (js 2.51 always sends one) or none.

@@ -54,10 +54,14 @@ func (h *handler) routes() *http.ServeMux {
 	}
 
 	// Not supported yet: a clear error, never a hang.
-	mux.HandleFunc("POST /sandboxes/{id}/fork", h.unsupported("fork", true))
-	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.unsupported("snapshots", true))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", h.fork)
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.createSnapshot)
+	mux.HandleFunc("POST /sandboxes/{id}/checkpoints", h.createCheckpoint)
+	mux.HandleFunc("GET /sandboxes/{id}/checkpoints", h.listCheckpoints)
+	mux.HandleFunc("POST /sandboxes/{id}/rewind", h.rewind)
+	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
-	mux.HandleFunc("GET /snapshots", h.unsupported("snapshots", false))
+	mux.HandleFunc("GET /snapshots", h.listSnapshots)
 	mux.HandleFunc("GET /sandboxes/metrics", h.unsupported("metrics of several sandboxes", false))
 	return mux
 }

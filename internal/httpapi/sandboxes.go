@@ -82,15 +82,20 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoPause := req.AutoPause != nil && *req.AutoPause
-	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+	noMemory := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
+	if noMemory {
 		if !autoPause {
 			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoPauseMemory can only be set with autoPause"))
 			return
 		}
-		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoPauseMemory false (a filesystem-only pause) is not supported: fence pauses keep the sandbox's memory"))
-		return
+		if req.AutoResume != nil && req.AutoResume.Enabled {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoResume cannot be combined with autoPauseMemory false"))
+			return
+		}
 	}
 	cr := sandbox.CreateRequest{
+		AutoPauseNoMemory:   noMemory,
+		AutoCheckpoint:      req.AutoCheckpoint != nil && *req.AutoCheckpoint,
 		AutoPause:           autoPause,
 		AutoResume:          req.AutoResume != nil && req.AutoResume.Enabled,
 		TemplateID:          req.TemplateID,
@@ -174,7 +179,11 @@ var errNoMemoryless = errorf(api.ErrInvalidArgument,
 func (h *handler) pause(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.PauseRequest) error {
 		if req.Memory != nil && !*req.Memory {
-			return errNoMemoryless
+			l, err := h.layersOr()
+			if err != nil {
+				return err
+			}
+			return l.PauseWithoutMemory(ctx, id)
 		}
 		return h.m.Pause(ctx, id)
 	})

@@ -276,6 +276,9 @@ func (h *handler) templateSub(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if h.deleteSnapshot(w, r) {
+		return
+	}
 	t, ok := h.templatesOr(w, r)
 	if !ok {
 		return

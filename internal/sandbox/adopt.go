@@ -65,8 +65,9 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	}
 	runDone := make(chan struct{})
 	close(runDone) // its run ended with the pause
-	e := &entry{box: box, info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
+	e := &entry{info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
 		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
+	e.setBox(box)
 	e.use.mark(now, true)
 	m.mu.Lock()
 	m.running[rec.ID] = e

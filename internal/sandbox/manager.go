@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -119,6 +120,11 @@ type Options struct {
 	// CAEnv are variables every sandbox gets (under its own envVars) so
 	// that its tools trust the egress gateway's CA.
 	CAEnv map[string]string
+	// Layers, if set, keeps the filesystem layers of snapshots, forks,
+	// checkpoints and filesystem-only pauses; nil means the backend's own
+	// if it implements isolation.Layers (a warm pool in front of it does
+	// not: pass the backend).
+	Layers isolation.Layers
 	// Forensics, if set, gives the archived layers of killed sandboxes
 	// for Export.
 	Forensics LayerArchive
@@ -148,6 +154,9 @@ type Manager struct {
 	inspectByDefault       bool
 	audit                  audit.Sink
 	forensics              LayerArchive
+	layers                 isolation.Layers
+	layerMu                sync.RWMutex  // see gc
+	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
@@ -191,7 +200,22 @@ type Manager struct {
 
 // entry is one live (running or paused) sandbox.
 type entry struct {
-	box isolation.Sandbox
+	// boxp is the backend sandbox; a reboot (rewind, the resume of a
+	// filesystem-only pause) replaces it.
+	boxp atomic.Pointer[boxRef]
+	// spec is what the backend sandbox was made with (the agent's final
+	// environment included), for reboots and forks.
+	spec isolation.Spec
+	// created is the filesystem at create, against the template, for
+	// diffs "since create"; nil until the first checkpoint or diff reads
+	// it from the boot layer.
+	createdLayer string
+	// baseTemplate is the template under its layers.
+	baseTemplate string
+	// autoCheckpoint checkpoints before every command.
+	autoCheckpoint bool
+	// checkpointed is set once a checkpoint of it was recorded.
+	checkpointed atomic.Bool
 	// timeout is the create timeout, the new one of an auto-resume.
 	timeout time.Duration
 
@@ -210,6 +234,26 @@ type entry struct {
 	// +checklocks:mu
 	use  usageAcc   // what it used (usage.go)
 	keys *keyTotals // its key's counters: the Manager's
+	// +checklocks:mu
+	layer string // the layer the current backend sandbox booted on
+	// +checklocks:mu
+	cold string // the layer of a filesystem-only pause, "" otherwise
+}
+
+// boxRef is one backend sandbox of an entry; replaced is closed when
+// another takes its place.
+type boxRef struct {
+	isolation.Sandbox
+	replaced chan struct{}
+}
+
+// sb returns the current backend sandbox.
+func (e *entry) sb() isolation.Sandbox { return e.boxp.Load().Sandbox }
+
+func (e *entry) setBox(b isolation.Sandbox) {
+	if old := e.boxp.Swap(&boxRef{b, make(chan struct{})}); old != nil {
+		close(old.replaced)
+	}
 }
 
 func (e *entry) snapshot() *Sandbox {
@@ -246,6 +290,8 @@ func New(opts Options) (*Manager, error) {
 		inspectByDefault:       opts.InspectByDefault,
 		audit:                  opts.Audit,
 		forensics:              opts.Forensics,
+		layers:                 opts.Layers,
+		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
 		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
@@ -263,6 +309,9 @@ func New(opts Options) (*Manager, error) {
 	}
 	if m.max <= 0 {
 		m.max = 1000
+	}
+	if m.layers == nil {
+		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
 	if m.maxTimeout <= 0 {
 		m.maxTimeout = 24 * time.Hour
@@ -319,6 +368,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	if _, err := m.store.DeleteKilledBefore(ctx, m.now().Add(-m.retention)); err != nil {
 		return fmt.Errorf("pruning old records: %w", err)
 	}
+	// Layers no snapshot keeps (checkpoints of the previous daemon's
+	// sandboxes, forks' and pauses' layers, half-recorded ones) go.
+	if err := m.gc(ctx); err != nil {
+		return fmt.Errorf("collecting unused layers: %w", err)
+	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -328,6 +382,9 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.started = true
 	m.wg.Go(m.reaper)
 	m.wg.Go(m.sampler)
+	if m.layers != nil {
+		m.wg.Go(m.layerCollector)
+	}
 	return nil
 }
 
@@ -418,10 +475,34 @@ func (b PoolBudget) Release() {
 }
 
 // Create starts a sandbox. See the package doc for its guarantees.
+// A TemplateID naming a snapshot boots the sandbox on it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	from, err := m.snapshotOrigin(ctx, req.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	return m.create(ctx, req, from)
+}
+
+// origin is where a sandbox that does not boot on its template alone
+// comes from: a snapshot or a fork's checkpoint.
+type origin struct {
+	layer    string
+	template string // the template under the layer
+	shown    string // the TemplateID the sandbox shows, if not the request's
+	// parent, for a fork: its environment and secret bindings are kept
+	// (the placeholders its files may hold stay valid).
+	parent *entry
+}
+
+func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (*Sandbox, error) {
+	tmplName := req.TemplateID
+	if from != nil {
+		tmplName = from.template
+	}
 	var rt Runtime
 	if r, ok := m.templates.(Runtimer); ok {
-		rt, _ = r.Runtime(req.TemplateID)
+		rt, _ = r.Runtime(tmplName)
 	}
 	// A built template's size is its sandboxes' unless the request says.
 	if req.CPUs == 0 {
@@ -438,14 +519,27 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
-		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars})
-	if err != nil {
+	if req.AutoPauseNoMemory && m.layers == nil {
+		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
+	var nc *netconf.Config
+	if from != nil && from.parent != nil {
+		// A fork keeps its parent's network exactly as it is now (updates
+		// included) and its secret bindings.
+		from.parent.mu.Lock()
+		nc = from.parent.net
+		from.parent.mu.Unlock()
+	} else if nc, err = m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars}); err != nil {
 		return nil, err
 	}
-	rootfs, err := m.templates.Resolve(req.TemplateID)
+	tmpl := req.TemplateID
+	if from != nil {
+		tmpl = from.template
+	}
+	rootfs, err := m.templates.Resolve(tmpl)
 	if err != nil {
-		return nil, fmt.Errorf("resolving template %q: %w", req.TemplateID, err)
+		return nil, fmt.Errorf("resolving template %q: %w", tmpl, err)
 	}
 	if err := m.reserve(ctx); err != nil {
 		return nil, err
@@ -461,8 +555,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 
 	// The backend names the sandbox (a pool in front of it may hand out
 	// one started earlier, named then).
-	phEnv, bindings, err := m.bindSecrets(ctx, nc.Bindings)
-	if err != nil {
+	var (
+		phEnv    map[string]string
+		bindings []gateway.Binding
+	)
+	if from != nil && from.parent != nil {
+		if g := m.GatewayConfig(from.parent.sb().ID()); g != nil {
+			bindings = g.Bindings
+		}
+	} else if phEnv, bindings, err = m.bindSecrets(ctx, nc.Bindings); err != nil {
 		return nil, err
 	}
 	gw := &gatewayState{}
@@ -477,13 +578,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
 	}
-	box, err := m.backend.Create(ctx, isolation.Spec{
+	spec := isolation.Spec{
 		Backend: backendName,
-		Egress:  createEgress(nc),
 		RootFS:  rootfs,
 		Limits:  limits,
 		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
-	})
+	}
+	var box isolation.Sandbox
+	if from != nil {
+		if from.parent != nil {
+			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
+		}
+		box, err = m.bootOn(ctx, spec, nc, from.layer)
+	} else {
+		spec.Egress = createEgress(nc)
+		box, err = m.backend.Create(ctx, spec)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
@@ -492,11 +602,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}
+	if _, ok := box.(isolation.Checkpointer); req.AutoPauseNoMemory && (!ok || m.layers == nil) {
+		m.killBox(ctx, box)
+		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
 	if _, ok := box.(isolation.Pauser); req.AutoPause && !ok {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	if nc.Proxy != nil {
+	if nc.Proxy != nil && from == nil {
 		if err := applyNetwork(box, nc, true); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -522,7 +636,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,
-		TemplateID:          req.TemplateID,
+		TemplateID:          req.TemplateID, // a snapshot's ID when booted on one
 		State:               StateRunning,
 		StartedAt:           now,
 		EndAt:               now.Add(timeout),
@@ -535,6 +649,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		Network:             nc.Shown,
 		AutoPause:           req.AutoPause,
 		AutoResume:          req.AutoResume,
+		AutoPauseNoMemory:   req.AutoPauseNoMemory,
+		AutoCheckpoint:      req.AutoCheckpoint,
 	}
 	if n := req.Network; n != nil {
 		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
@@ -544,6 +660,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}
+	}
+	if from != nil && from.shown != "" {
+		info.TemplateID = from.shown
+	}
+	if from != nil && from.parent != nil {
+		info.Network = req.Network // the parent's, as it shows it
 	}
 	slot := 0
 	if s, ok := box.(interface{ Slot() int }); ok {
@@ -562,8 +684,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
 	}
 
-	e := &entry{box: box, info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
-		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
+	e := &entry{info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
+		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys, spec: spec, autoCheckpoint: req.AutoCheckpoint}
+	e.setBox(box)
+	e.baseTemplate = tmpl
+	if from != nil {
+		e.layer, e.createdLayer = from.layer, from.layer
+	}
 	m.mu.Lock()
 	m.pending--
 	registered = true
@@ -599,28 +726,40 @@ func (m *Manager) markKilled(ctx context.Context, id string) {
 	}
 }
 
-// watch marks a sandbox killed when it stops on its own.
+// watch marks a sandbox killed when it stops on its own (not when a
+// reboot replaced its backend sandbox).
 func (m *Manager) watch(e *entry) {
-	select {
-	case <-e.box.Done():
-	case <-m.stop:
-		return
+	for {
+		ref := e.boxp.Load()
+		select {
+		case <-ref.Done():
+		case <-ref.replaced:
+			continue
+		case <-m.stop:
+			return
+		}
+		if e.boxp.Load() == ref {
+			break
+		}
 	}
 	m.mu.Lock()
-	cur, ok := m.running[e.box.ID()]
+	cur, ok := m.running[e.sb().ID()]
 	if ok && cur == e {
-		delete(m.running, e.box.ID())
-		m.gateways.Delete(e.box.ID())
+		delete(m.running, e.sb().ID())
+		m.gateways.Delete(e.sb().ID())
 		m.dying++
 	}
 	m.mu.Unlock()
 	if ok && cur == e {
 		ctx := context.Background()
-		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.box.ID())
-		m.record(ctx, audit.TypeKill, e.box.ID(), map[string]any{"reason": "exited"})
+		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.sb().ID())
+		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		m.finishUsage(ctx, e)
-		m.killRemoved(ctx, e.box) // release host resources the backend may still hold
-		m.markKilled(ctx, e.box.ID())
+		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
+		m.markKilled(ctx, e.sb().ID())
+		if e.usesLayers() {
+			m.nudgeGC()
+		}
 	}
 }
 
@@ -648,15 +787,15 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
-			if k, ok := e.box.(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
+			if k, ok := e.sb().(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
 				// Its state is on disk: the next daemon adopts it.
-				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.box.ID())
+				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())
 				continue
 			}
 			wg.Go(func() {
 				m.finishUsage(ctx, e)
-				m.killBox(ctx, e.box)
-				m.markKilled(ctx, e.box.ID())
+				m.killBox(ctx, e.sb())
+				m.markKilled(ctx, e.sb().ID())
 			})
 		}
 		wg.Wait()
@@ -726,11 +865,13 @@ func (m *Manager) reap(ctx context.Context) {
 	m.mu.Lock()
 	var due []string
 	pause := map[string]bool{}
+	cold := map[string]bool{}
 	for id, e := range m.running {
 		if end, ok := e.deadline(); ok && !end.After(now) {
 			due = append(due, id)
 			e.mu.Lock()
 			pause[id] = e.info.AutoPause
+			cold[id] = e.info.AutoPauseNoMemory
 			e.mu.Unlock()
 		}
 	}
@@ -738,7 +879,11 @@ func (m *Manager) reap(ctx context.Context) {
 	slices.Sort(due)
 	for _, id := range due {
 		if pause[id] {
-			err := m.pause(ctx, id, "timeout")
+			pauseFn := m.pause
+			if cold[id] {
+				pauseFn = m.pauseCold
+			}
+			err := pauseFn(ctx, id, "timeout")
 			if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, ErrClosed) || errors.Is(err, errNotRunning) {
 				continue
 			}

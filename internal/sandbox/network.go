@@ -90,7 +90,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *b
 	e.mu.Lock()
 	proxyChanged := e.net.Proxy != nil || nc.Proxy != nil
 	e.mu.Unlock()
-	if err := applyNetwork(e.box, nc, proxyChanged); err != nil {
+	if err := applyNetwork(e.sb(), nc, proxyChanged); err != nil {
 		return err
 	}
 	if v, ok := m.gateways.Load(id); ok {

@@ -54,7 +54,7 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	}
 	s := e.info.clone()
 	s.RunDone = e.runDone
-	return e.box, s, true
+	return e.sb(), s, true
 }
 
 // MatchToken returns the first live sandbox (running or paused: traffic
@@ -204,8 +204,11 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		return notFound(id)
 	}
 	m.finishUsage(ctx, e)
-	m.killRemoved(ctx, e.box)
+	m.killRemoved(ctx, e.sb())
 	m.markKilled(ctx, id)
+	if e.usesLayers() {
+		m.nudgeGC()
+	}
 	m.record(ctx, audit.TypeKill, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)
 	return nil

@@ -27,12 +27,20 @@ func (m *Manager) Pause(ctx context.Context, id string) error {
 	return m.pause(ctx, id, "request")
 }
 
+// PauseWithoutMemory is E2B's filesystem-only pause (memory false): the
+// sandbox's filesystem is checkpointed and its processes killed (its
+// memory freed); the resume boots it anew on the checkpoint, with the
+// same ID, token, environment, network and metadata. Errors as Pause.
+func (m *Manager) PauseWithoutMemory(ctx context.Context, id string) error {
+	return m.pauseCold(ctx, id, "request")
+}
+
 func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	e, err := m.lookup(id)
 	if err != nil {
 		return err
 	}
-	p, ok := e.box.(isolation.Pauser)
+	p, ok := e.sb().(isolation.Pauser)
 	if !ok {
 		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, m.backend.Name(), api.ErrUnimplemented)
 	}
@@ -94,7 +102,7 @@ func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPa
 		return nil, err
 	}
 	if autoPause != nil {
-		if _, ok := e.box.(isolation.Pauser); ok {
+		if _, ok := e.sb().(isolation.Pauser); ok {
 			e.mu.Lock()
 			e.info.AutoPause = *autoPause
 			e.mu.Unlock()
@@ -157,14 +165,15 @@ func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
 }
 
 func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason string) error {
-	id := e.box.ID()
+	id := e.sb().ID()
 	e.life.Lock()
 	defer e.life.Unlock()
 	if e.state() != StatePaused {
 		return fmt.Errorf("sandbox '%s' is already running: %w", id, errNotPaused)
 	}
-	p, ok := e.box.(isolation.Pauser)
-	if !ok { // cannot happen: it was paused through it
+	cold := e.isCold()
+	p, ok := e.sb().(isolation.Pauser)
+	if !ok && !cold { // cannot happen: it was paused through it
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -177,7 +186,13 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		}
 		return fmt.Errorf("recording the resume of sandbox %s: %w", id, err)
 	}
-	if err := p.Resume(ctx); err != nil {
+	resume := func() error {
+		if cold {
+			return m.resumeCold(ctx, e)
+		}
+		return p.Resume(ctx)
+	}
+	if err := resume(); err != nil {
 		e.mu.Lock()
 		paused := e.info.EndAt
 		e.mu.Unlock()

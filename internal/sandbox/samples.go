@@ -85,7 +85,7 @@ func (m *Manager) sampler() {
 func (e *entry) sample(now time.Time) (Sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	st, err := e.box.Stats(ctx)
+	st, err := e.sb().Stats(ctx)
 	if err != nil {
 		return Sample{}, err
 	}

@@ -30,6 +30,14 @@
 //     nothing behind: paused sandboxes do not survive a restart, except on
 //     a backend that keeps them on disk (isolation.Adopter, gVisor), where
 //     they are adopted, paused, before the Cleanup.
+//   - Snapshots, forks, checkpoints, rewinds and filesystem-only pauses
+//     rest on the backend's layers (layers.go): a layer is deleted once no
+//     snapshot or checkpoint record, live sandbox or layer above it keeps
+//     it, and Start deletes every layer no snapshot keeps, so a crash at
+//     any point leaves a recorded snapshot or nothing. A rewind and the
+//     resume of a filesystem-only pause reboot the sandbox under its ID,
+//     keeping its token, deadline, metadata, environment, network and
+//     secret bindings; its processes and memory are not kept.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
 //
@@ -86,6 +94,11 @@ type Sandbox struct {
 	AutoPause bool
 	// AutoResume resumes the paused sandbox when traffic arrives for it.
 	AutoResume bool
+	// AutoPauseNoMemory makes the pause at the deadline a filesystem-only
+	// one (E2B's autoPauseMemory false): the resume reboots.
+	AutoPauseNoMemory bool
+	// AutoCheckpoint checkpoints the filesystem before every command.
+	AutoCheckpoint bool
 	// RunDone is closed when the sandbox's current run ends by a pause
 	// (kill and death close the backend's Done): traffic in flight then
 	// is cut. Only set on the copies Lookup returns.
@@ -119,6 +132,11 @@ type CreateRequest struct {
 	// AutoResume resumes the paused sandbox when traffic arrives for it,
 	// with the create timeout as its new one.
 	AutoResume bool
+	// AutoPauseNoMemory makes the pause at the deadline filesystem-only.
+	AutoPauseNoMemory bool
+	// AutoCheckpoint checkpoints the filesystem before every command
+	// (fence's extension), so that an agent can rewind a step.
+	AutoCheckpoint bool
 }
 
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.

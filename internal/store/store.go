@@ -184,6 +184,9 @@ var migrations = []string{
 		doc         TEXT NOT NULL
 	);
 	CREATE INDEX template_builds_template ON template_builds (template_id);`,
+	// Snapshots (E2B's snapshot templates) and checkpoints: each names a
+	// filesystem layer the backend keeps (layers.go).
+	migrationLayers,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -43,4 +43,14 @@
 // own mount namespace and vanish with its last process. Cleanup on start
 // kills and removes whatever a crashed daemon left; sandboxes are not
 // re-attached.
+//
+// # Layers
+//
+// Checkpoints, snapshots and forks are frozen copies of a sandbox's
+// writable layer (checkpoint.go): made under a temporary name and renamed
+// when complete (Cleanup removes temporary ones), immutable once made,
+// stacked read-only and idmapped between the template and a new sandbox's
+// fresh writable layer, never copied again. Which layers to keep is the
+// caller's decision (isolation.Layers); their total size is bounded by
+// Options.LayerBudget and a sandbox boots on at most 32 of them.
 package native

@@ -23,3 +23,6 @@ func (b *Backend) HoldReleases(maxPending int) (releaseAll func()) {
 
 // PendingReleases returns how many killed sandboxes wait for their release.
 func (b *Backend) PendingReleases() int { return b.pending.len() }
+
+// LayersDir is where the backend keeps its layers.
+func (b *Backend) LayersDir() string { return b.layersDir() }

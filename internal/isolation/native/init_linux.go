@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -96,18 +97,41 @@ func setup(sync *os.File) error {
 		return fmt.Errorf("attaching template: %w", err)
 	}
 	unix.Close(lower)
+	// Frozen layers the sandbox boots on (checkpoints, snapshots) travel
+	// after the binds, top first, and sit above the template.
+	for i, d := range cfg.LayerDirs {
+		fd := fds[1+len(cfg.Binds)+i]
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, d, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attaching layer: %w", err)
+		}
+		unix.Close(fd)
+	}
 	// The layers are named through descriptors, so the sandbox's
 	// mountinfo shows /proc/self/fd/N rather than the host's state paths.
-	var layers [3]int
-	for i, d := range []string{cfg.LowerDir, cfg.UpperDir, cfg.WorkDir} {
+	openLayer := func(d string) (string, error) {
 		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("opening overlay layer: %w", err)
+			return "", fmt.Errorf("opening overlay layer: %w", err)
 		}
-		defer unix.Close(fd)
-		layers[i] = fd
+		return fdPath(fd), nil // closed at exec
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", fdPath(layers[0]), fdPath(layers[1]), fdPath(layers[2]))
+	var lowers []string
+	for _, d := range append(slices.Clone(cfg.LayerDirs), cfg.LowerDir) {
+		p, err := openLayer(d)
+		if err != nil {
+			return err
+		}
+		lowers = append(lowers, p)
+	}
+	upper, err := openLayer(cfg.UpperDir)
+	if err != nil {
+		return err
+	}
+	work, err := openLayer(cfg.WorkDir)
+	if err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", strings.Join(lowers, ":"), upper, work)
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting root overlay: %w", err)
 	}
@@ -169,7 +193,7 @@ func setup(sync *os.File) error {
 
 func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4*maxBinds+4))
+	oob := make([]byte, unix.CmsgSpace(4*(maxBinds+maxLayerStack)+4))
 	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
@@ -186,8 +210,8 @@ func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		return nil, nil, fmt.Errorf("decoding config: %w", err)
 	}
-	if len(fds) != len(cfg.Binds)+1 {
-		return nil, nil, fmt.Errorf("receiving config: %d descriptors for %d binds", len(fds), len(cfg.Binds))
+	if len(fds) != len(cfg.Binds)+len(cfg.LayerDirs)+1 {
+		return nil, nil, fmt.Errorf("receiving config: %d descriptors for %d binds and %d layers", len(fds), len(cfg.Binds), len(cfg.LayerDirs))
 	}
 	return &cfg, fds, nil
 }

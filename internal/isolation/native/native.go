@@ -89,6 +89,9 @@ type Options struct {
 	// Forensics, if set, keeps the writable layer of each killed sandbox
 	// (archived in the background release, never on the kill's path).
 	Forensics *forensics.Archive
+	// LayerBudget is the disk the layers of checkpoints, snapshots and
+	// forks may take in all; zero means 8 GiB.
+	LayerBudget int64
 	// Logger receives diagnostics, including the first bytes each sandbox's
 	// init writes to stderr. Nil discards.
 	Logger *slog.Logger
@@ -125,6 +128,8 @@ type Backend struct {
 	releaseTimes releaseTimes
 	// reapHook, when set (tests), runs before each background release.
 	reapHook func(id string)
+
+	layers layerCache // checkpoint.go
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -429,7 +434,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 	}
 	var removed []string
-	var errs []error
+	errs := []error{b.cleanupLayers()}
 	for id := range seen {
 		b.mu.Lock()
 		_, live := b.live[id]

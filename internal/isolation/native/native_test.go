@@ -68,6 +68,13 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 	return b
 }
 
+// TestLayersConformance runs the isolation.Layers cases on native
+// sandboxes.
+func TestLayersConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	isolationtest.RunLayers(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, testutil.RootFS(t, "minimal"))
+}
+
 func TestConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")

@@ -38,8 +38,11 @@ type initConfig struct {
 	WorkDir  string `json:"workDir"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
-	Binds  []bindTarget `json:"binds,omitempty"`
-	NoFile uint64       `json:"noFile"`
+	Binds []bindTarget `json:"binds,omitempty"`
+	// LayerDirs are where to attach the frozen layers the sandbox boots
+	// on, top first; they travel after the binds' descriptors.
+	LayerDirs []string `json:"layerDirs,omitempty"`
+	NoFile    uint64   `json:"noFile"`
 	// Seccomp is the filter to install (encodeFilter), compiled once per
 	// backend; empty means none.
 	Seccomp  []byte                `json:"seccomp,omitempty"`
@@ -66,6 +69,17 @@ type sandbox struct {
 	cmd       *exec.Cmd
 	ln        *net.UnixListener
 	limit     isolation.Limits
+	// rootfs is the template's root; base the layer the sandbox booted on
+	// ("" for none) and chain that layer and its parents, top first.
+	rootfs string
+	base   string
+	chain  []string
+	// gen holds the files fence wrote into the writable layer at create,
+	// by path inside, with their mtime then (see Changes).
+	gen map[string]unix.Timespec
+	// last is the previous checkpoint (checkpoint.go).
+	// +checklocks:pmu
+	last *lastCheckpoint
 
 	net *egress.Stack // the sandbox's network; nil until made
 	// diskDir is the writable layer's mount point on the host while the
@@ -101,7 +115,12 @@ var (
 )
 
 // Create implements isolation.Backend.
-func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.Sandbox, err error) {
+func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
+	return b.create(ctx, spec, "")
+}
+
+// create makes a sandbox booting on layer ("" for the template alone).
+func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string) (_ isolation.Sandbox, err error) {
 	if spec.ID == "" {
 		spec.ID = isolation.NewID()
 	}
@@ -134,6 +153,13 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 		limit:  limits,
 		done:   make(chan struct{}),
 		diskFD: -1,
+		rootfs: spec.RootFS,
+		base:   layer,
+	}
+	if layer != "" {
+		if s.chain, err = b.layerChain(layer); err != nil {
+			return nil, err
+		}
 	}
 	b.mu.Lock()
 	if _, dup := b.live[spec.ID]; dup {
@@ -225,7 +251,10 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	}
 	cfg.UpperDir = filepath.Join(disk, "upper")
 	cfg.WorkDir = filepath.Join(disk, "work")
-	for _, d := range []string{cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir} {
+	for i := range s.chain {
+		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(dir, "l"+strconv.Itoa(i)))
+	}
+	for _, d := range append([]string{cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir}, cfg.LayerDirs...) {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("creating sandbox directory: %w", err)
 		}
@@ -262,11 +291,12 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
 	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv,
-		filepath.Dir(usrBin), usrBin, sudoLink}, caFiles...) {
+		filepath.Dir(usrBin), usrBin, sudoLink}, append(caFiles, cfg.LayerDirs...)...) {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
+	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), cfg.UpperDir)
 	// The writable layer holds what the sandbox writes: its root is the
 	// sandbox's alone (init, as the sandbox's root, traverses it to mount
 	// the overlay), so no other host user reaches a file below, whatever
@@ -419,6 +449,14 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		defer unix.Close(fd)
 		fds = append(fds, fd)
 		cfg.Binds = append(cfg.Binds, bindTarget{Path: bd.Path, IsDir: isDir})
+	}
+	for _, id := range s.chain {
+		fd, err := idmappedTree(s.b.layerTree(id), userns, true)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		fds = append(fds, fd)
 	}
 	msg, err := json.Marshal(cfg)
 	if err != nil {

@@ -1,0 +1,354 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+)
+
+// layersDir is where the daemon on dataDir keeps its filesystem layers.
+func layersDir(dataDir string) string {
+	return filepath.Join(dataDir, "native", "layers", instanceOf(dataDir))
+}
+
+// layerDirs lists the layers on disk: complete ones and, apart, the
+// temporary ones a copy in progress (or a crash) leaves.
+func layerDirs(dataDir string) (complete, temporary []string) {
+	for _, n := range dirEntries(layersDir(dataDir)) {
+		if strings.HasPrefix(n, ".tmp-") {
+			temporary = append(temporary, n)
+		} else {
+			complete = append(complete, n)
+		}
+	}
+	return complete, temporary
+}
+
+// Through the Go SDK: checkpoints with a diff, rewind, forks that are
+// independent of each other and of their parent, snapshots that outlive
+// their sandbox and can be deleted while in use, and layers that go when
+// their last user does.
+func TestLayersGoSDK(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	if _, err := d.Client.CreateSecret(ctx, "layers-token", "s3cret-value", nil); err != nil {
+		t.Fatal(err)
+	}
+	noInternet := false
+	sb := d.create(t, api.NewSandbox{Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"E": "env"},
+		AllowInternetAccess: &noInternet,
+		Network:             &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"api.example.com"}},
+		Secrets:             map[string]api.SecretBinding{"TOKEN": {Secret: "layers-token", Hosts: []string{"api.example.com"}}}})
+	e := sb.Envd()
+	placeholder := rsh(t, e, `echo $TOKEN`)
+	if strings.Contains(placeholder, "s3cret") || len(strings.TrimSpace(placeholder)) < 10 {
+		t.Fatalf("TOKEN in the sandbox: %q", placeholder)
+	}
+	parentInfo, err := d.Client.Get(ctx, sb.ID())
+	if err != nil || parentInfo.Network == nil || parentInfo.AllowInternetAccess == nil {
+		t.Fatalf("parent: %+v, %v", parentInfo, err)
+	}
+	rsh(t, e, `mkdir -p /work && echo one > /work/a && echo keep > /work/k && rm /bin/ls`)
+	cp1, err := d.Client.Checkpoint(ctx, sb.ID(), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint: %d files, %d bytes, frozen %.1f ms", cp1.Files, cp1.Bytes, cp1.FrozenMs)
+	rsh(t, e, `echo two > /work/a && rm /work/k && echo b > /work/b`)
+	diff, err := d.Client.Diff(ctx, sb.ID(), "one", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range diff {
+		got[f.Path] = f.Change
+	}
+	want := map[string]string{"/work/a": "changed", "/work/k": "removed", "/work/b": "added"}
+	for p, ch := range want {
+		if got[p] != ch {
+			t.Errorf("diff %s = %q, want %q (all: %+v)", p, got[p], ch, diff)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("diff has %d entries, want %d: %+v", len(got), len(want), diff)
+	}
+	since, err := d.Client.Diff(ctx, sb.ID(), "", "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(since, func(f api.FileDiff) bool { return f.Path == "/bin/ls" && f.Change == "removed" }) {
+		t.Errorf("diff since create lacks the removal of /bin/ls: %+v", since)
+	}
+
+	// Rewind: files back, processes restarted, the same handle works.
+	rsh(t, e, `sleep 3600 >/dev/null 2>&1 &`)
+	if err := d.Client.Rewind(ctx, sb.ID(), cp1.CheckpointID); err != nil {
+		t.Fatal(err)
+	}
+	if out := rsh(t, e, `cat /work/a /work/k; test -e /work/b && echo b; echo $E; ps | grep -c '[s]leep 3600' || true`); out != "one\nkeep\nenv\n0\n" {
+		t.Errorf("after rewind: %q", out)
+	}
+	// The rewind kept the deadline, the placeholder, metadata and network.
+	if info, err := d.Client.Get(ctx, sb.ID()); err != nil || !info.EndAt.Equal(parentInfo.EndAt) || info.Metadata["k"] != "v" ||
+		!reflect.DeepEqual(info.Network, parentInfo.Network) {
+		t.Errorf("after rewind: %+v, %v; before %+v", info, err, parentInfo)
+	}
+	if got := rsh(t, e, `echo $TOKEN`); got != placeholder {
+		t.Errorf("TOKEN after rewind %q, was %q", got, placeholder)
+	}
+
+	// Forks: independent of each other and of the parent.
+	rsh(t, e, `sleep 3600 >/dev/null 2>&1 &`)
+	forks, errs, err := d.Client.Fork(ctx, sb.ID(), 2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range forks {
+		if errs[i] != nil {
+			t.Fatalf("fork %d: %v", i, errs[i])
+		}
+		t.Cleanup(func() { d.Client.Kill(context.Background(), f.ID()) })
+	}
+	f0, f1 := forks[0].Envd(), forks[1].Envd()
+	rsh(t, f0, `echo f0 > /work/a; sleep 999 >/dev/null 2>&1 &`)
+	if out := rsh(t, f1, `cat /work/a; ps | grep -c '[s]leep 999' || true; ps | grep -c '[s]leep 3600' || true`); out != "one\n0\n0\n" {
+		t.Errorf("second fork sees %q", out)
+	}
+	if out := rsh(t, e, `cat /work/a; ps | grep -c '[s]leep 999' || true`); out != "one\n0\n" {
+		t.Errorf("parent sees %q", out)
+	}
+	// A fork keeps the parent's metadata, network and secret bindings
+	// (the placeholder its files may hold stays valid).
+	if info, _ := d.Client.Get(ctx, forks[0].ID()); info == nil || info.Metadata["k"] != "v" ||
+		!reflect.DeepEqual(info.Network, parentInfo.Network) || !reflect.DeepEqual(info.AllowInternetAccess, parentInfo.AllowInternetAccess) {
+		t.Errorf("fork's info: %+v; parent's %+v", info, parentInfo)
+	}
+	if got := rsh(t, f1, `echo $TOKEN`); got != placeholder {
+		t.Errorf("TOKEN in a fork %q, parent's %q", got, placeholder)
+	}
+
+	// A snapshot outlives its sandbox; deleting it while a sandbox made
+	// from it runs is safe; its layer goes with the last user.
+	sn, err := d.Client.CreateSnapshot(ctx, sb.ID(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks {
+		d.Client.Kill(ctx, f.ID())
+	}
+	if err := d.Client.Kill(ctx, sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox booted on its checkpoint (the rewind), so the
+	// snapshot's layer sits on the checkpoint's: both stay, the forks'
+	// and the checkpoint's record go.
+	eventually(t, 10*time.Second, "only the snapshot's layers left", func() bool {
+		complete, _ := layerDirs(d.DataDir)
+		return len(complete) == 2
+	})
+	from, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: sn.SnapshotID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client.DeleteSnapshot(ctx, sn.SnapshotID); err != nil {
+		t.Fatal(err)
+	}
+	if out := rsh(t, from.Envd(), `cat /work/a`); out != "one\n" {
+		t.Errorf("sandbox from a deleted snapshot reads %q", out)
+	}
+	if complete, _ := layerDirs(d.DataDir); len(complete) != 2 {
+		t.Errorf("the layer of a deleted snapshot in use is gone: %v", complete)
+	}
+	if err := d.Client.Kill(ctx, from.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "no layer left once its last user is gone", func() bool {
+		complete, tmp := layerDirs(d.DataDir)
+		return len(complete)+len(tmp) == 0
+	})
+	if err := d.Client.DeleteSnapshot(ctx, sn.SnapshotID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("second delete: %v, want not found", err)
+	}
+}
+
+// kill -9 of the daemon while it snapshots, forks, checkpoints or
+// rewinds: the next start keeps what was recorded (a snapshot, usable)
+// and removes the rest (half-copied layers, the layers of checkpoints and
+// forks of sandboxes that died with the daemon).
+func TestLayersCrashConsistency(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind"} {
+		t.Run(op, func(t *testing.T) {
+			// Not d.create: its cleanup would use the crashed daemon's URL.
+			sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := sb.Envd()
+			// Enough files that the copy takes a while.
+			rsh(t, e, `mkdir -p /w && cd /w && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done; head -c 64000000 /dev/zero > big`)
+			kept, err := d.Client.CreateSnapshot(ctx, sb.ID(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cp, err := d.Client.Checkpoint(ctx, sb.ID(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				switch op {
+				case "snapshot":
+					_, err = d.Client.CreateSnapshot(ctx, sb.ID(), "")
+				case "fork":
+					_, _, err = d.Client.Fork(ctx, sb.ID(), 3, time.Minute)
+				case "checkpoint":
+					_, err = d.Client.Checkpoint(ctx, sb.ID(), "")
+				case "rewind":
+					err = d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID)
+				}
+				done <- err
+			}()
+			// Crash as soon as the operation is under way.
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				complete, tmp := layerDirs(d.DataDir)
+				if len(tmp) > 0 || (op == "rewind" && len(complete) > 0) {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if op == "rewind" {
+				time.Sleep(30 * time.Millisecond)
+			}
+			d.Crash()
+			t.Logf("%s cut by the crash: %v", op, <-done)
+			d.Restart()
+			complete, tmp := layerDirs(d.DataDir)
+			if len(tmp) > 0 {
+				t.Errorf("temporary layers after restart: %v", tmp)
+			}
+			snaps, err := d.Client.ListSnapshots(ctx, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(complete) != len(snaps) {
+				t.Errorf("%d layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
+			}
+			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
+				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
+			}
+			// Every snapshot listed boots.
+			for _, s := range snaps {
+				b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
+				if err != nil {
+					t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
+					continue
+				}
+				if out := rsh(t, b.Envd(), `cat /w/f2999`); out != "2999\n" {
+					t.Errorf("snapshot %s reads %q", s.SnapshotID, out)
+				}
+				d.Client.Kill(ctx, b.ID())
+				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
+					t.Error(err)
+				}
+			}
+			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
+				t.Errorf("sandbox after restart: %v, want not found", err)
+			}
+			eventually(t, 10*time.Second, "no layer left", func() bool {
+				complete, tmp := layerDirs(d.DataDir)
+				return len(complete)+len(tmp) == 0
+			})
+			assertNoSandboxLeftovers(t, d.DataDir, d.sandboxIDs(), nil)
+		})
+	}
+}
+
+// rsh runs a shell script as root in the sandbox and fails t unless it
+// exits 0.
+func rsh(t testing.TB, e *client.Envd, script string) string {
+	t.Helper()
+	out, errs, st := run(t, e, client.ProcessSpec{Cmd: "sh", Args: []string{"-c", script}, User: "root"})
+	if st.ExitCode != 0 {
+		t.Fatalf("sh -c %q: exit %d (%s), stderr %q", script, st.ExitCode, st.Status, errs)
+	}
+	return out
+}
+
+// fence sandbox checkpoint|checkpoints|diff|rewind against a daemon.
+func TestLayersCLI(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{})
+	e := sb.Envd()
+	rsh(t, e, `echo one > /a`)
+	out, errOut, code := d.fenceCLI(t, nil, "sandbox", "checkpoint", sb.ID(), "--name", "first")
+	if code != 0 || len(strings.TrimSpace(out)) == 0 {
+		t.Fatalf("checkpoint: %q %q exit %d", out, errOut, code)
+	}
+	cp := strings.TrimSpace(out)
+	rsh(t, e, `echo two > /a; echo new > /b`)
+	out, errOut, code = d.fenceCLI(t, nil, "sandbox", "diff", sb.ID(), "--from", "first")
+	if code != 0 || !strings.Contains(out, "M  4") || !strings.Contains(out, "/a\n") || !strings.Contains(out, "/b\n") {
+		t.Errorf("diff: %q %q exit %d", out, errOut, code)
+	}
+	out, _, _ = d.fenceCLI(t, nil, "sandbox", "checkpoints", sb.ID())
+	if !strings.Contains(out, cp) || !strings.Contains(out, "first") {
+		t.Errorf("checkpoints: %q", out)
+	}
+	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), cp); code != 0 {
+		t.Fatalf("rewind: %q exit %d", errOut, code)
+	}
+	if got := rsh(t, e, `cat /a; test -e /b && echo b; true`); got != "one\n" {
+		t.Errorf("after rewind: %q", got)
+	}
+	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), "nope"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("rewind to an unknown checkpoint: %q exit %d", errOut, code)
+	}
+}
+
+// A sandbox that dies after a rewind (or a filesystem-only resume) is
+// noticed like any other: the manager follows the backend sandbox that
+// replaced the first.
+func TestLayersDeathAfterReboot(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	for _, how := range []string{"rewind", "cold resume"} {
+		sb := d.create(t, api.NewSandbox{})
+		switch how {
+		case "rewind":
+			cp, err := d.Client.Checkpoint(ctx, sb.ID(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID); err != nil {
+				t.Fatal(err)
+			}
+		case "cold resume":
+			if err := d.Client.PauseWithoutMemory(ctx, sb.ID()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Client.Connect(ctx, sb.ID(), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := syscall.Kill(agentPID(t, sb.ID()), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, how+": the dead sandbox is gone", func() bool {
+			_, err := d.Client.Get(ctx, sb.ID())
+			return errors.Is(err, api.ErrNotFound)
+		})
+	}
+}

@@ -1,0 +1,119 @@
+package isolationtest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+)
+
+// RunLayers runs the cases every backend that implements isolation.Layers
+// (and whose sandboxes implement isolation.Checkpointer) must pass:
+// a checkpoint of a running sandbox holds its files as they were, the
+// sandbox runs on unchanged, sandboxes booted on the layer see its files
+// and are independent of each other and of the source, a layer stacks on
+// the layer its sandbox booted on, and a deleted layer leaves the
+// sandboxes running on it unharmed.
+func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
+	b := newBackend(t)
+	l, ok := b.(isolation.Layers)
+	if !ok {
+		t.Fatalf("backend %s does not implement isolation.Layers", b.Name())
+	}
+	sh := func(s isolation.Sandbox, script string) string {
+		t.Helper()
+		return mustExec(t, s, "/bin/sh", "-c", script)
+	}
+	on := func(layer string) isolation.Sandbox {
+		t.Helper()
+		s, err := l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, layer)
+		if err != nil {
+			t.Fatalf("CreateOn(%s) = %v", layer, err)
+		}
+		t.Cleanup(func() { s.Kill(context.WithoutCancel(t.Context())) })
+		return s
+	}
+	src := create(t, b, rootfs)
+	cp, ok := src.(isolation.Checkpointer)
+	if !ok {
+		t.Fatalf("sandbox of %s does not implement isolation.Checkpointer", b.Name())
+	}
+	sh(src, `mkdir -p /data && echo one > /data/a && rm -f /bin/true`)
+	first, err := cp.Checkpoint(t.Context())
+	if err != nil {
+		t.Fatalf("Checkpoint() = %v", err)
+	}
+	if first.Parent != cp.Base() || first.Depth != 1 {
+		t.Errorf("checkpoint of a template sandbox: parent %q depth %d", first.Parent, first.Depth)
+	}
+	sh(src, `echo later > /data/a`)
+	a, c := on(first.ID), on(first.ID)
+	if got := sh(a, `cat /data/a; test -e /bin/true && echo true-present; true`); got != "one\n" {
+		t.Errorf("sandbox on the checkpoint reads %q, want one", got)
+	}
+	sh(a, `echo mine > /data/a`)
+	if got := sh(c, `cat /data/a`); got != "one\n" {
+		t.Errorf("a write in one sandbox on the layer reached another: %q", got)
+	}
+	if got := sh(src, `cat /data/a`); got != "later\n" {
+		t.Errorf("the source reads %q", got)
+	}
+	changes, err := l.LayerChanges(t.Context(), first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]string{}
+	for _, ch := range changes {
+		found[ch.Path] = ch.Kind
+	}
+	if found["/data/a"] != "file" || found["/bin/true"] != "removed" {
+		t.Errorf("LayerChanges: %+v", changes)
+	}
+	second, err := a.(isolation.Checkpointer).Checkpoint(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Parent != first.ID || second.Depth != 2 {
+		t.Errorf("checkpoint of a sandbox on a layer: parent %q depth %d, want %q 2", second.Parent, second.Depth, first.ID)
+	}
+	d := on(second.ID)
+	if got := sh(d, `cat /data/a`); got != "mine\n" {
+		t.Errorf("sandbox on a stacked layer reads %q", got)
+	}
+	// A layer under a live sandbox cannot be deleted; once the sandbox is
+	// gone, it can.
+	if err := l.DeleteLayer(t.Context(), second.ID); !errors.Is(err, isolation.ErrLayerInUse) {
+		t.Errorf("DeleteLayer of a layer in use = %v, want ErrLayerInUse", err)
+	}
+	if got := sh(d, `cat /data/a`); got != "mine\n" {
+		t.Errorf("after a refused delete, a sandbox on the layer reads %q", got)
+	}
+	d.Kill(t.Context())
+	deleted := false
+	for range 500 {
+		if err := l.DeleteLayer(t.Context(), second.ID); err == nil {
+			deleted = true
+			break
+		} else if !errors.Is(err, isolation.ErrLayerInUse) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !deleted {
+		t.Fatalf("the layer of a killed sandbox stays in use")
+	}
+	if _, err := l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, second.ID); err == nil {
+		t.Errorf("CreateOn a deleted layer succeeded")
+	}
+	list, err := l.ListLayers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, li := range list {
+		if li.ID == second.ID {
+			t.Errorf("ListLayers lists a deleted layer")
+		}
+	}
+}

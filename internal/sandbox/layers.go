@@ -1,0 +1,851 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netconf"
+	"github.com/fencesandbox/fence/internal/store"
+)
+
+// Snapshots, forks, checkpoints, rewinds and filesystem-only pauses: all
+// rest on the backend's layers (isolation.Layers, isolation.Checkpointer).
+//
+// Ownership of layers: the store's snapshot and checkpoint records, and
+// every live sandbox (the layer it booted on, or the layer of its
+// filesystem-only pause), keep a layer and, through it, its parents. gc
+// deletes every other layer; it runs after the records or sandboxes that
+// kept a layer go, and at Start (when no sandbox is live and every
+// checkpoint of a previous daemon's sandboxes is dropped), so a crash at
+// any point leaves layers that the next start keeps (recorded) or deletes.
+
+// LayerStore is the persistence of snapshots and checkpoints;
+// *store.Store implements it.
+type LayerStore interface {
+	PutSnapshot(ctx context.Context, sn *store.Snapshot) (string, error)
+	FindSnapshot(ctx context.Context, ref string) (*store.Snapshot, error)
+	ListSnapshots(ctx context.Context, sandboxID, name string) ([]*store.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
+	InsertCheckpoint(ctx context.Context, c *store.Checkpoint) error
+	Checkpoints(ctx context.Context, sandboxID string) ([]*store.Checkpoint, error)
+	DeleteCheckpoints(ctx context.Context, sandboxID, id string) error
+	DeleteOrphanCheckpoints(ctx context.Context) error
+}
+
+var _ LayerStore = (*store.Store)(nil)
+
+// Budgets.
+const (
+	maxForks             = 100
+	maxCheckpoints       = 64 // per sandbox; the oldest automatic ones go first
+	forkParallel         = 4
+	defaultForkTimeout   = 15 * time.Second
+	maxSnapshotNameBytes = 128
+)
+
+// SnapshotInfo is E2B's SnapshotInfo.
+type SnapshotInfo struct {
+	SnapshotID string
+	Names      []string
+	SandboxID  string
+	CreatedAt  time.Time
+}
+
+// Checkpoint is one checkpoint of a sandbox.
+type Checkpoint struct {
+	ID        string
+	SandboxID string
+	Name      string
+	Auto      bool
+	Files     int
+	Bytes     int64
+	CreatedAt time.Time
+	// Frozen is how long the sandbox was stopped while it was taken.
+	Frozen time.Duration
+}
+
+// FileDiff is one path that differs between two states of a sandbox.
+type FileDiff struct {
+	Path   string `json:"path"`
+	Change string `json:"change"` // added, changed, removed
+	Kind   string `json:"kind"`   // file, dir, symlink, other (removed: what it was, if known)
+	Size   int64  `json:"size,omitempty"`
+	Mode   uint32 `json:"mode,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	Target string `json:"target,omitempty"`
+	// OldSize and OldSHA256 are the file's before, when it changed.
+	OldSize   int64  `json:"oldSize,omitempty"`
+	OldSHA256 string `json:"oldSha256,omitempty"`
+}
+
+// ForkResult is one fork: a sandbox or the error that prevented it.
+type ForkResult struct {
+	Sandbox *Sandbox
+	Err     error
+}
+
+type layerState struct {
+	mu sync.RWMutex // writers: gc; readers: whatever makes and records a layer
+}
+
+func (m *Manager) layerStore() (LayerStore, error) {
+	ls, ok := m.store.(LayerStore)
+	if !ok || m.layers == nil {
+		return nil, fmt.Errorf("snapshots, forks, checkpoints and filesystem-only pauses need filesystem layers, which the %s backend does not keep: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
+	return ls, nil
+}
+
+// snapshotOrigin resolves a create's template to a snapshot, or nil for a
+// template (ordinary templates first).
+func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, error) {
+	ls, ok := m.store.(LayerStore)
+	if !ok || m.layers == nil || ref == "" {
+		return nil, nil
+	}
+	if _, err := m.templates.Resolve(ref); err == nil {
+		return nil, nil
+	}
+	sn, err := ls.FindSnapshot(ctx, ref)
+	if err != nil {
+		if errors.Is(err, api.ErrNotFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID}, nil
+}
+
+// bootOn starts a backend sandbox for spec on layer, with the compiled
+// network nc.
+func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
+	spec.Egress = createEgress(nc)
+	box, err := m.layers.CreateOn(ctx, spec, layer)
+	if err != nil {
+		return nil, err
+	}
+	if nc.Proxy != nil {
+		if err := applyNetwork(box, nc, true); err != nil {
+			m.killBox(ctx, box)
+			return nil, err
+		}
+	}
+	return box, nil
+}
+
+// checkpointBox freezes e's filesystem into a new layer. The caller holds
+// m.layerMu for reading until the layer is recorded or used.
+func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
+	cp, ok := e.sb().(isolation.Checkpointer)
+	if !ok {
+		return isolation.LayerInfo{}, fmt.Errorf("the %s backend cannot checkpoint sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
+	}
+	info, err := cp.Checkpoint(context.WithoutCancel(ctx))
+	if errors.Is(err, isolation.ErrLayerBudget) {
+		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
+	}
+	if errors.Is(err, isolation.ErrNotFound) {
+		return info, notFound(e.sb().ID())
+	}
+	return info, err
+}
+
+// running returns the entry of a running sandbox: unknown ones give
+// api.ErrNotFound, paused ones pausedErr.
+func (m *Manager) runningEntry(id string, pausedErr error) (*entry, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if e.state() != StateRunning {
+		return nil, pausedErr
+	}
+	return e, nil
+}
+
+// CreateCheckpoint checkpoints a running sandbox's filesystem (fence's
+// extension). A paused sandbox gives api.ErrConflict.
+func (m *Manager) CreateCheckpoint(ctx context.Context, id, name string, auto bool) (*Checkpoint, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	if len(name) > maxSnapshotNameBytes {
+		return nil, invalid("checkpoint name longer than %d bytes", maxSnapshotNameBytes)
+	}
+	e, err := m.runningEntry(id, fmt.Errorf("sandbox %s is paused: resume it first: %w", id, api.ErrConflict))
+	if err != nil {
+		return nil, err
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	if e.state() != StateRunning {
+		return nil, fmt.Errorf("sandbox %s is paused: resume it first: %w", id, api.ErrConflict)
+	}
+	old, err := ls.Checkpoints(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(old) >= maxCheckpoints {
+		var drop *store.Checkpoint
+		for _, c := range old {
+			if c.Auto {
+				drop = c
+				break
+			}
+		}
+		if drop == nil {
+			return nil, fmt.Errorf("sandbox %s has %d checkpoints, the most it may keep: delete one: %w", id, len(old), api.ErrResourceExhausted)
+		}
+		if err := ls.DeleteCheckpoints(ctx, id, drop.ID); err != nil {
+			return nil, err
+		}
+		m.nudgeGC()
+	}
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	info, err := m.checkpointBox(ctx, e)
+	if err != nil {
+		return nil, fmt.Errorf("checkpointing sandbox %s: %w", id, err)
+	}
+	c := &store.Checkpoint{ID: "cp" + strings.ToLower(isolation.NewID()), SandboxID: id, Layer: info.ID, Name: name, Auto: auto,
+		Files: info.Files, Bytes: info.Bytes, CreatedAt: m.now().UTC()}
+	if err := ls.InsertCheckpoint(context.WithoutCancel(ctx), c); err != nil {
+		_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+		return nil, err
+	}
+	e.checkpointed.Store(true)
+	m.record(ctx, audit.TypeSandboxCheckpoint, id, map[string]any{"checkpoint": c.ID, "files": c.Files, "bytes": c.Bytes, "auto": auto})
+	out := toCheckpoint(c)
+	out.Frozen = info.Took
+	return out, nil
+}
+
+func toCheckpoint(c *store.Checkpoint) *Checkpoint {
+	return &Checkpoint{ID: c.ID, SandboxID: c.SandboxID, Name: c.Name, Auto: c.Auto, Files: c.Files, Bytes: c.Bytes, CreatedAt: c.CreatedAt}
+}
+
+// Checkpoints lists a live sandbox's checkpoints, oldest first.
+func (m *Manager) Checkpoints(ctx context.Context, id string) ([]*Checkpoint, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.lookup(id); err != nil {
+		return nil, err
+	}
+	cs, err := ls.Checkpoints(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Checkpoint, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, toCheckpoint(c))
+	}
+	return out, nil
+}
+
+// AutoCheckpoint checkpoints a sandbox created with AutoCheckpoint before
+// a command runs in it; it does nothing for others. A failure is logged:
+// the command still runs.
+func (m *Manager) AutoCheckpoint(ctx context.Context, id string) {
+	e, err := m.lookup(id)
+	if err != nil || !e.autoCheckpoint {
+		return
+	}
+	if _, err := m.CreateCheckpoint(ctx, id, "", true); err != nil {
+		m.log.WarnContext(ctx, "automatic checkpoint failed", "sandbox_id", id, "err", err)
+	}
+}
+
+func (m *Manager) findCheckpoint(ctx context.Context, ls LayerStore, id, ref string) (*store.Checkpoint, error) {
+	cs, err := ls.Checkpoints(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cs {
+		if c.ID == ref || (c.Name != "" && c.Name == ref) {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("checkpoint %q of sandbox %s not found: %w", ref, id, api.ErrNotFound)
+}
+
+// Rewind reboots a running sandbox on one of its checkpoints: its
+// filesystem is the checkpoint's again and its processes start anew
+// (memory is not kept). Its ID, token, deadline, metadata, environment,
+// network and secret bindings stay.
+func (m *Manager) Rewind(ctx context.Context, id, ref string) (*Sandbox, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	e, err := m.runningEntry(id, fmt.Errorf("sandbox %s is paused: resume it first: %w", id, api.ErrConflict))
+	if err != nil {
+		return nil, err
+	}
+	c, err := m.findCheckpoint(ctx, ls, id, ref)
+	if err != nil {
+		return nil, err
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	if e.state() != StateRunning {
+		return nil, fmt.Errorf("sandbox %s is paused: resume it first: %w", id, api.ErrConflict)
+	}
+	ctx = context.WithoutCancel(ctx)
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	if err := m.reboot(ctx, e, c.Layer); err != nil {
+		return nil, err
+	}
+	m.nudgeGC()
+	m.record(ctx, audit.TypeRewind, id, map[string]any{"checkpoint": c.ID})
+	m.log.InfoContext(ctx, "sandbox rewound", "sandbox_id", id, "checkpoint", c.ID)
+	return e.snapshot(), nil
+}
+
+// reboot replaces e's backend sandbox by a new one, under the same ID, on
+// layer. Traffic meanwhile finds it paused (the proxy's 502). If the new
+// one cannot start, the sandbox is killed.
+func (m *Manager) reboot(ctx context.Context, e *entry, layer string) error {
+	id := e.sb().ID()
+	old := e.sb()
+	e.setBox(parkedBox{id})
+	e.mu.Lock()
+	nc := e.net
+	running := e.info.State == StateRunning
+	if running {
+		close(e.runDone)
+		e.runDone = make(chan struct{})
+	}
+	e.mu.Unlock()
+	if _, ok := old.(parkedBox); !ok {
+		m.killBox(ctx, old)
+	}
+	spec := e.spec
+	spec.ID = id
+	box, err := m.bootOn(ctx, spec, nc, layer)
+	if err != nil {
+		m.log.ErrorContext(ctx, "rebooting sandbox failed; killing it", "sandbox_id", id, "err", err)
+		_ = m.kill(ctx, id, "reboot failed")
+		return fmt.Errorf("rebooting sandbox %s: %w", id, err)
+	}
+	e.mu.Lock()
+	e.layer = layer
+	e.mu.Unlock()
+	e.setBox(box)
+	return m.stillLive(ctx, e, box)
+}
+
+// stillLive kills box, just set as e's, if e was killed meanwhile (Kill
+// does not wait for a reboot): whichever comes second kills it.
+func (m *Manager) stillLive(ctx context.Context, e *entry, box isolation.Sandbox) error {
+	m.mu.Lock()
+	cur := m.running[box.ID()]
+	m.mu.Unlock()
+	if cur != e {
+		m.killBox(ctx, box)
+		return notFound(box.ID())
+	}
+	return nil
+}
+
+// pauseCold is the filesystem-only pause: the filesystem is checkpointed,
+// every process is killed (the memory is freed), and the resume boots the
+// sandbox anew on the checkpoint.
+func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
+	if _, err := m.layerStore(); err != nil {
+		return err
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	e.mu.Lock()
+	if e.info.State != StateRunning {
+		e.mu.Unlock()
+		return fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
+	}
+	e.info.State = StatePaused
+	close(e.runDone)
+	started := e.info.StartedAt
+	e.mu.Unlock()
+	reopen := func() {
+		e.mu.Lock()
+		e.info.State = StateRunning
+		e.runDone = make(chan struct{})
+		e.mu.Unlock()
+	}
+	ctx = context.WithoutCancel(ctx)
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	info, err := m.checkpointBox(ctx, e)
+	if err != nil {
+		reopen()
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	now := m.now().UTC()
+	if err := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, started, now); err != nil {
+		_ = m.layers.DeleteLayer(ctx, info.ID)
+		reopen()
+		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
+	}
+	old := e.sb()
+	e.setBox(parkedBox{id})
+	e.mu.Lock()
+	e.cold = info.ID
+	e.info.EndAt = now
+	e.use.mark(now, true)
+	e.mu.Unlock()
+	m.killBox(ctx, old)
+	m.nudge()
+	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})
+	m.log.InfoContext(ctx, "sandbox paused without memory", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// resumeCold boots a sandbox paused without memory on its pause's layer.
+// The caller holds e.life and has recorded the resume.
+func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
+	e.mu.Lock()
+	layer := e.cold
+	e.mu.Unlock()
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	spec := e.spec
+	spec.ID = e.sb().ID()
+	e.mu.Lock()
+	nc := e.net
+	e.mu.Unlock()
+	box, err := m.bootOn(ctx, spec, nc, layer)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.cold, e.layer = "", layer
+	e.mu.Unlock()
+	e.setBox(box)
+	m.nudgeGC()
+	return m.stillLive(ctx, e, box)
+}
+
+// usesLayers reports whether e kept layers (its records or its boot).
+func (e *entry) usesLayers() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.layer != "" || e.cold != "" || e.checkpointed.Load()
+}
+
+func (e *entry) isCold() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cold != ""
+}
+
+// snapshotName matches a snapshot name, with an optional tag.
+var snapshotName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)?(:[a-z0-9][a-z0-9._-]*)?$`)
+
+// CreateSnapshot takes a persistent snapshot of a running sandbox (E2B's
+// createSnapshot): its filesystem, as a layer that sandboxes are created
+// from by the snapshot's ID or name. A paused or unknown sandbox gives
+// api.ErrNotFound (E2B's paused sandboxes are not live).
+func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*SnapshotInfo, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	tag := "default"
+	if name != "" {
+		if len(name) > maxSnapshotNameBytes || !snapshotName.MatchString(name) {
+			return nil, invalid("snapshot name %q: want lowercase letters, digits, '.', '_', '-', an optional namespace/ and :tag", name)
+		}
+		if n, t, ok := strings.Cut(name, ":"); ok {
+			name, tag = n, t
+		}
+		if _, err := m.templates.Resolve(name); err == nil {
+			return nil, invalid("snapshot name %q is a template's", name)
+		}
+	}
+	e, err := m.runningEntry(id, fmt.Errorf("sandbox %q is paused: %w", id, api.ErrNotFound))
+	if err != nil {
+		return nil, err
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	info, err := m.checkpointBox(ctx, e)
+	if err != nil {
+		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+	}
+	e.mu.Lock()
+	spec, _ := json.Marshal(map[string]any{"cpus": e.info.CPUs, "memoryMB": e.info.MemoryMB, "diskMB": e.info.DiskMB, "template": e.info.TemplateID})
+	e.mu.Unlock()
+	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
+		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
+	e.checkpointed.Store(true)
+	replaced, err := ls.PutSnapshot(context.WithoutCancel(ctx), sn)
+	if err != nil {
+		_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+		return nil, err
+	}
+	if replaced != "" {
+		m.nudgeGC()
+	}
+	m.record(ctx, audit.TypeSnapshot, id, map[string]any{"snapshot": sn.ID, "name": name, "files": info.Files, "bytes": info.Bytes})
+	return snapshotInfo(sn), nil
+}
+
+func snapshotInfo(sn *store.Snapshot) *SnapshotInfo {
+	out := &SnapshotInfo{SandboxID: sn.SandboxID, CreatedAt: sn.CreatedAt, Names: []string{}}
+	if sn.Name != "" {
+		out.SnapshotID = sn.Name + ":" + sn.Tag
+		out.Names = []string{sn.Name}
+	} else {
+		out.SnapshotID = sn.ID + ":" + sn.Tag
+	}
+	return out
+}
+
+// ListSnapshots lists snapshots, newest first, filtered by the sandbox
+// they were taken from and by name (an unknown name gives none).
+func (m *Manager) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*SnapshotInfo, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	sns, err := ls.ListSnapshots(ctx, sandboxID, name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*SnapshotInfo, 0, len(sns))
+	for _, sn := range sns {
+		if _, tag, ok := strings.Cut(name, ":"); ok && tag != sn.Tag {
+			continue
+		}
+		out = append(out, snapshotInfo(sn))
+	}
+	return out, nil
+}
+
+// DeleteSnapshot deletes a snapshot by ID or name (a tag is ignored).
+// Sandboxes made from it run on; its layer goes with the last of them.
+func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
+	ls, err := m.layerStore()
+	if err != nil {
+		return err
+	}
+	sn, err := ls.FindSnapshot(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if err := ls.DeleteSnapshot(ctx, sn.ID); err != nil {
+		return err
+	}
+	m.nudgeGC()
+	m.record(ctx, audit.TypeSnapshotDelete, sn.SandboxID, map[string]any{"snapshot": sn.ID})
+	return nil
+}
+
+// HasTemplate reports whether name is an ordinary template's.
+func (m *Manager) HasTemplate(name string) bool {
+	_, err := m.templates.Resolve(name)
+	return err == nil
+}
+
+// IsSnapshot reports whether ref names a snapshot.
+func (m *Manager) IsSnapshot(ctx context.Context, ref string) bool {
+	ls, ok := m.store.(LayerStore)
+	if !ok {
+		return false
+	}
+	_, err := ls.FindSnapshot(ctx, ref)
+	return err == nil
+}
+
+// Fork checkpoints a running sandbox and starts count sandboxes on the
+// checkpoint (E2B's fork): each gets a new ID and its own envd token, the
+// source's template, metadata, environment, network, secret bindings,
+// lifecycle and resources, and the timeout d. The source runs on. A
+// request-level error (unknown 404, paused 409, bad count 400) returns
+// error; otherwise one result per fork, in order.
+func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duration) ([]ForkResult, error) {
+	if _, err := m.layerStore(); err != nil {
+		return nil, err
+	}
+	if count < 1 {
+		return nil, invalid("Count must be at least 1")
+	}
+	if count > maxForks || count >= m.max {
+		return nil, invalid("Count must be at most %d and less than the limit of %d concurrent sandboxes", maxForks, m.max)
+	}
+	if err := m.checkTimeout(d); err != nil {
+		return nil, err
+	}
+	e, err := m.runningEntry(id, fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict))
+	if err != nil {
+		return nil, err
+	}
+	e.life.Lock()
+	if e.state() != StateRunning {
+		e.life.Unlock()
+		return nil, fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict)
+	}
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	info, err := m.checkpointBox(ctx, e)
+	e.life.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("forking sandbox %s: %w", id, err)
+	}
+	src := e.snapshot()
+	req := CreateRequest{
+		TemplateID: src.TemplateID, Timeout: d, Metadata: maps.Clone(src.Metadata),
+		CPUs: src.CPUs, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
+		AllowInternetAccess: src.AllowInternetAccess,
+		Network:             src.Network,
+		AutoPause:           src.AutoPause, AutoResume: src.AutoResume, AutoPauseNoMemory: src.AutoPauseNoMemory,
+		AutoCheckpoint: src.AutoCheckpoint,
+	}
+	out := make([]ForkResult, count)
+	sem := make(chan struct{}, forkParallel)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e})
+			out[i] = ForkResult{Sandbox: s, Err: err}
+		})
+	}
+	wg.Wait()
+	m.nudgeGC() // the checkpoint, if no fork started
+	m.record(ctx, audit.TypeFork, id, map[string]any{"count": count, "layer": info.ID})
+	return out, nil
+}
+
+// Diff lists what differs between two states of a live sandbox: from
+// ("" or "create": as it was created) and to ("" or "now": as it is; a
+// running sandbox's files are hashed for it), each else a checkpoint's ID
+// or name.
+func (m *Manager) Diff(ctx context.Context, id, from, to string) ([]FileDiff, error) {
+	ls, err := m.layerStore()
+	if err != nil {
+		return nil, err
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	state := func(ref string, isFrom bool) ([]isolation.FileChange, error) {
+		switch {
+		case ref == "create" || (ref == "" && isFrom):
+			if e.createdLayer == "" {
+				return nil, nil
+			}
+			return m.layers.LayerChanges(ctx, e.createdLayer)
+		case ref == "now" || ref == "":
+			e.mu.Lock()
+			cold := e.cold
+			e.mu.Unlock()
+			if cold != "" {
+				return m.layers.LayerChanges(ctx, cold)
+			}
+			cp, ok := e.sb().(isolation.Checkpointer)
+			if !ok {
+				return nil, fmt.Errorf("the %s backend cannot list changes: %w", m.backend.Name(), api.ErrUnimplemented)
+			}
+			return cp.Changes(ctx)
+		}
+		c, err := m.findCheckpoint(ctx, ls, id, ref)
+		if err != nil {
+			return nil, err
+		}
+		return m.layers.LayerChanges(ctx, c.Layer)
+	}
+	m.layerMu.RLock()
+	defer m.layerMu.RUnlock()
+	a, err := state(from, true)
+	if err != nil {
+		return nil, err
+	}
+	b, err := state(to, false)
+	if err != nil {
+		return nil, err
+	}
+	return diff(a, b), nil
+}
+
+// diff compares two lists of changes against the same template.
+func diff(from, to []isolation.FileChange) []FileDiff {
+	fm := map[string]isolation.FileChange{}
+	for _, c := range from {
+		fm[c.Path] = c
+	}
+	var out []FileDiff
+	seen := map[string]bool{}
+	for _, t := range to {
+		seen[t.Path] = true
+		f, ok := fm[t.Path]
+		d := FileDiff{Path: t.Path, Kind: t.Kind, Size: t.Size, Mode: t.Mode, SHA256: t.SHA256, Target: t.Target}
+		switch {
+		case ok && f.Kind == t.Kind && f.SHA256 == t.SHA256 && f.Size == t.Size && f.Mode == t.Mode && f.Target == t.Target && f.Opaque == t.Opaque:
+			continue
+		case t.Kind == "removed":
+			if ok && f.Kind == "removed" {
+				continue
+			}
+			d.Kind, d.Size, d.Mode = "", 0, 0
+			if ok {
+				d.Kind, d.OldSize, d.OldSHA256 = f.Kind, f.Size, f.SHA256
+			}
+			d.Change = "removed"
+		case ok && f.Kind != "removed":
+			d.Change, d.OldSize, d.OldSHA256 = "changed", f.Size, f.SHA256
+		case !ok && t.InTemplate:
+			d.Change = "changed"
+		default:
+			d.Change = "added"
+		}
+		out = append(out, d)
+	}
+	for _, f := range from {
+		if seen[f.Path] {
+			continue
+		}
+		// At "to" the path is as the template has it.
+		d := FileDiff{Path: f.Path, Kind: f.Kind}
+		switch {
+		case f.Kind == "removed":
+			d.Change, d.Kind = "added", ""
+		case f.InTemplate:
+			d.Change, d.OldSize, d.OldSHA256 = "changed", f.Size, f.SHA256
+		default:
+			d.Change, d.OldSize, d.OldSHA256 = "removed", f.Size, f.SHA256
+		}
+		out = append(out, d)
+	}
+	sortDiff(out)
+	return out
+}
+
+// nudgeGC asks the layer collector to run.
+func (m *Manager) nudgeGC() {
+	if m.layers == nil {
+		return
+	}
+	select {
+	case m.gcWake <- struct{}{}:
+	default:
+	}
+}
+
+// layerCollector runs gc when nudged, until Shutdown.
+func (m *Manager) layerCollector() {
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.gcWake:
+			err := m.gc(context.Background())
+			if errors.Is(err, isolation.ErrLayerInUse) {
+				// A killed sandbox still releasing: try again shortly.
+				time.AfterFunc(time.Second, m.nudgeGC)
+			} else if err != nil {
+				m.log.Error("collecting unused layers", "err", err)
+			}
+		}
+	}
+}
+
+// gc deletes the layers that no record and no live sandbox keeps.
+func (m *Manager) gc(ctx context.Context) error {
+	ls, ok := m.store.(LayerStore)
+	if !ok || m.layers == nil {
+		return nil
+	}
+	m.layerMu.Lock()
+	defer m.layerMu.Unlock()
+	if err := ls.DeleteOrphanCheckpoints(ctx); err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	sns, err := ls.ListSnapshots(ctx, "", "")
+	if err != nil {
+		return err
+	}
+	for _, sn := range sns {
+		keep[sn.Layer] = true
+	}
+	cps, err := ls.Checkpoints(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, c := range cps {
+		keep[c.Layer] = true
+	}
+	m.mu.Lock()
+	for _, e := range m.running {
+		e.mu.Lock()
+		keep[e.layer], keep[e.cold] = true, true
+		e.mu.Unlock()
+	}
+	m.mu.Unlock()
+	all, err := m.layers.ListLayers(ctx)
+	if err != nil {
+		return err
+	}
+	parent := map[string]string{}
+	for _, l := range all {
+		parent[l.ID] = l.Parent
+	}
+	marked := map[string]bool{}
+	for id := range keep {
+		for ; id != "" && !marked[id]; id = parent[id] {
+			marked[id] = true
+		}
+	}
+	var errs []error
+	for _, l := range all {
+		if !marked[l.ID] {
+			errs = append(errs, m.layers.DeleteLayer(ctx, l.ID))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parkedBox stands for a sandbox with no backend sandbox: paused without
+// memory, or between the two halves of a reboot.
+type parkedBox struct{ id string }
+
+var _ isolation.Sandbox = parkedBox{}
+
+func (p parkedBox) ID() string { return p.id }
+func (p parkedBox) DialAgent(context.Context) (net.Conn, error) {
+	return nil, fmt.Errorf("dialing agent: %w", isolation.ErrPaused)
+}
+func (p parkedBox) DialPort(context.Context, uint16) (net.Conn, error) {
+	return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrPaused)
+}
+func (p parkedBox) Stats(context.Context) (isolation.Stats, error) { return isolation.Stats{}, nil }
+func (p parkedBox) Kill(context.Context) error                     { return nil }
+func (p parkedBox) Done() <-chan struct{}                          { return nil }
+
+func sortDiff(d []FileDiff) {
+	slices.SortFunc(d, func(a, b FileDiff) int { return strings.Compare(a.Path, b.Path) })
+}
