@@ -707,7 +707,11 @@ func newTestLB(t *testing.T, backends ...string) *testLB {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			lb.mu.Lock()
-			b := lb.ready[int(n.Add(1))%len(lb.ready)]
+			pool := lb.ready
+			if len(pool) == 0 {
+				pool = lb.all
+			}
+			b := pool[int(n.Add(1))%len(pool)]
 			lb.mu.Unlock()
 			u, _ := url.Parse(b)
 			pr.SetURL(u)
