@@ -163,6 +163,9 @@ func startKube(t *testing.T) *kubeEnv {
 		"--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", "10.0.0.0/24",
 		"--enable-priority-and-fairness=false",
+		// No Service endpoints to keep: a loopback address is refused by
+		// the endpoint reconciler.
+		"--endpoint-reconciler-type", "none",
 	)
 	for id, tok := range tokens {
 		kc := fmt.Sprintf(`apiVersion: v1
