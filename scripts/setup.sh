@@ -28,6 +28,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 export PATH=$PATH:/usr/local/go/bin
+# kube-apiserver and etcd for the scale-out tests (cached; ~9 min the first time).
+scripts/build-kube.sh
 echo "==> building bin/fence"
 CGO_ENABLED=0 go build -trimpath -o bin/fence ./cmd/fence
 

@@ -24,7 +24,11 @@ func TestImportDirection(t *testing.T) {
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress/dns", mod + "internal/egress/tun",
 			mod + "internal/egress/sniff", "gvisor.dev/", mod + "client",
+			mod + "internal/cluster", "k8s.io/",
 		}},
+		// The cluster layer knows Kubernetes and the isolation seam, never
+		// the daemon or its API.
+		{"internal/cluster", []string{mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/router"}},
 		{"internal/sandbox", []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native"}},
 		{"internal/httpapi", []string{mod + "internal/daemon", mod + "internal/isolation/native"}},
 	}

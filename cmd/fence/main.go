@@ -20,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/router"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/selftest"
 	"github.com/fencesandbox/fence/internal/template"
@@ -74,6 +75,15 @@ func deps() cli.Deps {
 
 				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention,
 				ForensicsRetention: o.ForensicsRetention, ForensicsBudget: o.ForensicsBudget, NoAudit: o.NoAudit,
+				Cluster: clusterOptions(o.Cluster),
+			})
+		},
+		Router: func(ctx context.Context, o cli.RouterOptions) error {
+			return router.Serve(ctx, router.ServeOptions{
+				Addr: o.Addr, Kubeconfig: o.Kubeconfig, Namespace: o.Namespace, APIKey: o.APIKey, Token: o.Token,
+				Domain: o.Domain, TLSCert: o.TLSCert, TLSKey: o.TLSKey, NodeCA: o.NodeCA, ShutdownDelay: o.ShutdownDelay,
+				Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				Stdout: os.Stdout,
 			})
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {
@@ -133,3 +143,10 @@ func flowRecorder(f func(selftest.Flow)) egress.Recorder {
 type recorderFunc func(context.Context, egress.FlowEvent)
 
 func (r recorderFunc) Record(ctx context.Context, ev egress.FlowEvent) { r(ctx, ev) }
+
+func clusterOptions(o *cli.ClusterOptions) *daemon.ClusterOptions {
+	if o == nil {
+		return nil
+	}
+	return &daemon.ClusterOptions{Kubeconfig: o.Kubeconfig, Namespace: o.Namespace, Name: o.Name, URL: o.Advertise, Token: o.Token}
+}

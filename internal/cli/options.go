@@ -87,6 +87,8 @@ type ServeOptions struct {
 	ForensicsRetention time.Duration
 	ForensicsBudget    int64
 	NoAudit            bool
+	// Cluster, if set, joins the daemon to a fence cluster.
+	Cluster *ClusterOptions
 }
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).

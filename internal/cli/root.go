@@ -37,6 +37,8 @@ type Deps struct {
 	// BenchClient is the network measure's client (hidden `fence
 	// bench-client`), run by `fence bench` in a sandbox and on the host.
 	BenchClient func(args []string, out io.Writer) error
+	// Router runs `fence router` until ctx is done.
+	Router func(ctx context.Context, opts RouterOptions) error
 }
 
 // ImageSource is the image of `fence template build --from-image` or
@@ -107,6 +109,7 @@ the fence client verbs at it:
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(
 		serveCmd(deps),
+		routerCmd(deps),
 		templateCmd(deps),
 		runCmd(deps),
 		sandboxCmd(),

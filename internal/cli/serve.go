@@ -59,6 +59,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var lim limitFlags
 	var denyCIDRs []string
 	var forensicsBudget string
+	var cl clusterFlags
 	auditOn := true
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -120,6 +121,9 @@ SIGINT or SIGTERM.`,
 				}
 			}
 			o.NoAudit = !auditOn
+			if o.Cluster, err = cl.options(); err != nil {
+				return err
+			}
 			o.Limits = limits
 			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
 			o.APIKey = os.Getenv("FENCE_API_KEY")
@@ -157,6 +161,7 @@ SIGINT or SIGTERM.`,
 	fs.DurationVar(&o.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
 	fs.StringVar(&forensicsBudget, "forensics-budget", "", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	fs.BoolVar(&auditOn, "audit", true, "keep the audit trail (off only to measure its cost)")
+	cl.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
 	}

@@ -34,12 +34,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
@@ -123,6 +125,8 @@ type Options struct {
 	ForensicsBudget int64
 	// NoAudit keeps no audit trail (for measuring its cost only).
 	NoAudit bool
+	// Cluster, if set, makes the daemon a node of a fence cluster.
+	Cluster *ClusterOptions
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is
@@ -186,6 +190,11 @@ func Serve(ctx context.Context, opts Options) error {
 	}
 	if err := native.CheckExecutable(exe); err != nil {
 		return err
+	}
+	if opts.Cluster != nil {
+		if err := opts.Cluster.validate(); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(opts.DataDir, 0o711); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
@@ -315,7 +324,14 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer closeBackends()
-	pool := warm.New(warm.Options{Backend: routed, Size: opts.WarmPool, Logger: log})
+	named, layers := routed, isolation.Layers(backend)
+	if opts.Cluster != nil {
+		// A cluster node's sandbox IDs carry its tag, for the routers:
+		// forks and sandboxes made from snapshots included.
+		tag := cluster.Tag(opts.Cluster.Name)
+		named, layers = cluster.NamingBackend(routed, tag), cluster.NamingLayers(backend, tag)
+	}
+	pool := warm.New(warm.Options{Backend: named, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
 	// Template builds: their trees and uploads live in the data dir; the
 	// images they start from come from the shared layer cache.
@@ -348,7 +364,7 @@ func Serve(ctx context.Context, opts Options) error {
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
 		Forensics:              layerArchive(archive),
-		Layers:                 backend,
+		Layers:                 layers,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
@@ -386,20 +402,24 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
 	}
 	timeouts := opts.HTTP.withDefaults()
+	var handler http.Handler = httpapi.New(httpapi.Options{
+		Manager:         mgr,
+		APIKey:          key,
+		Domain:          opts.Domain,
+		Logger:          log,
+		Metrics:         reg.Handler(),
+		BodyIdleTimeout: timeouts.BodyIdle,
+		Secrets:         secretStore,
+		Downloads:       downloadLog,
+		Audit:           sources.log,
+		Outputs:         sources.outputs,
+		Templates:       builds,
+	})
+	if opts.Cluster != nil {
+		handler = cluster.RequireToken(opts.Cluster.Token, handler)
+	}
 	srv := &http.Server{
-		Handler: httpapi.New(httpapi.Options{
-			Manager:         mgr,
-			APIKey:          key,
-			Domain:          opts.Domain,
-			Logger:          log,
-			Metrics:         reg.Handler(),
-			BodyIdleTimeout: timeouts.BodyIdle,
-			Secrets:         secretStore,
-			Downloads:       downloadLog,
-			Audit:           sources.log,
-			Outputs:         sources.outputs,
-			Templates:       builds,
-		}),
+		Handler: handler,
 		// No ReadTimeout or WriteTimeout: they would cut uploads and
 		// streams; bodies are bounded by BodyIdle instead.
 		ReadHeaderTimeout: timeouts.Header,
@@ -419,6 +439,22 @@ func Serve(ctx context.Context, opts Options) error {
 		}
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
+	var lease *cluster.Registrar
+	if opts.Cluster != nil {
+		url, err := opts.Cluster.advertised(scheme, ln.Addr())
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		regCtx, stopReg := context.WithCancel(ctx)
+		defer stopReg()
+		if lease, err = joinCluster(regCtx, opts.Cluster, url, mgr, opts.MaxSandboxes, templates, log); err != nil {
+			ln.Close()
+			return err
+		}
+		fmt.Fprintf(out, "fence: node %s (tag %s) joined the cluster in namespace %s as %s\n",
+			opts.Cluster.Name, cluster.Tag(opts.Cluster.Name), opts.Cluster.Namespace, url)
+	}
 	fmt.Fprintf(out, "fence: serving the E2B API on %s://%s (data in %s)\n", scheme, ln.Addr(), opts.DataDir)
 	if opts.Ready != nil {
 		opts.Ready(ln.Addr())
@@ -437,6 +473,21 @@ func Serve(ctx context.Context, opts Options) error {
 	case <-ctx.Done():
 	}
 	fmt.Fprintln(out, "fence: shutting down")
+	if lease != nil {
+		// Routers stop placing here before the sandboxes go.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := lease.Drain(dctx); err != nil {
+			log.Warn("publishing the node's drain", "err", err)
+		}
+		cancel()
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := lease.Release(rctx); err != nil {
+				log.Warn("releasing the node's lease", "err", err)
+			}
+		}()
+	}
 	// Killing the sandboxes first aborts the streams to them, so the
 	// server's drain that follows is short.
 	shutdownSandboxes()

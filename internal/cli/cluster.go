@@ -1,0 +1,132 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// ClusterOptions join `fence serve` to a fence cluster (docs/SCALEOUT.md).
+type ClusterOptions struct {
+	// Join is set by --cluster-kubeconfig or --cluster-in-cluster.
+	Join       bool
+	Kubeconfig string // empty with Join: in-cluster
+	Namespace  string
+	Name       string
+	Advertise  string
+	// Token is $FENCE_CLUSTER_TOKEN.
+	Token string
+}
+
+// RouterOptions configure `fence router`.
+type RouterOptions struct {
+	Addr            string
+	Kubeconfig      string // empty: in-cluster
+	Namespace       string
+	Domain          string
+	TLSCert, TLSKey string
+	NodeCA          string
+	ShutdownDelay   time.Duration
+	// APIKey is $FENCE_API_KEY; Token is $FENCE_CLUSTER_TOKEN.
+	APIKey, Token string
+}
+
+// DefaultClusterNamespace is the namespace of the node Leases.
+const DefaultClusterNamespace = "fence"
+
+type clusterFlags struct {
+	kubeconfig string
+	inCluster  bool
+	o          ClusterOptions
+}
+
+func (c *clusterFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&c.kubeconfig, "cluster-kubeconfig", "", "join a fence cluster through the Kubernetes API with this kubeconfig (the cluster token is $FENCE_CLUSTER_TOKEN)")
+	fs.BoolVar(&c.inCluster, "cluster-in-cluster", false, "join a fence cluster with the pod's service account")
+	fs.StringVar(&c.o.Namespace, "cluster-namespace", DefaultClusterNamespace, "namespace of the cluster's node Leases")
+	fs.StringVar(&c.o.Name, "cluster-node-name", "", "this node's name in the cluster (default $NODE_NAME, else the host name)")
+	fs.StringVar(&c.o.Advertise, "cluster-advertise", "", "URL the routers reach this node at (default: the listen address)")
+}
+
+// options returns the cluster options, or nil when not joining.
+func (c *clusterFlags) options() (*ClusterOptions, error) {
+	if c.kubeconfig == "" && !c.inCluster {
+		return nil, nil
+	}
+	if c.kubeconfig != "" && c.inCluster {
+		return nil, usagef("--cluster-kubeconfig and --cluster-in-cluster exclude each other")
+	}
+	o := c.o
+	o.Join, o.Kubeconfig = true, c.kubeconfig
+	if o.Name == "" {
+		o.Name = os.Getenv("NODE_NAME")
+	}
+	if o.Name == "" {
+		h, _ := os.Hostname()
+		o.Name = strings.ToLower(h)
+	}
+	o.Token = os.Getenv("FENCE_CLUSTER_TOKEN")
+	if o.Token == "" {
+		return nil, usagef("joining a cluster needs the cluster token in $FENCE_CLUSTER_TOKEN")
+	}
+	return &o, nil
+}
+
+func routerCmd(deps Deps) *cobra.Command {
+	var o RouterOptions
+	var inCluster bool
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Serve the E2B API in front of a cluster of fence nodes",
+		Long: `Serve one E2B endpoint in front of many fence nodes (fence serve
+--cluster-…), found through their Leases in the Kubernetes API. The router
+keeps no state: run as many as you like behind a load balancer.
+
+Clients authenticate with $FENCE_API_KEY (the nodes' key); the router
+reaches the nodes with the cluster token $FENCE_CLUSTER_TOKEN. Sizing,
+security and upgrades: docs/SCALEOUT.md.`,
+		Example: `  FENCE_API_KEY=e2b_… FENCE_CLUSTER_TOKEN=… fence router --kubeconfig ~/.kube/config`,
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if deps.Router == nil {
+				return errUnavailable("fence router")
+			}
+			if (o.Kubeconfig == "") == !inCluster {
+				return usagef("give exactly one of --kubeconfig and --in-cluster")
+			}
+			if (o.TLSCert == "") != (o.TLSKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
+			if o.ShutdownDelay < 0 {
+				return usagef("--shutdown-delay must not be negative")
+			}
+			o.APIKey, o.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
+			if o.APIKey == "" || o.Token == "" {
+				return usagef("fence router needs $FENCE_API_KEY and $FENCE_CLUSTER_TOKEN")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := deps.Router(ctx, o); err != nil {
+				return fmt.Errorf("routing: %w", err)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Addr, "addr", DefaultAddr, "listen address (host:port)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file of the Kubernetes API")
+	fs.BoolVar(&inCluster, "in-cluster", false, "use the pod's service account")
+	fs.StringVar(&o.Namespace, "namespace", DefaultClusterNamespace, "namespace of the node Leases")
+	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN), as on the nodes")
+	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&o.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
+	return cmd
+}

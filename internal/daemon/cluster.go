@@ -1,0 +1,96 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime/debug"
+	"slices"
+
+	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/template"
+)
+
+// ClusterOptions make the daemon a node of a fence cluster (see
+// internal/cluster): it registers in a Lease, names its sandboxes with its
+// tag, and answers only requests carrying Token.
+type ClusterOptions struct {
+	// Kubeconfig is the kubeconfig file; empty means in-cluster.
+	Kubeconfig string
+	Namespace  string // required
+	Name       string // the node's name; required (cluster.ValidName)
+	// URL is where routers reach this node; empty means http(s)://ADDR of
+	// the listener (which must then not be a wildcard address).
+	URL   string
+	Token string // required
+}
+
+func (c *ClusterOptions) validate() error {
+	if c.Namespace == "" || c.Token == "" {
+		return errors.New("cluster: a namespace and the cluster token (FENCE_CLUSTER_TOKEN) are required")
+	}
+	return cluster.ValidName(c.Name)
+}
+
+// advertised returns the URL routers reach the node at.
+func (c *ClusterOptions) advertised(scheme string, addr net.Addr) (string, error) {
+	if c.URL != "" {
+		return c.URL, nil
+	}
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok || ta.IP.IsUnspecified() {
+		return "", fmt.Errorf("cluster: listening on %s: give the URL routers reach this node at (--cluster-advertise)", addr)
+	}
+	return scheme + "://" + addr.String(), nil
+}
+
+// joinCluster registers the node and keeps its Lease renewed until ctx is
+// done.
+func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbox.Manager, capacity int,
+	templates *template.Store, log *slog.Logger) (*cluster.Registrar, error) {
+	kube, err := cluster.NewClient(c.Kubeconfig, "fence-node/"+c.Name)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := cluster.Register(ctx, cluster.RegistrarOptions{
+		Client: kube, Namespace: c.Namespace, Name: c.Name, URL: url, Version: version(), Logger: log,
+		Load: func() (int, int, []string) {
+			return capacity, mgr.Running() + mgr.Paused(), builtTemplates(templates)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("joining the cluster: %w", err)
+	}
+	go reg.Run(ctx)
+	return reg, nil
+}
+
+// builtTemplates lists the templates the node can start sandboxes from.
+func builtTemplates(s *template.Store) []string {
+	names := s.Names()
+	if ents, err := os.ReadDir(s.Dir()); err == nil {
+		for _, e := range ents {
+			if e.IsDir() && !slices.Contains(names, e.Name()) && template.ValidateName(e.Name()) == nil {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	var out []string
+	for _, n := range names {
+		if _, err := s.Resolve(n); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

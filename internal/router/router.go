@@ -1,0 +1,638 @@
+// Package router is `fence router`: one E2B endpoint in front of many fence
+// nodes. It serves the same API and sandbox traffic as one `fence serve`,
+// and keeps no state of its own: the nodes and their load come from a
+// cluster.Watcher, and the node of a sandbox from the sandbox's ID.
+//
+// # Guarantees
+//
+//   - Control-plane routes other than GET /health require the API key in
+//     X-API-Key (or, on GET /metrics, as a Bearer token), compared in
+//     constant time, before anything reaches a node; the API fails closed
+//     without a key.
+//   - A create goes to a live node that is not draining, preferring nodes
+//     that have the template, the best of K random candidates by free
+//     capacity (less the creates this router has in flight to it). A node
+//     that cannot be reached or answers 503/429 is skipped for the next.
+//   - Every later call and all sandbox traffic (envd, other ports,
+//     WebSocket and streams, headers or {port}-{id}.{domain} hosts) go to
+//     the node named by the sandbox ID's tag, with no lookup in Kubernetes.
+//     Host and body are passed through untouched; the response streams.
+//   - A sandbox whose node is dead is reported gone: 404 on the control
+//     plane (a live node answers for it), 502 api.ProxyError for its
+//     traffic.
+//   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
+//     pagination (limit, nextToken, X-Next-Token) across nodes.
+//   - Nodes see the cluster token on every request from the router; a
+//     client's own X-Fence-Cluster-Token header is replaced, never passed.
+//   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
+//     stop sending), and the server's Shutdown lets requests in flight end.
+package router
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+// Nodes is what the router knows of the cluster (a *cluster.Watcher).
+type Nodes interface {
+	Node(tag string) (cluster.Node, bool)
+	Nodes() []cluster.Node
+}
+
+// Options configure a Router.
+type Options struct {
+	Nodes Nodes // required
+	// APIKey clients must present; empty refuses every authenticated call.
+	APIKey string
+	// Token is the cluster token sent to nodes.
+	Token string
+	// Domain is the sandbox domain, as on the nodes.
+	Domain string
+	// Transport reaches the nodes; nil means a clone of
+	// http.DefaultTransport.
+	Transport http.RoundTripper
+	// K is how many random candidates a create compares; 0 means 2.
+	K      int
+	Logger *slog.Logger
+}
+
+// Router is the http.Handler of `fence router`.
+type Router struct {
+	nodes    Nodes
+	apiKey   []byte
+	token    string
+	domain   string
+	k        int
+	log      *slog.Logger
+	tr       http.RoundTripper
+	proxy    *httputil.ReverseProxy
+	client   *http.Client
+	draining atomic.Bool
+	pending  sync.Map // node name → *atomic.Int64: creates in flight
+}
+
+const maxBodyBytes = 1 << 20
+
+type ctxKey struct{}
+
+// route is where one proxied request goes.
+type route struct {
+	node      cluster.Node
+	sandboxID string // set for sandbox traffic: its errors are ProxyErrors
+	failed    atomic.Bool
+}
+
+// New returns a Router.
+func New(opts Options) *Router {
+	rt := &Router{nodes: opts.Nodes, apiKey: []byte(opts.APIKey), token: opts.Token, domain: opts.Domain,
+		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport}
+	if rt.log == nil {
+		rt.log = slog.New(slog.DiscardHandler)
+	}
+	if rt.tr == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		t.ResponseHeaderTimeout = 0
+		rt.tr = t
+	}
+	rt.client = &http.Client{Transport: rt.tr, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	rt.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			ro := pr.In.Context().Value(ctxKey{}).(*route)
+			u, _ := url.Parse(ro.node.URL)
+			pr.SetURL(u)
+			pr.Out.Host = pr.In.Host // sandbox hosts route on the node too
+			pr.Out.Header.Set(cluster.HeaderToken, rt.token)
+		},
+		Transport:     rt.tr,
+		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			ro := r.Context().Value(ctxKey{}).(*route)
+			ro.failed.Store(true)
+			rt.log.Warn("node unreachable", "node", ro.node.Name, "path", r.URL.Path, "err", err)
+			if ro.sandboxID != "" {
+				writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: ro.sandboxID,
+					Message: "The sandbox's node did not answer", Code: http.StatusBadGateway})
+				return
+			}
+			writeErr(w, http.StatusBadGateway, "fence node "+ro.node.Name+" did not answer")
+		},
+	}
+	return rt
+}
+
+// SetDraining makes GET /health answer 503, for a graceful shutdown.
+func (rt *Router) SetDraining() { rt.draining.Store(true) }
+
+func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, _, ok, err := httpapi.SandboxTarget(r, rt.domain); ok {
+		rt.serveSandbox(w, r, id, err)
+		return
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		rt.serveSignedFiles(w, r)
+		return
+	}
+	if r.URL.Path == "/health" && r.Method == http.MethodGet {
+		if rt.draining.Load() {
+			writeErr(w, http.StatusServiceUnavailable, "router is shutting down")
+			return
+		}
+		nodes := rt.nodes.Nodes()
+		placeable := 0
+		for _, n := range nodes {
+			if n.Placeable() {
+				placeable++
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "nodes": len(nodes), "placeable": placeable})
+		return
+	}
+	if !rt.authenticated(r) {
+		msg := "invalid API key"
+		if r.Header.Get("X-API-Key") == "" {
+			msg = "missing API key: send it in the X-API-Key header"
+		}
+		writeErr(w, http.StatusUnauthorized, msg)
+		return
+	}
+	rt.serveControl(w, r)
+}
+
+func (rt *Router) authenticated(r *http.Request) bool {
+	got := []byte(r.Header.Get("X-API-Key"))
+	if len(got) == 0 && r.URL.Path == "/metrics" {
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			got = []byte(tok)
+		}
+	}
+	return len(rt.apiKey) > 0 && subtle.ConstantTimeCompare(got, rt.apiKey) == 1
+}
+
+func (rt *Router) serveSandbox(w http.ResponseWriter, r *http.Request, id string, bad error) {
+	if bad != nil {
+		// The node's own answer to a malformed target.
+		rt.forwardAny(w, r)
+		return
+	}
+	n, ok := rt.nodeOf(id)
+	if !ok {
+		writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: id, Message: "The sandbox was not found",
+			Code: http.StatusBadGateway})
+		return
+	}
+	rt.forward(w, r, &route{node: n, sandboxID: id})
+}
+
+func (rt *Router) nodeOf(id string) (cluster.Node, bool) {
+	tag, ok := cluster.TagOf(id)
+	if !ok || !sandbox.ValidID(id) {
+		return cluster.Node{}, false
+	}
+	return rt.nodes.Node(tag)
+}
+
+func (rt *Router) forward(w http.ResponseWriter, r *http.Request, ro *route) {
+	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, ro)))
+}
+
+// forwardAny sends r to some live node, for the answers every node gives
+// alike (errors, unknown sandboxes, unsupported routes).
+func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
+	nodes := rt.nodes.Nodes()
+	if len(nodes) == 0 {
+		writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
+		return
+	}
+	rt.forward(w, r, &route{node: nodes[rand.IntN(len(nodes))]})
+}
+
+// notThroughRouter are the fence extensions kept per node, which one
+// node's answer would misstate for the cluster.
+var notThroughRouter = []string{"/secrets", "/audit", "/usage"}
+
+func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	for _, pre := range notThroughRouter {
+		if p == pre || strings.HasPrefix(p, pre+"/") {
+			writeErr(w, http.StatusNotImplemented, p+" is kept per node and is not served through fence router")
+			return
+		}
+	}
+	switch {
+	case r.Method == http.MethodPost && (p == "/sandboxes" || p == "/v2/sandboxes"):
+		rt.create(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/sandboxes":
+		rt.listV1(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/v2/sandboxes":
+		rt.listV2(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/metrics":
+		rt.metrics(w, r)
+		return
+	}
+	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
+	if ok {
+		id, _, _ := strings.Cut(rest, "/")
+		if n, ok := rt.nodeOf(id); ok {
+			rt.forward(w, r, &route{node: n})
+			return
+		}
+	}
+	// Unknown or gone sandboxes, unsupported routes: any node answers them
+	// as the cluster would (404 for a sandbox of a dead node).
+	rt.forwardAny(w, r)
+}
+
+// create places a sandbox.
+func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return
+	}
+	var req struct {
+		TemplateID string `json:"templateID"`
+	}
+	_ = json.Unmarshal(body, &req) // a bad body gets the node's own error
+	cands := rt.place(req.TemplateID)
+	if len(cands) == 0 {
+		writeErr(w, http.StatusServiceUnavailable, "no fence node can take a sandbox now (none live and not draining)")
+		return
+	}
+	for i, n := range cands {
+		last := i == len(cands)-1 || i == 2
+		ok := rt.tryCreate(w, r, n, body, last)
+		if ok || last {
+			return
+		}
+	}
+}
+
+// tryCreate sends the create to n; it reports false, having written
+// nothing, when n could not take it and another node should be tried.
+func (rt *Router) tryCreate(w http.ResponseWriter, r *http.Request, n cluster.Node, body []byte, last bool) bool {
+	c := rt.pendingOf(n.Name)
+	c.Add(1)
+	defer c.Add(-1)
+	u, _ := url.Parse(n.URL)
+	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err.Error())
+		return true
+	}
+	out.Header = r.Header.Clone()
+	out.Header.Del("Connection")
+	out.Header.Set(cluster.HeaderToken, rt.token)
+	resp, err := rt.tr.RoundTrip(out)
+	if err != nil {
+		rt.log.Warn("create: node unreachable", "node", n.Name, "err", err)
+		if last {
+			writeErr(w, http.StatusBadGateway, "fence node "+n.Name+" did not answer")
+		}
+		return false
+	}
+	defer resp.Body.Close()
+	if !last && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
+		rt.log.Info("create: node full, trying another", "node", n.Name, "status", resp.StatusCode)
+		return false
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+	return true
+}
+
+func (rt *Router) pendingOf(name string) *atomic.Int64 {
+	v, _ := rt.pending.LoadOrStore(name, new(atomic.Int64))
+	return v.(*atomic.Int64)
+}
+
+// place orders the candidate nodes of a create: first the best of K random
+// placeable nodes having the template (by free capacity less creates in
+// flight), then the others by the same measure.
+func (rt *Router) place(template string) []cluster.Node {
+	var with, without []cluster.Node
+	for _, n := range rt.nodes.Nodes() {
+		if !n.Placeable() {
+			continue
+		}
+		if n.HasTemplate(template) {
+			with = append(with, n)
+		} else {
+			without = append(without, n)
+		}
+	}
+	free := func(n cluster.Node) int64 { return int64(n.Free()) - rt.pendingOf(n.Name).Load() }
+	byFree := func(a, b cluster.Node) int { return cmp.Compare(free(b), free(a)) }
+	pool := with
+	if len(pool) == 0 {
+		pool = without // no node has it: a node says so, or builds it
+	}
+	if len(pool) == 0 {
+		return nil
+	}
+	rand.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
+	k := min(rt.k, len(pool))
+	best := slices.MaxFunc(pool[:k], func(a, b cluster.Node) int { return cmp.Compare(free(a), free(b)) })
+	rest := slices.DeleteFunc(slices.Clone(pool), func(n cluster.Node) bool { return n.Name == best.Name })
+	slices.SortStableFunc(rest, byFree)
+	return append([]cluster.Node{best}, rest...)
+}
+
+// nodeAnswer is one node's answer to a fan-out.
+type nodeAnswer struct {
+	node   cluster.Node
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+// fanOut sends a body-less GET to every live node at once.
+func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
+	nodes := rt.nodes.Nodes()
+	out := make([]nodeAnswer, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			a := nodeAnswer{node: n}
+			defer func() { out[i] = a }()
+			u, _ := url.Parse(n.URL)
+			u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+			req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
+			if err != nil {
+				a.err = err
+				return
+			}
+			for _, h := range []string{"X-API-Key", "Authorization", "Accept"} {
+				if v := r.Header.Get(h); v != "" {
+					req.Header.Set(h, v)
+				}
+			}
+			req.Header.Set(cluster.HeaderToken, rt.token)
+			resp, err := rt.client.Do(req)
+			if err != nil {
+				a.err = err
+				return
+			}
+			defer resp.Body.Close()
+			a.status, a.header = resp.StatusCode, resp.Header
+			a.body, a.err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// listed is the part of a listed sandbox the merge needs; the rest is
+// passed through as the node wrote it.
+type listed struct {
+	raw       json.RawMessage
+	id        string
+	startedAt time.Time
+}
+
+// gather merges the lists of every node; a node's error answer (a bad
+// query, answered alike by all) is returned as is.
+func (rt *Router) gather(w http.ResponseWriter, r *http.Request) ([]listed, bool, bool) {
+	var all []listed
+	more := false
+	for _, a := range rt.fanOut(r) {
+		if a.err != nil {
+			// A node failing now is dead within its lease; its sandboxes
+			// are gone from the list meanwhile.
+			rt.log.Warn("list: node did not answer", "node", a.node.Name, "err", a.err)
+			continue
+		}
+		if a.status != http.StatusOK {
+			copyHeader(w.Header(), a.header)
+			w.WriteHeader(a.status)
+			w.Write(a.body)
+			return nil, false, false
+		}
+		var items []json.RawMessage
+		if err := json.Unmarshal(a.body, &items); err != nil {
+			rt.log.Warn("list: bad answer from node", "node", a.node.Name, "err", err)
+			continue
+		}
+		for _, it := range items {
+			var s struct {
+				ID        string    `json:"sandboxID"`
+				StartedAt time.Time `json:"startedAt"`
+			}
+			if json.Unmarshal(it, &s) == nil {
+				all = append(all, listed{raw: it, id: s.ID, startedAt: s.StartedAt})
+			}
+		}
+		if a.header.Get(api.HeaderNextToken) != "" {
+			more = true
+		}
+	}
+	return all, more, true
+}
+
+func (rt *Router) listV1(w http.ResponseWriter, r *http.Request) {
+	all, _, ok := rt.gather(w, r)
+	if !ok {
+		return
+	}
+	sortListed(all, false)
+	writeList(w, all)
+}
+
+// listV2 keeps E2B's pagination across nodes: every node lists from the
+// same cursor (a position in the common order: start time, then ID), the
+// router keeps the first limit of the merge, and the cursor of the last one
+// kept is the next token.
+func (rt *Router) listV2(w http.ResponseWriter, r *http.Request) {
+	all, more, ok := rt.gather(w, r)
+	if !ok {
+		return
+	}
+	asc := r.URL.Query().Get("order") == "asc"
+	sortListed(all, asc)
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		if n, err := parseLimit(v); err == nil {
+			limit = n
+		}
+	}
+	if len(all) > limit {
+		all, more = all[:limit], true
+	}
+	if more && len(all) > 0 {
+		last := all[len(all)-1]
+		w.Header().Set(api.HeaderNextToken, sandbox.PageToken(&sandbox.Sandbox{ID: last.id, StartedAt: last.startedAt}))
+	}
+	writeList(w, all)
+}
+
+func parseLimit(v string) (int, error) {
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' || n > 1e6 {
+			return 0, errors.New("bad limit")
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 1 {
+		return 0, errors.New("bad limit")
+	}
+	return n, nil
+}
+
+// sortListed orders like a node's store: newest first (start time, then
+// ID, both descending), or oldest first with asc.
+func sortListed(all []listed, asc bool) {
+	slices.SortFunc(all, func(a, b listed) int {
+		c := a.startedAt.Compare(b.startedAt)
+		if c == 0 {
+			c = strings.Compare(a.id, b.id)
+		}
+		if !asc {
+			c = -c
+		}
+		return c
+	})
+}
+
+func writeList(w http.ResponseWriter, all []listed) {
+	items := make([]json.RawMessage, len(all))
+	for i, l := range all {
+		items[i] = l.raw
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+// metrics concatenates the nodes' Prometheus expositions, each sample
+// labelled with its node.
+func (rt *Router) metrics(w http.ResponseWriter, r *http.Request) {
+	var buf bytes.Buffer
+	seen := map[string]bool{}
+	for _, a := range rt.fanOut(r) {
+		if a.err != nil || a.status != http.StatusOK {
+			if a.status == http.StatusUnauthorized {
+				writeErr(w, http.StatusUnauthorized, "invalid API key")
+				return
+			}
+			continue
+		}
+		for line := range strings.Lines(string(a.body)) {
+			line = strings.TrimRight(line, "\n")
+			if line == "" {
+				continue
+			}
+			if strings.HasPrefix(line, "#") {
+				if !seen[line] {
+					seen[line] = true
+					buf.WriteString(line + "\n")
+				}
+				continue
+			}
+			buf.WriteString(labelSample(line, a.node.Name) + "\n")
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	w.Write(buf.Bytes())
+}
+
+// labelSample adds node="name" to one sample line of the text exposition.
+func labelSample(line, node string) string {
+	lbl := `node="` + node + `"`
+	if i := strings.IndexByte(line, '{'); i >= 0 && i < strings.IndexByte(line, ' ') {
+		if strings.HasPrefix(line[i+1:], "}") {
+			return line[:i+1] + lbl + line[i+1:]
+		}
+		return line[:i+1] + lbl + "," + line[i+1:]
+	}
+	name, rest, _ := strings.Cut(line, " ")
+	return name + "{" + lbl + "} " + rest
+}
+
+// serveSignedFiles serves a signed /files URL that names no sandbox (the
+// SDKs' download and upload URLs when E2B_SANDBOX_URL is set): the
+// signature belongs to one sandbox of one node, so each node is asked in
+// turn until one accepts it. Only reads can be retried this way.
+func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		writeErr(w, http.StatusBadRequest, "a signed upload through fence router must name its sandbox (E2b-Sandbox-Id header or its sandbox host)")
+		return
+	}
+	nodes := rt.nodes.Nodes()
+	for i, n := range nodes {
+		if i == len(nodes)-1 {
+			rt.forward(w, r, &route{node: n})
+			return
+		}
+		u, _ := url.Parse(n.URL)
+		u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), nil)
+		if err != nil {
+			continue
+		}
+		out.Header = r.Header.Clone()
+		out.Header.Set(cluster.HeaderToken, rt.token)
+		resp, err := rt.tr.RoundTrip(out)
+		if err != nil {
+			continue
+		}
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadGateway {
+			resp.Body.Close()
+			continue
+		}
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+		resp.Body.Close()
+		return
+	}
+	writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
+}
+
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer"}
+
+func copyHeader(dst, src http.Header) {
+	for k, vv := range src {
+		if slices.Contains(hopHeaders, http.CanonicalHeaderKey(k)) {
+			continue
+		}
+		dst[k] = append([]string(nil), vv...)
+	}
+}
+
+func writeErr(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, api.Error{Code: status, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

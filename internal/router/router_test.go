@@ -1,0 +1,134 @@
+package router
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/cluster"
+)
+
+type fakeNodes map[string]cluster.Node // by tag
+
+func (f fakeNodes) Node(tag string) (cluster.Node, bool) { n, ok := f[tag]; return n, ok }
+func (f fakeNodes) Nodes() []cluster.Node {
+	var out []cluster.Node
+	for _, n := range f {
+		out = append(out, n)
+	}
+	return out
+}
+
+func node(name, url string, capacity, running int, templates ...string) cluster.Node {
+	return cluster.Node{Status: cluster.Status{Name: name, Tag: cluster.Tag(name), URL: url, Capacity: capacity,
+		Running: running, Templates: templates}, Expires: time.Now().Add(time.Hour)}
+}
+
+func TestPlace(t *testing.T) {
+	drained := node("d", "http://d", 100, 0, "base")
+	drained.Drained = true
+	nodes := fakeNodes{}
+	for _, n := range []cluster.Node{node("a", "http://a", 10, 9, "base"), node("b", "http://b", 10, 2, "base"),
+		node("c", "http://c", 100, 0, "minimal"), drained} {
+		nodes[n.Tag] = n
+	}
+	rt := New(Options{Nodes: nodes, K: 3})
+	for range 50 {
+		got := rt.place("base")
+		if got[0].Name != "b" {
+			t.Fatalf("best of 3 with base: %s, want b (most free with the template)", got[0].Name)
+		}
+		for _, n := range got {
+			if n.Name == "d" || n.Name == "c" {
+				t.Fatalf("candidates include %s (drained, or without the template)", n.Name)
+			}
+		}
+	}
+	if got := rt.place("unknown"); len(got) != 3 || got[0].Name != "c" {
+		t.Errorf("a template no node has goes to the freest placeable node: %v", got)
+	}
+}
+
+func TestRoutesByTagAndGoneNodes(t *testing.T) {
+	var sawToken, sawHost string
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawToken, sawHost = r.Header.Get(cluster.HeaderToken), r.Host
+		w.WriteHeader(299)
+		io.WriteString(w, "from live")
+	}))
+	defer live.Close()
+	nodes := fakeNodes{}
+	nodes[cluster.Tag("live")] = node("live", live.URL, 10, 0)
+	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test"})
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	do := func(method, path string, hdr map[string]string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		for k, v := range hdr {
+			if k == "Host" {
+				req.Host = v
+			} else {
+				req.Header.Set(k, v)
+			}
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	onLive := cluster.NewID(cluster.Tag("live"))
+	onDead := cluster.NewID(cluster.Tag("dead"))
+
+	if st, _ := do("GET", "/sandboxes/"+onLive, map[string]string{cluster.HeaderToken: "tok"}); st != 401 {
+		t.Errorf("no API key: %d", st)
+	}
+	if st, b := do("GET", "/sandboxes/"+onLive, map[string]string{"X-API-Key": "key", cluster.HeaderToken: "forged"}); st != 299 || b != "from live" || sawToken != "tok" {
+		t.Errorf("control call: %d %q, node saw token %q", st, b, sawToken)
+	}
+	host := "8080-" + onLive + ".example.test"
+	if st, _ := do("GET", "/x", map[string]string{"Host": host}); st != 299 || sawHost != host {
+		t.Errorf("sandbox host: %d, node saw Host %q", st, sawHost)
+	}
+	st, b := do("GET", "/x", map[string]string{"E2b-Sandbox-Id": onDead, "E2b-Sandbox-Port": "49983"})
+	var pe struct {
+		SandboxID string `json:"sandboxId"`
+		Code      int    `json:"code"`
+	}
+	json.Unmarshal([]byte(b), &pe)
+	if st != 502 || pe.SandboxID != onDead || pe.Code != 502 {
+		t.Errorf("traffic for a dead node's sandbox: %d %s", st, b)
+	}
+	// The control plane of a dead node's sandbox: a live node answers
+	// (its 404 in the real cluster).
+	if st, b := do("GET", "/sandboxes/"+onDead, map[string]string{"X-API-Key": "key"}); st != 299 || b != "from live" {
+		t.Errorf("dead node's sandbox, control plane: %d %q", st, b)
+	}
+	if st, _ := do("GET", "/secrets", map[string]string{"X-API-Key": "key"}); st != 501 {
+		t.Errorf("/secrets: %d, want 501", st)
+	}
+	rt.SetDraining()
+	if st, _ := do("GET", "/health", nil); st != 503 {
+		t.Errorf("health while draining: %d", st)
+	}
+}
+
+func TestLabelSample(t *testing.T) {
+	for in, want := range map[string]string{
+		`fence_up 1`:                 `fence_up{node="n"} 1`,
+		`fence_x{a="b"} 2`:           `fence_x{node="n",a="b"} 2`,
+		`fence_y{} 3`:                `fence_y{node="n"} 3`,
+		`fence_z{a="has { brace"} 4`: `fence_z{node="n",a="has { brace"} 4`,
+	} {
+		if got := labelSample(in, "n"); got != want {
+			t.Errorf("labelSample(%q) = %q, want %q", in, got, want)
+		}
+	}
+	_ = strings.TrimSpace
+}
