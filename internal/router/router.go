@@ -578,18 +578,21 @@ func labelSample(line, node string) string {
 // serveSignedFiles serves a signed /files URL that names no sandbox (the
 // SDKs' download and upload URLs when E2B_SANDBOX_URL is set): the
 // signature belongs to one sandbox of one node, so each node is asked in
-// turn until one accepts it. Only reads can be retried this way.
+// turn until one accepts it. An upload is offered with "Expect:
+// 100-continue": a node that knows no sandbox for the signature refuses
+// it before reading any of the body, which then goes to the next node.
+// Once a node has read from the body, its answer is the answer.
 func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		writeErr(w, http.StatusBadRequest, "a signed upload through fence router must name its sandbox (E2b-Sandbox-Id header or its sandbox host)")
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodPost:
+	default:
+		writeErr(w, http.StatusMethodNotAllowed, "method "+r.Method+" is not allowed on /files")
 		return
 	}
+	body := &sharedBody{r: r.Body}
 	nodes := rt.nodes.Nodes()
 	for i, n := range nodes {
-		if i == len(nodes)-1 {
-			rt.forward(w, r, &route{node: n})
-			return
-		}
+		last := i == len(nodes)-1
 		u, _ := url.Parse(n.URL)
 		u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
 		out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), nil)
@@ -597,12 +600,25 @@ func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		out.Header = r.Header.Clone()
+		for _, h := range hopHeaders {
+			out.Header.Del(h)
+		}
 		out.Header.Set(cluster.HeaderToken, rt.token)
+		if r.Method == http.MethodPost {
+			out.Body = body.view()
+			out.ContentLength = r.ContentLength
+			out.Header.Set("Expect", "100-continue")
+		}
 		resp, err := rt.tr.RoundTrip(out)
 		if err != nil {
+			if !body.detach() {
+				writeErr(w, http.StatusBadGateway, "the fence node failed during the upload")
+				return
+			}
 			continue
 		}
-		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadGateway {
+		refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadGateway
+		if refused && !last && body.detach() {
 			resp.Body.Close()
 			continue
 		}
@@ -614,6 +630,54 @@ func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
 }
+
+// sharedBody hands one request body to several attempts in turn: each
+// attempt reads through its own view, and detach moves the body on to
+// the next attempt only while no attempt has read from it. A view that
+// was detached reads an error, so a late read of an abandoned attempt
+// never takes bytes meant for the next.
+type sharedBody struct {
+	mu      sync.Mutex
+	r       io.Reader
+	owner   int  // the view that may read
+	started bool // a view has read
+}
+
+var errBodyMoved = errors.New("request body handed to another node")
+
+func (b *sharedBody) view() io.ReadCloser {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return &bodyView{b: b, id: b.owner}
+}
+
+// detach ends the current view's claim; false if it has read already.
+func (b *sharedBody) detach() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started {
+		return false
+	}
+	b.owner++
+	return true
+}
+
+type bodyView struct {
+	b  *sharedBody
+	id int
+}
+
+func (v *bodyView) Read(p []byte) (int, error) {
+	v.b.mu.Lock()
+	defer v.b.mu.Unlock()
+	if v.b.owner != v.id {
+		return 0, errBodyMoved
+	}
+	v.b.started = true
+	return v.b.r.Read(p)
+}
+
+func (v *bodyView) Close() error { return nil }
 
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer"}
 

@@ -132,3 +132,45 @@ func TestLabelSample(t *testing.T) {
 	}
 	_ = strings.TrimSpace
 }
+
+// TestSignedUploadFindsItsNode: a signed upload names no sandbox; the
+// nodes that know no sandbox for the signature refuse it before reading
+// the body, and the one that does gets the whole body.
+func TestSignedUploadFindsItsNode(t *testing.T) {
+	const payload = "the uploaded file's bytes"
+	got := make(chan string, 4)
+	mk := func(owner bool) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !owner {
+				w.WriteHeader(http.StatusUnauthorized) // before reading: no 100 Continue
+				return
+			}
+			b, _ := io.ReadAll(r.Body)
+			got <- string(b)
+			w.WriteHeader(http.StatusOK)
+		}))
+	}
+	nodes := fakeNodes{}
+	for i, owner := range []bool{false, false, true, false} {
+		srv := mk(owner)
+		defer srv.Close()
+		name := string(rune('a'+i)) + "node"
+		nodes[cluster.Tag(name)] = node(name, srv.URL, 10, 0)
+	}
+	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok"})
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	for range 8 { // the nodes come in map order: the owner's place varies
+		resp, err := http.Post(srv.URL+"/files?path=/tmp/x&signature=v1_x", "application/octet-stream", strings.NewReader(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("signed upload: %d, want 200 from the owning node", resp.StatusCode)
+		}
+		if b := <-got; b != payload {
+			t.Fatalf("the owning node got %q, want %q", b, payload)
+		}
+	}
+}
