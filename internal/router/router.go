@@ -78,17 +78,20 @@ type Options struct {
 
 // Router is the http.Handler of `fence router`.
 type Router struct {
-	nodes    Nodes
-	apiKey   []byte
-	token    string
-	domain   string
-	k        int
-	log      *slog.Logger
-	tr       http.RoundTripper
-	proxy    *httputil.ReverseProxy
-	client   *http.Client
-	draining atomic.Bool
-	pending  sync.Map // node name → *atomic.Int64: creates in flight
+	nodes  Nodes
+	apiKey []byte
+	token  string
+	domain string
+	k      int
+	log    *slog.Logger
+	tr     http.RoundTripper
+	// uploadTr is tr for signed uploads (see uploadTransport).
+	uploadOnce sync.Once
+	uploadTr   http.RoundTripper
+	proxy      *httputil.ReverseProxy
+	client     *http.Client
+	draining   atomic.Bool
+	pending    sync.Map // node name → *atomic.Int64: creates in flight
 }
 
 const maxBodyBytes = 1 << 20
@@ -609,7 +612,7 @@ func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 			out.ContentLength = r.ContentLength
 			out.Header.Set("Expect", "100-continue")
 		}
-		resp, err := rt.tr.RoundTrip(out)
+		resp, err := rt.uploadTransport().RoundTrip(out)
 		if err != nil {
 			if !body.detach() {
 				writeErr(w, http.StatusBadGateway, "the fence node failed during the upload")
@@ -617,18 +620,45 @@ func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 			}
 			continue
 		}
-		refused := resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadGateway
+		// A node that holds no sandbox for the signature answers 401
+		// "invalid signature" (or 502): the next node may hold it. Any
+		// other answer (an expired signature among them) is the owner's.
+		var head []byte
+		refused := resp.StatusCode == http.StatusBadGateway
+		if resp.StatusCode == http.StatusUnauthorized {
+			head, _ = io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			refused = bytes.Contains(head, []byte("invalid signature"))
+		}
 		if refused && !last && body.detach() {
 			resp.Body.Close()
 			continue
 		}
 		copyHeader(w.Header(), resp.Header)
+		if head != nil {
+			w.Header().Del("Content-Length")
+		}
 		w.WriteHeader(resp.StatusCode)
+		w.Write(head)
 		io.Copy(w, resp.Body)
 		resp.Body.Close()
 		return
 	}
 	writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
+}
+
+// uploadTransport is the nodes' transport with a long wait for "100
+// Continue": a node refuses a signature it does not know before the body
+// is sent, however loaded it is, so the body stays free for the next.
+func (rt *Router) uploadTransport() http.RoundTripper {
+	rt.uploadOnce.Do(func() {
+		rt.uploadTr = rt.tr
+		if t, ok := rt.tr.(*http.Transport); ok {
+			t = t.Clone()
+			t.ExpectContinueTimeout = 30 * time.Second
+			rt.uploadTr = t
+		}
+	})
+	return rt.uploadTr
 }
 
 // sharedBody hands one request body to several attempts in turn: each

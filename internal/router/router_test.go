@@ -142,7 +142,11 @@ func TestSignedUploadFindsItsNode(t *testing.T) {
 	mk := func(owner bool) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !owner {
-				w.WriteHeader(http.StatusUnauthorized) // before reading: no 100 Continue
+				// Slower than the transport's default wait for 100
+				// Continue, as a loaded node is; before reading.
+				time.Sleep(1200 * time.Millisecond)
+				w.WriteHeader(http.StatusUnauthorized)
+				io.WriteString(w, `{"code":401,"message":"invalid signature"}`)
 				return
 			}
 			b, _ := io.ReadAll(r.Body)
@@ -160,7 +164,7 @@ func TestSignedUploadFindsItsNode(t *testing.T) {
 	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok"})
 	srv := httptest.NewServer(rt)
 	defer srv.Close()
-	for range 8 { // the nodes come in map order: the owner's place varies
+	for range 3 { // the nodes come in map order: the owner's place varies
 		resp, err := http.Post(srv.URL+"/files?path=/tmp/x&signature=v1_x", "application/octet-stream", strings.NewReader(payload))
 		if err != nil {
 			t.Fatal(err)
@@ -171,6 +175,34 @@ func TestSignedUploadFindsItsNode(t *testing.T) {
 		}
 		if b := <-got; b != payload {
 			t.Fatalf("the owning node got %q, want %q", b, payload)
+		}
+	}
+}
+
+// TestSignedExpiredIsTheOwnersAnswer: the owning node's "expired" is the
+// answer, not the next node's "invalid signature".
+func TestSignedExpiredIsTheOwnersAnswer(t *testing.T) {
+	nodes := fakeNodes{}
+	for i, msg := range []string{"invalid signature", "signature is already expired", "invalid signature"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"code":401,"message":"`+msg+`"}`)
+		}))
+		defer srv.Close()
+		name := string(rune('a'+i)) + "node"
+		nodes[cluster.Tag(name)] = node(name, srv.URL, 10, 0)
+	}
+	srv := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok"}))
+	defer srv.Close()
+	for range 6 {
+		resp, err := http.Get(srv.URL + "/files?path=/tmp/x&signature=v1_x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 401 || !strings.Contains(string(b), "already expired") {
+			t.Fatalf("got %d %s, want the owner's 401 already expired", resp.StatusCode, b)
 		}
 	}
 }
