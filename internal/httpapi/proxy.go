@@ -451,7 +451,7 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 		if _, info, ok := h.m.Lookup(id); ok && info.EnvdAccessToken != "" {
 			switch err := checkSignature(q, op, info.EnvdAccessToken, now); {
 			case err == nil:
-				h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+				h.serveSigned(w, r, id)
 				return
 			case errors.Is(err, errExpiredSignature):
 				refuse(err)
@@ -483,6 +483,21 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 		refuse(found)
 	default:
 		h.signatures.add(sig, id)
-		h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
+		h.serveSigned(w, r, id)
 	}
+}
+
+// HeaderSignatureProbe on a signed /files request asks only whether this
+// daemon holds the sandbox the signature is for: 204 if it does (the
+// request is not served), the usual refusal if not. A router in front of
+// several daemons finds an upload's daemon this way before it sends the
+// body. It reveals nothing the request itself would not.
+const HeaderSignatureProbe = "X-Fence-Signature-Probe"
+
+func (h *handler) serveSigned(w http.ResponseWriter, r *http.Request, id string) {
+	if r.Header.Get(HeaderSignatureProbe) != "" {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	h.serveSandbox(w, r, target{id: id, port: api.EnvdPort})
 }

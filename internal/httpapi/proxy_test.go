@@ -341,6 +341,25 @@ func TestSignedFilesWithoutRouting(t *testing.T) {
 	wantError(t, "GET /files unsigned", resp, b, 404, "")
 }
 
+// TestSignatureProbe: with HeaderSignatureProbe a signed request only asks
+// whether this daemon holds its sandbox: 204 without reaching the agent,
+// and the same refusals as the request itself.
+func TestSignatureProbe(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	probe := HeaderSignatureProbe + ": 1"
+	good := "/files?path=a.txt&username=user&signature=" + url.QueryEscape(fileSignature("a.txt", "write", "user", s.EnvdAccessToken, nil))
+	if resp, b := e.do(t, "POST", good, "", probe); resp.StatusCode != http.StatusNoContent || len(b) != 0 {
+		t.Errorf("probe of a good signature = %d %s, want 204 and no body (the agent not reached)", resp.StatusCode, b)
+	}
+	resp, b := e.do(t, "POST", "/files?path=a.txt&signature=v1_nope", "", probe)
+	wantError(t, "probe of a bad signature", resp, b, 401, "invalid signature")
+	// A read signature does not probe as a write.
+	read := "/files?path=a.txt&username=user&signature=" + url.QueryEscape(fileSignature("a.txt", "read", "user", s.EnvdAccessToken, nil))
+	resp, b = e.do(t, "POST", read, "", probe)
+	wantError(t, "probe of a read signature as a write", resp, b, 401, "invalid signature")
+}
+
 // TestProxyStripsCredentials: a request to the agent carries none of
 // fence's credentials (API key, access token, traffic token, a Bearer API
 // key), only the user of its Basic auth, and a signed URL loses its

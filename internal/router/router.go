@@ -78,20 +78,17 @@ type Options struct {
 
 // Router is the http.Handler of `fence router`.
 type Router struct {
-	nodes  Nodes
-	apiKey []byte
-	token  string
-	domain string
-	k      int
-	log    *slog.Logger
-	tr     http.RoundTripper
-	// uploadTr is tr for signed uploads (see uploadTransport).
-	uploadOnce sync.Once
-	uploadTr   http.RoundTripper
-	proxy      *httputil.ReverseProxy
-	client     *http.Client
-	draining   atomic.Bool
-	pending    sync.Map // node name → *atomic.Int64: creates in flight
+	nodes    Nodes
+	apiKey   []byte
+	token    string
+	domain   string
+	k        int
+	log      *slog.Logger
+	tr       http.RoundTripper
+	proxy    *httputil.ReverseProxy
+	client   *http.Client
+	draining atomic.Bool
+	pending  sync.Map // node name → *atomic.Int64: creates in flight
 }
 
 const maxBodyBytes = 1 << 20
@@ -580,11 +577,11 @@ func labelSample(line, node string) string {
 
 // serveSignedFiles serves a signed /files URL that names no sandbox (the
 // SDKs' download and upload URLs when E2B_SANDBOX_URL is set): the
-// signature belongs to one sandbox of one node, so each node is asked in
-// turn until one accepts it. An upload is offered with "Expect:
-// 100-continue": a node that knows no sandbox for the signature refuses
-// it before reading any of the body, which then goes to the next node.
-// Once a node has read from the body, its answer is the answer.
+// signature belongs to one sandbox of one node. Each node is asked in
+// turn, without the body (httpapi.HeaderSignatureProbe), whether it holds
+// that sandbox; the request goes to the first that does. A node that
+// holds none answers "invalid signature"; any other answer (an expired
+// signature among them) is the owner's and is passed on.
 func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodPost:
@@ -592,122 +589,49 @@ func (rt *Router) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusMethodNotAllowed, "method "+r.Method+" is not allowed on /files")
 		return
 	}
-	body := &sharedBody{r: r.Body}
-	nodes := rt.nodes.Nodes()
-	for i, n := range nodes {
-		last := i == len(nodes)-1
+	method := r.Method
+	if method == http.MethodHead {
+		method = http.MethodGet // the signature is for a read
+	}
+	var last *http.Response
+	var lastBody []byte
+nodes:
+	for _, n := range rt.nodes.Nodes() {
 		u, _ := url.Parse(n.URL)
 		u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
-		out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), nil)
+		probe, err := http.NewRequestWithContext(r.Context(), method, u.String(), http.NoBody)
 		if err != nil {
 			continue
 		}
-		out.Header = r.Header.Clone()
-		for _, h := range hopHeaders {
-			out.Header.Del(h)
-		}
-		out.Header.Set(cluster.HeaderToken, rt.token)
-		if r.Method == http.MethodPost {
-			out.Body = body.view()
-			out.ContentLength = r.ContentLength
-			out.Header.Set("Expect", "100-continue")
-		}
-		resp, err := rt.uploadTransport().RoundTrip(out)
+		probe.Header.Set(httpapi.HeaderSignatureProbe, "1")
+		probe.Header.Set(cluster.HeaderToken, rt.token)
+		resp, err := rt.tr.RoundTrip(probe)
 		if err != nil {
-			if !body.detach() {
-				writeErr(w, http.StatusBadGateway, "the fence node failed during the upload")
-				return
-			}
 			continue
 		}
-		// A node that holds no sandbox for the signature answers 401
-		// "invalid signature" (or 502): the next node may hold it. Any
-		// other answer (an expired signature among them) is the owner's.
-		var head []byte
-		refused := resp.StatusCode == http.StatusBadGateway
-		if resp.StatusCode == http.StatusUnauthorized {
-			head, _ = io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-			refused = bytes.Contains(head, []byte("invalid signature"))
-		}
-		if refused && !last && body.detach() {
-			resp.Body.Close()
-			continue
-		}
-		copyHeader(w.Header(), resp.Header)
-		if head != nil {
-			w.Header().Del("Content-Length")
-		}
-		w.WriteHeader(resp.StatusCode)
-		w.Write(head)
-		io.Copy(w, resp.Body)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
+		last, lastBody = resp, b
+		switch {
+		case resp.StatusCode == http.StatusNoContent:
+			rt.forward(w, r, &route{node: n})
+			return
+		case resp.StatusCode == http.StatusBadGateway,
+			resp.StatusCode == http.StatusUnauthorized && bytes.Contains(b, []byte("invalid signature")):
+			continue // not this node's
+		default:
+			break nodes // the owner's refusal
+		}
+	}
+	if last == nil {
+		writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
 		return
 	}
-	writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
+	copyHeader(w.Header(), last.Header)
+	w.Header().Del("Content-Length")
+	w.WriteHeader(last.StatusCode)
+	w.Write(lastBody)
 }
-
-// uploadTransport is the nodes' transport with a long wait for "100
-// Continue": a node refuses a signature it does not know before the body
-// is sent, however loaded it is, so the body stays free for the next.
-func (rt *Router) uploadTransport() http.RoundTripper {
-	rt.uploadOnce.Do(func() {
-		rt.uploadTr = rt.tr
-		if t, ok := rt.tr.(*http.Transport); ok {
-			t = t.Clone()
-			t.ExpectContinueTimeout = 30 * time.Second
-			rt.uploadTr = t
-		}
-	})
-	return rt.uploadTr
-}
-
-// sharedBody hands one request body to several attempts in turn: each
-// attempt reads through its own view, and detach moves the body on to
-// the next attempt only while no attempt has read from it. A view that
-// was detached reads an error, so a late read of an abandoned attempt
-// never takes bytes meant for the next.
-type sharedBody struct {
-	mu      sync.Mutex
-	r       io.Reader
-	owner   int  // the view that may read
-	started bool // a view has read
-}
-
-var errBodyMoved = errors.New("request body handed to another node")
-
-func (b *sharedBody) view() io.ReadCloser {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return &bodyView{b: b, id: b.owner}
-}
-
-// detach ends the current view's claim; false if it has read already.
-func (b *sharedBody) detach() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.started {
-		return false
-	}
-	b.owner++
-	return true
-}
-
-type bodyView struct {
-	b  *sharedBody
-	id int
-}
-
-func (v *bodyView) Read(p []byte) (int, error) {
-	v.b.mu.Lock()
-	defer v.b.mu.Unlock()
-	if v.b.owner != v.id {
-		return 0, errBodyMoved
-	}
-	v.b.started = true
-	return v.b.r.Read(p)
-}
-
-func (v *bodyView) Close() error { return nil }
 
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer"}
 

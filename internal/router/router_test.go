@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/httpapi"
 )
 
 type fakeNodes map[string]cluster.Node // by tag
@@ -134,19 +135,23 @@ func TestLabelSample(t *testing.T) {
 }
 
 // TestSignedUploadFindsItsNode: a signed upload names no sandbox; the
-// nodes that know no sandbox for the signature refuse it before reading
-// the body, and the one that does gets the whole body.
+// router probes the nodes without the body, and only the one that holds
+// the sandbox gets the request and its whole body.
 func TestSignedUploadFindsItsNode(t *testing.T) {
 	const payload = "the uploaded file's bytes"
 	got := make(chan string, 4)
 	mk := func(owner bool) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get(httpapi.HeaderSignatureProbe) == "" && !owner {
+				t.Errorf("a node that holds no sandbox for the signature got the request itself")
+			}
 			if !owner {
-				// Slower than the transport's default wait for 100
-				// Continue, as a loaded node is; before reading.
-				time.Sleep(1200 * time.Millisecond)
 				w.WriteHeader(http.StatusUnauthorized)
 				io.WriteString(w, `{"code":401,"message":"invalid signature"}`)
+				return
+			}
+			if r.Header.Get(httpapi.HeaderSignatureProbe) != "" {
+				w.WriteHeader(http.StatusNoContent)
 				return
 			}
 			b, _ := io.ReadAll(r.Body)
