@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,56 @@ func hostSandboxes(dataDir string) map[string]bool {
 		ids[filepath.Base(cg)] = true
 	}
 	return ids
+}
+
+// runnableSandboxes returns the IDs of the sandboxes on the host with a
+// process that can still run: not a zombie, not exiting (PF_EXITING) and
+// without SIGKILL pending. A killed sandbox whose cgroup waits for its
+// background release is not one.
+func runnableSandboxes(dataDir string) map[string]bool {
+	ids := map[string]bool{}
+	for _, cg := range sandboxCgroups(instanceOf(dataDir)) {
+		b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && runnable(pid) {
+				ids[filepath.Base(cg)] = true
+				break
+			}
+		}
+	}
+	return ids
+}
+
+func runnable(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(fields) < 7 || fields[0] == "Z" || fields[0] == "X" {
+		return false
+	}
+	const pfExiting = 0x4
+	if flags, _ := strconv.ParseUint(fields[6], 10, 64); flags&pfExiting != 0 {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "SigPnd" && k != "ShdPnd") {
+			continue
+		}
+		if mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && mask&(1<<(9-1)) != 0 {
+			return false // SIGKILL pending
+		}
+	}
+	return true
 }
 
 // memoryLimit returns the memory limit of a sandbox's cgroup, in bytes.
@@ -59,18 +110,9 @@ func TestWarmPoolBounds(t *testing.T) {
 	// Watch the host's count for the whole test.
 	var peak atomic.Int64
 	// A killed sandbox's cgroup stays while its release runs in the
-	// background (bounded on its own); from its kill on it no longer
-	// counts against --max-sandboxes.
-	var killed sync.Map
-	live := func() int64 {
-		n := int64(0)
-		for id := range hostSandboxes(d.DataDir) {
-			if _, gone := killed.Load(id); !gone {
-				n++
-			}
-		}
-		return n
-	}
+	// background (bounded on its own); once none of its processes can run
+	// again it no longer counts against --max-sandboxes.
+	live := func() int64 { return int64(len(runnableSandboxes(d.DataDir))) }
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -116,7 +158,6 @@ func TestWarmPoolBounds(t *testing.T) {
 		t.Errorf("create past --max-sandboxes %d = %v, want resource exhausted", max, err)
 	}
 	// A kill frees room; the pool takes it back, and no more.
-	killed.Store(odd.ID(), true)
 	if err := odd.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}

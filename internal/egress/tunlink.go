@@ -100,7 +100,16 @@ func (l *tunLink) read() {
 			// EBADFD or EIO: the device is gone with the sandbox's netns.
 			return
 		}
-		v.CapLength(n)
+		if n <= int(l.mtu)/2 {
+			// A buffer of the device's MTU (64 KiB) would stay pinned by
+			// this packet wherever the stack queues it: a flood of small
+			// packets would cost 64 KiB each. Copy it into one of its size.
+			small := buffer.NewViewWithData(v.AsSlice()[:n])
+			v.Release()
+			v = small
+		} else {
+			v.CapLength(n)
+		}
 		var proto tcpip.NetworkProtocolNumber
 		switch header.IPVersion(v.AsSlice()) {
 		case header.IPv4Version:
