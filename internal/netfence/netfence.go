@@ -182,6 +182,10 @@ func HostAddrs() []netip.Addr {
 	return out
 }
 
+// LogRecorder returns a recorder that logs flow events at debug level,
+// for a backend used without the audit log.
+func LogRecorder(log *slog.Logger) egress.Recorder { return logRecorder{log} }
+
 // logRecorder logs flow events; the audit log replaces it.
 type logRecorder struct{ log *slog.Logger }
 

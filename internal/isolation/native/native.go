@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -157,10 +156,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, errors.New("native backend: StateDir is required")
 	}
 	if opts.DNSUpstream == "" {
-		opts.DNSUpstream = hostResolver()
+		opts.DNSUpstream = netfence.HostResolver()
 	}
 	if opts.HostAddrs == nil {
-		opts.HostAddrs = hostAddrs()
+		opts.HostAddrs = netfence.HostAddrs()
 	}
 	abs, err := filepath.Abs(opts.StateDir)
 	if err != nil {
@@ -180,7 +179,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if opts.Recorder == nil {
-		opts.Recorder = logRecorder{log}
+		opts.Recorder = netfence.LogRecorder(log)
 	}
 	if opts.Net == nil {
 		opts.Net = egress.NewShared(egress.SharedOptions{})
@@ -286,42 +285,6 @@ func (b *Backend) Close() error {
 
 // HostAddrs returns the host addresses no sandbox may reach.
 func (b *Backend) HostAddrs() []netip.Addr { return b.opts.HostAddrs }
-
-// hostResolver returns the first nameserver of /etc/resolv.conf as
-// "ip:53", or 127.0.0.53:53 when there is none.
-func hostResolver() string {
-	b, _ := os.ReadFile("/etc/resolv.conf")
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "nameserver" {
-			if a, err := netip.ParseAddr(f[1]); err == nil {
-				return netip.AddrPortFrom(a.WithZone(""), 53).String()
-			}
-		}
-	}
-	return "127.0.0.53:53"
-}
-
-// hostAddrs returns the addresses of the host's interfaces.
-func hostAddrs() []netip.Addr {
-	var out []netip.Addr
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out
-}
-
-// logRecorder logs flow events; the audit log replaces it.
-type logRecorder struct{ log *slog.Logger }
-
-func (r logRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
-	r.log.DebugContext(ctx, "network flow", "sandbox_id", ev.SandboxID, "proto", ev.Proto,
-		"dst", ev.Dst, "name", ev.Name, "observed", ev.Observed, "allowed", ev.Allowed, "reason", ev.Reason,
-		"bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn)
-}
 
 // CleanupStale removes the one-off instances (`fence run`, `fence bench`)
 // under stateDir whose process is gone: their sandboxes, cgroups and
