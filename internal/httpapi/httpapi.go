@@ -60,7 +60,9 @@ type Manager interface {
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
+	ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	Connect(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
+	ConnectWithoutMemory(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
 	WakeOnTraffic(ctx context.Context, id string) bool
 }
 

@@ -59,8 +59,6 @@ func TestPauseRoutes(t *testing.T) {
 	// Bad input changes nothing.
 	for _, tc := range []struct{ path, body, msg string }{
 		{"/sandboxes/" + id + "/pause", `{"memory":`, "malformed"},
-		{"/v2/sandboxes/" + id + "/connect", `{"memory":false}`, "memory false"},
-		{"/sandboxes/" + id + "/resume", `{"memory":false}`, "memory false"},
 	} {
 		resp, b := e.api(t, "POST", tc.path, tc.body)
 		wantError(t, "POST "+tc.path+" "+tc.body, resp, b, 400, tc.msg)
@@ -84,6 +82,15 @@ func TestPauseRoutes(t *testing.T) {
 	}
 	resp, b = e.api(t, "POST", "/sandboxes/"+id+"/pause", "")
 	wantError(t, "POST pause of a paused sandbox", resp, b, 409, "'"+id+"' is already paused")
+	// A cold boot of a sandbox paused with its memory is refused, never
+	// turned into a resume with its memory.
+	for _, path := range []string{"/v2/sandboxes/" + id + "/connect", "/sandboxes/" + id + "/connect", "/sandboxes/" + id + "/resume"} {
+		resp, b = e.api(t, "POST", path, `{"timeout":60,"memory":false}`)
+		wantError(t, "POST "+path+" memory false", resp, b, 400, "sandbox_memory_override_disabled")
+	}
+	if p, _ := e.fakeSandbox(t, id).Paused(); !p {
+		t.Errorf("backend sandbox not paused after refused cold boots")
+	}
 	for _, path := range []string{"/sandboxes/unknown/pause", "/sandboxes/unknown/resume", "/v2/sandboxes/unknown/connect", "/sandboxes/BAD%2F/pause"} {
 		resp, b = e.api(t, "POST", path, `{}`)
 		wantError(t, "POST "+path, resp, b, 404, "")

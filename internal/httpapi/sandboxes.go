@@ -170,11 +170,6 @@ func lifecycle(s *sandbox.Sandbox) *api.Lifecycle {
 	return l
 }
 
-// errNoMemoryless refuses a filesystem-only pause or a cold-boot resume:
-// fence's pause keeps the sandbox's processes and memory.
-var errNoMemoryless = errorf(api.ErrInvalidArgument,
-	"memory false (a filesystem-only pause, or a reboot on resume) is not supported: fence pauses keep the sandbox's memory")
-
 // pause is POST /sandboxes/{id}/pause: 204, 409 if already paused.
 func (h *handler) pause(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.PauseRequest) error {
@@ -206,15 +201,15 @@ func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	resume := h.m.Resume
 	if req.Memory != nil && !*req.Memory {
-		writeError(w, r, h.log, errNoMemoryless)
-		return
+		resume = h.m.ResumeWithoutMemory
 	}
 	d := resumeDefaultTimeout
 	if req.Timeout != nil {
 		d = seconds(*req.Timeout)
 	}
-	s, err := h.m.Resume(r.Context(), id, d, req.AutoPause)
+	s, err := resume(r.Context(), id, d, req.AutoPause)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -267,15 +262,15 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	connect := h.m.Connect
 	if req.Memory != nil && !*req.Memory {
-		writeError(w, r, h.log, errNoMemoryless)
-		return
+		connect = h.m.ConnectWithoutMemory
 	}
 	d := h.m.DefaultTimeout()
 	if req.Timeout != nil {
 		d = seconds(*req.Timeout)
 	}
-	s, resumed, err := h.m.Connect(r.Context(), id, d)
+	s, resumed, err := connect(r.Context(), id, d)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return

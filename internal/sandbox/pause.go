@@ -91,6 +91,18 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 // running sandbox gives an error wrapping api.ErrConflict; unknown and
 // killed ones api.ErrNotFound.
 func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
+	return m.resumeRequest(ctx, id, d, autoPause, false)
+}
+
+// ResumeWithoutMemory is Resume asking for a cold boot (E2B's memory
+// false): a sandbox paused without its memory is resumed as always (it
+// boots anew); one paused with its memory is refused with an error
+// wrapping api.ErrInvalidArgument, never resumed with its memory.
+func (m *Manager) ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
+	return m.resumeRequest(ctx, id, d, autoPause, true)
+}
+
+func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration, autoPause *bool, cold bool) (*Sandbox, error) {
 	if err := m.checkTimeout(d); err != nil {
 		return nil, err
 	}
@@ -98,7 +110,7 @@ func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPa
 	if err != nil {
 		return nil, err
 	}
-	if err := m.resume(ctx, e, d, "request"); err != nil {
+	if err := m.resume(ctx, e, d, "request", cold); err != nil {
 		return nil, err
 	}
 	if autoPause != nil {
@@ -115,6 +127,17 @@ func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPa
 // unless it is already later (Extend), and a paused one is resumed with
 // the deadline now+d. It reports whether it resumed the sandbox.
 func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (*Sandbox, bool, error) {
+	return m.connect(ctx, id, d, false)
+}
+
+// ConnectWithoutMemory is Connect asking for a cold boot of a paused
+// sandbox, as ResumeWithoutMemory; a running sandbox is extended as by
+// Connect.
+func (m *Manager) ConnectWithoutMemory(ctx context.Context, id string, d time.Duration) (*Sandbox, bool, error) {
+	return m.connect(ctx, id, d, true)
+}
+
+func (m *Manager) connect(ctx context.Context, id string, d time.Duration, cold bool) (*Sandbox, bool, error) {
 	if err := m.checkTimeout(d); err != nil {
 		return nil, false, err
 	}
@@ -123,7 +146,7 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (*San
 		return nil, false, err
 	}
 	if e.state() == StatePaused {
-		err := m.resume(ctx, e, d, "connect")
+		err := m.resume(ctx, e, d, "connect", cold)
 		if err == nil {
 			return e.snapshot(), true, nil
 		}
@@ -156,7 +179,7 @@ func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
 	if !auto {
 		return false
 	}
-	err = m.resume(ctx, e, e.timeout, "traffic")
+	err = m.resume(ctx, e, e.timeout, "traffic", false)
 	if err != nil && !errors.Is(err, errNotPaused) {
 		m.log.ErrorContext(ctx, "resuming sandbox on traffic", "sandbox_id", id, "err", err)
 		return false
@@ -164,7 +187,10 @@ func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
 	return true
 }
 
-func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason string) error {
+// resume resumes e. With coldOnly it refuses (before anything changes) a
+// sandbox paused with its memory: the caller asked for a cold boot, which
+// fence does not make of a memory pause.
+func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason string, coldOnly bool) error {
 	id := e.sb().ID()
 	e.life.Lock()
 	defer e.life.Unlock()
@@ -172,6 +198,9 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		return fmt.Errorf("sandbox '%s' is already running: %w", id, errNotPaused)
 	}
 	cold := e.isCold()
+	if coldOnly && !cold {
+		return fmt.Errorf("sandbox '%s' was paused with its memory: a resume without it (a cold boot) is not enabled (sandbox_memory_override_disabled): %w", id, api.ErrInvalidArgument)
+	}
 	p, ok := e.sb().(isolation.Pauser)
 	if !ok && !cold { // cannot happen: it was paused through it
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)

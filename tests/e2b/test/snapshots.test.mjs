@@ -154,6 +154,19 @@ test('pause without memory keeps the files and reboots; kill of such a pause', a
   // The sandbox's kernel is the host's: boot_id does not change on native.
   // What proves the reboot is the processes gone and the agent restarted.
   assert.ok(boot.length > 0)
+  // onResume 'reboot' (memory false) of a pause without memory: a cold
+  // boot, as any resume of it.
+  await sbx.commands.run('sleep 3600', { background: true })
+  await sbx.pause({ ...opts, keepMemory: false })
+  await sbx.connect({ ...opts, onResume: 'reboot' })
+  assert.equal(await sbx.files.read('/home/user/kept.txt'), 'kept')
+  assert.equal(await running(sbx, 'sleep 3600'), 0, 'processes did not survive the reboot')
+  // Of a pause with memory: refused (400), never a silent memory restore.
+  await sbx.pause(opts)
+  await assert.rejects(sbx.connect({ ...opts, onResume: 'reboot' }),
+    (e) => (e instanceof InvalidArgumentError || e instanceof SandboxError) && /sandbox_memory_override_disabled/.test(e.message))
+  assert.equal((await sbx.getInfo()).state, 'paused')
+  await sbx.connect(opts)
   await sbx.pause({ ...opts, keepMemory: false })
   await sbx.kill()
   await assert.rejects(Sandbox.connect(sbx.sandboxId, opts), SandboxNotFoundError)
