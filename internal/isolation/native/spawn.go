@@ -33,8 +33,8 @@ const SpawnerArg = "__fence-spawner"
 // executes each sandbox's init and hands the daemon a pidfd of it: the
 // daemon signals the init and learns of its exit through that pidfd
 // alone, as it did for its own children (a pidfd names one process, never
-// a pid reused after it). The spawner ignores SIGCHLD, so the kernel reaps
-// its children as they exit. (CLONE_PARENT, which would make the init the
+// a pid reused after it). The spawner reaps its children as they exit.
+// (CLONE_PARENT, which would make the init the
 // daemon's child, is refused by clone3 with an exit signal, and clone3 is
 // what a clone into a cgroup or a time namespace needs.)
 
@@ -72,9 +72,11 @@ const maxSpawnMsg = 64 << 10
 // (a SOCK_SEQPACKET socket from the daemon), one at a time, and exits when
 // the daemon closes its end (or dies). It never returns.
 func Spawner() {
-	// Children are reaped by the kernel as they exit; the daemon watches
-	// them through their pidfds.
-	signal.Ignore(syscall.SIGCHLD)
+	// Children are reaped as they exit; the daemon watches them through
+	// their pidfds. (Not by ignoring SIGCHLD: an ignored signal stays
+	// ignored across execve, and the sandbox's processes must start with
+	// the default disposition.)
+	go reapChildren()
 	buf := make([]byte, maxSpawnMsg)
 	oob := make([]byte, unix.CmsgSpace(16*4))
 	for {
@@ -111,6 +113,20 @@ func Spawner() {
 		}
 		if err != nil {
 			os.Exit(0)
+		}
+	}
+}
+
+// reapChildren waits for every child that exits.
+func reapChildren() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	for range sigs {
+		for {
+			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
+			if pid <= 0 && err != unix.EINTR {
+				break
+			}
 		}
 	}
 }
