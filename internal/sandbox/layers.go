@@ -162,6 +162,29 @@ func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerI
 	return info, err
 }
 
+// checkpointFiles freezes e's filesystem alone into a new layer, on which
+// the sandbox boots anew: a backend whose checkpoints keep memory makes it
+// with isolation.FileCheckpointer. The caller holds m.layerMu for reading.
+func (m *Manager) checkpointFiles(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
+	fc, ok := e.sb().(isolation.FileCheckpointer)
+	if !ok {
+		info, err := m.checkpointBox(ctx, e)
+		if err == nil && info.Memory {
+			_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+			return isolation.LayerInfo{}, fmt.Errorf("this backend cannot checkpoint a filesystem without memory: %w", api.ErrUnimplemented)
+		}
+		return info, err
+	}
+	info, err := fc.CheckpointFiles(context.WithoutCancel(ctx))
+	if errors.Is(err, isolation.ErrLayerBudget) {
+		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
+	}
+	if errors.Is(err, isolation.ErrNotFound) {
+		return info, notFound(e.sb().ID())
+	}
+	return info, err
+}
+
 // running returns the entry of a running sandbox: unknown ones give
 // api.ErrNotFound, paused ones pausedErr.
 func (m *Manager) runningEntry(id string, pausedErr error) (*entry, error) {
@@ -285,7 +308,9 @@ func (m *Manager) findCheckpoint(ctx context.Context, ls LayerStore, id, ref str
 
 // Rewind reboots a running sandbox on one of its checkpoints: its
 // filesystem is the checkpoint's again and its processes start anew
-// (memory is not kept). Its ID, token, deadline, metadata, environment,
+// (memory is not kept), or, on a backend whose checkpoints keep memory
+// (LayerInfo.Memory: gvisor), its processes are back as they were at the
+// checkpoint. Its ID, token, deadline, metadata, environment,
 // network and secret bindings stay.
 func (m *Manager) Rewind(ctx context.Context, id, ref string) (*Sandbox, error) {
 	ls, err := m.layerStore()
@@ -394,7 +419,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	m.layerMu.RLock()
 	defer m.layerMu.RUnlock()
-	info, err := m.checkpointBox(ctx, e)
+	info, err := m.checkpointFiles(ctx, e)
 	if err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)

@@ -62,6 +62,10 @@ type Options struct {
 	// TrustedCA is a PEM certificate every sandbox trusts on top of its
 	// template's roots (the egress gateway's CA).
 	TrustedCA []byte
+	// LayerBytes bounds the disk the backend's layers (checkpoint images
+	// of snapshots, forks and checkpoints) take together; a checkpoint past
+	// it fails with isolation.ErrLayerBudget. Zero means DefaultLayerBytes.
+	LayerBytes int64
 	// Ephemeral makes Close remove the instance itself (for `fence run`).
 	Ephemeral bool
 	// Logger; nil discards.
@@ -78,6 +82,7 @@ type Backend struct {
 	exe   string // the agent binary, a copy of Executable kept by content
 	root  string // runsc --root
 	sbDir string // sandbox directories
+	lyDir string // layers: checkpoint images of snapshots, forks, checkpoints
 
 	closeOnce sync.Once
 
@@ -130,9 +135,10 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		runsc: runsc,
 		root:  filepath.Join(abs, "runsc", opts.Instance),
 		sbDir: filepath.Join(abs, "sandboxes", opts.Instance),
+		lyDir: filepath.Join(abs, "layers", opts.Instance),
 		live:  map[string]*sandbox{},
 	}
-	for _, d := range []string{abs, b.root, b.sbDir, filepath.Join(abs, "bin")} {
+	for _, d := range []string{abs, b.root, b.sbDir, b.lyDir, filepath.Join(abs, "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
@@ -234,7 +240,7 @@ func (b *Backend) Close() error {
 			return
 		}
 		var errs []error
-		for _, d := range []string{b.root, b.sbDir} {
+		for _, d := range []string{b.root, b.sbDir, b.lyDir} {
 			if e := os.RemoveAll(d); e != nil {
 				errs = append(errs, e)
 			}
@@ -328,7 +334,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 	}
 	var removed []string
-	var errs []error
+	errs := []error{b.removePartialLayers()}
 	for id := range seen {
 		b.mu.Lock()
 		_, live := b.live[id]
