@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -41,6 +42,16 @@ func countOf(t *testing.T, e *client.Envd) int {
 		t.Fatalf("reading /tmp/c: %q", out)
 	}
 	return n
+}
+
+// holdMemory starts a python3 process in the sandbox that holds mb MiB of
+// random bytes in its memory, and waits until it does.
+func holdMemory(t *testing.T, e *client.Envd, mb int) {
+	t.Helper()
+	rsh(t, e, `(python3 -c 'import os,time; b=os.urandom(`+strconv.Itoa(mb)+`<<20); open("/tmp/held","w").close(); time.sleep(1e9)' </dev/null >/dev/null 2>&1 &)`)
+	eventually(t, 60*time.Second, "the memory to be held", func() bool {
+		return rsh(t, e, `test -e /tmp/held && echo yes || true`) == "yes\n"
+	})
 }
 
 // serveAndCount starts, in a base sandbox, a python3 http.server on port
@@ -184,5 +195,145 @@ func TestGvisorSnapshotsAndForksKeepMemory(t *testing.T) {
 	}
 	if cps, err := d.Client.Checkpoints(ctx, parent.ID()); err != nil || !slices.ContainsFunc(cps, func(c api.Checkpoint) bool { return c.Name == "warm" }) {
 		t.Errorf("Checkpoints = %+v, %v", cps, err)
+	}
+}
+
+// TestGvisorPauseWithoutMemory proves that a pause with memory false on
+// the gvisor backend keeps the filesystem and drops the processes: files
+// written and removed before the pause are so after the resume, the
+// processes started before it are gone (the sandbox booted anew on its
+// files), and the ID and token stay. Root: namespaces, cgroups, runsc.
+func TestGvisorPauseWithoutMemory(t *testing.T) {
+	testutil.RequireRunsc(t)
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	sb := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
+	rsh(t, sb.Envd(), `mkdir -p /work && echo kept > /work/a && head -c 3000000 /dev/urandom > /work/big && md5sum /work/big > /work/big.md5 && rm /etc/issue && `+
+		`(sleep 3003 </dev/null >/dev/null 2>&1 &)`)
+	start := time.Now()
+	if err := d.Client.PauseWithoutMemory(ctx, sb.ID()); err != nil {
+		t.Fatalf("PauseWithoutMemory: %v", err)
+	}
+	t.Logf("pause without memory took %v", time.Since(start))
+	start = time.Now()
+	resumed, err := d.Client.Connect(ctx, sb.ID(), 5*time.Minute)
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	t.Logf("resume took %v", time.Since(start))
+	if resumed.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Errorf("token changed over the pause")
+	}
+	e := resumed.Envd()
+	if got := rsh(t, e, `cat /work/a; md5sum -c /work/big.md5 >/dev/null && echo big-ok; test -e /etc/issue && echo issue-back; ps -eo args | grep -c '[s]leep 3003' || true`); got != "kept\nbig-ok\n0\n" {
+		t.Errorf("after the resume: %q, want the files kept and no process of before", got)
+	}
+	if _, err := os.Stat(filepath.Join(templatesDir(t), "base", "rootfs", "etc", "issue")); err != nil {
+		t.Errorf("the template lost /etc/issue: %v", err)
+	}
+	// Pausing again works on a sandbox booted on its files.
+	if err := d.Client.PauseWithoutMemory(ctx, sb.ID()); err != nil {
+		t.Fatalf("second PauseWithoutMemory: %v", err)
+	}
+	if _, err := d.Client.Connect(ctx, sb.ID(), 5*time.Minute); err != nil {
+		t.Fatalf("second Connect: %v", err)
+	}
+	if got := rsh(t, e, `cat /work/a`); got != "kept\n" {
+		t.Errorf("after the second pause: %q", got)
+	}
+}
+
+// TestGvisorLayersCrashConsistency kills the daemon with SIGKILL while a
+// gvisor snapshot or fork is being written (a sandbox with ~100 MB of
+// memory in use, so that the checkpoint takes a while) and checks the next
+// start: no partial image is left or used, the layers on disk are exactly
+// the recorded snapshots', a snapshot recorded before the crash still
+// boots with its memory (the counting loop goes on), and nothing of the
+// crashed run's sandboxes remains. Root: namespaces, cgroups, runsc.
+func TestGvisorLayersCrashConsistency(t *testing.T) {
+	testutil.RequireRunsc(t)
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	for _, op := range []string{"snapshot", "fork"} {
+		t.Run(op, func(t *testing.T) {
+			// Not d.create: its cleanup would use the crashed daemon's URL.
+			sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
+			if err != nil {
+				t.Fatal(err)
+			}
+			holdMemory(t, sb.Envd(), 100)
+			rsh(t, sb.Envd(), `(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
+			kept, err := d.Client.CreateSnapshot(ctx, sb.ID(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := countOf(t, sb.Envd())
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				switch op {
+				case "snapshot":
+					_, err = d.Client.CreateSnapshot(ctx, sb.ID(), "")
+				case "fork":
+					_, _, err = d.Client.Fork(ctx, sb.ID(), 3, time.Minute)
+				}
+				done <- err
+			}()
+			// Crash as soon as the image is being written.
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				if _, tmp := gvisorLayerDirs(d.DataDir); len(tmp) > 0 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			_, tmp := gvisorLayerDirs(d.DataDir)
+			d.Crash()
+			t.Logf("%s cut by the crash (partial layers then: %v): %v", op, tmp, <-done)
+			d.Restart()
+			complete, tmp := gvisorLayerDirs(d.DataDir)
+			if len(tmp) > 0 {
+				t.Errorf("partial layers after restart: %v", tmp)
+			}
+			snaps, err := d.Client.ListSnapshots(ctx, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(complete) != len(snaps) {
+				t.Errorf("%d gvisor layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
+			}
+			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
+				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
+			}
+			for _, s := range snaps {
+				b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
+				if err != nil {
+					t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
+					continue
+				}
+				c := countOf(t, b.Envd())
+				eventually(t, 30*time.Second, "the restored loop to count", func() bool { return countOf(t, b.Envd()) > c })
+				if s.SnapshotID == kept.SnapshotID && c > before+50 {
+					t.Logf("snapshot's counter %d, %d when it was taken", c, before)
+				}
+				d.Client.Kill(ctx, b.ID())
+				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
+					t.Error(err)
+				}
+			}
+			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
+				t.Errorf("sandbox after restart: %v, want not found", err)
+			}
+			eventually(t, 10*time.Second, "no layer and no sandbox directory left", func() bool {
+				complete, tmp := gvisorLayerDirs(d.DataDir)
+				left := 0
+				for _, inst := range dirEntries(filepath.Join(d.DataDir, "gvisor", "sandboxes")) {
+					left += len(dirEntries(filepath.Join(d.DataDir, "gvisor", "sandboxes", inst)))
+				}
+				return len(complete)+len(tmp)+left == 0
+			})
+		})
 	}
 }

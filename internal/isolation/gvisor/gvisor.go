@@ -89,6 +89,8 @@ type Backend struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	live map[string]*sandbox
+	// +checklocks:mu
+	making map[string]bool // layers being made, by ID
 }
 
 var _ isolation.Backend = (*Backend)(nil)
@@ -137,6 +139,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sbDir: filepath.Join(abs, "sandboxes", opts.Instance),
 		lyDir: filepath.Join(abs, "layers", opts.Instance),
 		live:  map[string]*sandbox{},
+
+		making: map[string]bool{},
 	}
 	for _, d := range []string{abs, b.root, b.sbDir, b.lyDir, filepath.Join(abs, "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -313,7 +317,7 @@ func (b *Backend) globalFlags() []string {
 
 // Cleanup implements isolation.Backend: it deletes every container,
 // cgroup and sandbox directory of this instance that is not live (or
-// adopted) in this process.
+// adopted) in this process, then the layers a crash left half-made.
 func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
 	ids, err := b.cg.List()
@@ -334,7 +338,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 	}
 	var removed []string
-	errs := []error{b.removePartialLayers()}
+	var errs []error
 	for id := range seen {
 		b.mu.Lock()
 		_, live := b.live[id]
@@ -348,6 +352,9 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 		removed = append(removed, id)
 	}
+	// After the sandboxes: a checkpoint a crash cut short ends with its
+	// sandbox, and cannot write into its layer after this.
+	errs = append(errs, b.removePartialLayers())
 	return removed, errors.Join(errs...)
 }
 

@@ -137,6 +137,14 @@ func (s *sandbox) makeLayer(ctx context.Context, kind string) (isolation.LayerIn
 	ctx = context.WithoutCancel(ctx)
 	m := layerMeta{ID: layerPrefix + isolation.NewID(), Kind: kind, Source: s.id, RootFS: s.rec.RootFS}
 	tmp := filepath.Join(s.b.lyDir, layerTmpPrefix+m.ID)
+	s.b.mu.Lock()
+	s.b.making[m.ID] = true
+	s.b.mu.Unlock()
+	defer func() {
+		s.b.mu.Lock()
+		delete(s.b.making, m.ID)
+		s.b.mu.Unlock()
+	}()
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("creating layer directory: %w", err)
 	}
@@ -273,12 +281,15 @@ func (b *Backend) DeleteLayer(ctx context.Context, id string) error {
 }
 
 // removePartialLayers removes the layers a crash interrupted while they
-// were made or deleted.
+// were made or deleted (not those this process is making).
 func (b *Backend) removePartialLayers() error {
 	ents, _ := os.ReadDir(b.lyDir)
 	var errs []error
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), layerTmpPrefix) {
+		b.mu.Lock()
+		making := b.making[strings.TrimPrefix(e.Name(), layerTmpPrefix)]
+		b.mu.Unlock()
+		if strings.HasPrefix(e.Name(), layerTmpPrefix) && !making {
 			if err := os.RemoveAll(filepath.Join(b.lyDir, e.Name())); err != nil {
 				errs = append(errs, fmt.Errorf("removing partial layer: %w", err))
 			}
