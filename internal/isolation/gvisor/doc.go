@@ -50,7 +50,9 @@
 // the sandbox directory (bundle, bound files, overlay file, image).
 // Network namespaces and TUN devices live only as descriptors of the
 // daemon and vanish with it. Cleanup deletes every container, cgroup and
-// directory of the instance that is neither live nor adopted.
+// directory of the instance that is neither live nor adopted, then the
+// layers a crash left half-made (.tmp- directories: a layer is complete
+// only once renamed into place).
 //
 // # What differs from native
 //
