@@ -76,7 +76,7 @@ func (r *layers) CreateOn(ctx context.Context, spec isolation.Spec, layer string
 		return nil, err
 	}
 	if spec.Backend != "" && spec.Backend != name {
-		return nil, fmt.Errorf("layer %s is the %s backend's, not the %s backend's", layer, name, spec.Backend)
+		return nil, fmt.Errorf("layer %s is the %s backend's, not the %s backend's: %w", layer, name, spec.Backend, isolation.ErrUnsupported)
 	}
 	spec.Backend = ""
 	return l.CreateOn(ctx, spec, layer)
