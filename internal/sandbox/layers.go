@@ -125,7 +125,20 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 		}
 		return nil, err
 	}
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID}, nil
+	var spec snapshotSpec
+	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend}, nil
+}
+
+// snapshotSpec is a snapshot record's Spec: what its source was made with.
+type snapshotSpec struct {
+	CPUs     float64 `json:"cpus"`
+	MemoryMB int64   `json:"memoryMB"`
+	DiskMB   int64   `json:"diskMB"`
+	Template string  `json:"template"`
+	// Backend is the source's metadata fence.backend: a sandbox made from
+	// the snapshot shows it too (it runs where the snapshot's layer is).
+	Backend string `json:"backend,omitempty"`
 }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
@@ -519,7 +532,8 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
 	e.mu.Lock()
-	spec, _ := json.Marshal(map[string]any{"cpus": e.info.CPUs, "memoryMB": e.info.MemoryMB, "diskMB": e.info.DiskMB, "template": e.info.TemplateID})
+	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
+		Backend: e.info.Metadata[BackendMetadataKey]})
 	e.mu.Unlock()
 	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}

@@ -490,6 +490,7 @@ type origin struct {
 	layer    string
 	template string // the template under the layer
 	shown    string // the TemplateID the sandbox shows, if not the request's
+	backend  string // a snapshot's source's metadata fence.backend
 	// parent, for a fork: its environment and secret bindings are kept
 	// (the placeholders its files may hold stay valid).
 	parent *entry
@@ -514,6 +515,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	timeout, limits, err := m.validate(req)
 	if err != nil {
 		return nil, err
+	}
+	if from != nil && from.backend != "" && req.Metadata[BackendMetadataKey] == "" {
+		// A sandbox made from a snapshot runs on the snapshot's backend:
+		// its metadata says so, as its source's did.
+		req.Metadata = maps.Clone(req.Metadata)
+		if req.Metadata == nil {
+			req.Metadata = map[string]string{}
+		}
+		req.Metadata[BackendMetadataKey] = from.backend
 	}
 	backendName, err := m.backendFor(req)
 	if err != nil {
