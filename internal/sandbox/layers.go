@@ -838,6 +838,9 @@ func (m *Manager) gc(ctx context.Context) error {
 	for _, c := range cps {
 		keep[c.Layer] = true
 	}
+	for _, l := range m.runImages.layers() {
+		keep[l] = true
+	}
 	m.mu.Lock()
 	for _, e := range m.running {
 		e.mu.Lock()

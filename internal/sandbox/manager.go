@@ -156,6 +156,7 @@ type Manager struct {
 	forensics              LayerArchive
 	layers                 isolation.Layers
 	layerMu                sync.RWMutex  // see gc
+	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
@@ -595,11 +596,18 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
 	}
 	var box isolation.Sandbox
+	imageKey := ""
+	if from == nil {
+		imageKey = runImageKey(spec, rt, req, phEnv)
+	}
+	restored := false // booted on a template's run image (runimage.go)
 	if from != nil {
 		if from.parent != nil {
 			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
 		}
 		box, err = m.bootOn(ctx, spec, nc, from.layer)
+	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
+		restored = true
 	} else {
 		spec.Egress = createEgress(nc)
 		box, err = m.backend.Create(ctx, spec)
@@ -620,7 +628,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	if nc.Proxy != nil && from == nil {
+	if nc.Proxy != nil && from == nil && !restored {
 		if err := applyNetwork(box, nc, true); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -638,10 +646,14 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			m.gateways.Delete(id)
 		}
 	}()
-	// Start and ready commands run once the sandbox's egress gateway knows it.
-	if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("creating sandbox: %w", err)
+	// Start and ready commands run once the sandbox's egress gateway knows
+	// it; a sandbox restored from a run image has them running already.
+	if !restored {
+		if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+			m.killBox(ctx, box)
+			return nil, fmt.Errorf("creating sandbox: %w", err)
+		}
+		m.keepRunImage(ctx, imageKey, box)
 	}
 	now := m.now().UTC()
 	info := &Sandbox{

@@ -7,7 +7,8 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
-import { Sandbox } from 'e2b'
+import { randomBytes } from 'node:crypto'
+import { Sandbox, Template, waitForFile } from 'e2b'
 import { create, opts, waitFor } from '../helpers.mjs'
 
 const gvisor = { metadata: { 'fence.backend': 'gvisor' } }
@@ -123,4 +124,39 @@ test('gvisor: pause without memory keeps the files and drops the processes', asy
   await sbx.connect(opts)
   assert.equal(await sbx.files.read('/home/user/kept.txt'), 'kept')
   assert.equal((await sbx.commands.run('ps -eo args | grep -c "^sleep 3600" || true')).stdout, '0\n')
+})
+
+test('gvisor: a template\'s start command runs once; later sandboxes restore its running state', async (t) => {
+  const probe = await createGvisor(t)
+  if (!probe) return
+  await probe.kill()
+  const name = `tpl-gv-${randomBytes(4).toString('hex')}`
+  // The start command stamps the moment it ran and keeps a counter in memory.
+  const tpl = Template().fromTemplate('base').setStartCmd(
+    'date +%s%N > /tmp/started; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done',
+    waitForFile('/tmp/started'))
+  const info = await Template.build(tpl, name, opts)
+  t.after(async () => {
+    await fetch(`${process.env.E2B_API_URL}/templates/${info.templateId}`, {
+      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
+    }).catch(() => {})
+  })
+  const first = await create(t, { template: name, ...gvisor })
+  const stamp = (await first.commands.run('cat /tmp/started')).stdout
+  const t0 = Date.now()
+  const second = await create(t, { template: name, ...gvisor })
+  const third = await create(t, { template: name, ...gvisor })
+  console.log(`two creates from the run image: ${Date.now() - t0} ms`)
+  for (const s of [second, third]) {
+    // The same start: it was not run again, its state was restored.
+    assert.equal((await s.commands.run('cat /tmp/started')).stdout, stamp)
+    const c = await count(s)
+    await waitFor(async () => (await count(s)) > c, 20_000)
+  }
+  // Independent of each other.
+  await second.commands.run('echo mine > /tmp/started')
+  assert.equal((await third.commands.run('cat /tmp/started')).stdout, stamp)
+  // Another environment is another image: the start command runs anew.
+  const other = await create(t, { template: name, ...gvisor, envs: { OTHER: '1' } })
+  assert.notEqual((await other.commands.run('cat /tmp/started')).stdout, stamp)
 })
