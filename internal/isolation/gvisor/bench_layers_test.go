@@ -140,7 +140,18 @@ func TestBenchGvisorMemoryLayers(t *testing.T) {
 		rss = append(rss, time.Since(t0))
 		runscCmd(runsc, root, "delete", "--force", id)
 	}
+	var bgs []time.Duration
+	for k := range n {
+		id := fmt.Sprintf("bg%d", k)
+		t0 := time.Now()
+		if err := runscCmd(runsc, root, "restore", "--detach", "--background", "--bundle", bundle, "--image-path", img, id); err != nil {
+			t.Fatal(err)
+		}
+		bgs = append(bgs, time.Since(t0))
+		runscCmd(runsc, root, "delete", "--force", id)
+	}
 	t.Logf("runsc checkpoint --leave-running (direct): median %v over %d", median(cps), n)
+	t.Logf("runsc restore --background under a new ID (direct): median %v over %d", median(bgs), n)
 	t.Logf("runsc restore under a new ID (direct): median %v over %d", median(rss), n)
 	load, _ = os.ReadFile("/proc/loadavg")
 	t.Logf("load after: %s", strings.TrimSpace(string(load)))
