@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // agentAlive reports whether sb still answers: Get finds it and a command
@@ -393,17 +394,37 @@ func written(t *testing.T, id string) int64 {
 	return n
 }
 
-// TestFilesAsUserInSandbox proves, in a real sandbox, that the file API
-// acts as the requesting user: the sandbox's plain user plants symlinks to
-// root's files in its home, and an upload or download through the API as
-// that user neither writes /etc/passwd nor reads /etc/shadow. Root: the
-// daemon creates namespaces and cgroups.
+// TestFilesAsUserInSandbox proves, in a real sandbox of each backend, that
+// the file API acts as the requesting user: the sandbox's plain user
+// plants symlinks to root's files in its home, and an upload or download
+// through the API as that user neither writes /etc/passwd nor reads
+// /etc/shadow, while an upload to its own home works and is the user's
+// (gVisor has no setfsuid: the agent takes the user's effective IDs on a
+// thread of its own there). Root: the daemon creates namespaces and
+// cgroups.
 func TestFilesAsUserInSandbox(t *testing.T) {
 	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
-	sb := d.create(t, api.NewSandbox{TemplateID: "base"})
+	for _, backend := range []string{"native", "gvisor"} {
+		t.Run(backend, func(t *testing.T) {
+			if backend == "gvisor" {
+				testutil.RequireRunsc(t)
+			}
+			filesAsUser(t, d, map[string]string{"fence.backend": backend})
+		})
+	}
+}
+
+func filesAsUser(t *testing.T, d *daemon, meta map[string]string) {
+	sb := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: meta})
 	e := sb.Envd()
 	ctx := ctxT(t)
+	if err := e.WithUser("user").WriteFile(ctx, "/home/user/mine", strings.NewReader("mine\n")); err != nil {
+		t.Fatalf("upload as user to its home: %v", err)
+	}
+	if got := sh(t, e.WithUser("root"), "stat -c %U /home/user/mine; cat /home/user/mine"); got != "user\nmine\n" {
+		t.Errorf("uploaded file: %q, want owned by user", got)
+	}
 	sh(t, e.WithUser("user"), "ln -s /etc/passwd /home/user/p && ln -s /etc/shadow /home/user/s && ln -s /etc /home/user/etc")
 	before := sh(t, e.WithUser("root"), "sha256sum /etc/passwd")
 	for _, p := range []string{"/home/user/p", "/home/user/etc/passwd", "/home/user/etc/planted"} {

@@ -42,6 +42,7 @@ import (
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/metrics"
@@ -325,11 +326,14 @@ func Serve(ctx context.Context, opts Options) error {
 	}
 	defer closeBackends()
 	named, layers := routed, isolation.Layers(backend)
+	if r, ok := routed.(*multi.Backend); ok {
+		layers = r.Layers() // native's and gvisor's, each layer to its own
+	}
 	if opts.Cluster != nil {
 		// A cluster node's sandbox IDs carry its tag, for the routers:
 		// forks and sandboxes made from snapshots included.
 		tag := cluster.Tag(opts.Cluster.Name)
-		named, layers = cluster.NamingBackend(routed, tag), cluster.NamingLayers(backend, tag)
+		named, layers = cluster.NamingBackend(routed, tag), cluster.NamingLayers(layers, tag)
 	}
 	pool := warm.New(warm.Options{Backend: named, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))

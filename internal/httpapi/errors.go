@@ -47,7 +47,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, errMethodNotAllowed):
 		return http.StatusMethodNotAllowed
-	case errors.Is(err, api.ErrInvalidArgument), errors.Is(err, api.ErrFailedPrecondition):
+	case errors.Is(err, api.ErrInvalidArgument), errors.Is(err, api.ErrFailedPrecondition), errors.Is(err, isolation.ErrUnsupported):
 		return http.StatusBadRequest
 	case errors.Is(err, api.ErrConflict):
 		return http.StatusConflict

@@ -15,6 +15,10 @@ var ErrLayerBudget = errors.New("layer budget exhausted")
 // boots on (directly or below another layer).
 var ErrLayerInUse = errors.New("layer in use")
 
+// ErrUnsupported is returned for an operation a backend cannot do (for
+// example listing the changed files of a gVisor sandbox).
+var ErrUnsupported = errors.New("not supported by this backend")
+
 // A layer is an immutable copy of what a sandbox had changed against its
 // template (or against the layer it booted on, its parent) at one moment:
 // files, directories, symlinks and deletions. Sandboxes boot on a layer
@@ -59,6 +63,21 @@ type Layers interface {
 	DeleteLayer(ctx context.Context, id string) error
 }
 
+// FileCheckpointer is implemented by Checkpointers whose Checkpoint keeps
+// memory and processes too (LayerInfo.Memory): CheckpointFiles makes a
+// layer of the filesystem alone, on which sandboxes boot anew (a pause
+// without memory), with Checkpoint's other guarantees.
+type FileCheckpointer interface {
+	CheckpointFiles(ctx context.Context) (LayerInfo, error)
+}
+
+// LayerOwner is implemented by a Layers backend that can tell its layers
+// from another's without listing them all, so that a router of several
+// backends (isolation/multi) sends each layer to its own backend.
+type LayerOwner interface {
+	HasLayer(id string) bool
+}
+
 // LayerInfo describes one layer.
 type LayerInfo struct {
 	ID      string
@@ -70,6 +89,10 @@ type LayerInfo struct {
 	// Took is how long the sandbox was stopped while its writable layer
 	// was copied (set by Checkpoint only).
 	Took time.Duration
+	// Memory tells that the layer holds the sandbox's memory and processes
+	// too (gVisor's checkpoint images): a sandbox booted on it goes on where
+	// the source was, instead of starting anew on its files.
+	Memory bool
 }
 
 // FileChange is one path a layer (with its parents) or a running sandbox

@@ -125,7 +125,20 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 		}
 		return nil, err
 	}
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID}, nil
+	var spec snapshotSpec
+	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend}, nil
+}
+
+// snapshotSpec is a snapshot record's Spec: what its source was made with.
+type snapshotSpec struct {
+	CPUs     float64 `json:"cpus"`
+	MemoryMB int64   `json:"memoryMB"`
+	DiskMB   int64   `json:"diskMB"`
+	Template string  `json:"template"`
+	// Backend is the source's metadata fence.backend: a sandbox made from
+	// the snapshot shows it too (it runs where the snapshot's layer is).
+	Backend string `json:"backend,omitempty"`
 }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
@@ -153,6 +166,29 @@ func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerI
 		return isolation.LayerInfo{}, fmt.Errorf("the %s backend cannot checkpoint sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
 	info, err := cp.Checkpoint(context.WithoutCancel(ctx))
+	if errors.Is(err, isolation.ErrLayerBudget) {
+		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
+	}
+	if errors.Is(err, isolation.ErrNotFound) {
+		return info, notFound(e.sb().ID())
+	}
+	return info, err
+}
+
+// checkpointFiles freezes e's filesystem alone into a new layer, on which
+// the sandbox boots anew: a backend whose checkpoints keep memory makes it
+// with isolation.FileCheckpointer. The caller holds m.layerMu for reading.
+func (m *Manager) checkpointFiles(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
+	fc, ok := e.sb().(isolation.FileCheckpointer)
+	if !ok {
+		info, err := m.checkpointBox(ctx, e)
+		if err == nil && info.Memory {
+			_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+			return isolation.LayerInfo{}, fmt.Errorf("this backend cannot checkpoint a filesystem without memory: %w", api.ErrUnimplemented)
+		}
+		return info, err
+	}
+	info, err := fc.CheckpointFiles(context.WithoutCancel(ctx))
 	if errors.Is(err, isolation.ErrLayerBudget) {
 		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
 	}
@@ -285,7 +321,9 @@ func (m *Manager) findCheckpoint(ctx context.Context, ls LayerStore, id, ref str
 
 // Rewind reboots a running sandbox on one of its checkpoints: its
 // filesystem is the checkpoint's again and its processes start anew
-// (memory is not kept). Its ID, token, deadline, metadata, environment,
+// (memory is not kept), or, on a backend whose checkpoints keep memory
+// (LayerInfo.Memory: gvisor), its processes are back as they were at the
+// checkpoint. Its ID, token, deadline, metadata, environment,
 // network and secret bindings stay.
 func (m *Manager) Rewind(ctx context.Context, id, ref string) (*Sandbox, error) {
 	ls, err := m.layerStore()
@@ -394,7 +432,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	m.layerMu.RLock()
 	defer m.layerMu.RUnlock()
-	info, err := m.checkpointBox(ctx, e)
+	info, err := m.checkpointFiles(ctx, e)
 	if err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
@@ -494,7 +532,8 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
 	e.mu.Lock()
-	spec, _ := json.Marshal(map[string]any{"cpus": e.info.CPUs, "memoryMB": e.info.MemoryMB, "diskMB": e.info.DiskMB, "template": e.info.TemplateID})
+	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
+		Backend: e.info.Metadata[BackendMetadataKey]})
 	e.mu.Unlock()
 	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
@@ -798,6 +837,9 @@ func (m *Manager) gc(ctx context.Context) error {
 	}
 	for _, c := range cps {
 		keep[c.Layer] = true
+	}
+	for _, l := range m.runImages.layers() {
+		keep[l] = true
 	}
 	m.mu.Lock()
 	for _, e := range m.running {

@@ -156,6 +156,7 @@ type Manager struct {
 	forensics              LayerArchive
 	layers                 isolation.Layers
 	layerMu                sync.RWMutex  // see gc
+	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
@@ -490,6 +491,7 @@ type origin struct {
 	layer    string
 	template string // the template under the layer
 	shown    string // the TemplateID the sandbox shows, if not the request's
+	backend  string // a snapshot's source's metadata fence.backend
 	// parent, for a fork: its environment and secret bindings are kept
 	// (the placeholders its files may hold stay valid).
 	parent *entry
@@ -514,6 +516,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	timeout, limits, err := m.validate(req)
 	if err != nil {
 		return nil, err
+	}
+	if from != nil && from.backend != "" && req.Metadata[BackendMetadataKey] == "" {
+		// A sandbox made from a snapshot runs on the snapshot's backend:
+		// its metadata says so, as its source's did.
+		req.Metadata = maps.Clone(req.Metadata)
+		if req.Metadata == nil {
+			req.Metadata = map[string]string{}
+		}
+		req.Metadata[BackendMetadataKey] = from.backend
 	}
 	backendName, err := m.backendFor(req)
 	if err != nil {
@@ -585,11 +596,18 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
 	}
 	var box isolation.Sandbox
+	imageKey := ""
+	if from == nil {
+		imageKey = runImageKey(spec, rt, req, phEnv)
+	}
+	restored := false // booted on a template's run image (runimage.go)
 	if from != nil {
 		if from.parent != nil {
 			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
 		}
 		box, err = m.bootOn(ctx, spec, nc, from.layer)
+	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
+		restored = true
 	} else {
 		spec.Egress = createEgress(nc)
 		box, err = m.backend.Create(ctx, spec)
@@ -610,7 +628,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	if nc.Proxy != nil && from == nil {
+	if nc.Proxy != nil && from == nil && !restored {
 		if err := applyNetwork(box, nc, true); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -628,10 +646,14 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			m.gateways.Delete(id)
 		}
 	}()
-	// Start and ready commands run once the sandbox's egress gateway knows it.
-	if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("creating sandbox: %w", err)
+	// Start and ready commands run once the sandbox's egress gateway knows
+	// it; a sandbox restored from a run image has them running already.
+	if !restored {
+		if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+			m.killBox(ctx, box)
+			return nil, fmt.Errorf("creating sandbox: %w", err)
+		}
+		m.keepRunImage(ctx, imageKey, box)
 	}
 	now := m.now().UTC()
 	info := &Sandbox{

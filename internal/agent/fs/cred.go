@@ -38,15 +38,8 @@ func asUser(u *users.User, fn func() error) error {
 			errc <- fmt.Errorf("taking the groups of %s: %w", u.Name, err)
 			return
 		}
-		unix.Setfsgid(int(u.GID))
-		unix.Setfsuid(int(u.UID))
-		// setfs[ug]id report no error: read the values back.
-		if uid, _ := unix.SetfsuidRetUid(-1); uid != int(u.UID) {
-			errc <- fmt.Errorf("taking the uid of %s: fsuid is %d", u.Name, uid)
-			return
-		}
-		if gid, _ := unix.SetfsgidRetGid(-1); gid != int(u.GID) {
-			errc <- fmt.Errorf("taking the gid of %s: fsgid is %d", u.Name, gid)
+		if err := takeIDs(u); err != nil {
+			errc <- err
 			return
 		}
 		errc <- fn()
@@ -62,4 +55,38 @@ func runAs[T any](u *users.User, fn func() (T, error)) (T, error) {
 		return err
 	})
 	return res, err
+}
+
+// takeIDs gives the calling thread u's filesystem uid and gid: with
+// setfs[ug]id, or, where the kernel lacks them (gVisor answers ENOSYS),
+// by making u's IDs the thread's effective ones (setresuid/setresgid
+// with the real and saved IDs kept), which the filesystem IDs follow.
+// Both are raw system calls that change this thread alone (not Go's
+// all-threads syscall.Setresuid). The values are read back either way.
+func takeIDs(u *users.User) error {
+	unix.Setfsgid(int(u.GID))
+	unix.Setfsuid(int(u.UID))
+	// setfs[ug]id report no error: read the values back.
+	uid, _ := unix.SetfsuidRetUid(-1)
+	gid, _ := unix.SetfsgidRetGid(-1)
+	if uid == int(u.UID) && gid == int(u.GID) {
+		return nil
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETFSUID, ^uintptr(0), 0, 0); e != unix.ENOSYS {
+		return fmt.Errorf("taking the uid of %s: fsuid is %d, fsgid %d", u.Name, uid, gid)
+	}
+	none := ^uintptr(0) // -1: leave unchanged
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, none, uintptr(u.GID), none); e != 0 {
+		return fmt.Errorf("taking the gid of %s: %w", u.Name, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, none, uintptr(u.UID), none); e != 0 {
+		return fmt.Errorf("taking the uid of %s: %w", u.Name, e)
+	}
+	if _, e, _ := unix.Getresuid(); e != int(u.UID) {
+		return fmt.Errorf("taking the uid of %s: euid is %d", u.Name, e)
+	}
+	if _, e, _ := unix.Getresgid(); e != int(u.GID) {
+		return fmt.Errorf("taking the gid of %s: egid is %d", u.Name, e)
+	}
+	return nil
 }

@@ -32,6 +32,17 @@
 // resumes it like any other. An image never changes once written, so one
 // image can be restored more than once (a fork with memory) under new IDs.
 //
+// # Layers keep memory
+//
+// The backend implements isolation.Layers with checkpoint images (see
+// layers.go): Checkpoint is `runsc checkpoint --leave-running` into a new
+// layer (LayerInfo.Memory), and CreateOn restores it under a new ID with
+// a fresh directory, cgroup, network namespace and stack, so snapshots,
+// forks and rewinds carry running processes. CheckpointFiles (`runsc
+// fscheckpoint`) makes a files-only layer, on which CreateOn boots a fresh
+// run (the pause without memory). Listing changed files is not supported
+// (isolation.ErrUnsupported): the writable layer is gVisor's overlay file.
+//
 // # Crash safety
 //
 // Every host resource is named after the sandbox ID: the runsc container
@@ -39,7 +50,9 @@
 // the sandbox directory (bundle, bound files, overlay file, image).
 // Network namespaces and TUN devices live only as descriptors of the
 // daemon and vanish with it. Cleanup deletes every container, cgroup and
-// directory of the instance that is neither live nor adopted.
+// directory of the instance that is neither live nor adopted, then the
+// layers a crash left half-made (.tmp- directories: a layer is complete
+// only once renamed into place).
 //
 // # What differs from native
 //

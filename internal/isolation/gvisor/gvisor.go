@@ -62,6 +62,10 @@ type Options struct {
 	// TrustedCA is a PEM certificate every sandbox trusts on top of its
 	// template's roots (the egress gateway's CA).
 	TrustedCA []byte
+	// LayerBytes bounds the disk the backend's layers (checkpoint images
+	// of snapshots, forks and checkpoints) take together; a checkpoint past
+	// it fails with isolation.ErrLayerBudget. Zero means DefaultLayerBytes.
+	LayerBytes int64
 	// Ephemeral makes Close remove the instance itself (for `fence run`).
 	Ephemeral bool
 	// Logger; nil discards.
@@ -78,12 +82,15 @@ type Backend struct {
 	exe   string // the agent binary, a copy of Executable kept by content
 	root  string // runsc --root
 	sbDir string // sandbox directories
+	lyDir string // layers: checkpoint images of snapshots, forks, checkpoints
 
 	closeOnce sync.Once
 
 	mu sync.Mutex
 	// +checklocks:mu
 	live map[string]*sandbox
+	// +checklocks:mu
+	making map[string]bool // layers being made, by ID
 }
 
 var _ isolation.Backend = (*Backend)(nil)
@@ -130,9 +137,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		runsc: runsc,
 		root:  filepath.Join(abs, "runsc", opts.Instance),
 		sbDir: filepath.Join(abs, "sandboxes", opts.Instance),
+		lyDir: filepath.Join(abs, "layers", opts.Instance),
 		live:  map[string]*sandbox{},
+
+		making: map[string]bool{},
 	}
-	for _, d := range []string{abs, b.root, b.sbDir, filepath.Join(abs, "bin")} {
+	for _, d := range []string{abs, b.root, b.sbDir, b.lyDir, filepath.Join(abs, "bin")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
@@ -234,7 +244,7 @@ func (b *Backend) Close() error {
 			return
 		}
 		var errs []error
-		for _, d := range []string{b.root, b.sbDir} {
+		for _, d := range []string{b.root, b.sbDir, b.lyDir} {
 			if e := os.RemoveAll(d); e != nil {
 				errs = append(errs, e)
 			}
@@ -307,7 +317,7 @@ func (b *Backend) globalFlags() []string {
 
 // Cleanup implements isolation.Backend: it deletes every container,
 // cgroup and sandbox directory of this instance that is not live (or
-// adopted) in this process.
+// adopted) in this process, then the layers a crash left half-made.
 func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
 	ids, err := b.cg.List()
@@ -342,6 +352,9 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 		removed = append(removed, id)
 	}
+	// After the sandboxes: a checkpoint a crash cut short ends with its
+	// sandbox, and cannot write into its layer after this.
+	errs = append(errs, b.removePartialLayers())
 	return removed, errors.Join(errs...)
 }
 

@@ -80,3 +80,11 @@ func TestPauseConformance(t *testing.T) {
 		isolationtest.RunPersistentPause(t, stateFactory(t), rootfs)
 	})
 }
+
+// TestMemoryLayers runs the cases of layers that keep memory: snapshots
+// and forks of running gVisor sandboxes.
+func TestMemoryLayers(t *testing.T) {
+	testutil.RequireRunsc(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunMemoryLayers(t, stateFactory(t), rootfs)
+}

@@ -92,7 +92,7 @@ func (s *sandbox) Resume(ctx context.Context) error {
 	// Pause, Resume and Kill of one sandbox are serialised by the caller
 	// (sandbox.Manager); a Kill meanwhile makes the restore fail.
 	ctx = context.WithoutCancel(ctx)
-	if err := s.startRun(ctx, s.imageDir()); err != nil {
+	if err := s.startRun(ctx, s.imageDir(), ""); err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", s.id, err)
 	}
 	s.paused.Store(false)

@@ -55,6 +55,8 @@ type sandbox struct {
 	dir string
 	rec record
 	cg  *cgroup.Group
+	// base is the layer the sandbox booted on, "" for its template alone.
+	base string
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -88,7 +90,13 @@ var (
 )
 
 // Create implements isolation.Backend.
-func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.Sandbox, err error) {
+func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
+	return b.create(ctx, spec, layerMeta{})
+}
+
+// create makes a sandbox for spec, booted on layer (a zero layerMeta for
+// the template alone).
+func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMeta) (_ isolation.Sandbox, err error) {
 	if spec.ID == "" {
 		spec.ID = isolation.NewID()
 	}
@@ -108,6 +116,7 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 		done: make(chan struct{}),
 		rec: record{ID: spec.ID, RootFS: spec.RootFS, Limits: withDefaults(spec.Limits, b.opts.Defaults),
 			Agent: spec.Agent},
+		base: layer.ID,
 	}
 	s.pol.Store(spec.Egress)
 	if err := b.register(s); err != nil {
@@ -131,7 +140,14 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (_ isolation.
 	if s.cg, err = b.cg.Create(s.id, cgroupLimits(l)); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
-	if err := s.startRun(ctx, ""); err != nil {
+	var image, fsImage string
+	switch layer.Kind {
+	case layerMemory:
+		image = filepath.Join(b.layerDir(layer.ID), "image")
+	case layerFiles:
+		fsImage = filepath.Join(b.layerDir(layer.ID), "image")
+	}
+	if err := s.startRun(ctx, image, fsImage); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -286,9 +302,10 @@ func (s *sandbox) sandboxFlags() []string {
 }
 
 // startRun starts a run of the sandbox: a fresh network namespace and
-// stack, then `runsc run` (image empty) or `runsc restore` of image. It
-// returns once the agent accepts connections.
-func (s *sandbox) startRun(ctx context.Context, image string) (err error) {
+// stack, then `runsc run` (image empty; on the filesystem checkpoint
+// fsImage if set) or `runsc restore` of image. It returns once the agent
+// accepts connections.
+func (s *sandbox) startRun(ctx context.Context, image, fsImage string) (err error) {
 	ns, err := netfence.NewNetNS()
 	if err != nil {
 		return err
@@ -332,7 +349,11 @@ func (s *sandbox) startRun(ctx context.Context, image string) (err error) {
 	}
 	defer out.Close()
 	if image == "" {
-		err = s.b.runOut(ctx, out, s.sandboxFlags(), "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, s.id)
+		args := []string{"run", "--detach", "--bundle", bundle, "--pid-file", pidFile}
+		if fsImage != "" {
+			args = append(args, "--fs-restore-image-path", fsImage)
+		}
+		err = s.b.runOut(ctx, out, s.sandboxFlags(), append(args, s.id)...)
 	} else {
 		err = s.b.runOut(ctx, out, s.sandboxFlags(), "restore", "--detach", "--bundle", bundle, "--pid-file", pidFile,
 			"--image-path", image, s.id)
