@@ -101,6 +101,7 @@ type layerCache struct {
 func (b *Backend) layersDir() string {
 	return filepath.Join(b.opts.StateDir, "layers", b.opts.Instance)
 }
+
 // layerTree is where layer id's files are: its tree/, or its snapshot's
 // upper dir in the btrfs store.
 func (b *Backend) layerTree(id string) string {
