@@ -72,7 +72,9 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 // sandboxes.
 func TestLayersConformance(t *testing.T) {
 	testutil.RequireRoot(t)
-	isolationtest.RunLayers(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, testutil.RootFS(t, "minimal"))
+	forStores(t, func(t *testing.T, opts native.Options) {
+		isolationtest.RunLayers(t, func(t *testing.T) isolation.Backend { return newBackendWith(t, opts) }, testutil.RootFS(t, "minimal"))
+	})
 }
 
 func TestConformance(t *testing.T) {
@@ -377,8 +379,10 @@ func TestMemoryBalloonKilledInside(t *testing.T) {
 	}
 }
 
-func TestDiskLimit(t *testing.T) {
-	b := newBackend(t)
+func TestDiskLimit(t *testing.T) { forStores(t, testDiskLimit) }
+
+func testDiskLimit(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
 	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{DiskBytes: 16 << 20}})
 	r := run(t, sb, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/big bs=1M count=64 2>&1; echo rc=$?")
 	if !strings.Contains(r.stdout, "rc=1") || !(strings.Contains(r.stdout, "quota") || strings.Contains(r.stdout, "space")) {
