@@ -70,6 +70,7 @@ type daemon struct {
 	out     *syncBuffer // stdout and stderr, interleaved
 	exited  chan struct{}
 	waitErr error
+	extra   []string // the flags of startDaemon, kept for Restart
 }
 
 // templatesDir returns the directory holding the test templates, making
@@ -121,6 +122,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		}
 		unmountUnder(d.DataDir)
 	})
+	d.extra = extra
 	d.start(extra...)
 	return d
 }
@@ -271,7 +273,7 @@ func (d *daemon) Restart() {
 	if d.running() {
 		d.t.Fatal("Restart of a running daemon")
 	}
-	d.start()
+	d.start(d.extra...)
 }
 
 // create creates a sandbox of template with the daemon's client and kills
@@ -642,12 +644,21 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 			left = append(left, fmt.Sprintf("sandbox leftover %s", filepath.Join(native, d, instance, n)))
 		}
 	}
+	// The btrfs layer store's subvolumes (its mount is the daemon's own).
+	for _, n := range dirEntries(filepath.Join(native, "layerfs", "sandboxes", instance)) {
+		if !live[n] {
+			left = append(left, fmt.Sprintf("sandbox leftover subvolume %s", n))
+		}
+	}
 	for _, m := range mountsUnder(dataDir) {
 		f := strings.Fields(m)
 		if len(f) < 5 {
 			continue
 		}
 		mp := f[4]
+		if mp == filepath.Join(native, "layerfs") {
+			continue
+		}
 		rel, err := filepath.Rel(filepath.Join(native, "disk", instance), mp)
 		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[rel] {
 			continue // the disk pool, or a live sandbox's layer
