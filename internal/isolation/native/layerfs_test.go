@@ -3,9 +3,9 @@ package native_test
 import (
 	"context"
 	"os"
-	"strings"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
