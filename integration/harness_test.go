@@ -619,6 +619,16 @@ func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[strin
 	}
 }
 
+// keyID is the sandbox ID a native host resource is named after: its
+// name, or, for a sandbox booted under the ID of one still being released
+// (a rewind), the name without the suffix "r" and 8 characters.
+func keyID(name string) string {
+	if len(name) == 29 && name[20] == 'r' {
+		return name[:20]
+	}
+	return name
+}
+
 func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 	var left []string
 	instance := instanceOf(dataDir)
@@ -637,7 +647,7 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 	native := filepath.Join(dataDir, "native")
 	for _, d := range []string{"sandboxes", "sock", "disk", "images"} {
 		for _, n := range dirEntries(filepath.Join(native, d, instance)) {
-			id := strings.TrimSuffix(strings.TrimSuffix(n, ".sock"), ".img")
+			id := keyID(strings.TrimSuffix(strings.TrimSuffix(n, ".sock"), ".img"))
 			if strings.HasPrefix(n, ".") || live[id] {
 				continue
 			}
@@ -646,7 +656,7 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 	}
 	// The btrfs layer store's subvolumes (its mount is the daemon's own).
 	for _, n := range dirEntries(filepath.Join(native, "layerfs", "sandboxes", instance)) {
-		if !live[n] {
+		if !live[keyID(n)] {
 			left = append(left, fmt.Sprintf("sandbox leftover subvolume %s", n))
 		}
 	}
@@ -660,7 +670,7 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 			continue
 		}
 		rel, err := filepath.Rel(filepath.Join(native, "disk", instance), mp)
-		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[rel] {
+		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[keyID(rel)] {
 			continue // the disk pool, or a live sandbox's layer
 		}
 		left = append(left, fmt.Sprintf("mount left under the data dir: %s", m))

@@ -247,16 +247,10 @@ func (b *Backend) layerChain(id string) ([]string, error) {
 // CreateOn implements isolation.Layers.
 func (b *Backend) CreateOn(ctx context.Context, spec isolation.Spec, layer string) (isolation.Sandbox, error) {
 	if layer == "" {
-		if err := b.waitReleased(ctx, spec.ID); err != nil {
-			return nil, err
-		}
 		return b.Create(ctx, spec)
 	}
 	if !idPattern.MatchString(layer) {
 		return nil, fmt.Errorf("invalid layer id %q", layer)
-	}
-	if err := b.waitReleased(ctx, spec.ID); err != nil {
-		return nil, err
 	}
 	return b.create(ctx, spec, layer)
 }
@@ -933,27 +927,4 @@ func copyXattrs(src, dst int) error {
 		}
 	}
 	return nil
-}
-
-// waitReleased waits until a killed sandbox named id has released its
-// host resources (a sandbox rebooted under its own ID needs them gone).
-func (b *Backend) waitReleased(ctx context.Context, id string) error {
-	if id == "" {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, reapTimeout)
-	defer cancel()
-	for {
-		b.mu.Lock()
-		_, live := b.live[id]
-		b.mu.Unlock()
-		if !live {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("sandbox %s is still being released: %w", id, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
 }

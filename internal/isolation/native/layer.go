@@ -69,7 +69,7 @@ func (s *sandbox) openUpper() (int, error) {
 	if s.diskFD >= 0 {
 		fd, err = unix.Openat2(s.diskFD, "upper", how)
 	} else {
-		fd, err = unix.Openat2(unix.AT_FDCWD, filepath.Join(s.b.sbDir, s.id, "disk", "upper"), &unix.OpenHow{Flags: how.Flags, Resolve: unix.RESOLVE_NO_SYMLINKS})
+		fd, err = unix.Openat2(unix.AT_FDCWD, filepath.Join(s.b.sbDir, s.key, "disk", "upper"), &unix.OpenHow{Flags: how.Flags, Resolve: unix.RESOLVE_NO_SYMLINKS})
 	}
 	if err != nil {
 		return -1, fmt.Errorf("opening the writable layer of %s: %w", s.id, err)

@@ -61,8 +61,14 @@ type bindTarget struct {
 
 // sandbox is one running native sandbox.
 type sandbox struct {
-	b    *Backend
-	id   string
+	b  *Backend
+	id string
+	// key names the sandbox's host resources (state directory, socket,
+	// cgroup, writable layer) and its entry in Backend.live: its ID, or,
+	// while an earlier sandbox of the same ID (killed, a rewind's or a
+	// filesystem-only resume's predecessor) is still being released, its
+	// ID and a suffix, so the new one never waits for that release.
+	key  string
 	sock string
 	slot *slot
 	cg   *cgroup.Group
@@ -156,7 +162,6 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	s := &sandbox{
 		b:      b,
 		id:     spec.ID,
-		sock:   b.sockPath(spec.ID),
 		limit:  limits,
 		done:   make(chan struct{}),
 		diskFD: -1,
@@ -169,11 +174,22 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		}
 	}
 	b.mu.Lock()
-	if _, dup := b.live[spec.ID]; dup {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
+	s.key = spec.ID
+	for _, o := range b.live {
+		if o.id == spec.ID && !o.ended() {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
+		}
 	}
-	b.live[spec.ID] = s
+	if _, taken := b.live[spec.ID]; taken {
+		s.key = spec.ID + "r" + isolation.NewID()[:8]
+		if _, taken := b.live[s.key]; taken || len(s.key) > idPattern.max {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s is still being released, try again: %w", spec.ID, api.ErrUnavailable)
+		}
+	}
+	s.sock = b.sockPath(s.key)
+	b.live[s.key] = s
 	b.mu.Unlock()
 
 	defer func() {
@@ -188,7 +204,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
-	if s.cg, err = b.cg.Create(spec.ID, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
+	if s.cg, err = b.cg.Create(s.key, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
 	if s.ln, err = listenUnix(s.sock); err != nil {
@@ -227,7 +243,7 @@ func checkBinds(binds []isolation.Bind) error {
 // owned by the sandbox's root uid.
 func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*initConfig, error) {
 	uid := int(s.slot.hostUID())
-	dir := filepath.Join(s.b.sbDir, s.id)
+	dir := filepath.Join(s.b.sbDir, s.key)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox directory: %w", err)
 	}
@@ -252,7 +268,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	// sandbox sees it through an idmapped mount at cfg.DiskDir.
 	hostDisk, owner := disk, uid
 	if s.b.lfs != nil {
-		d, fd, err := s.b.lfs.newDir(s.id, limits.DiskBytes)
+		d, fd, err := s.b.lfs.newDir(s.key, limits.DiskBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +278,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("creating writable layer: %w", err)
 		}
 	} else if s.b.disk != nil {
-		d, err := s.b.disk.NewDir(ctx, s.id, limits.DiskBytes)
+		d, err := s.b.disk.NewDir(ctx, s.key, limits.DiskBytes)
 		if err != nil {
 			return nil, fmt.Errorf("creating writable layer: %w", err)
 		}
@@ -490,7 +506,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	if cfg.DiskDir != "" {
 		// The btrfs store's subvolume, idmapped as the template is: its
 		// files carry the ids inside the sandbox (see layerfs.go).
-		fd, err := idmappedTree(filepath.Join(s.b.lfs.sbDir, s.id), userns, false)
+		fd, err := idmappedTree(filepath.Join(s.b.lfs.sbDir, s.key), userns, false)
 		if err != nil {
 			return err
 		}
@@ -701,6 +717,20 @@ func idmappedTree(path string, userns int, readOnly bool) (int, error) {
 
 // ID implements isolation.Sandbox.
 func (s *sandbox) ID() string { return s.id }
+
+// ended tells whether no process of the sandbox can run any more (killed,
+// or its init gone): another sandbox may then take its ID.
+func (s *sandbox) ended() bool {
+	if s.gone.Load() {
+		return true
+	}
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // Done implements isolation.Sandbox.
 func (s *sandbox) Done() <-chan struct{} { return s.done }
@@ -950,12 +980,12 @@ func (s *sandbox) release(ctx context.Context) error {
 		s.diskFD = -1
 	}
 	s.layerMu.Unlock()
-	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
+	if err := s.b.removeLeftovers(ctx, s.key); err != nil {
 		errs = append(errs, err)
 	}
 	s.slot.release()
 	s.b.mu.Lock()
-	delete(s.b.live, s.id)
+	delete(s.b.live, s.key)
 	s.b.mu.Unlock()
 	return errors.Join(errs...)
 }
