@@ -459,8 +459,15 @@ func sandboxProcs(t testing.TB, id string) []hostProc {
 	if v2, _ := filepath.Glob("/sys/fs/cgroup/fence/*"); len(v2) > 0 {
 		roots = append(roots, v2...)
 	}
+	// A sandbox rebooted while its predecessor was released has its
+	// cgroup under its key (see keyID).
+	var dirs []string
 	for _, r := range roots {
-		filepath.WalkDir(filepath.Join(r, id), func(p string, de os.DirEntry, err error) error {
+		rebooted, _ := filepath.Glob(filepath.Join(r, id+"r????????"))
+		dirs = append(append(dirs, filepath.Join(r, id)), rebooted...)
+	}
+	for _, r := range dirs {
+		filepath.WalkDir(r, func(p string, de os.DirEntry, err error) error {
 			if err != nil || de.IsDir() || de.Name() != "cgroup.procs" {
 				return nil
 			}
