@@ -670,30 +670,9 @@ func (c *layerCopy) dir(src, dst, prev int, rel string, depth int) error {
 	if depth > maxLayerDepth {
 		return fmt.Errorf("/%s: nested deeper than %d directories", rel, maxLayerDepth)
 	}
-	dup, err := unix.FcntlInt(uintptr(src), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("reading layer directory /%s: %w", rel, err)
-	}
-	f := os.NewFile(uintptr(dup), rel)
-	defer f.Close()
-	for {
-		if err := c.ctx.Err(); err != nil {
-			return err
-		}
-		names, err := f.Readdirnames(1024)
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading layer directory /%s: %w", rel, err)
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			if err := c.entry(src, dst, prev, rel, name, depth); err != nil {
-				return err
-			}
-		}
-	}
+	return walkDir(c.ctx, src, rel, func(name string) error {
+		return c.entry(src, dst, prev, rel, name, depth)
+	})
 }
 
 func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error {
