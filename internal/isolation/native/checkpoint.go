@@ -96,6 +96,10 @@ type layerCache struct {
 	metas map[string]*layerMeta
 	// +checklocks:mu
 	making int64 // bytes reserved by layers being made
+	// snapping holds the layers whose snapshot exists before their
+	// meta.json (the btrfs store): Cleanup leaves them alone.
+	// +checklocks:mu
+	snapping map[string]bool
 }
 
 func (b *Backend) layersDir() string {

@@ -175,6 +175,12 @@ func (b *Backend) cleanupSnapshots() error {
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
+		b.layers.mu.Lock()
+		making := b.layers.snapping[name]
+		b.layers.mu.Unlock()
+		if making {
+			continue
+		}
 		if !strings.HasPrefix(name, layerTmpPrefix) {
 			if _, err := os.Stat(filepath.Join(b.layersDir(), name, "meta.json")); err == nil {
 				continue
@@ -242,10 +248,15 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 		return isolation.LayerInfo{}, fmt.Errorf("layers take %d bytes, the budget is %d, the new one would take %d: %w", used, b.layerBudget(), grown, isolation.ErrLayerBudget)
 	}
 	b.layers.making += grown
+	if b.layers.snapping == nil {
+		b.layers.snapping = map[string]bool{}
+	}
+	b.layers.snapping[id] = true
 	b.layers.mu.Unlock()
 	defer func() {
 		b.layers.mu.Lock()
 		b.layers.making -= grown
+		delete(b.layers.snapping, id)
 		b.layers.mu.Unlock()
 	}()
 	took, err := s.frozen(func() error { return btrfs.Snapshot(src, dst, id, true) })
