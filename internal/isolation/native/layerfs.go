@@ -225,17 +225,11 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
 	defer unix.Close(dst)
-	// A snapshot flushes its subvolume's dirty data (that subvolume's
-	// alone, unlike syncfs, which would wait for every sandbox's). A
-	// throwaway snapshot taken first, while the sandbox runs, does most of
-	// that flushing, so that the freeze lasts only as long as the snapshot
-	// of what is left (and the usage read next counts it).
-	pre := layerTmpPrefix + "pre-" + id
-	if err := btrfs.Snapshot(src, dst, pre, true); err == nil {
-		_ = btrfs.DeleteSubvolume(dst, pre)
-	} else {
-		_ = unix.Syncfs(src)
-	}
+	// The snapshot flushes the subvolume's dirty data; most of it is
+	// flushed here first, while the sandbox runs, so that the freeze
+	// lasts only as long as the snapshot of what is left (and the usage
+	// read next counts it).
+	_ = unix.Syncfs(src)
 	usage := b.lfs.usage(src)
 	s.pmu.Lock()
 	grown := max(usage-s.lastUsage, entryCost)
