@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic/fake"
 
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
@@ -84,7 +86,9 @@ func TestRequireToken(t *testing.T) {
 func TestRegisterWatchExpire(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	kube := fake.NewClientset()
+	// An empty scheme: the fake keeps Leases as the API server sends
+	// them to the dynamic client, unstructured.
+	kube := fake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{leaseResource: "LeaseList"})
 	load := func() (int, int, []string) { return 10, 3, []string{"minimal"} }
 	reg := func(name string) (*Registrar, error) {
 		return Register(ctx, RegistrarOptions{Client: kube, Namespace: "fence", Name: name, URL: "http://" + name, Load: load})

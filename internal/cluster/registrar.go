@@ -12,7 +12,7 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 )
 
 // Defaults of a Registrar.
@@ -23,10 +23,10 @@ const (
 
 // RegistrarOptions configure a node's registration.
 type RegistrarOptions struct {
-	Client    kubernetes.Interface // required
-	Namespace string               // required
-	Name      string               // required; ValidName
-	URL       string               // required: where routers reach the node
+	Client    dynamic.Interface // required
+	Namespace string            // required
+	Name      string            // required; ValidName
+	URL       string            // required: where routers reach the node
 	Version   string
 	// Load returns the node's capacity, running sandboxes and templates;
 	// called before every renewal. Required.
@@ -79,7 +79,7 @@ func Register(ctx context.Context, opts RegistrarOptions) (*Registrar, error) {
 // still renewed (judged by its renewTime against this host's clock, with
 // the lease duration as margin).
 func (r *Registrar) checkTag(ctx context.Context) error {
-	list, err := r.opts.Client.CoordinationV1().Leases(r.opts.Namespace).List(ctx,
+	list, err := newLeases(r.opts.Client, r.opts.Namespace).List(ctx,
 		metav1.ListOptions{LabelSelector: LabelComponent + "=" + NodeComponent})
 	if err != nil {
 		return fmt.Errorf("listing node leases: %w", err)
@@ -171,18 +171,18 @@ func (r *Registrar) renew(ctx context.Context) error {
 // write applies change to the Lease and stores it, creating it if missing
 // and reading it again after a conflict (an operator's annotation).
 func (r *Registrar) write(ctx context.Context, change func(*coordv1.Lease)) error {
-	leases := r.opts.Client.CoordinationV1().Leases(r.opts.Namespace)
+	leases := newLeases(r.opts.Client, r.opts.Namespace)
 	r.mu.Lock()
 	cur := r.lease
 	r.mu.Unlock()
 	for attempt := 0; attempt < 3; attempt++ {
 		if cur == nil {
-			got, err := leases.Get(ctx, LeaseName(r.opts.Name), metav1.GetOptions{})
+			got, err := leases.Get(ctx, LeaseName(r.opts.Name))
 			switch {
 			case apierrors.IsNotFound(err):
 				l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName(r.opts.Name), Namespace: r.opts.Namespace}}
 				change(l)
-				created, err := leases.Create(ctx, l, metav1.CreateOptions{})
+				created, err := leases.Create(ctx, l)
 				if apierrors.IsAlreadyExists(err) {
 					continue
 				}
@@ -198,7 +198,7 @@ func (r *Registrar) write(ctx context.Context, change func(*coordv1.Lease)) erro
 		}
 		l := cur.DeepCopy()
 		change(l)
-		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		updated, err := leases.Update(ctx, l)
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			cur = nil
 			continue

@@ -10,8 +10,9 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -47,14 +48,23 @@ type Watcher struct {
 
 // Watch starts watching the node Leases of namespace and returns once the
 // first listing is in (at most a minute). It stops when ctx is done.
-func Watch(ctx context.Context, client kubernetes.Interface, namespace string, log *slog.Logger) (*Watcher, error) {
+func Watch(ctx context.Context, client dynamic.Interface, namespace string, log *slog.Logger) (*Watcher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Watcher{log: log, now: time.Now, byTag: map[string]*Node{}, tagOf: map[string]string{}}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelComponent + "=" + NodeComponent }))
-	inf := f.Coordination().V1().Leases().Informer()
+	leases := newLeases(client, namespace)
+	selector := LabelComponent + "=" + NodeComponent
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return leases.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return leases.Watch(ctx, o)
+		},
+	}, client), &coordv1.Lease{}, 0, cache.Indexers{})
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.update(obj) },
 		UpdateFunc: func(_, obj any) { w.update(obj) },
@@ -69,7 +79,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, namespace string, l
 	}); err != nil {
 		return nil, fmt.Errorf("watching node leases: %w", err)
 	}
-	f.Start(ctx.Done())
+	go inf.RunWithContext(ctx)
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {

@@ -120,6 +120,37 @@ func (w *watch) add(dir string) error {
 	})
 }
 
+// addCreated watches a directory created under a recursive watch, and
+// everything below it. What was made in it before its watch was in place
+// (`mkdir -p d && touch d/f` usually beats the watcher) sent no event, so
+// every entry found below it is reported as created. An entry made between
+// the watch and the walk may be reported twice.
+func (w *watch) addCreated(dir string) {
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			_ = w.fw.Add(p)
+		}
+		if p == dir {
+			return nil
+		}
+		rel, err := filepath.Rel(w.root, p)
+		if err != nil {
+			return nil
+		}
+		fe := &pb.FilesystemEvent{Name: rel, Type: pb.EventType_EVENT_TYPE_CREATE}
+		if w.includeEntry {
+			if e, err := entryInfo(p, newNames()); err == nil {
+				fe.Entry = e
+			}
+		}
+		w.push(fe)
+		return nil
+	})
+}
+
 func (w *watch) run() {
 	for {
 		select {
@@ -158,7 +189,8 @@ func (w *watch) handle(ev fsnotify.Event) {
 	}
 	if w.recursive && ev.Has(fsnotify.Create) {
 		if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
-			_ = w.add(ev.Name)
+			// After the directory's own event.
+			defer w.addCreated(ev.Name)
 		}
 	}
 	for _, ot := range opTypes {

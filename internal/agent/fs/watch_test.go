@@ -1,9 +1,13 @@
 package fs
 
 import (
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	pb "github.com/fencesandbox/fence/api/envd/filesystem"
 )
@@ -38,5 +42,56 @@ func TestWatchOverflowReported(t *testing.T) {
 	w2.push(&pb.FilesystemEvent{Name: "g"})
 	if _, overflow := w2.take(); !overflow || total.Load() != maxTotalEvents {
 		t.Errorf("push past the agent-wide bound: overflow %v, total %d; want true, %d", overflow, total.Load(), maxTotalEvents)
+	}
+}
+
+// TestWatchRecursiveSeesFilesInNewDirs creates directories with files in
+// them faster than the watcher can watch the new directories: every file
+// is still reported as created.
+func TestWatchRecursiveSeesFilesInNewDirs(t *testing.T) {
+	var total atomic.Int64
+	root := t.TempDir()
+	w, err := newWatch(root, true, false, false, &total, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	var want []string
+	for i := range 20 {
+		dir := filepath.Join(root, fmt.Sprintf("d%d", i), "sub", "deeper")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "f.txt")
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		want = append(want, rel)
+	}
+	seen := map[string]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		evs, _ := w.take()
+		for _, e := range evs {
+			if e.Type == pb.EventType_EVENT_TYPE_CREATE {
+				seen[e.Name] = true
+			}
+		}
+		missing := 0
+		for _, f := range want {
+			if !seen[f] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, f := range want {
+		if !seen[f] {
+			t.Errorf("no create event for %s", f)
+		}
 	}
 }

@@ -27,7 +27,7 @@ const killRounds = 64
 // pid is seen in the cgroup once more: a pid freed and taken by a host
 // process in between is never signalled.
 func (s *sandbox) signalAll() error {
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.proc == nil {
 		return nil
 	}
 	if s.cg == nil {
@@ -35,7 +35,7 @@ func (s *sandbox) signalAll() error {
 	}
 	// PID 1 first: its death makes the kernel kill the rest of its pid
 	// namespace anyway.
-	if err := s.cmd.Process.Signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := s.proc.Signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("signalling sandbox init: %w", err)
 	}
 	done := map[int]bool{}
@@ -88,7 +88,7 @@ func (s *sandbox) signalAll() error {
 // the deadline the release goes on, and removing the cgroup kills and
 // waits for what is left.
 func (s *sandbox) awaitExit(d time.Duration) {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
 	select {

@@ -115,6 +115,7 @@ type Backend struct {
 	lfs     *layerFS  // the btrfs layer store; nil for the copy store
 	slots   *slots
 	exe     string
+	spawner spawner // clones sandboxes (spawn.go)
 	sockDir string
 	// sockDirFD is an O_PATH descriptor of sockDir, kept for the backend's
 	// lifetime.
@@ -209,6 +210,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		fence: netfence.Fence{DNSUpstream: opts.DNSUpstream, HostAddrs: opts.HostAddrs, Bandwidth: opts.NetBandwidth,
 			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log},
 		exe:     exe,
+		spawner: spawner{exe: exe},
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
@@ -238,6 +240,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("opening socket directory: %w", err)
 	}
 	b.sockDirFD = fd
+	go b.spawner.warm()
 	if b.slots, err = newSlots(opts.SlotsDir); err != nil {
 		return nil, err
 	}
@@ -293,6 +296,7 @@ func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.closing.Wait()
+		b.spawner.close()
 		unix.Close(b.sockDirFD)
 		if b.opts.Ephemeral {
 			err = b.removeInstance()

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -75,7 +74,7 @@ type sandbox struct {
 	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
 	// release goroutine alone).
 	cgRemoved bool
-	cmd       *exec.Cmd
+	proc      *spawned // the sandbox's init (then agent)
 	ln        *net.UnixListener
 	limit     isolation.Limits
 	// rootfs is the template's root; base the layer the sandbox booted on
@@ -410,42 +409,38 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	go (&limitedLog{s: s, left: 16 << 10}).drain(errR)
 
 	hostUID := s.slot.hostUID()
-	cmd := &exec.Cmd{
-		Path:       s.b.exe,
-		Args:       []string{"fence", "init"},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Dir:        "/",
-		ExtraFiles: []*os.File{child, lnFile, lifeR}, // fd 3: sync, 4: listener, 5: lifeline
-		Stderr:     errW,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:                 cloneFlags,
-			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
-			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
-			GidMappingsEnableSetgroups: true,
-			// Become the namespace's root. Without this the child keeps
-			// host uid 0, unmapped inside, and has no capabilities there.
-			Credential: &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: false},
-			Setsid:     true,
-		},
-	}
-	if fd, ok := s.cg.FD(); ok {
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = fd
-	}
-	if err := cmd.Start(); err != nil {
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
 		child.Close()
+		return fmt.Errorf("opening %s: %w", os.DevNull, err)
+	}
+	defer devNull.Close()
+	cgfd := -1
+	if fd, ok := s.cg.FD(); ok {
+		cgfd = fd
+	}
+	proc, err := s.b.spawner.spawn(spawnRequest{
+		Path:        s.b.exe,
+		Args:        []string{"fence", "init"},
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Dir:         "/",
+		Cloneflags:  cloneFlags,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+		Setsid:      true,
+	}, []*os.File{devNull, devNull, errW, child, lnFile, lifeR}, cgfd) // fd 3: sync, 4: listener, 5: lifeline
+	child.Close()
+	if err != nil {
 		return fmt.Errorf("starting sandbox init: %w", err)
 	}
-	child.Close()
-	s.cmd = cmd
+	s.proc = proc
 	// The init's mount namespace, a copy of this one, has the writable
 	// layer: the host's own mount of it can go.
 	if err := s.detachDisk(); err != nil {
 		return err
 	}
 	go func() {
-		waitExited(cmd.Process.Pid)
-		_ = cmd.Wait()
+		proc.Wait()
 		close(s.done)
 	}()
 	// Joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
@@ -454,7 +449,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	// sandbox's.
 	attached := make(chan error, 2)
 	go func() {
-		if err := s.cg.AddProc(cmd.Process.Pid); err != nil {
+		if err := s.cg.AddProc(proc.Pid); err != nil {
 			attached <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
 			return
 		}
@@ -462,7 +457,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	}()
 	// Its network (a TUN device in its netns, read by a user-space stack
 	// here) is made meanwhile too.
-	go func() { attached <- s.startNetwork(ctx, cmd.Process.Pid, spec.Egress) }()
+	go func() { attached <- s.startNetwork(ctx, proc.Pid, spec.Egress) }()
 	attachErr := func() error {
 		return errors.Join(<-attached, <-attached)
 	}
@@ -475,7 +470,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	// The template and every bind travel as detached mounts, idmapped for
 	// the sandbox's user namespace and made here, by the daemon: the
 	// sandbox's uids need no access to the host paths.
-	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", proc.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opening sandbox user namespace: %w", err)
 	}
@@ -525,7 +520,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	if err != nil {
 		return err
 	}
-	protectAgent(cmd.Process.Pid)
+	protectAgent(proc.Pid)
 	if _, err := parent.Write([]byte{goAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -936,8 +931,8 @@ func (s *sandbox) teardown(ctx context.Context) error {
 // kernel kill every process of its pid namespace, and the init is reaped
 // only once they are all gone.
 func (s *sandbox) stop() error {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
+	if s.proc != nil {
+		_ = s.proc.Kill()
 		select {
 		case <-s.done:
 		case <-time.After(10 * time.Second):
@@ -1038,30 +1033,4 @@ func (l *limitedLog) drain(r *os.File) {
 			return
 		}
 	}
-}
-
-// waitExited returns once the child pid has exited (and before it is
-// reaped), parked on the runtime's network poller through a pidfd: an OS
-// thread blocked in wait(2) per sandbox would cost a thread per idle
-// sandbox (os.Process.Wait blocks one). If the pidfd cannot be had it
-// returns at once and the caller's Wait blocks as before.
-func waitExited(pid int) {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return
-	}
-	f := os.NewFile(uintptr(fd), "pidfd") // nonblocking: registered with the poller
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	_ = rc.Read(func(fd uintptr) bool {
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
-		return n > 0 || (err != nil && err != unix.EINTR)
-	})
 }
