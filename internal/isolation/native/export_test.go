@@ -38,3 +38,6 @@ func (b *Backend) SnapshotDir() string {
 
 // LayerTree is where layer id's files are.
 func (b *Backend) LayerTree(id string) string { return b.layerTree(id) }
+
+// Instance is the backend's instance name.
+func (b *Backend) Instance() string { return b.opts.Instance }

@@ -442,8 +442,10 @@ func TestBindRootOwnedRefused(t *testing.T) {
 	}
 }
 
-func TestCrashCleanup(t *testing.T) {
-	b := newBackend(t)
+func TestCrashCleanup(t *testing.T) { forStores(t, testCrashCleanup) }
+
+func testCrashCleanup(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
 	rootfs := testutil.RootFS(t, "minimal")
 	sb, err := b.Create(t.Context(), isolation.Spec{ID: "crashleft", RootFS: rootfs})
 	if err != nil {
@@ -471,6 +473,12 @@ func TestCrashCleanup(t *testing.T) {
 	}
 	if !errors.Is(sb.Kill(t.Context()), nil) {
 		t.Log("Kill after Cleanup reported an error (acceptable)")
+	}
+	// Its writable layer went too (the btrfs store: its subvolume).
+	if opts.LayerFS != "" {
+		if _, err := os.Stat(filepath.Join(opts.LayerFS, "sandboxes", b.Instance(), "crashleft")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the crashed sandbox's subvolume is left after Cleanup: %v", err)
+		}
 	}
 }
 
