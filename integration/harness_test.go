@@ -70,6 +70,7 @@ type daemon struct {
 	out     *syncBuffer // stdout and stderr, interleaved
 	exited  chan struct{}
 	waitErr error
+	extra   []string // the flags of startDaemon, kept for Restart
 }
 
 // templatesDir returns the directory holding the test templates, making
@@ -121,6 +122,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		}
 		unmountUnder(d.DataDir)
 	})
+	d.extra = extra
 	d.start(extra...)
 	return d
 }
@@ -271,7 +273,7 @@ func (d *daemon) Restart() {
 	if d.running() {
 		d.t.Fatal("Restart of a running daemon")
 	}
-	d.start()
+	d.start(d.extra...)
 }
 
 // create creates a sandbox of template with the daemon's client and kills
@@ -457,8 +459,15 @@ func sandboxProcs(t testing.TB, id string) []hostProc {
 	if v2, _ := filepath.Glob("/sys/fs/cgroup/fence/*"); len(v2) > 0 {
 		roots = append(roots, v2...)
 	}
+	// A sandbox rebooted while its predecessor was released has its
+	// cgroup under its key (see keyID).
+	var dirs []string
 	for _, r := range roots {
-		filepath.WalkDir(filepath.Join(r, id), func(p string, de os.DirEntry, err error) error {
+		rebooted, _ := filepath.Glob(filepath.Join(r, id+"r????????"))
+		dirs = append(append(dirs, filepath.Join(r, id)), rebooted...)
+	}
+	for _, r := range dirs {
+		filepath.WalkDir(r, func(p string, de os.DirEntry, err error) error {
 			if err != nil || de.IsDir() || de.Name() != "cgroup.procs" {
 				return nil
 			}
@@ -617,6 +626,16 @@ func assertNoSandboxLeftovers(t testing.TB, dataDir string, ours, live map[strin
 	}
 }
 
+// keyID is the sandbox ID a native host resource is named after: its
+// name, or, for a sandbox booted under the ID of one still being released
+// (a rewind), the name without the suffix "r" and 8 characters.
+func keyID(name string) string {
+	if len(name) == 29 && name[20] == 'r' {
+		return name[:20]
+	}
+	return name
+}
+
 func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 	var left []string
 	instance := instanceOf(dataDir)
@@ -635,11 +654,17 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 	native := filepath.Join(dataDir, "native")
 	for _, d := range []string{"sandboxes", "sock", "disk", "images"} {
 		for _, n := range dirEntries(filepath.Join(native, d, instance)) {
-			id := strings.TrimSuffix(strings.TrimSuffix(n, ".sock"), ".img")
+			id := keyID(strings.TrimSuffix(strings.TrimSuffix(n, ".sock"), ".img"))
 			if strings.HasPrefix(n, ".") || live[id] {
 				continue
 			}
 			left = append(left, fmt.Sprintf("sandbox leftover %s", filepath.Join(native, d, instance, n)))
+		}
+	}
+	// The btrfs layer store's subvolumes (its mount is the daemon's own).
+	for _, n := range dirEntries(filepath.Join(native, "layerfs", "sandboxes", instance)) {
+		if !live[keyID(n)] {
+			left = append(left, fmt.Sprintf("sandbox leftover subvolume %s", n))
 		}
 	}
 	for _, m := range mountsUnder(dataDir) {
@@ -648,8 +673,11 @@ func sandboxLeftovers(dataDir string, ours, live map[string]bool) []string {
 			continue
 		}
 		mp := f[4]
+		if mp == filepath.Join(native, "layerfs") {
+			continue
+		}
 		rel, err := filepath.Rel(filepath.Join(native, "disk", instance), mp)
-		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[rel] {
+		if err != nil || rel == "." || strings.HasPrefix(rel, ".pool/") || strings.HasPrefix(rel, ".trash/") || live[keyID(rel)] {
 			continue // the disk pool, or a live sandbox's layer
 		}
 		left = append(left, fmt.Sprintf("mount left under the data dir: %s", m))

@@ -11,8 +11,9 @@ import (
 )
 
 // TestLayersBench measures pause, resume, snapshot, checkpoint, rewind
-// and fork-of-10 on a sandbox with 100 MB of memory in use and 1,000
-// changed files, through the Go SDK (HTTP included). Report only: it
+// and fork-of-10 on a sandbox with 100 MB of memory in use, 1,000 changed
+// files and 100 MB written, through the Go SDK (HTTP included), on each
+// layer store. Report only: it
 // asserts nothing about time, and runs only with FENCE_BENCH_LAYERS=1.
 //
 //	FENCE_BENCH_LAYERS=1 FENCE_TEST_TEMPLATES=/var/lib/fence/templates FENCE_BIN=$PWD/bin/fence \
@@ -22,7 +23,14 @@ func TestLayersBench(t *testing.T) {
 		t.Skip("set FENCE_BENCH_LAYERS=1 to run the layers benchmark")
 	}
 	requireTemplate(t, "base")
-	d := startDaemon(t, newDataDir(t))
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		t.Logf("load average: %s", la)
+	}
+	forLayerStores(t, testLayersBench)
+}
+
+func testLayersBench(t *testing.T, flags ...string) {
+	d := startDaemon(t, newDataDir(t), flags...)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := d.Client
@@ -31,7 +39,8 @@ func TestLayersBench(t *testing.T) {
 	e := sb.Envd()
 	rsh(t, e, `mkdir -p /home/user/work && python3 -c "
 import os
-for i in range(1000): open('/home/user/work/f%d' % i, 'wb').write(os.urandom(4096))"`)
+for i in range(1000): open('/home/user/work/f%d' % i, 'wb').write(os.urandom(4096))"
+		head -c 100000000 /dev/urandom > /home/user/big`)
 	rsh(t, e, `nohup python3 -c "
 b = bytearray(100 << 20)
 for i in range(0, len(b), 4096): b[i] = 1

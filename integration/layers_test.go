@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // layersDir is where the daemon on dataDir keeps its filesystem layers.
@@ -37,8 +39,22 @@ func layerDirs(dataDir string) (complete, temporary []string) {
 // independent of each other and of their parent, snapshots that outlive
 // their sandbox and can be deleted while in use, and layers that go when
 // their last user does.
-func TestLayersGoSDK(t *testing.T) {
-	d := startDaemon(t, newDataDir(t))
+func TestLayersGoSDK(t *testing.T) { forLayerStores(t, testLayersGoSDK) }
+
+// forLayerStores runs f on a daemon with each native layer store: copies,
+// and btrfs snapshots (a btrfs image under the data dir).
+func forLayerStores(t *testing.T, f func(t *testing.T, flags ...string)) {
+	t.Run("copy", func(t *testing.T) { f(t, "--layer-fs", "copy") })
+	t.Run("btrfs", func(t *testing.T) {
+		if _, err := exec.LookPath("mkfs.btrfs"); err != nil && !testutil.InCI() {
+			t.Skip("no mkfs.btrfs (scripts/setup.sh installs btrfs-progs)")
+		}
+		f(t, "--layer-fs", "btrfs", "--layer-fs-size", "4G")
+	})
+}
+
+func testLayersGoSDK(t *testing.T, flags ...string) {
+	d := startDaemon(t, newDataDir(t), flags...)
 	ctx := ctxT(t)
 	if _, err := d.Client.CreateSecret(ctx, "layers-token", "s3cret-value", nil); err != nil {
 		t.Fatal(err)
@@ -184,8 +200,10 @@ func TestLayersGoSDK(t *testing.T) {
 // rewinds: the next start keeps what was recorded (a snapshot, usable)
 // and removes the rest (half-copied layers, the layers of checkpoints and
 // forks of sandboxes that died with the daemon).
-func TestLayersCrashConsistency(t *testing.T) {
-	d := startDaemon(t, newDataDir(t))
+func TestLayersCrashConsistency(t *testing.T) { forLayerStores(t, testLayersCrashConsistency) }
+
+func testLayersCrashConsistency(t *testing.T, flags ...string) {
+	d := startDaemon(t, newDataDir(t), flags...)
 	ctx := ctxT(t)
 	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind"} {
 		t.Run(op, func(t *testing.T) {
@@ -245,6 +263,12 @@ func TestLayersCrashConsistency(t *testing.T) {
 			}
 			if len(complete) != len(snaps) {
 				t.Errorf("%d layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
+			}
+			// The btrfs store: a snapshot for each layer, none without one.
+			if snapDir := filepath.Join(d.DataDir, "native", "layerfs", "layers", instanceOf(d.DataDir)); len(flags) > 1 && flags[1] == "btrfs" {
+				if got := dirEntries(snapDir); len(got) != len(complete) {
+					t.Errorf("%d btrfs snapshots for %d layers after restart: %v", len(got), len(complete), got)
+				}
 			}
 			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
 				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)

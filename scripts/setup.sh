@@ -15,7 +15,7 @@ fi
 
 need=()
 for pair in busybox:busybox-static mmdebstrap:mmdebstrap bwrap:bubblewrap runc:runc \
-            mkfs.ext4:e2fsprogs node:nodejs npm:npm unshare:util-linux curl:curl gcc:gcc ip:iproute2; do
+            mkfs.ext4:e2fsprogs mkfs.btrfs:btrfs-progs node:nodejs npm:npm unshare:util-linux curl:curl gcc:gcc ip:iproute2; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

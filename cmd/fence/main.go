@@ -69,9 +69,10 @@ func deps() cli.Deps {
 				UpstreamCA:    o.UpstreamCA,
 				DenyCIDRs:     o.DenyCIDRs,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
-				Backend:       o.Backend,
-				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-				Stdout:        os.Stdout,
+				LayerFS:       o.LayerFS, LayerFSSize: o.LayerFSSize,
+				Backend: o.Backend,
+				Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				Stdout:  os.Stdout,
 				HTTP: daemon.HTTPTimeouts{
 					Header: o.HeaderTimeout, Idle: o.IdleTimeout, BodyIdle: o.BodyIdleTimeout,
 				},

@@ -108,20 +108,26 @@ func TestServeOptions(t *testing.T) {
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
 		Limits:  isolation.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
-		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2,
+		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve options = %+v, want %+v", got, want)
 	}
 	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
-		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0")
+		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0",
+		"--layer-fs", "btrfs", "--layer-fs-size", "2G")
 	want = ServeOptions{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
 		Limits:  isolation.Limits{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 10, DiskBytes: 8 << 20, NoFile: 99},
-		Timeout: time.Hour, MaxSandboxes: 3,
+		Timeout: time.Hour, MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30,
 	}
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
+	}
+	for _, bad := range [][]string{{"--layer-fs", "zfs"}, {"--layer-fs", "btrfs", "--layer-fs-size", "10M"}, {"--layer-fs-size", "lots"}} {
+		if code, _, _ := execute(t, deps, "", append([]string{"serve"}, bad...)...); code != 2 {
+			t.Errorf("fence serve %v = %d, want 2 (usage)", bad, code)
+		}
 	}
 	if code, _, _ := execute(t, deps, "", "serve", "--memory-mb", "0"); code != 2 {
 		t.Errorf("fence serve --memory-mb 0 = %d, want 2", code)

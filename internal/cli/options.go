@@ -55,6 +55,11 @@ type ServeOptions struct {
 	// NetMbps bounds each sandbox's network traffic in Mbit/s per
 	// direction; 0 means no limit.
 	NetMbps int64
+	// LayerFS is the native layer store: "" (btrfs where the data dir is
+	// on btrfs, else copies), "copy", or "btrfs" (a btrfs image of
+	// LayerFSSize bytes under the data dir, made and mounted at start).
+	LayerFS     string
+	LayerFSSize int64
 	// AllowInternet makes sandboxes whose request says nothing about their
 	// network reach the public internet; false denies all egress.
 	AllowInternet bool

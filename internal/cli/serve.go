@@ -58,6 +58,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var o ServeOptions
 	var lim limitFlags
 	var denyCIDRs []string
+	var layerFSSize string
 	var forensicsBudget string
 	var cl clusterFlags
 	auditOn := true
@@ -96,6 +97,12 @@ SIGINT or SIGTERM.`,
 			}
 			if (o.TLSCert == "") != (o.TLSKey == "") {
 				return usagef("--tls-cert and --tls-key go together")
+			}
+			if o.LayerFS != "" && o.LayerFS != "copy" && o.LayerFS != "btrfs" {
+				return usagef("--layer-fs must be copy or btrfs")
+			}
+			if o.LayerFSSize, err = parseBytes(layerFSSize); err != nil || o.LayerFSSize < 1<<30 {
+				return usagef("--layer-fs-size: want a size of at least 1G")
 			}
 			if o.NetMbps < 0 {
 				return usagef("--net-mbps must not be negative")
@@ -146,6 +153,8 @@ SIGINT or SIGTERM.`,
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
+	fs.StringVar(&o.LayerFS, "layer-fs", "", "native layer store: btrfs (writable layers as subvolumes, checkpoints as snapshots, in a btrfs image under the data dir; needs mkfs.btrfs) or copy (default: btrfs if the data dir is on btrfs, else copy)")
+	fs.StringVar(&layerFSSize, "layer-fs-size", "32G", "size of the sparse btrfs image of --layer-fs btrfs")
 	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.BoolVar(&o.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")

@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
@@ -78,6 +79,10 @@ type Options struct {
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64
+	// LayerFS and LayerFSSize choose the native layer store (see
+	// cli.Options).
+	LayerFS     string
+	LayerFSSize int64
 	// AllowInternet is the egress of sandboxes whose request says nothing
 	// about their network; false denies all.
 	AllowInternet bool
@@ -294,10 +299,19 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	layerFS := ""
+	if opts.LayerFS == "btrfs" {
+		layerFS = filepath.Join(opts.DataDir, "native", "layerfs")
+		if err := btrfs.MountImage(ctx, filepath.Join(opts.DataDir, "layerfs.img"), layerFS, opts.LayerFSSize); err != nil {
+			return fmt.Errorf("preparing the btrfs layer store: %w", err)
+		}
+	}
 	backend, err := native.New(ctx, native.Options{
-		HostAddrs: hosts.Addrs(),
-		Recorder:  flows,
-		TrustedCA: caPEM,
+		LayerFS:    layerFS,
+		CopyLayers: opts.LayerFS == "copy",
+		HostAddrs:  hosts.Addrs(),
+		Recorder:   flows,
+		TrustedCA:  caPEM,
 		Interceptor: func(id string) egress.Interceptor {
 			return gw.ForSandbox(id, func() *gateway.Config {
 				if mgr == nil {

@@ -70,6 +70,17 @@ type layerMeta struct {
 	Created time.Time              `json:"created"`
 	RootFS  string                 `json:"rootfs"` // the template it sits on
 	Entries []isolation.FileChange `json:"entries"`
+	// Snapshot marks a layer of the btrfs store (layerfs.go): its tree is
+	// a read-only snapshot, and its entries are listed when first needed
+	// (entries.json), with Gen (the files fence wrote at create, by path,
+	// with their mtime then) left out as Checkpointer.Changes does.
+	Snapshot bool                     `json:"snapshot,omitempty"`
+	Gen      map[string]unix.Timespec `json:"gen,omitempty"`
+
+	// listMu serialises the listing of a snapshot's entries; listed is
+	// set (under the backend's layers.mu, with Entries) once done.
+	listMu sync.Mutex
+	listed bool
 }
 
 func (m *layerMeta) info() isolation.LayerInfo {
@@ -85,12 +96,80 @@ type layerCache struct {
 	metas map[string]*layerMeta
 	// +checklocks:mu
 	making int64 // bytes reserved by layers being made
+	// snapping holds the layers whose snapshot exists before their
+	// meta.json (the btrfs store): Cleanup leaves them alone.
+	// +checklocks:mu
+	snapping map[string]bool
 }
 
 func (b *Backend) layersDir() string {
 	return filepath.Join(b.opts.StateDir, "layers", b.opts.Instance)
 }
-func (b *Backend) layerTree(id string) string { return filepath.Join(b.layersDir(), id, "tree") }
+
+// layerTree is where layer id's files are: its tree/, or its snapshot's
+// upper dir in the btrfs store.
+func (b *Backend) layerTree(id string) string {
+	if b.lfs != nil {
+		if m, err := b.layerMeta(id); err == nil && m.Snapshot {
+			return b.lfs.snapshotTree(id)
+		}
+	}
+	return filepath.Join(b.layersDir(), id, "tree")
+}
+
+// layerEntries returns layer id's entries, listing a snapshot's the first
+// time (the snapshot never changes, so neither does the list).
+func (b *Backend) layerEntries(ctx context.Context, id string) ([]isolation.FileChange, error) {
+	m, err := b.layerMeta(id)
+	if err != nil {
+		return nil, err
+	}
+	if !m.Snapshot {
+		return m.Entries, nil
+	}
+	m.listMu.Lock()
+	defer m.listMu.Unlock()
+	b.layers.mu.Lock()
+	listed, es := m.listed, m.Entries
+	b.layers.mu.Unlock()
+	if listed {
+		return es, nil
+	}
+	path := filepath.Join(b.layersDir(), id, "entries.json")
+	if f, err := os.Open(path); err == nil {
+		err = json.NewDecoder(io.LimitReader(f, 256<<20)).Decode(&es)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading the entries of layer %s: %w", id, err)
+		}
+	} else {
+		if b.lfs == nil {
+			return nil, fmt.Errorf("layer %s is a btrfs snapshot and this backend has no layer filesystem: %w", id, isolation.ErrNotFound)
+		}
+		fd, err := unix.Open(b.lfs.snapshotTree(id), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("listing layer %s: %w", id, err)
+		}
+		defer unix.Close(fd)
+		c := &layerCopy{ctx: ctx, left: 1 << 62, mtimes: map[string]unix.Timespec{}}
+		if err := c.dir(fd, -1, -1, "", 0); err != nil {
+			return nil, fmt.Errorf("listing layer %s: %w", id, err)
+		}
+		es = withoutGen(c.entries, m.Gen, c.mtimes)
+		tmp := filepath.Join(b.layersDir(), id, layerTmpPrefix+"entries.json")
+		os.Remove(tmp)
+		if err := writeJSON(tmp, es); err != nil {
+			return nil, err
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return nil, fmt.Errorf("writing the entries of layer %s: %w", id, err)
+		}
+	}
+	b.layers.mu.Lock()
+	m.Entries, m.listed = es, true
+	b.layers.mu.Unlock()
+	return es, nil
+}
 
 func (b *Backend) layerBudget() int64 {
 	if b.opts.LayerBudget > 0 {
@@ -172,16 +251,10 @@ func (b *Backend) layerChain(id string) ([]string, error) {
 // CreateOn implements isolation.Layers.
 func (b *Backend) CreateOn(ctx context.Context, spec isolation.Spec, layer string) (isolation.Sandbox, error) {
 	if layer == "" {
-		if err := b.waitReleased(ctx, spec.ID); err != nil {
-			return nil, err
-		}
 		return b.Create(ctx, spec)
 	}
 	if !idPattern.MatchString(layer) {
 		return nil, fmt.Errorf("invalid layer id %q", layer)
-	}
-	if err := b.waitReleased(ctx, spec.ID); err != nil {
-		return nil, err
 	}
 	return b.create(ctx, spec, layer)
 }
@@ -223,7 +296,8 @@ func (b *Backend) DeleteLayer(ctx context.Context, id string) error {
 	}
 	delete(b.layers.metas, id)
 	b.layers.mu.Unlock()
-	// Renamed away first: a half-removed layer never looks complete.
+	// Renamed away first: a half-removed layer never looks complete (and
+	// a snapshot without its layer is Cleanup's to delete).
 	dir := filepath.Join(b.layersDir(), id)
 	trash := filepath.Join(b.layersDir(), layerTmpPrefix+"del-"+id)
 	if err := os.Rename(dir, trash); err != nil {
@@ -231,6 +305,11 @@ func (b *Backend) DeleteLayer(ctx context.Context, id string) error {
 			return nil
 		}
 		return fmt.Errorf("removing layer %s: %w", id, err)
+	}
+	if b.lfs != nil {
+		if err := b.lfs.removeSnapshot(id); err != nil {
+			return fmt.Errorf("removing layer %s: %w", id, err)
+		}
 	}
 	if err := os.RemoveAll(trash); err != nil {
 		return fmt.Errorf("removing layer %s: %w", id, err)
@@ -266,12 +345,12 @@ func (b *Backend) LayerChanges(ctx context.Context, layer string) ([]isolation.F
 	if err != nil {
 		return nil, err
 	}
-	return b.mergedChanges(chain, nil, m.RootFS)
+	return b.mergedChanges(ctx, chain, nil, m.RootFS)
 }
 
 // mergedChanges merges the entries of chain (top first) and then top, as
 // the overlay shows them, against the template at rootfs.
-func (b *Backend) mergedChanges(chain []string, top []isolation.FileChange, rootfs string) ([]isolation.FileChange, error) {
+func (b *Backend) mergedChanges(ctx context.Context, chain []string, top []isolation.FileChange, rootfs string) ([]isolation.FileChange, error) {
 	merged := map[string]isolation.FileChange{}
 	apply := func(es []isolation.FileChange) {
 		for _, e := range es {
@@ -286,11 +365,11 @@ func (b *Backend) mergedChanges(chain []string, top []isolation.FileChange, root
 		}
 	}
 	for i := len(chain) - 1; i >= 0; i-- {
-		m, err := b.layerMeta(chain[i])
+		es, err := b.layerEntries(ctx, chain[i])
 		if err != nil {
 			return nil, err
 		}
-		apply(m.Entries)
+		apply(es)
 	}
 	apply(top)
 	root, err := os.OpenRoot(rootfs)
@@ -330,9 +409,13 @@ func stamps(paths []string, upper string) map[string]unix.Timespec {
 // ours drops the entries of files fence wrote at create and the sandbox
 // left as they were: they are not the sandbox's changes.
 func (s *sandbox) ours(es []isolation.FileChange, mtimes map[string]unix.Timespec) []isolation.FileChange {
+	return withoutGen(es, s.gen, mtimes)
+}
+
+func withoutGen(es []isolation.FileChange, gen, mtimes map[string]unix.Timespec) []isolation.FileChange {
 	out := es[:0]
 	for _, e := range es {
-		if t, ok := s.gen[e.Path]; ok && mtimes[e.Path] == t {
+		if t, ok := gen[e.Path]; ok && mtimes[e.Path] == t {
 			continue
 		}
 		out = append(out, e)
@@ -354,7 +437,7 @@ func (s *sandbox) Changes(ctx context.Context) ([]isolation.FileChange, error) {
 	if err := c.dir(fd, -1, -1, "", 0); err != nil {
 		return nil, err
 	}
-	return s.b.mergedChanges(s.chain, s.ours(c.entries, c.mtimes), s.rootfs)
+	return s.b.mergedChanges(ctx, s.chain, s.ours(c.entries, c.mtimes), s.rootfs)
 }
 
 // Checkpoint implements isolation.Checkpointer.
@@ -362,6 +445,9 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	b := s.b
 	if len(s.chain) >= maxLayerStack {
 		return isolation.LayerInfo{}, fmt.Errorf("sandbox %s boots on %d layers, the most a checkpoint may stack: %w", s.id, len(s.chain), isolation.ErrLayerBudget)
+	}
+	if b.lfs != nil {
+		return s.snapshotCheckpoint(ctx)
 	}
 	// The budget left, reserved while this layer is made.
 	b.layers.mu.Lock()
@@ -478,12 +564,15 @@ func (s *sandbox) frozen(fn func() error) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-func writeLayerMeta(path string, m *layerMeta) error {
+func writeLayerMeta(path string, m *layerMeta) error { return writeJSON(path, m) }
+
+// writeJSON writes v into a new file at path, synced.
+func writeJSON(path string, v any) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("writing layer meta: %w", err)
 	}
-	if err := json.NewEncoder(f).Encode(m); err != nil {
+	if err := json.NewEncoder(f).Encode(v); err != nil {
 		f.Close()
 		return fmt.Errorf("writing layer meta: %w", err)
 	}
@@ -585,30 +674,9 @@ func (c *layerCopy) dir(src, dst, prev int, rel string, depth int) error {
 	if depth > maxLayerDepth {
 		return fmt.Errorf("/%s: nested deeper than %d directories", rel, maxLayerDepth)
 	}
-	dup, err := unix.FcntlInt(uintptr(src), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("reading layer directory /%s: %w", rel, err)
-	}
-	f := os.NewFile(uintptr(dup), rel)
-	defer f.Close()
-	for {
-		if err := c.ctx.Err(); err != nil {
-			return err
-		}
-		names, err := f.Readdirnames(1024)
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading layer directory /%s: %w", rel, err)
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			if err := c.entry(src, dst, prev, rel, name, depth); err != nil {
-				return err
-			}
-		}
-	}
+	return walkDir(c.ctx, src, rel, func(name string) error {
+		return c.entry(src, dst, prev, rel, name, depth)
+	})
 }
 
 func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error {
@@ -842,27 +910,4 @@ func copyXattrs(src, dst int) error {
 		}
 	}
 	return nil
-}
-
-// waitReleased waits until a killed sandbox named id has released its
-// host resources (a sandbox rebooted under its own ID needs them gone).
-func (b *Backend) waitReleased(ctx context.Context, id string) error {
-	if id == "" {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, reapTimeout)
-	defer cancel()
-	for {
-		b.mu.Lock()
-		_, live := b.live[id]
-		b.mu.Unlock()
-		if !live {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("sandbox %s is still being released: %w", id, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
 }

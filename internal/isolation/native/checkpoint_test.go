@@ -38,8 +38,10 @@ func sh(t *testing.T, sb isolation.Sandbox, script string) string {
 // booted on it see those changes (deletions and opaque directories
 // included), their own writes stay their own, and the running source's
 // later writes never reach it.
-func TestCheckpointLayers(t *testing.T) {
-	b := newBackend(t)
+func TestCheckpointLayers(t *testing.T) { forStores(t, testCheckpointLayers) }
+
+func testCheckpointLayers(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
 	src := create(t, b, isolation.Spec{})
 	sh(t, src, `set -e
 		mkdir -p /home/app/sub && echo one > /home/app/a && echo two > /home/app/sub/b
@@ -132,8 +134,11 @@ func TestCheckpointLayers(t *testing.T) {
 
 // A layer being made when the daemon dies is removed by Cleanup; the
 // budget refuses a layer that would not fit.
-func TestCheckpointCrashAndBudget(t *testing.T) {
-	b := newBackendWith(t, native.Options{LayerBudget: 1 << 20})
+func TestCheckpointCrashAndBudget(t *testing.T) { forStores(t, testCheckpointCrashAndBudget) }
+
+func testCheckpointCrashAndBudget(t *testing.T, opts native.Options) {
+	opts.LayerBudget = 1 << 20
+	b := newBackendWith(t, opts)
 	src := create(t, b, isolation.Spec{})
 	sh(t, src, `head -c 2000000 /dev/zero > /big`)
 	_, err := src.(isolation.Checkpointer).Checkpoint(t.Context())
@@ -144,10 +149,27 @@ func TestCheckpointCrashAndBudget(t *testing.T) {
 	if len(layers) != 0 {
 		t.Errorf("a refused checkpoint left layers: %+v", layers)
 	}
-	// A crash half-way through a copy leaves a temporary layer.
+	// A crash half-way through a copy leaves a temporary layer; one
+	// between a snapshot and its layer's rename leaves a snapshot no
+	// layer owns.
 	half := filepath.Join(b.LayersDir(), ".tmp-crashed")
 	if err := os.MkdirAll(filepath.Join(half, "tree", "x"), 0o700); err != nil {
 		t.Fatal(err)
+	}
+	var orphan string
+	if sd := b.SnapshotDir(); sd != "" {
+		sh(t, src, `rm /big; echo small > /small`)
+		info, err := src.(isolation.Checkpointer).Checkpoint(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(b.LayersDir(), info.ID), half+"2"); err != nil {
+			t.Fatal(err)
+		}
+		orphan = filepath.Join(sd, info.ID)
+		if _, err := os.Stat(orphan); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := b.Cleanup(t.Context()); err != nil {
 		t.Fatal(err)
@@ -162,13 +184,18 @@ func TestCheckpointCrashAndBudget(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("temporary layers left: %v", left)
 	}
+	if orphan != "" {
+		if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a snapshot no layer owns is left after Cleanup: %v", err)
+		}
+	}
 }
 
 // A second checkpoint links the files that did not change since the first
 // from its layer (they cost no space again) and copies the others, even a
 // file rewritten at once after the first with the same size.
 func TestCheckpointIncremental(t *testing.T) {
-	b := newBackend(t)
+	b := newBackendWith(t, native.Options{CopyLayers: true})
 	src := create(t, b, isolation.Spec{})
 	sh(t, src, `echo same > /same && echo one > /changed && sleep 0.2`)
 	cp := src.(isolation.Checkpointer)

@@ -26,3 +26,18 @@ func (b *Backend) PendingReleases() int { return b.pending.len() }
 
 // LayersDir is where the backend keeps its layers.
 func (b *Backend) LayersDir() string { return b.layersDir() }
+
+// SnapshotDir is where the btrfs store keeps its snapshots ("" for the
+// copy store).
+func (b *Backend) SnapshotDir() string {
+	if b.lfs == nil {
+		return ""
+	}
+	return b.lfs.snapDir
+}
+
+// LayerTree is where layer id's files are.
+func (b *Backend) LayerTree(id string) string { return b.layerTree(id) }
+
+// Instance is the backend's instance name.
+func (b *Backend) Instance() string { return b.opts.Instance }

@@ -106,6 +106,13 @@ func setup(sync *os.File) error {
 		}
 		unix.Close(fd)
 	}
+	if cfg.DiskDir != "" {
+		fd := fds[1+len(cfg.Binds)+len(cfg.LayerDirs)]
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, cfg.DiskDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attaching writable layer: %w", err)
+		}
+		unix.Close(fd)
+	}
 	// The layers are named through descriptors, so the sandbox's
 	// mountinfo shows /proc/self/fd/N rather than the host's state paths.
 	openLayer := func(d string) (string, error) {
@@ -193,7 +200,7 @@ func setup(sync *os.File) error {
 
 func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4*(maxBinds+maxLayerStack)+4))
+	oob := make([]byte, unix.CmsgSpace(4*(maxBinds+maxLayerStack)+8))
 	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
@@ -210,7 +217,11 @@ func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		return nil, nil, fmt.Errorf("decoding config: %w", err)
 	}
-	if len(fds) != len(cfg.Binds)+len(cfg.LayerDirs)+1 {
+	want := len(cfg.Binds) + len(cfg.LayerDirs) + 1
+	if cfg.DiskDir != "" {
+		want++
+	}
+	if len(fds) != want {
 		return nil, nil, fmt.Errorf("receiving config: %d descriptors for %d binds and %d layers", len(fds), len(cfg.Binds), len(cfg.LayerDirs))
 	}
 	return &cfg, fds, nil

@@ -69,7 +69,7 @@ func (s *sandbox) openUpper() (int, error) {
 	if s.diskFD >= 0 {
 		fd, err = unix.Openat2(s.diskFD, "upper", how)
 	} else {
-		fd, err = unix.Openat2(unix.AT_FDCWD, filepath.Join(s.b.sbDir, s.id, "disk", "upper"), &unix.OpenHow{Flags: how.Flags, Resolve: unix.RESOLVE_NO_SYMLINKS})
+		fd, err = unix.Openat2(unix.AT_FDCWD, filepath.Join(s.b.sbDir, s.key, "disk", "upper"), &unix.OpenHow{Flags: how.Flags, Resolve: unix.RESOLVE_NO_SYMLINKS})
 	}
 	if err != nil {
 		return -1, fmt.Errorf("opening the writable layer of %s: %w", s.id, err)
@@ -169,7 +169,21 @@ func (lw *layerWriter) dir(fd int, rel string, depth int) error {
 		lw.whiteouts.WriteString("# not exported: /" + quote(rel) + " (nested deeper than " + strconv.Itoa(maxLayerDepth) + " directories)\n")
 		return nil
 	}
-	// Read the names through a duplicate: os.File owns (and closes) it.
+	return walkDir(lw.ctx, fd, rel, func(name string) error {
+		if rel == "" && name == ".whiteouts" {
+			lw.whiteouts.WriteString("# /.whiteouts of the sandbox itself is not exported (the name is this list's)\n")
+			return nil
+		}
+		return lw.entry(fd, rel, name, depth)
+	})
+}
+
+// walkDir calls fn with each name in the directory fd (the layer's path
+// rel), read a batch at a time (memory stays bounded however many names
+// a directory holds) and sorted within each batch, checking ctx between
+// batches. The names are read through a duplicate of fd (os.File owns and
+// closes it); fn opens what it needs relative to fd.
+func walkDir(ctx context.Context, fd int, rel string, fn func(name string) error) error {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("reading layer directory /%s: %w", rel, err)
@@ -177,7 +191,7 @@ func (lw *layerWriter) dir(fd int, rel string, depth int) error {
 	f := os.NewFile(uintptr(dup), rel)
 	defer f.Close()
 	for {
-		if err := lw.ctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		names, err := f.Readdirnames(1024)
@@ -189,11 +203,7 @@ func (lw *layerWriter) dir(fd int, rel string, depth int) error {
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			if rel == "" && name == ".whiteouts" {
-				lw.whiteouts.WriteString("# /.whiteouts of the sandbox itself is not exported (the name is this list's)\n")
-				continue
-			}
-			if err := lw.entry(fd, rel, name, depth); err != nil {
+			if err := fn(name); err != nil {
 				return err
 			}
 		}

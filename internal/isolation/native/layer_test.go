@@ -19,12 +19,15 @@ import (
 // backend (its host mount is detached): a symlink to the host's root is
 // kept as a symlink and nothing below it is read, the cap is a clear
 // ErrTooLarge that LayerSize predicts, and at kill the layer is archived.
-func TestExportLayer(t *testing.T) {
+func TestExportLayer(t *testing.T) { forStores(t, testExportLayer) }
+
+func testExportLayer(t *testing.T, opts native.Options) {
 	archive, err := forensics.OpenArchive(filepath.Join(t.TempDir(), "forensics"), time.Hour, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBackendWith(t, native.Options{Forensics: archive})
+	opts.Forensics = archive
+	b := newBackendWith(t, opts)
 	sb := create(t, b, isolation.Spec{})
 	r := run(t, sb, "root", "/bin/sh", "-c", "mkdir -p /opt && ln -s / /opt/hostroot && dd if=/dev/zero of=/opt/big bs=1M count=2 2>/dev/null && echo ok")
 	if r.stdout != "ok\n" {

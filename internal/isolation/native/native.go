@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -91,6 +92,14 @@ type Options struct {
 	// LayerBudget is the disk the layers of checkpoints, snapshots and
 	// forks may take in all; zero means 8 GiB.
 	LayerBudget int64
+	// LayerFS is a directory on a btrfs filesystem for the btrfs layer
+	// store (layerfs.go): writable layers as subvolumes, checkpoints as
+	// snapshots. Empty means <StateDir>/layerfs when StateDir is on btrfs,
+	// else none: writable layers on per-sandbox ext4 images and
+	// checkpoints as copies.
+	LayerFS string
+	// CopyLayers keeps the copy store even where StateDir is on btrfs.
+	CopyLayers bool
 	// Logger receives diagnostics, including the first bytes each sandbox's
 	// init writes to stderr. Nil discards.
 	Logger *slog.Logger
@@ -102,7 +111,8 @@ type Backend struct {
 	log     *slog.Logger
 	fence   netfence.Fence // the sandboxes' network fence, from opts
 	cg      *cgroup.Manager
-	disk    *quota.FS // nil when project quotas are unavailable
+	disk    *quota.FS // nil when project quotas are unavailable or lfs is used
+	lfs     *layerFS  // the btrfs layer store; nil for the copy store
 	slots   *slots
 	exe     string
 	spawner spawner // clones sandboxes (spawn.go)
@@ -237,6 +247,21 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if b.cg, err = cgroup.NewManager("fence/" + opts.Instance); err != nil {
 		return nil, fmt.Errorf("preparing cgroups: %w", err)
 	}
+	if opts.LayerFS == "" && !opts.CopyLayers {
+		if ok, _ := btrfs.IsBtrfs(opts.StateDir); ok {
+			opts.LayerFS = filepath.Join(opts.StateDir, "layerfs")
+			b.opts.LayerFS = opts.LayerFS
+		}
+	}
+	if opts.LayerFS != "" && !opts.CopyLayers {
+		if b.lfs, err = openLayerFS(opts.LayerFS, opts.Instance); err != nil {
+			return nil, err
+		}
+		if !b.lfs.quota {
+			log.WarnContext(ctx, "btrfs simple quotas unavailable: writable layers are bounded by the layer filesystem's size alone", "layer_fs", opts.LayerFS)
+		}
+		return b, nil
+	}
 	diskDir := filepath.Join(opts.StateDir, "disk", opts.Instance)
 	if err := os.MkdirAll(diskDir, 0o711); err != nil {
 		return nil, fmt.Errorf("creating disk directory: %w", err)
@@ -332,6 +357,13 @@ func (b *Backend) removeInstance() error {
 	if b.disk != nil {
 		errs = append(errs, b.disk.Destroy())
 	}
+	if b.lfs != nil {
+		for _, d := range []string{b.lfs.sbDir, b.lfs.snapDir} {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("removing instance directory: %w", err))
+			}
+		}
+	}
 	for _, d := range []string{b.sockDir, b.sbDir} {
 		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing instance directory: %w", err))
@@ -390,6 +422,11 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 			seen[id] = true
 		}
 	}
+	if b.lfs != nil {
+		for _, id := range b.lfs.dirs() {
+			seen[id] = true
+		}
+	}
 	for _, dir := range dirs {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
@@ -401,7 +438,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 	}
 	var removed []string
-	errs := []error{b.cleanupLayers()}
+	errs := []error{b.cleanupLayers(), b.cleanupSnapshots()}
 	for id := range seen {
 		b.mu.Lock()
 		_, live := b.live[id]
@@ -431,6 +468,11 @@ func (b *Backend) removeLeftovers(ctx context.Context, id string) error {
 	}
 	if b.disk != nil {
 		if err := b.disk.RemoveDir(id); err != nil {
+			errs = append(errs, fmt.Errorf("removing writable layer: %w", err))
+		}
+	}
+	if b.lfs != nil {
+		if err := b.lfs.removeDir(id); err != nil {
 			errs = append(errs, fmt.Errorf("removing writable layer: %w", err))
 		}
 	}

@@ -72,7 +72,9 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 // sandboxes.
 func TestLayersConformance(t *testing.T) {
 	testutil.RequireRoot(t)
-	isolationtest.RunLayers(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, testutil.RootFS(t, "minimal"))
+	forStores(t, func(t *testing.T, opts native.Options) {
+		isolationtest.RunLayers(t, func(t *testing.T) isolation.Backend { return newBackendWith(t, opts) }, testutil.RootFS(t, "minimal"))
+	})
 }
 
 func TestConformance(t *testing.T) {
@@ -377,8 +379,10 @@ func TestMemoryBalloonKilledInside(t *testing.T) {
 	}
 }
 
-func TestDiskLimit(t *testing.T) {
-	b := newBackend(t)
+func TestDiskLimit(t *testing.T) { forStores(t, testDiskLimit) }
+
+func testDiskLimit(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
 	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{DiskBytes: 16 << 20}})
 	r := run(t, sb, "root", "/bin/sh", "-c", "dd if=/dev/zero of=/big bs=1M count=64 2>&1; echo rc=$?")
 	if !strings.Contains(r.stdout, "rc=1") || !(strings.Contains(r.stdout, "quota") || strings.Contains(r.stdout, "space")) {
@@ -438,8 +442,10 @@ func TestBindRootOwnedRefused(t *testing.T) {
 	}
 }
 
-func TestCrashCleanup(t *testing.T) {
-	b := newBackend(t)
+func TestCrashCleanup(t *testing.T) { forStores(t, testCrashCleanup) }
+
+func testCrashCleanup(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
 	rootfs := testutil.RootFS(t, "minimal")
 	sb, err := b.Create(t.Context(), isolation.Spec{ID: "crashleft", RootFS: rootfs})
 	if err != nil {
@@ -467,6 +473,12 @@ func TestCrashCleanup(t *testing.T) {
 	}
 	if !errors.Is(sb.Kill(t.Context()), nil) {
 		t.Log("Kill after Cleanup reported an error (acceptable)")
+	}
+	// Its writable layer went too (the btrfs store: its subvolume).
+	if opts.LayerFS != "" {
+		if _, err := os.Stat(filepath.Join(opts.LayerFS, "sandboxes", b.Instance(), "crashleft")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the crashed sandbox's subvolume is left after Cleanup: %v", err)
+		}
 	}
 }
 

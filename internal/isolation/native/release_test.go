@@ -208,3 +208,50 @@ echo started`
 	}
 	waitDone(t, sb)
 }
+
+// A sandbox booted under the ID of a killed one whose release has not run
+// yet (a rewind, a filesystem-only resume) does not wait for it: its host
+// resources have names of their own. The release then removes the old
+// sandbox's resources and not the new one's; a second live sandbox under
+// the same ID is refused.
+func TestRebootUnderIDDoesNotWaitForRelease(t *testing.T) { forStores(t, testRebootUnderID) }
+
+func testRebootUnderID(t *testing.T, opts native.Options) {
+	b := newBackendWith(t, opts)
+	release := b.HoldReleases(8)
+	t.Cleanup(release)
+	old := create(t, b, isolation.Spec{})
+	sh(t, old, `echo old > /mark`)
+	if _, err := b.Create(t.Context(), isolation.Spec{ID: old.ID(), RootFS: testutil.RootFS(t, "minimal")}); err == nil {
+		t.Fatal("a second live sandbox under the same ID was created")
+	}
+	if err := old.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	nb, err := b.Create(ctx, isolation.Spec{ID: old.ID(), RootFS: testutil.RootFS(t, "minimal")})
+	if err != nil {
+		t.Fatalf("create under the ID of a sandbox whose release is held: %v", err)
+	}
+	t.Cleanup(func() { nb.Kill(context.Background()) })
+	t.Logf("booted under the ID of a sandbox being released in %v", time.Since(start))
+	if b.PendingReleases() != 1 {
+		t.Errorf("%d releases pending, want the old sandbox's", b.PendingReleases())
+	}
+	if got := sh(t, nb, `cat /mark 2>/dev/null; echo new > /mark2; cat /mark2`); got != "new\n" {
+		t.Errorf("the new sandbox reads %q", got)
+	}
+	release()
+	waitPending(t, b, 0)
+	if got := sh(t, nb, `cat /mark2`); got != "new\n" {
+		t.Errorf("after the old sandbox's release the new one reads %q", got)
+	}
+	if ids, err := b.Cleanup(t.Context()); err != nil || len(ids) != 0 {
+		t.Errorf("Cleanup with the new sandbox live = %v, %v; want nothing removed", ids, err)
+	}
+	if got := sh(t, nb, `cat /mark2`); got != "new\n" {
+		t.Errorf("after Cleanup the new sandbox reads %q", got)
+	}
+}

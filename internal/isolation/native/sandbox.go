@@ -35,6 +35,9 @@ type initConfig struct {
 	RootDir  string `json:"rootDir"`  // overlay mount point
 	UpperDir string `json:"upperDir"`
 	WorkDir  string `json:"workDir"`
+	// DiskDir, when set, is where to attach the writable layer (the btrfs
+	// store's subvolume, idmapped): its descriptor travels last.
+	DiskDir string `json:"diskDir,omitempty"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
 	Binds []bindTarget `json:"binds,omitempty"`
@@ -57,8 +60,14 @@ type bindTarget struct {
 
 // sandbox is one running native sandbox.
 type sandbox struct {
-	b    *Backend
-	id   string
+	b  *Backend
+	id string
+	// key names the sandbox's host resources (state directory, socket,
+	// cgroup, writable layer) and its entry in Backend.live: its ID, or,
+	// while an earlier sandbox of the same ID (killed, a rewind's or a
+	// filesystem-only resume's predecessor) is still being released, its
+	// ID and a suffix, so the new one never waits for that release.
+	key  string
 	sock string
 	slot *slot
 	cg   *cgroup.Group
@@ -79,6 +88,10 @@ type sandbox struct {
 	// last is the previous checkpoint (checkpoint.go).
 	// +checklocks:pmu
 	last *lastCheckpoint
+	// lastUsage is the subvolume's usage at the previous checkpoint (the
+	// btrfs store, layerfs.go).
+	// +checklocks:pmu
+	lastUsage int64
 
 	net *egress.Stack // the sandbox's network; nil until made
 	// diskDir is the writable layer's mount point on the host while the
@@ -148,7 +161,6 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	s := &sandbox{
 		b:      b,
 		id:     spec.ID,
-		sock:   b.sockPath(spec.ID),
 		limit:  limits,
 		done:   make(chan struct{}),
 		diskFD: -1,
@@ -161,11 +173,22 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		}
 	}
 	b.mu.Lock()
-	if _, dup := b.live[spec.ID]; dup {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
+	s.key = spec.ID
+	for _, o := range b.live {
+		if o.id == spec.ID && !o.ended() {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
+		}
 	}
-	b.live[spec.ID] = s
+	if _, taken := b.live[spec.ID]; taken {
+		s.key = spec.ID + "r" + isolation.NewID()[:8]
+		if _, taken := b.live[s.key]; taken || len(s.key) > idPattern.max {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s is still being released, try again: %w", spec.ID, api.ErrUnavailable)
+		}
+	}
+	s.sock = b.sockPath(s.key)
+	b.live[s.key] = s
 	b.mu.Unlock()
 
 	defer func() {
@@ -180,7 +203,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
-	if s.cg, err = b.cg.Create(spec.ID, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
+	if s.cg, err = b.cg.Create(s.key, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
 	if s.ln, err = listenUnix(s.sock); err != nil {
@@ -219,7 +242,7 @@ func checkBinds(binds []isolation.Bind) error {
 // owned by the sandbox's root uid.
 func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*initConfig, error) {
 	uid := int(s.slot.hostUID())
-	dir := filepath.Join(s.b.sbDir, s.id)
+	dir := filepath.Join(s.b.sbDir, s.key)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox directory: %w", err)
 	}
@@ -239,8 +262,22 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		cfg.Seccomp = prog
 	}
 	disk := filepath.Join(dir, "disk")
-	if s.b.disk != nil {
-		d, err := s.b.disk.NewDir(ctx, s.id, limits.DiskBytes)
+	// hostDisk is the writable layer's directory on the host, owned by
+	// owner: the sandbox's root uid, or 0 in the btrfs store, where the
+	// sandbox sees it through an idmapped mount at cfg.DiskDir.
+	hostDisk, owner := disk, uid
+	if s.b.lfs != nil {
+		d, fd, err := s.b.lfs.newDir(s.key, limits.DiskBytes)
+		if err != nil {
+			return nil, err
+		}
+		s.diskFD, hostDisk, owner = fd, d, 0
+		cfg.DiskDir = disk
+		if err := os.Mkdir(disk, 0o700); err != nil {
+			return nil, fmt.Errorf("creating writable layer: %w", err)
+		}
+	} else if s.b.disk != nil {
+		d, err := s.b.disk.NewDir(ctx, s.key, limits.DiskBytes)
 		if err != nil {
 			return nil, fmt.Errorf("creating writable layer: %w", err)
 		}
@@ -248,20 +285,24 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	} else if err := os.Mkdir(disk, 0o700); err != nil {
 		return nil, fmt.Errorf("creating writable layer: %w", err)
 	}
+	if s.b.lfs == nil {
+		hostDisk = disk
+	}
 	cfg.UpperDir = filepath.Join(disk, "upper")
 	cfg.WorkDir = filepath.Join(disk, "work")
+	upper, work := filepath.Join(hostDisk, "upper"), filepath.Join(hostDisk, "work")
 	for i := range s.chain {
 		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(dir, "l"+strconv.Itoa(i)))
 	}
-	for _, d := range append([]string{cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir}, cfg.LayerDirs...) {
+	for _, d := range append([]string{cfg.LowerDir, cfg.RootDir, upper, work}, cfg.LayerDirs...) {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("creating sandbox directory: %w", err)
 		}
 	}
 	// Its resolver is the daemon's, inside its network stack.
-	resolv := filepath.Join(cfg.UpperDir, "etc", "resolv.conf")
+	resolv := filepath.Join(upper, "etc", "resolv.conf")
 	// The sandbox's own /etc/hosts names its hostname (sudo wants it).
-	etc := filepath.Join(cfg.UpperDir, "etc")
+	etc := filepath.Join(upper, "etc")
 	if err := os.Mkdir(etc, 0o755); err != nil {
 		return nil, fmt.Errorf("creating sandbox /etc: %w", err)
 	}
@@ -273,7 +314,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	// sudo is fence's: with no_new_privs a setuid sudo cannot work, so
 	// /usr/bin/sudo in the sandbox's own layer points at the agent's
 	// sudo client (internal/agent/sudo).
-	usrBin := filepath.Join(cfg.UpperDir, "usr", "bin")
+	usrBin := filepath.Join(upper, "usr", "bin")
 	if err := os.MkdirAll(usrBin, 0o755); err != nil {
 		return nil, fmt.Errorf("creating sandbox /usr/bin: %w", err)
 	}
@@ -281,7 +322,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.Symlink(agentPath, sudoLink); err != nil {
 		return nil, fmt.Errorf("installing sudo: %w", err)
 	}
-	caFiles, err := s.installCA(cfg.UpperDir, spec.RootFS, uid)
+	caFiles, err := s.installCA(upper, spec.RootFS, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -289,18 +330,22 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
-	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir, cfg.UpperDir, cfg.WorkDir, etc, hosts, resolv,
-		filepath.Dir(usrBin), usrBin, sudoLink}, append(caFiles, cfg.LayerDirs...)...) {
+	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir}, cfg.LayerDirs...) {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
-	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), cfg.UpperDir)
+	for _, d := range append([]string{hostDisk, upper, work, etc, hosts, resolv, filepath.Dir(usrBin), usrBin, sudoLink}, caFiles...) {
+		if err := os.Lchown(d, owner, owner); err != nil {
+			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
+		}
+	}
+	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
 	// The writable layer holds what the sandbox writes: its root is the
 	// sandbox's alone (init, as the sandbox's root, traverses it to mount
 	// the overlay), so no other host user reaches a file below, whatever
 	// the file's own mode. The sandbox directory is 0700 already.
-	if err := os.Chmod(disk, 0o700); err != nil {
+	if err := os.Chmod(hostDisk, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting writable layer: %w", err)
 	}
 	return cfg, nil
@@ -447,6 +492,16 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 	}
 	for _, id := range s.chain {
 		fd, err := idmappedTree(s.b.layerTree(id), userns, true)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		fds = append(fds, fd)
+	}
+	if cfg.DiskDir != "" {
+		// The btrfs store's subvolume, idmapped as the template is: its
+		// files carry the ids inside the sandbox (see layerfs.go).
+		fd, err := idmappedTree(filepath.Join(s.b.lfs.sbDir, s.key), userns, false)
 		if err != nil {
 			return err
 		}
@@ -658,6 +713,20 @@ func idmappedTree(path string, userns int, readOnly bool) (int, error) {
 // ID implements isolation.Sandbox.
 func (s *sandbox) ID() string { return s.id }
 
+// ended tells whether no process of the sandbox can run any more (killed,
+// or its init gone): another sandbox may then take its ID.
+func (s *sandbox) ended() bool {
+	if s.gone.Load() {
+		return true
+	}
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Done implements isolation.Sandbox.
 func (s *sandbox) Done() <-chan struct{} { return s.done }
 
@@ -693,7 +762,9 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 		Pids:        st.Pids,
 		DiskLimit:   s.limit.DiskBytes,
 	}
-	if s.diskFD >= 0 {
+	if s.diskFD >= 0 && s.b.lfs != nil {
+		out.DiskBytes = s.b.lfs.usage(s.diskFD)
+	} else if s.diskFD >= 0 {
 		if u, err := quota.UsageFD(s.diskFD); err == nil {
 			out.DiskBytes = u.Bytes
 		}
@@ -904,12 +975,12 @@ func (s *sandbox) release(ctx context.Context) error {
 		s.diskFD = -1
 	}
 	s.layerMu.Unlock()
-	if err := s.b.removeLeftovers(ctx, s.id); err != nil {
+	if err := s.b.removeLeftovers(ctx, s.key); err != nil {
 		errs = append(errs, err)
 	}
 	s.slot.release()
 	s.b.mu.Lock()
-	delete(s.b.live, s.id)
+	delete(s.b.live, s.key)
 	s.b.mu.Unlock()
 	return errors.Join(errs...)
 }
