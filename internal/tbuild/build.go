@@ -626,7 +626,7 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox
 	f := false
 	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
 		TemplateID: handle, Timeout: maxBuildTime,
-		Metadata:            map[string]string{"fence.template-build": buildID},
+		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID},
 		CPUs:                float64(cpus),
 		MemoryMB:            int64(mem),
 		AllowInternetAccess: &f,
