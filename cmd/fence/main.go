@@ -65,6 +65,8 @@ func deps() cli.Deps {
 				Inspect:       o.Inspect,
 				UpstreamCA:    o.UpstreamCA,
 				DenyCIDRs:     o.DenyCIDRs,
+				BuildAllow:    o.BuildAllow,
+				PipIndexURL:   o.PipIndexURL,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				Backend:       o.Backend,
 				Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),

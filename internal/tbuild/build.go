@@ -667,6 +667,13 @@ func (b *buildBox) kill() {
 // exec runs script with the build context's shell, env and workdir.
 func (b *buildBox) exec(ctx context.Context, c buildCtx, user, script string, out io.Writer) (int, error) {
 	env := copyEnv(c.Env)
+	if pi := b.s.opts.PipIndex; pi != nil {
+		for k, v := range pi.env() {
+			if _, set := env[k]; !set {
+				env[k] = v
+			}
+		}
+	}
 	if p, ok := env["PATH"]; ok {
 		env["PATH"] = p + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}

@@ -167,6 +167,10 @@ type Options struct {
 	// Allow is the egress allowlist of build steps (allowOut entries:
 	// names, presets, CIDRs); nil means DefaultAllow.
 	Allow []string
+	// PipIndex, when set, is the package index every build step's pip
+	// uses (PIP_INDEX_URL, and PIP_TRUSTED_HOST for plain HTTP; a step's
+	// own setEnvs value wins); its host and port join the allowlist.
+	PipIndex *PipIndex
 	// Namespace is the team slug names are shown under; empty "fence".
 	Namespace string
 	// MaxUploadBytes bounds one COPY archive; zero means 1 GiB.
@@ -216,6 +220,13 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	}
 	if opts.Allow == nil {
 		opts.Allow = DefaultAllow
+	}
+	if err := CheckAllow(opts.Allow); err != nil {
+		return nil, err
+	}
+	opts.Allow = slices.Clone(opts.Allow)
+	if opts.PipIndex != nil {
+		opts.Allow = append(opts.Allow, opts.PipIndex.allow())
 	}
 	if opts.Namespace == "" {
 		opts.Namespace = "fence"
