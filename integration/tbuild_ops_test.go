@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -78,5 +80,152 @@ func TestTemplateBuildSandboxesHidden(t *testing.T) {
 	st, logs := waitBuild(t, d, tid, bid)
 	if st.Status != "ready" {
 		t.Fatalf("build: %s (%+v)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+}
+
+// treeSet lists the layer trees of a daemon's template builds.
+func treeSet(dataDir string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range dirEntries(filepath.Join(dataDir, "builds", "trees")) {
+		out[n] = true
+	}
+	return out
+}
+
+// createOnce creates a sandbox the test kills itself (the harness's
+// cleanup would use a client of a daemon restarted since).
+func createOnce(t *testing.T, d *daemon, tmpl string) *client.Sandbox {
+	t.Helper()
+	sb, err := d.Client.Create(ctxT(t), api.NewSandbox{TemplateID: tmpl})
+	if err != nil {
+		t.Fatalf("Create(%s): %v", tmpl, err)
+	}
+	return sb
+}
+
+func deleteTemplate(t *testing.T, d *daemon, name string) {
+	t.Helper()
+	if r := d.do(t, "DELETE", "/templates/"+name, d.Key, nil, nil); r.Status != 204 {
+		t.Fatalf("DELETE /templates/%s: %d %s", name, r.Status, r.Body)
+	}
+}
+
+// Deleting a template removes its layer trees and cache entries that no
+// other template uses, keeps the ones another template's build went
+// through, and the collection at start removes what a crash left: trees
+// and cache entries no record names, half-removed trees. A deleted
+// template's trees stay while a live sandbox names it.
+func TestTemplateBuildGC(t *testing.T) {
+	requireTemplate(t, "minimal")
+	dataDir := newDataDir(t)
+	d := startDaemon(t, dataDir)
+	build := func(name, from string, cmds ...string) {
+		t.Helper()
+		tid, bid := buildTemplate(t, d, name, client.TemplateBuildSpec{FromTemplate: from, Steps: steps(cmds...)})
+		if st, logs := waitBuild(t, d, tid, bid); st.Status != "ready" {
+			t.Fatalf("build %s: %s %+v\n%s", name, st.Status, st.Reason, strings.Join(logs, "\n"))
+		}
+	}
+	build("gc-a", "minimal", "echo a > /a")
+	afterA := treeSet(dataDir)
+	build("gc-b", "gc-a", "echo b > /b")
+	afterB := treeSet(dataDir)
+	build("gc-c", "minimal", "echo a > /a", "echo c > /c") // shares gc-a's layers through the cache
+	all := treeSet(dataDir)
+	var own []string // gc-b's own trees
+	for n := range afterB {
+		if !afterA[n] {
+			own = append(own, n)
+		}
+	}
+	if len(afterA) < 2 || len(own) < 2 || len(all) <= len(afterB) {
+		t.Fatalf("trees: %d after gc-a, %d after gc-b, %d after gc-c", len(afterA), len(afterB), len(all))
+	}
+
+	// gc-a's trees stay: gc-b was built on it and gc-c went through them.
+	deleteTemplate(t, d, "gc-a")
+	if got := treeSet(dataDir); len(got) != len(all) {
+		t.Errorf("deleting gc-a removed trees others use: %d left of %d", len(got), len(all))
+	}
+	sb := createOnce(t, d, "gc-b")
+	if out := sh(t, sb.Envd(), "cat /a /b"); out != "a\nb\n" {
+		t.Errorf("gc-b after deleting gc-a: %q", out)
+	}
+	if err := sb.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	deleteTemplate(t, d, "gc-b")
+	got := treeSet(dataDir)
+	for _, n := range own {
+		if got[n] {
+			t.Errorf("deleting gc-b left its tree %s", n)
+		}
+	}
+	for n := range afterA {
+		if !got[n] {
+			t.Errorf("deleting gc-b removed %s, a layer gc-c went through", n)
+		}
+	}
+	sc := createOnce(t, d, "gc-c")
+	if out := sh(t, sc.Envd(), "cat /a /c"); out != "a\nc\n" {
+		t.Errorf("gc-c: %q", out)
+	}
+	if err := sc.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	// What a crash leaves is collected at start.
+	trees, keys := filepath.Join(dataDir, "builds", "trees"), filepath.Join(dataDir, "builds", "layers")
+	for _, n := range []string{"l-orphan", ".tmp-gc-l-half"} {
+		if err := os.MkdirAll(filepath.Join(trees, n, "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphanKey := filepath.Join(keys, strings.Repeat("ab", 32)+".json")
+	if err := os.WriteFile(orphanKey, []byte(`{"tree":"l-orphan","ctx":{"user":"root","shell":"/bin/sh"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.Crash()
+	d.Restart()
+	got = treeSet(dataDir)
+	if got["l-orphan"] || got[".tmp-gc-l-half"] {
+		t.Errorf("after the restart, trees no record names remain: %v", got)
+	}
+	if _, err := os.Stat(orphanKey); err == nil {
+		t.Errorf("after the restart, the cache entry of a removed tree remains")
+	}
+	if len(got) != len(all)-len(own) {
+		t.Errorf("after the restart %d trees, want gc-c's %d", len(got), len(all)-len(own))
+	}
+
+	// A deleted template's trees stay while a live sandbox names it (its
+	// tombstone, as a crash right after the deletion leaves it).
+	live := createOnce(t, d, "minimal")
+	if err := os.MkdirAll(filepath.Join(trees, "l-tomb", "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, "builds", "deleted.json"), []byte(`[{"id":"tombid","alias":"minimal","trees":["l-tomb"]}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deleteTemplate(t, d, "gc-c")
+	if got := treeSet(dataDir); len(got) != 1 || !got["l-tomb"] {
+		t.Errorf("after deleting gc-c with a live sandbox of a tombstoned name: trees %v, want only l-tomb", got)
+	}
+	if err := live.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	d.Stop()
+	d.Restart()
+	if got := treeSet(dataDir); len(got) != 0 {
+		t.Errorf("after deleting every template and the last sandbox, trees remain: %v", got)
+	}
+	for _, n := range dirEntries(keys) {
+		j, _ := os.ReadFile(filepath.Join(keys, n))
+		if !strings.Contains(string(j), `"tree":"/`) {
+			t.Errorf("after deleting every template, cache entry %s remains: %s", n, j)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "builds", "deleted.json")); err == nil {
+		t.Errorf("the tombstone outlived its last sandbox")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -69,9 +70,17 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	now := s.now().UTC()
 	s.mu.Lock()
 	rec := s.builds[buildID]
-	if rec == nil { // deleted meanwhile
+	pinned := s.pins[buildID]
+	delete(s.pins, buildID)
+	if rec == nil { // deleted meanwhile: its trees go
 		s.mu.Unlock()
+		s.collect(context.WithoutCancel(ctx))
 		return
+	}
+	for t := range maps.Keys(pinned) {
+		if !slices.Contains(rec.Layers, t) {
+			rec.Layers = append(rec.Layers, t)
+		}
 	}
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
@@ -153,7 +162,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 			desc = "[builder] default user: user"
 		}
 		if !st.force {
-			if l, ok := s.cached(key); ok {
+			if l, ok := s.cached(b.id, key); ok {
 				s.logf(b.id, "info", st.label, "CACHED %s [%s]", desc, key[:12])
 				cur = l
 				b.dropBox()
@@ -169,6 +178,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 		if err := s.keep(key, next); err != nil {
 			return Runtime{}, "", err
 		}
+		s.saveLayers(ctx, b.id)
 		cur = next
 		s.logf(b.id, "info", st.label, "done in %s", time.Since(t0).Round(10*time.Millisecond))
 	}
@@ -213,6 +223,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		_, pb, rerr := s.resolveLocked(n)
 		if rerr == nil {
 			tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
+			s.pinLocked(b.id, tree)
 			s.mu.Unlock()
 			key := hashKeys("v2", "template:"+pid)
 			s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
@@ -233,7 +244,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		}
 		key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
 		s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
-		if l, ok := s.cached(key); ok {
+		if l, ok := s.cached(b.id, key); ok {
 			return l, key, Runtime{}, nil
 		}
 		l := layer{Tree: "", Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
@@ -248,7 +259,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 	key := hashKeys("v2", img)
 	s.logf(b.id, "info", "base", "FROM %s", img)
 	if !b.spec.Force {
-		if l, ok := s.cached(key); ok {
+		if l, ok := s.cached(b.id, key); ok {
 			s.logf(b.id, "info", "base", "CACHED [base] FROM %s [%s]", img, key[:12])
 			return l, key, Runtime{}, nil
 		}
@@ -295,6 +306,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		}
 	}
 	tree := "img-" + key[:32]
+	s.pin(b.id, tree)
 	if err := s.commitTree(tmp, tree); err != nil {
 		return layer{}, "", Runtime{}, err
 	}
@@ -360,10 +372,16 @@ func (s *Service) treePath(tree string) string {
 	return filepath.Join(s.treesDir(), tree)
 }
 
-func (s *Service) cached(key string) (layer, bool) {
+// cached looks key up in the cache and pins its tree for the build
+// buildID.
+func (s *Service) cached(buildID, key string) (layer, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cachedLocked(key)
+	l, ok := s.cachedLocked(key)
+	if ok {
+		s.pinLocked(buildID, l.Tree)
+	}
+	return l, ok
 }
 
 // +checklocks:s.mu
@@ -589,6 +607,7 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 		return "", err
 	}
 	name := "l-" + newID(24)
+	s.pin(b.id, name)
 	if err := os.Rename(root, filepath.Join(s.treesDir(), name)); err != nil {
 		return "", err
 	}

@@ -40,8 +40,7 @@
 //     keeps nothing. They are extracted inside the build sandbox, never on
 //     the host.
 //
-// # Not done here
-//
-// Layer trees are kept while any build or cache entry names them; nothing
-// removes unused ones yet (fence template rm removes records, not layers).
+//   - Layer trees no build record, build in progress, create in flight
+//     or live sandbox of a deleted template uses are collected at start
+//     and after every deletion (gc.go), crash-safely.
 package tbuild
