@@ -229,3 +229,34 @@ func TestTemplateBuildGC(t *testing.T) {
 		t.Errorf("the tombstone outlived its last sandbox")
 	}
 }
+
+// A template's start and ready commands run once at the end of its build,
+// as in E2B's finalize phase: a start command that fails before its ready
+// command passes fails the build (step "finalize") and makes no template.
+func TestTemplateBuildFinalizeStartCmd(t *testing.T) {
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	tid, bid := buildTemplate(t, d, "fin-bad", client.TemplateBuildSpec{FromTemplate: "base", Steps: steps("echo x > /opt/x"),
+		StartCmd: "echo starting; exit 3", ReadyCmd: "false"})
+	st, logs := waitBuild(t, d, tid, bid)
+	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "finalize" || !strings.Contains(st.Reason.Message, "start command failed: exit status 3") {
+		t.Errorf("a failing start command: build %s %+v, want error at finalize (start command failed: exit status 3)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	if _, err := d.Client.Create(ctxT(t), api.NewSandbox{TemplateID: "fin-bad"}); err == nil {
+		t.Errorf("a sandbox of the failed build was created")
+	}
+
+	tid, bid = buildTemplate(t, d, "fin-good", client.TemplateBuildSpec{FromTemplate: "base",
+		StartCmd: "sleep 1 && echo up > /tmp/up && sleep infinity", ReadyCmd: "[ -f /tmp/up ]"})
+	st, logs = waitBuild(t, d, tid, bid)
+	if st.Status != "ready" {
+		t.Fatalf("build %s %+v\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	if !strings.Contains(strings.Join(logs, "\n"), "finalize ready in") {
+		t.Errorf("no finalize run in the build log:\n%s", strings.Join(logs, "\n"))
+	}
+	sb := d.create(t, api.NewSandbox{TemplateID: "fin-good"})
+	if out := sh(t, sb.Envd(), "cat /tmp/up"); out != "up\n" {
+		t.Errorf("the start command did not run at create: %q", out)
+	}
+}

@@ -191,9 +191,37 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 	}
 	rt.User, rt.Workdir = cur.Ctx.User, cur.Ctx.Workdir
 	if rt.StartCmd != "" || rt.ReadyCmd != "" {
-		s.logf(b.id, "info", "finalize", "start command: %q, ready command: %q (run at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
+		if err := b.finalize(ctx, cur.Tree, rt); err != nil {
+			return Runtime{}, "", err
+		}
 	}
 	return rt, cur.Tree, nil
+}
+
+// finalize runs the start command and waits for the ready command once,
+// in a sandbox of the final tree started the way the template's sandboxes
+// will be, as E2B's finalize phase does: a start command that fails before
+// it is ready, or a ready command that never passes, fails the build.
+func (b *builder) finalize(ctx context.Context, tree string, rt Runtime) error {
+	s := b.s
+	t0 := time.Now()
+	s.logf(b.id, "info", "finalize", "[finalize] start command: %q, ready command: %q (run once now and at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
+	box, err := s.startBox(ctx, b.id, tree, &rt)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		msg := err.Error()
+		if i := strings.Index(msg, "start command failed"); i >= 0 {
+			msg = msg[i:]
+		} else if i := strings.Index(msg, "ready command timed out"); i >= 0 {
+			msg = msg[i:]
+		}
+		return &stepError{step: "finalize", msg: msg}
+	}
+	box.kill()
+	s.logf(b.id, "info", "finalize", "ready in %s", time.Since(t0).Round(10*time.Millisecond))
+	return nil
 }
 
 func (b *builder) dropBox() {
@@ -440,7 +468,7 @@ func (b *builder) step(ctx context.Context, cur layer, st stepPlan) (layer, erro
 		return layer{Tree: cur.Tree, Ctx: c}, nil
 	}
 	if b.box == nil {
-		box, err := s.startBox(ctx, b.id, cur.Tree)
+		box, err := s.startBox(ctx, b.id, cur.Tree, nil)
 		if err != nil {
 			return fail("starting the build sandbox: %v", err)
 		}
@@ -627,10 +655,17 @@ type buildBox struct {
 // startBox creates a sandbox of tree through the sandbox manager: the
 // same isolation and limits as any sandbox, egress limited to the build
 // allowlist.
-func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox, error) {
+//
+// With rt, the sandbox is started as the template's will be: its start
+// command started and its ready command passed (the sandbox manager runs
+// them at create).
+func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
 	s.layers[handle] = s.treePath(tree)
+	if rt != nil {
+		s.boxRuntimes[handle] = *rt
+	}
 	rec := s.builds[buildID]
 	cpus, mem := 0, 0
 	if rec != nil {
@@ -640,6 +675,7 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox
 	forget := func() {
 		s.mu.Lock()
 		delete(s.layers, handle)
+		delete(s.boxRuntimes, handle)
 		s.mu.Unlock()
 	}
 	f := false
@@ -680,6 +716,7 @@ func (b *buildBox) kill() {
 	b.tr.CloseIdleConnections()
 	b.s.mu.Lock()
 	delete(b.s.layers, b.handle)
+	delete(b.s.boxRuntimes, b.handle)
 	b.s.mu.Unlock()
 }
 

@@ -207,6 +207,8 @@ type Service struct {
 	// +checklocks:mu
 	layers map[string]string // handle → tree path, for build sandboxes
 	// +checklocks:mu
+	boxRuntimes map[string]Runtime // handle → start and ready commands of a finalize sandbox
+	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
 	// +checklocks:mu
 	pins map[string]map[string]bool // build ID → trees a build in progress uses
@@ -247,7 +249,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
 		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]upload{},
 		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
-		pins: map[string]map[string]bool{}, leases: map[string]time.Time{}}
+		pins: map[string]map[string]bool{}, leases: map[string]time.Time{}, boxRuntimes: map[string]Runtime{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -1163,6 +1165,9 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 func (s *Service) Runtime(name string) (Runtime, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rt, ok := s.boxRuntimes[name]; ok {
+		return rt, true
+	}
 	n, err := ParseName(name)
 	if err != nil {
 		return Runtime{}, false
