@@ -204,14 +204,23 @@ func (s *Service) collect(ctx context.Context) {
 			s.log.Warn("template layer collection: updating the deleted templates", "err", err)
 		}
 	}
-	for _, p := range doomed {
-		if err := os.RemoveAll(p); err != nil {
-			s.log.Warn("template layer collection: removing a tree", "path", p, "err", err)
+	if len(doomed) == 0 {
+		return
+	}
+	// The removal runs in the background (a tree is thousands of entries):
+	// the trees are out of every path already, and a crash leaves .tmp-
+	// names the next start removes.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t0 := time.Now()
+		for _, p := range doomed {
+			if err := os.RemoveAll(p); err != nil {
+				s.log.Warn("template layer collection: removing a tree", "path", p, "err", err)
+			}
 		}
-	}
-	if len(doomed) > 0 {
-		s.log.Info("template layers collected", "trees", len(doomed))
-	}
+		s.log.Info("template layers collected", "trees", len(doomed), "took", time.Since(t0).Round(time.Millisecond))
+	}()
 }
 
 // usesTemplate reports whether a sandbox's template name names the

@@ -26,15 +26,27 @@ function context(t) {
   return dir
 }
 
+// removeTemplate kills the sandboxes of a template, then deletes it (its
+// layers go with it). Hooks registered with t.after run in order, so the
+// sandboxes' own kill hooks would come only after this one.
+async function removeTemplate(templateId, name) {
+  const api = process.env.E2B_API_URL
+  const headers = { 'X-API-Key': process.env.E2B_API_KEY }
+  const list = await (await fetch(`${api}/v2/sandboxes?state=running,paused`, { headers })).json()
+  for (const s of list) {
+    const tpl = s.templateID.split(':')[0]
+    if (tpl === name || tpl === templateId) {
+      await fetch(`${api}/sandboxes/${s.sandboxID}`, { method: 'DELETE', headers })
+    }
+  }
+  await fetch(`${api}/templates/${templateId}`, { method: 'DELETE', headers })
+}
+
 async function build(t, tpl, name, extra = {}) {
   const logs = []
   const info = await Template.build(tpl, name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()), ...extra })
     .catch((err) => { err.message += `\nbuild log:\n${logs.join('\n')}`; throw err })
-  t.after(async () => {
-    await fetch(`${process.env.E2B_API_URL}/templates/${info.templateId}`, {
-      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
-    }).catch(() => {})
-  })
+  t.after(() => removeTemplate(info.templateId, name.split(':')[0]).catch(() => {}))
   return { info, logs }
 }
 
@@ -83,6 +95,7 @@ test('Template.build: copy, runCmd, setEnvs, setWorkdir, setUser, start and read
 
 test('Template.build: a failing step fails the build with its log and exit code', async (t) => {
   const name = uniq('tpl-fail')
+  t.after(() => removeTemplate(name, name).catch(() => {}))
   const tpl = Template().fromTemplate('base').runCmd('echo step-one').runCmd('echo about-to-fail; exit 7')
   const logs = []
   await assert.rejects(
@@ -101,6 +114,7 @@ test('Template.build: a failing step fails the build with its log and exit code'
 
 test('Template.build: egress outside the allowlist is refused to a RUN step', async (t) => {
   const name = uniq('tpl-egress')
+  t.after(() => removeTemplate(name, name).catch(() => {}))
   const tpl = Template().fromTemplate('base').runCmd('curl -sS --max-time 10 https://example.com -o /dev/null')
   await assert.rejects(Template.build(tpl, name, opts), (err) => err instanceof BuildError)
 })
@@ -113,11 +127,7 @@ test('Template.exists, tags, buildInBackground and getBuildStatus', async (t) =>
   const name = uniq('tpl-tags')
   const tpl = Template().fromTemplate('base').runCmd('echo v1 > /tmp/version')
   const bg = await Template.buildInBackground(tpl, `${name}:v1`, opts)
-  t.after(async () => {
-    await fetch(`${process.env.E2B_API_URL}/templates/${bg.templateId}`, {
-      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
-    }).catch(() => {})
-  })
+  t.after(() => removeTemplate(bg.templateId, name).catch(() => {}))
   const st = await Template.getBuildStatus(bg, opts)
   assert.ok(['building', 'ready'].includes(st.status), `status right after buildInBackground: ${st.status}`)
   let status = st
@@ -219,10 +229,12 @@ test('pipInstall and aptInstall from registries the build allowlist admits; a re
   // The same index at an address on no allowlist: the step fails, its
   // output in the log, and nothing reached the server there.
   const logs2 = []
+  const deniedName = uniq('tpl-pkgs-denied')
+  t.after(() => removeTemplate(deniedName, deniedName).catch(() => {}))
   const denied = Template().fromTemplate('base')
     .pipInstall(['--index-url', `http://${reg.denied}:8080/simple`, '--trusted-host', `${reg.denied}:8080`, '--retries', '0', '--timeout', '5', 'fencehello'])
   await assert.rejects(
-    Template.build(denied, uniq('tpl-pkgs-denied'), { ...opts, onBuildLogs: (e) => logs2.push(e.toString()) }),
+    Template.build(denied, deniedName, { ...opts, onBuildLogs: (e) => logs2.push(e.toString()) }),
     (err) => {
       assert.ok(err instanceof BuildError, `BuildError, got ${err}`)
       assert.match(err.message, /pip install .*fencehello.*exit status/)
