@@ -262,3 +262,36 @@ func TestTemplateBuildFinalizeStartCmd(t *testing.T) {
 		t.Errorf("the start command did not run at create: %q", out)
 	}
 }
+
+// A build sandbox, hidden from the lists, still counts for
+// --max-sandboxes: while it runs, a create of a daemon limited to one
+// sandbox is refused (429), and admitted once the build is over.
+func TestTemplateBuildSandboxesCounted(t *testing.T) {
+	requireTemplate(t, "minimal")
+	d := startDaemon(t, newDataDir(t), "--max-sandboxes", "1", "--warm-pool", "0")
+	tid, bid := buildTemplate(t, d, "counted", client.TemplateBuildSpec{FromTemplate: "minimal", Steps: steps("sleep 5")})
+	eventually(t, time.Minute, "the build sandbox runs", func() bool {
+		return len(listedWithMeta(t, d, "/v2/sandboxes?includeBuilds=true")) == 1
+	})
+	r := d.do(t, "POST", "/sandboxes", d.Key, strings.NewReader(`{"templateID":"minimal"}`), nil)
+	if r.Status != 429 {
+		t.Errorf("create while the build sandbox holds the only slot: %d %s, want 429", r.Status, r.Body)
+		if r.Status == 201 {
+			var sb api.Sandbox
+			if json.Unmarshal(r.Body, &sb) == nil {
+				d.do(t, "DELETE", "/sandboxes/"+sb.SandboxID, d.Key, nil, nil)
+			}
+		}
+	}
+	if st, logs := waitBuild(t, d, tid, bid); st.Status != "ready" {
+		t.Fatalf("build: %s %+v\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	eventually(t, time.Minute, "the slot is free after the build", func() bool {
+		sb, err := d.Client.Create(ctxT(t), api.NewSandbox{TemplateID: "counted"})
+		if err != nil {
+			return false
+		}
+		_ = sb.Kill(ctxT(t))
+		return true
+	})
+}
