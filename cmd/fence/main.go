@@ -68,6 +68,8 @@ func deps() cli.Deps {
 				Inspect:       o.Inspect,
 				UpstreamCA:    o.UpstreamCA,
 				DenyCIDRs:     o.DenyCIDRs,
+				BuildAllow:    o.BuildAllow,
+				PipIndexURL:   o.PipIndexURL,
 				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
 				LayerFS:       o.LayerFS, LayerFSSize: o.LayerFSSize,
 				Backend: o.Backend,

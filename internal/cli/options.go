@@ -72,6 +72,12 @@ type ServeOptions struct {
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int
+	// BuildAllow extends the template build steps' egress allowlist (the
+	// package registries' presets) with allowOut entries; PipIndexURL is
+	// the package index build steps' pip is pointed at (its host joins
+	// the allowlist).
+	BuildAllow  []string
+	PipIndexURL string
 	// DenyCIDRs are ranges no sandbox may ever reach, whatever its policy
 	// lists (the operator's own networks).
 	DenyCIDRs []netip.Prefix

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/fencesandbox/fence/internal/tbuild"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -116,6 +117,14 @@ SIGINT or SIGTERM.`,
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
 			}
+			if err := tbuild.CheckAllow(o.BuildAllow); err != nil {
+				return usagef("--build-allow: %v", err)
+			}
+			if o.PipIndexURL != "" {
+				if _, err := tbuild.ParsePipIndex(o.PipIndexURL); err != nil {
+					return usagef("--pip-index-url: %v", err)
+				}
+			}
 			if o.HeaderTimeout < 0 || o.IdleTimeout < 0 || o.BodyIdleTimeout < 0 {
 				return usagef("--http-*-timeout must not be negative")
 			}
@@ -162,6 +171,8 @@ SIGINT or SIGTERM.`,
 	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.StringVar(&o.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
+	fs.StringArrayVar(&o.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
+	fs.StringVar(&o.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
 	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
 	fs.DurationVar(&o.IdleTimeout, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
 	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")

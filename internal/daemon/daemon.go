@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +67,10 @@ type Options struct {
 	Domain       string
 	Defaults     sandbox.Defaults
 	MaxSandboxes int
+	// BuildAllow extends template build steps' egress allowlist
+	// (tbuild.DefaultAllow); PipIndexURL is the index their pip uses.
+	BuildAllow  []string
+	PipIndexURL string
 	// WarmPool is how many sandboxes of the default template ("base", or
 	// else "minimal") and default limits to keep started ahead of
 	// requests. Zero disables the pool.
@@ -359,8 +364,15 @@ func Serve(ctx context.Context, opts Options) error {
 	} else {
 		log.Info("building templates from images is not available", "err", err)
 	}
+	var pipIndex *tbuild.PipIndex
+	if opts.PipIndexURL != "" {
+		if pipIndex, err = tbuild.ParsePipIndex(opts.PipIndexURL); err != nil {
+			return err
+		}
+	}
 	builds, err := tbuild.New(ctx, tbuild.Options{Dir: filepath.Join(opts.DataDir, "builds"), Store: st,
-		Parents: templates, Images: images, Logger: log})
+		Parents: templates, Images: images, Logger: log,
+		Allow: append(slices.Clone(tbuild.DefaultAllow), opts.BuildAllow...), PipIndex: pipIndex})
 	if err != nil {
 		return fmt.Errorf("opening template builds: %w", err)
 	}

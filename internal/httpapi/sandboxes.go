@@ -93,6 +93,10 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if _, ok := req.Metadata[sandbox.BuildMetadataKey]; ok {
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "metadata key %s is reserved for template builds", sandbox.BuildMetadataKey))
+		return
+	}
 	cr := sandbox.CreateRequest{
 		AutoPauseNoMemory:   noMemory,
 		AutoCheckpoint:      req.AutoCheckpoint != nil && *req.AutoCheckpoint,
@@ -394,7 +398,12 @@ func (h *handler) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	list, err := h.m.List(r.Context(), sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}, Metadata: md})
+	f := sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}, Metadata: md}
+	if f.WithoutMetadataKeys, err = hideBuilds(r.URL.Query(), md); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	list, err := h.m.List(r.Context(), f)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -407,6 +416,10 @@ func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
 	f := sandbox.ListFilter{Template: q.Get("template"), PageToken: q.Get("nextToken"), Limit: defaultListLimit}
 	var err error
 	if f.Metadata, err = parseMetadataFilter(q["metadata"]); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if f.WithoutMetadataKeys, err = hideBuilds(q, f.Metadata); err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
@@ -461,6 +474,23 @@ func listed(list []*sandbox.Sandbox) []api.ListedSandbox {
 		out = append(out, toListed(s))
 	}
 	return out
+}
+
+// hideBuilds returns the metadata keys a list leaves out: template build
+// sandboxes, unless the query asks for them (includeBuilds=true, fence's
+// extension) or its metadata filter names the build key.
+func hideBuilds(q url.Values, md map[string]string) ([]string, error) {
+	switch v := q.Get("includeBuilds"); v {
+	case "", "false":
+	case "true":
+		return nil, nil
+	default:
+		return nil, errorf(api.ErrInvalidArgument, "includeBuilds must be true or false, got %q", v)
+	}
+	if _, ok := md[sandbox.BuildMetadataKey]; ok {
+		return nil, nil
+	}
+	return []string{sandbox.BuildMetadataKey}, nil
 }
 
 // parseMetadataFilter decodes the SDKs' metadata filter:

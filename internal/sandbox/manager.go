@@ -418,6 +418,15 @@ func (m *Manager) reserve(ctx context.Context) error {
 	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
 }
 
+// CreatesInFlight is the number of creates past their capacity check
+// and not yet recorded (a template tree they resolved may not be named by
+// any sandbox record yet).
+func (m *Manager) CreatesInFlight() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pending
+}
+
 // usedLocked is the capacity in use: sandboxes running, being created,
 // being killed, and held ahead of demand.
 //

@@ -111,7 +111,7 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 	if f.Limit < 0 {
 		return nil, invalid("limit %d is negative", f.Limit)
 	}
-	sf := store.Filter{States: states, Template: f.Template, Metadata: f.Metadata, Limit: f.Limit,
+	sf := store.Filter{States: states, Template: f.Template, Metadata: f.Metadata, WithoutMetadataKeys: f.WithoutMetadataKeys, Limit: f.Limit,
 		StartedAfter: f.StartedAfter, Ascending: f.Ascending}
 	if f.PageToken != "" {
 		t, id, err := parsePageToken(f.PageToken)

@@ -139,12 +139,21 @@ type CreateRequest struct {
 	AutoCheckpoint bool
 }
 
+// BuildMetadataKey is the metadata key of a template build's sandboxes
+// (the value is the build's ID). The API's sandbox lists leave them out,
+// as E2B's do, unless asked for them; they count for every limit like
+// any sandbox. A create request cannot set it.
+const BuildMetadataKey = "fence.template-build"
+
 // ListFilter selects sandboxes in Manager.List. Zero fields select all.
 type ListFilter struct {
 	// States selects by state; empty means every state.
 	States []State
 	// Metadata selects sandboxes whose metadata holds every pair.
 	Metadata map[string]string
+	// WithoutMetadataKeys selects sandboxes whose metadata has none of
+	// these keys (the API's lists leave out build sandboxes with it).
+	WithoutMetadataKeys []string
 	// Template selects sandboxes of one template.
 	Template string
 	// Limit caps the result; 0 means no cap.

@@ -81,6 +81,9 @@ type Filter struct {
 	Template string
 	// Metadata selects records whose metadata has every given pair.
 	Metadata map[string]string
+	// WithoutMetadataKeys selects records whose metadata has none of
+	// these keys.
+	WithoutMetadataKeys []string
 	// StartedAfter, if set, selects records created at or after it.
 	StartedAfter time.Time
 	// Ascending lists oldest first (CreatedAt asc, ID asc); the default is
@@ -363,6 +366,10 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 	for k, v := range f.Metadata {
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
 		args = append(args, k, v)
+	}
+	for _, k := range f.WithoutMetadataKeys {
+		where = append(where, "NOT EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ?)")
+		args = append(args, k)
 	}
 	if !f.StartedAfter.IsZero() {
 		where = append(where, "created_at >= ?")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -69,9 +70,17 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	now := s.now().UTC()
 	s.mu.Lock()
 	rec := s.builds[buildID]
-	if rec == nil { // deleted meanwhile
+	pinned := s.pins[buildID]
+	delete(s.pins, buildID)
+	if rec == nil { // deleted meanwhile: its trees go
 		s.mu.Unlock()
+		s.collect(context.WithoutCancel(ctx))
 		return
+	}
+	for t := range maps.Keys(pinned) {
+		if !slices.Contains(rec.Layers, t) {
+			rec.Layers = append(rec.Layers, t)
+		}
 	}
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
@@ -153,7 +162,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 			desc = "[builder] default user: user"
 		}
 		if !st.force {
-			if l, ok := s.cached(key); ok {
+			if l, ok := s.cached(b.id, key); ok {
 				s.logf(b.id, "info", st.label, "CACHED %s [%s]", desc, key[:12])
 				cur = l
 				b.dropBox()
@@ -169,6 +178,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 		if err := s.keep(key, next); err != nil {
 			return Runtime{}, "", err
 		}
+		s.saveLayers(ctx, b.id)
 		cur = next
 		s.logf(b.id, "info", st.label, "done in %s", time.Since(t0).Round(10*time.Millisecond))
 	}
@@ -181,9 +191,37 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 	}
 	rt.User, rt.Workdir = cur.Ctx.User, cur.Ctx.Workdir
 	if rt.StartCmd != "" || rt.ReadyCmd != "" {
-		s.logf(b.id, "info", "finalize", "start command: %q, ready command: %q (run at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
+		if err := b.finalize(ctx, cur.Tree, rt); err != nil {
+			return Runtime{}, "", err
+		}
 	}
 	return rt, cur.Tree, nil
+}
+
+// finalize runs the start command and waits for the ready command once,
+// in a sandbox of the final tree started the way the template's sandboxes
+// will be, as E2B's finalize phase does: a start command that fails before
+// it is ready, or a ready command that never passes, fails the build.
+func (b *builder) finalize(ctx context.Context, tree string, rt Runtime) error {
+	s := b.s
+	t0 := time.Now()
+	s.logf(b.id, "info", "finalize", "[finalize] start command: %q, ready command: %q (run once now and at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
+	box, err := s.startBox(ctx, b.id, tree, &rt)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		msg := err.Error()
+		if i := strings.Index(msg, "start command failed"); i >= 0 {
+			msg = msg[i:]
+		} else if i := strings.Index(msg, "ready command timed out"); i >= 0 {
+			msg = msg[i:]
+		}
+		return &stepError{step: "finalize", msg: msg}
+	}
+	box.kill()
+	s.logf(b.id, "info", "finalize", "ready in %s", time.Since(t0).Round(10*time.Millisecond))
+	return nil
 }
 
 func (b *builder) dropBox() {
@@ -213,6 +251,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		_, pb, rerr := s.resolveLocked(n)
 		if rerr == nil {
 			tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
+			s.pinLocked(b.id, tree)
 			s.mu.Unlock()
 			key := hashKeys("v2", "template:"+pid)
 			s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
@@ -233,7 +272,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		}
 		key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
 		s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
-		if l, ok := s.cached(key); ok {
+		if l, ok := s.cached(b.id, key); ok {
 			return l, key, Runtime{}, nil
 		}
 		l := layer{Tree: "", Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
@@ -248,7 +287,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 	key := hashKeys("v2", img)
 	s.logf(b.id, "info", "base", "FROM %s", img)
 	if !b.spec.Force {
-		if l, ok := s.cached(key); ok {
+		if l, ok := s.cached(b.id, key); ok {
 			s.logf(b.id, "info", "base", "CACHED [base] FROM %s [%s]", img, key[:12])
 			return l, key, Runtime{}, nil
 		}
@@ -295,6 +334,7 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		}
 	}
 	tree := "img-" + key[:32]
+	s.pin(b.id, tree)
 	if err := s.commitTree(tmp, tree); err != nil {
 		return layer{}, "", Runtime{}, err
 	}
@@ -360,10 +400,16 @@ func (s *Service) treePath(tree string) string {
 	return filepath.Join(s.treesDir(), tree)
 }
 
-func (s *Service) cached(key string) (layer, bool) {
+// cached looks key up in the cache and pins its tree for the build
+// buildID.
+func (s *Service) cached(buildID, key string) (layer, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cachedLocked(key)
+	l, ok := s.cachedLocked(key)
+	if ok {
+		s.pinLocked(buildID, l.Tree)
+	}
+	return l, ok
 }
 
 // +checklocks:s.mu
@@ -422,7 +468,7 @@ func (b *builder) step(ctx context.Context, cur layer, st stepPlan) (layer, erro
 		return layer{Tree: cur.Tree, Ctx: c}, nil
 	}
 	if b.box == nil {
-		box, err := s.startBox(ctx, b.id, cur.Tree)
+		box, err := s.startBox(ctx, b.id, cur.Tree, nil)
 		if err != nil {
 			return fail("starting the build sandbox: %v", err)
 		}
@@ -589,6 +635,7 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 		return "", err
 	}
 	name := "l-" + newID(24)
+	s.pin(b.id, name)
 	if err := os.Rename(root, filepath.Join(s.treesDir(), name)); err != nil {
 		return "", err
 	}
@@ -608,10 +655,17 @@ type buildBox struct {
 // startBox creates a sandbox of tree through the sandbox manager: the
 // same isolation and limits as any sandbox, egress limited to the build
 // allowlist.
-func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox, error) {
+//
+// With rt, the sandbox is started as the template's will be: its start
+// command started and its ready command passed (the sandbox manager runs
+// them at create).
+func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
 	s.layers[handle] = s.treePath(tree)
+	if rt != nil {
+		s.boxRuntimes[handle] = *rt
+	}
 	rec := s.builds[buildID]
 	cpus, mem := 0, 0
 	if rec != nil {
@@ -621,12 +675,13 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string) (*buildBox
 	forget := func() {
 		s.mu.Lock()
 		delete(s.layers, handle)
+		delete(s.boxRuntimes, handle)
 		s.mu.Unlock()
 	}
 	f := false
 	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
 		TemplateID: handle, Timeout: maxBuildTime,
-		Metadata:            map[string]string{"fence.template-build": buildID},
+		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID},
 		CPUs:                float64(cpus),
 		MemoryMB:            int64(mem),
 		AllowInternetAccess: &f,
@@ -661,12 +716,20 @@ func (b *buildBox) kill() {
 	b.tr.CloseIdleConnections()
 	b.s.mu.Lock()
 	delete(b.s.layers, b.handle)
+	delete(b.s.boxRuntimes, b.handle)
 	b.s.mu.Unlock()
 }
 
 // exec runs script with the build context's shell, env and workdir.
 func (b *buildBox) exec(ctx context.Context, c buildCtx, user, script string, out io.Writer) (int, error) {
 	env := copyEnv(c.Env)
+	if pi := b.s.opts.PipIndex; pi != nil {
+		for k, v := range pi.env() {
+			if _, set := env[k]; !set {
+				env[k] = v
+			}
+		}
+	}
 	if p, ok := env["PATH"]; ok {
 		env["PATH"] = p + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}

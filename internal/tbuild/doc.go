@@ -39,9 +39,10 @@
 //     paths) before they are kept; a malformed one is a clear error and
 //     keeps nothing. They are extracted inside the build sandbox, never on
 //     the host.
+//   - Layer trees no build record, build in progress, create in flight
+//     or live sandbox of a deleted template uses are collected at start
+//     and after every deletion (gc.go), crash-safely.
 //
-// # Not done here
-//
-// Layer trees are kept while any build or cache entry names them; nothing
-// removes unused ones yet (fence template rm removes records, not layers).
+// Build sandboxes carry metadata sandbox.BuildMetadataKey; the API's
+// sandbox lists leave them out.
 package tbuild

@@ -94,21 +94,24 @@ type Runtime struct {
 
 // Build is one build of a template.
 type Build struct {
-	ID          string     `json:"id"`
-	TemplateID  string     `json:"templateID"`
-	Status      Status     `json:"status"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	UpdatedAt   time.Time  `json:"updatedAt"`
-	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
-	CPUs        int        `json:"cpuCount"`
-	MemoryMB    int        `json:"memoryMB"`
-	Tags        []string   `json:"tags"`
-	Spec        *Spec      `json:"spec,omitempty"` // without credentials
-	Reason      *Reason    `json:"reason,omitempty"`
-	Logs        []LogEntry `json:"logs,omitempty"`
-	Tree        string     `json:"tree,omitempty"` // layer tree of a ready build
-	Runtime     Runtime    `json:"runtime"`
-	ImageDigest string     `json:"imageDigest,omitempty"`
+	ID         string     `json:"id"`
+	TemplateID string     `json:"templateID"`
+	Status     Status     `json:"status"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	UpdatedAt  time.Time  `json:"updatedAt"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	CPUs       int        `json:"cpuCount"`
+	MemoryMB   int        `json:"memoryMB"`
+	Tags       []string   `json:"tags"`
+	Spec       *Spec      `json:"spec,omitempty"` // without credentials
+	Reason     *Reason    `json:"reason,omitempty"`
+	Logs       []LogEntry `json:"logs,omitempty"`
+	Tree       string     `json:"tree,omitempty"` // layer tree of a ready build
+	// Layers are the trees the build went through (its cached chain),
+	// kept while the record exists.
+	Layers      []string `json:"layers,omitempty"`
+	Runtime     Runtime  `json:"runtime"`
+	ImageDigest string   `json:"imageDigest,omitempty"`
 }
 
 // TagRef is where a tag points.
@@ -142,6 +145,8 @@ type Sandboxes interface {
 	Kill(ctx context.Context, id string) error
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
 	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+	// CreatesInFlight counts the creates not recorded yet.
+	CreatesInFlight() int
 }
 
 // Parents resolves the templates fence builds itself (minimal, base, …).
@@ -167,6 +172,10 @@ type Options struct {
 	// Allow is the egress allowlist of build steps (allowOut entries:
 	// names, presets, CIDRs); nil means DefaultAllow.
 	Allow []string
+	// PipIndex, when set, is the package index every build step's pip
+	// uses (PIP_INDEX_URL, and PIP_TRUSTED_HOST for plain HTTP; a step's
+	// own setEnvs value wins); its host and port join the allowlist.
+	PipIndex *PipIndex
 	// Namespace is the team slug names are shown under; empty "fence".
 	Namespace string
 	// MaxUploadBytes bounds one COPY archive; zero means 1 GiB.
@@ -198,9 +207,16 @@ type Service struct {
 	// +checklocks:mu
 	layers map[string]string // handle → tree path, for build sandboxes
 	// +checklocks:mu
+	boxRuntimes map[string]Runtime // handle → start and ready commands of a finalize sandbox
+	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
+	// +checklocks:mu
+	pins map[string]map[string]bool // build ID → trees a build in progress uses
+	// +checklocks:mu
+	leases map[string]time.Time // tree → when a sandbox create last resolved it
 
-	wg sync.WaitGroup
+	gcMu sync.Mutex // one collection at a time
+	wg   sync.WaitGroup
 }
 
 type upload struct {
@@ -217,6 +233,13 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	if opts.Allow == nil {
 		opts.Allow = DefaultAllow
 	}
+	if err := CheckAllow(opts.Allow); err != nil {
+		return nil, err
+	}
+	opts.Allow = slices.Clone(opts.Allow)
+	if opts.PipIndex != nil {
+		opts.Allow = append(opts.Allow, opts.PipIndex.allow())
+	}
 	if opts.Namespace == "" {
 		opts.Namespace = "fence"
 	}
@@ -225,7 +248,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	}
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
 		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]upload{},
-		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{}}
+		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
+		pins: map[string]map[string]bool{}, leases: map[string]time.Time{}, boxRuntimes: map[string]Runtime{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -914,6 +938,22 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
 		}
 	}
+	// The tombstone goes first: a crash after it leaves the trees to the
+	// next collection, which keeps them while a sandbox names the template.
+	s.gcMu.Lock()
+	s.mu.Lock()
+	tomb := tombstone{ID: t.ID, Alias: t.Alias}
+	for _, b := range s.builds {
+		if b.TemplateID == t.ID {
+			tomb.Trees = append(tomb.Trees, treesOf(b)...)
+		}
+	}
+	s.mu.Unlock()
+	err = s.writeTombstones(append(s.readTombstones(), tomb))
+	s.gcMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("deleting template %s: %w", t.Alias, err)
+	}
 	s.mu.Lock()
 	if s.templates[t.ID] != t {
 		s.mu.Unlock()
@@ -929,7 +969,11 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	}
 	delete(s.templates, t.ID)
 	s.mu.Unlock()
-	return s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID)
+	if err := s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID); err != nil {
+		return err
+	}
+	s.collect(context.WithoutCancel(ctx))
+	return nil
 }
 
 // Listed is one template in a list (E2B's Template).
@@ -1060,6 +1104,8 @@ func (s *Service) SetSandboxes(sb Sandboxes) {
 	s.mu.Lock()
 	s.opts.Sandboxes = sb
 	s.mu.Unlock()
+	// The collection at start: it needs the live sandboxes.
+	s.collect(context.Background())
 }
 
 // resolveLocked finds the ready build a name selects: the newest ready
@@ -1110,6 +1156,7 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 	if err != nil {
 		return "", true, err
 	}
+	s.leases[b.Tree] = s.now()
 	return s.treePath(b.Tree), true, nil
 }
 
@@ -1118,6 +1165,9 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 func (s *Service) Runtime(name string) (Runtime, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rt, ok := s.boxRuntimes[name]; ok {
+		return rt, true
+	}
 	n, err := ParseName(name)
 	if err != nil {
 		return Runtime{}, false

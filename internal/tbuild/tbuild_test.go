@@ -258,3 +258,33 @@ func TestStoreArchive(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildAllowAndPipIndex(t *testing.T) {
+	if err := CheckAllow([]string{"mirror.internal:8080", "10.1.2.3:3142", "*.corp.example", "@pypi", "198.18.0.0/29:80,443"}); err != nil {
+		t.Errorf("CheckAllow(good entries): %v", err)
+	}
+	for _, bad := range []string{"", "foo bar", "mirror:99999", "10.0.0.0/33", "http://mirror/"} {
+		if err := CheckAllow([]string{bad}); err == nil {
+			t.Errorf("CheckAllow(%q) = nil, want an error", bad)
+		}
+	}
+	p, err := ParsePipIndex("http://10.1.2.3:8080/simple")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.allow(); got != "10.1.2.3:8080" {
+		t.Errorf("allow entry %q", got)
+	}
+	env := p.env()
+	if env["PIP_INDEX_URL"] != "http://10.1.2.3:8080/simple" || env["PIP_TRUSTED_HOST"] != "10.1.2.3:8080" {
+		t.Errorf("env %v", env)
+	}
+	if p, err := ParsePipIndex("https://pypi.corp.example/root/simple/"); err != nil || p.allow() != "pypi.corp.example:443" || p.env()["PIP_TRUSTED_HOST"] != "" {
+		t.Errorf("https index: %+v %v", p, err)
+	}
+	for _, bad := range []string{"ftp://x/simple", "http:///simple", "http://u:p@x/simple", "http://x/simple?a=1", "x/simple", "http://x/sim ple"} {
+		if _, err := ParsePipIndex(bad); err == nil {
+			t.Errorf("ParsePipIndex(%q) = nil error", bad)
+		}
+	}
+}

@@ -39,11 +39,44 @@ chmod 711 "$work"
 port="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 
+# The fake package registries' network (test/templates.test.mjs): a network
+# namespace joined to the host by a veth pair, on a random /29 of
+# 198.18.0.0/15 (a range sandboxes reach only through an allow rule inside
+# it). The daemon's build allowlist admits REG_IP:8080 (--build-allow) and
+# points pip at its index (--pip-index-url); DENIED_IP, in the same
+# namespace, is on no allowlist.
+serve_extra=()
+reg_ns=""
+if [[ $EUID -eq 0 ]] && command -v ip >/dev/null; then
+	n=$(( (RANDOM * 32768 + RANDOM) % 16384 * 8 ))
+	net="198.$(( 18 + n / 65536 )).$(( n / 256 % 256 )).$(( n % 256 ))"
+	base="${net%.*}"; last="${net##*.}"
+	reg_ns="fence-e2b-reg-$$"
+	reg_if="fe2b$$"
+	ip netns add "$reg_ns"
+	trap 'ip netns del "$reg_ns" 2>/dev/null || true' EXIT
+	ip link add "$reg_if" type veth peer name eth0 netns "$reg_ns"
+	ip addr add "$base.$(( last + 1 ))/29" dev "$reg_if"
+	ip link set "$reg_if" up
+	ip -n "$reg_ns" addr add "$base.$(( last + 2 ))/29" dev eth0
+	ip -n "$reg_ns" addr add "$base.$(( last + 3 ))/29" dev eth0
+	ip -n "$reg_ns" link set eth0 up
+	ip -n "$reg_ns" link set lo up
+	export FENCE_E2B_REGISTRY_NS="$reg_ns"
+	export FENCE_E2B_REGISTRY_IP="$base.$(( last + 2 ))"
+	export FENCE_E2B_DENIED_IP="$base.$(( last + 3 ))"
+	serve_extra=(--build-allow "$FENCE_E2B_REGISTRY_IP:8080" --pip-index-url "http://$FENCE_E2B_REGISTRY_IP:8080/simple")
+fi
+
 FENCE_API_KEY="$key" "$repo/bin/fence" serve --addr "127.0.0.1:$port" \
-	--data-dir "$work/data" --templates-dir "$templates" >"$work/daemon.log" 2>&1 &
+	--data-dir "$work/data" --templates-dir "$templates" "${serve_extra[@]}" >"$work/daemon.log" 2>&1 &
 daemon=$!
 cleanup() {
 	kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+	if [[ -n "$reg_ns" ]]; then
+		ip netns pids "$reg_ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+		ip netns del "$reg_ns" 2>/dev/null || true
+	fi
 	# The daemon may leave its disk mounts behind; unmount them, deepest
 	# first, so the data dir can be removed.
 	awk -v w="$work/" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |

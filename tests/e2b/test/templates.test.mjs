@@ -3,12 +3,16 @@
 // sandboxes with the build's default user, workdir and start command.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs'
+import { mkdtempSync, writeFileSync, mkdirSync, rmSync, chmodSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
+import { spawn } from 'node:child_process'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
 import { Sandbox, Template, BuildError, waitForURL, waitForFile } from 'e2b'
-import { opts, create } from '../helpers.mjs'
+import { opts, create, within } from '../helpers.mjs'
+import { makeRegistries } from '../fakereg/make.mjs'
 
 const uniq = (p) => `${p}-${randomBytes(4).toString('hex')}`
 
@@ -22,14 +26,27 @@ function context(t) {
   return dir
 }
 
+// removeTemplate kills the sandboxes of a template, then deletes it (its
+// layers go with it). Hooks registered with t.after run in order, so the
+// sandboxes' own kill hooks would come only after this one.
+async function removeTemplate(templateId, name) {
+  const api = process.env.E2B_API_URL
+  const headers = { 'X-API-Key': process.env.E2B_API_KEY }
+  const list = await (await fetch(`${api}/v2/sandboxes?state=running,paused`, { headers })).json()
+  for (const s of list) {
+    const tpl = s.templateID.split(':')[0]
+    if (tpl === name || tpl === templateId) {
+      await fetch(`${api}/sandboxes/${s.sandboxID}`, { method: 'DELETE', headers })
+    }
+  }
+  await fetch(`${api}/templates/${templateId}`, { method: 'DELETE', headers })
+}
+
 async function build(t, tpl, name, extra = {}) {
   const logs = []
   const info = await Template.build(tpl, name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()), ...extra })
-  t.after(async () => {
-    await fetch(`${process.env.E2B_API_URL}/templates/${info.templateId}`, {
-      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
-    }).catch(() => {})
-  })
+    .catch((err) => { err.message += `\nbuild log:\n${logs.join('\n')}`; throw err })
+  t.after(() => removeTemplate(info.templateId, name.split(':')[0]).catch(() => {}))
   return { info, logs }
 }
 
@@ -78,6 +95,7 @@ test('Template.build: copy, runCmd, setEnvs, setWorkdir, setUser, start and read
 
 test('Template.build: a failing step fails the build with its log and exit code', async (t) => {
   const name = uniq('tpl-fail')
+  t.after(() => removeTemplate(name, name).catch(() => {}))
   const tpl = Template().fromTemplate('base').runCmd('echo step-one').runCmd('echo about-to-fail; exit 7')
   const logs = []
   await assert.rejects(
@@ -96,6 +114,7 @@ test('Template.build: a failing step fails the build with its log and exit code'
 
 test('Template.build: egress outside the allowlist is refused to a RUN step', async (t) => {
   const name = uniq('tpl-egress')
+  t.after(() => removeTemplate(name, name).catch(() => {}))
   const tpl = Template().fromTemplate('base').runCmd('curl -sS --max-time 10 https://example.com -o /dev/null')
   await assert.rejects(Template.build(tpl, name, opts), (err) => err instanceof BuildError)
 })
@@ -108,11 +127,7 @@ test('Template.exists, tags, buildInBackground and getBuildStatus', async (t) =>
   const name = uniq('tpl-tags')
   const tpl = Template().fromTemplate('base').runCmd('echo v1 > /tmp/version')
   const bg = await Template.buildInBackground(tpl, `${name}:v1`, opts)
-  t.after(async () => {
-    await fetch(`${process.env.E2B_API_URL}/templates/${bg.templateId}`, {
-      method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY },
-    }).catch(() => {})
-  })
+  t.after(() => removeTemplate(bg.templateId, name).catch(() => {}))
   const st = await Template.getBuildStatus(bg, opts)
   assert.ok(['building', 'ready'].includes(st.status), `status right after buildInBackground: ${st.status}`)
   let status = st
@@ -165,4 +180,67 @@ test('Template().fromBaseImage() and the default base are fence\'s base template
   // skipCache forces every step after it.
   await Template.build(Template().fromBaseImage().skipCache().runCmd(cmd), name, { ...opts, onBuildLogs: (e) => logs.push(e.toString()) })
   assert.ok(!logs.some((l) => l.includes('CACHED [builder 1/')), `skipCache left a cached step:\n${logs.join('\n')}`)
+})
+
+// The fake registries of run.sh's registry namespace: a PEP 503 index and a
+// flat apt repository, served from inside the namespace at REGISTRY_IP
+// (admitted by the daemon's --build-allow and --pip-index-url) and
+// DENIED_IP (on no allowlist).
+async function fakeRegistries(t) {
+  const ns = process.env.FENCE_E2B_REGISTRY_NS
+  if (!ns) {
+    if (process.env.CI) assert.fail('run.sh made no registry namespace (needs root and ip)')
+    t.skip('no registry namespace (run.sh as root)')
+    return null
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'fence-reg-'))
+  chmodSync(dir, 0o755)
+  t.after(() => rmSync(dir, { recursive: true, force: true }))
+  makeRegistries(dir)
+  const srv = spawn('ip', ['netns', 'exec', ns, process.execPath, fileURLToPath(new URL('../fakereg/server.mjs', import.meta.url)), dir, '8080'],
+    { stdio: ['ignore', 'pipe', 'inherit'] })
+  t.after(() => srv.kill())
+  const requests = []
+  let ready
+  const listening = new Promise((r) => { ready = r })
+  createInterface({ input: srv.stdout }).on('line', (l) => {
+    if (l === 'listening') ready()
+    else requests.push(l)
+  })
+  await within(listening, 10_000, 'the fake registry server')
+  return { ip: process.env.FENCE_E2B_REGISTRY_IP, denied: process.env.FENCE_E2B_DENIED_IP, requests }
+}
+
+test('pipInstall and aptInstall from registries the build allowlist admits; a registry off it fails the step', async (t) => {
+  const reg = await fakeRegistries(t)
+  if (!reg) return
+  const name = uniq('tpl-pkgs')
+  const tpl = Template().fromTemplate('base')
+    .pipInstall('fencehello') // the index of --pip-index-url
+    .runCmd(`rm -f /etc/apt/sources.list.d/* && echo "deb [trusted=yes] http://${reg.ip}:8080/apt ./" > /etc/apt/sources.list`, { user: 'root' })
+    .aptInstall('fence-hello', { noInstallRecommends: true })
+  const { logs } = await build(t, tpl, name)
+  assert.ok(reg.requests.some((l) => l.includes('/simple/fencehello/ 200')), `pip asked the index:\n${reg.requests.join('\n')}`)
+  assert.ok(reg.requests.some((l) => l.includes('fence-hello_1.0_all.deb 200')), `apt fetched the .deb:\n${reg.requests.join('\n')}`)
+  const s = await create(t, { template: name })
+  const r = await s.commands.run('python3 -c "import fencehello; print(fencehello.greet())" && fence-hello')
+  assert.equal(r.stdout, 'hello from the fake index\nhello from the fake apt repository\n', logs.join('\n'))
+
+  // The same index at an address on no allowlist: the step fails, its
+  // output in the log, and nothing reached the server there.
+  const logs2 = []
+  const deniedName = uniq('tpl-pkgs-denied')
+  t.after(() => removeTemplate(deniedName, deniedName).catch(() => {}))
+  const denied = Template().fromTemplate('base')
+    .pipInstall(['--index-url', `http://${reg.denied}:8080/simple`, '--trusted-host', `${reg.denied}:8080`, '--retries', '0', '--timeout', '5', 'fencehello'])
+  await assert.rejects(
+    Template.build(denied, deniedName, { ...opts, onBuildLogs: (e) => logs2.push(e.toString()) }),
+    (err) => {
+      assert.ok(err instanceof BuildError, `BuildError, got ${err}`)
+      assert.match(err.message, /pip install .*fencehello.*exit status/)
+      return true
+    },
+  )
+  assert.ok(logs2.some((l) => /No matching distribution found for fencehello|Could not find a version/.test(l)), `pip's error in the build log:\n${logs2.join('\n')}`)
+  assert.ok(!reg.requests.some((l) => l.startsWith(`REQ ${reg.denied} `)), `a request reached the address off the allowlist:\n${reg.requests.join('\n')}`)
 })
