@@ -61,6 +61,7 @@ func deps() cli.Deps {
 				},
 				MaxSandboxes:  o.MaxSandboxes,
 				WarmPool:      o.WarmPool,
+				WarmTemplates: warmTemplates(o.WarmTemplates),
 				DNSUpstream:   o.DNSUpstream,
 				TLSCert:       o.TLSCert,
 				TLSKey:        o.TLSKey,
@@ -155,4 +156,12 @@ func clusterOptions(o *cli.ClusterOptions) *daemon.ClusterOptions {
 		return nil
 	}
 	return &daemon.ClusterOptions{Kubeconfig: o.Kubeconfig, Namespace: o.Namespace, Name: o.Name, URL: o.Advertise, Token: o.Token}
+}
+
+func warmTemplates(in []cli.WarmTemplate) []daemon.WarmTemplate {
+	out := make([]daemon.WarmTemplate, len(in))
+	for i, w := range in {
+		out[i] = daemon.WarmTemplate{Name: w.Name, Size: w.Size}
+	}
+	return out
 }

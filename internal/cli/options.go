@@ -72,6 +72,10 @@ type ServeOptions struct {
 	// WarmPool is how many sandboxes of the default template and limits to
 	// keep started ahead of requests (0 disables).
 	WarmPool int
+	// WarmTemplates keeps sandboxes of these templates started ahead of
+	// requests too, each with its start command run and its ready command
+	// passed.
+	WarmTemplates []WarmTemplate
 	// BuildAllow extends the template build steps' egress allowlist (the
 	// package registries' presets) with allowOut entries; PipIndexURL is
 	// the package index build steps' pip is pointed at (its host joins
@@ -145,4 +149,10 @@ func defaultLimits() isolation.Limits {
 		DiskBytes:   DefaultDiskMB << 20,
 		NoFile:      DefaultNoFile,
 	}
+}
+
+// WarmTemplate is one --warm-template: Size sandboxes of template Name.
+type WarmTemplate struct {
+	Name string
+	Size int
 }

@@ -2,11 +2,11 @@ package cli
 
 import (
 	"fmt"
-	"github.com/fencesandbox/fence/internal/tbuild"
 	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/tbuild"
 )
 
 // limitFlags are the resource-limit flags shared by serve and run.
@@ -59,6 +60,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var o ServeOptions
 	var lim limitFlags
 	var denyCIDRs []string
+	var warmTemplates []string
 	var layerFSSize string
 	var forensicsBudget string
 	var cl clusterFlags
@@ -117,6 +119,9 @@ SIGINT or SIGTERM.`,
 			if o.WarmPool < 0 || o.WarmPool > 64 {
 				return usagef("--warm-pool must be between 0 and 64")
 			}
+			if o.WarmTemplates, err = parseWarmTemplates(warmTemplates); err != nil {
+				return err
+			}
 			if err := tbuild.CheckAllow(o.BuildAllow); err != nil {
 				return usagef("--build-allow: %v", err)
 			}
@@ -171,6 +176,7 @@ SIGINT or SIGTERM.`,
 	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.StringVar(&o.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
 	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
+	fs.StringArrayVar(&warmTemplates, "warm-template", nil, "also keep N sandboxes of template NAME started ahead of requests, its start command run and its ready command passed (NAME=N; repeatable; the template must exist when the daemon starts)")
 	fs.StringArrayVar(&o.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
 	fs.StringVar(&o.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
 	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
@@ -396,4 +402,23 @@ func initCmd(deps Deps) *cobra.Command {
 			return deps.SandboxInit()
 		},
 	}
+}
+
+// parseWarmTemplates parses --warm-template NAME=N values.
+func parseWarmTemplates(vals []string) ([]WarmTemplate, error) {
+	var out []WarmTemplate
+	seen := map[string]bool{}
+	for _, v := range vals {
+		name, n, ok := strings.Cut(v, "=")
+		size, err := strconv.Atoi(n)
+		if !ok || name == "" || err != nil || size < 1 || size > 64 {
+			return nil, usagef("--warm-template %q: want NAME=N with N between 1 and 64", v)
+		}
+		if seen[name] {
+			return nil, usagef("--warm-template: %s given twice", name)
+		}
+		seen[name] = true
+		out = append(out, WarmTemplate{Name: name, Size: size})
+	}
+	return out, nil
 }

@@ -75,6 +75,10 @@ type Options struct {
 	// else "minimal") and default limits to keep started ahead of
 	// requests. Zero disables the pool.
 	WarmPool int
+	// WarmTemplates are templates whose sandboxes are also kept started
+	// ahead of requests, start command run and ready command passed
+	// (name → count, in the order given).
+	WarmTemplates []WarmTemplate
 	// DNSUpstream is the resolver sandboxes' allowed names are resolved
 	// with; empty means the host's first nameserver.
 	DNSUpstream string
@@ -354,7 +358,18 @@ func Serve(ctx context.Context, opts Options) error {
 		tag := cluster.Tag(opts.Cluster.Name)
 		named, layers = cluster.NamingBackend(routed, tag), cluster.NamingLayers(layers, tag)
 	}
-	pool := warm.New(warm.Options{Backend: named, Size: opts.WarmPool, Logger: log})
+	// One pool per --warm-template, each in front of the next, and the
+	// default template's in front of them all: a create is served by the
+	// pool that keeps its kind, or goes through to the backend.
+	var tmplPools []*warm.Pool
+	inner := named
+	for _, wt := range slices.Backward(opts.WarmTemplates) {
+		p := warm.New(warm.Options{Backend: inner, Size: wt.Size, Logger: log})
+		defer p.Close(context.WithoutCancel(ctx))
+		tmplPools = append([]*warm.Pool{p}, tmplPools...)
+		inner = p
+	}
+	pool := warm.New(warm.Options{Backend: inner, Size: opts.WarmPool, Logger: log})
 	defer pool.Close(context.WithoutCancel(ctx))
 	// Template builds: their trees and uploads live in the data dir; the
 	// images they start from come from the shared layer cache.
@@ -419,14 +434,30 @@ func Serve(ctx context.Context, opts Options) error {
 		builds.Close() // builds end canceled, not by their sandboxes' kill
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if err := pool.Close(sctx); err != nil {
-			log.Error("shutting down the warm pool", "err", err)
+		for _, p := range append([]*warm.Pool{pool}, tmplPools...) {
+			if err := p.Close(sctx); err != nil {
+				log.Error("shutting down the warm pool", "err", err)
+			}
 		}
 		if err := mgr.Shutdown(sctx); err != nil {
 			log.Error("shutting down sandboxes", "err", err)
 		}
 	}
 	defer shutdownSandboxes() // idempotent; covers the early returns
+	reg.GaugeFunc("fence_sandboxes_warm_ready", "Sandboxes started ahead of requests, ready to hand out (the default template's and --warm-template's).", func() int64 {
+		n := pool.Ready()
+		for _, p := range tmplPools {
+			n += p.Ready()
+		}
+		return int64(n)
+	})
+	for i, wt := range opts.WarmTemplates {
+		t, err := mgr.WarmTarget(wt.Name)
+		if err != nil {
+			return fmt.Errorf("--warm-template %s: %w", wt.Name, err)
+		}
+		tmplPools[i].Start(t, mgr.PoolBudget())
+	}
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
@@ -586,4 +617,11 @@ func apiKey(opts Options) (key, path string, err error) {
 		return "", "", fmt.Errorf("writing API key: %w", err)
 	}
 	return key, path, nil
+}
+
+// WarmTemplate is Size sandboxes of template Name kept started ahead of
+// requests.
+type WarmTemplate struct {
+	Name string
+	Size int
 }

@@ -160,6 +160,8 @@ type Manager struct {
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
 	caEnv                  map[string]string
+	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
+	warmTemplates sync.Map // string → bool
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
 	gateways   sync.Map
 	hostAddrs  []netip.Addr

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
 
 // Runtime is what a built template asks of each sandbox made from it: the
@@ -61,10 +63,14 @@ func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, templ
 	start := time.Now()
 	var startDone <-chan struct{}
 	var startProc *client.Process
-	if rt.StartCmd != "" {
+	if rt.StartCmd != "" && m.startedAhead(ctx, e, template) {
+		// A sandbox of a warm pool (WarmTarget) had its start command
+		// started, and its ready command passed, before it was handed out;
+		// the ready command is checked once more below.
+	} else if rt.StartCmd != "" {
 		// The start command outlives this call: its context is not ctx.
 		p, err := e.Start(context.WithoutCancel(ctx), client.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", rt.StartCmd},
-			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir, Tag: "start-cmd"})
+			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir, Tag: startCmdTag})
 		if err != nil {
 			return fmt.Errorf("starting the start command of template %s: %w", template, err)
 		}
@@ -103,4 +109,65 @@ func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, templ
 		}
 		pause = min(pause*2, readyCmdPoll)
 	}
+}
+
+// startCmdTag tags the start command's process in the agent.
+const startCmdTag = "start-cmd"
+
+// startedAhead reports whether template's start command already runs in
+// the sandbox behind e: only a template a warm pool prepares ahead of
+// demand may have one (nothing of the request's has run in the sandbox
+// yet, so the process list is the pool's doing).
+func (m *Manager) startedAhead(ctx context.Context, e *client.Envd, template string) bool {
+	if _, ok := m.warmTemplates.Load(template); !ok {
+		return false
+	}
+	procs, err := e.ListProcesses(ctx)
+	if err != nil {
+		return false
+	}
+	for _, p := range procs {
+		if p.Tag == startCmdTag {
+			return true
+		}
+	}
+	return false
+}
+
+// WarmTarget is the warm pool target that keeps sandboxes of template name
+// started ahead of demand, as a create of it with no options would make
+// them: its root, its size, its environment, user and workdir, and, when
+// it has a start or ready command, a Prepare that starts the one and waits
+// for the other. A create of the template with the same limits and no
+// binds is then a hand-out: the request's environment and network are set
+// in the running sandbox, whose start command (started with the
+// template's environment alone, as a template's start command on E2B is
+// run at build time) runs on.
+func (m *Manager) WarmTarget(name string) (warm.Target, error) {
+	rootfs, err := m.templates.Resolve(name)
+	if err != nil {
+		return warm.Target{}, fmt.Errorf("resolving template %q: %w", name, err)
+	}
+	var rt Runtime
+	if r, ok := m.templates.(Runtimer); ok {
+		rt, _ = r.Runtime(name)
+	}
+	_, limits, err := m.validate(CreateRequest{TemplateID: name, CPUs: rt.CPUs, MemoryMB: rt.MemoryMB})
+	if err != nil {
+		return warm.Target{}, err
+	}
+	env := maps.Clone(m.caEnv)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, rt.Env)
+	t := warm.Target{RootFS: rootfs, Limits: limits,
+		Agent: isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir}}
+	if rt.StartCmd != "" || rt.ReadyCmd != "" {
+		m.warmTemplates.Store(name, true)
+		t.Prepare = func(ctx context.Context, sb isolation.Sandbox) error {
+			return m.startRuntime(ctx, sb, name, rt)
+		}
+	}
+	return t, nil
 }

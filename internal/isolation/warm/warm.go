@@ -69,7 +69,22 @@ type Options struct {
 type Target struct {
 	RootFS string
 	Limits isolation.Limits
+	// Agent is the agent's configuration while the sandbox waits in the
+	// pool (a hand-out replaces it with the request's).
+	Agent isolation.AgentConfig
+	// Prepare, if set, runs once a pooled sandbox's agent answers and
+	// before the sandbox counts as ready: a template's start command and
+	// the wait for its ready command. A sandbox it fails for is killed,
+	// and the pool waits longer after each failure in a row (up to
+	// maxPrepareBackoff) before it starts another.
+	Prepare func(context.Context, isolation.Sandbox) error
 }
+
+// Prepare's time limit, and the longest wait after failed Prepares.
+const (
+	prepareTimeout    = 11 * time.Minute
+	maxPrepareBackoff = 5 * time.Minute
+)
 
 // unlimited is the Budget of a pool started with none.
 type unlimited struct{}
@@ -95,6 +110,10 @@ type Pool struct {
 	closed bool
 	// +checklocks:mu
 	changed chan struct{} // closed and replaced when ready or filling changes
+	// +checklocks:mu
+	failures int // Prepare failures in a row
+	// +checklocks:mu
+	notBefore time.Time // no sandbox is started before (after failures)
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -197,6 +216,13 @@ func (p *Pool) WaitReady(ctx context.Context) error {
 	}
 }
 
+// Ready returns how many sandboxes the pool holds ready to hand out.
+func (p *Pool) Ready() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
 // Held returns how many sandboxes the pool holds, ready or being started.
 func (p *Pool) Held() int {
 	p.mu.Lock()
@@ -290,7 +316,7 @@ func (p *Pool) signalLocked() {
 //
 // +checklocks:p.mu
 func (p *Pool) refillLocked() {
-	if p.closed || p.budget == nil {
+	if p.closed || p.budget == nil || time.Now().Before(p.notBefore) {
 		return
 	}
 	for len(p.ready)+p.filling < p.opts.Size && p.budget.TryAcquire() {
@@ -337,7 +363,7 @@ func (p *Pool) fill(t Target) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits})
+	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent})
 	if err == nil {
 		// Ready means serving: a backend's Create returns once the agent
 		// is started, not once it answers, and a sandbox handed out
@@ -346,10 +372,34 @@ func (p *Pool) fill(t Target) {
 			sb.Kill(context.WithoutCancel(ctx))
 		}
 	}
+	prepareFailed := false
+	if err == nil && t.Prepare != nil {
+		// Prepare ends with the pool's Close too.
+		pctx, pcancel := context.WithTimeout(context.Background(), prepareTimeout)
+		go func() {
+			select {
+			case <-p.stop:
+				pcancel()
+			case <-pctx.Done():
+			}
+		}()
+		err = t.Prepare(pctx, sb)
+		pcancel()
+		if err != nil {
+			prepareFailed = true
+			sb.Kill(context.WithoutCancel(ctx))
+		}
+	}
 	if err != nil {
-		p.log.Warn("starting a pooled sandbox", "err", err)
+		p.log.Warn("starting a pooled sandbox", "root", t.RootFS, "err", err)
 	}
 	p.mu.Lock()
+	if prepareFailed {
+		p.failures++
+		p.notBefore = time.Now().Add(min(time.Second<<min(p.failures, 20), maxPrepareBackoff))
+	} else if err == nil {
+		p.failures = 0
+	}
 	p.filling--
 	keep := err == nil && !p.closed
 	if keep {

@@ -196,3 +196,51 @@ func TestPoolBudget(t *testing.T) {
 		t.Errorf("after a hand-out and Close, units in use = %d, want 0", used)
 	}
 }
+
+// TestPoolPrepare: a target's Prepare runs before a sandbox counts as
+// ready; a sandbox it fails for is killed, and the pool backs off instead
+// of starting sandboxes in a loop.
+func TestPoolPrepare(t *testing.T) {
+	host := fake.NewHost()
+	var mu sync.Mutex
+	prepared, fail := 0, false
+	tg := target
+	tg.Prepare = func(ctx context.Context, sb isolation.Sandbox) error {
+		mu.Lock()
+		defer mu.Unlock()
+		prepared++
+		if fail {
+			return context.DeadlineExceeded
+		}
+		return nil
+	}
+	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 1, RefillEvery: 10 * time.Millisecond})
+	defer pool.Close(context.Background())
+	pool.Start(tg, nil)
+	if err := pool.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if prepared != 1 {
+		t.Errorf("Prepare ran %d times for one ready sandbox", prepared)
+	}
+	fail = true
+	mu.Unlock()
+	if _, err := pool.Create(t.Context(), isolation.Spec{RootFS: tg.RootFS, Limits: tg.Limits}); err != nil {
+		t.Fatal(err)
+	}
+	// The refill fails its Prepare: its sandbox is killed, and the next
+	// attempt waits (a second at least) though the refiller ticks every
+	// 10 ms.
+	time.Sleep(800 * time.Millisecond)
+	mu.Lock()
+	attempts := prepared - 1
+	mu.Unlock()
+	if attempts != 1 {
+		t.Errorf("%d Prepare attempts within 0.8 s of a failing Prepare, want 1 (then a back-off)", attempts)
+	}
+	if pool.Ready() != 0 {
+		t.Errorf("a sandbox whose Prepare failed counts as ready")
+	}
+	waitRunning(t, host, 1) // the one handed out; the failed one was killed
+}
