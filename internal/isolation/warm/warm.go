@@ -273,8 +273,9 @@ func (p *Pool) discard(ctx context.Context, dead []isolation.Sandbox) {
 	}
 }
 
-// Reclaim kills one pooled sandbox to make room for a create and hands its
-// unit of the budget to the caller instead of releasing it. When no
+// Reclaim kills one pooled sandbox (of this pool, else of a pool behind
+// it) to make room for a create and hands its unit of the budget to the
+// caller instead of releasing it. When no
 // sandbox is ready but some are being started, it waits for one. It
 // reports false when the pool holds nothing (or ctx ends first).
 func (p *Pool) Reclaim(ctx context.Context) bool {
@@ -282,7 +283,7 @@ func (p *Pool) Reclaim(ctx context.Context) bool {
 		p.mu.Lock()
 		if p.budget == nil {
 			p.mu.Unlock()
-			return false
+			return p.reclaimBehind(ctx)
 		}
 		sb, dead := p.popLocked()
 		filling, changed := p.filling, p.changed
@@ -293,7 +294,7 @@ func (p *Pool) Reclaim(ctx context.Context) bool {
 			return true
 		}
 		if filling == 0 {
-			return false
+			return p.reclaimBehind(ctx)
 		}
 		select {
 		case <-changed:
@@ -301,6 +302,15 @@ func (p *Pool) Reclaim(ctx context.Context) bool {
 			return false
 		}
 	}
+}
+
+// reclaimBehind reclaims from a pool behind this one (pools of other
+// targets chained in front of one another).
+func (p *Pool) reclaimBehind(ctx context.Context) bool {
+	if r, ok := p.opts.Backend.(interface{ Reclaim(context.Context) bool }); ok {
+		return r.Reclaim(ctx)
+	}
+	return false
 }
 
 // signalLocked wakes the waiters on a change of ready or filling.

@@ -244,3 +244,29 @@ func TestPoolPrepare(t *testing.T) {
 	}
 	waitRunning(t, host, 1) // the one handed out; the failed one was killed
 }
+
+// TestReclaimReachesChainedPools: a pool in front of another reclaims from
+// the one behind when it holds nothing itself.
+func TestReclaimReachesChainedPools(t *testing.T) {
+	host := fake.NewHost()
+	inner := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 1})
+	defer inner.Close(context.Background())
+	outer := warm.New(warm.Options{Backend: inner, Size: 1})
+	defer outer.Close(context.Background())
+	other := target
+	other.RootFS = "/other"
+	inner.Start(other, nil)
+	if err := inner.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, host, 1)
+	pooled := host.Running()[0]
+	// The outer pool keeps nothing (never started): its Reclaim takes the
+	// inner pool's sandbox.
+	if !outer.Reclaim(t.Context()) {
+		t.Fatal("Reclaim through a chained pool found nothing")
+	}
+	if slices.Contains(host.Running(), pooled) {
+		t.Errorf("the inner pool's sandbox %s still runs after the reclaim", pooled)
+	}
+}
