@@ -60,7 +60,7 @@ func TestGvisorPauseKeepsMemoryAcrossRestart(t *testing.T) {
 		t.Logf("kernel banner: %q", out)
 	}
 	sh(t, e, `mkdir -p /tmp/www && echo served-from-memory > /tmp/www/index.html && cd /tmp/www && (python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &) ; `+
-		`(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
+		`(i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n && mv -f /tmp/c.n /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
 	eventually(t, 30*time.Second, "the http server to serve", func() bool {
 		r := httpOn(t, d, sb, "8000")
 		return r.Status == 200 && strings.Contains(string(r.Body), "served-from-memory")

@@ -54,7 +54,7 @@ func TestPauseResume(t *testing.T) {
 	sb := d.create(t, api.NewSandbox{TemplateID: "minimal"})
 	other := d.create(t, api.NewSandbox{TemplateID: "minimal"})
 	e := sb.Envd()
-	sh(t, e, `echo kept > /tmp/file; (i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
+	sh(t, e, `echo kept > /tmp/file; (i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n && mv -f /tmp/c.n /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
 	eventually(t, 30*time.Second, "the counter to count", func() bool {
 		n, _ := readCounterFromHost(t, sb.ID())
 		return n > 2

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/syslog"
 	"net"
 	"net/http"
@@ -54,7 +56,10 @@ const forwardBatch = 1000
 // syslog:HOST:PORT (UDP) or syslog+tcp:HOST:PORT (one message per record),
 // or https://URL (POST of a batch of lines, application/x-ndjson; http://
 // only to a loopback address). It starts after the last record it sent
-// before (for this dest), or with the records committed from now on.
+// before (for this dest), or with the records committed from now on. A
+// file copy is exact across crashes (its last line is the position); the
+// other destinations may get the records of the last second again after
+// a crash (the position is saved once a second), never miss one.
 func (l *Log) Forward(dest string) (*Forwarder, error) {
 	sink, err := newForwardSink(dest)
 	if err != nil {
@@ -63,11 +68,22 @@ func (l *Log) Forward(dest string) (*Forwarder, error) {
 	h := sha256.Sum256([]byte(dest))
 	f := &Forwarder{l: l, dest: dest, sink: sink, done: make(chan struct{}),
 		state: filepath.Join(l.dir, "forward-"+hex.EncodeToString(h[:6]))}
-	if b, err := os.ReadFile(f.state); err == nil {
+	switch b, err := os.ReadFile(f.state); {
+	case err == nil:
 		n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		f.last.Store(n)
-	} else {
+	default:
+		// A new destination starts with the records committed from now on,
+		// and that start is kept at once: a crash before the first
+		// periodic save must not move it past records not yet sent.
 		f.last.Store(l.Committed())
+		f.saveState()
+	}
+	// A file holds its own position: its last line is the last record
+	// sent, whatever the saved position says (saved at most once a
+	// second, so a crash may leave it behind what was sent).
+	if fs, ok := sink.(*fileSink); ok && fs.lastSeq > 0 {
+		f.last.Store(fs.lastSeq)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
@@ -185,11 +201,16 @@ func newForwardSink(dest string) (forwardSink, error) {
 		if p == "" {
 			return nil, errors.New("audit forward: file: needs a path")
 		}
-		fd, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		fd, err := os.OpenFile(p, os.O_RDWR|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("audit forward: %w", err)
 		}
-		return &fileSink{f: fd}, nil
+		last, err := lastSeqOf(fd)
+		if err != nil {
+			fd.Close()
+			return nil, fmt.Errorf("audit forward: reading %s: %w", p, err)
+		}
+		return &fileSink{f: fd, lastSeq: last}, nil
 	case strings.HasPrefix(dest, "syslog:"), strings.HasPrefix(dest, "syslog+tcp:"):
 		network, addr := "udp", strings.TrimPrefix(dest, "syslog:")
 		if strings.HasPrefix(dest, "syslog+tcp:") {
@@ -215,7 +236,44 @@ func newForwardSink(dest string) (forwardSink, error) {
 	return nil, fmt.Errorf("audit forward: %q is not file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL", dest)
 }
 
-type fileSink struct{ f *os.File }
+type fileSink struct {
+	f *os.File
+	// lastSeq is the seq of the file's last complete line when opened
+	// (0 for an empty file or one whose last line is not a record).
+	lastSeq uint64
+}
+
+// lastSeqOf reads the seq of the last complete line of f (a forwarded
+// copy). A line cut short by a crash is not counted: the record is sent
+// again after it (the copy then holds one broken line, which its
+// verification reports).
+func lastSeqOf(f *os.File) (uint64, error) {
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return 0, err
+	}
+	const tail = 256 << 10 // well above one record
+	off := max(st.Size()-tail, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return 0, err
+	}
+	end := bytes.LastIndexByte(buf, '\n')
+	if end < 0 {
+		return 0, nil
+	}
+	line := buf[:end]
+	if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
+		line = line[i+1:]
+	}
+	var r struct {
+		Seq uint64 `json:"seq"`
+	}
+	if json.Unmarshal(line, &r) != nil {
+		return 0, nil
+	}
+	return r.Seq, nil
+}
 
 func (s *fileSink) send(_ context.Context, lines [][]byte) error {
 	var b bytes.Buffer

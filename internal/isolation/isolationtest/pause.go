@@ -40,7 +40,7 @@ func RunPause(t *testing.T, newBackend func(t *testing.T) isolation.Backend, roo
 }
 
 // counterLoop counts in /tmp/c ten times a second, in the background.
-const counterLoop = `(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`
+const counterLoop = `(i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n && mv -f /tmp/c.n /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`
 
 func createPausable(t *testing.T, b isolation.Backend, rootfs string) (isolation.Sandbox, isolation.Pauser) {
 	t.Helper()
