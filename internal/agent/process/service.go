@@ -262,6 +262,16 @@ func pump(ctx context.Context, interval time.Duration, sub *subscriber, send fun
 	defer t.Stop()
 	for {
 		items, dropped := sub.take()
+		if err := ctx.Err(); err != nil {
+			// The deadline (or the client) ended the call: that is its
+			// outcome, even if the end event of the process the deadline
+			// killed is already in (the caller gets deadline_exceeded,
+			// whichever of the two wakes this loop first).
+			for _, it := range items {
+				sub.b.release(int64(it.n))
+			}
+			return err
+		}
 		for i, it := range items {
 			err := send(it.ev)
 			sub.b.release(int64(it.n))
