@@ -31,7 +31,7 @@ export PATH=$PATH:/usr/local/go/bin
 # kube-apiserver and etcd for the scale-out tests (cached; ~9 min the first time).
 scripts/build-kube.sh
 echo "==> building bin/fence"
-CGO_ENABLED=0 go build -trimpath -o bin/fence ./cmd/fence
+scripts/build.sh
 
 # runsc for the gvisor backend, cached in /var/lib/fence/cache/runsc.
 scripts/build-runsc.sh

@@ -1,6 +1,8 @@
 // Command fence is the one fence binary: the daemon (`fence serve`), the
-// in-sandbox agent (`fence agent`), the sandbox init (`fence init`) and the
-// CLI verbs. It only wires; the work is in internal/.
+// CLI verbs, and the roles played inside sandboxes (internal/insandbox),
+// which it also carries as the smaller in-sandbox binary
+// (cmd/fence-sandbox) when built with scripts/build.sh. It only wires; the
+// work is in internal/.
 package main
 
 import (
@@ -9,16 +11,17 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
-	"github.com/fencesandbox/fence/internal/agent/sudo"
-	"github.com/fencesandbox/fence/internal/bench"
+	"github.com/fencesandbox/fence/internal/bench/netclient"
 	"github.com/fencesandbox/fence/internal/cli"
 	"github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/insandbox"
+	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/router"
 	"github.com/fencesandbox/fence/internal/sandbox"
@@ -27,9 +30,13 @@ import (
 )
 
 func main() {
-	// Inside a sandbox, `sudo` is this binary (see internal/agent/sudo).
-	if filepath.Base(os.Args[0]) == "sudo" {
-		os.Exit(sudo.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	// The roles played inside a sandbox (init, agent, sudo, probe,
+	// bench-client) start here, before the CLI is built.
+	if code, ok := insandbox.Main(os.Args); ok {
+		os.Exit(code)
+	}
+	if len(os.Args) == 3 && os.Args[1] == embedded.Arg {
+		os.Exit(embedded.Main(os.Args[2:]))
 	}
 	if len(os.Args) == 2 && os.Args[1] == native.HoldArg {
 		native.Hold()
@@ -124,15 +131,15 @@ func deps() cli.Deps {
 				Backend:      o.Backend,
 			})
 		},
-		Agent:       daemon.RunAgent,
-		SandboxInit: native.Init,
+		Agent:       insandbox.RunAgent,
+		SandboxInit: nsinit.Init,
 		Bench: func(ctx context.Context, o cli.BenchOptions, out io.Writer) error {
 			return daemon.Bench(ctx, daemon.BenchOptions{
 				DataDir: o.DataDir, TemplatesDir: o.TemplatesDir, Template: o.Template,
 				Iterations: o.Iterations, Peers: o.Peers, Density: o.Density, NetBytes: int64(o.NetMiB) << 20,
 			}, out)
 		},
-		BenchClient: bench.Client,
+		BenchClient: netclient.Main,
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,14 +16,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	mdns "github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/agent/boot"
+	"github.com/fencesandbox/fence/internal/bench/netclient"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/native"
 )
 
 // The network measure's "upstream" is a server in a network namespace of
@@ -174,19 +173,6 @@ func (s *netServer) close() {
 	s.lock.Close()
 }
 
-// NetResult is what `fence bench-client` measures, printed as JSON.
-type NetResult struct {
-	Bytes         int64   `json:"bytes"`
-	BytesPerSec   float64 `json:"bytesPerSec"`
-	ConnectP50Sec float64 `json:"connectP50Sec"`
-	Connects      int     `json:"connects"`
-	// DNSFirstSec is the first lookup of --dns (a cache miss upstream of a
-	// sandbox); DNSP50Sec the median of the lookups after it (answered
-	// from the daemon's cache in a sandbox).
-	DNSFirstSec float64 `json:"dnsFirstSec,omitempty"`
-	DNSP50Sec   float64 `json:"dnsP50Sec,omitempty"`
-}
-
 // DNSName is the name the network measure resolves; the benchmark's DNS
 // server (StartDNS) answers it with the upstream server's address.
 const DNSName = "bench.fence.test"
@@ -219,95 +205,6 @@ func StartDNS() (addr string, stop func(), err error) {
 	return pc.LocalAddr().String(), func() { srv.Shutdown() }, nil
 }
 
-// Client is the hidden `fence bench-client` role: from wherever it runs (a
-// sandbox, or the host), download --bytes from --addr once, then open
-// --connects connections one after another, each asking for one byte, and
-// print a NetResult.
-func Client(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("bench-client", flag.ContinueOnError)
-	addr := fs.String("addr", "", "server address host:port")
-	size := fs.Int64("bytes", 256<<20, "bytes to download")
-	connects := fs.Int("connects", 50, "connections to time")
-	dnsName := fs.String("dns", "", "name to resolve (A) --lookups times")
-	dnsServer := fs.String("dns-server", "", "DNS server ip:port (default: the system's resolver)")
-	lookups := fs.Int("lookups", 50, "lookups of --dns to time after the first")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	ask := func(n int64) (int64, error) {
-		c, err := net.DialTimeout("tcp", *addr, 10*time.Second)
-		if err != nil {
-			return 0, err
-		}
-		defer c.Close()
-		var hdr [8]byte
-		binary.BigEndian.PutUint64(hdr[:], uint64(n))
-		if _, err := c.Write(hdr[:]); err != nil {
-			return 0, err
-		}
-		buf := make([]byte, 256<<10)
-		var got int64
-		for {
-			k, err := c.Read(buf)
-			got += int64(k)
-			if err == io.EOF {
-				return got, nil
-			}
-			if err != nil {
-				return got, err
-			}
-		}
-	}
-	var r NetResult
-	start := time.Now()
-	got, err := ask(*size)
-	if err != nil {
-		return fmt.Errorf("download: %w", err)
-	}
-	r.Bytes, r.BytesPerSec = got, float64(got)/time.Since(start).Seconds()
-	var lat []time.Duration
-	for range *connects {
-		t := time.Now()
-		if _, err := ask(1); err != nil {
-			return fmt.Errorf("connect: %w", err)
-		}
-		lat = append(lat, time.Since(t))
-	}
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		r.ConnectP50Sec, r.Connects = lat[len(lat)/2].Seconds(), len(lat)
-	}
-	if *dnsName != "" {
-		res := &net.Resolver{PreferGo: true}
-		if *dnsServer != "" {
-			res.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, network, *dnsServer)
-			}
-		}
-		var dl []time.Duration
-		for i := -1; i < *lookups; i++ {
-			t := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := res.LookupNetIP(ctx, "ip4", *dnsName)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("resolving %s: %w", *dnsName, err)
-			}
-			if i < 0 {
-				r.DNSFirstSec = time.Since(t).Seconds()
-			} else {
-				dl = append(dl, time.Since(t))
-			}
-		}
-		if len(dl) > 0 {
-			slices.Sort(dl)
-			r.DNSP50Sec = dl[len(dl)/2].Seconds()
-		}
-	}
-	return json.NewEncoder(out).Encode(r)
-}
-
 // measureNet runs the network measure: the same client in a sandbox allowed
 // to reach the server by CIDR, and on the host.
 func measureNet(ctx context.Context, opts Options, out io.Writer) error {
@@ -338,7 +235,7 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	// Alternate, so that a change of the machine's load hits both.
-	var in, host []NetResult
+	var in, host []netclient.Result
 	for range 3 {
 		r, err := clientInSandbox(ctx, sb, args)
 		if err != nil {
@@ -349,13 +246,13 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("on the host: %w", err)
 		}
-		var h NetResult
+		var h netclient.Result
 		if err := json.Unmarshal(hb, &h); err != nil {
 			return fmt.Errorf("on the host: %w", err)
 		}
 		host = append(host, h)
 	}
-	med := func(rs []NetResult, f func(NetResult) float64) float64 {
+	med := func(rs []netclient.Result, f func(netclient.Result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
 			v[i] = f(r)
@@ -363,8 +260,8 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	bw := func(r NetResult) float64 { return r.BytesPerSec }
-	cn := func(r NetResult) float64 { return r.ConnectP50Sec }
+	bw := func(r netclient.Result) float64 { return r.BytesPerSec }
+	cn := func(r netclient.Result) float64 { return r.ConnectP50Sec }
 	sIn, sHost := med(in, bw), med(host, bw)
 	cIn, cHost := med(in, cn), med(host, cn)
 	fmt.Fprintf(out, "network, real path (sandbox kernel TCP → TUN → fence's stack → upstream), same client on the host, median of 3:\n")
@@ -373,8 +270,8 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms\n",
 		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3)
 	if opts.DNSServer != "" {
-		dn := func(r NetResult) float64 { return r.DNSP50Sec }
-		df := func(r NetResult) float64 { return r.DNSFirstSec }
+		dn := func(r netclient.Result) float64 { return r.DNSP50Sec }
+		df := func(r netclient.Result) float64 { return r.DNSFirstSec }
 		fmt.Fprintf(out, "  DNS lookup of an allowed name, cached, p50: sandbox %.3f ms (through fence's resolver; first lookup %.2f ms), host %.3f ms (the server directly)\n",
 			med(in, dn)*1e3, med(in, df)*1e3, med(host, dn)*1e3)
 	}
@@ -383,9 +280,9 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 
 // clientInSandbox runs `fence bench-client` inside sb, as the sandbox's
 // root, through the agent.
-func clientInSandbox(ctx context.Context, sb isolation.Sandbox, args []string) (NetResult, error) {
-	var r NetResult
-	out, err := runAsRoot(ctx, processClient(sb), native.AgentPath, args...)
+func clientInSandbox(ctx context.Context, sb isolation.Sandbox, args []string) (netclient.Result, error) {
+	var r netclient.Result
+	out, err := runAsRoot(ctx, processClient(sb), boot.Path, args...)
 	if err != nil {
 		return r, err
 	}

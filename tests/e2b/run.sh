@@ -17,7 +17,7 @@ repo="$(cd "$here/../.." && pwd)"
 templates="${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}"
 
 if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
-	(cd "$repo" && CGO_ENABLED=0 go build -o bin/fence ./cmd/fence)
+	"$repo/scripts/build.sh"
 fi
 need=(base minimal)
 # code-interpreter only for the runs that use it (all tests, its file, its bench).

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netfence"
 )
@@ -79,7 +80,7 @@ type Backend struct {
 	fence netfence.Fence
 	cg    *cgroup.Manager
 	runsc string
-	exe   string // the agent binary, a copy of Executable kept by content
+	exe   string // the agent binary (see package insandbox), a copy kept by content
 	root  string // runsc --root
 	sbDir string // sandbox directories
 	lyDir string // layers: checkpoint images of snapshots, forks, checkpoints
@@ -147,7 +148,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
 	}
-	if b.exe, err = keepBinary(exe, filepath.Join(abs, "bin")); err != nil {
+	// Sandboxes run the in-sandbox binary the fence binary carries, or
+	// the fence binary itself when it carries none.
+	in, err := embedded.Resolve(ctx, exe, filepath.Join(abs, "bin"))
+	if err != nil {
+		return nil, err
+	}
+	if b.exe, err = keepBinary(in, filepath.Join(abs, "bin")); err != nil {
 		return nil, err
 	}
 	if b.cg, err = cgroup.NewManager("fence/" + opts.Instance); err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // Layers (isolation.Layers) on the native backend.
@@ -46,7 +48,7 @@ const (
 	// maxLayerStack is the deepest stack of layers a sandbox boots on
 	// (the kernel allows 500 overlay layers; every layer costs a lookup
 	// on each miss).
-	maxLayerStack = 32
+	maxLayerStack = nsinit.MaxLayers
 	// defaultLayerBudget is the disk the layers of one backend may take
 	// when Options.LayerBudget is zero.
 	defaultLayerBudget = 8 << 30
@@ -882,7 +884,7 @@ func finish(fd, uid, gid int, mode uint32, times []unix.Timespec) error {
 	if err := unix.Fchmod(fd, mode); err != nil {
 		return err
 	}
-	return unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(fd), times, 0)
+	return unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), times, 0)
 }
 
 // copyXattrs copies the user.* extended attributes (the overlay's own

@@ -3,7 +3,6 @@ package native
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,7 +21,9 @@ import (
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
@@ -110,6 +111,7 @@ type Backend struct {
 	opts    Options
 	log     *slog.Logger
 	fence   netfence.Fence // the sandboxes' network fence, from opts
+	inExe   string         // the binary sandboxes run (init, agent): see package insandbox
 	cg      *cgroup.Manager
 	disk    *quota.FS // nil when project quotas are unavailable or lfs is used
 	lfs     *layerFS  // the btrfs layer store; nil for the copy store
@@ -229,6 +231,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if err := checkTraversable(opts.StateDir); err != nil {
 		return nil, err
+	}
+	// Sandboxes run the in-sandbox binary the fence binary carries, or
+	// the fence binary itself when it carries none.
+	if b.inExe, err = embedded.Resolve(ctx, exe, filepath.Join(opts.StateDir, "bin")); err != nil {
+		return nil, err
+	}
+	if err := CheckExecutable(b.inExe); err != nil {
+		return nil, err
+	}
+	if b.inExe == exe {
+		log.InfoContext(ctx, "this fence binary carries no in-sandbox binary: sandboxes run the fence binary, and start slower (build with scripts/build.sh)")
 	}
 	if err := os.MkdirAll(b.sockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
@@ -492,31 +505,7 @@ func (b *Backend) seccompFilter() ([]byte, error) {
 			b.seccompErr = fmt.Errorf("compiling seccomp filter: %w", err)
 			return
 		}
-		b.seccompProg = encodeFilter(prog)
+		b.seccompProg = nsinit.EncodeFilter(prog)
 	})
 	return b.seccompProg, b.seccompErr
-}
-
-// encodeFilter and decodeFilter carry a BPF program from the daemon to
-// `fence init`: 8 bytes per instruction, little endian.
-func encodeFilter(prog []unix.SockFilter) []byte {
-	out := make([]byte, 0, 8*len(prog))
-	for _, in := range prog {
-		out = binary.LittleEndian.AppendUint16(out, in.Code)
-		out = append(out, in.Jt, in.Jf)
-		out = binary.LittleEndian.AppendUint32(out, in.K)
-	}
-	return out
-}
-
-func decodeFilter(b []byte) ([]unix.SockFilter, error) {
-	if len(b) == 0 || len(b)%8 != 0 {
-		return nil, fmt.Errorf("seccomp filter of %d bytes: want a multiple of 8", len(b))
-	}
-	prog := make([]unix.SockFilter, len(b)/8)
-	for i := range prog {
-		c := b[8*i:]
-		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(c), Jt: c[2], Jf: c[3], K: binary.LittleEndian.Uint32(c[4:])}
-	}
-	return prog, nil
 }

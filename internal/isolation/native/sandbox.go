@@ -20,43 +20,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 )
-
-// initConfig is what the daemon sends to `fence init` in the new namespaces.
-type initConfig struct {
-	ID       string `json:"id"`
-	LowerDir string `json:"lowerDir"` // where to attach the idmapped template
-	RootDir  string `json:"rootDir"`  // overlay mount point
-	UpperDir string `json:"upperDir"`
-	WorkDir  string `json:"workDir"`
-	// DiskDir, when set, is where to attach the writable layer (the btrfs
-	// store's subvolume, idmapped): its descriptor travels last.
-	DiskDir string `json:"diskDir,omitempty"`
-	// Binds are attached from descriptors sent after the template's, in
-	// order; only their target and kind travel here.
-	Binds []bindTarget `json:"binds,omitempty"`
-	// LayerDirs are where to attach the frozen layers the sandbox boots
-	// on, top first; they travel after the binds' descriptors.
-	LayerDirs []string `json:"layerDirs,omitempty"`
-	NoFile    uint64   `json:"noFile"`
-	// Seccomp is the filter to install (encodeFilter), compiled once per
-	// backend; empty means none.
-	Seccomp  []byte                `json:"seccomp,omitempty"`
-	ShmBytes int64                 `json:"shmBytes"`
-	Agent    isolation.AgentConfig `json:"agent"`
-}
-
-// bindTarget is where a bind goes inside the sandbox.
-type bindTarget struct {
-	Path  string `json:"path"`
-	IsDir bool   `json:"isDir"`
-}
 
 // sandbox is one running native sandbox.
 type sandbox struct {
@@ -218,8 +190,8 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 // checkBinds refuses binds that would cover what the sandbox's security
 // rests on.
 func checkBinds(binds []isolation.Bind) error {
-	if len(binds) > maxBinds {
-		return fmt.Errorf("%d binds: at most %d", len(binds), maxBinds)
+	if len(binds) > nsinit.MaxBinds {
+		return fmt.Errorf("%d binds: at most %d", len(binds), nsinit.MaxBinds)
 	}
 	for _, bd := range binds {
 		p := bd.Path
@@ -240,13 +212,13 @@ func checkBinds(binds []isolation.Bind) error {
 
 // prepareDirs creates the sandbox's state directory and writable layer,
 // owned by the sandbox's root uid.
-func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*initConfig, error) {
+func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits isolation.Limits) (*nsinit.Config, error) {
 	uid := int(s.slot.hostUID())
 	dir := filepath.Join(s.b.sbDir, s.key)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox directory: %w", err)
 	}
-	cfg := &initConfig{
+	cfg := &nsinit.Config{
 		ID:       s.id,
 		LowerDir: filepath.Join(dir, "lower"),
 		RootDir:  filepath.Join(dir, "root"),
@@ -319,7 +291,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		return nil, fmt.Errorf("creating sandbox /usr/bin: %w", err)
 	}
 	sudoLink := filepath.Join(usrBin, "sudo")
-	if err := os.Symlink(agentPath, sudoLink); err != nil {
+	if err := os.Symlink(boot.Path, sudoLink); err != nil {
 		return nil, fmt.Errorf("installing sudo: %w", err)
 	}
 	caFiles, err := s.installCA(upper, spec.RootFS, owner)
@@ -371,7 +343,7 @@ const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | u
 
 // start spawns `fence init` in new namespaces and drives it until it has
 // executed the agent.
-func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfig) error {
+func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config) error {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("creating sync socket: %w", err)
@@ -420,7 +392,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		cgfd = fd
 	}
 	proc, err := s.b.spawner.spawn(spawnRequest{
-		Path:        s.b.exe,
+		Path:        s.b.inExe,
 		Args:        []string{"fence", "init"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:         "/",
@@ -488,7 +460,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		}
 		defer unix.Close(fd)
 		fds = append(fds, fd)
-		cfg.Binds = append(cfg.Binds, bindTarget{Path: bd.Path, IsDir: isDir})
+		cfg.Binds = append(cfg.Binds, nsinit.BindTarget{Path: bd.Path, IsDir: isDir})
 	}
 	for _, id := range s.chain {
 		fd, err := idmappedTree(s.b.layerTree(id), userns, true)
@@ -521,7 +493,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *initConfi
 		return err
 	}
 	protectAgent(proc.Pid)
-	if _, err := parent.Write([]byte{goAhead}); err != nil {
+	if _, err := parent.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
 	// The child answers with an error message, or closes its end (by

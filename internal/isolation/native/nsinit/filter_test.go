@@ -1,4 +1,4 @@
-package native
+package nsinit
 
 import (
 	"slices"
@@ -13,13 +13,13 @@ func TestFilterEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decodeFilter(encodeFilter(prog))
+	got, err := DecodeFilter(EncodeFilter(prog))
 	if err != nil || !slices.Equal(got, prog) {
 		t.Fatalf("decode(encode(prog)) = %d instructions, %v; want the %d of prog", len(got), err, len(prog))
 	}
 	for _, bad := range [][]byte{nil, {1, 2, 3}, make([]byte, 12)} {
-		if _, err := decodeFilter(bad); err == nil {
-			t.Errorf("decodeFilter(%d bytes) succeeded, want an error", len(bad))
+		if _, err := DecodeFilter(bad); err == nil {
+			t.Errorf("DecodeFilter(%d bytes) succeeded, want an error", len(bad))
 		}
 	}
 }

@@ -1,6 +1,27 @@
-package native
+// Package nsinit is the sandbox's first process on the native backend (the
+// `fence init` role): cloned by the daemon's spawner into the sandbox's new
+// namespaces, it receives its Config and the detached mounts of the
+// template, binds and layers over the sync socket, builds the sandbox's
+// root (overlay, /proc, /sys, /dev, the agent binary), waits for the
+// daemon's go-ahead, drops privileges (capability bounding set,
+// no_new_privs, seccomp) and executes the agent.
+//
+// It is kept small on purpose: it runs in the in-sandbox binary
+// (cmd/fence-sandbox) as well as in the fence binary, and every start of
+// a sandbox pays for the packages it links.
+//
+// # Guarantees
+//
+//   - Nothing of the sandbox runs before the daemon's go-ahead, which it
+//     sends once the process is in the sandbox's cgroups.
+//   - The agent starts with the bounded capabilities, no_new_privs and the
+//     seccomp filter every process of the sandbox inherits.
+//   - On failure, the error is written to the sync socket and Init returns
+//     it; the daemon tears the sandbox down.
+package nsinit
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,28 +41,49 @@ import (
 // File descriptors `fence init` receives from the daemon; the agent's
 // are those of its boot contract (package boot).
 const (
-	syncFD     = 3
+	// SyncFD is the init's end of a SOCK_SEQPACKET pair: it receives the
+	// Config (with the mounts' descriptors), then the go-ahead, and
+	// answers with an error message, or EOF once the agent is executed.
+	SyncFD     = 3
 	listenerFD = boot.ListenerFD
 	lifelineFD = boot.LifelineFD
 )
 
-// goAhead is the byte the daemon sends once the sandbox is in its cgroups.
-const goAhead = 'g'
+// GoAhead is the byte the daemon sends once the sandbox is in its cgroups.
+const GoAhead = 'g'
 
-// AgentListenerFD, AgentLifelineFD and AgentConfigEnv are boot's, kept
-// under their old names.
-const (
-	AgentListenerFD = boot.ListenerFD
-	AgentLifelineFD = boot.LifelineFD
-	AgentConfigEnv  = boot.ConfigEnv
-)
-
-// agentPath is where the fence binary is bind-mounted inside the sandbox.
+// agentPath is where the in-sandbox binary is bind-mounted.
 const agentPath = boot.Path
 
-// AgentPath is where the fence binary is inside every sandbox (read-only),
-// for callers that run one of its roles there.
-const AgentPath = agentPath
+// Config is what the daemon sends to `fence init` in the new namespaces.
+type Config struct {
+	ID       string `json:"id"`
+	LowerDir string `json:"lowerDir"` // where to attach the idmapped template
+	RootDir  string `json:"rootDir"`  // overlay mount point
+	UpperDir string `json:"upperDir"`
+	WorkDir  string `json:"workDir"`
+	// DiskDir, when set, is where to attach the writable layer (the btrfs
+	// store's subvolume, idmapped): its descriptor travels last.
+	DiskDir string `json:"diskDir,omitempty"`
+	// Binds are attached from descriptors sent after the template's, in
+	// order; only their target and kind travel here.
+	Binds []BindTarget `json:"binds,omitempty"`
+	// LayerDirs are where to attach the frozen layers the sandbox boots
+	// on, top first; they travel after the binds' descriptors.
+	LayerDirs []string `json:"layerDirs,omitempty"`
+	NoFile    uint64   `json:"noFile"`
+	// Seccomp is the filter to install (EncodeFilter), compiled once per
+	// backend; empty means none.
+	Seccomp  []byte      `json:"seccomp,omitempty"`
+	ShmBytes int64       `json:"shmBytes"`
+	Agent    boot.Config `json:"agent"`
+}
+
+// BindTarget is where a bind goes inside the sandbox.
+type BindTarget struct {
+	Path  string `json:"path"`
+	IsDir bool   `json:"isDir"`
+}
 
 // Capabilities the sandbox's root keeps (Docker's default set minus
 // MKNOD and NET_RAW).
@@ -75,7 +117,7 @@ func Init() error {
 	// Capabilities, no_new_privs and seccomp are per thread: everything
 	// from here to execve stays on this thread.
 	runtime.LockOSThread()
-	sync := os.NewFile(syncFD, "sync")
+	sync := os.NewFile(SyncFD, "sync")
 	err := setup(sync)
 	if err != nil {
 		_, _ = sync.Write([]byte(err.Error()))
@@ -89,7 +131,7 @@ func setup(sync *os.File) error {
 		return err
 	}
 	lower := fds[0]
-	unix.CloseOnExec(syncFD)
+	unix.CloseOnExec(SyncFD)
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)
 	}
@@ -182,7 +224,7 @@ func setup(sync *os.File) error {
 	// Nothing of the sandbox's runs before the daemon has placed this
 	// process in the sandbox's cgroups.
 	buf := make([]byte, 1)
-	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != goAhead {
+	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
 		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
 	// Now in its cgroups on every hierarchy: a cgroup namespace entered
@@ -198,9 +240,9 @@ func setup(sync *os.File) error {
 	return fmt.Errorf("executing agent: %w", err)
 }
 
-func receiveConfig(sync *os.File) (*initConfig, []int, error) {
+func receiveConfig(sync *os.File) (*Config, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4*(maxBinds+maxLayerStack)+8))
+	oob := make([]byte, unix.CmsgSpace(4*(MaxBinds+MaxLayers)+8))
 	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
@@ -213,7 +255,7 @@ func receiveConfig(sync *os.File) (*initConfig, []int, error) {
 	if err != nil || len(fds) < 1 {
 		return nil, nil, errors.New("receiving config: no template descriptor")
 	}
-	var cfg initConfig
+	var cfg Config
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		return nil, nil, fmt.Errorf("decoding config: %w", err)
 	}
@@ -381,11 +423,14 @@ func ensureTmp(root string) error {
 	return nil
 }
 
-// maxBinds bounds the binds one sandbox may have.
-const maxBinds = 64
+// MaxBinds bounds the binds one sandbox may have.
+const MaxBinds = 64
+
+// MaxLayers bounds the frozen layers one sandbox boots on.
+const MaxLayers = 32
 
 // attachBind attaches the detached mount tree at its target inside root.
-func attachBind(root string, tree int, b bindTarget) error {
+func attachBind(root string, tree int, b BindTarget) error {
 	defer unix.Close(tree)
 	kind := kindFile
 	if b.IsDir {
@@ -569,7 +614,7 @@ func dropPrivileges(filter []byte) error {
 	if len(filter) == 0 {
 		return nil
 	}
-	prog, err := decodeFilter(filter)
+	prog, err := DecodeFilter(filter)
 	if err != nil {
 		return err
 	}
@@ -577,4 +622,28 @@ func dropPrivileges(filter []byte) error {
 		return fmt.Errorf("installing seccomp filter: %w", err)
 	}
 	return nil
+}
+
+// EncodeFilter and DecodeFilter carry a BPF program from the daemon to
+// `fence init`: 8 bytes per instruction, little endian.
+func EncodeFilter(prog []unix.SockFilter) []byte {
+	out := make([]byte, 0, 8*len(prog))
+	for _, in := range prog {
+		out = binary.LittleEndian.AppendUint16(out, in.Code)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.LittleEndian.AppendUint32(out, in.K)
+	}
+	return out
+}
+
+func DecodeFilter(b []byte) ([]unix.SockFilter, error) {
+	if len(b) == 0 || len(b)%8 != 0 {
+		return nil, fmt.Errorf("seccomp filter of %d bytes: want a multiple of 8", len(b))
+	}
+	prog := make([]unix.SockFilter, len(b)/8)
+	for i := range prog {
+		c := b[8*i:]
+		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(c), Jt: c[2], Jf: c[3], K: binary.LittleEndian.Uint32(c[4:])}
+	}
+	return prog, nil
 }
