@@ -178,6 +178,11 @@ var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
 
 func validKey(k string) bool { return len(k) >= len("e2b_")+20 && apiKeyPattern.MatchString(k) }
 
+// readyInits is how many sandbox inits the native backend keeps started
+// ahead of creates (native.Options.ReadyInits): a cold create then waits
+// for neither the namespaces' clone nor the init's start.
+const readyInits = 2
+
 // Serve runs the daemon until ctx is done.
 func Serve(ctx context.Context, opts Options) error {
 	log := opts.Logger
@@ -333,6 +338,7 @@ func Serve(ctx context.Context, opts Options) error {
 		StateDir:     filepath.Join(opts.DataDir, "native"),
 		Executable:   opts.Executable,
 		DiskPool:     4,
+		ReadyInits:   readyInits,
 		DNSUpstream:  opts.DNSUpstream,
 		NetBandwidth: opts.NetBandwidth,
 		Forensics:    archive,

@@ -159,6 +159,7 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		StateDir:    filepath.Join(opts.DataDir, "native"),
 		Instance:    "bench-" + strconv.Itoa(os.Getpid()),
 		DiskPool:    4,
+		ReadyInits:  readyInits, // as the daemon's
 		Ephemeral:   true,
 		DNSUpstream: dnsAddr,
 	})

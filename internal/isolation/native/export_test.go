@@ -41,3 +41,6 @@ func (b *Backend) LayerTree(id string) string { return b.layerTree(id) }
 
 // Instance is the backend's instance name.
 func (b *Backend) Instance() string { return b.opts.Instance }
+
+// ReadyInits returns how many inits wait in the backend's ready pool.
+func (b *Backend) ReadyInits() int { return len(b.ready) }

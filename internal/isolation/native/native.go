@@ -54,6 +54,12 @@ type Options struct {
 	// backend keeps formatted and mounted ahead of Create. Zero means none
 	// (right for one-off sandboxes such as `fence run`).
 	DiskPool int
+	// ReadyInits is how many sandbox init processes the backend keeps
+	// started ahead of Create (see readyinit.go): namespaces cloned and
+	// runtime started, belonging to no sandbox until a create takes one,
+	// so that a cold create does not wait for them. Each holds a uid slot
+	// and a few MiB. Zero means none (right for one-off sandboxes).
+	ReadyInits int
 	// DNSUpstream is the "ip:port" of the resolver the sandboxes' DNS
 	// answers come from (the daemon asks it on their behalf). Empty means
 	// the first nameserver of the host's /etc/resolv.conf.
@@ -118,7 +124,14 @@ type Backend struct {
 	slots   *slots
 	exe     string
 	spawner spawner // clones sandboxes (spawn.go)
-	sockDir string
+	// ready holds inits started ahead (readyinit.go); room holds one token
+	// per init the filler may start. Both nil without Options.ReadyInits.
+	ready     chan *readyInit
+	room      chan struct{}
+	readyCg   *cgroup.Group // where they wait (readyGroup)
+	stopReady context.CancelFunc
+	readyDone chan struct{}
+	sockDir   string
 	// sockDirFD is an O_PATH descriptor of sockDir, kept for the backend's
 	// lifetime.
 	sockDirFD int
@@ -273,6 +286,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if !b.lfs.quota {
 			log.WarnContext(ctx, "btrfs simple quotas unavailable: writable layers are bounded by the layer filesystem's size alone", "layer_fs", opts.LayerFS)
 		}
+		if err := b.startReady(ctx); err != nil {
+			return nil, err
+		}
 		return b, nil
 	}
 	diskDir := filepath.Join(opts.StateDir, "disk", opts.Instance)
@@ -296,6 +312,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := os.Chmod(diskDir, 0o711); err != nil {
 		return nil, fmt.Errorf("preparing sandbox disk: %w", err)
 	}
+	if err := b.startReady(ctx); err != nil {
+		if b.disk != nil {
+			b.disk.Close()
+		}
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -309,6 +331,7 @@ func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.closing.Wait()
+		b.stopReadyInits()
 		b.spawner.close()
 		unix.Close(b.sockDirFD)
 		if b.opts.Ephemeral {
@@ -423,7 +446,9 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("listing cgroups: %w", err)
 	}
 	for _, id := range ids {
-		seen[id] = true
+		if id != readyGroup {
+			seen[id] = true
+		}
 	}
 	dirs := []string{b.sbDir, b.sockDir}
 	if b.disk != nil {

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +45,8 @@ type sandbox struct {
 	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
 	// release goroutine alone).
 	cgRemoved bool
-	proc      *spawned // the sandbox's init (then agent)
+	proc      *spawned   // the sandbox's init (then agent)
+	init      *readyInit // the init as started (readyinit.go)
 	ln        *net.UnixListener
 	limit     isolation.Limits
 	// rootfs is the template's root; base the layer the sandbox booted on
@@ -168,15 +168,26 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 			s.teardown(context.WithoutCancel(ctx))
 		}
 	}()
-	if s.slot, err = b.slots.acquire(); err != nil {
-		return nil, err
+	if s.cg, err = b.cg.Create(s.key, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
+		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
-	cfg, err := s.prepareDirs(ctx, spec, limits)
+	cgfd := -1
+	if fd, ok := s.cg.FD(); ok {
+		cgfd = fd
+	}
+	r, err := b.takeInit(cgfd)
 	if err != nil {
 		return nil, err
 	}
-	if s.cg, err = b.cg.Create(s.key, cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}); err != nil {
-		return nil, fmt.Errorf("creating cgroup: %w", err)
+	s.init, s.slot, s.proc, s.lifeline = r, r.slot, r.proc, r.lifeW
+	go (&limitedLog{s: s, left: 16 << 10}).drain(r.errR)
+	go func() {
+		<-r.exited
+		close(s.done)
+	}()
+	cfg, err := s.prepareDirs(ctx, spec, limits)
+	if err != nil {
+		return nil, err
 	}
 	if s.ln, err = listenUnix(s.sock); err != nil {
 		return nil, err
@@ -341,80 +352,35 @@ func listenUnix(path string) (*net.UnixListener, error) {
 const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
 	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWTIME
 
-// start spawns `fence init` in new namespaces and drives it until it has
-// executed the agent.
+// start drives the sandbox's init (s.init, in its new namespaces) until it
+// has executed the agent: it places the init in the sandbox's cgroups,
+// attaches its network, and sends it its Config with the mounts and the
+// agent's listener.
 func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config) error {
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("creating sync socket: %w", err)
-	}
-	parent := os.NewFile(uintptr(pair[0]), "sync-parent")
-	child := os.NewFile(uintptr(pair[1]), "sync-child")
-	defer parent.Close()
+	r := s.init
+	syncSock := r.sync
+	defer syncSock.Close()
+	proc := r.proc
+	hostUID := s.slot.hostUID()
 	lnFile, err := s.ln.File() // a dup; closed below, the listener stays with us
 	if err != nil {
-		child.Close()
 		return fmt.Errorf("duplicating listener: %w", err)
 	}
 	defer lnFile.Close()
-
-	// The lifeline: the agent holds its read end and exits (ending the
-	// sandbox) when it reads EOF, i.e. when this process has died. A
-	// sandbox never outlives the daemon (or `fence run`) that supervises
-	// it; the next start removes what is left on the host.
-	lifeR, lifeW, err := os.Pipe()
-	if err != nil {
-		child.Close()
-		return fmt.Errorf("creating lifeline: %w", err)
+	// The limited disk's mount travels as a detached copy, as every other
+	// mount does: an init started ahead has no copy of the host's later
+	// mounts. The host's own mount of it can go then.
+	disk := -1
+	if s.diskDir != "" {
+		if disk, err = unix.OpenTree(unix.AT_FDCWD, s.diskDir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+			return fmt.Errorf("cloning writable layer: %w", err)
+		}
+		defer unix.Close(disk)
+		cfg.DiskDir = s.diskDir
 	}
-	defer lifeR.Close()
-	s.lifeline = lifeW
-
-	// stderr of init and agent: a pipe read with a small buffer here (an
-	// io.Writer would cost a 32 KiB copy buffer per sandbox in os/exec).
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		child.Close()
-		return fmt.Errorf("creating stderr pipe: %w", err)
-	}
-	defer errW.Close()
-	go (&limitedLog{s: s, left: 16 << 10}).drain(errR)
-
-	hostUID := s.slot.hostUID()
-	devNull, err := os.Open(os.DevNull)
-	if err != nil {
-		child.Close()
-		return fmt.Errorf("opening %s: %w", os.DevNull, err)
-	}
-	defer devNull.Close()
-	cgfd := -1
-	if fd, ok := s.cg.FD(); ok {
-		cgfd = fd
-	}
-	proc, err := s.b.spawner.spawn(spawnRequest{
-		Path:        s.b.inExe,
-		Args:        []string{"fence", "init"},
-		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Dir:         "/",
-		Cloneflags:  cloneFlags,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
-		Setsid:      true,
-	}, []*os.File{devNull, devNull, errW, child, lnFile, lifeR}, cgfd) // fd 3: sync, 4: listener, 5: lifeline
-	child.Close()
-	if err != nil {
-		return fmt.Errorf("starting sandbox init: %w", err)
-	}
-	s.proc = proc
-	// The init's mount namespace, a copy of this one, has the writable
-	// layer: the host's own mount of it can go.
 	if err := s.detachDisk(); err != nil {
 		return err
 	}
-	go func() {
-		proc.Wait()
-		close(s.done)
-	}()
 	// Joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
 	// period each), so it runs while the child builds its root; the child
 	// waits for the go-ahead below before running anything of the
@@ -470,7 +436,9 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 		defer unix.Close(fd)
 		fds = append(fds, fd)
 	}
-	if cfg.DiskDir != "" {
+	if disk >= 0 {
+		fds = append(fds, disk)
+	} else if cfg.DiskDir != "" {
 		// The btrfs store's subvolume, idmapped as the template is: its
 		// files carry the ids inside the sandbox (see layerfs.go).
 		fd, err := idmappedTree(filepath.Join(s.b.lfs.sbDir, s.key), userns, false)
@@ -480,11 +448,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 		defer unix.Close(fd)
 		fds = append(fds, fd)
 	}
+	cfg.Listener = true
+	fds = append(fds, int(lnFile.Fd()))
 	msg, err := json.Marshal(cfg)
 	if err != nil {
 		return fmt.Errorf("encoding init config: %w", err)
 	}
-	if err := unix.Sendmsg(int(parent.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
+	if err := unix.Sendmsg(int(syncSock.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
 	}
 	err = attachErr()
@@ -493,7 +463,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 		return err
 	}
 	protectAgent(proc.Pid)
-	if _, err := parent.Write([]byte{nsinit.GoAhead}); err != nil {
+	if _, err := syncSock.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
 	// The child answers with an error message, or closes its end (by
@@ -501,7 +471,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	reply := make(chan []byte, 1)
 	go func() {
 		buf := make([]byte, 4096)
-		n, _ := parent.Read(buf)
+		n, _ := syncSock.Read(buf)
 		reply <- buf[:max(n, 0)]
 	}()
 	select {

@@ -270,7 +270,7 @@ func (sp *spawner) spawn(req spawnRequest, files []*os.File, cgroup int) (*spawn
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.closed {
-		return nil, errors.New("sandbox spawner: backend closed")
+		return nil, errSpawnerClosed
 	}
 	var p *spawned
 	// A spawner that died since the last request gets one restart.
@@ -290,6 +290,8 @@ func (sp *spawner) spawn(req spawnRequest, files []*os.File, cgroup int) (*spawn
 }
 
 var errSpawnerGone = errors.New("sandbox spawner is gone")
+
+var errSpawnerClosed = errors.New("sandbox spawner: backend closed")
 
 // +checklocks:sp.mu
 func (sp *spawner) exchangeLocked(msg []byte, fds []int) (*spawned, error) {

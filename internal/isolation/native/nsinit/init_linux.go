@@ -63,8 +63,12 @@ type Config struct {
 	UpperDir string `json:"upperDir"`
 	WorkDir  string `json:"workDir"`
 	// DiskDir, when set, is where to attach the writable layer (the btrfs
-	// store's subvolume, idmapped): its descriptor travels last.
+	// store's subvolume, idmapped, or the limited disk's mount): its
+	// descriptor travels after the layers'.
 	DiskDir string `json:"diskDir,omitempty"`
+	// Listener is set when the agent's listening socket travels last,
+	// for ListenerFD.
+	Listener bool `json:"listener,omitempty"`
 	// Binds are attached from descriptors sent after the template's, in
 	// order; only their target and kind travel here.
 	Binds []BindTarget `json:"binds,omitempty"`
@@ -126,14 +130,27 @@ func Init() error {
 }
 
 func setup(sync *os.File) error {
+	// First of all, before the wait for a Config (an init may be started
+	// long before its sandbox): no mount or unmount on the host reaches
+	// this namespace any more, so another sandbox's writable layer
+	// mounted meanwhile is never copied in here and pinned.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
 	cfg, fds, err := receiveConfig(sync)
 	if err != nil {
 		return err
 	}
 	lower := fds[0]
 	unix.CloseOnExec(SyncFD)
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making mounts private: %w", err)
+	// The agent's listener travels last; it takes the place kept for it
+	// at ListenerFD (without close-on-exec: the agent inherits it).
+	if cfg.Listener {
+		ln := fds[len(fds)-1]
+		if err := unix.Dup3(ln, listenerFD, 0); err != nil {
+			return fmt.Errorf("placing the agent's listener: %w", err)
+		}
+		unix.Close(ln)
 	}
 	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, cfg.LowerDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attaching template: %w", err)
@@ -242,7 +259,7 @@ func setup(sync *os.File) error {
 
 func receiveConfig(sync *os.File) (*Config, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4*(MaxBinds+MaxLayers)+8))
+	oob := make([]byte, unix.CmsgSpace(4*(MaxBinds+MaxLayers+3))) // + template, disk, listener
 	n, oobn, _, _, err := unix.Recvmsg(int(sync.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
@@ -261,6 +278,9 @@ func receiveConfig(sync *os.File) (*Config, []int, error) {
 	}
 	want := len(cfg.Binds) + len(cfg.LayerDirs) + 1
 	if cfg.DiskDir != "" {
+		want++
+	}
+	if cfg.Listener {
 		want++
 	}
 	if len(fds) != want {

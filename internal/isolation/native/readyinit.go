@@ -1,0 +1,262 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/cgroup"
+)
+
+// readyInit is a sandbox's init process before it knows its sandbox: cloned
+// into new user, mount, pid, net, uts, ipc and time namespaces with a uid
+// slot of its own, its Go runtime started, waiting on its sync socket for
+// the Config, the mounts and the listener that make it one sandbox's
+// (package nsinit). Starting it is most of what an init costs; a backend
+// with Options.ReadyInits keeps some ahead of the creates, made off the
+// request path. Nothing in it belongs to any sandbox yet: the template,
+// binds, writable layer, listener, cgroup, network and hostname all come
+// at take time, so one ready init serves any create.
+type readyInit struct {
+	proc   *spawned
+	slot   *slot
+	sync   *os.File      // the daemon's end of the sync socket
+	lifeW  *os.File      // write end of the agent's lifeline
+	errR   *os.File      // read end of its stderr
+	exited chan struct{} // closed once the process has exited and been waited for
+}
+
+// spawnInit clones a new init (see readyInit). cgfd, when not -1, is the
+// cgroup (v2) the init starts in.
+func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
+	sl, err := b.slots.acquire()
+	if err != nil {
+		return nil, err
+	}
+	r := &readyInit{slot: sl, exited: make(chan struct{})}
+	var closers []*os.File
+	defer func() {
+		for _, f := range closers {
+			f.Close()
+		}
+		if err != nil {
+			r.discard()
+		}
+	}()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("creating sync socket: %w", err)
+	}
+	r.sync = os.NewFile(uintptr(pair[0]), "sync-parent")
+	child := os.NewFile(uintptr(pair[1]), "sync-child")
+	closers = append(closers, child)
+	// The lifeline: the agent holds its read end and exits (ending the
+	// sandbox) when it reads EOF, i.e. when this process has died. A
+	// sandbox never outlives the daemon (or `fence run`) that supervises
+	// it; the next start removes what is left on the host.
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating lifeline: %w", err)
+	}
+	r.lifeW = lifeW
+	closers = append(closers, lifeR)
+	// stderr of init and agent: a pipe read with a small buffer (an
+	// io.Writer would cost a 32 KiB copy buffer per sandbox in os/exec).
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating stderr pipe: %w", err)
+	}
+	r.errR = errR
+	closers = append(closers, errW)
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
+	}
+	closers = append(closers, devNull)
+	hostUID := sl.hostUID()
+	// fd 3: sync, 4: the listener's place (the listener itself comes with
+	// the Config), 5: lifeline.
+	proc, err := b.spawner.spawn(spawnRequest{
+		Path:        b.inExe,
+		Args:        []string{"fence", "init"},
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Dir:         "/",
+		Cloneflags:  cloneFlags,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
+		Setsid:      true,
+	}, []*os.File{devNull, devNull, errW, child, devNull, lifeR}, cgfd)
+	if err != nil {
+		return nil, fmt.Errorf("starting sandbox init: %w", err)
+	}
+	r.proc = proc
+	go func() {
+		proc.Wait()
+		close(r.exited)
+	}()
+	return r, nil
+}
+
+// alive reports whether the init has not exited.
+func (r *readyInit) alive() bool {
+	select {
+	case <-r.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// discard ends an init no sandbox took and releases what it holds.
+func (r *readyInit) discard() {
+	if r.proc != nil {
+		_ = r.proc.Kill()
+		select {
+		case <-r.exited:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	for _, f := range []*os.File{r.sync, r.lifeW, r.errR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if r.slot != nil {
+		r.slot.release()
+	}
+}
+
+// takeInit returns a ready init, or one made now when none is ready.
+func (b *Backend) takeInit(cgfd int) (*readyInit, error) {
+	for {
+		select {
+		case r := <-b.ready:
+			b.room <- struct{}{}
+			if r.alive() {
+				return r, nil
+			}
+			r.discard()
+			continue
+		default:
+		}
+		return b.spawnInit(cgfd)
+	}
+}
+
+// readyInitRetry is how long the filler waits after a failed spawn.
+const readyInitRetry = time.Second
+
+// readyGroup is the cgroup ready inits wait in until a create moves them
+// into their sandbox's. It is not a sandbox ID (those have no '_'), so
+// Cleanup leaves it alone.
+const readyGroup = "_ready"
+
+// readyLimits bound the ready inits together: they start in the
+// background, and half a core at most keeps them from slowing the
+// creates and sandboxes they are made for. The memory their runtimes
+// took is given back at the agent's exec.
+func readyLimits(n int) cgroup.Limits {
+	return cgroup.Limits{CPUs: 0.5, MemoryBytes: int64(n) * 64 << 20, Pids: int64(n) * 64}
+}
+
+// fillReady keeps Options.ReadyInits inits in b.ready (one per token of
+// b.room) until ctx ends, then discards what it holds.
+func (b *Backend) fillReady(ctx context.Context) {
+	defer func() {
+		for {
+			select {
+			case r := <-b.ready:
+				r.discard()
+			default:
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-b.room:
+		case <-ctx.Done():
+			return
+		}
+		r, err := b.spawnReady()
+		if err != nil {
+			if !errors.Is(err, errSpawnerClosed) {
+				b.log.Warn("starting a ready sandbox init", "err", err)
+			}
+			b.room <- struct{}{}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(readyInitRetry):
+			}
+			continue
+		}
+		b.ready <- r // room was taken for it
+	}
+}
+
+// spawnReady starts an init for the ready pool, in the ready cgroup.
+func (b *Backend) spawnReady() (*readyInit, error) {
+	cgfd := -1
+	if fd, ok := b.readyCg.FD(); ok {
+		cgfd = fd
+	}
+	r, err := b.spawnInit(cgfd)
+	if err != nil {
+		return nil, err
+	}
+	if cgfd < 0 {
+		if err := b.readyCg.AddProc(r.proc.Pid); err != nil {
+			r.discard()
+			return nil, fmt.Errorf("placing a ready init in its cgroup: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// startReady starts the filler of Options.ReadyInits; Close stops it.
+func (b *Backend) startReady(ctx context.Context) error {
+	n := b.opts.ReadyInits
+	if n <= 0 {
+		return nil
+	}
+	// A crashed daemon's group goes first, with whatever it still holds.
+	if g, err := b.cg.Open(readyGroup); err == nil {
+		if err := g.Remove(ctx); err != nil {
+			return fmt.Errorf("removing the ready inits' cgroup: %w", err)
+		}
+	}
+	g, err := b.cg.Create(readyGroup, readyLimits(n))
+	if err != nil {
+		return fmt.Errorf("creating the ready inits' cgroup: %w", err)
+	}
+	b.readyCg = g
+	b.ready = make(chan *readyInit, n)
+	b.room = make(chan struct{}, n)
+	for range n {
+		b.room <- struct{}{}
+	}
+	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopReady = stop
+	b.readyDone = make(chan struct{})
+	go func() {
+		defer close(b.readyDone)
+		b.fillReady(fctx)
+	}()
+	return nil
+}
+
+// stopReadyInits ends the filler, the inits it holds and their cgroup.
+func (b *Backend) stopReadyInits() {
+	if b.stopReady == nil {
+		return
+	}
+	b.stopReady()
+	<-b.readyDone
+	_ = b.readyCg.Remove(context.Background())
+}

@@ -1,0 +1,80 @@
+package native_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
+	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// waitReadyInits waits until b holds n ready inits.
+func waitReadyInits(t *testing.T, b *native.Backend, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for b.ReadyInits() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ready inits after 30s, want %d", b.ReadyInits(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Sandboxes made from inits started ahead of their create are the same
+// sandboxes: the conformance suite runs on a backend that keeps two.
+func TestConformanceReadyInits(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.Run(t, func(t *testing.T) isolation.Backend {
+		return newBackendWith(t, native.Options{ReadyInits: 2, DiskPool: 2})
+	}, rootfs)
+}
+
+// A sandbox made from an init started ahead of it, before its writable
+// layer was mounted on the host, is its own: its hostname, its own disk of
+// its own size (the layer travels as a detached mount), a uid range and a
+// cgroup namespace of its own.
+func TestReadyInitSandboxesAreTheirOwn(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	b := newBackendWith(t, native.Options{ReadyInits: 2, DiskPool: 2})
+	waitReadyInits(t, b, 2)
+	var sbs []isolation.Sandbox
+	for i := range 4 { // two from the pool, then whatever it holds by then
+		limits := isolation.Limits{DiskBytes: int64(64+16*i) << 20}
+		sb := create(t, b, isolation.Spec{ID: "ready" + strconv.Itoa(i), RootFS: rootfs, Limits: limits})
+		sbs = append(sbs, sb)
+		if i == 1 {
+			waitReadyInits(t, b, 2) // started after sandbox 0 and 1's disks were mounted
+		}
+	}
+	uids := map[string]bool{}
+	for i, sb := range sbs {
+		if r := run(t, sb, "root", "hostname"); strings.TrimSpace(r.stdout) != "ready"+strconv.Itoa(i) {
+			t.Errorf("sandbox %d: hostname %q", i, r.stdout)
+		}
+		r := run(t, sb, "root", "sh", "-c", "df -k / | tail -1")
+		fields := strings.Fields(r.stdout)
+		if len(fields) < 2 {
+			t.Fatalf("sandbox %d: df: %q %q", i, r.stdout, r.stderr)
+		}
+		kb, _ := strconv.Atoi(fields[1])
+		want := (64 + 16*i) << 10
+		if kb > want || kb < want/2 {
+			t.Errorf("sandbox %d: root filesystem of %d KiB, want its own disk of about %d", i, kb, want)
+		}
+		if r := run(t, sb, "root", "cat", "/proc/self/cgroup"); strings.Contains(r.stdout, "fence") {
+			t.Errorf("sandbox %d: /proc/self/cgroup names host cgroups:\n%s", i, r.stdout)
+		}
+		r = run(t, sb, "root", "cat", "/proc/self/uid_map")
+		f := strings.Fields(r.stdout)
+		if len(f) != 3 || uids[f[1]] {
+			t.Errorf("sandbox %d: uid_map %q: want a range of its own", i, r.stdout)
+		}
+		uids[f[1]] = true
+	}
+}
