@@ -408,6 +408,19 @@ func stamps(paths []string, upper string) map[string]unix.Timespec {
 	return out
 }
 
+// ctimes returns the ctime of each of paths (files in the layer upper),
+// by their path in the layer.
+func ctimes(paths []string, upper string) map[string]unix.Timespec {
+	out := map[string]unix.Timespec{}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			out[strings.TrimPrefix(p, upper)] = st.Ctim
+		}
+	}
+	return out
+}
+
 // ours drops the entries of files fence wrote at create and the sandbox
 // left as they were: they are not the sandbox's changes.
 func (s *sandbox) ours(es []isolation.FileChange, mtimes map[string]unix.Timespec) []isolation.FileChange {

@@ -37,7 +37,7 @@ func (s *sandbox) ExportLayer(ctx context.Context, w io.Writer, limit int64) err
 		return err
 	}
 	defer unix.Close(fd)
-	return writeLayer(ctx, fd, w, limit)
+	return writeLayer(ctx, fd, w, limit, nil)
 }
 
 // LayerSize implements isolation.LayerReader.
@@ -97,7 +97,10 @@ func (s *sandbox) archiveLayer() {
 		return
 	}
 	defer unix.Close(fd)
-	if err := a.Put(s.id, func(w io.Writer) error { return writeLayer(ctx, fd, w, a.Cap()) }); err != nil {
+	// What fence wrote at create and the sandbox left alone (resolver,
+	// hosts, sudo, the CA bundle: a few hundred KiB to compress at every
+	// kill) is not evidence of anything the sandbox did.
+	if err := a.Put(s.id, func(w io.Writer) error { return writeLayer(ctx, fd, w, a.Cap(), s.installed) }); err != nil {
 		s.b.log.Warn("archiving a killed sandbox's layer", "sandbox_id", s.id, "err", err)
 	}
 }
@@ -107,6 +110,10 @@ type layerWriter struct {
 	tw        *tar.Writer
 	left      int64
 	whiteouts bytes.Buffer
+	// skip names the files ("/etc/hosts") to leave out while their ctime
+	// is the one given: a ctime no process can set, any change to the
+	// file (content, mode, owner, times) moves it to the present.
+	skip map[string]unix.Timespec
 }
 
 // newLayerWriter writes to tw, or only counts when tw is nil.
@@ -116,8 +123,9 @@ func newLayerWriter(ctx context.Context, tw *tar.Writer, limit int64) *layerWrit
 	return lw
 }
 
-func writeLayer(ctx context.Context, root int, w io.Writer, limit int64) error {
+func writeLayer(ctx context.Context, root int, w io.Writer, limit int64, skip map[string]unix.Timespec) error {
 	lw := newLayerWriter(ctx, tar.NewWriter(w), limit)
+	lw.skip = skip
 	if err := lw.dir(root, "", 0); err != nil {
 		return err
 	}
@@ -218,6 +226,9 @@ func (lw *layerWriter) entry(dirfd int, rel, name string, depth int) error {
 			return nil // gone meanwhile
 		}
 		return fmt.Errorf("reading layer entry /%s: %w", p, err)
+	}
+	if t, ok := lw.skip["/"+p]; ok && st.Ctim == t && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil
 	}
 	if err := lw.charge(1024); err != nil { // a header, and a long name's
 		return err

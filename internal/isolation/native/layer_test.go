@@ -29,7 +29,9 @@ func testExportLayer(t *testing.T, opts native.Options) {
 	opts.Forensics = archive
 	b := newBackendWith(t, opts)
 	sb := create(t, b, isolation.Spec{})
-	r := run(t, sb, "root", "/bin/sh", "-c", "mkdir -p /opt && ln -s / /opt/hostroot && dd if=/dev/zero of=/opt/big bs=1M count=2 2>/dev/null && echo ok")
+	// /etc/hosts is fence's, changed here with its mtime put back.
+	r := run(t, sb, "root", "/bin/sh", "-c", "mkdir -p /opt && ln -s / /opt/hostroot && dd if=/dev/zero of=/opt/big bs=1M count=2 2>/dev/null && "+
+		"touch -r /etc/hosts /opt/stamp && echo '192.0.2.1 changed' >> /etc/hosts && touch -r /opt/stamp /etc/hosts && echo ok")
 	if r.stdout != "ok\n" {
 		t.Fatalf("setup: %q %q", r.stdout, r.stderr)
 	}
@@ -57,6 +59,9 @@ func testExportLayer(t *testing.T, opts native.Options) {
 	if h := names["changes/opt/big"]; h == nil || h.Size != 2<<20 {
 		t.Errorf("changes/opt/big = %+v", h)
 	}
+	if names["changes/etc/resolv.conf"] == nil {
+		t.Errorf("the export leaves out /etc/resolv.conf, which is in the layer")
+	}
 	if err := sb.Kill(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +76,17 @@ func testExportLayer(t *testing.T, opts native.Options) {
 		t.Fatalf("the killed sandbox's layer is not archived: %v", err)
 	}
 	defer rc.Close()
-	if h := tarNames(t, rc)["changes/opt/hostroot"]; h == nil || h.Typeflag != tar.TypeSymlink {
+	archived := tarNames(t, rc)
+	if h := archived["changes/opt/hostroot"]; h == nil || h.Typeflag != tar.TypeSymlink {
 		t.Errorf("archived changes/opt/hostroot = %+v", h)
+	}
+	// The files fence wrote and the sandbox left alone are not archived;
+	// a changed one is, whatever its mtime says.
+	if h := archived["changes/etc/resolv.conf"]; h != nil {
+		t.Errorf("the archive holds fence's unchanged /etc/resolv.conf")
+	}
+	if h := archived["changes/etc/hosts"]; h == nil {
+		t.Errorf("the archive leaves out /etc/hosts, changed by the sandbox (mtime put back)")
 	}
 	if _, err := lr.LayerSize(t.Context()); err == nil {
 		t.Errorf("LayerSize after kill succeeds")

@@ -57,6 +57,9 @@ type sandbox struct {
 	// gen holds the files fence wrote into the writable layer at create,
 	// by path inside, with their mtime then (see Changes).
 	gen map[string]unix.Timespec
+	// installed holds the same files with their ctime then: the forensics
+	// archive leaves out those still as fence wrote them.
+	installed map[string]unix.Timespec
 	// last is the previous checkpoint (checkpoint.go).
 	// +checklocks:pmu
 	last *lastCheckpoint
@@ -324,6 +327,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		}
 	}
 	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
+	s.installed = ctimes(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
 	// The writable layer holds what the sandbox writes: its root is the
 	// sandbox's alone (init, as the sandbox's root, traverses it to mount
 	// the overlay), so no other host user reaches a file below, whatever
