@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -61,44 +62,58 @@ func Extract(dir string) (string, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(binary)
-	name := prefix + hex.EncodeToString(sum[:8])
+	collect(dir)
+	return Keep(dir, prefix, bytes.NewReader(binary))
+}
+
+// Keep writes what src holds into dir under prefix + the first 16 hex
+// digits of its SHA-256, read-only (0555), unless a file of that name is
+// there already (whose mtime it then moves to now), and returns its path.
+// The file appears whole or not at all: written to a temporary name,
+// synced and renamed.
+func Keep(dir, prefix string, src io.ReadSeeker) (string, error) {
+	h := sha256.New()
+	if _, err := io.Copy(h, src); err != nil {
+		return "", fmt.Errorf("reading %s: %w", prefix, err)
+	}
+	name := prefix + hex.EncodeToString(h.Sum(nil)[:8])
 	path := filepath.Join(dir, name)
-	collect(dir, name)
-	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, binary) {
+	if _, err := os.Stat(path); err == nil {
 		now := time.Now()
 		_ = os.Chtimes(path, now, now) // in use: not stale
 		return path, nil
 	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
 	tmp, err := os.CreateTemp(dir, ".tmp-"+name+"-")
 	if err != nil {
-		return "", fmt.Errorf("writing the in-sandbox binary: %w", err)
+		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(binary); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("writing the in-sandbox binary: %w", err)
+	_, err = io.Copy(tmp, src)
+	if err == nil {
+		err = tmp.Chmod(0o555)
 	}
-	if err := tmp.Chmod(0o555); err != nil {
-		tmp.Close()
-		return "", err
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("writing the in-sandbox binary: %w", err)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := tmp.Close(); err != nil {
-		return "", err
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return "", fmt.Errorf("writing the in-sandbox binary: %w", err)
+	if err != nil {
+		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
 	return path, nil
 }
 
 // collect removes temporary files of crashed extractions and binaries of
-// other builds unused for staleAfter.
-func collect(dir, keep string) {
+// other builds unused for staleAfter (the one in use has its mtime moved
+// to now at each Extract).
+func collect(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
@@ -106,8 +121,7 @@ func collect(dir, keep string) {
 	for _, e := range ents {
 		n := e.Name()
 		switch {
-		case n == keep:
-		case strings.HasPrefix(n, ".tmp-"+prefix):
+		case strings.HasPrefix(n, ".tmp-"):
 			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
 				os.Remove(filepath.Join(dir, n))
 			}

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -182,47 +181,17 @@ func FindRunsc(path string) (string, error) {
 // ErrNoRunsc is returned by New and FindRunsc when runsc is missing.
 var ErrNoRunsc = errors.New("no runsc")
 
-// keepBinary copies the fence binary into dir under a name derived from
+// keepBinary copies the agent's binary into dir under a name derived from
 // its content and returns the copy's path. A checkpointed sandbox holds
 // its agent's binary open: restoring it needs the very same file, also
 // after the daemon's own binary has been replaced.
 func keepBinary(exe, dir string) (string, error) {
 	f, err := os.Open(exe)
 	if err != nil {
-		return "", fmt.Errorf("opening fence binary: %w", err)
+		return "", fmt.Errorf("opening the agent's binary: %w", err)
 	}
 	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("reading fence binary: %w", err)
-	}
-	dst := filepath.Join(dir, "fence-"+hex.EncodeToString(h.Sum(nil)[:8]))
-	if _, err := os.Stat(dst); err == nil {
-		return dst, nil
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return "", err
-	}
-	tmp, err := os.CreateTemp(dir, ".fence-*")
-	if err != nil {
-		return "", fmt.Errorf("copying fence binary: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, f); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("copying fence binary: %w", err)
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return "", fmt.Errorf("copying fence binary: %w", err)
-	}
-	return dst, nil
+	return embedded.Keep(dir, "fence-", f)
 }
 
 // Name implements isolation.Backend.

@@ -396,29 +396,18 @@ func (b *Backend) mergedChanges(ctx context.Context, chain []string, top []isola
 	return out, nil
 }
 
-// stamps returns the mtimes of files under upper, by path inside.
-func stamps(paths []string, upper string) map[string]unix.Timespec {
-	out := map[string]unix.Timespec{}
+// stamps returns the mtime and the ctime of each of paths (files in the
+// layer upper), by their path in the layer.
+func stamps(paths []string, upper string) (mtimes, ctimes map[string]unix.Timespec) {
+	mtimes, ctimes = map[string]unix.Timespec{}, map[string]unix.Timespec{}
 	for _, p := range paths {
 		var st unix.Stat_t
 		if unix.Lstat(p, &st) == nil {
-			out[strings.TrimPrefix(p, upper)] = st.Mtim
+			mtimes[strings.TrimPrefix(p, upper)] = st.Mtim
+			ctimes[strings.TrimPrefix(p, upper)] = st.Ctim
 		}
 	}
-	return out
-}
-
-// ctimes returns the ctime of each of paths (files in the layer upper),
-// by their path in the layer.
-func ctimes(paths []string, upper string) map[string]unix.Timespec {
-	out := map[string]unix.Timespec{}
-	for _, p := range paths {
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) == nil {
-			out[strings.TrimPrefix(p, upper)] = st.Ctim
-		}
-	}
-	return out
+	return mtimes, ctimes
 }
 
 // ours drops the entries of files fence wrote at create and the sandbox

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -114,16 +115,18 @@ type Options struct {
 
 // Backend is the native isolation.Backend.
 type Backend struct {
-	opts    Options
-	log     *slog.Logger
-	fence   netfence.Fence // the sandboxes' network fence, from opts
-	inExe   string         // the binary sandboxes run (init, agent): see package insandbox
-	cg      *cgroup.Manager
-	disk    *quota.FS // nil when project quotas are unavailable or lfs is used
-	lfs     *layerFS  // the btrfs layer store; nil for the copy store
-	slots   *slots
-	exe     string
-	spawner spawner // clones sandboxes (spawn.go)
+	opts  Options
+	log   *slog.Logger
+	fence netfence.Fence // the sandboxes' network fence, from opts
+	inExe string         // the binary sandboxes run (init, agent): see package insandbox
+	// exeTouched is when inExe's mtime was last moved (markExeInUse).
+	exeTouched atomic.Int64
+	cg         *cgroup.Manager
+	disk       *quota.FS // nil when project quotas are unavailable or lfs is used
+	lfs        *layerFS  // the btrfs layer store; nil for the copy store
+	slots      *slots
+	exe        string
+	spawner    spawner // clones sandboxes (spawn.go)
 	// ready holds inits started ahead (readyinit.go); room holds one token
 	// per init the filler may start. Both nil without Options.ReadyInits.
 	ready     chan *readyInit

@@ -34,6 +34,7 @@ type readyInit struct {
 // spawnInit clones a new init (see readyInit). cgfd, when not -1, is the
 // cgroup (v2) the init starts in.
 func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
+	b.markExeInUse()
 	sl, err := b.slots.acquire()
 	if err != nil {
 		return nil, err
@@ -259,4 +260,20 @@ func (b *Backend) stopReadyInits() {
 	b.stopReady()
 	<-b.readyDone
 	_ = b.readyCg.Remove(context.Background())
+}
+
+// exeTouchEvery is how often a backend in use moves its in-sandbox
+// binary's mtime to now: binaries of other builds unused for a week are
+// removed (package embedded), and a daemon runs for longer than that.
+const exeTouchEvery = time.Hour
+
+// markExeInUse moves the in-sandbox binary's mtime to now, at most once
+// per exeTouchEvery.
+func (b *Backend) markExeInUse() {
+	now := time.Now()
+	if last := b.exeTouched.Load(); now.UnixNano()-last < int64(exeTouchEvery) || b.inExe == b.exe {
+		return
+	}
+	b.exeTouched.Store(now.UnixNano())
+	_ = os.Chtimes(b.inExe, now, now)
 }

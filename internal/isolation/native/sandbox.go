@@ -326,8 +326,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
 	}
-	s.gen = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
-	s.installed = ctimes(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
+	s.gen, s.installed = stamps(append([]string{hosts, resolv, sudoLink}, caFiles...), upper)
 	// The writable layer holds what the sandbox writes: its root is the
 	// sandbox's alone (init, as the sandbox's root, traverses it to mount
 	// the overlay), so no other host user reaches a file below, whatever
