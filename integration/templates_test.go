@@ -317,3 +317,56 @@ func TestTemplateBuildFromImage(t *testing.T) {
 		t.Errorf("sandbox of the image template:\n%q\nwant\n%q", out, want)
 	}
 }
+
+// COPY archives are kept for reuse while clients use them, and removed
+// once unused for a day: an archive the SDK asks about again stays, one
+// nobody asked about for a day goes at the next start.
+func TestTemplateFileArchivesCollected(t *testing.T) {
+	dataDir := newDataDir(t)
+	d := startDaemon(t, dataDir)
+	reg, err := d.Client.RegisterTemplate(ctxT(t), "archives", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := func(hash string) (present bool, path string) {
+		t.Helper()
+		r := d.do(t, "GET", "/templates/"+reg.TemplateID+"/files/"+hash, d.Key, nil, nil)
+		var l struct {
+			Present bool   `json:"present"`
+			URL     string `json:"url"`
+		}
+		if r.Status != 201 || json.Unmarshal(r.Body, &l) != nil {
+			t.Fatalf("files link: %d %s", r.Status, r.Body)
+		}
+		return l.Present, strings.TrimPrefix(l.URL, d.URL)
+	}
+	hashes := []string{strings.Repeat("a1", 32), strings.Repeat("b2", 32), strings.Repeat("c3", 32)}
+	for _, h := range hashes {
+		_, path := link(h)
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})
+		tw.Write([]byte("x"))
+		tw.Close()
+		if r := d.do(t, "PUT", path, "", &buf, nil); r.Status/100 != 2 {
+			t.Fatalf("upload %s: %d %s", h[:4], r.Status, r.Body)
+		}
+	}
+	// a1 and b2 were last used two days ago; b2 is asked about again.
+	old := time.Now().Add(-48 * time.Hour)
+	for _, h := range hashes[:2] {
+		if err := os.Chtimes(filepath.Join(dataDir, "builds", "files", h+".tar"), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if present, _ := link(hashes[1]); !present {
+		t.Fatalf("b2 is not present after its upload")
+	}
+	d.Stop()
+	d.Restart()
+	for i, want := range []bool{false, true, true} {
+		if present, _ := link(hashes[i]); present != want {
+			t.Errorf("archive %s present = %v after a restart, want %v", hashes[i][:4], present, want)
+		}
+	}
+}

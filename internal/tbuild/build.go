@@ -553,6 +553,7 @@ func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (stri
 		return "", fmt.Errorf("COPY %s: the files with hash %s were never uploaded", st.args[0], st.hash)
 	}
 	defer f.Close()
+	b.s.touchArchive(st.hash)
 	staging := "/tmp/.fence-copy-" + st.hash[:16]
 	if err := b.box.envd.WriteFile(ctx, staging+".tar", f); err != nil {
 		return "", fmt.Errorf("COPY %s: putting the files in the build sandbox: %v", st.args[0], err)

@@ -121,6 +121,7 @@ func treesOf(b *Build) []string {
 func (s *Service) collect(ctx context.Context) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
+	s.sweepArchives()
 	tombs := s.readTombstones()
 	s.mu.Lock()
 	sbs := s.opts.Sandboxes

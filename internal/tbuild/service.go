@@ -217,6 +217,8 @@ type Service struct {
 
 	gcMu sync.Mutex // one collection at a time
 	wg   sync.WaitGroup
+	// +checklocks:mu
+	archivesSwept time.Time // the last sweep of COPY archives (files_gc.go)
 }
 
 type upload struct {
@@ -525,6 +527,13 @@ func (s *Service) FileStatus(templateID, hash string) (present bool, token strin
 		return false, "", err
 	}
 	_, statErr := os.Stat(filepath.Join(s.filesDir(), hash+".tar"))
+	if statErr == nil {
+		s.touchArchive(hash)
+	}
+	if s.now().Sub(s.archivesSwept) >= archiveSweepEvery {
+		s.archivesSwept = s.now()
+		s.wg.Go(s.sweepArchives)
+	}
 	token = newID(40)
 	now := s.now()
 	for k, u := range s.uploads {
