@@ -310,7 +310,9 @@ func benchCmd(deps Deps) *cobra.Command {
 		Short: "Measure sandbox create/exec/kill latency, against peers",
 		Long: `Measure fence on this machine, with the peers side by side in the same run:
 
-  - create → exec true → kill, cold, and its phases (create, exec, kill);
+  - create → exec true → kill, cold (no sandbox of the template ready; the
+    backend keeps two sandbox inits started ahead, as the daemon does), and
+    its phases (create, exec, kill);
   - the same from the warm pool, and exec in a running sandbox;
   - pause and resume of a sandbox holding 100 MiB;
   - the SDK-shaped round trip through the API of a daemon started for the
