@@ -97,7 +97,7 @@ func TestGvisorSnapshotsAndForksKeepMemory(t *testing.T) {
 	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
 	ctx := ctxT(t)
-	parent := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, EnvVars: map[string]string{"E": "env"}})
+	parent := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, EnvVars: map[string]string{"E": "env", "K": "kept"}})
 	c0 := serveAndCount(t, d, parent)
 
 	// Snapshot: the parent runs on; a sandbox made from it goes on.
@@ -109,11 +109,17 @@ func TestGvisorSnapshotsAndForksKeepMemory(t *testing.T) {
 	t.Logf("snapshot took %v", time.Since(start))
 	eventually(t, 30*time.Second, "the parent to count on", func() bool { return countOf(t, parent.Envd()) > c0 })
 	start = time.Now()
-	fromSnap := d.create(t, api.NewSandbox{TemplateID: snap.SnapshotID})
+	// The create's environment and metadata are the new sandbox's, although
+	// its agent is the snapshot's, restored with its memory.
+	fromSnap := d.create(t, api.NewSandbox{TemplateID: snap.SnapshotID, EnvVars: map[string]string{"E": "over", "N": "new"},
+		Metadata: map[string]string{"from": "snap"}})
 	t.Logf("create from the snapshot took %v", time.Since(start))
 	goesOn(t, d, fromSnap, c0, "sandbox from the snapshot")
-	if info, err := d.Client.Get(ctx, fromSnap.ID()); err != nil || info.Metadata["fence.backend"] != "gvisor" {
-		t.Errorf("sandbox from the snapshot: %+v, %v; want metadata fence.backend gvisor (where it runs)", info, err)
+	if info, err := d.Client.Get(ctx, fromSnap.ID()); err != nil || info.Metadata["fence.backend"] != "gvisor" || info.Metadata["from"] != "snap" {
+		t.Errorf("sandbox from the snapshot: %+v, %v; want metadata fence.backend gvisor (where it runs) and the create's", info, err)
+	}
+	if got := sh(t, fromSnap.Envd(), `echo $E $K $N`); got != "over kept new\n" {
+		t.Errorf("environment of the sandbox from the snapshot: %q, want the create's E and N over the snapshot's K", got)
 	}
 	// Deleting the snapshot leaves it running; it no longer creates.
 	if err := d.Client.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {

@@ -171,9 +171,18 @@ func testLayersGoSDK(t *testing.T, flags ...string) {
 		complete, _ := layerDirs(d.DataDir)
 		return len(complete) == 2
 	})
-	from, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: sn.SnapshotID})
+	// A create from the snapshot: its own environment on top of the
+	// snapshot's, its own metadata.
+	from, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: sn.SnapshotID, EnvVars: map[string]string{"N": "new"},
+		Metadata: map[string]string{"from": "snap"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if out := rsh(t, from.Envd(), `echo $E $N`); out != "env new\n" {
+		t.Errorf("environment of a sandbox from the snapshot: %q, want the snapshot's E and the create's N", out)
+	}
+	if info, err := d.Client.Get(ctx, from.ID()); err != nil || info.Metadata["from"] != "snap" || info.Metadata["k"] != "" {
+		t.Errorf("sandbox from the snapshot: %+v, %v; want the create's metadata alone", info, err)
 	}
 	if err := d.Client.DeleteSnapshot(ctx, sn.SnapshotID); err != nil {
 		t.Fatal(err)

@@ -127,7 +127,7 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 	}
 	var spec snapshotSpec
 	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend}, nil
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend, env: spec.Env}, nil
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
@@ -139,6 +139,10 @@ type snapshotSpec struct {
 	// Backend is the source's metadata fence.backend: a sandbox made from
 	// the snapshot shows it too (it runs where the snapshot's layer is).
 	Backend string `json:"backend,omitempty"`
+	// Env is the source's agent environment (fence's own variables, the
+	// template's and its create's): a sandbox made from the snapshot has
+	// it under its own create's, as E2B's restored envd keeps it.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
@@ -533,7 +537,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 	}
 	e.mu.Lock()
 	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
-		Backend: e.info.Metadata[BackendMetadataKey]})
+		Backend: e.info.Metadata[BackendMetadataKey], Env: e.spec.Agent.EnvVars})
 	e.mu.Unlock()
 	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}

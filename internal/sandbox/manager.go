@@ -503,6 +503,9 @@ type origin struct {
 	template string // the template under the layer
 	shown    string // the TemplateID the sandbox shows, if not the request's
 	backend  string // a snapshot's source's metadata fence.backend
+	// env is a snapshot's source's agent environment: the new sandbox's
+	// environment is the create's on top of it.
+	env map[string]string
 	// parent, for a fork: its environment and secret bindings are kept
 	// (the placeholders its files may hold stay valid).
 	parent *entry
@@ -591,11 +594,16 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, bindings))
 	env := req.EnvVars
-	if len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
-		env = maps.Clone(m.caEnv)
+	var base map[string]string // a snapshot's environment, under the request's
+	if from != nil {
+		base = from.env
+	}
+	if len(base)+len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
+		env = maps.Clone(base)
 		if env == nil {
 			env = map[string]string{}
 		}
+		maps.Copy(env, m.caEnv)
 		maps.Copy(env, rt.Env) // the template's defaults; the request wins
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
