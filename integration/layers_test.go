@@ -214,7 +214,7 @@ func TestLayersCrashConsistency(t *testing.T) { forLayerStores(t, testLayersCras
 func testLayersCrashConsistency(t *testing.T, flags ...string) {
 	d := startDaemon(t, newDataDir(t), flags...)
 	ctx := ctxT(t)
-	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind"} {
+	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind", "pause"} {
 		t.Run(op, func(t *testing.T) {
 			// Not d.create: its cleanup would use the crashed daemon's URL.
 			sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
@@ -244,6 +244,8 @@ func testLayersCrashConsistency(t *testing.T, flags ...string) {
 					_, err = d.Client.Checkpoint(ctx, sb.ID(), "")
 				case "rewind":
 					err = d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID)
+				case "pause":
+					err = d.Client.PauseWithoutMemory(ctx, sb.ID())
 				}
 				done <- err
 			}()
@@ -270,7 +272,30 @@ func testLayersCrashConsistency(t *testing.T, flags ...string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(complete) != len(snaps) {
+			want := len(snaps)
+			if op == "pause" {
+				// A pause recorded before the crash outlives it: the sandbox
+				// is paused on its layer, its checkpoint kept; else it is gone.
+				info, err := d.Client.Get(ctx, sb.ID())
+				switch {
+				case err == nil && info.State == "paused":
+					want += 2
+					resumed, err := d.Client.Connect(ctx, sb.ID(), time.Minute)
+					if err != nil {
+						t.Fatalf("Connect of the pause recorded before the crash: %v", err)
+					}
+					if out := rsh(t, resumed.Envd(), `cat /w/f2999`); out != "2999\n" {
+						t.Errorf("the paused sandbox reads %q after the crash", out)
+					}
+					if err := d.Client.PauseWithoutMemory(ctx, sb.ID()); err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("the pause was recorded before the crash")
+				case err != nil && !errors.Is(err, api.ErrNotFound):
+					t.Fatal(err)
+				}
+			}
+			if len(complete) != want {
 				t.Errorf("%d layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
 			}
 			// The btrfs store: a snapshot for each layer, none without one.
@@ -296,6 +321,9 @@ func testLayersCrashConsistency(t *testing.T, flags ...string) {
 				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
 					t.Error(err)
 				}
+			}
+			if op == "pause" {
+				d.Client.Kill(ctx, sb.ID()) // if it was paused: its layers go
 			}
 			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
 				t.Errorf("sandbox after restart: %v, want not found", err)

@@ -127,7 +127,17 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 	}
 	var spec snapshotSpec
 	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend, env: spec.Env}, nil
+	var env map[string]string
+	if len(spec.Env) > 0 && m.sealer != nil {
+		raw, err := m.sealer.Unseal(ctx, snapshotEnvPurpose(sn.Layer), spec.Env)
+		if err == nil {
+			err = json.Unmarshal(raw, &env)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening the environment of snapshot %s: %w", sn.ID, err)
+		}
+	}
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend, env: env}, nil
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
@@ -140,10 +150,15 @@ type snapshotSpec struct {
 	// the snapshot shows it too (it runs where the snapshot's layer is).
 	Backend string `json:"backend,omitempty"`
 	// Env is the source's agent environment (fence's own variables, the
-	// template's and its create's): a sandbox made from the snapshot has
-	// it under its own create's, as E2B's restored envd keeps it.
-	Env map[string]string `json:"env,omitempty"`
+	// template's and its create's), sealed (Options.Sealer; not kept
+	// without one): a sandbox made from the snapshot has it under its own
+	// create's, as E2B's restored envd keeps it.
+	Env []byte `json:"envSealed,omitempty"`
 }
+
+// snapshotEnvPurpose binds a snapshot's sealed environment to its layer
+// (a named snapshot's ID stays over its builds; each has its own layer).
+func snapshotEnvPurpose(layer string) string { return "snapshot-env:" + layer }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
 // network nc.
@@ -442,7 +457,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
 	now := m.now().UTC()
-	if err := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, started, now); err != nil {
+	if err := m.recordColdPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = m.layers.DeleteLayer(ctx, info.ID)
 		reopen()
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
@@ -479,7 +494,7 @@ func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
 		return err
 	}
 	e.mu.Lock()
-	e.cold, e.layer = "", layer
+	e.cold, e.layer, e.coldKept = "", layer, false
 	e.mu.Unlock()
 	e.setBox(box)
 	m.nudgeGC()
@@ -491,6 +506,14 @@ func (e *entry) usesLayers() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.layer != "" || e.cold != "" || e.checkpointed.Load()
+}
+
+// coldKeptPaused reports whether e is in a filesystem-only pause whose
+// resume the store keeps.
+func (e *entry) coldKeptPaused() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.info.State == StatePaused && e.cold != "" && e.coldKept
 }
 
 func (e *entry) isCold() bool {
@@ -535,11 +558,20 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
+	snID := strings.ToLower(isolation.NewID())
+	var env []byte
+	if m.sealer != nil && len(e.spec.Agent.EnvVars) > 0 {
+		raw, _ := json.Marshal(e.spec.Agent.EnvVars)
+		if env, err = m.sealer.Seal(ctx, snapshotEnvPurpose(info.ID), raw); err != nil {
+			_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+			return nil, fmt.Errorf("snapshotting sandbox %s: sealing its environment: %w", id, err)
+		}
+	}
 	e.mu.Lock()
 	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
-		Backend: e.info.Metadata[BackendMetadataKey], Env: e.spec.Agent.EnvVars})
+		Backend: e.info.Metadata[BackendMetadataKey], Env: env})
 	e.mu.Unlock()
-	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
+	sn := &store.Snapshot{ID: snID, Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
 	e.checkpointed.Store(true)
 	replaced, err := ls.PutSnapshot(context.WithoutCancel(ctx), sn)
@@ -894,4 +926,11 @@ func (p parkedBox) Done() <-chan struct{}                          { return nil 
 
 func sortDiff(d []FileDiff) {
 	slices.SortFunc(d, func(a, b FileDiff) int { return strings.Compare(a.Path, b.Path) })
+}
+
+// coldLayer is the layer of e's filesystem-only pause, "" if none.
+func (e *entry) coldLayer() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cold
 }

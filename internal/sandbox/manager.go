@@ -117,6 +117,10 @@ type Options struct {
 	InspectByDefault bool
 	// Secrets, if set, is checked for the secrets a create binds.
 	Secrets gateway.Secrets
+	// Sealer, if set, seals what the store keeps of a filesystem-only
+	// pause (its environment among it), which then outlives the daemon;
+	// without it such a pause lasts as long as the daemon.
+	Sealer Sealer
 	// CAEnv are variables every sandbox gets (under its own envVars) so
 	// that its tools trust the egress gateway's CA.
 	CAEnv map[string]string
@@ -159,6 +163,7 @@ type Manager struct {
 	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
+	sealer                 Sealer
 	caEnv                  map[string]string
 	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
 	warmTemplates sync.Map // string → bool
@@ -241,6 +246,8 @@ type entry struct {
 	layer string // the layer the current backend sandbox booted on
 	// +checklocks:mu
 	cold string // the layer of a filesystem-only pause, "" otherwise
+	// +checklocks:mu
+	coldKept bool // the store keeps what the resume of that pause needs
 }
 
 // boxRef is one backend sandbox of an entry; replaced is closed when
@@ -296,6 +303,7 @@ func New(opts Options) (*Manager, error) {
 		layers:                 opts.Layers,
 		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
+		sealer:                 opts.Sealer,
 		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
 		hosts:                  opts.Hosts,
@@ -347,13 +355,15 @@ func (m *Manager) Start(ctx context.Context) error {
 
 	// Paused sandboxes are frozen processes of the previous daemon: they
 	// do not survive it either, unless the backend keeps them on disk
-	// (isolation.Adopter), which adopts them before its Cleanup.
+	// (isolation.Adopter), which adopts them before its Cleanup, or they
+	// were paused without memory and the store keeps what their resume
+	// needs (cold.go).
 	stale, err := m.store.List(ctx, store.Filter{States: []store.State{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
-		if m.adopt(ctx, s) {
+		if m.adopt(ctx, s) || m.adoptCold(ctx, s) {
 			continue
 		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
@@ -805,7 +815,8 @@ func (m *Manager) watch(e *entry) {
 }
 
 // Shutdown kills every sandbox (but paused ones a backend keeps on disk,
-// isolation.Keeper, which the next Start adopts) and stops the reaper. Later calls to the
+// isolation.Keeper, and ones paused without memory whose resume the store
+// keeps, which the next Start takes over) and stops the reaper. Later calls to the
 // Manager fail with ErrClosed. It returns ctx.Err() if ctx ends first.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
@@ -828,7 +839,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
-			if k, ok := e.sb().(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
+			if k, ok := e.sb().(isolation.Keeper); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())
 				continue

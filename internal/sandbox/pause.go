@@ -225,7 +225,14 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		e.mu.Lock()
 		paused := e.info.EndAt
 		e.mu.Unlock()
-		if terr := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, e.snapshot().StartedAt, paused); terr != nil {
+		back := func() error {
+			if cold {
+				// Paused again on the same layer, with what its resume needs.
+				return m.recordColdPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused)
+			}
+			return m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, e.snapshot().StartedAt, paused)
+		}
+		if terr := back(); terr != nil {
 			m.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
 		}
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)

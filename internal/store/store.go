@@ -12,9 +12,11 @@
 //   - The database and its -wal, -shm and -journal files are readable and
 //     writable by their owner (root) alone, whatever the umask, and an
 //     older database with wider modes is narrowed by Open.
-//   - Environment variables given to a sandbox are never stored: they may
-//     hold secrets. The envd access token is stored while the sandbox runs
-//     and cleared when it is marked killed.
+//   - Environment variables given to a sandbox are never stored in
+//     plaintext: they may hold secrets. What a filesystem-only pause keeps
+//     for its resume (PauseCold) is stored as the caller sealed it. The
+//     envd access token is stored while the sandbox runs and cleared when
+//     it is marked killed.
 //   - A secret's value is stored only as the sealed bytes internal/secrets
 //     gives it; the store never sees a value.
 //
@@ -190,6 +192,8 @@ var migrations = []string{
 	// Snapshots (E2B's snapshot templates) and checkpoints: each names a
 	// filesystem layer the backend keeps (layers.go).
 	migrationLayers,
+	// What the resume of a filesystem-only pause needs (cold.go).
+	migrationCold,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
@@ -426,10 +430,10 @@ func (s *Store) UpdateEndAt(ctx context.Context, id string, endAt time.Time) err
 
 // Transition moves a record from state from to state to, setting the start
 // of its current run and its deadline (for a paused record, the time it
-// was paused), in one statement. A record not in state from is an error
-// wrapping ErrNotFound.
+// was paused), in one statement, and drops its ColdResume data. A record
+// not in state from is an error wrapping ErrNotFound.
 func (s *Store) Transition(ctx context.Context, id string, from, to State, startedAt, endAt time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, created_at = ?, end_at = ? WHERE id = ? AND state = ?`,
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, created_at = ?, end_at = ?, cold = NULL WHERE id = ? AND state = ?`,
 		string(to), startedAt.UnixNano(), endAt.UnixNano(), id, string(from))
 	return checkOne(res, err, fmt.Sprintf("moving sandbox %s from %s to %s", id, from, to))
 }
@@ -439,7 +443,7 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, start
 func (s *Store) SetState(ctx context.Context, id string, st State) error {
 	q := `UPDATE sandboxes SET state = ? WHERE id = ?`
 	if st == StateKilled {
-		q = `UPDATE sandboxes SET state = ?, envd_access_token = '' WHERE id = ?`
+		q = `UPDATE sandboxes SET state = ?, envd_access_token = '', cold = NULL WHERE id = ?`
 	}
 	res, err := s.db.ExecContext(ctx, q, string(st), id)
 	return checkOne(res, err, "setting state of sandbox "+id)
