@@ -54,7 +54,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	m.gateways.Store(rec.ID, gw)
 	now := m.now().UTC()
 	info := &Sandbox{
-		ID: rec.ID, TemplateID: rec.Template, State: StatePaused,
+		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: rec.Metadata,
 		CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB,
 		EnvdAccessToken: rec.EnvdAccessToken, AllowInternetAccess: rec.AllowInternetAccess,

@@ -164,7 +164,7 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	now := m.now().UTC()
 	info := &Sandbox{
-		ID: rec.ID, TemplateID: rec.Template, State: StatePaused,
+		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: maps.Clone(rec.Metadata),
 		CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB,
 		EnvdAccessToken: rec.EnvdAccessToken, AllowInternetAccess: rec.AllowInternetAccess,

@@ -137,7 +137,8 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 			return nil, fmt.Errorf("opening the environment of snapshot %s: %w", sn.ID, err)
 		}
 	}
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend, env: env}, nil
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, alias: sn.Name, backend: spec.Backend, env: env,
+		memory: spec.Memory}, nil
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
@@ -154,6 +155,9 @@ type snapshotSpec struct {
 	// without one): a sandbox made from the snapshot has it under its own
 	// create's, as E2B's restored envd keeps it.
 	Env []byte `json:"envSealed,omitempty"`
+	// Memory is the layer's LayerInfo.Memory: a sandbox made from it goes
+	// on with the source's processes (its start command runs already).
+	Memory bool `json:"memory,omitempty"`
 }
 
 // snapshotEnvPurpose binds a snapshot's sealed environment to its layer
@@ -569,7 +573,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 	}
 	e.mu.Lock()
 	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
-		Backend: e.info.Metadata[BackendMetadataKey], Env: env})
+		Backend: e.info.Metadata[BackendMetadataKey], Env: env, Memory: info.Memory})
 	e.mu.Unlock()
 	sn := &store.Snapshot{ID: snID, Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
@@ -704,7 +708,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duratio
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e})
+			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e,
+				shown: src.TemplateID, alias: src.Alias, memory: info.Memory})
 			out[i] = ForkResult{Sandbox: s, Err: err}
 		})
 	}

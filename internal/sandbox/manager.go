@@ -40,6 +40,13 @@ type Templates interface {
 	Resolve(name string) (rootfs string, err error)
 }
 
+// Identifier is implemented by Templates that know a template's ID and
+// alias apart (a built template may be named by alias, alias:tag or ID):
+// a sandbox shows the ID as its TemplateID and the alias as its Alias.
+type Identifier interface {
+	Identity(name string) (id, alias string, ok bool)
+}
+
 // Defaults are the resources and timeout of a sandbox whose create request
 // does not name them. Zero fields take the built-in values in brackets.
 type Defaults struct {
@@ -512,7 +519,11 @@ type origin struct {
 	layer    string
 	template string // the template under the layer
 	shown    string // the TemplateID the sandbox shows, if not the request's
-	backend  string // a snapshot's source's metadata fence.backend
+	alias    string // the Alias it shows with shown
+	// memory is set for a layer that keeps memory (LayerInfo.Memory): the
+	// template's start command runs in it already.
+	memory  bool
+	backend string // a snapshot's source's metadata fence.backend
 	// env is a snapshot's source's agent environment: the new sandbox's
 	// environment is the create's on top of it.
 	env map[string]string
@@ -663,8 +674,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
 	}
-	if rp, ok := m.templates.(ReadyPorter); ok {
-		if err := m.waitReady(ctx, box, req.TemplateID, rp.ReadyPorts(req.TemplateID)); err != nil {
+	// A layer with memory goes on where its source was: its services and
+	// start command run already.
+	resumed := from != nil && from.memory
+	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
+		if err := m.waitReady(ctx, box, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
@@ -677,8 +691,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}()
 	// Start and ready commands run once the sandbox's egress gateway knows
 	// it; a sandbox restored from a run image has them running already.
-	if !restored {
-		if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+	if !restored && !resumed {
+		if err := m.startRuntime(ctx, box, tmplName, rt); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
@@ -687,7 +701,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,
-		TemplateID:          req.TemplateID, // a snapshot's ID when booted on one
+		TemplateID:          req.TemplateID, // the template's ID, a snapshot's, or a fork's source's: below
 		State:               StateRunning,
 		StartedAt:           now,
 		EndAt:               now.Add(timeout),
@@ -712,8 +726,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}
 	}
-	if from != nil && from.shown != "" {
-		info.TemplateID = from.shown
+	switch {
+	case from != nil && from.shown != "":
+		info.TemplateID, info.Alias = from.shown, from.alias
+	case from == nil:
+		if idr, ok := m.templates.(Identifier); ok {
+			if tid, alias, ok := idr.Identity(req.TemplateID); ok {
+				info.TemplateID, info.Alias = tid, alias
+			}
+		}
 	}
 	if from != nil && from.parent != nil {
 		info.Network = req.Network // the parent's, as it shows it
@@ -723,7 +744,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		slot = s.Slot()
 	}
 	rec := &store.Sandbox{
-		ID: id, Template: info.TemplateID, State: store.StateRunning,
+		ID: id, Template: info.TemplateID, Alias: info.Alias, State: store.StateRunning,
 		CreatedAt: info.StartedAt, EndAt: info.EndAt, Metadata: info.Metadata,
 		CPUs: info.CPUs, MemoryMB: info.MemoryMB, DiskMB: info.DiskMB,
 		EnvdAccessToken: info.EnvdAccessToken, AllowInternetAccess: info.AllowInternetAccess,
@@ -757,7 +778,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	m.nudge()
 
 	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
-	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", req.TemplateID,
+	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", info.TemplateID,
 		"end_at", info.EndAt)
 	return info.clone(), nil
 }

@@ -57,8 +57,10 @@ const (
 
 // Sandbox is one sandbox record.
 type Sandbox struct {
-	ID                  string
-	Template            string
+	ID       string
+	Template string // the template's ID (a snapshot's ID)
+	// Alias is the template's alias (a snapshot's name), "" if none.
+	Alias               string
 	State               State
 	CreatedAt           time.Time // the start of its current run (reset when resumed)
 	EndAt               time.Time // the deadline; for a paused sandbox, when it was paused
@@ -79,7 +81,8 @@ type Filter struct {
 	// States, if not empty, selects only records in one of these states
 	// (and State, if set, as well).
 	States []State
-	// Template, if set, selects only records of that template.
+	// Template, if set, selects only records of that template (its ID or
+	// its alias).
 	Template string
 	// Metadata selects records whose metadata has every given pair.
 	Metadata map[string]string
@@ -194,6 +197,8 @@ var migrations = []string{
 	migrationLayers,
 	// What the resume of a filesystem-only pause needs (cold.go).
 	migrationCold,
+	// A record's template is its ID; the alias it was named by apart.
+	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
@@ -295,6 +300,9 @@ func (s *Store) migrate(ctx context.Context) error {
 const columns = `id, template, state, created_at, end_at, metadata, cpu, memory_mb, disk_mb,
 	envd_access_token, allow_internet_access, network, slot`
 
+// recordColumns are a record's columns today (columns is migration 3's).
+const recordColumns = columns + `, alias`
+
 // Insert adds a new record. An existing ID is an error wrapping api.ErrConflict.
 func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	md := sb.Metadata
@@ -321,9 +329,9 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	if state == "" {
 		state = StateRunning
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+columns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+recordColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, string(state), sb.CreatedAt.UnixNano(), sb.EndAt.UnixNano(), string(mdJSON),
-		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot)
+		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot, sb.Alias)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, api.ErrConflict)
@@ -335,7 +343,7 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 
 // Get returns the record of id, or an error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
+	row := s.db.QueryRowContext(ctx, `SELECT `+recordColumns+` FROM sandboxes WHERE id = ?`, id)
 	sb, err := scan(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting sandbox %s: %w", id, ErrNotFound)
@@ -364,8 +372,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		}
 	}
 	if f.Template != "" {
-		where = append(where, "template = ?")
-		args = append(args, f.Template)
+		where = append(where, "(template = ? OR alias = ?)")
+		args = append(args, f.Template, f.Template)
 	}
 	for k, v := range f.Metadata {
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
@@ -388,7 +396,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		n := f.Before.CreatedAt.UnixNano()
 		args = append(args, n, n, f.Before.ID)
 	}
-	q := `SELECT ` + columns + ` FROM sandboxes`
+	q := `SELECT ` + recordColumns + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -490,7 +498,7 @@ func scan(r scanner) (*Sandbox, error) {
 		netJSON       sql.NullString
 	)
 	if err := r.Scan(&sb.ID, &sb.Template, &state, &created, &end, &mdJSON, &sb.CPUs, &sb.MemoryMB,
-		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot); err != nil {
+		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot, &sb.Alias); err != nil {
 		return nil, err
 	}
 	sb.State = State(state)
