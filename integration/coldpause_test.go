@@ -134,3 +134,82 @@ func testColdPauseRestart(t *testing.T, tmpl string, meta map[string]string) {
 		assertNoSandboxLeftovers(t, d.DataDir, d.sandboxIDs(), nil)
 	}
 }
+
+// TestGvisorPauseRestartKeepsConfiguration: a gvisor sandbox paused with
+// its memory and adopted by the next daemon after a kill -9 keeps what
+// its pause recorded beyond its record: its traffic token (its ports stay
+// closed to requests without it), lifecycle, secret placeholder binding,
+// and its spec (a rewind to a checkpoint taken before the pause boots).
+// Root: namespaces, cgroups, runsc.
+func TestGvisorPauseRestartKeepsConfiguration(t *testing.T) {
+	testutil.RequireRunsc(t)
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	ctx := ctxT(t)
+	if _, err := d.Client.CreateSecret(ctx, "gv-token", "s3cret-value", nil); err != nil {
+		t.Fatal(err)
+	}
+	yes, no := true, false
+	sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, EnvVars: map[string]string{"E": "env"},
+		AutoPause: &yes, Network: &api.NetworkConfig{AllowPublicTraffic: &no},
+		Secrets: map[string]api.SecretBinding{"TOKEN": {Secret: "gv-token", Hosts: []string{"api.example.com"}}}})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { d.Client.Kill(context.Background(), sb.ID()) })
+	if sb.TrafficAccessToken == nil || *sb.TrafficAccessToken == "" {
+		t.Fatalf("no traffic token: %+v", sb.Sandbox)
+	}
+	e := sb.Envd()
+	placeholder := rsh(t, e, `echo $TOKEN`)
+	rsh(t, e, `mkdir -p /tmp/www && echo before > /tmp/www/index.html`)
+	cp, err := d.Client.Checkpoint(ctx, sb.ID(), "before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsh(t, e, `echo after > /tmp/www/index.html && cd /tmp/www && (python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &)`)
+	port := func(tok string) rawResponse {
+		h := map[string]string{api.HeaderSandboxID: sb.ID(), api.HeaderSandboxPort: "8000"}
+		if tok != "" {
+			h[api.HeaderTrafficToken] = tok
+		}
+		return d.do(t, "GET", "/", "", nil, h)
+	}
+	eventually(t, 30*time.Second, "the server to serve", func() bool { return port(*sb.TrafficAccessToken).Status == 200 })
+	before, err := d.Client.Get(ctx, sb.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client.Pause(ctx, sb.ID()); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	d.Crash()
+	d.Restart()
+	info, err := d.Client.Get(ctx, sb.ID())
+	if err != nil || info.State != "paused" || !reflect.DeepEqual(info.Lifecycle, before.Lifecycle) {
+		t.Fatalf("after the restart: %+v, %v; lifecycle before %+v", info, err, before.Lifecycle)
+	}
+	resumed, err := d.Client.Connect(ctx, sb.ID(), 5*time.Minute)
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	if resumed.TrafficAccessToken == nil || *resumed.TrafficAccessToken != *sb.TrafficAccessToken {
+		t.Errorf("traffic token after the restart: %v, want the create's", resumed.TrafficAccessToken)
+	}
+	if r := port(""); r.Status == 200 {
+		t.Errorf("a port of the sandbox answers without its traffic token after the restart: %d %q", r.Status, r.Body)
+	}
+	if r := port(*sb.TrafficAccessToken); r.Status != 200 || string(r.Body) != "after\n" {
+		t.Errorf("GET with the traffic token after the restart: %d %q", r.Status, r.Body)
+	}
+	e = resumed.Envd()
+	if got := rsh(t, e, `echo $E; echo $TOKEN`); got != "env\n"+placeholder {
+		t.Errorf("env after the restart: %q", got)
+	}
+	if err := d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID); err != nil {
+		t.Fatalf("Rewind after the restart: %v", err)
+	}
+	if got := rsh(t, e, `cat /tmp/www/index.html; echo $TOKEN`); got != "before\n"+placeholder {
+		t.Errorf("after the rewind: %q", got)
+	}
+}

@@ -21,7 +21,10 @@ import (
 // paused record, what its resume boots with (coldRecord), sealed (it holds
 // the sandbox's environment, secret placeholders and egress proxy
 // password), and the next Start takes the sandbox over, paused, from it
-// (adoptCold). Its layer is kept by the adopted entry like any paused
+// (adoptCold). A pause with memory on a backend that keeps paused
+// sandboxes on disk (isolation.Keeper: gvisor) keeps the same record, with
+// no layer, so that the sandbox its backend adopts at Start comes back
+// with its configuration too (adopt). Its layer is kept by the adopted entry like any paused
 // sandbox's. A crash before the record is written leaves a running record
 // (marked killed at Start; the new layer goes with the gc); after, a
 // paused record with its data and a complete layer. A record whose data
@@ -47,11 +50,15 @@ var _ ColdStore = (*store.Store)(nil)
 // coldRecord is what the resume of a filesystem-only pause needs beyond
 // the sandbox's record.
 type coldRecord struct {
-	Layer        string         `json:"layer"`
-	CreatedLayer string         `json:"createdLayer,omitempty"`
+	Layer        string `json:"layer"`
+	CreatedLayer string `json:"createdLayer,omitempty"`
+	// BootLayer is the layer the paused backend sandbox booted on (a
+	// pause with memory: it stays its).
+	BootLayer    string         `json:"bootLayer,omitempty"`
 	BaseTemplate string         `json:"baseTemplate"`
 	Spec         isolation.Spec `json:"spec"` // without Egress: compiled again from Network
 	Timeout      time.Duration  `json:"timeout"`
+	// Layer is "" for a pause with memory (see above).
 	// Network is the network in force (the egress proxy's password
 	// included); AllowInternetAccess the create's.
 	Network             *api.NetworkConfig `json:"network,omitempty"`
@@ -67,6 +74,28 @@ type coldRecord struct {
 
 func coldPurpose(id string) string { return "sandbox-cold-resume:" + id }
 
+// resumeRecord opens the resume data the store keeps for paused record
+// rec; ok is false when there is none or it does not open.
+func (m *Manager) resumeRecord(ctx context.Context, rec *store.Sandbox) (cr coldRecord, ok bool) {
+	cs, isCold := m.store.(ColdStore)
+	if !isCold || m.sealer == nil || rec.State != store.StatePaused {
+		return cr, false
+	}
+	sealed, err := cs.ColdResume(ctx, rec.ID)
+	if err != nil || len(sealed) == 0 {
+		return cr, false
+	}
+	raw, err := m.sealer.Unseal(ctx, coldPurpose(rec.ID), sealed)
+	if err == nil {
+		err = json.Unmarshal(raw, &cr)
+	}
+	if err != nil {
+		m.log.WarnContext(ctx, "opening the resume data of a paused sandbox", "sandbox_id", rec.ID, "err", err)
+		return cr, false
+	}
+	return cr, true
+}
+
 // coldData is e's sealed coldRecord for its pause into layer; nil when
 // the Manager has no Sealer (the pause then lasts as long as the daemon).
 func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte, error) {
@@ -77,7 +106,7 @@ func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte,
 	spec := e.spec
 	spec.ID, spec.Egress, spec.Binds = "", nil, nil
 	e.mu.Lock()
-	cr := coldRecord{Layer: layer, CreatedLayer: e.createdLayer, BaseTemplate: e.baseTemplate, Spec: spec, Timeout: e.timeout,
+	cr := coldRecord{Layer: layer, CreatedLayer: e.createdLayer, BootLayer: e.layer, BaseTemplate: e.baseTemplate, Spec: spec, Timeout: e.timeout,
 		AllowInternetAccess: e.info.AllowInternetAccess, TrafficAccessToken: e.info.TrafficAccessToken,
 		MaskRequestHost: e.info.MaskRequestHost, AutoPause: e.info.AutoPause, AutoResume: e.info.AutoResume,
 		AutoPauseNoMemory: e.info.AutoPauseNoMemory, AutoCheckpoint: e.info.AutoCheckpoint}
@@ -101,11 +130,14 @@ func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte,
 	return m.sealer.Seal(ctx, coldPurpose(id), raw)
 }
 
-// recordColdPause records e's filesystem-only pause into layer (a move
-// from state from to paused) with what its resume needs.
-func (m *Manager) recordColdPause(ctx context.Context, e *entry, layer string, from store.State, startedAt, pausedAt time.Time) error {
+// recordPause records e's pause (a move from state from to paused): a
+// filesystem-only one into layer, or, with layer "", one with memory. It
+// keeps what the resume needs after a restart of the daemon for a
+// filesystem-only pause and for a backend sandbox that outlives the daemon
+// paused (isolation.Keeper).
+func (m *Manager) recordPause(ctx context.Context, e *entry, layer string, from store.State, startedAt, pausedAt time.Time) error {
 	cs, ok := m.store.(ColdStore)
-	if !ok {
+	if _, keeps := e.sb().(isolation.Keeper); !ok || (layer == "" && !keeps) {
 		return m.store.Transition(ctx, e.sb().ID(), from, store.StatePaused, startedAt, pausedAt)
 	}
 	data, err := m.coldData(ctx, e, layer)
@@ -126,25 +158,19 @@ func (m *Manager) recordColdPause(ctx context.Context, e *entry, layer string, f
 // whether the sandbox is live again, paused, under this Manager; if not,
 // the caller marks it killed (and gc removes its layer).
 func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
-	cs, ok := m.store.(ColdStore)
-	if !ok || m.sealer == nil || m.layers == nil || rec.State != store.StatePaused {
+	if m.layers == nil {
 		return false
 	}
-	sealed, err := cs.ColdResume(ctx, rec.ID)
-	if err != nil || len(sealed) == 0 {
+	cr, ok := m.resumeRecord(ctx, rec)
+	if !ok {
 		return false
 	}
 	warn := func(err error) bool {
 		m.log.WarnContext(ctx, "taking over a sandbox paused without memory", "sandbox_id", rec.ID, "err", err)
 		return false
 	}
-	raw, err := m.sealer.Unseal(ctx, coldPurpose(rec.ID), sealed)
-	if err != nil {
-		return warn(err)
-	}
-	var cr coldRecord
-	if err := json.Unmarshal(raw, &cr); err != nil {
-		return warn(fmt.Errorf("decoding its resume data: %w", err))
+	if cr.Layer == "" { // a pause with memory its backend did not keep
+		return false
 	}
 	layers, err := m.layers.ListLayers(ctx)
 	if err != nil {

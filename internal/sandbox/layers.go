@@ -461,7 +461,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
 	now := m.now().UTC()
-	if err := m.recordColdPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
+	if err := m.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = m.layers.DeleteLayer(ctx, info.ID)
 		reopen()
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
