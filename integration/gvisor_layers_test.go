@@ -19,17 +19,11 @@ import (
 // gvisorLayerDirs lists the gvisor backend's layers (checkpoint images)
 // on disk: complete ones and, apart, those being made or a crash left.
 func gvisorLayerDirs(dataDir string) (complete, temporary []string) {
-	insts := dirEntries(filepath.Join(dataDir, "gvisor", "layers"))
-	for _, inst := range insts {
-		for _, n := range dirEntries(filepath.Join(dataDir, "gvisor", "layers", inst)) {
-			if strings.HasPrefix(n, ".tmp-") {
-				temporary = append(temporary, n)
-			} else {
-				complete = append(complete, n)
-			}
-		}
+	var dirs []string
+	for _, inst := range dirEntries(filepath.Join(dataDir, "gvisor", "layers")) {
+		dirs = append(dirs, filepath.Join(dataDir, "gvisor", "layers", inst))
 	}
-	return complete, temporary
+	return splitLayers(dirs...)
 }
 
 // countOf reads the counting loop's /tmp/c, again when it caught the
@@ -276,8 +270,8 @@ func TestGvisorLayersCrashConsistency(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := countOf(t, sb.Envd())
-			done := make(chan error, 1)
-			go func() {
+			// Crash as soon as the image is being written.
+			crashDuring(t, d, op, func() error {
 				var err error
 				switch op {
 				case "snapshot":
@@ -285,50 +279,16 @@ func TestGvisorLayersCrashConsistency(t *testing.T) {
 				case "fork":
 					_, _, err = d.Client.Fork(ctx, sb.ID(), 3, time.Minute)
 				}
-				done <- err
-			}()
-			// Crash as soon as the image is being written.
-			deadline := time.Now().Add(20 * time.Second)
-			for time.Now().Before(deadline) {
-				if _, tmp := gvisorLayerDirs(d.DataDir); len(tmp) > 0 {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
-			_, tmp := gvisorLayerDirs(d.DataDir)
-			d.Crash()
-			t.Logf("%s cut by the crash (partial layers then: %v): %v", op, tmp, <-done)
-			d.Restart()
-			complete, tmp := gvisorLayerDirs(d.DataDir)
-			if len(tmp) > 0 {
-				t.Errorf("partial layers after restart: %v", tmp)
-			}
-			snaps, err := d.Client.ListSnapshots(ctx, "", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(complete) != len(snaps) {
-				t.Errorf("%d gvisor layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
-			}
-			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
-				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
-			}
-			for _, s := range snaps {
-				b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
-				if err != nil {
-					t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
-					continue
-				}
+				return err
+			}, func() bool {
+				_, tmp := gvisorLayerDirs(d.DataDir)
+				return len(tmp) > 0
+			})
+			checkLayersAfterCrash(t, d, func() ([]string, []string) { return gvisorLayerDirs(d.DataDir) }, 0, kept.SnapshotID, func(b *client.Sandbox) {
 				c := countOf(t, b.Envd())
 				eventually(t, 30*time.Second, "the restored loop to count", func() bool { return countOf(t, b.Envd()) > c })
-				if s.SnapshotID == kept.SnapshotID && c > before+50 {
-					t.Logf("snapshot's counter %d, %d when it was taken", c, before)
-				}
-				d.Client.Kill(ctx, b.ID())
-				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
-					t.Error(err)
-				}
-			}
+				t.Logf("a snapshot's counter %d, %d when the kept one was taken", c, before)
+			})
 			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
 				t.Errorf("sandbox after restart: %v, want not found", err)
 			}
