@@ -142,7 +142,10 @@ func (m *Manager) recordPause(ctx context.Context, e *entry, layer string, from 
 	}
 	data, err := m.coldData(ctx, e, layer)
 	if err != nil {
-		return fmt.Errorf("sealing the resume of sandbox %s: %w", e.sb().ID(), err)
+		// The pause still works; it lasts as long as this daemon.
+		m.log.WarnContext(ctx, "sealing what the resume of a paused sandbox needs after a restart; it will not outlive the daemon",
+			"sandbox_id", e.sb().ID(), "err", err)
+		data = nil
 	}
 	if err := cs.PauseCold(ctx, e.sb().ID(), from, startedAt, pausedAt, data); err != nil {
 		return err

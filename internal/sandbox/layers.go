@@ -133,8 +133,9 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 		if err == nil {
 			err = json.Unmarshal(raw, &env)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("opening the environment of snapshot %s: %w", sn.ID, err)
+		if err != nil { // a lost key: the create's environment alone
+			m.log.WarnContext(ctx, "opening the environment of a snapshot", "snapshot", sn.ID, "err", err)
+			env = nil
 		}
 	}
 	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, alias: sn.Name, backend: spec.Backend, env: env,
@@ -567,8 +568,10 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 	if m.sealer != nil && len(e.spec.Agent.EnvVars) > 0 {
 		raw, _ := json.Marshal(e.spec.Agent.EnvVars)
 		if env, err = m.sealer.Seal(ctx, snapshotEnvPurpose(info.ID), raw); err != nil {
-			_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
-			return nil, fmt.Errorf("snapshotting sandbox %s: sealing its environment: %w", id, err)
+			// The snapshot is still good; sandboxes made from it get their
+			// create's environment alone.
+			m.log.WarnContext(ctx, "sealing the environment of a snapshot", "sandbox_id", id, "err", err)
+			env = nil
 		}
 	}
 	e.mu.Lock()
