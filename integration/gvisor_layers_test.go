@@ -19,17 +19,11 @@ import (
 // gvisorLayerDirs lists the gvisor backend's layers (checkpoint images)
 // on disk: complete ones and, apart, those being made or a crash left.
 func gvisorLayerDirs(dataDir string) (complete, temporary []string) {
-	insts := dirEntries(filepath.Join(dataDir, "gvisor", "layers"))
-	for _, inst := range insts {
-		for _, n := range dirEntries(filepath.Join(dataDir, "gvisor", "layers", inst)) {
-			if strings.HasPrefix(n, ".tmp-") {
-				temporary = append(temporary, n)
-			} else {
-				complete = append(complete, n)
-			}
-		}
+	var dirs []string
+	for _, inst := range dirEntries(filepath.Join(dataDir, "gvisor", "layers")) {
+		dirs = append(dirs, filepath.Join(dataDir, "gvisor", "layers", inst))
 	}
-	return complete, temporary
+	return splitLayers(dirs...)
 }
 
 // countOf reads the counting loop's /tmp/c, again when it caught the
@@ -97,7 +91,7 @@ func TestGvisorSnapshotsAndForksKeepMemory(t *testing.T) {
 	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
 	ctx := ctxT(t)
-	parent := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, EnvVars: map[string]string{"E": "env"}})
+	parent := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, EnvVars: map[string]string{"E": "env", "K": "kept"}})
 	c0 := serveAndCount(t, d, parent)
 
 	// Snapshot: the parent runs on; a sandbox made from it goes on.
@@ -109,11 +103,17 @@ func TestGvisorSnapshotsAndForksKeepMemory(t *testing.T) {
 	t.Logf("snapshot took %v", time.Since(start))
 	eventually(t, 30*time.Second, "the parent to count on", func() bool { return countOf(t, parent.Envd()) > c0 })
 	start = time.Now()
-	fromSnap := d.create(t, api.NewSandbox{TemplateID: snap.SnapshotID})
+	// The create's environment and metadata are the new sandbox's, although
+	// its agent is the snapshot's, restored with its memory.
+	fromSnap := d.create(t, api.NewSandbox{TemplateID: snap.SnapshotID, EnvVars: map[string]string{"E": "over", "N": "new"},
+		Metadata: map[string]string{"from": "snap"}})
 	t.Logf("create from the snapshot took %v", time.Since(start))
 	goesOn(t, d, fromSnap, c0, "sandbox from the snapshot")
-	if info, err := d.Client.Get(ctx, fromSnap.ID()); err != nil || info.Metadata["fence.backend"] != "gvisor" {
-		t.Errorf("sandbox from the snapshot: %+v, %v; want metadata fence.backend gvisor (where it runs)", info, err)
+	if info, err := d.Client.Get(ctx, fromSnap.ID()); err != nil || info.Metadata["fence.backend"] != "gvisor" || info.Metadata["from"] != "snap" {
+		t.Errorf("sandbox from the snapshot: %+v, %v; want metadata fence.backend gvisor (where it runs) and the create's", info, err)
+	}
+	if got := sh(t, fromSnap.Envd(), `echo $E $K $N`); got != "over kept new\n" {
+		t.Errorf("environment of the sandbox from the snapshot: %q, want the create's E and N over the snapshot's K", got)
 	}
 	// Deleting the snapshot leaves it running; it no longer creates.
 	if err := d.Client.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
@@ -270,8 +270,8 @@ func TestGvisorLayersCrashConsistency(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := countOf(t, sb.Envd())
-			done := make(chan error, 1)
-			go func() {
+			// Crash as soon as the image is being written.
+			crashDuring(t, d, op, func() error {
 				var err error
 				switch op {
 				case "snapshot":
@@ -279,50 +279,16 @@ func TestGvisorLayersCrashConsistency(t *testing.T) {
 				case "fork":
 					_, _, err = d.Client.Fork(ctx, sb.ID(), 3, time.Minute)
 				}
-				done <- err
-			}()
-			// Crash as soon as the image is being written.
-			deadline := time.Now().Add(20 * time.Second)
-			for time.Now().Before(deadline) {
-				if _, tmp := gvisorLayerDirs(d.DataDir); len(tmp) > 0 {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
-			_, tmp := gvisorLayerDirs(d.DataDir)
-			d.Crash()
-			t.Logf("%s cut by the crash (partial layers then: %v): %v", op, tmp, <-done)
-			d.Restart()
-			complete, tmp := gvisorLayerDirs(d.DataDir)
-			if len(tmp) > 0 {
-				t.Errorf("partial layers after restart: %v", tmp)
-			}
-			snaps, err := d.Client.ListSnapshots(ctx, "", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(complete) != len(snaps) {
-				t.Errorf("%d gvisor layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
-			}
-			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
-				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
-			}
-			for _, s := range snaps {
-				b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
-				if err != nil {
-					t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
-					continue
-				}
+				return err
+			}, func() bool {
+				_, tmp := gvisorLayerDirs(d.DataDir)
+				return len(tmp) > 0
+			})
+			checkLayersAfterCrash(t, d, func() ([]string, []string) { return gvisorLayerDirs(d.DataDir) }, 0, kept.SnapshotID, func(b *client.Sandbox) {
 				c := countOf(t, b.Envd())
 				eventually(t, 30*time.Second, "the restored loop to count", func() bool { return countOf(t, b.Envd()) > c })
-				if s.SnapshotID == kept.SnapshotID && c > before+50 {
-					t.Logf("snapshot's counter %d, %d when it was taken", c, before)
-				}
-				d.Client.Kill(ctx, b.ID())
-				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
-					t.Error(err)
-				}
-			}
+				t.Logf("a snapshot's counter %d, %d when the kept one was taken", c, before)
+			})
 			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
 				t.Errorf("sandbox after restart: %v, want not found", err)
 			}

@@ -25,14 +25,72 @@ func layersDir(dataDir string) string {
 // layerDirs lists the layers on disk: complete ones and, apart, the
 // temporary ones a copy in progress (or a crash) leaves.
 func layerDirs(dataDir string) (complete, temporary []string) {
-	for _, n := range dirEntries(layersDir(dataDir)) {
-		if strings.HasPrefix(n, ".tmp-") {
-			temporary = append(temporary, n)
-		} else {
-			complete = append(complete, n)
+	return splitLayers(layersDir(dataDir))
+}
+
+// splitLayers lists the layers in dirs: complete ones and, apart, those
+// being made or deleted, or a crash left (".tmp-", on both backends).
+func splitLayers(dirs ...string) (complete, temporary []string) {
+	for _, dir := range dirs {
+		for _, n := range dirEntries(dir) {
+			if strings.HasPrefix(n, ".tmp-") {
+				temporary = append(temporary, n)
+			} else {
+				complete = append(complete, n)
+			}
 		}
 	}
 	return complete, temporary
+}
+
+// crashDuring runs op and kills the daemon with SIGKILL as soon as
+// underWay reports it under way (or after 20 s), then starts it again.
+func crashDuring(t *testing.T, d *daemon, what string, op func() error, underWay func() bool) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && !underWay() {
+		time.Sleep(time.Millisecond)
+	}
+	d.Crash()
+	t.Logf("%s cut by the crash: %v", what, <-done)
+	d.Restart()
+}
+
+// checkLayersAfterCrash checks the layers a restart after crashDuring
+// left: none partial, extra more complete ones than recorded snapshots,
+// the snapshot kept still listed, and every snapshot booting (boots checks
+// the sandbox made from it); each is then killed and its snapshot deleted.
+func checkLayersAfterCrash(t *testing.T, d *daemon, dirs func() ([]string, []string), extra int, kept string, boots func(*client.Sandbox)) {
+	t.Helper()
+	ctx := ctxT(t)
+	complete, tmp := dirs()
+	if len(tmp) > 0 {
+		t.Errorf("partial layers after restart: %v", tmp)
+	}
+	snaps, err := d.Client.ListSnapshots(ctx, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(complete) != len(snaps)+extra {
+		t.Errorf("%d layers on disk for %d snapshots (and %d more kept) after restart: %v", len(complete), len(snaps), extra, complete)
+	}
+	if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept }) {
+		t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
+	}
+	for _, s := range snaps {
+		b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
+		if err != nil {
+			t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
+			continue
+		}
+		boots(b)
+		d.Client.Kill(ctx, b.ID())
+		if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // Through the Go SDK: checkpoints with a diff, rewind, forks that are
@@ -171,9 +229,18 @@ func testLayersGoSDK(t *testing.T, flags ...string) {
 		complete, _ := layerDirs(d.DataDir)
 		return len(complete) == 2
 	})
-	from, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: sn.SnapshotID})
+	// A create from the snapshot: its own environment on top of the
+	// snapshot's, its own metadata.
+	from, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: sn.SnapshotID, EnvVars: map[string]string{"N": "new"},
+		Metadata: map[string]string{"from": "snap"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if out := rsh(t, from.Envd(), `echo $E $N`); out != "env new\n" {
+		t.Errorf("environment of a sandbox from the snapshot: %q, want the snapshot's E and the create's N", out)
+	}
+	if info, err := d.Client.Get(ctx, from.ID()); err != nil || info.Metadata["from"] != "snap" || info.Metadata["k"] != "" {
+		t.Errorf("sandbox from the snapshot: %+v, %v; want the create's metadata alone", info, err)
 	}
 	if err := d.Client.DeleteSnapshot(ctx, sn.SnapshotID); err != nil {
 		t.Fatal(err)
@@ -196,16 +263,16 @@ func testLayersGoSDK(t *testing.T, flags ...string) {
 	}
 }
 
-// kill -9 of the daemon while it snapshots, forks, checkpoints or
-// rewinds: the next start keeps what was recorded (a snapshot, usable)
-// and removes the rest (half-copied layers, the layers of checkpoints and
+// kill -9 of the daemon while it snapshots, forks, checkpoints, rewinds
+// or pauses without memory: the next start keeps what was recorded (a
+// snapshot, usable; a recorded pause, which resumes) and removes the rest (half-copied layers, the layers of checkpoints and
 // forks of sandboxes that died with the daemon).
 func TestLayersCrashConsistency(t *testing.T) { forLayerStores(t, testLayersCrashConsistency) }
 
 func testLayersCrashConsistency(t *testing.T, flags ...string) {
 	d := startDaemon(t, newDataDir(t), flags...)
 	ctx := ctxT(t)
-	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind"} {
+	for _, op := range []string{"snapshot", "fork", "checkpoint", "rewind", "pause"} {
 		t.Run(op, func(t *testing.T) {
 			// Not d.create: its cleanup would use the crashed daemon's URL.
 			sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
@@ -223,8 +290,8 @@ func testLayersCrashConsistency(t *testing.T, flags ...string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() {
+			// Crash as soon as the operation is under way.
+			crashDuring(t, d, op, func() error {
 				var err error
 				switch op {
 				case "snapshot":
@@ -235,58 +302,53 @@ func testLayersCrashConsistency(t *testing.T, flags ...string) {
 					_, err = d.Client.Checkpoint(ctx, sb.ID(), "")
 				case "rewind":
 					err = d.Client.Rewind(ctx, sb.ID(), cp.CheckpointID)
+				case "pause":
+					err = d.Client.PauseWithoutMemory(ctx, sb.ID())
 				}
-				done <- err
-			}()
-			// Crash as soon as the operation is under way.
-			deadline := time.Now().Add(20 * time.Second)
-			for time.Now().Before(deadline) {
+				return err
+			}, func() bool {
 				complete, tmp := layerDirs(d.DataDir)
-				if len(tmp) > 0 || (op == "rewind" && len(complete) > 0) {
-					break
+				if op == "rewind" && len(complete)+len(tmp) > 0 {
+					time.Sleep(30 * time.Millisecond) // into the reboot
+					return true
 				}
-				time.Sleep(time.Millisecond)
-			}
-			if op == "rewind" {
-				time.Sleep(30 * time.Millisecond)
-			}
-			d.Crash()
-			t.Logf("%s cut by the crash: %v", op, <-done)
-			d.Restart()
-			complete, tmp := layerDirs(d.DataDir)
-			if len(tmp) > 0 {
-				t.Errorf("temporary layers after restart: %v", tmp)
-			}
-			snaps, err := d.Client.ListSnapshots(ctx, "", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(complete) != len(snaps) {
-				t.Errorf("%d layers on disk for %d snapshots after restart: %v", len(complete), len(snaps), complete)
+				return len(tmp) > 0
+			})
+			extra := 0
+			if op == "pause" {
+				// A pause recorded before the crash outlives it: the sandbox
+				// is paused on its layer (resumed here, it runs on it), its
+				// checkpoint kept; else it is gone.
+				info, err := d.Client.Get(ctx, sb.ID())
+				switch {
+				case err == nil && info.State == "paused":
+					extra = 2
+					resumed, err := d.Client.Connect(ctx, sb.ID(), time.Minute)
+					if err != nil {
+						t.Fatalf("Connect of the pause recorded before the crash: %v", err)
+					}
+					if out := rsh(t, resumed.Envd(), `cat /w/f2999`); out != "2999\n" {
+						t.Errorf("the paused sandbox reads %q after the crash", out)
+					}
+					t.Logf("the pause was recorded before the crash")
+				case err != nil && !errors.Is(err, api.ErrNotFound):
+					t.Fatal(err)
+				}
 			}
 			// The btrfs store: a snapshot for each layer, none without one.
 			if snapDir := filepath.Join(d.DataDir, "native", "layerfs", "layers", instanceOf(d.DataDir)); len(flags) > 1 && flags[1] == "btrfs" {
+				complete, _ := layerDirs(d.DataDir)
 				if got := dirEntries(snapDir); len(got) != len(complete) {
 					t.Errorf("%d btrfs snapshots for %d layers after restart: %v", len(got), len(complete), got)
 				}
 			}
-			if !slices.ContainsFunc(snaps, func(s api.SnapshotInfo) bool { return s.SnapshotID == kept.SnapshotID }) {
-				t.Errorf("the recorded snapshot is gone after restart: %+v", snaps)
-			}
-			// Every snapshot listed boots.
-			for _, s := range snaps {
-				b, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: s.SnapshotID})
-				if err != nil {
-					t.Errorf("create from snapshot %s after restart: %v", s.SnapshotID, err)
-					continue
-				}
+			checkLayersAfterCrash(t, d, func() ([]string, []string) { return layerDirs(d.DataDir) }, extra, kept.SnapshotID, func(b *client.Sandbox) {
 				if out := rsh(t, b.Envd(), `cat /w/f2999`); out != "2999\n" {
-					t.Errorf("snapshot %s reads %q", s.SnapshotID, out)
+					t.Errorf("a sandbox from a snapshot reads %q", out)
 				}
-				d.Client.Kill(ctx, b.ID())
-				if err := d.Client.DeleteSnapshot(ctx, s.SnapshotID); err != nil {
-					t.Error(err)
-				}
+			})
+			if op == "pause" {
+				d.Client.Kill(ctx, sb.ID()) // if it was paused: its layers go
 			}
 			if _, err := d.Client.Get(ctx, sb.ID()); !errors.Is(err, api.ErrNotFound) {
 				t.Errorf("sandbox after restart: %v, want not found", err)

@@ -410,6 +410,7 @@ func Serve(ctx context.Context, opts Options) error {
 		InspectByDefault:       opts.Inspect,
 		Audit:                  sources.sink,
 		Secrets:                secretStore,
+		Sealer:                 secretStore,
 		CAEnv:                  native.CAEnv(),
 		HostAddrs:              backend.HostAddrs(),
 		Hosts:                  hosts,

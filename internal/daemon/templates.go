@@ -28,6 +28,18 @@ func (t templateSet) Resolve(name string) (string, error) {
 
 func (t templateSet) ReadyPorts(name string) []uint16 { return t.own.ReadyPorts(name) }
 
+// Identity gives a built template's ID and alias; fence's own templates
+// are their name, which is both.
+func (t templateSet) Identity(name string) (id, alias string, ok bool) {
+	if id, alias, ok := t.built.Identity(name); ok {
+		return id, alias, true
+	}
+	if _, err := t.own.Resolve(name); err == nil {
+		return name, name, true
+	}
+	return "", "", false
+}
+
 func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {
 	rt, ok := t.built.Runtime(name)
 	if !ok {

@@ -34,6 +34,7 @@ func (h *handler) toAPISandbox(s *sandbox.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		SandboxID:       s.ID,
 		TemplateID:      s.TemplateID,
+		Alias:           s.Alias,
 		ClientID:        api.ClientID,
 		EnvdVersion:     api.EnvdVersion,
 		EnvdAccessToken: s.EnvdAccessToken,
@@ -51,6 +52,7 @@ func toListed(s *sandbox.Sandbox) api.ListedSandbox {
 	return api.ListedSandbox{
 		SandboxID:   s.ID,
 		TemplateID:  s.TemplateID,
+		Alias:       s.Alias,
 		ClientID:    api.ClientID,
 		CPUCount:    s.CPUs,
 		MemoryMB:    s.MemoryMB,

@@ -49,7 +49,9 @@ type Checkpointer interface {
 // layer a live sandbox uses, has as parent.
 type Layers interface {
 	// CreateOn is Create with layer (and its parents) between the template
-	// and the new sandbox's writable layer.
+	// and the new sandbox's writable layer. Its agent runs with
+	// spec.Agent, also when the layer keeps memory (LayerInfo.Memory) and
+	// the agent is the source's, restored.
 	CreateOn(ctx context.Context, spec Spec, layer string) (Sandbox, error)
 	// LayerChanges lists what layer and its parents changed against the
 	// template, as Checkpointer.Changes does for a running sandbox.

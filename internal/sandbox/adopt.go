@@ -17,9 +17,12 @@ import (
 // and the backend's Cleanup removes what is left.
 //
 // The sandbox keeps its ID, envd access token, metadata, limits and
-// network (recompiled from the stored configuration). What the store does
-// not hold comes back at its default: autoPause and autoResume off, and the
-// secret bindings of the create (their placeholders pass unreplaced).
+// network (recompiled from the stored configuration), and, from the resume
+// data the pause recorded (cold.go), its agent configuration, secret
+// bindings, egress proxy password, traffic token, lifecycle and create
+// timeout. A record without that data (a pause of an older daemon) comes
+// back with those at their defaults: autoPause and autoResume off, no
+// secret bindings (their placeholders pass unreplaced).
 func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	a, ok := m.backend.(isolation.Adopter)
 	if !ok || rec.State != store.StatePaused {
@@ -32,7 +35,15 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 		}
 		return false
 	}
-	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: rec.AllowInternetAccess, Network: rec.Network})
+	cr, haveCR := m.resumeRecord(ctx, rec)
+	if haveCR && cr.Layer != "" {
+		haveCR = false // a filesystem-only pause's: not this one
+	}
+	req := netconf.Request{AllowInternetAccess: rec.AllowInternetAccess, Network: rec.Network}
+	if haveCR {
+		req = netconf.Request{AllowInternetAccess: cr.AllowInternetAccess, Network: cr.Network}
+	}
+	nc, err := m.compileNetwork(ctx, req)
 	if err == nil && box.ID() != rec.ID {
 		err = errors.New("the backend adopted another sandbox")
 	}
@@ -50,11 +61,11 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 		return false
 	}
 	gw := &gatewayState{}
-	gw.cfg.Store(m.gatewayConfig(nc, nil))
+	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	m.gateways.Store(rec.ID, gw)
 	now := m.now().UTC()
 	info := &Sandbox{
-		ID: rec.ID, TemplateID: rec.Template, State: StatePaused,
+		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: rec.Metadata,
 		CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB,
 		EnvdAccessToken: rec.EnvdAccessToken, AllowInternetAccess: rec.AllowInternetAccess,
@@ -67,6 +78,16 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
 		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
+	if haveCR {
+		info.TrafficAccessToken, info.MaskRequestHost = cr.TrafficAccessToken, cr.MaskRequestHost
+		info.AutoPause, info.AutoResume, info.AutoPauseNoMemory, info.AutoCheckpoint = cr.AutoPause, cr.AutoResume, cr.AutoPauseNoMemory, cr.AutoCheckpoint
+		e.spec, e.baseTemplate, e.createdLayer, e.autoCheckpoint = cr.Spec, cr.BaseTemplate, cr.CreatedLayer, cr.AutoCheckpoint
+		e.layer = cr.BootLayer
+		e.checkpointed.Store(true) // its checkpoints, if any, are still recorded
+		if cr.Timeout > 0 {
+			e.timeout = cr.Timeout
+		}
+	}
 	e.setBox(box)
 	e.use.mark(now, true)
 	m.mu.Lock()

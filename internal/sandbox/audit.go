@@ -21,7 +21,7 @@ func (m *Manager) record(ctx context.Context, typ, id string, data map[string]an
 // values of its variables (they may be secrets), only their names.
 func createRecord(req CreateRequest, info *Sandbox) map[string]any {
 	d := map[string]any{
-		"template": req.TemplateID, "cpus": info.CPUs, "memory_mb": info.MemoryMB, "disk_mb": info.DiskMB,
+		"template": info.TemplateID, "requested_template": req.TemplateID, "cpus": info.CPUs, "memory_mb": info.MemoryMB, "disk_mb": info.DiskMB,
 		"end_at": info.EndAt, "env": slices.Sorted(maps.Keys(req.EnvVars)), "metadata": info.Metadata,
 	}
 	if info.Network != nil {

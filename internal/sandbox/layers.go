@@ -127,7 +127,19 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 	}
 	var spec snapshotSpec
 	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, backend: spec.Backend}, nil
+	var env map[string]string
+	if len(spec.Env) > 0 && m.sealer != nil {
+		raw, err := m.sealer.Unseal(ctx, snapshotEnvPurpose(sn.Layer), spec.Env)
+		if err == nil {
+			err = json.Unmarshal(raw, &env)
+		}
+		if err != nil { // a lost key: the create's environment alone
+			m.log.WarnContext(ctx, "opening the environment of a snapshot", "snapshot", sn.ID, "err", err)
+			env = nil
+		}
+	}
+	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, alias: sn.Name, backend: spec.Backend, env: env,
+		memory: spec.Memory}, nil
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
@@ -139,7 +151,19 @@ type snapshotSpec struct {
 	// Backend is the source's metadata fence.backend: a sandbox made from
 	// the snapshot shows it too (it runs where the snapshot's layer is).
 	Backend string `json:"backend,omitempty"`
+	// Env is the source's agent environment (fence's own variables, the
+	// template's and its create's), sealed (Options.Sealer; not kept
+	// without one): a sandbox made from the snapshot has it under its own
+	// create's, as E2B's restored envd keeps it.
+	Env []byte `json:"envSealed,omitempty"`
+	// Memory is the layer's LayerInfo.Memory: a sandbox made from it goes
+	// on with the source's processes (its start command runs already).
+	Memory bool `json:"memory,omitempty"`
 }
+
+// snapshotEnvPurpose binds a snapshot's sealed environment to its layer
+// (a named snapshot's ID stays over its builds; each has its own layer).
+func snapshotEnvPurpose(layer string) string { return "snapshot-env:" + layer }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
 // network nc.
@@ -438,7 +462,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
 	now := m.now().UTC()
-	if err := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, started, now); err != nil {
+	if err := m.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = m.layers.DeleteLayer(ctx, info.ID)
 		reopen()
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
@@ -475,7 +499,7 @@ func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
 		return err
 	}
 	e.mu.Lock()
-	e.cold, e.layer = "", layer
+	e.cold, e.layer, e.coldKept = "", layer, false
 	e.mu.Unlock()
 	e.setBox(box)
 	m.nudgeGC()
@@ -487,6 +511,14 @@ func (e *entry) usesLayers() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.layer != "" || e.cold != "" || e.checkpointed.Load()
+}
+
+// coldKeptPaused reports whether e is in a filesystem-only pause whose
+// resume the store keeps.
+func (e *entry) coldKeptPaused() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.info.State == StatePaused && e.cold != "" && e.coldKept
 }
 
 func (e *entry) isCold() bool {
@@ -531,11 +563,22 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
+	snID := strings.ToLower(isolation.NewID())
+	var env []byte
+	if m.sealer != nil && len(e.spec.Agent.EnvVars) > 0 {
+		raw, _ := json.Marshal(e.spec.Agent.EnvVars)
+		if env, err = m.sealer.Seal(ctx, snapshotEnvPurpose(info.ID), raw); err != nil {
+			// The snapshot is still good; sandboxes made from it get their
+			// create's environment alone.
+			m.log.WarnContext(ctx, "sealing the environment of a snapshot", "sandbox_id", id, "err", err)
+			env = nil
+		}
+	}
 	e.mu.Lock()
 	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
-		Backend: e.info.Metadata[BackendMetadataKey]})
+		Backend: e.info.Metadata[BackendMetadataKey], Env: env, Memory: info.Memory})
 	e.mu.Unlock()
-	sn := &store.Snapshot{ID: strings.ToLower(isolation.NewID()), Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
+	sn := &store.Snapshot{ID: snID, Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
 		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
 	e.checkpointed.Store(true)
 	replaced, err := ls.PutSnapshot(context.WithoutCancel(ctx), sn)
@@ -668,7 +711,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duratio
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e})
+			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e,
+				shown: src.TemplateID, alias: src.Alias, memory: info.Memory})
 			out[i] = ForkResult{Sandbox: s, Err: err}
 		})
 	}
@@ -890,4 +934,11 @@ func (p parkedBox) Done() <-chan struct{}                          { return nil 
 
 func sortDiff(d []FileDiff) {
 	slices.SortFunc(d, func(a, b FileDiff) int { return strings.Compare(a.Path, b.Path) })
+}
+
+// coldLayer is the layer of e's filesystem-only pause, "" if none.
+func (e *entry) coldLayer() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cold
 }

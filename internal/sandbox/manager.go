@@ -40,6 +40,13 @@ type Templates interface {
 	Resolve(name string) (rootfs string, err error)
 }
 
+// Identifier is implemented by Templates that know a template's ID and
+// alias apart (a built template may be named by alias, alias:tag or ID):
+// a sandbox shows the ID as its TemplateID and the alias as its Alias.
+type Identifier interface {
+	Identity(name string) (id, alias string, ok bool)
+}
+
 // Defaults are the resources and timeout of a sandbox whose create request
 // does not name them. Zero fields take the built-in values in brackets.
 type Defaults struct {
@@ -117,6 +124,10 @@ type Options struct {
 	InspectByDefault bool
 	// Secrets, if set, is checked for the secrets a create binds.
 	Secrets gateway.Secrets
+	// Sealer, if set, seals what the store keeps of a filesystem-only
+	// pause (its environment among it), which then outlives the daemon;
+	// without it such a pause lasts as long as the daemon.
+	Sealer Sealer
 	// CAEnv are variables every sandbox gets (under its own envVars) so
 	// that its tools trust the egress gateway's CA.
 	CAEnv map[string]string
@@ -159,6 +170,7 @@ type Manager struct {
 	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
+	sealer                 Sealer
 	caEnv                  map[string]string
 	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
 	warmTemplates sync.Map // string → bool
@@ -241,6 +253,8 @@ type entry struct {
 	layer string // the layer the current backend sandbox booted on
 	// +checklocks:mu
 	cold string // the layer of a filesystem-only pause, "" otherwise
+	// +checklocks:mu
+	coldKept bool // the store keeps what the resume of that pause needs
 }
 
 // boxRef is one backend sandbox of an entry; replaced is closed when
@@ -296,6 +310,7 @@ func New(opts Options) (*Manager, error) {
 		layers:                 opts.Layers,
 		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
+		sealer:                 opts.Sealer,
 		caEnv:                  opts.CAEnv,
 		hostAddrs:              opts.HostAddrs,
 		hosts:                  opts.Hosts,
@@ -347,13 +362,15 @@ func (m *Manager) Start(ctx context.Context) error {
 
 	// Paused sandboxes are frozen processes of the previous daemon: they
 	// do not survive it either, unless the backend keeps them on disk
-	// (isolation.Adopter), which adopts them before its Cleanup.
+	// (isolation.Adopter), which adopts them before its Cleanup, or they
+	// were paused without memory and the store keeps what their resume
+	// needs (cold.go).
 	stale, err := m.store.List(ctx, store.Filter{States: []store.State{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
-		if m.adopt(ctx, s) {
+		if m.adopt(ctx, s) || m.adoptCold(ctx, s) {
 			continue
 		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
@@ -502,7 +519,14 @@ type origin struct {
 	layer    string
 	template string // the template under the layer
 	shown    string // the TemplateID the sandbox shows, if not the request's
-	backend  string // a snapshot's source's metadata fence.backend
+	alias    string // the Alias it shows with shown
+	// memory is set for a layer that keeps memory (LayerInfo.Memory): the
+	// template's start command runs in it already.
+	memory  bool
+	backend string // a snapshot's source's metadata fence.backend
+	// env is a snapshot's source's agent environment: the new sandbox's
+	// environment is the create's on top of it.
+	env map[string]string
 	// parent, for a fork: its environment and secret bindings are kept
 	// (the placeholders its files may hold stay valid).
 	parent *entry
@@ -591,11 +615,16 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, bindings))
 	env := req.EnvVars
-	if len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
-		env = maps.Clone(m.caEnv)
+	var base map[string]string // a snapshot's environment, under the request's
+	if from != nil {
+		base = from.env
+	}
+	if len(base)+len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
+		env = maps.Clone(base)
 		if env == nil {
 			env = map[string]string{}
 		}
+		maps.Copy(env, m.caEnv)
 		maps.Copy(env, rt.Env) // the template's defaults; the request wins
 		maps.Copy(env, req.EnvVars)
 		maps.Copy(env, phEnv)
@@ -645,8 +674,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
 	}
-	if rp, ok := m.templates.(ReadyPorter); ok {
-		if err := m.waitReady(ctx, box, req.TemplateID, rp.ReadyPorts(req.TemplateID)); err != nil {
+	// A layer with memory goes on where its source was: its services and
+	// start command run already.
+	resumed := from != nil && from.memory
+	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
+		if err := m.waitReady(ctx, box, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
@@ -659,8 +691,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}()
 	// Start and ready commands run once the sandbox's egress gateway knows
 	// it; a sandbox restored from a run image has them running already.
-	if !restored {
-		if err := m.startRuntime(ctx, box, req.TemplateID, rt); err != nil {
+	if !restored && !resumed {
+		if err := m.startRuntime(ctx, box, tmplName, rt); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
@@ -669,7 +701,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	now := m.now().UTC()
 	info := &Sandbox{
 		ID:                  id,
-		TemplateID:          req.TemplateID, // a snapshot's ID when booted on one
+		TemplateID:          req.TemplateID, // the template's ID, a snapshot's, or a fork's source's: below
 		State:               StateRunning,
 		StartedAt:           now,
 		EndAt:               now.Add(timeout),
@@ -694,8 +726,15 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}
 	}
-	if from != nil && from.shown != "" {
-		info.TemplateID = from.shown
+	switch {
+	case from != nil && from.shown != "":
+		info.TemplateID, info.Alias = from.shown, from.alias
+	case from == nil:
+		if idr, ok := m.templates.(Identifier); ok {
+			if tid, alias, ok := idr.Identity(req.TemplateID); ok {
+				info.TemplateID, info.Alias = tid, alias
+			}
+		}
 	}
 	if from != nil && from.parent != nil {
 		info.Network = req.Network // the parent's, as it shows it
@@ -705,7 +744,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		slot = s.Slot()
 	}
 	rec := &store.Sandbox{
-		ID: id, Template: info.TemplateID, State: store.StateRunning,
+		ID: id, Template: info.TemplateID, Alias: info.Alias, State: store.StateRunning,
 		CreatedAt: info.StartedAt, EndAt: info.EndAt, Metadata: info.Metadata,
 		CPUs: info.CPUs, MemoryMB: info.MemoryMB, DiskMB: info.DiskMB,
 		EnvdAccessToken: info.EnvdAccessToken, AllowInternetAccess: info.AllowInternetAccess,
@@ -739,7 +778,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	m.nudge()
 
 	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
-	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", req.TemplateID,
+	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", info.TemplateID,
 		"end_at", info.EndAt)
 	return info.clone(), nil
 }
@@ -797,7 +836,8 @@ func (m *Manager) watch(e *entry) {
 }
 
 // Shutdown kills every sandbox (but paused ones a backend keeps on disk,
-// isolation.Keeper, which the next Start adopts) and stops the reaper. Later calls to the
+// isolation.Keeper, and ones paused without memory whose resume the store
+// keeps, which the next Start takes over) and stops the reaper. Later calls to the
 // Manager fail with ErrClosed. It returns ctx.Err() if ctx ends first.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
@@ -820,7 +860,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
-			if k, ok := e.sb().(isolation.Keeper); ok && e.state() == StatePaused && k.Kept() {
+			if k, ok := e.sb().(isolation.Keeper); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())
 				continue

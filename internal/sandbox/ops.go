@@ -131,7 +131,7 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 			st = StatePaused
 		}
 		out = append(out, &Sandbox{
-			ID: r.ID, TemplateID: r.Template, State: st,
+			ID: r.ID, TemplateID: r.Template, Alias: r.Alias, State: st,
 			StartedAt: r.CreatedAt, EndAt: r.EndAt, Metadata: r.Metadata,
 			CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
 			EnvdAccessToken: r.EnvdAccessToken, AllowInternetAccess: r.AllowInternetAccess,

@@ -70,7 +70,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
 	now := m.now().UTC()
-	if err := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, started, now); err != nil {
+	if err := m.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
 		rerr := p.Resume(ctx)
 		reopen()
@@ -225,7 +225,9 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		e.mu.Lock()
 		paused := e.info.EndAt
 		e.mu.Unlock()
-		if terr := m.store.Transition(ctx, id, store.StateRunning, store.StatePaused, e.snapshot().StartedAt, paused); terr != nil {
+		// Paused again as it was (on the same layer, if without memory),
+		// with what its resume needs.
+		if terr := m.recordPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused); terr != nil {
 			m.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
 		}
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)

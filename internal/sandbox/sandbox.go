@@ -72,8 +72,12 @@ const (
 // Sandbox is the manager's view of one running sandbox. Values returned by
 // the Manager are copies the caller may keep.
 type Sandbox struct {
-	ID                  string
-	TemplateID          string
+	ID string
+	// TemplateID is the template's ID (a built template's, also when the
+	// create named it by alias), a snapshot's ID, or a fork's source's.
+	TemplateID string
+	// Alias is the template's alias (a snapshot's name), "" if none.
+	Alias               string
 	State               State
 	StartedAt           time.Time
 	EndAt               time.Time

@@ -25,6 +25,7 @@ package secrets
 import (
 	"context"
 	"crypto/cipher"
+	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -392,4 +393,41 @@ func (s *Store) Value(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("%w: secret %s version %d: %w", ErrBackend, r.ID, r.Version, err)
 	}
 	return v, nil
+}
+
+// sealedDataPrefix keeps what Seal makes apart from sealed secret values:
+// neither opens as the other.
+const sealedDataPrefix = "fence-data-v1\x00"
+
+// Seal encrypts data that fence keeps in its database but must not hold
+// in plaintext (a paused sandbox's environment), with the secrets key,
+// bound to purpose: Unseal with the same purpose alone opens it. The key
+// is made if there is none yet.
+func (s *Store) Seal(ctx context.Context, purpose string, data []byte) ([]byte, error) {
+	aead, err := s.cipher(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, aead.NonceSize(), aead.NonceSize()+len(data)+aead.Overhead())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("generating nonce: %w", err)
+	}
+	return aead.Seal(nonce, nonce, data, []byte(sealedDataPrefix+purpose)), nil
+}
+
+// Unseal decrypts what Seal made for purpose.
+func (s *Store) Unseal(ctx context.Context, purpose string, sealed []byte) ([]byte, error) {
+	aead, err := s.cipher(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	n := aead.NonceSize()
+	if len(sealed) < n+aead.Overhead() {
+		return nil, errors.New("sealed data is truncated")
+	}
+	plain, err := aead.Open(nil, sealed[:n], sealed[n:], []byte(sealedDataPrefix+purpose))
+	if err != nil {
+		return nil, errors.New("sealed data does not open with this key for this purpose")
+	}
+	return plain, nil
 }

@@ -525,3 +525,25 @@ func BenchmarkValue(b *testing.B) {
 		}
 	}
 }
+
+func TestSealData(t *testing.T) {
+	ctx := t.Context()
+	s := newEnv(t).s
+	sealed, err := s.Seal(ctx, "sandbox-resume:a", []byte("E=v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(sealed), "E=v") {
+		t.Fatalf("sealed data holds the plaintext: %q", sealed)
+	}
+	if got, err := s.Unseal(ctx, "sandbox-resume:a", sealed); err != nil || string(got) != "E=v" {
+		t.Fatalf("Unseal = %q, %v", got, err)
+	}
+	if _, err := s.Unseal(ctx, "sandbox-resume:b", sealed); err == nil {
+		t.Errorf("sealed data opened for another purpose")
+	}
+	sealed[len(sealed)-1] ^= 1
+	if _, err := s.Unseal(ctx, "sandbox-resume:a", sealed); err == nil {
+		t.Errorf("tampered sealed data opened")
+	}
+}

@@ -12,9 +12,11 @@
 //   - The database and its -wal, -shm and -journal files are readable and
 //     writable by their owner (root) alone, whatever the umask, and an
 //     older database with wider modes is narrowed by Open.
-//   - Environment variables given to a sandbox are never stored: they may
-//     hold secrets. The envd access token is stored while the sandbox runs
-//     and cleared when it is marked killed.
+//   - Environment variables given to a sandbox are never stored in
+//     plaintext: they may hold secrets. What a filesystem-only pause keeps
+//     for its resume (PauseCold) is stored as the caller sealed it. The
+//     envd access token is stored while the sandbox runs and cleared when
+//     it is marked killed.
 //   - A secret's value is stored only as the sealed bytes internal/secrets
 //     gives it; the store never sees a value.
 //
@@ -55,8 +57,10 @@ const (
 
 // Sandbox is one sandbox record.
 type Sandbox struct {
-	ID                  string
-	Template            string
+	ID       string
+	Template string // the template's ID (a snapshot's ID)
+	// Alias is the template's alias (a snapshot's name), "" if none.
+	Alias               string
 	State               State
 	CreatedAt           time.Time // the start of its current run (reset when resumed)
 	EndAt               time.Time // the deadline; for a paused sandbox, when it was paused
@@ -77,7 +81,8 @@ type Filter struct {
 	// States, if not empty, selects only records in one of these states
 	// (and State, if set, as well).
 	States []State
-	// Template, if set, selects only records of that template.
+	// Template, if set, selects only records of that template (its ID or
+	// its alias).
 	Template string
 	// Metadata selects records whose metadata has every given pair.
 	Metadata map[string]string
@@ -190,6 +195,10 @@ var migrations = []string{
 	// Snapshots (E2B's snapshot templates) and checkpoints: each names a
 	// filesystem layer the backend keeps (layers.go).
 	migrationLayers,
+	// What the resume of a filesystem-only pause needs (cold.go).
+	migrationCold,
+	// A record's template is its ID; the alias it was named by apart.
+	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
@@ -291,6 +300,9 @@ func (s *Store) migrate(ctx context.Context) error {
 const columns = `id, template, state, created_at, end_at, metadata, cpu, memory_mb, disk_mb,
 	envd_access_token, allow_internet_access, network, slot`
 
+// recordColumns are a record's columns today (columns is migration 3's).
+const recordColumns = columns + `, alias`
+
 // Insert adds a new record. An existing ID is an error wrapping api.ErrConflict.
 func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	md := sb.Metadata
@@ -317,9 +329,9 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	if state == "" {
 		state = StateRunning
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+columns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+recordColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, string(state), sb.CreatedAt.UnixNano(), sb.EndAt.UnixNano(), string(mdJSON),
-		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot)
+		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot, sb.Alias)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, api.ErrConflict)
@@ -331,7 +343,7 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 
 // Get returns the record of id, or an error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
+	row := s.db.QueryRowContext(ctx, `SELECT `+recordColumns+` FROM sandboxes WHERE id = ?`, id)
 	sb, err := scan(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting sandbox %s: %w", id, ErrNotFound)
@@ -360,8 +372,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		}
 	}
 	if f.Template != "" {
-		where = append(where, "template = ?")
-		args = append(args, f.Template)
+		where = append(where, "(template = ? OR alias = ?)")
+		args = append(args, f.Template, f.Template)
 	}
 	for k, v := range f.Metadata {
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
@@ -384,7 +396,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
 		n := f.Before.CreatedAt.UnixNano()
 		args = append(args, n, n, f.Before.ID)
 	}
-	q := `SELECT ` + columns + ` FROM sandboxes`
+	q := `SELECT ` + recordColumns + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -426,10 +438,10 @@ func (s *Store) UpdateEndAt(ctx context.Context, id string, endAt time.Time) err
 
 // Transition moves a record from state from to state to, setting the start
 // of its current run and its deadline (for a paused record, the time it
-// was paused), in one statement. A record not in state from is an error
-// wrapping ErrNotFound.
+// was paused), in one statement, and drops its ColdResume data. A record
+// not in state from is an error wrapping ErrNotFound.
 func (s *Store) Transition(ctx context.Context, id string, from, to State, startedAt, endAt time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, created_at = ?, end_at = ? WHERE id = ? AND state = ?`,
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, created_at = ?, end_at = ?, cold = NULL WHERE id = ? AND state = ?`,
 		string(to), startedAt.UnixNano(), endAt.UnixNano(), id, string(from))
 	return checkOne(res, err, fmt.Sprintf("moving sandbox %s from %s to %s", id, from, to))
 }
@@ -439,7 +451,7 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, start
 func (s *Store) SetState(ctx context.Context, id string, st State) error {
 	q := `UPDATE sandboxes SET state = ? WHERE id = ?`
 	if st == StateKilled {
-		q = `UPDATE sandboxes SET state = ?, envd_access_token = '' WHERE id = ?`
+		q = `UPDATE sandboxes SET state = ?, envd_access_token = '', cold = NULL WHERE id = ?`
 	}
 	res, err := s.db.ExecContext(ctx, q, string(st), id)
 	return checkOne(res, err, "setting state of sandbox "+id)
@@ -486,7 +498,7 @@ func scan(r scanner) (*Sandbox, error) {
 		netJSON       sql.NullString
 	)
 	if err := r.Scan(&sb.ID, &sb.Template, &state, &created, &end, &mdJSON, &sb.CPUs, &sb.MemoryMB,
-		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot); err != nil {
+		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot, &sb.Alias); err != nil {
 		return nil, err
 	}
 	sb.State = State(state)

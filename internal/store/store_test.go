@@ -407,7 +407,11 @@ func TestMigrationKeepsRecords(t *testing.T) {
 		migrations = saved
 		t.Fatal(err)
 	}
-	err = s.Insert(t.Context(), rec("old1", 1, map[string]string{"k": "v"}))
+	// The insert of that schema (its columns).
+	r := rec("old1", 1, map[string]string{"k": "v"})
+	_, err = s.db.ExecContext(t.Context(), `INSERT INTO sandboxes (`+columns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		r.ID, r.Template, string(StateRunning), r.CreatedAt.UnixNano(), r.EndAt.UnixNano(), `{"k":"v"}`,
+		r.CPUs, r.MemoryMB, r.DiskMB, r.EnvdAccessToken, nil, nil, r.Slot)
 	s.Close()
 	migrations = saved
 	if err != nil {

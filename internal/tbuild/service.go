@@ -1169,6 +1169,23 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 	return s.treePath(b.Tree), true, nil
 }
 
+// Identity returns the ID and alias of the built template a sandbox
+// create names (alias[:tag], namespace/alias or ID); ok is false when it
+// names no ready build of one.
+func (s *Service) Identity(name string) (id, alias string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, err := ParseName(name)
+	if err != nil {
+		return "", "", false
+	}
+	t, _, err := s.resolveLocked(n)
+	if err != nil {
+		return "", "", false
+	}
+	return t.ID, t.Alias, true
+}
+
 // Runtime returns the start command, ready command, default user and
 // workdir of the built template a sandbox create names.
 func (s *Service) Runtime(name string) (Runtime, bool) {

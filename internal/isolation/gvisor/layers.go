@@ -217,8 +217,10 @@ func (s *sandbox) Base() string { return s.base }
 
 // CreateOn implements isolation.Layers: the sandbox is a restore of the
 // layer's image under spec.ID. spec.RootFS must be the template the layer
-// was taken on. A memory layer's sandbox keeps the source's agent (its
-// environment, user and working directory): spec.Agent is not used.
+// was taken on. A memory layer's sandbox goes on with the source's
+// processes; its agent is handed spec.Agent once restored (the
+// environment, user and working directory of the commands it starts from
+// then on), as a booted one is.
 func (b *Backend) CreateOn(ctx context.Context, spec isolation.Spec, layer string) (isolation.Sandbox, error) {
 	if layer == "" {
 		return b.Create(ctx, spec)

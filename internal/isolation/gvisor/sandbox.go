@@ -150,6 +150,13 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMe
 	if err := s.startRun(ctx, image, fsImage); err != nil {
 		return nil, err
 	}
+	if image != "" {
+		// The restored agent has the memory of the layer's source, its
+		// environment included: it takes this sandbox's.
+		if err := isolation.ConfigureAgent(ctx, s, s.rec.Agent); err != nil {
+			return nil, fmt.Errorf("restoring sandbox %s: %w", s.id, err)
+		}
+	}
 	return s, nil
 }
 

@@ -17,28 +17,11 @@ import (
 // the layer its sandbox booted on, and a deleted layer leaves the
 // sandboxes running on it unharmed.
 func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
-	b := newBackend(t)
-	l, ok := b.(isolation.Layers)
-	if !ok {
-		t.Fatalf("backend %s does not implement isolation.Layers", b.Name())
-	}
-	sh := func(s isolation.Sandbox, script string) string {
-		t.Helper()
-		return mustExec(t, s, "/bin/sh", "-c", script)
-	}
+	h, src, cp := newLayerHarness(t, newBackend, rootfs)
+	l, sh := h.l, h.sh
 	on := func(layer string) isolation.Sandbox {
 		t.Helper()
-		s, err := l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, layer)
-		if err != nil {
-			t.Fatalf("CreateOn(%s) = %v", layer, err)
-		}
-		t.Cleanup(func() { s.Kill(context.WithoutCancel(t.Context())) })
-		return s
-	}
-	src := create(t, b, rootfs)
-	cp, ok := src.(isolation.Checkpointer)
-	if !ok {
-		t.Fatalf("sandbox of %s does not implement isolation.Checkpointer", b.Name())
+		return h.on(isolation.Spec{ID: NewID(), RootFS: rootfs}, layer)
 	}
 	sh(src, `mkdir -p /data && echo one > /data/a && rm -f /bin/true`)
 	first, err := cp.Checkpoint(t.Context())
@@ -104,16 +87,69 @@ func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, ro
 	if !deleted {
 		t.Fatalf("the layer of a killed sandbox stays in use")
 	}
-	if _, err := l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, second.ID); err == nil {
-		t.Errorf("CreateOn a deleted layer succeeded")
+	h.checkDeleted(second.ID)
+}
+
+// layerHarness is what RunLayers and RunMemoryLayers share: a backend's
+// Layers and the sandboxes a case makes on them.
+type layerHarness struct {
+	t      *testing.T
+	l      isolation.Layers
+	rootfs string
+}
+
+// newLayerHarness makes the backend and a running source sandbox, which
+// must implement isolation.Checkpointer.
+func newLayerHarness(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) (*layerHarness, isolation.Sandbox, isolation.Checkpointer) {
+	t.Helper()
+	b := newBackend(t)
+	l, ok := b.(isolation.Layers)
+	if !ok {
+		t.Fatalf("backend %s does not implement isolation.Layers", b.Name())
 	}
-	list, err := l.ListLayers(t.Context())
+	src := create(t, b, rootfs)
+	cp, ok := src.(isolation.Checkpointer)
+	if !ok {
+		t.Fatalf("sandbox of %s does not implement isolation.Checkpointer", b.Name())
+	}
+	return &layerHarness{t: t, l: l, rootfs: rootfs}, src, cp
+}
+
+// sh runs script in s and returns its output; a failure fails the test.
+func (h *layerHarness) sh(s isolation.Sandbox, script string) string {
+	h.t.Helper()
+	return mustExec(h.t, s, "/bin/sh", "-c", script)
+}
+
+// on boots spec on layer, killed at the test's end.
+func (h *layerHarness) on(spec isolation.Spec, layer string) isolation.Sandbox {
+	h.t.Helper()
+	s, err := h.l.CreateOn(h.t.Context(), spec, layer)
+	if err != nil {
+		h.t.Fatalf("CreateOn(%s) = %v", layer, err)
+	}
+	h.t.Cleanup(func() { s.Kill(context.WithoutCancel(h.t.Context())) })
+	return s
+}
+
+// checkDeleted checks that layer id, deleted, is listed no more and boots
+// nothing (ErrNotFound).
+func (h *layerHarness) checkDeleted(id string) {
+	t := h.t
+	t.Helper()
+	list, err := h.l.ListLayers(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, li := range list {
-		if li.ID == second.ID {
-			t.Errorf("ListLayers lists a deleted layer")
+		if li.ID == id {
+			t.Errorf("ListLayers lists deleted layer %s", id)
 		}
+	}
+	if s, err := h.l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: h.rootfs}, id); err == nil {
+		s.Kill(context.WithoutCancel(t.Context()))
+		t.Errorf("CreateOn(deleted layer) succeeded")
+	} else if !errors.Is(err, isolation.ErrNotFound) {
+		t.Errorf("CreateOn(deleted layer) = %v, want ErrNotFound", err)
 	}
 }

@@ -2,7 +2,7 @@ package isolationtest
 
 import (
 	"context"
-	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,23 +15,12 @@ import (
 // leaves its sandbox running; every sandbox booted on it goes on where the
 // source was (a shell loop keeps counting from its value in memory, files
 // are the checkpoint's); they are independent of each other and of the
-// source (files and processes); and deleting the layer, or killing the
-// source, leaves them running.
+// source (files and processes); each one's agent has its own spec's
+// configuration, not the source's; and deleting the layer, or killing
+// the source, leaves them running.
 func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs string) {
-	b := newBackend(t)
-	l, ok := b.(isolation.Layers)
-	if !ok {
-		t.Fatalf("backend %s does not implement isolation.Layers", b.Name())
-	}
-	sh := func(s isolation.Sandbox, script string) string {
-		t.Helper()
-		return mustExec(t, s, "/bin/sh", "-c", script)
-	}
-	src := create(t, b, rootfs)
-	cp, ok := src.(isolation.Checkpointer)
-	if !ok {
-		t.Fatalf("sandbox of %s does not implement isolation.Checkpointer", b.Name())
-	}
+	h, src, cp := newLayerHarness(t, newBackend, rootfs)
+	l, sh := h.l, h.sh
 	// A value only the loop's memory holds: the count goes on from it.
 	sh(src, `mkdir -p /data && echo one > /data/a && `+counterLoop)
 	before := waitAdvance(t, src, 0)
@@ -52,7 +41,9 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 	var wg sync.WaitGroup
 	for i := range forks {
 		wg.Go(func() {
-			forks[i], errs[i] = l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, info.ID)
+			spec := isolation.Spec{ID: NewID(), RootFS: rootfs,
+				Agent: isolation.AgentConfig{EnvVars: map[string]string{"FORK": strconv.Itoa(i)}}}
+			forks[i], errs[i] = l.CreateOn(t.Context(), spec, info.ID)
 		})
 	}
 	wg.Wait()
@@ -71,6 +62,9 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 		waitAdvance(t, s, c)
 		if got := sh(s, `cat /data/a`); got != "one\n" {
 			t.Errorf("fork %d reads /data/a = %q, want one (the checkpoint's)", i, got)
+		}
+		if got := sh(s, `echo "$FORK"`); got != strconv.Itoa(i)+"\n" {
+			t.Errorf("fork %d: FORK=%q in a new command, want its spec's %d", i, got, i)
 		}
 		if got := strings.TrimSpace(sh(s, `hostname`)); got != s.ID() {
 			t.Logf("fork %d: hostname %q (its ID %s)", i, got, s.ID())
@@ -103,19 +97,5 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 			t.Errorf("fork %d after the layer's delete: %q", i, got)
 		}
 	}
-	all, err := l.ListLayers(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, li := range all {
-		if li.ID == info.ID {
-			t.Errorf("ListLayers() still lists deleted layer %s", info.ID)
-		}
-	}
-	if s, err := l.CreateOn(t.Context(), isolation.Spec{ID: NewID(), RootFS: rootfs}, info.ID); err == nil {
-		s.Kill(context.WithoutCancel(t.Context()))
-		t.Errorf("CreateOn(deleted layer) succeeded")
-	} else if !errors.Is(err, isolation.ErrNotFound) {
-		t.Errorf("CreateOn(deleted layer) = %v, want ErrNotFound", err)
-	}
+	h.checkDeleted(info.ID)
 }

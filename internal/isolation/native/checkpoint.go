@@ -523,26 +523,38 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	}
 	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: c.bytes, Created: time.Now().UTC(),
 		RootFS: s.rootfs, Entries: s.ours(c.entries, c.mtimes)}
-	if err := writeLayerMeta(filepath.Join(tmp, "meta.json"), m); err != nil {
+	if err := b.commitLayer(tmp, m); err != nil {
 		return isolation.LayerInfo{}, err
-	}
-	if err := syncDir(tmp); err != nil {
-		return isolation.LayerInfo{}, err
-	}
-	if err := os.Rename(tmp, filepath.Join(b.layersDir(), id)); err != nil {
-		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
 	ok = true
-	_ = syncDir(b.layersDir())
-	b.layers.mu.Lock()
-	b.layers.metas[id] = m
-	b.layers.mu.Unlock()
 	s.pmu.Lock()
 	s.last = &lastCheckpoint{layer: id, files: c.next}
 	s.pmu.Unlock()
 	info := m.info()
 	info.Took = took
 	return info, nil
+}
+
+// commitLayer completes the layer made in tmp (a layerTmpPrefix
+// directory of b.layersDir()) as m: its meta.json is written and synced,
+// then tmp is renamed to the layer's ID, which makes it complete (a crash
+// before leaves a partial layer that Cleanup removes), and the layer is
+// registered. On an error tmp is left to the caller to remove.
+func (b *Backend) commitLayer(tmp string, m *layerMeta) error {
+	if err := writeLayerMeta(filepath.Join(tmp, "meta.json"), m); err != nil {
+		return err
+	}
+	if err := syncDir(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(b.layersDir(), m.ID)); err != nil {
+		return fmt.Errorf("creating layer: %w", err)
+	}
+	_ = syncDir(b.layersDir())
+	b.layers.mu.Lock()
+	b.layers.metas[m.ID] = m
+	b.layers.mu.Unlock()
+	return nil
 }
 
 // frozen runs fn with every process of the sandbox frozen (a paused

@@ -268,20 +268,10 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 	s.pmu.Unlock()
 	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: grown, Created: time.Now().UTC(),
 		RootFS: s.rootfs, Snapshot: true, Gen: s.gen}
-	if err := writeLayerMeta(filepath.Join(tmp, "meta.json"), m); err != nil {
+	if err := b.commitLayer(tmp, m); err != nil {
 		return isolation.LayerInfo{}, err
-	}
-	if err := syncDir(tmp); err != nil {
-		return isolation.LayerInfo{}, err
-	}
-	if err := os.Rename(tmp, filepath.Join(b.layersDir(), id)); err != nil {
-		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
 	ok = true
-	_ = syncDir(b.layersDir())
-	b.layers.mu.Lock()
-	b.layers.metas[id] = m
-	b.layers.mu.Unlock()
 	info := m.info()
 	info.Took = took
 	return info, nil

@@ -28,14 +28,10 @@
 package warm
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -178,7 +174,7 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 			sb.Kill(context.WithoutCancel(ctx))
 			break
 		}
-		if err := configure(ctx, sb, spec.Agent); err != nil {
+		if err := isolation.ConfigureAgent(ctx, sb, spec.Agent); err != nil {
 			// A pooled sandbox that does not take its configuration is
 			// not handed out.
 			p.log.WarnContext(ctx, "discarding a pooled sandbox", "sandbox_id", sb.ID(), "err", err)
@@ -450,54 +446,10 @@ func (p *Pool) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// configure hands the agent its configuration.
 // waitServing returns once sb's agent answers GET /health.
 func waitServing(ctx context.Context, sb isolation.Sandbox) error {
-	if err := agentRequest(ctx, sb, http.MethodGet, "/health", nil); err != nil {
+	if err := isolation.AgentRequest(ctx, sb, http.MethodGet, "/health", nil); err != nil {
 		return fmt.Errorf("waiting for the pooled sandbox's agent: %w", err)
-	}
-	return nil
-}
-
-// configure hands the request's agent configuration to a pooled sandbox.
-func configure(ctx context.Context, sb isolation.Sandbox, cfg isolation.AgentConfig) error {
-	body, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := agentRequest(ctx, sb, http.MethodPost, "/init", body); err != nil {
-		return fmt.Errorf("configuring agent: %w", err)
-	}
-	return nil
-}
-
-// agentRequest sends one request to sb's agent on a connection of its own
-// (a JSON body when body is not nil) and wants a 2xx answer.
-func agentRequest(ctx context.Context, sb isolation.Sandbox, method, path string, body []byte) error {
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
-		DisableKeepAlives: true,
-	}}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, rd)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return nil
 }

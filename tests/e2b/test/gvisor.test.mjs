@@ -93,8 +93,16 @@ test('gvisor: createSnapshot keeps running processes; forks are independent', as
   t.after(async () => {
     await Sandbox.deleteSnapshot(snap.snapshotId, opts).catch(() => {})
   })
-  const a = await track(t, await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 120_000 }))
+  // The create's envs and metadata are the new sandbox's, on top of the
+  // snapshot's envs, although its agent is the snapshot's, restored.
+  const a = await track(t, await Sandbox.create(snap.snapshotId,
+    { ...opts, timeoutMs: 120_000, envs: { NEW: 'new' }, metadata: { from: 'snap' } }))
   await goesOn(a, c)
+  assert.equal((await a.commands.run('echo $GV $NEW')).stdout, 'env new\n')
+  const ai = await a.getInfo()
+  assert.equal(ai.metadata.from, 'snap')
+  assert.equal(ai.metadata['fence.backend'], 'gvisor')
+  assert.equal(ai.templateId, snap.snapshotId.split(':')[0], 'templateId is the snapshot template\'s')
   assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, opts), true)
   await goesOn(a, c) // runs on after its snapshot's delete
 

@@ -36,7 +36,7 @@ async function track(t, sbx) {
 }
 
 test('createSnapshot: sandboxes from it see its files, independently; list, names, delete', async (t) => {
-  const sbx = await create(t)
+  const sbx = await create(t, { envs: { SRC: 'src' } })
   await sbx.files.makeDir('/home/user/app/sub')
   await sbx.files.write('/home/user/app/sub/a.txt', 'from the snapshot')
   await sbx.commands.run('rm -f /home/user/.bashrc; echo x > /home/user/gone && rm /home/user/gone')
@@ -53,7 +53,10 @@ test('createSnapshot: sandboxes from it see its files, independently; list, name
   // The source runs on; its later writes are not in the snapshot.
   await sbx.files.write('/home/user/app/sub/a.txt', 'changed after')
   const a = await track(t, await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 120_000 }))
-  const b = await track(t, await Sandbox.create(named.snapshotId, { ...opts, timeoutMs: 120_000 }))
+  const b = await track(t, await Sandbox.create(named.snapshotId, { ...opts, timeoutMs: 120_000, envs: { NEW: 'new' } }))
+  // The create's envs on top of the snapshot's.
+  assert.equal((await a.commands.run('echo $SRC-$NEW')).stdout, 'src-\n')
+  assert.equal((await b.commands.run('echo $SRC-$NEW')).stdout, 'src-new\n')
   assert.equal(await a.files.read('/home/user/app/sub/a.txt'), 'from the snapshot')
   assert.equal(await b.files.read('/home/user/app/sub/a.txt'), 'from the snapshot')
   assert.equal((await a.commands.run('test -e /home/user/.bashrc && echo there || echo gone')).stdout, 'gone\n')

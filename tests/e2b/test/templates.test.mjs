@@ -244,3 +244,61 @@ test('pipInstall and aptInstall from registries the build allowlist admits; a re
   assert.ok(logs2.some((l) => /No matching distribution found for fencehello|Could not find a version/.test(l)), `pip's error in the build log:\n${logs2.join('\n')}`)
   assert.ok(!reg.requests.some((l) => l.startsWith(`REQ ${reg.denied} `)), `a request reached the address off the allowlist:\n${reg.requests.join('\n')}`)
 })
+
+// On E2B a sandbox's templateId is its template's ID, whatever name the
+// create used, and its name the alias; a sandbox made from a snapshot
+// shows the snapshot's ID and name, a fork its source's. On gvisor a
+// snapshot and a fork go on with the source's processes: the template's
+// start command is not run again in them.
+test('templateId and name of sandboxes from a built template, its snapshots and forks, on both backends', async (t) => {
+  const name = uniq('tpl-id')
+  const tpl = Template().fromTemplate('base').setStartCmd('date +%s%N > /tmp/started; sleep infinity', waitForFile('/tmp/started'))
+  const { info } = await build(t, tpl, name)
+  const listed = async (id) => (await (await fetch(`${process.env.E2B_API_URL}/v2/sandboxes`,
+    { headers: { 'X-API-Key': process.env.E2B_API_KEY } })).json()).find((s) => s.sandboxID === id)
+  const check = async (sbx, templateId, alias, what) => {
+    const i = await sbx.getInfo()
+    assert.equal(i.templateId, templateId, `${what}: templateId`)
+    assert.equal(i.name, alias, `${what}: name`)
+    const l = await listed(sbx.sandboxId)
+    assert.equal(l.templateID, templateId, `${what}: listed templateID`)
+    assert.equal(l.alias, alias, `${what}: listed alias`)
+  }
+  for (const backend of ['native', 'gvisor']) {
+    const md = backend === 'gvisor' ? { metadata: { 'fence.backend': 'gvisor' } } : {}
+    let a
+    try {
+      a = await create(t, { template: name, ...md })
+    } catch (e) {
+      if (backend === 'gvisor' && !process.env.CI && /not available/.test(String(e))) continue
+      throw e
+    }
+    await check(a, info.templateId, name, `${backend}: by alias`)
+    // (on gvisor, a later create restores the template's run image)
+    await check(await create(t, { template: `${name}:default`, ...md }), info.templateId, name, `${backend}: by alias:tag`)
+    await check(await create(t, { template: info.templateId, ...md }), info.templateId, name, `${backend}: by ID`)
+    const listedByAlias = await Sandbox.list({ ...opts, query: { metadata: md.metadata } }).nextItems()
+    assert.ok(listedByAlias.some((s) => s.sandboxId === a.sandboxId && s.templateId === info.templateId && s.name === name))
+
+    const stamp = (await a.commands.run('cat /tmp/started')).stdout
+    const snapName = uniq('snap-id')
+    const snap = await a.createSnapshot({ ...opts, name: snapName })
+    t.after(() => Sandbox.deleteSnapshot(snap.snapshotId, opts).catch(() => {}))
+    const s = await create(t, { template: snap.snapshotId })
+    const snapID = (await s.getInfo()).templateId
+    assert.ok(snapID && snapID !== info.templateId && !snapID.includes(':'), `snapshot's sandbox templateId ${snapID}`)
+    await check(s, snapID, snapName, `${backend}: from a named snapshot`)
+    const [f] = await Sandbox.fork(a.sandboxId, { ...opts, count: 1, timeoutMs: 60_000 })
+    t.after(() => f.kill().catch(() => {}))
+    await check(f, info.templateId, name, `${backend}: fork`)
+    const [fs] = await Sandbox.fork(s.sandboxId, { ...opts, count: 1, timeoutMs: 60_000 })
+    t.after(() => fs.kill().catch(() => {}))
+    await check(fs, snapID, snapName, `${backend}: fork of the snapshot's sandbox`)
+    if (backend === 'gvisor') {
+      for (const x of [s, f, fs]) {
+        assert.equal((await x.commands.run('cat /tmp/started')).stdout, stamp, 'the start command ran again in a memory restore')
+        assert.equal((await x.commands.run('ps -eo args | grep -c "^sleep infinity" || true')).stdout, '1\n')
+      }
+    }
+  }
+})
