@@ -409,13 +409,15 @@ func cgroupRoots(inst string) []string {
 	return roots
 }
 
-// sandboxCgroups lists the sandbox cgroup directories of instance.
+// sandboxCgroups lists the sandbox cgroup directories of instance. The
+// backend's own groups (the ready inits' "_ready") are not sandboxes: their
+// names are no sandbox ID.
 func sandboxCgroups(inst string) []string {
 	var dirs []string
 	for _, r := range cgroupRoots(inst) {
 		ents, _ := os.ReadDir(r)
 		for _, e := range ents {
-			if e.IsDir() {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), "_") {
 				dirs = append(dirs, filepath.Join(r, e.Name()))
 			}
 		}
