@@ -14,6 +14,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -95,6 +96,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		serverFirst bool
 	)
 	upDone := make(chan int64, 1)
+	downSize := st.downRelaySize(dst.Addr(), fl.small)
 	first := newFirstBytes(up)
 	icpt := st.opts.Interceptor
 	if d.VerifyName || icpt != nil {
@@ -102,7 +104,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// first bytes; nothing goes upstream until the name is checked.
 		spoke := &countingConn{Conn: down}
 		held := &holdConn{Conn: first}
-		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit, downSize) }()
 		var res sniff.Result
 		var serr error
 		// The upstream spoke first if it sent anything before the
@@ -168,7 +170,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 	} else {
-		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit, downSize) }()
 	}
 	if checkHTTP {
 		st.forwardHTTP(&ev, d, pol, names, up, down, ep, peeked, first, serverFirst)
@@ -185,7 +187,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Err = err.Error()
 		}
 	}
-	out += copyHalf(st.ctx, up, down, st.upLimit)
+	out += copyHalf(st.ctx, up, down, st.upLimit, relayBufSize)
 	ev.BytesOut = out
 	ev.BytesIn = <-upDone
 	down.Close()
@@ -303,7 +305,38 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+// Relay buffers: bufPool's for the copy towards the upstream (and for
+// both directions of a small flow), bulkPool's for the copy towards the
+// sandbox of a full flow. See downRelaySize.
+var (
+	bufPool  = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+	bulkPool = sync.Pool{New: func() any { b := make([]byte, bulkRelayBufSize); return &b }}
+)
+
+// downRelaySize is how much the copy towards the sandbox reads from the
+// upstream at once: a whole number of the stack's TCP segments to the
+// sandbox, as many as fit the flow's buffer. The stack sends each write
+// as full segments and a remainder (it never splits one write's data to
+// fill another's segment), so a 64 KiB read with 65,440-byte segments
+// made a 96-byte segment for every full one: twice the packets, writes
+// to the device and acknowledgements for the same bytes.
+func (st *Stack) downRelaySize(dst netip.Addr, small bool) int {
+	n := bulkRelayBufSize
+	if small {
+		n = relayBufSize
+	}
+	ipHdr := header.IPv4MinimumSize
+	if dst.Is6() && !dst.Is4In6() {
+		ipHdr = header.IPv6MinimumSize
+	}
+	// The stack's segment payload: the link's MTU less the headers and
+	// room for the largest TCP options (as gVisor's sender reserves).
+	seg := int(st.link.MTU()) - ipHdr - header.TCPMinimumSize - header.TCPOptionsMaximumSize
+	if seg <= 0 || seg > n {
+		return n
+	}
+	return n / seg * seg
+}
 
 type closeWriter interface{ CloseWrite() error }
 
@@ -342,12 +375,17 @@ func (c *countingConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// copyHalf copies src to dst until EOF or error, then half-closes dst (or
-// closes both on error), and returns the byte count.
-func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter) int64 {
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
+// copyHalf copies src to dst until EOF or error, reading at most size
+// bytes at once, then half-closes dst (or closes both on error), and
+// returns the byte count.
+func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size int) int64 {
+	pool := &bufPool
+	if size > relayBufSize {
+		pool = &bulkPool
+	}
+	bp := pool.Get().(*[]byte)
+	defer pool.Put(bp)
+	buf := (*bp)[:min(size, len(*bp))]
 	var n int64
 	for {
 		nr, rerr := src.Read(buf)
