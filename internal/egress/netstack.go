@@ -90,6 +90,12 @@ type Options struct {
 	Link stack.LinkEndpoint
 	// MTU of the TUN device (default DefaultMTU). Used only with FD.
 	MTU uint32
+	// TrustChecksums makes the stack take the checksums of the packets it
+	// reads from FD as they are, for a device whose other end leaves them
+	// out (runsc's stack, whose link offloads them). Otherwise every
+	// packet's checksums are verified: a process in the sandbox able to
+	// write raw packets could write any. Used only with FD.
+	TrustChecksums bool
 
 	Policy *policy.Policy
 	// DNSUpstream is the "ip:port" of the resolver the daemon uses.
@@ -263,7 +269,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	link := opts.Link
 	if opts.FD > 0 {
 		// The link owns the fd from here on (it closes it on error too).
-		link, err = newTunLink(opts.FD, opts.MTU)
+		link, err = newTunLink(opts.FD, opts.MTU, opts.TrustChecksums)
 		if err != nil {
 			return nil, fmt.Errorf("creating TUN link endpoint: %w", err)
 		}

@@ -25,7 +25,7 @@ import (
 // delivered on the reading goroutine, so the stack reads no faster than it
 // handles them and the packet rate limit paces the reads themselves.
 //
-// On a device made with IFF_VNET_HDR (package tun makes them so), every
+// On a device made with IFF_VNET_HDR (tun.Config.VnetHdr), every
 // packet carries a virtio-net header. The stack then leaves out the TCP
 // and UDP checksums of the packets it sends to the sandbox: the link
 // writes the pseudo-header sum and marks the packet's checksum partial
@@ -36,16 +36,18 @@ import (
 // direction nothing in the header is trusted: a packet that claims
 // segmentation offload (GSO) or a partial checksum is dropped (the device
 // is given no offloads, so its kernel never produces either), and every
-// packet's checksums are verified by the stack, since a process in the
-// sandbox able to write raw packets could write any.
+// packet's checksums are verified by the stack (unless
+// Options.TrustChecksums), since a process in the sandbox able to write
+// raw packets could write any.
 //
 // It owns the device's fd from newTunLink on: Close closes it (which
 // removes the device, the sandbox's netns permitting).
 type tunLink struct {
-	f    *os.File
-	rc   syscall.RawConn
-	mtu  uint32
-	vnet bool // the device carries virtio-net headers
+	f     *os.File
+	rc    syscall.RawConn
+	mtu   uint32
+	vnet  bool // the device carries virtio-net headers
+	trust bool // received checksums are not verified (Options.TrustChecksums)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -64,7 +66,7 @@ var _ stack.LinkEndpoint = (*tunLink)(nil)
 
 // newTunLink takes ownership of fd, a TUN device (IFF_TUN|IFF_NO_PI). On
 // error fd is closed.
-func newTunLink(fd int, mtu uint32) (*tunLink, error) {
+func newTunLink(fd int, mtu uint32, trustChecksums bool) (*tunLink, error) {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("making the TUN fd non-blocking: %w", err)
@@ -89,7 +91,7 @@ func newTunLink(fd int, mtu uint32) (*tunLink, error) {
 		f.Close()
 		return nil, err
 	}
-	return &tunLink{f: f, rc: rc, mtu: mtu, vnet: flags&unix.IFF_VNET_HDR != 0}, nil
+	return &tunLink{f: f, rc: rc, mtu: mtu, vnet: flags&unix.IFF_VNET_HDR != 0, trust: trustChecksums}, nil
 }
 
 // The virtio-net header (struct virtio_net_hdr, without the v1 field)
@@ -356,13 +358,18 @@ func (l *tunLink) LinkAddress() tcpip.LinkAddress { return "" }
 func (l *tunLink) SetLinkAddress(tcpip.LinkAddress) {}
 
 // Capabilities implements stack.NetworkLinkEndpoint. Received packets'
-// checksums are always verified (see tunLink); with virtio-net headers the
-// stack leaves out the transport checksums of what it sends.
+// checksums are verified unless Options.TrustChecksums (see tunLink); with
+// virtio-net headers the stack leaves out the transport checksums of what
+// it sends.
 func (l *tunLink) Capabilities() stack.LinkEndpointCapabilities {
+	var c stack.LinkEndpointCapabilities
 	if l.vnet {
-		return stack.CapabilityTXChecksumOffload
+		c |= stack.CapabilityTXChecksumOffload
 	}
-	return 0
+	if l.trust {
+		c |= stack.CapabilityRXChecksumOffload
+	}
+	return c
 }
 
 // ARPHardwareType implements stack.NetworkLinkEndpoint.

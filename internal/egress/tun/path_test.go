@@ -33,7 +33,7 @@ type pathEnv struct {
 	ln     net.Listener
 }
 
-func newPathEnv(t *testing.T, serve func(net.Conn)) *pathEnv {
+func newPathEnv(t *testing.T, vnet bool, serve func(net.Conn)) *pathEnv {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("needs root: creates a network namespace and a TUN device")
@@ -59,7 +59,7 @@ func newPathEnv(t *testing.T, serve func(net.Conn)) *pathEnv {
 	}()
 	e.ns = newNetns(t)
 	e.nsPath = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), e.ns)
-	fd, err := tun.Create(e.nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}})
+	fd, err := tun.Create(e.nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}, VnetHdr: vnet})
 	if err != nil {
 		t.Fatalf("tun.Create: %v", err)
 	}
@@ -115,7 +115,13 @@ func rawSYN(srcPort uint16, dst netip.AddrPort, bad bool) []byte {
 // allowed destination makes no flow and no dial, and the same SYN with
 // the right checksum does.
 func TestTUNVerifiesChecksums(t *testing.T) {
-	e := newPathEnv(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	for _, vnet := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vnet=%v", vnet), func(t *testing.T) { testVerifiesChecksums(t, vnet) })
+	}
+}
+
+func testVerifiesChecksums(t *testing.T, vnet bool) {
+	e := newPathEnv(t, vnet, func(c net.Conn) { io.Copy(io.Discard, c) })
 	dst := netip.MustParseAddrPort("203.0.113.7:80")
 	send := func(pkt []byte) {
 		inNetns(t, e.ns, func() {
@@ -149,9 +155,16 @@ func TestTUNVerifiesChecksums(t *testing.T) {
 
 // TestTUNBulkIntegrity downloads and uploads data through the device's
 // whole path (the sandbox's kernel TCP, the device with its virtio-net
-// headers and partial checksums, the stack, the relay) and checks every
-// byte arrives unchanged, in both directions, on IPv4 and IPv6.
+// headers and partial checksums, or without them, the stack, the relay)
+// and checks every byte arrives unchanged, in both directions, on IPv4 and
+// IPv6.
 func TestTUNBulkIntegrity(t *testing.T) {
+	for _, vnet := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vnet=%v", vnet), func(t *testing.T) { testBulkIntegrity(t, vnet) })
+	}
+}
+
+func testBulkIntegrity(t *testing.T, vnet bool) {
 	const size = 24<<20 + 12345 // not a multiple of any segment or buffer
 	pattern := func(w io.Writer, n int64) {
 		buf := make([]byte, 64<<10)
@@ -171,7 +184,7 @@ func TestTUNBulkIntegrity(t *testing.T) {
 	pattern(want, size)
 	wantSum := want.Sum(nil)
 	got := make(chan []byte, 4)
-	e := newPathEnv(t, func(c net.Conn) {
+	e := newPathEnv(t, vnet, func(c net.Conn) {
 		var mode [1]byte
 		if _, err := io.ReadFull(c, mode[:]); err != nil {
 			return
@@ -233,14 +246,14 @@ func TestTUNBulkIntegrity(t *testing.T) {
 	}
 }
 
-// TestTUNDeviceFlags checks the device carries virtio-net headers and has
-// no offloads: what the stack reads from it is whole packets.
+// TestTUNDeviceFlags checks a device made with VnetHdr carries virtio-net
+// headers of the size the link expects.
 func TestTUNDeviceFlags(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: creates a network namespace and a TUN device")
 	}
 	ns := newNetns(t)
-	fd, err := tun.Create(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), ns), tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4}})
+	fd, err := tun.Create(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), ns), tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4}, VnetHdr: true})
 	if err != nil {
 		t.Fatalf("tun.Create: %v", err)
 	}
