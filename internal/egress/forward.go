@@ -97,6 +97,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	)
 	upDone := make(chan int64, 1)
 	downSize := st.downRelaySize(dst.Addr(), fl.small)
+	grow := func() { fl.growSend(ep) }
 	first := newFirstBytes(up)
 	icpt := st.opts.Interceptor
 	if d.VerifyName || icpt != nil {
@@ -104,7 +105,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// first bytes; nothing goes upstream until the name is checked.
 		spoke := &countingConn{Conn: down}
 		held := &holdConn{Conn: first}
-		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit, downSize) }()
+		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit, downSize, grow) }()
 		var res sniff.Result
 		var serr error
 		// The upstream spoke first if it sent anything before the
@@ -170,7 +171,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 	} else {
-		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit, downSize) }()
+		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit, downSize, grow) }()
 	}
 	if checkHTTP {
 		st.forwardHTTP(&ev, d, pol, names, up, down, ep, peeked, first, serverFirst)
@@ -187,7 +188,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Err = err.Error()
 		}
 	}
-	out += copyHalf(st.ctx, up, down, st.upLimit, relayBufSize)
+	out += copyHalf(st.ctx, up, down, st.upLimit, relayBufSize, nil)
 	ev.BytesOut = out
 	ev.BytesIn = <-upDone
 	down.Close()
@@ -377,8 +378,9 @@ func (c *countingConn) CloseWrite() error {
 
 // copyHalf copies src to dst until EOF or error, reading at most size
 // bytes at once, then half-closes dst (or closes both on error), and
-// returns the byte count.
-func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size int) int64 {
+// returns the byte count. If bulk is set, it is called once, after
+// bulkAfter bytes.
+func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size int, bulk func()) int64 {
 	pool := &bufPool
 	if size > relayBufSize {
 		pool = &bulkPool
@@ -399,6 +401,10 @@ func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size in
 		if nr > 0 {
 			nw, werr := dst.Write(buf[:nr])
 			n += int64(nw)
+			if bulk != nil && n >= bulkAfter {
+				bulk()
+				bulk = nil
+			}
 			if werr != nil {
 				src.Close()
 				dst.Close()

@@ -469,9 +469,14 @@ func (st *Stack) Close() error {
 // charged to the sandbox's share for it.
 type flow struct {
 	st    *Stack
-	cost  int64
 	small bool
 	once  sync.Once
+
+	mu sync.Mutex
+	// +checklocks:mu
+	cost int64
+	// +checklocks:mu
+	released, bulk bool
 }
 
 // acquireFlow takes a slot and charges the flow's worst-case memory: a
@@ -484,7 +489,8 @@ func (st *Stack) acquireFlow() (*flow, bool) {
 		st.opts.Shared.stats.flowLimited.Add(1)
 		return nil, false
 	}
-	f := &flow{st: st, cost: fullFlowCost}
+	f := &flow{st: st}
+	f.cost = fullFlowCost
 	// Full flows may take half the share; the rest is for small ones, so
 	// that a sandbox with many flows open still gets some.
 	if !st.acct.reserve(fullFlowCost, st.opts.Shared.opts.Share/2) {
@@ -508,10 +514,35 @@ func (f *flow) size(ep tcpip.Endpoint) {
 	}
 }
 
+// growSend gives a full flow that has moved bulkAfter bytes towards the
+// sandbox a send buffer of bulkSendBufSize (fixed: auto-tuning stops),
+// if the sandbox's share for full flows and the daemon's budget can pay
+// the difference, which the flow then holds until released. A larger
+// send buffer keeps more of the upstream's data in flight to the sandbox,
+// so the relay blocks less often waiting for its acknowledgements.
+func (f *flow) growSend(ep tcpip.Endpoint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.small || f.bulk || f.released {
+		return
+	}
+	f.bulk = true
+	extra := int64(bulkSendBufSize - flowBufMax)
+	if !f.st.acct.reserve(extra, f.st.opts.Shared.opts.Share/2) {
+		return
+	}
+	f.cost += extra
+	ep.SocketOptions().SetSendBufferSize(bulkSendBufSize, true)
+}
+
 // release returns the slot and the memory; it is idempotent.
 func (f *flow) release() {
 	f.once.Do(func() {
-		f.st.acct.release(f.cost)
+		f.mu.Lock()
+		f.released = true
+		cost := f.cost
+		f.mu.Unlock()
+		f.st.acct.release(cost)
 		<-f.st.slots
 	})
 }

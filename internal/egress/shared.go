@@ -16,7 +16,9 @@ import (
 // both buffers full, the two relay copy buffers and the goroutines and
 // connection state around them. When a sandbox's share cannot pay for a
 // full flow, the flow gets buffers fixed at smallBufSize instead, and a
-// small relay buffer in both directions.
+// small relay buffer in both directions. A full flow that has moved
+// bulkAfter bytes towards the sandbox may grow its send buffer to
+// bulkSendBufSize, charged then (flow.growSend).
 const (
 	flowBufDefault = 64 << 10
 	flowBufMax     = 256 << 10
@@ -26,6 +28,8 @@ const (
 	// full flow (forward.go: downRelaySize).
 	relayBufSize     = 64 << 10
 	bulkRelayBufSize = 256 << 10
+	bulkSendBufSize  = 1 << 20
+	bulkAfter        = 1 << 20
 	// flowExtra: the peek buffer, goroutine stacks and endpoint state.
 	flowExtra     = 32 << 10
 	fullFlowCost  = 2*flowBufMax + relayBufSize + bulkRelayBufSize + flowExtra // 864 KiB
