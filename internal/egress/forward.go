@@ -96,7 +96,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		serverFirst bool
 	)
 	upDone := make(chan int64, 1)
-	downSize := st.downRelaySize(dst.Addr(), fl.small)
+	downSize := st.downRelaySizes(dst.Addr(), fl.small)
 	grow := func() { fl.growSend(ep) }
 	first := newFirstBytes(up)
 	icpt := st.opts.Interceptor
@@ -188,7 +188,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Err = err.Error()
 		}
 	}
-	out += copyHalf(st.ctx, up, down, st.upLimit, relayBufSize, nil)
+	out += copyHalf(st.ctx, up, down, st.upLimit, upRelay, nil)
 	ev.BytesOut = out
 	ev.BytesIn = <-upDone
 	down.Close()
@@ -314,18 +314,31 @@ var (
 	bulkPool = sync.Pool{New: func() any { b := make([]byte, bulkRelayBufSize); return &b }}
 )
 
-// downRelaySize is how much the copy towards the sandbox reads from the
-// upstream at once: a whole number of the stack's TCP segments to the
-// sandbox, as many as fit the flow's buffer. The stack sends each write
+// relaySizes are how much a copy reads at once: first until a read fills
+// its buffer, then most (a larger buffer is taken then, so that a short
+// or idle flow holds only the small one).
+type relaySizes struct{ first, most int }
+
+var upRelay = relaySizes{relayBufSize, relayBufSize}
+
+// downRelaySizes are the read sizes of the copy towards the sandbox: whole
+// numbers of the stack's TCP segments to the sandbox, as many as fit the
+// buffers (the bulk one only for a full flow). The stack sends each write
 // as full segments and a remainder (it never splits one write's data to
 // fill another's segment), so a 64 KiB read with 65,440-byte segments
 // made a 96-byte segment for every full one: twice the packets, writes
 // to the device and acknowledgements for the same bytes.
-func (st *Stack) downRelaySize(dst netip.Addr, small bool) int {
-	n := bulkRelayBufSize
+func (st *Stack) downRelaySizes(dst netip.Addr, small bool) relaySizes {
+	most := bulkRelayBufSize
 	if small {
-		n = relayBufSize
+		most = relayBufSize
 	}
+	return relaySizes{st.segmentAligned(dst, relayBufSize), st.segmentAligned(dst, most)}
+}
+
+// segmentAligned returns n rounded down to a whole number of the stack's
+// TCP segments to dst (n itself if not even one fits).
+func (st *Stack) segmentAligned(dst netip.Addr, n int) int {
 	ipHdr := header.IPv4MinimumSize
 	if dst.Is6() && !dst.Is4In6() {
 		ipHdr = header.IPv6MinimumSize
@@ -376,18 +389,14 @@ func (c *countingConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// copyHalf copies src to dst until EOF or error, reading at most size
-// bytes at once, then half-closes dst (or closes both on error), and
-// returns the byte count. If bulk is set, it is called once, after
-// bulkAfter bytes.
-func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size int, bulk func()) int64 {
+// copyHalf copies src to dst until EOF or error, reading as sizes says,
+// then half-closes dst (or closes both on error), and returns the byte
+// count. If bulk is set, it is called once, after bulkAfter bytes.
+func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, sizes relaySizes, bulk func()) int64 {
 	pool := &bufPool
-	if size > relayBufSize {
-		pool = &bulkPool
-	}
 	bp := pool.Get().(*[]byte)
-	defer pool.Put(bp)
-	buf := (*bp)[:min(size, len(*bp))]
+	defer func() { pool.Put(bp) }()
+	buf := (*bp)[:min(sizes.first, len(*bp))]
 	var n int64
 	for {
 		nr, rerr := src.Read(buf)
@@ -404,6 +413,13 @@ func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, size in
 			if bulk != nil && n >= bulkAfter {
 				bulk()
 				bulk = nil
+			}
+			if nr == len(buf) && sizes.most > len(buf) && pool == &bufPool {
+				// The upstream has more than the small buffer at once.
+				bufPool.Put(bp)
+				pool = &bulkPool
+				bp = pool.Get().(*[]byte)
+				buf = (*bp)[:min(sizes.most, len(*bp))]
 			}
 			if werr != nil {
 				src.Close()

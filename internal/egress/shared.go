@@ -25,7 +25,7 @@ const (
 	smallBufSize   = 16 << 10
 	// relayBufSize is the relay buffer towards the upstream and both of
 	// a small flow's; bulkRelayBufSize the one towards the sandbox of a
-	// full flow (forward.go: downRelaySize).
+	// full flow, taken once a read fills the small one (forward.go: downRelaySizes).
 	relayBufSize     = 64 << 10
 	bulkRelayBufSize = 256 << 10
 	bulkSendBufSize  = 1 << 20
