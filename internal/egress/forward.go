@@ -14,6 +14,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -95,6 +96,8 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		serverFirst bool
 	)
 	upDone := make(chan int64, 1)
+	downSize := st.downRelaySizes(dst.Addr(), fl.small)
+	grow := func() { fl.growSend(ep) }
 	first := newFirstBytes(up)
 	icpt := st.opts.Interceptor
 	if d.VerifyName || icpt != nil {
@@ -102,7 +105,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// first bytes; nothing goes upstream until the name is checked.
 		spoke := &countingConn{Conn: down}
 		held := &holdConn{Conn: first}
-		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit, downSize, grow) }()
 		var res sniff.Result
 		var serr error
 		// The upstream spoke first if it sent anything before the
@@ -168,7 +171,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 	} else {
-		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit) }()
+		go func() { upDone <- copyHalf(st.ctx, down, first, st.downLimit, downSize, grow) }()
 	}
 	if checkHTTP {
 		st.forwardHTTP(&ev, d, pol, names, up, down, ep, peeked, first, serverFirst)
@@ -185,7 +188,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Err = err.Error()
 		}
 	}
-	out += copyHalf(st.ctx, up, down, st.upLimit)
+	out += copyHalf(st.ctx, up, down, st.upLimit, upRelay, nil)
 	ev.BytesOut = out
 	ev.BytesIn = <-upDone
 	down.Close()
@@ -303,7 +306,51 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+// Relay buffers: bufPool's for the copy towards the upstream (and for
+// both directions of a small flow), bulkPool's for the copy towards the
+// sandbox of a full flow. See downRelaySize.
+var (
+	bufPool  = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+	bulkPool = sync.Pool{New: func() any { b := make([]byte, bulkRelayBufSize); return &b }}
+)
+
+// relaySizes are how much a copy reads at once: first until a read fills
+// its buffer, then most (a larger buffer is taken then, so that a short
+// or idle flow holds only the small one).
+type relaySizes struct{ first, most int }
+
+var upRelay = relaySizes{relayBufSize, relayBufSize}
+
+// downRelaySizes are the read sizes of the copy towards the sandbox: whole
+// numbers of the stack's TCP segments to the sandbox, as many as fit the
+// buffers (the bulk one only for a full flow). The stack sends each write
+// as full segments and a remainder (it never splits one write's data to
+// fill another's segment), so a 64 KiB read with 65,440-byte segments
+// made a 96-byte segment for every full one: twice the packets, writes
+// to the device and acknowledgements for the same bytes.
+func (st *Stack) downRelaySizes(dst netip.Addr, small bool) relaySizes {
+	most := bulkRelayBufSize
+	if small {
+		most = relayBufSize
+	}
+	return relaySizes{st.segmentAligned(dst, relayBufSize), st.segmentAligned(dst, most)}
+}
+
+// segmentAligned returns n rounded down to a whole number of the stack's
+// TCP segments to dst (n itself if not even one fits).
+func (st *Stack) segmentAligned(dst netip.Addr, n int) int {
+	ipHdr := header.IPv4MinimumSize
+	if dst.Is6() && !dst.Is4In6() {
+		ipHdr = header.IPv6MinimumSize
+	}
+	// The stack's segment payload: the link's MTU less the headers and
+	// room for the largest TCP options (as gVisor's sender reserves).
+	seg := int(st.link.MTU()) - ipHdr - header.TCPMinimumSize - header.TCPOptionsMaximumSize
+	if seg <= 0 || seg > n {
+		return n
+	}
+	return n / seg * seg
+}
 
 type closeWriter interface{ CloseWrite() error }
 
@@ -342,12 +389,14 @@ func (c *countingConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// copyHalf copies src to dst until EOF or error, then half-closes dst (or
-// closes both on error), and returns the byte count.
-func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter) int64 {
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
+// copyHalf copies src to dst until EOF or error, reading as sizes says,
+// then half-closes dst (or closes both on error), and returns the byte
+// count. If bulk is set, it is called once, after bulkAfter bytes.
+func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter, sizes relaySizes, bulk func()) int64 {
+	pool := &bufPool
+	bp := pool.Get().(*[]byte)
+	defer func() { pool.Put(bp) }()
+	buf := (*bp)[:min(sizes.first, len(*bp))]
 	var n int64
 	for {
 		nr, rerr := src.Read(buf)
@@ -361,6 +410,17 @@ func copyHalf(ctx context.Context, dst, src net.Conn, lim *rate.Limiter) int64 {
 		if nr > 0 {
 			nw, werr := dst.Write(buf[:nr])
 			n += int64(nw)
+			if bulk != nil && n >= bulkAfter {
+				bulk()
+				bulk = nil
+			}
+			if nr == len(buf) && sizes.most > len(buf) && pool == &bufPool {
+				// The upstream has more than the small buffer at once.
+				bufPool.Put(bp)
+				pool = &bulkPool
+				bp = pool.Get().(*[]byte)
+				buf = (*bp)[:min(sizes.most, len(*bp))]
+			}
 			if werr != nil {
 				src.Close()
 				dst.Close()

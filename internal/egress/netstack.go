@@ -90,6 +90,12 @@ type Options struct {
 	Link stack.LinkEndpoint
 	// MTU of the TUN device (default DefaultMTU). Used only with FD.
 	MTU uint32
+	// TrustChecksums makes the stack take the checksums of the packets it
+	// reads from FD as they are, for a device whose other end leaves them
+	// out (runsc's stack, whose link offloads them). Otherwise every
+	// packet's checksums are verified: a process in the sandbox able to
+	// write raw packets could write any. Used only with FD.
+	TrustChecksums bool
 
 	Policy *policy.Policy
 	// DNSUpstream is the "ip:port" of the resolver the daemon uses.
@@ -263,7 +269,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	link := opts.Link
 	if opts.FD > 0 {
 		// The link owns the fd from here on (it closes it on error too).
-		link, err = newTunLink(opts.FD, opts.MTU)
+		link, err = newTunLink(opts.FD, opts.MTU, opts.TrustChecksums)
 		if err != nil {
 			return nil, fmt.Errorf("creating TUN link endpoint: %w", err)
 		}
@@ -463,9 +469,14 @@ func (st *Stack) Close() error {
 // charged to the sandbox's share for it.
 type flow struct {
 	st    *Stack
-	cost  int64
 	small bool
 	once  sync.Once
+
+	mu sync.Mutex
+	// +checklocks:mu
+	cost int64
+	// +checklocks:mu
+	released, bulk bool
 }
 
 // acquireFlow takes a slot and charges the flow's worst-case memory: a
@@ -478,7 +489,8 @@ func (st *Stack) acquireFlow() (*flow, bool) {
 		st.opts.Shared.stats.flowLimited.Add(1)
 		return nil, false
 	}
-	f := &flow{st: st, cost: fullFlowCost}
+	f := &flow{st: st}
+	f.cost = fullFlowCost
 	// Full flows may take half the share; the rest is for small ones, so
 	// that a sandbox with many flows open still gets some.
 	if !st.acct.reserve(fullFlowCost, st.opts.Shared.opts.Share/2) {
@@ -502,10 +514,35 @@ func (f *flow) size(ep tcpip.Endpoint) {
 	}
 }
 
+// growSend gives a full flow that has moved bulkAfter bytes towards the
+// sandbox a send buffer of bulkSendBufSize (fixed: auto-tuning stops),
+// if the sandbox's share for full flows and the daemon's budget can pay
+// the difference, which the flow then holds until released. A larger
+// send buffer keeps more of the upstream's data in flight to the sandbox,
+// so the relay blocks less often waiting for its acknowledgements.
+func (f *flow) growSend(ep tcpip.Endpoint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.small || f.bulk || f.released {
+		return
+	}
+	f.bulk = true
+	extra := int64(bulkSendBufSize - flowBufMax)
+	if !f.st.acct.reserve(extra, f.st.opts.Shared.opts.Share/2) {
+		return
+	}
+	f.cost += extra
+	ep.SocketOptions().SetSendBufferSize(bulkSendBufSize, true)
+}
+
 // release returns the slot and the memory; it is idempotent.
 func (f *flow) release() {
 	f.once.Do(func() {
-		f.st.acct.release(f.cost)
+		f.mu.Lock()
+		f.released = true
+		cost := f.cost
+		f.mu.Unlock()
+		f.st.acct.release(cost)
 		<-f.st.slots
 	})
 }

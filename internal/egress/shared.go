@@ -15,16 +15,25 @@ import (
 // flowBufMax per direction. A flow is charged its worst case up front:
 // both buffers full, the two relay copy buffers and the goroutines and
 // connection state around them. When a sandbox's share cannot pay for a
-// full flow, the flow gets buffers fixed at smallBufSize instead.
+// full flow, the flow gets buffers fixed at smallBufSize instead, and a
+// small relay buffer in both directions. A full flow that has moved
+// bulkAfter bytes towards the sandbox may grow its send buffer to
+// bulkSendBufSize, charged then (flow.growSend).
 const (
 	flowBufDefault = 64 << 10
 	flowBufMax     = 256 << 10
 	smallBufSize   = 16 << 10
-	// flowOverhead: two 64 KiB relay buffers (forward.go), the peek
-	// buffer, goroutine stacks and endpoint state.
-	flowOverhead  = 2*64<<10 + 32<<10
-	fullFlowCost  = 2*flowBufMax + flowOverhead   // 672 KiB
-	smallFlowCost = 2*smallBufSize + flowOverhead // 192 KiB
+	// relayBufSize is the relay buffer towards the upstream and both of
+	// a small flow's; bulkRelayBufSize the one towards the sandbox of a
+	// full flow, taken once a read fills the small one (forward.go: downRelaySizes).
+	relayBufSize     = 64 << 10
+	bulkRelayBufSize = 256 << 10
+	bulkSendBufSize  = 1 << 20
+	bulkAfter        = 1 << 20
+	// flowExtra: the peek buffer, goroutine stacks and endpoint state.
+	flowExtra     = 32 << 10
+	fullFlowCost  = 2*flowBufMax + relayBufSize + bulkRelayBufSize + flowExtra // 864 KiB
+	smallFlowCost = 2*smallBufSize + 2*relayBufSize + flowExtra                // 192 KiB
 )
 
 // Defaults of SharedOptions.

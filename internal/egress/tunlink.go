@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -24,12 +25,29 @@ import (
 // delivered on the reading goroutine, so the stack reads no faster than it
 // handles them and the packet rate limit paces the reads themselves.
 //
+// On a device made with IFF_VNET_HDR (tun.Config.VnetHdr), every
+// packet carries a virtio-net header. The stack then leaves out the TCP
+// and UDP checksums of the packets it sends to the sandbox: the link
+// writes the pseudo-header sum and marks the packet's checksum partial
+// (VIRTIO_NET_HDR_F_NEEDS_CSUM), which the sandbox's kernel takes as
+// verified, as for any packet made on its own host. Nothing but memory
+// lies between the two stacks, so computing a checksum over every byte on
+// one side and verifying it on the other bought nothing. In the other
+// direction nothing in the header is trusted: a packet that claims
+// segmentation offload (GSO) or a partial checksum is dropped (the device
+// is given no offloads, so its kernel never produces either), and every
+// packet's checksums are verified by the stack (unless
+// Options.TrustChecksums), since a process in the sandbox able to write
+// raw packets could write any.
+//
 // It owns the device's fd from newTunLink on: Close closes it (which
 // removes the device, the sandbox's netns permitting).
 type tunLink struct {
-	f   *os.File
-	rc  syscall.RawConn
-	mtu uint32
+	f     *os.File
+	rc    syscall.RawConn
+	mtu   uint32
+	vnet  bool // the device carries virtio-net headers
+	trust bool // received checksums are not verified (Options.TrustChecksums)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -48,10 +66,24 @@ var _ stack.LinkEndpoint = (*tunLink)(nil)
 
 // newTunLink takes ownership of fd, a TUN device (IFF_TUN|IFF_NO_PI). On
 // error fd is closed.
-func newTunLink(fd int, mtu uint32) (*tunLink, error) {
+func newTunLink(fd int, mtu uint32, trustChecksums bool) (*tunLink, error) {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("making the TUN fd non-blocking: %w", err)
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("reading the TUN device's flags: %w", err)
+	}
+	flags := ifr.Uint16()
+	if flags&unix.IFF_TUN == 0 || flags&unix.IFF_NO_PI == 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("the device is not an IFF_TUN|IFF_NO_PI device (flags %#x)", flags)
 	}
 	f := os.NewFile(uintptr(fd), "tun") // non-blocking: registered with the poller
 	rc, err := f.SyscallConn()
@@ -59,7 +91,79 @@ func newTunLink(fd int, mtu uint32) (*tunLink, error) {
 		f.Close()
 		return nil, err
 	}
-	return &tunLink{f: f, rc: rc, mtu: mtu}, nil
+	return &tunLink{f: f, rc: rc, mtu: mtu, vnet: flags&unix.IFF_VNET_HDR != 0, trust: trustChecksums}, nil
+}
+
+// The virtio-net header (struct virtio_net_hdr, without the v1 field)
+// that a device with IFF_VNET_HDR puts before every packet.
+const (
+	vnetHdrLen        = 10
+	vnetFlagNeedsCsum = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM
+	vnetGSONone       = 0 // VIRTIO_NET_HDR_GSO_NONE
+)
+
+// checkVnetHdr reports whether a packet read from the device with header h
+// is one the stack takes: a whole packet with complete checksums. The
+// header's other fields (header and segment sizes, checksum offsets) only
+// mean something with GSO or a partial checksum, both refused; a
+// DATA_VALID flag is ignored (the stack verifies the checksums itself).
+func checkVnetHdr(h []byte) bool {
+	if len(h) < vnetHdrLen {
+		return false
+	}
+	return h[1] == vnetGSONone && h[0]&vnetFlagNeedsCsum == 0
+}
+
+// partialChecksum prepares pkt, whose transport checksum the stack left
+// out, for the sandbox's kernel: it writes the pseudo-header sum into the
+// TCP or UDP checksum field and returns the virtio-net header that tells
+// the kernel where the checksum is (a partial checksum, which its
+// receive path takes as verified). Other packets (the stack checksums
+// them itself) get a header with no flags.
+func partialChecksum(pkt *stack.PacketBuffer) [vnetHdrLen]byte {
+	var h [vnetHdrLen]byte
+	var src, dst tcpip.Address
+	var netLen int
+	switch pkt.NetworkProtocolNumber {
+	case header.IPv4ProtocolNumber:
+		ip := header.IPv4(pkt.NetworkHeader().Slice())
+		if len(ip) < header.IPv4MinimumSize {
+			return h
+		}
+		src, dst, netLen = ip.SourceAddress(), ip.DestinationAddress(), len(ip)
+	case header.IPv6ProtocolNumber:
+		ip := header.IPv6(pkt.NetworkHeader().Slice())
+		if len(ip) < header.IPv6MinimumSize {
+			return h
+		}
+		src, dst, netLen = ip.SourceAddress(), ip.DestinationAddress(), len(ip)
+	default:
+		return h
+	}
+	th := pkt.TransportHeader().Slice()
+	var off int
+	switch pkt.TransportProtocolNumber {
+	case header.TCPProtocolNumber:
+		if len(th) < header.TCPMinimumSize {
+			return h
+		}
+		off = header.TCPChecksumOffset
+	case header.UDPProtocolNumber:
+		if len(th) < header.UDPMinimumSize {
+			return h
+		}
+		off = 6 // the UDP checksum field
+	default:
+		return h
+	}
+	// The transport length: its header and everything after it.
+	tlen := pkt.Size() - len(pkt.LinkHeader().Slice()) - netLen
+	xsum := header.PseudoHeaderChecksum(pkt.TransportProtocolNumber, src, dst, uint16(tlen))
+	binary.BigEndian.PutUint16(th[off:], xsum)
+	h[0] = vnetFlagNeedsCsum
+	binary.NativeEndian.PutUint16(h[6:], uint16(netLen)) // csum_start (legacy virtio: native order)
+	binary.NativeEndian.PutUint16(h[8:], uint16(off))    // csum_offset
+	return h
 }
 
 // read delivers the device's packets until Attach(nil) or Close.
@@ -69,9 +173,13 @@ func (l *tunLink) read() {
 		var v *buffer.View
 		var n int
 		var rerr error
+		hdr := 0
+		if l.vnet {
+			hdr = vnetHdrLen
+		}
 		err := l.rc.Read(func(fd uintptr) bool {
 			if v == nil {
-				v = buffer.NewViewSize(int(l.mtu))
+				v = buffer.NewViewSize(hdr + int(l.mtu))
 			}
 			n, rerr = unix.Read(int(fd), v.AsSlice())
 			if rerr == unix.EAGAIN {
@@ -100,15 +208,20 @@ func (l *tunLink) read() {
 			// EBADFD or EIO: the device is gone with the sandbox's netns.
 			return
 		}
-		if n <= int(l.mtu)/2 {
+		if hdr > 0 && (n < hdr || !checkVnetHdr(v.AsSlice()[:hdr])) {
+			v.Release()
+			continue
+		}
+		if n-hdr <= int(l.mtu)/2 {
 			// A buffer of the device's MTU (64 KiB) would stay pinned by
 			// this packet wherever the stack queues it: a flood of small
 			// packets would cost 64 KiB each. Copy it into one of its size.
-			small := buffer.NewViewWithData(v.AsSlice()[:n])
+			small := buffer.NewViewWithData(v.AsSlice()[hdr:n])
 			v.Release()
 			v = small
 		} else {
 			v.CapLength(n)
+			v.TrimFront(hdr)
 		}
 		var proto tcpip.NetworkProtocolNumber
 		switch header.IPVersion(v.AsSlice()) {
@@ -145,6 +258,10 @@ func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	sent := 0
 	for _, pkt := range pkts.AsSlice() {
 		iov := pkt.AsSlices()
+		if l.vnet {
+			h := partialChecksum(pkt)
+			iov = append([][]byte{h[:]}, iov...)
+		}
 		var werr error
 		err := l.rc.Write(func(fd uintptr) bool {
 			_, werr = unix.Writev(int(fd), iov)
@@ -240,11 +357,19 @@ func (l *tunLink) LinkAddress() tcpip.LinkAddress { return "" }
 // SetLinkAddress implements stack.NetworkLinkEndpoint.
 func (l *tunLink) SetLinkAddress(tcpip.LinkAddress) {}
 
-// Capabilities implements stack.NetworkLinkEndpoint: the sandbox's kernel
-// builds the packets the device delivers, so their checksums are not
-// checked again.
+// Capabilities implements stack.NetworkLinkEndpoint. Received packets'
+// checksums are verified unless Options.TrustChecksums (see tunLink); with
+// virtio-net headers the stack leaves out the transport checksums of what
+// it sends.
 func (l *tunLink) Capabilities() stack.LinkEndpointCapabilities {
-	return stack.CapabilityRXChecksumOffload
+	var c stack.LinkEndpointCapabilities
+	if l.vnet {
+		c |= stack.CapabilityTXChecksumOffload
+	}
+	if l.trust {
+		c |= stack.CapabilityRXChecksumOffload
+	}
+	return c
 }
 
 // ARPHardwareType implements stack.NetworkLinkEndpoint.

@@ -58,6 +58,16 @@ type Fence struct {
 	Interceptor func(id string) egress.Interceptor
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// KernelPeer says the sandbox's own Linux kernel reads and writes its
+	// device (the native backend). Its devices then carry virtio-net
+	// headers (tun.Config.VnetHdr): the stack hands the kernel TCP and UDP
+	// packets with partial checksums instead of summing every byte, and
+	// verifies the checksums of every packet it reads (the kernel
+	// computes them all). Without it (runsc reads and writes the device
+	// through a packet socket, finds partial checksums unfinished, and
+	// leaves its own out as its link offloads them), the stack sends
+	// complete checksums and takes the ones it reads as they are.
+	KernelPeer bool
 }
 
 // WithDefaults returns f with its zero fields filled in.
@@ -97,7 +107,7 @@ func (f *Fence) Attach(ctx context.Context, id, nsPath string, pol *policy.Polic
 	if pol == nil {
 		pol = DenyAll
 	}
-	fd, err := tun.Create(nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}})
+	fd, err := tun.Create(nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}, VnetHdr: f.KernelPeer})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox network device: %w", err)
 	}
@@ -116,6 +126,8 @@ func (f *Fence) Attach(ctx context.Context, id, nsPath string, pol *policy.Polic
 		Interceptor: icpt,
 		Bandwidth:   f.Bandwidth,
 		Logger:      f.Logger,
+		// runsc's stack leaves its checksums out (see KernelPeer).
+		TrustChecksums: !f.KernelPeer,
 	})
 	if err != nil {
 		unix.Close(fd)

@@ -10,6 +10,8 @@
 //   - The fd is close-on-exec. The calling goroutine's thread is returned to
 //     the daemon's namespace, or, if that fails, the thread is discarded.
 //   - Configuration uses rtnetlink from Go; no ip(8) is spawned.
+//   - The device has no offloads enabled; with Config.VnetHdr it carries
+//     virtio-net headers (IFF_VNET_HDR).
 //
 // # What it does not do
 //
@@ -35,6 +37,13 @@ type Config struct {
 	Name string         // interface name (default "eth0")
 	MTU  uint32         // default 65520
 	Addr []netip.Prefix // addresses, e.g. egress.SandboxIPv4, egress.SandboxIPv6
+	// VnetHdr makes the device carry a virtio-net header before every
+	// packet (IFF_VNET_HDR), with which egress's link hands the
+	// sandbox's kernel packets whose checksum is left partial. Only for
+	// a device the sandbox's kernel stack reads: a packet socket on it
+	// (a user-space stack such as runsc's) would see such checksums
+	// unfinished.
+	VnetHdr bool
 }
 
 // Create creates and configures the TUN device in the network namespace
@@ -79,7 +88,15 @@ func Create(nsPath string, cfg Config) (fd int, err error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("interface name %q: %w", cfg.Name, err)
 	}
-	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	flags := uint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if cfg.VnetHdr {
+		// 10 bytes before every packet, which egress's link reads and
+		// writes. No offload is enabled (TUNSETOFFLOAD): what the device
+		// gives the daemon is always whole packets with complete
+		// checksums.
+		flags |= unix.IFF_VNET_HDR
+	}
+	ifr.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("creating TUN %s: %w", cfg.Name, err)

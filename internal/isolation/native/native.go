@@ -226,7 +226,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		opts: opts,
 		log:  log,
 		fence: netfence.Fence{DNSUpstream: opts.DNSUpstream, HostAddrs: opts.HostAddrs, Bandwidth: opts.NetBandwidth,
-			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log},
+			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log,
+			// The sandbox's own kernel is the device's other end.
+			KernelPeer: true},
 		exe:     exe,
 		spawner: spawner{exe: exe},
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
