@@ -41,7 +41,15 @@ type Limits struct {
 	CPUs        float64 // CPU bandwidth in cores
 	MemoryBytes int64   // memory limit; swap is not allowed beyond it
 	Pids        int64   // maximum number of tasks (processes and threads)
+	// Weight is the group's share of contended CPU against its siblings,
+	// on cgroup v1's cpu.shares scale (2 to 262144; DefaultWeight is the
+	// kernel's default); 0 leaves the default.
+	Weight int
 }
+
+// DefaultWeight is the kernel's default CPU weight (cpu.shares 1024,
+// cpu.weight 100 on v2).
+const DefaultWeight = 1024
 
 // Stats is a point-in-time reading of a group. Fields whose controller is
 // not available read zero.

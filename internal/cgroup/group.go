@@ -139,7 +139,24 @@ func (g *Group) setLimits(l Limits) error {
 			return err
 		}
 	}
+	if l.Weight > 0 {
+		return g.SetWeight(l.Weight)
+	}
 	return nil
+}
+
+// SetWeight sets the group's CPU weight (see Limits.Weight); 0 restores
+// the default.
+func (g *Group) SetWeight(w int) error {
+	if w == 0 {
+		w = DefaultWeight
+	}
+	w = min(max(w, 2), 262144)
+	if g.v2() {
+		// cpu.weight's default is 100 where cpu.shares' is 1024.
+		return writeFile(g.dir("cpu"), "cpu.weight", strconv.Itoa(min(max(w*100/DefaultWeight, 1), 10000)))
+	}
+	return writeFile(g.dir("cpu"), "cpu.shares", strconv.Itoa(w))
 }
 
 // AddProc moves process pid into the group (every hierarchy on v1).

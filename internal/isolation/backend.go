@@ -103,6 +103,17 @@ type Spec struct {
 	// Egress is the sandbox's network policy. Every sandbox's traffic goes
 	// through the daemon's user-space stack; nil means deny all.
 	Egress *policy.Policy
+	// Background marks a sandbox started ahead of its use (a warm pool's):
+	// a backend that can gives it a low CPU weight, so that its start
+	// does not slow the sandboxes in use, until Foregrounder.Foreground.
+	Background bool
+}
+
+// Foregrounder is implemented by sandboxes started with Spec.Background
+// that can be given the ordinary CPU weight back, as a warm pool does when
+// it hands one out.
+type Foregrounder interface {
+	Foreground() error
 }
 
 // AgentConfig is what the agent inside the sandbox needs to know (see

@@ -158,11 +158,12 @@ const readyInitRetry = time.Second
 const readyGroup = "_ready"
 
 // readyLimits bound the ready inits together: they start in the
-// background, and half a core at most keeps them from slowing the
-// creates and sandboxes they are made for. The memory their runtimes
-// took is given back at the agent's exec.
+// background, with the lowest CPU weight and half a core at most, so that
+// they run on idle CPU and do not slow the creates and sandboxes they are
+// made for. The memory their runtimes took is given back at the agent's
+// exec.
 func readyLimits(n int) cgroup.Limits {
-	return cgroup.Limits{CPUs: 0.5, MemoryBytes: int64(n) * 64 << 20, Pids: int64(n) * 64}
+	return cgroup.Limits{CPUs: 0.5, MemoryBytes: int64(n) * 64 << 20, Pids: int64(n) * 64, Weight: 2}
 }
 
 // fillReady keeps Options.ReadyInits inits in b.ready (one per token of

@@ -1,6 +1,9 @@
 package native_test
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +12,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
 
@@ -76,5 +80,57 @@ func TestReadyInitSandboxesAreTheirOwn(t *testing.T) {
 			t.Errorf("sandbox %d: uid_map %q: want a range of its own", i, r.stdout)
 		}
 		uids[f[1]] = true
+	}
+}
+
+// cpuWeight reads the CPU weight of sandbox id's cgroup under instance.
+func cpuWeight(t *testing.T, instance, id string) string {
+	t.Helper()
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/cpu/fence", instance, id, "cpu.shares"),
+		filepath.Join("/sys/fs/cgroup/fence", instance, id, "cpu.weight"),
+	} {
+		if b, err := os.ReadFile(p); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	t.Fatalf("no CPU weight for %s/%s", instance, id)
+	return ""
+}
+
+// A warm pool's sandbox starts with a low CPU weight (its start yields to
+// the sandboxes in use) and is handed out with the ordinary one.
+func TestBackgroundSandboxForegroundedAtHandOut(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	b := newBackend(t)
+	instance := "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
+	low, normal := "64", "1024"
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		low, normal = "6", "100"
+	}
+	sb := create(t, b, isolation.Spec{RootFS: rootfs, Background: true})
+	if w := cpuWeight(t, instance, sb.ID()); w != low {
+		t.Errorf("background sandbox: CPU weight %s, want %s", w, low)
+	}
+	if err := sb.(isolation.Foregrounder).Foreground(); err != nil {
+		t.Fatal(err)
+	}
+	if w := cpuWeight(t, instance, sb.ID()); w != normal {
+		t.Errorf("foregrounded sandbox: CPU weight %s, want %s", w, normal)
+	}
+	p := warm.New(warm.Options{Backend: b, Size: 1})
+	p.Start(warm.Target{RootFS: rootfs}, nil)
+	t.Cleanup(func() { p.Close(context.Background()) })
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	handed, err := p.Create(t.Context(), isolation.Spec{RootFS: rootfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { handed.Kill(context.Background()) })
+	if w := cpuWeight(t, instance, handed.ID()); w != normal {
+		t.Errorf("sandbox handed out by the warm pool: CPU weight %s, want %s", w, normal)
 	}
 }

@@ -166,6 +166,15 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 		if sb == nil {
 			break
 		}
+		// A pooled sandbox was started in the background; it is the
+		// request's now.
+		if fg, ok := sb.(isolation.Foregrounder); ok {
+			if err := fg.Foreground(); err != nil {
+				p.log.WarnContext(ctx, "discarding a pooled sandbox", "sandbox_id", sb.ID(), "err", err)
+				sb.Kill(context.WithoutCancel(ctx))
+				continue
+			}
+		}
 		// A pooled sandbox was started with the deny-all network; it takes
 		// the request's policy before anything of the request runs.
 		if setter, ok := sb.(isolation.EgressSetter); ok {
@@ -369,7 +378,7 @@ func (p *Pool) fill(t Target) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent})
+	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true})
 	if err == nil {
 		// Ready means serving: a backend's Create returns once the agent
 		// is started, not once it answers, and a sandbox handed out
