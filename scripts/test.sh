@@ -20,7 +20,11 @@ for target in \
   ./internal/httpapi:FuzzSandboxTarget ./internal/httpapi:FuzzParseMetadataFilter \
   ./internal/httpapi:FuzzCheckSignature ./internal/agent/users:FuzzResolvePath \
   ./internal/agent/sudo:FuzzDecodeRequest; do
-  go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "${FENCE_FUZZTIME:-3s}" "${target%%:*}" >/dev/null
+  if ! out=$(go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "${FENCE_FUZZTIME:-3s}" "${target%%:*}" 2>&1); then
+    echo "fuzz $target failed:"
+    echo "$out"
+    exit 1
+  fi
 done
 echo "==> the official e2b JavaScript SDK against fence (tests/e2b)"
 tests/e2b/run.sh
