@@ -132,8 +132,9 @@ func (r *readyInit) discard() {
 	}
 }
 
-// takeInit returns a ready init, or one made now when none is ready.
-func (b *Backend) takeInit(cgfd int) (*readyInit, error) {
+// takeInit returns a ready init, or one made now when none is ready. The
+// caller places it in its sandbox's cgroups.
+func (b *Backend) takeInit() (*readyInit, error) {
 	for {
 		select {
 		case r := <-b.ready:
@@ -145,7 +146,7 @@ func (b *Backend) takeInit(cgfd int) (*readyInit, error) {
 			continue
 		default:
 		}
-		return b.spawnInit(cgfd)
+		return b.spawnInit(-1)
 	}
 }
 

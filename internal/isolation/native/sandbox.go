@@ -45,8 +45,7 @@ type sandbox struct {
 	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
 	// release goroutine alone).
 	cgRemoved bool
-	proc      *spawned   // the sandbox's init (then agent)
-	init      *readyInit // the init as started (readyinit.go)
+	proc      *spawned // the sandbox's init (then agent)
 	ln        *net.UnixListener
 	limit     isolation.Limits
 	// rootfs is the template's root; base the layer the sandbox booted on
@@ -133,17 +132,28 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		return nil, fmt.Errorf("the release of %d killed sandboxes is behind, try again: %w", n, api.ErrUnavailable)
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
+	// The sandbox's init (readyinit.go), with its uid slot and lifeline,
+	// from the start: the sandbox ends when it does.
+	r, err := b.takeInit()
+	if err != nil {
+		return nil, err
+	}
+	defer r.sync.Close() // used by start alone
 	s := &sandbox{
-		b:      b,
-		id:     spec.ID,
-		limit:  limits,
-		done:   make(chan struct{}),
-		diskFD: -1,
-		rootfs: spec.RootFS,
-		base:   layer,
+		b:        b,
+		id:       spec.ID,
+		limit:    limits,
+		done:     r.exited,
+		proc:     r.proc,
+		slot:     r.slot,
+		lifeline: r.lifeW,
+		diskFD:   -1,
+		rootfs:   spec.RootFS,
+		base:     layer,
 	}
 	if layer != "" {
 		if s.chain, err = b.layerChain(layer); err != nil {
+			r.discard()
 			return nil, err
 		}
 	}
@@ -152,6 +162,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	for _, o := range b.live {
 		if o.id == spec.ID && !o.ended() {
 			b.mu.Unlock()
+			r.discard()
 			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
 		}
 	}
@@ -159,6 +170,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		s.key = spec.ID + "r" + isolation.NewID()[:8]
 		if _, taken := b.live[s.key]; taken || len(s.key) > idPattern.max {
 			b.mu.Unlock()
+			r.discard()
 			return nil, fmt.Errorf("sandbox %s is still being released, try again: %w", spec.ID, api.ErrUnavailable)
 		}
 	}
@@ -171,6 +183,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 			s.teardown(context.WithoutCancel(ctx))
 		}
 	}()
+	go (&limitedLog{s: s, left: 16 << 10}).drain(r.errR)
 	cl := cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}
 	if spec.Background {
 		cl.Weight = backgroundWeight
@@ -178,20 +191,6 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if s.cg, err = b.cg.Create(s.key, cl); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
-	cgfd := -1
-	if fd, ok := s.cg.FD(); ok {
-		cgfd = fd
-	}
-	r, err := b.takeInit(cgfd)
-	if err != nil {
-		return nil, err
-	}
-	s.init, s.slot, s.proc, s.lifeline = r, r.slot, r.proc, r.lifeW
-	go (&limitedLog{s: s, left: 16 << 10}).drain(r.errR)
-	go func() {
-		<-r.exited
-		close(s.done)
-	}()
 	cfg, err := s.prepareDirs(ctx, spec, limits)
 	if err != nil {
 		return nil, err
@@ -199,7 +198,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if s.ln, err = listenUnix(s.sock); err != nil {
 		return nil, err
 	}
-	if err := s.start(ctx, spec, cfg); err != nil {
+	if err := s.start(ctx, spec, cfg, r.sync); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -359,15 +358,12 @@ func listenUnix(path string) (*net.UnixListener, error) {
 const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
 	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWTIME
 
-// start drives the sandbox's init (s.init, in its new namespaces) until it
-// has executed the agent: it places the init in the sandbox's cgroups,
-// attaches its network, and sends it its Config with the mounts and the
-// agent's listener.
-func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config) error {
-	r := s.init
-	syncSock := r.sync
-	defer syncSock.Close()
-	proc := r.proc
+// start drives the sandbox's init (s.proc, in its new namespaces, whose
+// end of the sync socket is syncSock) until it has executed the agent: it
+// places the init in the sandbox's cgroups, attaches its network, and
+// sends it its Config with the mounts and the agent's listener.
+func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File) error {
+	proc := s.proc
 	hostUID := s.slot.hostUID()
 	lnFile, err := s.ln.File() // a dup; closed below, the listener stays with us
 	if err != nil {
