@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -88,12 +89,18 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 			e.timeout = cr.Timeout
 		}
 	}
+	m.takeOver(ctx, rec.ID, e, box, now, "paused sandbox left by a previous daemon adopted")
+	return true
+}
+
+// takeOver makes e, the paused sandbox id a previous daemon left (box, or a
+// parkedBox), one of this daemon's and watches it.
+func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolation.Sandbox, now time.Time, msg string) {
 	e.setBox(box)
 	e.use.mark(now, true)
 	m.mu.Lock()
-	m.running[rec.ID] = e
+	m.running[id] = e
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
-	m.log.InfoContext(ctx, "paused sandbox left by a previous daemon adopted", "sandbox_id", rec.ID)
-	return true
+	m.log.InfoContext(ctx, msg, "sandbox_id", id)
 }

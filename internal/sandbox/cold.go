@@ -213,13 +213,7 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 		e.timeout = m.defaults.Timeout
 	}
 	e.checkpointed.Store(true) // its checkpoints, if any, are still recorded
-	e.setBox(parkedBox{rec.ID})
-	e.use.mark(now, true)
 	m.gateways.Store(rec.ID, gw)
-	m.mu.Lock()
-	m.running[rec.ID] = e
-	m.wg.Go(func() { m.watch(e) })
-	m.mu.Unlock()
-	m.log.InfoContext(ctx, "sandbox paused without memory by a previous daemon taken over", "sandbox_id", rec.ID)
+	m.takeOver(ctx, rec.ID, e, parkedBox{rec.ID}, now, "sandbox paused without memory by a previous daemon taken over")
 	return true
 }
