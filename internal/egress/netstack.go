@@ -449,6 +449,9 @@ func (st *Stack) Close() error {
 	for c := range conns {
 		c.Close()
 	}
+	if l, ok := st.link.(*tunLink); ok {
+		l.stop() // before the stack's Wait (see stop)
+	}
 	if st.s != nil {
 		st.s.Close()
 		st.s.Wait()

@@ -244,6 +244,18 @@ func (l *tunLink) read() {
 	}
 }
 
+// stop stops the reading goroutine and waits for it. The stack's Wait
+// waits for its links holding the stack's lock, which a packet being
+// delivered may need (a reply's route): the owner stops the reader first,
+// holding no lock of the stack.
+func (l *tunLink) stop() {
+	l.mu.Lock()
+	l.stopping = true
+	l.mu.Unlock()
+	l.f.SetReadDeadline(time.Unix(1, 0))
+	l.wg.Wait()
+}
+
 func (l *tunLink) isStopping() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -283,7 +295,11 @@ func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 }
 
 // Attach implements stack.NetworkLinkEndpoint. A nil dispatcher (the NIC
-// being removed) stops the reading goroutine and waits for it.
+// being removed) stops the reading goroutine without waiting for it: the
+// stack detaches a link holding its own lock, and a packet the reader is
+// delivering at that moment may need that lock (a reply's route), so a
+// wait here deadlocked the sandbox's teardown. Close and Wait wait for it;
+// a packet delivered meanwhile reaches a disabled NIC and is dropped.
 func (l *tunLink) Attach(d stack.NetworkDispatcher) {
 	l.mu.Lock()
 	if d == nil {
@@ -293,7 +309,6 @@ func (l *tunLink) Attach(d stack.NetworkDispatcher) {
 		l.mu.Unlock()
 		if running {
 			l.f.SetReadDeadline(time.Unix(1, 0))
-			l.wg.Wait()
 		}
 		return
 	}
