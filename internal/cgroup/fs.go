@@ -119,3 +119,29 @@ func readPids(dir string) ([]int, error) {
 	}
 	return pids, nil
 }
+
+// openEvents opens dir's cgroup.events for eventsKey and poll(2).
+func openEvents(dir string) (int, error) {
+	fd, err := unix.Open(filepath.Join(dir, "cgroup.events"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening %s/cgroup.events: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// eventsKey reads key from an open cgroup.events from its start; the read
+// also arms the next POLLPRI.
+func eventsKey(fd int, key string) (int64, error) {
+	var buf [512]byte
+	n, err := unix.Pread(fd, buf[:], 0)
+	if err != nil {
+		return 0, fmt.Errorf("reading cgroup.events: %w", err)
+	}
+	for line := range strings.Lines(string(buf[:n])) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if ok && k == key {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, nil
+}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -214,26 +215,42 @@ func (g *Group) setFrozen(frozen bool, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	// A freeze usually completes within a millisecond or two (a pause is
 	// timed by it): poll fast first, then back off.
-	wait := 500 * time.Microsecond
+	wait := 100 * time.Microsecond
 	if g.v2() {
 		d := g.dirs[""]
 		v := map[bool]string{true: "1", false: "0"}[frozen]
+		// cgroup.events is opened and read before the write: the kernel
+		// signals each change of it to poll(2) as POLLPRI against the
+		// last read, so the freeze is seen the moment it completes,
+		// without sleeping in between.
+		ev, err := openEvents(d)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(ev)
+		if _, err := eventsKey(ev, "frozen"); err != nil {
+			return err
+		}
 		if err := writeFile(d, "cgroup.freeze", v); err != nil {
 			return err
 		}
 		for {
-			n, err := readKey(d, "cgroup.events", "frozen")
+			n, err := eventsKey(ev, "frozen")
 			if err != nil {
 				return err
 			}
 			if (n == 1) == frozen {
 				return nil
 			}
-			if time.Now().After(deadline) {
+			left := time.Until(deadline)
+			if left <= 0 {
 				return fmt.Errorf("cgroup.events frozen = %d after %v", n, timeout)
 			}
-			time.Sleep(wait)
-			wait = min(2*wait, pollEvery)
+			// The bound on each wait is a safety net only.
+			pfd := []unix.PollFd{{Fd: int32(ev), Events: unix.POLLPRI}}
+			if _, err := unix.Poll(pfd, int(min(left, pollEvery*10).Milliseconds())+1); err != nil && err != unix.EINTR {
+				return fmt.Errorf("waiting on cgroup.events: %w", err)
+			}
 		}
 	}
 	d := g.dir("freezer")
@@ -372,6 +389,36 @@ func (g *Group) Stats() (Stats, error) {
 		return s, fmt.Errorf("reading stats of cgroup %s: %w", g.id, err)
 	}
 	return s, nil
+}
+
+// DirtyBytes reports how much of the page cache charged to the group is
+// dirty or being written back: what a sync of the files it wrote would
+// write now. It reports -1 where the kernel does not tell (no memory
+// controller).
+func (g *Group) DirtyBytes() int64 {
+	d, keys := g.dirs[""], [2]string{"file_dirty", "file_writeback"}
+	if !g.v2() {
+		d, keys = g.dir("memory"), [2]string{"total_dirty", "total_writeback"}
+	}
+	if d == "" {
+		return -1
+	}
+	b, err := readFile(d, "memory.stat")
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if ok && (k == keys[0] || k == keys[1]) {
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return -1
+			}
+			n += x
+		}
+	}
+	return n
 }
 
 // Remove kills the group's tasks if any, then removes its directories,
