@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -401,6 +402,30 @@ func TestLayersCLI(t *testing.T) {
 	}
 	if _, errOut, code := d.fenceCLI(t, nil, "sandbox", "rewind", sb.ID(), "nope"); code == 0 || !strings.Contains(errOut, "not found") {
 		t.Errorf("rewind to an unknown checkpoint: %q exit %d", errOut, code)
+	}
+}
+
+// Commands right after a rewind reach the sandbox's new processes: the
+// daemon's proxy keeps connections to a sandbox's agent open between
+// requests, and those to the agent a rewind killed must never be reused
+// (a command then failed with 502, the old agent's connection reset).
+func TestRewindThenCommandsAtOnce(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{})
+	e := sb.Envd()
+	rsh(t, e, `echo one > /a`)
+	cp, err := d.Client.Checkpoint(t.Context(), sb.ID(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		rsh(t, e, fmt.Sprintf(`echo %d > /a`, i))
+		if err := d.Client.Rewind(t.Context(), sb.ID(), cp.CheckpointID); err != nil {
+			t.Fatalf("rewind %d: %v", i, err)
+		}
+		if got := rsh(t, e, `cat /a`); got != "one\n" {
+			t.Fatalf("after rewind %d: /a = %q, want one", i, got)
+		}
 	}
 }
 

@@ -96,6 +96,7 @@ type proxyState struct {
 	hasUser    bool
 	actor      string          // who acts, for the audit trail
 	runDone    <-chan struct{} // closed when the sandbox is paused
+	inc        uint64          // the sandbox's incarnation (see proxyHost)
 	killed     atomic.Bool     // the sandbox stopped (or was paused) while the request ran
 	errHandled atomic.Bool     // ErrorHandler answered the request
 }
@@ -134,7 +135,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		return
 	}
 	st := &proxyState{id: t.id, path: p, signed: signed, user: user, hasUser: hasUser, actor: "envd-token",
-		runDone: info.RunDone}
+		runDone: info.RunDone, inc: info.Incarnation}
 	if signed {
 		st.actor = "signed-url"
 	}
@@ -161,7 +162,7 @@ func (h *handler) servePort(w http.ResponseWriter, r *http.Request, t target, bo
 		}
 	}
 	h.forward(w, r, h.portProxy, box, &proxyState{id: t.id, port: t.port, path: r.URL.Path, mask: info.MaskRequestHost,
-		runDone: info.RunDone})
+		runDone: info.RunDone, inc: info.Incarnation})
 }
 
 // forward proxies r with p, and aborts the response if the sandbox dies
@@ -243,6 +244,18 @@ func basicUser(hdr http.Header) (user string, ok bool, err error) {
 	return user, true, nil
 }
 
+// proxyHost is the host the proxies' transports pool connections by: the
+// sandbox, the port (0 for the agent) and the sandbox's incarnation, so
+// that a connection kept open to the processes a rewind or a resume
+// replaced is never reused for the new ones (it would be written into a
+// dying agent's socket and reset).
+func proxyHost(id string, port int, inc uint64) string {
+	if port == 0 {
+		return fmt.Sprintf("%s-%d%s", id, inc, hostSuffix)
+	}
+	return fmt.Sprintf("%s-%d-%d%s", id, port, inc, hostSuffix)
+}
+
 func (h *handler) newProxy() *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -250,7 +263,7 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			if err != nil {
 				return nil, err
 			}
-			id := strings.TrimSuffix(host, hostSuffix)
+			id, _, _ := strings.Cut(strings.TrimSuffix(host, hostSuffix), "-")
 			box, _, ok := h.m.Lookup(id)
 			if !ok {
 				return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrNotFound)
@@ -267,7 +280,7 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			st := pr.In.Context().Value(proxyStateKey{}).(*proxyState)
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = st.id + hostSuffix
+			pr.Out.URL.Host = proxyHost(st.id, 0, st.inc)
 			pr.Out.URL.Path = st.path
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = "localhost"
@@ -332,7 +345,8 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 			if err != nil {
 				return nil, err
 			}
-			id, portText, _ := strings.Cut(strings.TrimSuffix(host, hostSuffix), "-")
+			id, rest, _ := strings.Cut(strings.TrimSuffix(host, hostSuffix), "-")
+			portText, _, _ := strings.Cut(rest, "-")
 			port, err := strconv.ParseUint(portText, 10, 16)
 			if err != nil {
 				return nil, fmt.Errorf("dialing sandbox %s: bad port %q", id, portText)
@@ -355,7 +369,7 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			st := pr.In.Context().Value(proxyStateKey{}).(*proxyState)
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = fmt.Sprintf("%s-%d%s", st.id, st.port, hostSuffix)
+			pr.Out.URL.Host = proxyHost(st.id, st.port, st.inc)
 			// The sandbox's server sees the Host the client used, unless
 			// the sandbox asked for another (maskRequestHost).
 			pr.Out.Host = pr.In.Host

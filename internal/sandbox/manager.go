@@ -262,13 +262,17 @@ type entry struct {
 type boxRef struct {
 	isolation.Sandbox
 	replaced chan struct{}
+	inc      uint64 // unique to this backend sandbox (Sandbox.Incarnation)
 }
+
+// incarnations numbers backend sandboxes as entries take them.
+var incarnations atomic.Uint64
 
 // sb returns the current backend sandbox.
 func (e *entry) sb() isolation.Sandbox { return e.boxp.Load().Sandbox }
 
 func (e *entry) setBox(b isolation.Sandbox) {
-	if old := e.boxp.Swap(&boxRef{b, make(chan struct{})}); old != nil {
+	if old := e.boxp.Swap(&boxRef{b, make(chan struct{}), incarnations.Add(1)}); old != nil {
 		close(old.replaced)
 	}
 }

@@ -54,7 +54,9 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	}
 	s := e.info.clone()
 	s.RunDone = e.runDone
-	return e.sb(), s, true
+	ref := e.boxp.Load()
+	s.Incarnation = ref.inc
+	return ref.Sandbox, s, true
 }
 
 // MatchToken returns the first live sandbox (running or paused: traffic

@@ -107,6 +107,12 @@ type Sandbox struct {
 	// (kill and death close the backend's Done): traffic in flight then
 	// is cut. Only set on the copies Lookup returns.
 	RunDone <-chan struct{}
+	// Incarnation names the backend sandbox running it now: it changes
+	// each time its processes are replaced (a rewind, a filesystem-only
+	// resume, a restore), so that a connection kept open to the previous
+	// one's agent or ports is never reused. Only set on the copies Lookup
+	// returns.
+	Incarnation uint64
 }
 
 func (s *Sandbox) clone() *Sandbox {
