@@ -54,6 +54,10 @@ type Archive struct {
 	budget    int64
 	now       func() time.Time
 	mu        sync.Mutex // serialises Put and prune
+	// zw is reused by every Put (under mu): a compressor's state is a
+	// megabyte to allocate and clear, more than most layers cost to
+	// compress.
+	zw *gzip.Writer
 }
 
 // OpenArchive opens (creating) dir, keeping archives for retention and
@@ -105,7 +109,12 @@ func (a *Archive) Put(id string, write func(w io.Writer) error) error {
 	if err := f.Chmod(0o600); err != nil {
 		return fmt.Errorf("archiving layer of %s: %w", id, err)
 	}
-	zw, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
+	if a.zw == nil {
+		a.zw, _ = gzip.NewWriterLevel(f, gzip.BestSpeed)
+	} else {
+		a.zw.Reset(f)
+	}
+	zw := a.zw
 	if err := write(zw); err != nil {
 		return fmt.Errorf("archiving layer of %s: %w", id, err)
 	}
