@@ -107,6 +107,21 @@ type Spec struct {
 	// a backend that can gives it a low CPU weight, so that its start
 	// does not slow the sandboxes in use, until Foregrounder.Foreground.
 	Background bool
+	// Standby marks a sandbox booted ahead to take the place of a live
+	// one of the same ID later (the sandbox manager keeps one on a
+	// sandbox's last checkpoint, so that a rewind to it is a hand-over,
+	// not a boot). It may exist beside that sandbox, and until
+	// Foregrounder.Foreground (its hand-over) it ran nothing of the
+	// sandbox's: its kill leaves no forensic archive under the ID. Only
+	// for sandboxes that implement StandbyBooter.
+	Standby bool
+}
+
+// StandbyBooter is implemented by sandboxes whose backend boots
+// Spec.Standby sandboxes of the same ID, on a layer, cheaply enough for
+// the sandbox manager to keep one booted ahead per checkpointed sandbox.
+type StandbyBooter interface {
+	BootsStandby()
 }
 
 // Foregrounder is implemented by sandboxes started with Spec.Background

@@ -287,6 +287,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, id, name string, auto bo
 		return nil, err
 	}
 	e.checkpointed.Store(true)
+	m.prepareStandby(e, info.ID)
 	m.record(ctx, audit.TypeSandboxCheckpoint, id, map[string]any{"checkpoint": c.ID, "files": c.Files, "bytes": c.Bytes, "auto": auto})
 	out := toCheckpoint(c)
 	out.Frozen = info.Took
@@ -370,19 +371,25 @@ func (m *Manager) Rewind(ctx context.Context, id, ref string) (*Sandbox, error) 
 	ctx = context.WithoutCancel(ctx)
 	m.layerMu.RLock()
 	defer m.layerMu.RUnlock()
-	if err := m.reboot(ctx, e, c.Layer); err != nil {
+	t0 := m.now()
+	handed, err := m.reboot(ctx, e, c.Layer)
+	if err != nil {
 		return nil, err
 	}
+	took := m.now().Sub(t0)
+	// The next rewind to it is likely: one more standby on it.
+	m.prepareStandby(e, c.Layer)
 	m.nudgeGC()
 	m.record(ctx, audit.TypeRewind, id, map[string]any{"checkpoint": c.ID})
-	m.log.InfoContext(ctx, "sandbox rewound", "sandbox_id", id, "checkpoint", c.ID)
+	m.log.InfoContext(ctx, "sandbox rewound", "sandbox_id", id, "checkpoint", c.ID, "standby", handed, "took", took)
 	return e.snapshot(), nil
 }
 
 // reboot replaces e's backend sandbox by a new one, under the same ID, on
-// layer. Traffic meanwhile finds it paused (the proxy's 502). If the new
-// one cannot start, the sandbox is killed.
-func (m *Manager) reboot(ctx context.Context, e *entry, layer string) error {
+// layer: its standby on layer if it has one (reporting true), else one
+// booted now. Traffic meanwhile finds it paused (the proxy's 502). If the
+// new one cannot start, the sandbox is killed.
+func (m *Manager) reboot(ctx context.Context, e *entry, layer string) (bool, error) {
 	id := e.sb().ID()
 	old := e.sb()
 	e.setBox(parkedBox{id})
@@ -399,17 +406,29 @@ func (m *Manager) reboot(ctx context.Context, e *entry, layer string) error {
 	}
 	spec := e.spec
 	spec.ID = id
-	box, err := m.bootOn(ctx, spec, nc, layer)
+	var err error
+	box := m.takeStandby(ctx, e, layer)
+	handed := box != nil
+	if box != nil {
+		if err = handOver(box, nc); err != nil {
+			m.log.WarnContext(ctx, "handing a standby over; booting anew", "sandbox_id", id, "err", err)
+			m.killBox(ctx, box)
+			box, handed = nil, false
+		}
+	}
+	if box == nil {
+		box, err = m.bootOn(ctx, spec, nc, layer)
+	}
 	if err != nil {
 		m.log.ErrorContext(ctx, "rebooting sandbox failed; killing it", "sandbox_id", id, "err", err)
 		_ = m.kill(ctx, id, "reboot failed")
-		return fmt.Errorf("rebooting sandbox %s: %w", id, err)
+		return false, fmt.Errorf("rebooting sandbox %s: %w", id, err)
 	}
 	e.mu.Lock()
 	e.layer = layer
 	e.mu.Unlock()
 	e.setBox(box)
-	return m.stillLive(ctx, e, box)
+	return handed, m.stillLive(ctx, e, box)
 }
 
 // stillLive kills box, just set as e's, if e was killed meanwhile (Kill
@@ -454,6 +473,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		e.mu.Unlock()
 	}
 	ctx = context.WithoutCancel(ctx)
+	m.releaseStandby(e) // nothing to rewind while paused
 	m.layerMu.RLock()
 	defer m.layerMu.RUnlock()
 	info, err := m.checkpointFiles(ctx, e)
@@ -889,6 +909,9 @@ func (m *Manager) gc(ctx context.Context) error {
 	for _, e := range m.running {
 		e.mu.Lock()
 		keep[e.layer], keep[e.cold] = true, true
+		if e.standby != nil {
+			keep[e.standby.layer] = true
+		}
 		e.mu.Unlock()
 	}
 	m.mu.Unlock()

@@ -142,6 +142,11 @@ type Options struct {
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
+	// NoStandbys turns off the sandboxes booted ahead on a sandbox's
+	// last checkpoint, which make a rewind to it a hand-over instead of a
+	// boot (standby.go), at the cost of one idle sandbox per checkpointed
+	// one.
+	NoStandbys bool
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -206,6 +211,11 @@ type Manager struct {
 	pooled int // sandboxes started ahead of demand (PoolBudget units)
 	// +checklocks:mu
 	dying int // sandboxes out of running whose kill has not returned yet
+	// +checklocks:mu
+	standbys int // entries with a standby (standby.go)
+
+	noStandbys  bool
+	standbyBoot chan struct{} // one standby boots at a time
 
 	keys     keyTotals // usage per key (usage.go)
 	recentMu sync.Mutex
@@ -255,6 +265,8 @@ type entry struct {
 	cold string // the layer of a filesystem-only pause, "" otherwise
 	// +checklocks:mu
 	coldKept bool // the store keeps what the resume of that pause needs
+	// +checklocks:mu
+	standby *standby // booted ahead for a rewind (standby.go), or nil
 }
 
 // boxRef is one backend sandbox of an entry; replaced is closed when
@@ -303,6 +315,8 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
 	}
 	m := &Manager{
+		noStandbys:             opts.NoStandbys,
+		standbyBoot:            make(chan struct{}, 1),
 		backend:                opts.Backend,
 		store:                  opts.Store,
 		templates:              opts.Templates,
@@ -832,6 +846,7 @@ func (m *Manager) watch(e *entry) {
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		m.finishUsage(ctx, e)
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
+		m.releaseStandby(e)
 		m.markKilled(ctx, e.sb().ID())
 		if e.usesLayers() {
 			m.nudgeGC()
@@ -864,6 +879,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
+			m.releaseStandby(e)
 			if k, ok := e.sb().(isolation.Keeper); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())

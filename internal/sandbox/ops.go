@@ -207,6 +207,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	}
 	m.finishUsage(ctx, e)
 	m.killRemoved(ctx, e.sb())
+	m.releaseStandby(e)
 	m.markKilled(ctx, id)
 	if e.usesLayers() {
 		m.nudgeGC()

@@ -39,7 +39,10 @@ type sandbox struct {
 	// filesystem-only resume's predecessor) is still being released, its
 	// ID and a suffix, so the new one never waits for that release.
 	key  string
-	sock string
+	// standby is set while the sandbox is a Spec.Standby one not yet
+	// handed over (Foreground).
+	standby atomic.Bool
+	sock    string
 	slot *slot
 	cg   *cgroup.Group
 	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
@@ -159,8 +162,9 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	}
 	b.mu.Lock()
 	s.key = spec.ID
+	s.standby.Store(spec.Standby)
 	for _, o := range b.live {
-		if o.id == spec.ID && !o.ended() {
+		if o.id == spec.ID && !o.ended() && !spec.Standby && !o.standby.Load() {
 			b.mu.Unlock()
 			r.discard()
 			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
@@ -570,11 +574,16 @@ func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 // on an idle one.
 const backgroundWeight = cgroup.DefaultWeight / 16
 
-// Foreground implements isolation.Foregrounder.
+// BootsStandby implements isolation.StandbyBooter.
+func (s *sandbox) BootsStandby() {}
+
+// Foreground implements isolation.Foregrounder. A standby becomes the
+// sandbox: its kill archives its layer from then on.
 func (s *sandbox) Foreground() error {
 	if err := s.cg.SetWeight(cgroup.DefaultWeight); err != nil {
 		return fmt.Errorf("restoring the CPU weight of %s: %w", s.id, err)
 	}
+	s.standby.Store(false)
 	return nil
 }
 
@@ -786,7 +795,9 @@ func (s *sandbox) Kill(ctx context.Context) error {
 			// host's accounting while its layer is archived.
 			s.removeCgroup(ctx)
 			t2 := time.Now()
-			s.archiveLayer()
+			if !s.standby.Load() {
+				s.archiveLayer()
+			}
 			t3 := time.Now()
 			if err := s.release(ctx); err != nil {
 				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)

@@ -1,0 +1,195 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netconf"
+)
+
+// A standby is a backend sandbox booted ahead, beside a running sandbox
+// and under its ID, on the layer the sandbox was last checkpointed (or
+// rewound) to, on a backend whose sandboxes implement
+// isolation.StandbyBooter. A rewind to that layer hands the standby over
+// instead of booting: the old processes are killed, the standby gets the
+// ordinary CPU weight and the sandbox's network as it is now, and takes
+// its place. Until then it runs the agent alone, with a low CPU weight and
+// no way out (its egress is deny-all), and nothing reaches it.
+//
+// A sandbox has at most one standby, and the manager at most maxStandbys;
+// one boots at a time. A standby is killed when another replaces it, and
+// when its sandbox is paused, killed or dies, or the manager shuts down.
+type standby struct {
+	layer string
+	ready chan struct{} // closed once the boot ended
+
+	mu sync.Mutex
+	// +checklocks:mu
+	box isolation.Sandbox // nil until booted, and once dropped or taken
+	// +checklocks:mu
+	dropped bool
+	// +checklocks:mu
+	booting bool // its boot has its turn (a rewind then waits for it)
+}
+
+// maxStandbys bounds the standbys of a manager (the ones booting too).
+const maxStandbys = 64
+
+// prepareStandby starts booting a standby of e on layer, replacing e's
+// previous one. It does nothing on backends without standbys, or when
+// the manager has maxStandbys.
+func (m *Manager) prepareStandby(e *entry, layer string) {
+	if m.noStandbys {
+		return
+	}
+	box := e.sb()
+	if _, ok := box.(isolation.StandbyBooter); !ok {
+		return
+	}
+	sb := &standby{layer: layer, ready: make(chan struct{})}
+	m.mu.Lock()
+	if m.closed || m.running[box.ID()] != e {
+		m.mu.Unlock()
+		return
+	}
+	e.mu.Lock()
+	old := e.standby
+	if old == nil && m.standbys >= maxStandbys {
+		e.mu.Unlock()
+		m.mu.Unlock()
+		return
+	}
+	if old == nil {
+		m.standbys++
+	}
+	e.standby = sb
+	e.mu.Unlock()
+	m.mu.Unlock()
+	m.dropStandby(old)
+
+	spec := e.spec
+	spec.ID = box.ID()
+	spec.Background, spec.Standby = true, true
+	spec.Egress = nil // deny all: the hand-over gives it the sandbox's network
+	m.wg.Go(func() {
+		defer close(sb.ready)
+		select {
+		case m.standbyBoot <- struct{}{}:
+		case <-m.stop:
+			return
+		}
+		defer func() { <-m.standbyBoot }()
+		sb.mu.Lock()
+		dropped := sb.dropped
+		sb.booting = !dropped
+		sb.mu.Unlock()
+		if dropped {
+			return
+		}
+		// The layer stays while the standby is e's (the collector keeps
+		// it), or a rewind that took it holds the layers' lock: the boot
+		// takes no lock that a rewind waiting for it could hold up.
+		ctx := context.Background()
+		nb, err := m.layers.CreateOn(ctx, spec, layer)
+		if err != nil {
+			m.log.Warn("booting a standby for rewinds", "sandbox_id", spec.ID, "err", err)
+			return
+		}
+		sb.mu.Lock()
+		dropped = sb.dropped
+		if !dropped {
+			sb.box = nb
+		}
+		sb.mu.Unlock()
+		if dropped {
+			m.killBox(ctx, nb)
+		}
+	})
+}
+
+// dropStandby kills sb's sandbox, now or once it has booted.
+func (m *Manager) dropStandby(sb *standby) {
+	if sb == nil {
+		return
+	}
+	sb.mu.Lock()
+	sb.dropped = true
+	box := sb.box
+	sb.box = nil
+	sb.mu.Unlock()
+	if box != nil {
+		m.killBox(context.Background(), box)
+	}
+}
+
+// releaseStandby takes e's standby away from it and kills it.
+func (m *Manager) releaseStandby(e *entry) {
+	m.dropStandby(m.detachStandby(e, ""))
+}
+
+// detachStandby takes e's standby away from it (only one on layer, unless
+// layer is ""), for the caller to use or drop.
+func (m *Manager) detachStandby(e *entry, layer string) *standby {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb := e.standby
+	if sb == nil || (layer != "" && sb.layer != layer) {
+		return nil
+	}
+	e.standby = nil
+	m.standbys--
+	return sb
+}
+
+// takeStandby returns e's standby on layer once booted, if it is alive,
+// for a rewind to hand over; nil if there is none. The standby is no
+// longer e's either way.
+func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) isolation.Sandbox {
+	sb := m.detachStandby(e, layer)
+	if sb == nil {
+		return nil
+	}
+	sb.mu.Lock()
+	waiting := !sb.booting && sb.box == nil
+	sb.mu.Unlock()
+	if waiting {
+		// Still queued behind other standbys' boots: booting now is
+		// quicker.
+		m.dropStandby(sb)
+		return nil
+	}
+	select {
+	case <-sb.ready:
+	case <-ctx.Done():
+		m.dropStandby(sb)
+		return nil
+	}
+	sb.mu.Lock()
+	box := sb.box
+	sb.box, sb.dropped = nil, true
+	sb.mu.Unlock()
+	if box == nil {
+		return nil
+	}
+	select {
+	case <-box.Done():
+		m.killBox(ctx, box)
+		return nil
+	default:
+	}
+	return box
+}
+
+// handOver makes a standby the sandbox: the ordinary CPU weight, and the
+// network nc (its proxy first, then its policy).
+func handOver(box isolation.Sandbox, nc *netconf.Config) error {
+	if f, ok := box.(isolation.Foregrounder); ok {
+		if err := f.Foreground(); err != nil {
+			return err
+		}
+	}
+	return applyNetwork(box, nc, true)
+}
