@@ -38,13 +38,13 @@ type sandbox struct {
 	// while an earlier sandbox of the same ID (killed, a rewind's or a
 	// filesystem-only resume's predecessor) is still being released, its
 	// ID and a suffix, so the new one never waits for that release.
-	key  string
+	key string
 	// standby is set while the sandbox is a Spec.Standby one not yet
 	// handed over (Foreground).
 	standby atomic.Bool
 	sock    string
-	slot *slot
-	cg   *cgroup.Group
+	slot    *slot
+	cg      *cgroup.Group
 	// cgRemoved is set once the killed sandbox's cgroup is gone (by the
 	// release goroutine alone).
 	cgRemoved bool
