@@ -193,7 +193,6 @@ type Sandbox struct {
 	done   chan struct{}
 	once   sync.Once
 	srvWG  sync.WaitGroup
-	net    egressState
 
 	pmu sync.Mutex
 	// +checklocks:pmu
@@ -470,3 +469,8 @@ type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "fake-agent" }
+
+// Network returns the fence the sandbox was created with (Spec.Network).
+// A fake sandbox has no network namespace and attaches nothing: its owner's
+// fence is where its policy lives.
+func (s *Sandbox) Network() isolation.Network { return s.spec.Network }

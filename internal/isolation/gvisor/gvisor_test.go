@@ -29,6 +29,7 @@ func newBackendIn(t *testing.T, dir string) *gvisor.Backend {
 		Instance:   "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name())),
 		Runsc:      runsc,
 		Executable: testutil.FenceBinary(t),
+		Network:    isolationtest.Network(nil),
 		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

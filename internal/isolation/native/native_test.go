@@ -54,6 +54,9 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 		// shows up with a failure.
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	if opts.Network == nil {
+		opts.Network = isolationtest.Network(nil)
+	}
 	b, err := native.New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("native.New: %v", err)
@@ -188,7 +191,7 @@ func probeArgv(check string, args ...string) []string {
 // require the refusal on the stack's record and a silent host listener.
 func TestAttacks(t *testing.T) {
 	flows := selftest.NewFlowLog()
-	b := newBackendWith(t, native.Options{Recorder: flowRecorder{flows}})
+	b := newBackendWith(t, native.Options{Network: isolationtest.Network(flowRecorder{flows})})
 	limits := isolation.Limits{MemoryBytes: 128 << 20, Pids: 128}
 	sb := create(t, b, isolation.Spec{Limits: limits})
 	exec, closeExec := selftest.AgentExec(sb.DialAgent)
