@@ -56,6 +56,16 @@ func TestConformance(t *testing.T) {
 	isolationtest.Run(t, stateFactory(t), rootfs)
 }
 
+// TestNetworkConformance runs the network fence cases on gVisor sandboxes
+// (a resume attaches a new namespace), and on one handed out by a warm
+// pool in front of the backend.
+func TestNetworkConformance(t *testing.T) {
+	testutil.RequireRunsc(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunNetwork(t, stateFactory(t), rootfs)
+	isolationtest.RunPoolNetwork(t, stateFactory(t), rootfs)
+}
+
 // TestPauseConformance runs the isolation.Pauser cases on gVisor
 // sandboxes (a pause is a checkpoint there), directly and through a warm
 // pool, and the cases of pauses that outlive their daemon.

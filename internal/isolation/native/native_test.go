@@ -86,6 +86,15 @@ func TestConformance(t *testing.T) {
 	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
 }
 
+// TestNetworkConformance runs the network fence cases on native sandboxes,
+// and on one handed out by a warm pool in front of the backend.
+func TestNetworkConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+	isolationtest.RunPoolNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+}
+
 // TestPauseConformance runs the isolation.Pauser cases on native
 // sandboxes, and again on sandboxes handed out by a warm pool in front of
 // the backend (the daemon's default setup).
