@@ -33,12 +33,17 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
+	"github.com/fencesandbox/fence/internal/netfence"
 )
 
 // Options configures a run.
 type Options struct {
-	// Backend creates the fence sandboxes. Required.
+	// Backend creates the fence sandboxes (deny-all unless a measure says
+	// otherwise: the backend's Options.Network). Required.
 	Backend isolation.Backend
+	// Fence is Backend's network fence, whose Nets the network measure
+	// gives its sandbox (with the policy it needs). Required for NetBytes.
+	Fence *netfence.Fence
 	// RootFS is the template root used by fence and by the peers. Required.
 	RootFS string
 	// Iterations per measure; zero means 50.

@@ -213,11 +213,15 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer srv.close()
+	if opts.Fence == nil {
+		return errors.New("the network measure needs Options.Fence")
+	}
 	pol, err := policy.Compile(policy.Spec{Allow: []policy.Rule{{Prefix: netip.MustParsePrefix(netServerIP + "/32")}, {Name: DNSName}}})
 	if err != nil {
 		return err
 	}
-	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchnet"), RootFS: opts.RootFS, Egress: pol})
+	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchnet"), RootFS: opts.RootFS,
+		Network: opts.Fence.New(pol)})
 	if err != nil {
 		return err
 	}

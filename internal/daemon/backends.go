@@ -26,11 +26,10 @@ const (
 
 // withGvisor returns the daemon's backend: native alone, or native and
 // gvisor behind a router whose default is opts.Backend. The gvisor backend
-// gets the same network fence (resolver, host addresses, flow recorder,
-// shared stack budget, gateway) and CA as native. Without runsc, gvisor is
-// left out, unless it is the default, which is then an error.
-func withGvisor(ctx context.Context, opts Options, nat *native.Backend, gw *gateway.Gateway, mgr **sandbox.Manager,
-	caPEM []byte, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) (isolation.Backend, func(), error) {
+// gets the same CA as native; the network fence of both is the sandbox
+// manager's (fenceConfig). Without runsc, gvisor is left out, unless it is
+// the default, which is then an error.
+func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []byte, log *slog.Logger) (isolation.Backend, func(), error) {
 	switch opts.Backend {
 	case "", BackendNative, BackendGvisor:
 	default:
@@ -42,23 +41,7 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, gw *gate
 		Executable: opts.Executable,
 		Defaults:   opts.Defaults.Limits(),
 		TrustedCA:  caPEM,
-		Fence: netfence.Fence{
-			DNSUpstream: opts.DNSUpstream,
-			HostAddrs:   hostAddrs,
-			Bandwidth:   opts.NetBandwidth,
-			Recorder:    rec,
-			Net:         net,
-			Interceptor: func(id string) egress.Interceptor {
-				return gw.ForSandbox(id, func() *gateway.Config {
-					if *mgr == nil {
-						return nil
-					}
-					return (*mgr).GatewayConfig(id)
-				})
-			},
-			Logger: log,
-		},
-		Logger: log,
+		Logger:     log,
 	})
 	if err != nil {
 		if opts.Backend == BackendGvisor {
@@ -81,4 +64,28 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, gw *gate
 		return nil, nil, err
 	}
 	return r, func() { gv.Close() }, nil
+}
+
+// fenceConfig is the sandboxes' network fence, which the sandbox manager
+// owns (sandbox.Options.Fence): resolver, host addresses, flow recorder,
+// shared stack budget, bandwidth and egress gateway, the same on every
+// backend. mgr is set before any sandbox can be handed out.
+func fenceConfig(opts Options, gw *gateway.Gateway, mgr **sandbox.Manager, rec egress.Recorder, net *egress.Shared,
+	hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
+	return netfence.Fence{
+		DNSUpstream: opts.DNSUpstream,
+		HostAddrs:   hostAddrs,
+		Bandwidth:   opts.NetBandwidth,
+		Recorder:    rec,
+		Net:         net,
+		Interceptor: func(id string) egress.Interceptor {
+			return gw.ForSandbox(id, func() *gateway.Config {
+				if *mgr == nil {
+					return nil
+				}
+				return (*mgr).GatewayConfig(id)
+			})
+		},
+		Logger: log,
+	}
 }

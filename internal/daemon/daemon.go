@@ -40,7 +40,6 @@ import (
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/forensics"
-	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -272,6 +271,7 @@ func Serve(ctx context.Context, opts Options) error {
 	defer hosts.Close()
 	reg := metrics.New()
 	netShared := egress.NewShared(egress.SharedOptions{})
+	hostAddrs := hosts.Addrs() // never reachable from a sandbox
 	registerNetMetrics(reg, netShared)
 	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
 	if err != nil {
@@ -323,33 +323,20 @@ func Serve(ctx context.Context, opts Options) error {
 	backend, err := native.New(ctx, native.Options{
 		LayerFS:    layerFS,
 		CopyLayers: opts.LayerFS == "copy",
-		HostAddrs:  hosts.Addrs(),
-		Recorder:   flows,
 		TrustedCA:  caPEM,
-		Interceptor: func(id string) egress.Interceptor {
-			return gw.ForSandbox(id, func() *gateway.Config {
-				if mgr == nil {
-					return nil
-				}
-				return mgr.GatewayConfig(id)
-			})
-		},
-		Net:          netShared,
-		StateDir:     filepath.Join(opts.DataDir, "native"),
-		Executable:   opts.Executable,
-		DiskPool:     4,
-		ReadyInits:   readyInits,
-		DNSUpstream:  opts.DNSUpstream,
-		NetBandwidth: opts.NetBandwidth,
-		Forensics:    archive,
-		Defaults:     opts.Defaults.Limits(),
-		Logger:       log,
+		StateDir:   filepath.Join(opts.DataDir, "native"),
+		Executable: opts.Executable,
+		DiskPool:   4,
+		ReadyInits: readyInits,
+		Forensics:  archive,
+		Defaults:   opts.Defaults.Limits(),
+		Logger:     log,
 	})
 	if err != nil {
 		return fmt.Errorf("starting native backend: %w", err)
 	}
 	defer backend.Close()
-	routed, closeBackends, err := withGvisor(ctx, opts, backend, gw, &mgr, caPEM, flows, netShared, hosts.Addrs(), log)
+	routed, closeBackends, err := withGvisor(ctx, opts, backend, caPEM, log)
 	if err != nil {
 		return err
 	}
@@ -412,7 +399,8 @@ func Serve(ctx context.Context, opts Options) error {
 		Secrets:                secretStore,
 		Sealer:                 secretStore,
 		CAEnv:                  native.CAEnv(),
-		HostAddrs:              backend.HostAddrs(),
+		HostAddrs:              hostAddrs,
+		Fence:                  fenceConfig(opts, gw, &mgr, flows, netShared, hostAddrs, log),
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
 		Forensics:              layerArchive(archive),
@@ -433,7 +421,7 @@ func Serve(ctx context.Context, opts Options) error {
 	// every pooled sandbox counts against --max-sandboxes.
 	for _, name := range []string{"base", "minimal"} {
 		if rootfs, err := templates.Resolve(name); err == nil {
-			pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits()}, mgr.PoolBudget())
+			pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits(), Network: mgr.PoolNetwork()}, mgr.PoolBudget())
 			break
 		}
 	}

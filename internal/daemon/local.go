@@ -53,6 +53,13 @@ func (l *localSandbox) Kill(ctx context.Context) error {
 	return errors.Join(l.Sandbox.Kill(ctx), l.backend.Close())
 }
 
+// localNetwork is the fence of a one-off sandbox (`fence run`): deny-all,
+// its flows recorded by rec (nil: logged at debug level).
+func localNetwork(rec egress.Recorder) isolation.Network {
+	f := netfence.Fence{Recorder: rec}.WithDefaults()
+	return f.New(nil)
+}
+
 // NewLocal starts one sandbox in this process, without a daemon. Its
 // cgroups and state live under an instance of their own (run-<pid>), so a
 // daemon on the same data dir never mistakes it for its own leftovers.
@@ -75,14 +82,14 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 			StateDir:  filepath.Join(opts.DataDir, "native"),
 			Instance:  "run-" + strconv.Itoa(os.Getpid()),
 			Ephemeral: true,
-			Recorder:  opts.Recorder,
+			Network:   localNetwork(opts.Recorder),
 		})
 	case BackendGvisor:
 		b, err = gvisor.New(ctx, gvisor.Options{
 			StateDir:  filepath.Join(opts.DataDir, "gvisor"),
 			Instance:  "run-" + strconv.Itoa(os.Getpid()),
 			Ephemeral: true,
-			Fence:     netfence.Fence{Recorder: opts.Recorder},
+			Network:   localNetwork(opts.Recorder),
 		})
 	default:
 		return nil, fmt.Errorf("unknown backend %q (native or gvisor)", opts.Backend)
@@ -155,13 +162,14 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		return err
 	}
 	defer stopDNS()
+	fence := netfence.Fence{DNSUpstream: dnsAddr}.WithDefaults()
 	b, err := native.New(ctx, native.Options{
-		StateDir:    filepath.Join(opts.DataDir, "native"),
-		Instance:    "bench-" + strconv.Itoa(os.Getpid()),
-		DiskPool:    4,
-		ReadyInits:  readyInits, // as the daemon's
-		Ephemeral:   true,
-		DNSUpstream: dnsAddr,
+		StateDir:   filepath.Join(opts.DataDir, "native"),
+		Instance:   "bench-" + strconv.Itoa(os.Getpid()),
+		DiskPool:   4,
+		ReadyInits: readyInits, // as the daemon's
+		Ephemeral:  true,
+		Network:    fence.New(nil),
 	})
 	if err != nil {
 		return err
@@ -178,7 +186,7 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 		tmpls = append(tmpls, "base")
 	}
 	return bench.Run(ctx, bench.Options{
-		Backend: b, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers,
+		Backend: b, Fence: &fence, RootFS: rootfs, Iterations: opts.Iterations, Peers: opts.Peers,
 		Daemon: benchDaemon(opts), Templates: tmpls, Density: opts.Density, NetBytes: opts.NetBytes,
 		DNSServer: dnsAddr,
 	}, out)

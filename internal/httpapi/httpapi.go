@@ -34,6 +34,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -55,6 +56,7 @@ type Manager interface {
 	Kill(ctx context.Context, id string) error
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error

@@ -117,11 +117,12 @@ func TestProxyRouting(t *testing.T) {
 		})
 	}
 
-	// Other ports: 502 in the proxy's shape.
+	// Other ports: 502 in the proxy's shape (the fake sandbox is attached
+	// to no namespace: nothing listens behind its fence).
 	resp, b = e.do(t, "GET", "/", "", api.HeaderSandboxID+": "+id, api.HeaderSandboxPort+": 8000")
-	wantProxyError(t, "GET port 8000", resp, b, id, "port 8000")
+	wantProxyError(t, "GET port 8000", resp, b, id, "port is not open: 8000")
 	resp, b = e.do(t, "GET", "/", "", "Host: 8000-"+id+".fence.test")
-	wantProxyError(t, "GET port 8000 by host", resp, b, id, "port 8000")
+	wantProxyError(t, "GET port 8000 by host", resp, b, id, "port is not open: 8000")
 
 	// Unknown sandboxes and junk IDs.
 	for _, bad := range []string{"unknown", "..", "a%2fb", "UPPER"} {

@@ -15,6 +15,12 @@
 //   - Cleanup removes whatever a crashed daemon left for the given instance,
 //     without needing any state in memory.
 //   - Nothing the sandbox can write is trusted by the backend.
+//   - Nothing of the sandbox runs before its network namespace is attached
+//     to the Network of its Spec (its fence), and every namespace the
+//     backend makes for it later (a resume, a restore) is attached before
+//     anything of the sandbox runs in it. The fence is the owner's: the
+//     backend hands over the namespace and closes the Link it got back,
+//     exactly once, when the sandbox can no longer send through it.
 package isolation
 
 import (
@@ -25,14 +31,13 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/agent/boot"
-	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
 // ErrNotFound is returned for an unknown sandbox.
 var ErrNotFound = errors.New("sandbox not found")
 
-// ErrPaused is returned by DialAgent and DialPort of a paused sandbox:
-// nothing inside could answer.
+// ErrPaused is returned by DialAgent of a paused sandbox, and by a dial
+// of a sandbox port while it is paused: nothing inside could answer.
 var ErrPaused = errors.New("sandbox is paused")
 
 // Limits are the kernel-enforced resource limits of one sandbox.
@@ -100,9 +105,10 @@ type Spec struct {
 	// Backend names the backend to create the sandbox on, for a router of
 	// several (isolation/multi); empty means the default.
 	Backend string
-	// Egress is the sandbox's network policy. Every sandbox's traffic goes
-	// through the daemon's user-space stack; nil means deny all.
-	Egress *policy.Policy
+	// Network is the sandbox's network fence, which its owner keeps (the
+	// sandbox manager: policy, egress proxy, ingress): the backend attaches
+	// every network namespace it makes for the sandbox to it. Required.
+	Network Network `json:"-"`
 	// Background marks a sandbox started ahead of its use (a warm pool's):
 	// a backend that can gives it a low CPU weight, so that its start
 	// does not slow the sandboxes in use, until Foregrounder.Foreground.
@@ -135,24 +141,37 @@ type Foregrounder interface {
 // package boot, the agent's boot contract).
 type AgentConfig = boot.Config
 
-// PortDialer is implemented by sandboxes whose ports the daemon can reach
-// (ingress): it connects to a TCP port inside the sandbox.
-type PortDialer interface {
-	DialPort(ctx context.Context, port uint16) (net.Conn, error)
+// Network is a sandbox's network fence as its owner keeps it (package
+// netfence's Net). A backend calls Attach with the sandbox's network
+// namespace once the namespace exists and before anything of the sandbox
+// runs in it: at create, and again for each namespace it makes later (a
+// gVisor resume or restore). kernelPeer says the sandbox's own Linux
+// kernel reads and writes the device (the native backend), not a user-space
+// stack (gVisor's runsc). The namespace's only way out is then the fence's
+// device, and whatever decides on its traffic is the owner's.
+type Network interface {
+	Attach(ctx context.Context, id, nsPath string, kernelPeer bool) (Link, error)
 }
 
-// EgressSetter is implemented by sandboxes whose network policy can be
-// changed while they run.
-type EgressSetter interface {
-	SetEgress(p *policy.Policy)
+// Link is one attached namespace of a Network.
+type Link interface {
+	// DialSandbox connects to TCP port inside the sandbox, through the
+	// fence (how the daemon reaches the agent of a sandbox that has no
+	// other way in, as gVisor's).
+	DialSandbox(ctx context.Context, port uint16) (net.Conn, error)
+	// Close removes the device and stops its stack. The backend calls it
+	// exactly once, once the sandbox can no longer send through the
+	// namespace (killed, or its run ended by a pause), or when a create
+	// fails after the Attach.
+	Close() error
 }
 
 // Pauser is implemented by sandboxes that can be paused in place.
 //
 // Pause stops every process of the sandbox where it is (a frozen cgroup on
 // the native backend); memory, files and open descriptors are kept, and
-// nothing of the sandbox runs until Resume. While paused, DialAgent and
-// DialPort fail at once with an error wrapping ErrPaused. Resume lets the
+// nothing of the sandbox runs until Resume. While paused, DialAgent fails
+// at once with an error wrapping ErrPaused. Resume lets the
 // processes run on from where they were. Pausing a paused sandbox and
 // resuming a running one do nothing. Kill works in either state and leaves
 // nothing behind, and Cleanup after a crash removes a paused sandbox like
@@ -165,11 +184,12 @@ type Pauser interface {
 // Adopter is implemented by backends whose paused sandboxes outlive the
 // process that paused them, their state being on disk (gVisor's checkpoint
 // images). Adopt takes over the paused sandbox id left by an earlier
-// instance on the same state: it comes back paused (Resume restores it),
-// and Cleanup no longer counts it as a leftover. A sandbox that cannot be
-// adopted gives an error wrapping ErrNotFound.
+// instance on the same state: it comes back paused (Resume restores it,
+// attaching its new namespace to nw, as Spec.Network), and Cleanup no
+// longer counts it as a leftover. A sandbox that cannot be adopted gives
+// an error wrapping ErrNotFound.
 type Adopter interface {
-	Adopt(ctx context.Context, id string) (Sandbox, error)
+	Adopt(ctx context.Context, id string, nw Network) (Sandbox, error)
 }
 
 // Keeper is implemented by sandboxes whose paused state can outlive the

@@ -3,20 +3,26 @@
 // the namespace's only way out, and a user-space stack in the daemon
 // (internal/egress) terminates its packets and decides on each flow.
 //
-// A backend prepares (or is handed) the sandbox's network namespace and
-// calls Fence.Attach with it; everything past the namespace (addresses,
-// resolver, policy, gateway, flow records, bandwidth) is the Fence's, set
-// once by whoever builds the backends. The native backend attaches the
-// namespace of its init process; the gvisor backend attaches a namespace
-// it makes for runsc, whose sandbox adopts the TUN into gVisor's own
-// network stack.
+// The fence is its owner's (the sandbox manager's), not the isolation
+// backend's: the owner keeps one Net per sandbox (Fence.New), with the
+// sandbox's current policy and egress proxy, and hands it to the backend
+// as the sandbox's isolation.Network. The backend makes (or is handed) the
+// sandbox's network namespace and attaches it; everything past the
+// namespace (addresses, resolver, policy, gateway, flow records,
+// bandwidth) is the Fence's, set once by the owner. The native backend
+// attaches the namespace of its init process; the gvisor backend attaches
+// a namespace it makes for runsc, whose sandbox adopts the TUN into
+// gVisor's own network stack, once per run (a resume attaches anew).
 //
 // # Guarantees
 //
 //   - Attach either returns a running stack that owns the TUN fd (closing
 //     the stack removes the device), or an error after closing what it
 //     made.
-//   - A nil policy denies everything.
+//   - A nil policy denies everything; a Net made with none denies
+//     everything until its owner sets one.
+//   - A Net's policy and proxy apply to every namespace attached to it,
+//     from their next flow on, and to those attached later.
 package netfence
 
 import (
@@ -58,16 +64,6 @@ type Fence struct {
 	Interceptor func(id string) egress.Interceptor
 	// Logger; nil discards.
 	Logger *slog.Logger
-	// KernelPeer says the sandbox's own Linux kernel reads and writes its
-	// device (the native backend). Its devices then carry virtio-net
-	// headers (tun.Config.VnetHdr): the stack hands the kernel TCP and UDP
-	// packets with partial checksums instead of summing every byte, and
-	// verifies the checksums of every packet it reads (the kernel
-	// computes them all). Without it (runsc reads and writes the device
-	// through a packet socket, finds partial checksums unfinished, and
-	// leaves its own out as its link offloads them), the stack sends
-	// complete checksums and takes the ones it reads as they are.
-	KernelPeer bool
 }
 
 // WithDefaults returns f with its zero fields filled in.
@@ -103,11 +99,21 @@ var DenyAll = func() *policy.Policy {
 // (configured with egress.SandboxIPv4 and egress.SandboxIPv6, and a default
 // route through it) and starts the daemon-side stack behind it with policy
 // pol. The stack lives until closed, not until ctx ends.
-func (f *Fence) Attach(ctx context.Context, id, nsPath string, pol *policy.Policy) (*egress.Stack, error) {
+//
+// kernelPeer says the sandbox's own Linux kernel reads and writes the
+// device (the native backend). The device then carries virtio-net headers
+// (tun.Config.VnetHdr): the stack hands the kernel TCP and UDP packets with
+// partial checksums instead of summing every byte, and verifies the
+// checksums of every packet it reads (the kernel computes them all).
+// Without it (runsc reads and writes the device through a packet socket,
+// finds partial checksums unfinished, and leaves its own out as its link
+// offloads them), the stack sends complete checksums and takes the ones it
+// reads as they are.
+func (f *Fence) Attach(ctx context.Context, id, nsPath string, kernelPeer bool, pol *policy.Policy) (*egress.Stack, error) {
 	if pol == nil {
 		pol = DenyAll
 	}
-	fd, err := tun.Create(nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}, VnetHdr: f.KernelPeer})
+	fd, err := tun.Create(nsPath, tun.Config{Addr: []netip.Prefix{egress.SandboxIPv4, egress.SandboxIPv6}, VnetHdr: kernelPeer})
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox network device: %w", err)
 	}
@@ -126,8 +132,8 @@ func (f *Fence) Attach(ctx context.Context, id, nsPath string, pol *policy.Polic
 		Interceptor: icpt,
 		Bandwidth:   f.Bandwidth,
 		Logger:      f.Logger,
-		// runsc's stack leaves its checksums out (see KernelPeer).
-		TrustChecksums: !f.KernelPeer,
+		// runsc's stack leaves its checksums out (see kernelPeer).
+		TrustChecksums: !kernelPeer,
 	})
 	if err != nil {
 		unix.Close(fd)

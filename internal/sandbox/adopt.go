@@ -29,7 +29,9 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	if !ok || rec.State != store.StatePaused {
 		return false
 	}
-	box, err := a.Adopt(ctx, rec.ID)
+	// Its fence is the Manager's (takeOver holds it), deny-all until the
+	// network is compiled below.
+	box, err := a.Adopt(ctx, rec.ID, m.fences.network(nil, nil))
 	if err != nil {
 		if !errors.Is(err, isolation.ErrNotFound) {
 			m.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
@@ -47,14 +49,6 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	nc, err := m.compileNetwork(ctx, req)
 	if err == nil && box.ID() != rec.ID {
 		err = errors.New("the backend adopted another sandbox")
-	}
-	if err == nil {
-		if setter, ok := box.(isolation.EgressSetter); ok {
-			setter.SetEgress(createEgress(nc))
-		}
-		if nc.Proxy != nil {
-			err = applyNetwork(box, nc, true)
-		}
 	}
 	if err != nil {
 		m.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
@@ -95,7 +89,14 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 
 // takeOver makes e, the paused sandbox id a previous daemon left (box, or a
 // parkedBox), one of this daemon's and watches it.
+//
+// The Manager holds the sandbox's fence from here, with e's network: a
+// resume attaches the new namespace to it.
 func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolation.Sandbox, now time.Time, msg string) {
+	e.mu.Lock()
+	nc := e.net
+	e.mu.Unlock()
+	applyNetwork(m.fences.own(id, nil, nil), nc, true)
 	e.setBox(box)
 	e.use.mark(now, true)
 	m.mu.Lock()

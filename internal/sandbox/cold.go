@@ -104,7 +104,7 @@ func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte,
 	}
 	id := e.sb().ID()
 	spec := e.spec
-	spec.ID, spec.Egress, spec.Binds = "", nil, nil
+	spec.ID, spec.Network, spec.Binds = "", nil, nil
 	e.mu.Lock()
 	cr := coldRecord{Layer: layer, CreatedLayer: e.createdLayer, BootLayer: e.layer, BaseTemplate: e.baseTemplate, Spec: spec, Timeout: e.timeout,
 		AllowInternetAccess: e.info.AllowInternetAccess, TrafficAccessToken: e.info.TrafficAccessToken,

@@ -166,20 +166,11 @@ type snapshotSpec struct {
 func snapshotEnvPurpose(layer string) string { return "snapshot-env:" + layer }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
-// network nc.
+// network nc (a sandbox already under its ID, a reboot's, keeps the
+// fence it has, and its policy).
 func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
-	spec.Egress = createEgress(nc)
-	box, err := m.layers.CreateOn(ctx, spec, layer)
-	if err != nil {
-		return nil, err
-	}
-	if nc.Proxy != nil {
-		if err := applyNetwork(box, nc, true); err != nil {
-			m.killBox(ctx, box)
-			return nil, err
-		}
-	}
-	return box, nil
+	spec.Network = m.fences.network(nc.Policy, nc.Proxy)
+	return m.layers.CreateOn(ctx, spec, layer)
 }
 
 // checkpointBox freezes e's filesystem into a new layer. The caller holds
@@ -407,10 +398,10 @@ func (m *Manager) reboot(ctx context.Context, e *entry, layer string) (bool, err
 	spec := e.spec
 	spec.ID = id
 	var err error
-	box := m.takeStandby(ctx, e, layer)
+	box, key := m.takeStandby(ctx, e, layer)
 	handed := box != nil
 	if box != nil {
-		if err = handOver(box, nc); err != nil {
+		if err = m.handOver(box, key, nc); err != nil {
 			m.log.WarnContext(ctx, "handing a standby over; booting anew", "sandbox_id", id, "err", err)
 			m.killBox(ctx, box)
 			box, handed = nil, false

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
+	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -147,6 +149,11 @@ type Options struct {
 	// boot (standby.go), at the cost of one idle sandbox per checkpointed
 	// one.
 	NoStandbys bool
+	// Fence is the sandboxes' network fence (resolver, host addresses,
+	// flow records, bandwidth, gateway); zero fields take netfence's
+	// defaults. The Manager owns each sandbox's fence: backends attach
+	// their namespaces to it (isolation.Spec.Network).
+	Fence netfence.Fence
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -190,7 +197,8 @@ type Manager struct {
 	log        *slog.Logger
 	now        func() time.Time
 
-	netMu sync.Mutex // serialises UpdateNetwork
+	netMu  sync.Mutex // serialises UpdateNetwork
+	fences *fences    // each sandbox's network fence, by ID (fence.go)
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
@@ -339,6 +347,7 @@ func New(opts Options) (*Manager, error) {
 		log:                    opts.Logger,
 		now:                    opts.Now,
 		wake:                   make(chan struct{}, 1),
+		fences:                 newFences(opts.Fence, opts.Logger),
 		stop:                   make(chan struct{}),
 		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:                map[string]*entry{},
@@ -667,7 +676,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
 		restored = true
 	} else {
-		spec.Egress = createEgress(nc)
+		spec.Network = m.fences.network(nc.Policy, nc.Proxy)
 		box, err = m.backend.Create(ctx, spec)
 	}
 	if err != nil {
@@ -686,17 +695,25 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	if nc.Proxy != nil && from == nil && !restored {
-		if err := applyNetwork(box, nc, true); err != nil {
-			m.killBox(ctx, box)
-			return nil, fmt.Errorf("creating sandbox: %w", err)
-		}
+	// The Manager holds the sandbox's fence from here. Its Net was made
+	// with nc at the Attach, unless a warm pool made it (deny-all) for a
+	// sandbox started ahead: that one takes nc now, before anything of
+	// the request runs.
+	if nw := m.fences.own(id, nc.Policy, nc.Proxy); nw.Policy() != nc.Policy || nw.Proxy() != nc.Proxy {
+		applyNetwork(nw, nc, nw.Proxy() != nc.Proxy)
 	}
+	defer func() {
+		if !registered {
+			m.fences.drop(id)
+		}
+	}()
 	// A layer with memory goes on where its source was: its services and
 	// start command run already.
 	resumed := from != nil && from.memory
 	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
-		if err := m.waitReady(ctx, box, tmplName, rp.ReadyPorts(tmplName)); err != nil {
+		if err := m.waitReady(ctx, id, func(ctx context.Context, port uint16) (net.Conn, error) {
+			return m.fences.dial(ctx, id, port)
+		}, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
@@ -837,6 +854,7 @@ func (m *Manager) watch(e *entry) {
 	if ok && cur == e {
 		delete(m.running, e.sb().ID())
 		m.gateways.Delete(e.sb().ID())
+		m.fences.drop(e.sb().ID())
 		m.dying++
 	}
 	m.mu.Unlock()
@@ -870,6 +888,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		all = append(all, e)
 		delete(m.running, id)
 		m.gateways.Delete(id)
+		m.fences.drop(id)
 	}
 	m.mu.Unlock()
 	close(m.stop)

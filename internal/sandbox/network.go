@@ -3,20 +3,14 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/fencesandbox/fence/api"
-	"github.com/fencesandbox/fence/internal/egress"
-	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
+	"github.com/fencesandbox/fence/internal/netfence"
 )
-
-// ProxySetter is implemented by sandboxes whose egress can be tunnelled
-// through a SOCKS5 proxy (E2B's egressProxy); nil connects directly.
-type ProxySetter interface {
-	SetEgressProxy(p *egress.Proxy)
-}
 
 // compileNetwork validates a create's or update's network fields and
 // compiles them, once, at the boundary: bad input is a clear 400 and
@@ -30,37 +24,42 @@ func (m *Manager) compileNetwork(ctx context.Context, r netconf.Request) (*netco
 	}, r)
 }
 
-// createEgress is the policy a new sandbox starts with: its own, or deny
-// all while an egress proxy is still to be set (applyNetwork opens it
-// once the proxy is in place, so no flow ever leaves directly).
-func createEgress(nc *netconf.Config) *policy.Policy {
-	if nc.Proxy != nil {
-		return nil
-	}
-	return nc.Policy
-}
-
-// applyNetwork gives a running sandbox the compiled network: the egress
+// applyNetwork gives a sandbox's fence the compiled network: the egress
 // proxy first (behind a deny-all while it changes, so no new flow takes
 // the old route under the new policy or the reverse), then the policy.
-func applyNetwork(box isolation.Sandbox, nc *netconf.Config, proxyChanged bool) error {
-	setter, ok := box.(isolation.EgressSetter)
-	if !ok {
-		return fmt.Errorf("sandbox %s cannot change its network: %w", box.ID(), api.ErrConflict)
-	}
+func applyNetwork(nw *netfence.Net, nc *netconf.Config, proxyChanged bool) {
 	if proxyChanged {
-		ps, ok := box.(ProxySetter)
-		if !ok {
-			if nc.Proxy != nil {
-				return fmt.Errorf("sandbox %s cannot use an egress proxy: %w", box.ID(), api.ErrFailedPrecondition)
-			}
-		} else {
-			setter.SetEgress(nil) // deny all meanwhile
-			ps.SetEgressProxy(nc.Proxy)
-		}
+		nw.SetPolicy(nil) // deny all meanwhile
+		nw.SetProxy(nc.Proxy)
 	}
-	setter.SetEgress(nc.Policy)
-	return nil
+	nw.SetPolicy(nc.Policy)
+}
+
+// PoolNetwork is the fence of sandboxes started ahead of their create (a
+// warm pool's, warm.Target.Network): deny-all until the create that takes
+// one gives it its network.
+func (m *Manager) PoolNetwork() isolation.Network { return m.fences.network(nil, nil) }
+
+// SandboxNet returns the fence of live sandbox id (nil if it has none):
+// the policy and egress proxy in force, and the stack its ports are
+// reached through.
+func (m *Manager) SandboxNet(id string) *netfence.Net {
+	return m.fences.get(id)
+}
+
+// DialPort connects to TCP port inside running sandbox id, through its
+// fence (ingress: the daemon's proxy, a template's ready ports). A paused
+// sandbox gives an error wrapping isolation.ErrPaused, an unknown or
+// killed one isolation.ErrNotFound.
+func (m *Manager) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrNotFound)
+	}
+	if e.state() != StateRunning {
+		return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrPaused)
+	}
+	return m.fences.dial(ctx, id, port)
 }
 
 // UpdateNetwork replaces the egress configuration of a running sandbox
@@ -90,9 +89,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, allowInternet *b
 	e.mu.Lock()
 	proxyChanged := e.net.Proxy != nil || nc.Proxy != nil
 	e.mu.Unlock()
-	if err := applyNetwork(e.sb(), nc, proxyChanged); err != nil {
-		return err
+	nw := m.fences.get(id)
+	if nw == nil {
+		return fmt.Errorf("sandbox %s has no network: %w", id, api.ErrConflict)
 	}
+	applyNetwork(nw, nc, proxyChanged)
 	if v, ok := m.gateways.Load(id); ok {
 		// The gateway follows on the sandbox's next request; the
 		// placeholders the sandbox holds stay bound.

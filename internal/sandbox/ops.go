@@ -199,6 +199,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	if ok {
 		delete(m.running, id)
 		m.gateways.Delete(id)
+		m.fences.drop(id)
 		m.dying++
 	}
 	m.mu.Unlock()

@@ -3,9 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
-
-	"github.com/fencesandbox/fence/internal/isolation"
 )
 
 // ReadyPorter is implemented by Templates that know which ports a sandbox
@@ -22,14 +21,14 @@ const (
 	readyPoll    = 20 * time.Millisecond
 )
 
-// waitReady waits until every port accepts a TCP connection through the
-// sandbox's network stack, as the daemon's proxy will connect. It returns
+// waitReady waits until every port of sandbox id accepts a TCP connection
+// made with dial (through the sandbox's fence, as the daemon's proxy will
+// connect). It returns
 // an error only when ctx ends; a port that is not open after readyTimeout
 // is logged and the sandbox is handed out as it is (its other services
 // work; requests to the port get the proxy's "port is not open").
-func (m *Manager) waitReady(ctx context.Context, box isolation.Sandbox, template string, ports []uint16) error {
-	d, ok := box.(isolation.PortDialer)
-	if !ok || len(ports) == 0 {
+func (m *Manager) waitReady(ctx context.Context, id string, dial func(context.Context, uint16) (net.Conn, error), template string, ports []uint16) error {
+	if len(ports) == 0 {
 		return nil
 	}
 	start := time.Now()
@@ -37,7 +36,7 @@ func (m *Manager) waitReady(ctx context.Context, box isolation.Sandbox, template
 	defer cancel()
 	for _, port := range ports {
 		for {
-			c, err := d.DialPort(wctx, port)
+			c, err := dial(wctx, port)
 			if err == nil {
 				c.Close()
 				break
@@ -47,14 +46,14 @@ func (m *Manager) waitReady(ctx context.Context, box isolation.Sandbox, template
 				if ctx.Err() != nil {
 					return fmt.Errorf("waiting for port %d of template %s: %w", port, template, ctx.Err())
 				}
-				m.log.WarnContext(ctx, "template port not open in time", "sandbox_id", box.ID(),
+				m.log.WarnContext(ctx, "template port not open in time", "sandbox_id", id,
 					"template", template, "port", port, "waited", time.Since(start), "err", err)
 				return nil
 			case <-time.After(readyPoll):
 			}
 		}
 	}
-	m.log.DebugContext(ctx, "template ports open", "sandbox_id", box.ID(), "template", template,
+	m.log.DebugContext(ctx, "template ports open", "sandbox_id", id, "template", template,
 		"ports", ports, "waited", time.Since(start))
 	return nil
 }

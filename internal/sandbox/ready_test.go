@@ -33,7 +33,7 @@ func (b *dialBox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 func TestWaitReadyWaitsForThePort(t *testing.T) {
 	m := &Manager{log: slog.New(slog.DiscardHandler)}
 	box := &dialBox{refuse: 5}
-	if err := m.waitReady(t.Context(), box, "code-interpreter", []uint16{49999}); err != nil {
+	if err := m.waitReady(t.Context(), box.ID(), box.DialPort, "code-interpreter", []uint16{49999}); err != nil {
 		t.Fatalf("waitReady = %v", err)
 	}
 	if n := box.dials.Load(); n != 6 {
@@ -46,7 +46,7 @@ func TestWaitReadyEndsWithTheContext(t *testing.T) {
 	box := &dialBox{refuse: 1 << 30}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	err := m.waitReady(ctx, box, "code-interpreter", []uint16{49999})
+	err := m.waitReady(ctx, box.ID(), box.DialPort, "code-interpreter", []uint16{49999})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("waitReady with an ending ctx = %v, want DeadlineExceeded", err)
 	}
@@ -55,7 +55,7 @@ func TestWaitReadyEndsWithTheContext(t *testing.T) {
 func TestWaitReadyWithoutPorts(t *testing.T) {
 	m := &Manager{log: slog.New(slog.DiscardHandler)}
 	box := &dialBox{refuse: 1 << 30}
-	if err := m.waitReady(t.Context(), box, "base", nil); err != nil || box.dials.Load() != 0 {
+	if err := m.waitReady(t.Context(), box.ID(), box.DialPort, "base", nil); err != nil || box.dials.Load() != 0 {
 		t.Errorf("waitReady(no ports) = %v after %d dials, want nil at once", err, box.dials.Load())
 	}
 }

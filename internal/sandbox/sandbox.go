@@ -40,6 +40,15 @@
 //     secret bindings; its processes and memory are not kept.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
+//   - The Manager owns every sandbox's network fence (fence.go): one
+//     netfence.Net per sandbox ID, made from Options.Fence with the
+//     sandbox's policy and egress proxy before the backend attaches the
+//     sandbox's namespace (isolation.Spec.Network), kept over the
+//     sandbox's pauses, resumes and reboots and released once the
+//     sandbox is gone and its last namespace detached. Policy updates,
+//     the egress proxy and ingress (DialPort) go to it; a sandbox is
+//     deny-all until the Manager gives its fence a policy (a warm pool's,
+//     made ahead on PoolNetwork, until the create that takes it).
 //
 // # Concurrency
 //

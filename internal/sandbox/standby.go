@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -22,6 +23,7 @@ import (
 // when its sandbox is paused, killed or dies, or the manager shuts down.
 type standby struct {
 	layer string
+	key   string        // its fence's key until the hand-over (fences.standbyNetwork)
 	ready chan struct{} // closed once the boot ended
 
 	mu sync.Mutex
@@ -47,7 +49,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	if _, ok := box.(isolation.StandbyBooter); !ok {
 		return
 	}
-	sb := &standby{layer: layer, ready: make(chan struct{})}
+	sb := &standby{layer: layer, key: "standby-" + isolation.NewID(), ready: make(chan struct{})}
 	m.mu.Lock()
 	if m.closed || m.running[box.ID()] != e {
 		m.mu.Unlock()
@@ -71,7 +73,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	spec := e.spec
 	spec.ID = box.ID()
 	spec.Background, spec.Standby = true, true
-	spec.Egress = nil // deny all: the hand-over gives it the sandbox's network
+	spec.Network = m.fences.standbyNetwork(sb.key) // deny-all until the hand-over
 	m.wg.Go(func() {
 		defer close(sb.ready)
 		select {
@@ -145,12 +147,12 @@ func (m *Manager) detachStandby(e *entry, layer string) *standby {
 }
 
 // takeStandby returns e's standby on layer once booted, if it is alive,
-// for a rewind to hand over; nil if there is none. The standby is no
-// longer e's either way.
-func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) isolation.Sandbox {
+// with its fence's key, for a rewind to hand over; nil if there is none.
+// The standby is no longer e's either way.
+func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) (isolation.Sandbox, string) {
 	sb := m.detachStandby(e, layer)
 	if sb == nil {
-		return nil
+		return nil, ""
 	}
 	sb.mu.Lock()
 	waiting := !sb.booting && sb.box == nil
@@ -159,37 +161,43 @@ func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) isola
 		// Still queued behind other standbys' boots: booting now is
 		// quicker.
 		m.dropStandby(sb)
-		return nil
+		return nil, ""
 	}
 	select {
 	case <-sb.ready:
 	case <-ctx.Done():
 		m.dropStandby(sb)
-		return nil
+		return nil, ""
 	}
 	sb.mu.Lock()
 	box := sb.box
 	sb.box, sb.dropped = nil, true
 	sb.mu.Unlock()
 	if box == nil {
-		return nil
+		return nil, ""
 	}
 	select {
 	case <-box.Done():
 		m.killBox(ctx, box)
-		return nil
+		return nil, ""
 	default:
 	}
-	return box
+	return box, sb.key
 }
 
-// handOver makes a standby the sandbox: the ordinary CPU weight, and the
-// network nc (its proxy first, then its policy).
-func handOver(box isolation.Sandbox, nc *netconf.Config) error {
+// handOver makes a standby the sandbox: its fence becomes the sandbox's,
+// with the network nc (its proxy first, then its policy), and it gets the
+// ordinary CPU weight.
+func (m *Manager) handOver(box isolation.Sandbox, key string, nc *netconf.Config) error {
+	nw := m.fences.handOver(box.ID(), key)
+	if nw == nil {
+		return fmt.Errorf("standby of %s has no network attached", box.ID())
+	}
+	applyNetwork(nw, nc, true)
 	if f, ok := box.(isolation.Foregrounder); ok {
 		if err := f.Foreground(); err != nil {
 			return err
 		}
 	}
-	return applyNetwork(box, nc, true)
+	return nil
 }

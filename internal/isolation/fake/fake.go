@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
 )
 
 // Host holds the fake sandboxes of every Backend made on it.
@@ -96,6 +97,11 @@ type Options struct {
 	// StreamInterval is the keepalive period of the streaming endpoint.
 	// Zero means 10ms.
 	StreamInterval time.Duration
+	// NetNS makes Create attach the Spec's Network (when it has one) to a
+	// fresh, empty network namespace, as a real backend does, and Kill
+	// close the link it got: the owner's fence then runs for real (a TUN
+	// device and its stack) behind a fake sandbox. It needs root.
+	NetNS bool
 	// LingerOnKill keeps open agent connections (and their streams) alive
 	// after Kill closes Done, until Host.Close; it tests that callers act
 	// on Done rather than on connections breaking.
@@ -151,6 +157,12 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sa
 		}
 	}
 	s := newSandbox(spec, b.opts.StreamInterval, b.opts.LingerOnKill, b.host)
+	if b.opts.NetNS && spec.Network != nil {
+		if err := s.attach(ctx); err != nil {
+			s.stop()
+			return nil, fmt.Errorf("creating sandbox %s: %w", spec.ID, err)
+		}
+	}
 	b.host.mu.Lock()
 	if _, dup := b.host.sandboxes[spec.ID]; dup {
 		b.host.mu.Unlock()
@@ -193,7 +205,8 @@ type Sandbox struct {
 	done   chan struct{}
 	once   sync.Once
 	srvWG  sync.WaitGroup
-	net    egressState
+	netns  *os.File       // with Options.NetNS: the namespace attached
+	link   isolation.Link // and its link, closed by stop
 
 	pmu sync.Mutex
 	// +checklocks:pmu
@@ -338,6 +351,10 @@ func (s *Sandbox) Crash() { s.Kill(context.Background()) }
 func (s *Sandbox) stop() {
 	s.once.Do(func() {
 		close(s.done)
+		if s.link != nil {
+			s.link.Close()
+			s.netns.Close()
+		}
 		if s.linger {
 			s.ln.Close() // no new connections; open ones live on
 			s.host.mu.Lock()
@@ -470,3 +487,23 @@ type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "fake-agent" }
+
+// Network returns the fence the sandbox was created with (Spec.Network).
+// Without Options.NetNS a fake sandbox has no network namespace and
+// attaches nothing: its owner's fence is where its policy lives.
+func (s *Sandbox) Network() isolation.Network { return s.spec.Network }
+
+// attach attaches the sandbox's Network to a fresh network namespace.
+func (s *Sandbox) attach(ctx context.Context) error {
+	ns, err := netfence.NewNetNS()
+	if err != nil {
+		return err
+	}
+	l, err := s.spec.Network.Attach(ctx, s.id, fmt.Sprintf("/proc/self/fd/%d", ns.Fd()), false)
+	if err != nil {
+		ns.Close()
+		return err
+	}
+	s.netns, s.link = ns, l
+	return nil
+}

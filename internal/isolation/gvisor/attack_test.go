@@ -18,7 +18,6 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/gvisor"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
-	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/selftest"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 	"github.com/fencesandbox/fence/internal/testutil"
@@ -36,6 +35,9 @@ func newBackendWith(t *testing.T, opts gvisor.Options) *gvisor.Backend {
 	opts.Instance = "atk" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
 	opts.Runsc = testutil.RequireRunsc(t)
 	opts.Executable = testutil.FenceBinary(t)
+	if opts.Network == nil {
+		opts.Network = isolationtest.Network(nil)
+	}
 	b, err := gvisor.New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("gvisor.New: %v", err)
@@ -76,7 +78,7 @@ func sh(t *testing.T, s isolation.Sandbox, script string) (string, int32) {
 // require the refusal on the daemon's stack's record.
 func TestAttacks(t *testing.T) {
 	flows := selftest.NewFlowLog()
-	b := newBackendWith(t, gvisor.Options{Fence: netfence.Fence{Recorder: flowRecorder{flows}}})
+	b := newBackendWith(t, gvisor.Options{Network: isolationtest.Network(flowRecorder{flows})})
 	limits := isolation.Limits{MemoryBytes: 256 << 20, Pids: 128}
 	s := createIn(t, b, isolation.Spec{Limits: limits})
 	exec, closeExec := selftest.AgentExec(s.DialAgent)

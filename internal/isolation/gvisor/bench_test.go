@@ -38,7 +38,7 @@ func TestBenchGvisor(t *testing.T) {
 	dir := filepath.Join(testutil.StateDir(t), "state")
 	gv := newBackendIn(t, dir)
 	nb, err := native.New(t.Context(), native.Options{StateDir: filepath.Join(testutil.StateDir(t), "native"),
-		Instance: "benchgv", Executable: testutil.FenceBinary(t)})
+		Instance: "benchgv", Executable: testutil.FenceBinary(t), Network: isolationtest.Network(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

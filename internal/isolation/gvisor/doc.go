@@ -10,10 +10,12 @@
 //   - The template as a read-only root under a gVisor overlay whose upper
 //     layer lives in a host file of the sandbox's own (runsc
 //     --overlay2=root:dir=…), bounded by the disk limit.
-//   - The same network fence as every backend (internal/netfence): the
-//     daemon makes a network namespace holding only a TUN device, runsc
-//     (--network=sandbox) adopts it into gVisor's stack, and every packet
-//     the sandbox sends comes out of the TUN into the daemon's stack.
+//   - The same network fence as every backend (internal/netfence), its
+//     owner's (Spec.Network): the backend makes a network namespace per
+//     run and attaches it to the fence, which puts a TUN device in it;
+//     runsc (--network=sandbox) adopts the device into gVisor's stack, and
+//     every packet the sandbox sends comes out of the TUN into the
+//     owner's stack.
 //   - The same limits as native: a cgroup (internal/cgroup) made by the
 //     backend with the memory, pids and CPU limits, which runsc joins with
 //     the sentry and gofer; RLIMIT_NOFILE in the OCI spec.
@@ -26,8 +28,9 @@
 // Pause checkpoints the sandbox with `runsc checkpoint` (memory, processes,
 // open files and the overlay's contents) into an image in the sandbox's
 // directory, after which no process of it exists on the host. Resume
-// restores the image with `runsc restore` into a fresh network namespace
-// and network stack with the sandbox's current policy. The image on disk
+// restores the image with `runsc restore` into a fresh network namespace,
+// attached to the sandbox's fence anew (its owner's stack then has the
+// sandbox's current policy). The image on disk
 // is the state: a restarted daemon adopts a paused sandbox (Adopt) and
 // resumes it like any other. An image never changes once written, so one
 // image can be restored more than once (a fork with memory) under new IDs.

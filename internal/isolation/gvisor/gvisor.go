@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +22,6 @@ import (
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/netfence"
 )
 
 // DefaultRunsc is where scripts/build-runsc.sh caches runsc.
@@ -56,9 +54,11 @@ type Options struct {
 	// Defaults replaces zero limits of a Spec; its zero fields take the
 	// package's Defaults.
 	Defaults isolation.Limits
-	// Fence is the sandboxes' network fence (zero fields take netfence's
-	// defaults).
-	Fence netfence.Fence
+	// Network is the fence of a sandbox whose Spec names none: one-off
+	// sandboxes (`fence run`, benchmarks, tests). Nil makes such a create
+	// fail. The daemon leaves it nil: its sandbox manager gives every
+	// sandbox its own (Spec.Network).
+	Network isolation.Network
 	// TrustedCA is a PEM certificate every sandbox trusts on top of its
 	// template's roots (the egress gateway's CA).
 	TrustedCA []byte
@@ -76,7 +76,6 @@ type Options struct {
 type Backend struct {
 	opts  Options
 	log   *slog.Logger
-	fence netfence.Fence
 	cg    *cgroup.Manager
 	runsc string
 	exe   string // the agent binary (see package insandbox), a copy kept by content
@@ -133,7 +132,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	b := &Backend{
 		opts:  opts,
 		log:   log,
-		fence: opts.Fence.WithDefaults(),
 		runsc: runsc,
 		root:  filepath.Join(abs, "runsc", opts.Instance),
 		sbDir: filepath.Join(abs, "sandboxes", opts.Instance),
@@ -229,9 +227,6 @@ func (b *Backend) Close() error {
 	})
 	return err
 }
-
-// HostAddrs returns the host addresses no sandbox may reach.
-func (b *Backend) HostAddrs() []netip.Addr { return b.fence.HostAddrs }
 
 func withDefaults(l, d isolation.Limits) isolation.Limits { return l.WithDefaults(d) }
 

@@ -29,6 +29,7 @@ func newBackendIn(t *testing.T, dir string) *gvisor.Backend {
 		Instance:   "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name())),
 		Runsc:      runsc,
 		Executable: testutil.FenceBinary(t),
+		Network:    isolationtest.Network(nil),
 		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
@@ -53,6 +54,16 @@ func TestConformance(t *testing.T) {
 	testutil.RequireRunsc(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	isolationtest.Run(t, stateFactory(t), rootfs)
+}
+
+// TestNetworkConformance runs the network fence cases on gVisor sandboxes
+// (a resume attaches a new namespace), and on one handed out by a warm
+// pool in front of the backend.
+func TestNetworkConformance(t *testing.T) {
+	testutil.RequireRunsc(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunNetwork(t, stateFactory(t), rootfs)
+	isolationtest.RunPoolNetwork(t, stateFactory(t), rootfs)
 }
 
 // TestPauseConformance runs the isolation.Pauser cases on gVisor

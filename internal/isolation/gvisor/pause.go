@@ -105,9 +105,13 @@ func (s *sandbox) Resume(ctx context.Context) error {
 // Adopt implements isolation.Adopter: it takes over sandbox id, paused by
 // an earlier backend on the same state directory (a daemon before a
 // restart), from its checkpoint image. The sandbox comes back paused;
-// Resume restores it. Without a complete image it fails with an error
-// wrapping isolation.ErrNotFound, and Cleanup removes what is left.
-func (b *Backend) Adopt(ctx context.Context, id string) (isolation.Sandbox, error) {
+// Resume restores it, attaching each run's namespace to nw. Without a
+// complete image it fails with an error wrapping isolation.ErrNotFound,
+// and Cleanup removes what is left.
+func (b *Backend) Adopt(ctx context.Context, id string, nw isolation.Network) (isolation.Sandbox, error) {
+	if nw == nil {
+		return nil, fmt.Errorf("adopting sandbox %s: no network fence", id)
+	}
 	if !idPattern.MatchString(id) {
 		return nil, fmt.Errorf("invalid sandbox id %q", id)
 	}
@@ -120,7 +124,7 @@ func (b *Backend) Adopt(ctx context.Context, id string) (isolation.Sandbox, erro
 	if err := json.Unmarshal(raw, &rec); err != nil || rec.ID != id {
 		return nil, fmt.Errorf("adopting sandbox %s: bad record: %w", id, isolation.ErrNotFound)
 	}
-	s := &sandbox{b: b, id: id, dir: dir, rec: rec, done: make(chan struct{})}
+	s := &sandbox{b: b, id: id, dir: dir, rec: rec, done: make(chan struct{}), nw: nw}
 	if st, err := os.Stat(s.imageDir()); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("adopting sandbox %s: no checkpoint: %w", id, isolation.ErrNotFound)
 	}

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,7 +22,6 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
-	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netfence"
 )
@@ -63,10 +63,9 @@ type sandbox struct {
 	killOnce sync.Once
 	killErr  error
 
-	// pol is the sandbox's egress policy, kept across pauses (each run has
-	// a network stack of its own). proxy likewise.
-	pol   atomic.Pointer[policy.Policy]
-	proxy atomic.Pointer[egress.Proxy]
+	// nw is the sandbox's fence (Spec.Network, or Adopt's): each run
+	// attaches its own network namespace to it.
+	nw isolation.Network
 
 	// pmu serialises Pause, Resume, Kill and the end of a run.
 	pmu sync.Mutex
@@ -78,15 +77,14 @@ type sandbox struct {
 	nmu    sync.Mutex
 	// +checklocks:nmu
 	netns *os.File // the current run's network namespace
-	// net is the current run's stack; nil while paused.
-	net atomic.Pointer[egress.Stack]
+	// net is the current run's namespace attached to nw; nil while
+	// paused.
+	net atomic.Pointer[isolation.Link]
 }
 
 var (
-	_ isolation.Sandbox      = (*sandbox)(nil)
-	_ isolation.Pauser       = (*sandbox)(nil)
-	_ isolation.PortDialer   = (*sandbox)(nil)
-	_ isolation.EgressSetter = (*sandbox)(nil)
+	_ isolation.Sandbox = (*sandbox)(nil)
+	_ isolation.Pauser  = (*sandbox)(nil)
 )
 
 // Create implements isolation.Backend.
@@ -118,7 +116,10 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMe
 			Agent: spec.Agent},
 		base: layer.ID,
 	}
-	s.pol.Store(spec.Egress)
+	s.nw = cmp.Or(spec.Network, b.opts.Network)
+	if s.nw == nil {
+		return nil, errors.New("creating sandbox: no network fence in the spec")
+	}
 	if err := b.register(s); err != nil {
 		return nil, err
 	}
@@ -308,8 +309,8 @@ func (s *sandbox) sandboxFlags() []string {
 	return []string{"--overlay2", fmt.Sprintf("root:dir=%s,size=%dm", filepath.Join(s.dir, "overlay"), max(s.rec.Limits.DiskBytes>>20, 1))}
 }
 
-// startRun starts a run of the sandbox: a fresh network namespace and
-// stack, then `runsc run` (image empty; on the filesystem checkpoint
+// startRun starts a run of the sandbox: a fresh network namespace,
+// attached to the sandbox's fence, then `runsc run` (image empty; on the filesystem checkpoint
 // fsImage if set) or `runsc restore` of image. It returns once the agent
 // accepts connections.
 func (s *sandbox) startRun(ctx context.Context, image, fsImage string) (err error) {
@@ -318,18 +319,17 @@ func (s *sandbox) startRun(ctx context.Context, image, fsImage string) (err erro
 		return err
 	}
 	nsPath := fmt.Sprintf("/proc/self/fd/%d", ns.Fd())
-	st, err := s.b.fence.Attach(ctx, s.id, nsPath, s.pol.Load())
+	// runsc, not a kernel, is the device's other end (see
+	// netfence.Fence.Attach).
+	st, err := s.nw.Attach(ctx, s.id, nsPath, false)
 	if err != nil {
 		ns.Close()
 		return err
 	}
-	if p := s.proxy.Load(); p != nil {
-		st.SetProxy(p)
-	}
 	s.nmu.Lock()
 	s.netns = ns
 	s.nmu.Unlock()
-	s.net.Store(st)
+	s.net.Store(&st)
 	defer func() {
 		if err != nil {
 			s.endRun()
@@ -395,7 +395,7 @@ func readPid(path string) (int, error) {
 const agentWait = 30 * time.Second
 
 // waitAgent returns once the agent accepts a connection.
-func (s *sandbox) waitAgent(ctx context.Context, st *egress.Stack) error {
+func (s *sandbox) waitAgent(ctx context.Context, st isolation.Link) error {
 	ctx, cancel := context.WithTimeout(ctx, agentWait)
 	defer cancel()
 	for {
@@ -443,10 +443,10 @@ func waitExit(pid int) {
 	}
 }
 
-// endRun closes the current run's network stack and namespace.
+// endRun closes the current run's network link and namespace.
 func (s *sandbox) endRun() {
 	if st := s.net.Swap(nil); st != nil {
-		if err := st.Close(); err != nil {
+		if err := (*st).Close(); err != nil {
 			s.b.log.Warn("closing sandbox network", "sandbox_id", s.id, "err", err)
 		}
 	}
@@ -469,11 +469,6 @@ func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 	return s.dial(ctx, boot.Port, "agent")
 }
 
-// DialPort implements isolation.PortDialer.
-func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
-	return s.dial(ctx, port, "sandbox port")
-}
-
 func (s *sandbox) dial(ctx context.Context, port uint16, what string) (net.Conn, error) {
 	select {
 	case <-s.done:
@@ -487,27 +482,7 @@ func (s *sandbox) dial(ctx context.Context, port uint16, what string) (net.Conn,
 	if st == nil {
 		return nil, fmt.Errorf("dialing %s: %w", what, isolation.ErrPaused)
 	}
-	return st.DialSandbox(ctx, port)
-}
-
-// SetEgress implements isolation.EgressSetter; a paused sandbox resumes
-// with the policy last set.
-func (s *sandbox) SetEgress(p *policy.Policy) {
-	s.pol.Store(p)
-	if st := s.net.Load(); st != nil {
-		if p == nil {
-			p = denyAll()
-		}
-		st.SetPolicy(p)
-	}
-}
-
-// SetEgressProxy implements sandbox.ProxySetter.
-func (s *sandbox) SetEgressProxy(p *egress.Proxy) {
-	s.proxy.Store(p)
-	if st := s.net.Load(); st != nil {
-		st.SetProxy(p)
-	}
+	return (*st).DialSandbox(ctx, port)
 }
 
 // Stats implements isolation.Sandbox.
@@ -591,5 +566,3 @@ func (s *sandbox) liveLocked() error {
 	}
 	return nil
 }
-
-func denyAll() *policy.Policy { return netfence.DenyAll }

@@ -23,7 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netfence"
 )
 
 // waitLimit bounds how long the suite waits for something that must happen
@@ -46,6 +48,15 @@ func Run(t *testing.T, newBackend func(t *testing.T) isolation.Backend, rootfs s
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newBackend, rootfs) })
 	}
+}
+
+// Network returns a deny-all fence for a test backend's sandboxes (its
+// Options.Network, for the Specs that name none): a real netfence stack
+// per attached namespace, its flows given to rec (nil: logged at debug
+// level, discarded).
+func Network(rec egress.Recorder) *netfence.Net {
+	f := netfence.Fence{Recorder: rec}.WithDefaults()
+	return f.New(nil)
 }
 
 // NewID returns a fresh sandbox ID for tests: "t" and 15 chars of [a-z0-9].

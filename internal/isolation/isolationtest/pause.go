@@ -139,7 +139,7 @@ func testPauseResume(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 	if err := p.Pause(t.Context()); err != nil {
 		t.Errorf("second Pause() = %v, want nil", err)
 	}
-	// While paused, the agent and the ports refuse at once.
+	// While paused, the agent refuses at once.
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	c, err := s.DialAgent(ctx)
 	cancel()
@@ -148,15 +148,6 @@ func testPauseResume(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 		t.Errorf("DialAgent() while paused succeeded, want ErrPaused")
 	} else if !errors.Is(err, isolation.ErrPaused) {
 		t.Errorf("DialAgent() while paused = %v, want ErrPaused", err)
-	}
-	if d, ok := s.(isolation.PortDialer); ok {
-		c, err := d.DialPort(t.Context(), 8000)
-		if err == nil {
-			c.Close()
-		}
-		if !errors.Is(err, isolation.ErrPaused) {
-			t.Errorf("DialPort() while paused = %v, want ErrPaused", err)
-		}
 	}
 	select {
 	case <-s.Done():
@@ -236,7 +227,7 @@ func testCleanupPausedAfterCrash(t *testing.T, newBackend func(t *testing.T) iso
 	if a, ok := b2.(isolation.Adopter); ok {
 		// A paused sandbox of such a backend has no process to end: it is
 		// gone when nothing can bring it back.
-		if s2, err := a.Adopt(t.Context(), s.ID()); err == nil {
+		if s2, err := a.Adopt(t.Context(), s.ID(), Network(nil)); err == nil {
 			s2.Kill(t.Context())
 			t.Errorf("Adopt(%s) after Cleanup succeeded, want ErrNotFound", s.ID())
 		} else if !errors.Is(err, isolation.ErrNotFound) {
@@ -287,7 +278,7 @@ func testAdoptResumes(t *testing.T, newBackend func(t *testing.T) isolation.Back
 	// The daemon "crashes" with the sandbox paused; the next one adopts it
 	// before it cleans up.
 	b2 := newBackend(t)
-	s2, err := adopter(t, b2).Adopt(t.Context(), s.ID())
+	s2, err := adopter(t, b2).Adopt(t.Context(), s.ID(), Network(nil))
 	if err != nil {
 		t.Fatalf("Adopt(%s) = %v", s.ID(), err)
 	}
@@ -332,7 +323,7 @@ func testAdoptUnknown(t *testing.T, newBackend func(t *testing.T) isolation.Back
 	// A running sandbox (no checkpoint) and an unknown ID cannot be adopted.
 	s, _ := createPausable(t, b, rootfs)
 	for _, id := range []string{s.ID(), "tnosuchsandbox0", "../etc"} {
-		if s2, err := a.Adopt(t.Context(), id); err == nil {
+		if s2, err := a.Adopt(t.Context(), id, Network(nil)); err == nil {
 			s2.Kill(t.Context())
 			t.Errorf("Adopt(%q) succeeded, want an error", id)
 		}

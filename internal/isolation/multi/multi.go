@@ -8,7 +8,7 @@
 //     backend is refused before anything is made.
 //   - Cleanup runs every backend's Cleanup; Adopt asks every backend that
 //     can adopt. Each sandbox stays the one its backend returned, with
-//     that backend's optional capabilities (pause, ports, egress).
+//     that backend's optional capabilities (pause, layers).
 package multi
 
 import (
@@ -83,14 +83,14 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 }
 
 // Adopt implements isolation.Adopter.
-func (b *Backend) Adopt(ctx context.Context, id string) (isolation.Sandbox, error) {
+func (b *Backend) Adopt(ctx context.Context, id string, nw isolation.Network) (isolation.Sandbox, error) {
 	var errs []error
 	for _, x := range b.all {
 		a, ok := x.(isolation.Adopter)
 		if !ok {
 			continue
 		}
-		s, err := a.Adopt(ctx, id)
+		s, err := a.Adopt(ctx, id, nw)
 		if err == nil {
 			return s, nil
 		}

@@ -20,7 +20,12 @@
 //     (internal/seccomp) installed before the agent starts.
 //   - cgroup limits on memory (swap included), pids and CPU (internal/cgroup,
 //     v1 and v2), RLIMIT_NOFILE within the host's hard limit.
-//   - A network namespace with only loopback.
+//   - A network namespace of its own, attached to the sandbox's fence
+//     (isolation.Spec.Network, its owner's) before the go-ahead: loopback,
+//     and the fence's TUN device as the only way out. The sandbox's own
+//     kernel is the device's peer (virtio-net headers, see
+//     netfence.Fence.Attach); the link is closed once the sandbox's
+//     processes are gone.
 //
 // # How a sandbox starts
 //

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,11 +20,9 @@ import (
 
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/cgroup"
-	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
-	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
@@ -61,25 +58,11 @@ type Options struct {
 	// so that a cold create does not wait for them. Each holds a uid slot
 	// and a few MiB. Zero means none (right for one-off sandboxes).
 	ReadyInits int
-	// DNSUpstream is the "ip:port" of the resolver the sandboxes' DNS
-	// answers come from (the daemon asks it on their behalf). Empty means
-	// the first nameserver of the host's /etc/resolv.conf.
-	DNSUpstream string
-	// HostAddrs are the host's own addresses, which no sandbox may reach
-	// whatever its policy. Nil means the addresses of every interface.
-	HostAddrs []netip.Addr
-	// NetBandwidth bounds each sandbox's network traffic, in bytes per
-	// second in each direction. Zero means no limit.
-	NetBandwidth int64
-	// Recorder receives one event per network flow of every sandbox. Nil
-	// logs them at debug level.
-	Recorder egress.Recorder
-	// Net is what the sandboxes' network stacks share (memory budget, DNS
-	// cache). Nil means one with the defaults, for this backend alone.
-	Net *egress.Shared
-	// Interceptor, if set, gives each sandbox's network stack its egress
-	// gateway (see egress.Options.Interceptor), by sandbox ID.
-	Interceptor func(id string) egress.Interceptor
+	// Network is the fence of a sandbox whose Spec names none: one-off
+	// sandboxes (`fence run`, benchmarks, tests). Nil makes such a create
+	// fail. The daemon leaves it nil: its sandbox manager gives every
+	// sandbox its own (Spec.Network).
+	Network isolation.Network
 	// TrustedCA is a PEM certificate every sandbox trusts on top of its
 	// template's roots: the egress gateway's CA. It is added to the
 	// sandbox's own copy of /etc/ssl/certs/ca-certificates.crt and written
@@ -117,8 +100,7 @@ type Options struct {
 type Backend struct {
 	opts  Options
 	log   *slog.Logger
-	fence netfence.Fence // the sandboxes' network fence, from opts
-	inExe string         // the binary sandboxes run (init, agent): see package insandbox
+	inExe string // the binary sandboxes run (init, agent): see package insandbox
 	// exeTouched is when inExe's mtime was last moved (markExeInUse).
 	exeTouched atomic.Int64
 	cg         *cgroup.Manager
@@ -184,12 +166,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("native backend: StateDir is required")
 	}
-	if opts.DNSUpstream == "" {
-		opts.DNSUpstream = netfence.HostResolver()
-	}
-	if opts.HostAddrs == nil {
-		opts.HostAddrs = netfence.HostAddrs()
-	}
 	abs, err := filepath.Abs(opts.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("resolving state directory: %w", err)
@@ -207,12 +183,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if opts.Recorder == nil {
-		opts.Recorder = netfence.LogRecorder(log)
-	}
-	if opts.Net == nil {
-		opts.Net = egress.NewShared(egress.SharedOptions{})
-	}
 	exe := opts.Executable
 	if exe == "" {
 		if exe, err = os.Executable(); err != nil {
@@ -223,12 +193,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		opts: opts,
-		log:  log,
-		fence: netfence.Fence{DNSUpstream: opts.DNSUpstream, HostAddrs: opts.HostAddrs, Bandwidth: opts.NetBandwidth,
-			Recorder: opts.Recorder, Net: opts.Net, Interceptor: opts.Interceptor, Logger: log,
-			// The sandbox's own kernel is the device's other end.
-			KernelPeer: true},
+		opts:    opts,
+		log:     log,
 		exe:     exe,
 		spawner: spawner{exe: exe},
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
@@ -352,9 +318,6 @@ func (b *Backend) Close() error {
 	})
 	return err
 }
-
-// HostAddrs returns the host addresses no sandbox may reach.
-func (b *Backend) HostAddrs() []netip.Addr { return b.opts.HostAddrs }
 
 // CleanupStale removes the one-off instances (`fence run`, `fence bench`)
 // under stateDir whose process is gone: their sandboxes, cgroups and

@@ -54,6 +54,9 @@ func newBackendWith(t *testing.T, opts native.Options) *native.Backend {
 		// shows up with a failure.
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	if opts.Network == nil {
+		opts.Network = isolationtest.Network(nil)
+	}
 	b, err := native.New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("native.New: %v", err)
@@ -81,6 +84,15 @@ func TestConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+}
+
+// TestNetworkConformance runs the network fence cases on native sandboxes,
+// and on one handed out by a warm pool in front of the backend.
+func TestNetworkConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+	isolationtest.RunPoolNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
 }
 
 // TestPauseConformance runs the isolation.Pauser cases on native
@@ -188,7 +200,7 @@ func probeArgv(check string, args ...string) []string {
 // require the refusal on the stack's record and a silent host listener.
 func TestAttacks(t *testing.T) {
 	flows := selftest.NewFlowLog()
-	b := newBackendWith(t, native.Options{Recorder: flowRecorder{flows}})
+	b := newBackendWith(t, native.Options{Network: isolationtest.Network(flowRecorder{flows})})
 	limits := isolation.Limits{MemoryBytes: 128 << 20, Pids: 128}
 	sb := create(t, b, isolation.Spec{Limits: limits})
 	exec, closeExec := selftest.AgentExec(sb.DialAgent)

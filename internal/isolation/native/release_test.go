@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
@@ -21,7 +22,8 @@ import (
 func backendAt(t *testing.T, stateDir, instance string) *native.Backend {
 	t.Helper()
 	testutil.RequireRoot(t)
-	b, err := native.New(t.Context(), native.Options{StateDir: stateDir, Instance: instance, Executable: testutil.FenceBinary(t)})
+	b, err := native.New(t.Context(), native.Options{StateDir: stateDir, Instance: instance, Executable: testutil.FenceBinary(t),
+		Network: isolationtest.Network(nil)})
 	if err != nil {
 		t.Fatalf("native.New: %v", err)
 	}

@@ -22,10 +22,8 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
-	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
-	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/quota"
 )
 
@@ -70,7 +68,9 @@ type sandbox struct {
 	// +checklocks:pmu
 	lastUsage int64
 
-	net *egress.Stack // the sandbox's network; nil until made
+	// net is the sandbox's network namespace attached to its fence
+	// (Spec.Network); nil until attached. release closes it.
+	net isolation.Link
 	// diskDir is the writable layer's mount point on the host while the
 	// sandbox is created; diskFD its root, kept for usage readings once
 	// the host's mount is detached (see detachDisk). -1 when none.
@@ -402,7 +402,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	}()
 	// Its network (a TUN device in its netns, read by a user-space stack
 	// here) is made meanwhile too.
-	go func() { attached <- s.startNetwork(ctx, proc.Pid, spec.Egress) }()
+	go func() { attached <- s.startNetwork(ctx, proc.Pid, spec.Network) }()
 	attachErr := func() error {
 		return errors.Join(<-attached, <-attached)
 	}
@@ -514,16 +514,21 @@ func protectAgent(pid int) {
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(agentOOMScoreAdj)), 0)
 }
 
-var denyAll = netfence.DenyAll
-
-// startNetwork gives the sandbox its only way out: the network fence
-// (internal/netfence) attached to its network namespace.
-func (s *sandbox) startNetwork(ctx context.Context, pid int, pol *policy.Policy) error {
-	st, err := s.b.fence.Attach(ctx, s.id, fmt.Sprintf("/proc/%d/ns/net", pid), pol)
+// startNetwork gives the sandbox its only way out: its network namespace
+// attached to its fence, nw, whose owner keeps it (policy, proxy,
+// ingress). The sandbox's own kernel is the device's other end.
+func (s *sandbox) startNetwork(ctx context.Context, pid int, nw isolation.Network) error {
+	if nw == nil {
+		nw = s.b.opts.Network
+	}
+	if nw == nil {
+		return errors.New("creating sandbox: no network fence in the spec")
+	}
+	l, err := nw.Attach(ctx, s.id, fmt.Sprintf("/proc/%d/ns/net", pid), true)
 	if err != nil {
 		return err
 	}
-	s.net = st
+	s.net = l
 	return nil
 }
 
@@ -551,23 +556,6 @@ func (s *sandbox) detachDisk() error {
 	return nil
 }
 
-// DialPort implements isolation.PortDialer: a TCP connection to port
-// inside the sandbox, made through its network stack.
-func (s *sandbox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
-	select {
-	case <-s.done:
-		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
-	default:
-	}
-	if s.gone.Load() {
-		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrNotFound)
-	}
-	if s.paused.Load() {
-		return nil, fmt.Errorf("dialing sandbox port: %w", isolation.ErrPaused)
-	}
-	return s.net.DialSandbox(ctx, port)
-}
-
 // backgroundWeight is the CPU weight of a sandbox started with
 // Spec.Background: a sixteenth of the default, so a warm pool's refill
 // yields to the sandboxes in use on a busy machine and runs at full speed
@@ -585,14 +573,6 @@ func (s *sandbox) Foreground() error {
 	}
 	s.standby.Store(false)
 	return nil
-}
-
-// SetEgress implements isolation.EgressSetter.
-func (s *sandbox) SetEgress(p *policy.Policy) {
-	if p == nil {
-		p = denyAll
-	}
-	s.net.SetPolicy(p)
 }
 
 // bindTree returns the detached, idmapped mount of a bind's source and
@@ -927,6 +907,7 @@ func (s *sandbox) release(ctx context.Context) error {
 		// the stack's memory and goroutines, whose shutdown (tens of ms)
 		// need not delay anything. Close waits for it.
 		st := s.net
+		s.net = nil
 		s.b.closing.Go(func() {
 			if err := st.Close(); err != nil {
 				s.b.log.Warn("closing sandbox network", "sandbox_id", s.id, "err", err)

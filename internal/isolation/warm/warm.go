@@ -68,6 +68,10 @@ type Target struct {
 	// Agent is the agent's configuration while the sandbox waits in the
 	// pool (a hand-out replaces it with the request's).
 	Agent isolation.AgentConfig
+	// Network is the fence pooled sandboxes are created with (their
+	// Spec.Network): the owner's, which keeps them deny-all until the
+	// create that takes one gives it its policy. Required.
+	Network isolation.Network
 	// Prepare, if set, runs once a pooled sandbox's agent answers and
 	// before the sandbox counts as ready: a template's start command and
 	// the wait for its ready command. A sandbox it fails for is killed,
@@ -175,14 +179,10 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 				continue
 			}
 		}
-		// A pooled sandbox was started with the deny-all network; it takes
-		// the request's policy before anything of the request runs.
-		if setter, ok := sb.(isolation.EgressSetter); ok {
-			setter.SetEgress(spec.Egress)
-		} else if spec.Egress != nil {
-			sb.Kill(context.WithoutCancel(ctx))
-			break
-		}
+		// A pooled sandbox was started on Target.Network, deny-all: its
+		// owner, the creator, gives it the request's policy once it is
+		// handed out, before anything of the request runs (the agent's
+		// configuration below starts nothing).
 		if err := isolation.ConfigureAgent(ctx, sb, spec.Agent); err != nil {
 			// A pooled sandbox that does not take its configuration is
 			// not handed out.
@@ -378,7 +378,8 @@ func (p *Pool) fill(t Target) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true})
+	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true,
+		Network: t.Network})
 	if err == nil {
 		// Ready means serving: a backend's Create returns once the agent
 		// is started, not once it answers, and a sandbox handed out
@@ -465,12 +466,12 @@ func waitServing(ctx context.Context, sb isolation.Sandbox) error {
 
 // Adopt implements isolation.Adopter by passing the call to the backend
 // behind the pool; a backend without it adopts nothing (ErrNotFound).
-func (p *Pool) Adopt(ctx context.Context, id string) (isolation.Sandbox, error) {
+func (p *Pool) Adopt(ctx context.Context, id string, nw isolation.Network) (isolation.Sandbox, error) {
 	a, ok := p.opts.Backend.(isolation.Adopter)
 	if !ok {
 		return nil, fmt.Errorf("the %s backend keeps no paused sandbox: %w", p.opts.Backend.Name(), isolation.ErrNotFound)
 	}
-	return a.Adopt(ctx, id)
+	return a.Adopt(ctx, id, nw)
 }
 
 // Has reports whether the backend behind the pool has a backend named

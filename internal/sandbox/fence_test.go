@@ -1,0 +1,164 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
+	"github.com/fencesandbox/fence/internal/netfence"
+	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// fenceManager is a Manager over fake sandboxes that attach their fence
+// to a real network namespace (fake.Options.NetNS), with a warm pool of
+// size (none at 0) in front of the backend.
+func fenceManager(t *testing.T, size int) (*Manager, *fake.Host, *warm.Pool) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	host := fake.NewHost()
+	var be isolation.Backend = fake.New(fake.Options{Host: host, NetNS: true})
+	var pool *warm.Pool
+	if size > 0 {
+		pool = warm.New(warm.Options{Backend: be, Size: size, RefillEvery: time.Millisecond})
+		be = pool
+	}
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Options{Backend: be, Store: st, Templates: templates{"base": "/rootfs/base"},
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if pool != nil {
+			pool.Close(context.Background())
+		}
+		m.Shutdown(context.Background())
+		st.Close()
+	})
+	if pool != nil {
+		pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.DefaultLimits(), Network: m.PoolNetwork()}, m.PoolBudget())
+		if err := pool.WaitReady(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m, host, pool
+}
+
+func allows(nw *netfence.Net, dst string) bool {
+	p := nw.Policy()
+	return p != nil && p.Decide(policy.Flow{Proto: policy.TCP, Dst: netip.MustParseAddrPort(dst)}).Allow
+}
+
+// waitNoFence waits until the Manager holds no fence for id.
+func waitNoFence(t *testing.T, m *Manager, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for m.SandboxNet(id) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fence of %s outlived it", id)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPooledSandboxTakesItsFence: a warm pool's sandbox attaches the
+// Manager's deny-all pool fence when it starts; the create that takes it
+// owns that fence (the same stack) and gives it the request's policy, an
+// update changes it, and the fence goes with the sandbox.
+func TestPooledSandboxTakesItsFence(t *testing.T) {
+	m, host, _ := fenceManager(t, 1)
+	pooled := host.Running()
+	if len(pooled) != 1 {
+		t.Fatalf("host runs %v, want the pooled sandbox", pooled)
+	}
+	before := m.SandboxNet(pooled[0])
+	if before == nil {
+		t.Fatalf("the pooled sandbox %s has no fence", pooled[0])
+	}
+	if now, ever := before.Attached(); now != 1 || ever != 1 {
+		t.Fatalf("pooled fence: %d attached, %d ever; want 1, 1", now, ever)
+	}
+	if allows(before, "1.1.1.1:443") {
+		t.Fatalf("the pooled sandbox's fence allows traffic before any create took it")
+	}
+	s, err := m.Create(t.Context(), CreateRequest{TemplateID: "base", Network: &api.NetworkConfig{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID != pooled[0] {
+		t.Fatalf("created %s, want the pooled %s", s.ID, pooled[0])
+	}
+	nw := m.SandboxNet(s.ID)
+	if nw != before {
+		t.Fatalf("the handed-out sandbox's fence is not the one its namespace is attached to")
+	}
+	if !allows(nw, "1.1.1.1:443") || allows(nw, "8.8.8.8:443") {
+		t.Errorf("the handed-out sandbox's fence does not have the request's policy")
+	}
+	if err := m.UpdateNetwork(t.Context(), s.ID, nil, &api.NetworkConfig{AllowOut: []string{"8.8.8.8"}, DenyOut: []string{"0.0.0.0/0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if allows(nw, "1.1.1.1:443") || !allows(nw, "8.8.8.8:443") {
+		t.Errorf("the fence does not follow the update")
+	}
+	if err := m.Kill(t.Context(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitNoFence(t, m, s.ID)
+	if now, _ := nw.Attached(); now != 0 {
+		t.Errorf("the killed sandbox's namespace is still attached")
+	}
+}
+
+// TestFenceOfAFailedCreate: a create the Manager refuses after the
+// backend made (and attached) the sandbox leaves no fence behind; a
+// create the pool does not serve has its policy from the attach on.
+func TestFenceOfAFailedCreate(t *testing.T) {
+	m, host, _ := fenceManager(t, 0)
+	// No layers: a pause without memory is refused once the sandbox runs.
+	_, err := m.Create(t.Context(), CreateRequest{TemplateID: "base", AutoPause: true, AutoPauseNoMemory: true})
+	if !errors.Is(err, api.ErrUnimplemented) || !strings.Contains(err.Error(), "cannot pause without memory") {
+		t.Fatalf("Create(autoPauseMemory false) without layers = %v, want the refusal after the backend's create", err)
+	}
+	if n := len(host.Running()); n != 0 {
+		t.Fatalf("the refused create left %d sandboxes", n)
+	}
+	m.fences.mu.Lock()
+	left := len(m.fences.byID)
+	m.fences.mu.Unlock()
+	if left != 0 {
+		t.Errorf("the refused create left %d fences", left)
+	}
+	s, err := m.Create(t.Context(), CreateRequest{TemplateID: "base", Network: &api.NetworkConfig{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw := m.SandboxNet(s.ID)
+	if nw == nil || !allows(nw, "1.1.1.1:443") {
+		t.Fatalf("the created sandbox's fence lacks its policy")
+	}
+	if now, ever := nw.Attached(); now != 1 || ever != 1 {
+		t.Errorf("fence: %d attached, %d ever; want 1, 1", now, ever)
+	}
+	if err := m.Kill(t.Context(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitNoFence(t, m, s.ID)
+}
