@@ -236,12 +236,16 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 	// it). A sync flushes the whole layer filesystem and commits a
 	// transaction of its own: with little dirty, skipping it halves the
 	// checkpoint. Where the cgroup does not tell, it syncs.
-	if d := s.cg.DirtyBytes(); d < 0 || d > checkpointPreflush {
+	dirty := s.cg.DirtyBytes()
+	if dirty < 0 || dirty > checkpointPreflush {
 		_ = unix.Syncfs(src)
+		dirty = 0
 	}
+	// What the snapshot will flush is not in the usage yet: the budget
+	// counts it (at most what the sandbox's dirty page cache holds).
 	usage := b.lfs.usage(src)
 	s.pmu.Lock()
-	grown := max(usage-s.lastUsage, entryCost)
+	grown := max(usage-s.lastUsage+dirty, entryCost)
 	s.pmu.Unlock()
 	b.layers.mu.Lock()
 	if err := b.loadLayersLocked(); err != nil {
@@ -273,7 +277,7 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 		return isolation.LayerInfo{}, fmt.Errorf("checkpointing sandbox %s: %w", s.id, err)
 	}
 	s.pmu.Lock()
-	s.lastUsage = usage
+	s.lastUsage = usage + dirty // what was counted, flushed by the snapshot
 	s.pmu.Unlock()
 	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: grown, Created: time.Now().UTC(),
 		RootFS: s.rootfs, Snapshot: true, Gen: s.gen}
