@@ -25,6 +25,7 @@ type standby struct {
 	layer string
 	key   string        // its fence's key until the hand-over (fences.standbyNetwork)
 	ready chan struct{} // closed once the boot ended
+	gone  chan struct{} // closed when dropped
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -49,7 +50,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	if _, ok := box.(isolation.StandbyBooter); !ok {
 		return
 	}
-	sb := &standby{layer: layer, key: "standby-" + isolation.NewID(), ready: make(chan struct{})}
+	sb := &standby{layer: layer, key: "standby-" + isolation.NewID(), ready: make(chan struct{}), gone: make(chan struct{})}
 	m.mu.Lock()
 	if m.closed || m.running[box.ID()] != e {
 		m.mu.Unlock()
@@ -78,6 +79,8 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 		defer close(sb.ready)
 		select {
 		case m.standbyBoot <- struct{}{}:
+		case <-sb.gone: // replaced before its turn
+			return
 		case <-m.stop:
 			return
 		}
@@ -116,6 +119,9 @@ func (m *Manager) dropStandby(sb *standby) {
 		return
 	}
 	sb.mu.Lock()
+	if !sb.dropped {
+		close(sb.gone)
+	}
 	sb.dropped = true
 	box := sb.box
 	sb.box = nil
@@ -171,6 +177,9 @@ func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) (isol
 	}
 	sb.mu.Lock()
 	box := sb.box
+	if !sb.dropped {
+		close(sb.gone)
+	}
 	sb.box, sb.dropped = nil, true
 	sb.mu.Unlock()
 	if box == nil {
