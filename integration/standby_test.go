@@ -26,8 +26,9 @@ func standbyKeys(d *daemon, id string) int {
 // daemon booted on it: the sandbox is the checkpoint's (files), with its
 // environment, hostname and token; what ran after the checkpoint is gone;
 // the network is the one in force now (opened after the checkpoint, while
-// the standby waited with none); a second rewind finds a new standby; and
-// a kill leaves nothing of either (the daemon's stop checks).
+// the standby waited with none); a second rewind finds a new standby; a
+// pause drops it; and a kill leaves nothing of either (the daemon's stop
+// checks too).
 func TestRewindHandsOverStandby(t *testing.T) {
 	requireTemplate(t, "base")
 	fn := newFakeNet(t)
@@ -63,6 +64,18 @@ func TestRewindHandsOverStandby(t *testing.T) {
 		x.refused(t, e, curl+"http://"+evilIP+"/standby", noPackets)
 		eventually(t, 30*time.Second, "a new standby of "+sb.ID(), func() bool { return standbyKeys(d, sb.ID()) == 2 })
 	}
+	// A pause drops the standby; a checkpoint after the resume makes one.
+	if err := d.Client.Pause(t.Context(), sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the standby of the paused "+sb.ID()+" gone", func() bool { return standbyKeys(d, sb.ID()) == 1 })
+	if _, err := d.Client.Connect(t.Context(), sb.ID(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Client.Checkpoint(t.Context(), sb.ID(), ""); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a standby after the resume", func() bool { return standbyKeys(d, sb.ID()) == 2 })
 	if err := d.Client.Kill(t.Context(), sb.ID()); err != nil {
 		t.Fatal(err)
 	}
