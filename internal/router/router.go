@@ -215,6 +215,12 @@ func (rt *Router) nodeOf(id string) (cluster.Node, bool) {
 }
 
 func (rt *Router) forward(w http.ResponseWriter, r *http.Request, ro *route) {
+	// A node may answer before the whole request body has gone through (a
+	// stream's first event while the request's last bytes are in flight);
+	// without full duplex net/http closes the body at the first response
+	// write, the transport's copy of it fails, and the transport drops the
+	// connection to the node: the client saw its stream cut.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, ro)))
 }
 
