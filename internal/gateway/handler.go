@@ -107,6 +107,10 @@ func (fc *flowConn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		completed = true
 		return
 	}
+	// An upstream may answer before the request body's end (a stream):
+	// without full duplex net/http would discard the rest of the body
+	// under the transport, which then drops the upstream connection.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	fc.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
 	completed = true
 }
