@@ -141,7 +141,8 @@ func NewService(opts Options) *Service {
 
 // Handler returns the Connect route prefix and handler.
 func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
-	return processconnect.NewProcessHandler(s, opts...)
+	path, h := processconnect.NewProcessHandler(s, opts...)
+	return path, withFlushGate(h)
 }
 
 // Close kills (SIGKILL, whole process group) every running process the
@@ -277,6 +278,10 @@ func pump(ctx context.Context, interval time.Duration, sub *subscriber, send fun
 			return err
 		}
 		for i, it := range items {
+			if it.ev.GetEnd() != nil {
+				// The last message: the handler returns right after it.
+				holdFlushes(ctx)
+			}
 			err := send(it.ev)
 			sub.b.release(int64(it.n))
 			if err != nil || it.ev.GetEnd() != nil {
