@@ -54,7 +54,17 @@ type Options struct {
 // SIG_IGN, so the processes the agent starts get the default disposition
 // back at exec.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
-	spareThreads(spareThreadCount)
+	// A sandbox's first command waits for the agent's start: what does
+	// not depend on the rest runs beside it. The spare threads exist
+	// before the first request is answered (so before anything of the
+	// sandbox runs); the codecs of the process service are set up for the
+	// first Start, which otherwise does it itself.
+	threads := make(chan struct{})
+	go func() {
+		spareThreads(spareThreadCount)
+		close(threads)
+	}()
+	go process.WarmCodecs()
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, ignoredSignals...)
 	defer func() {
@@ -89,6 +99,7 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(logger(opts).Handler(), slog.LevelDebug),
 	}
+	<-threads
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

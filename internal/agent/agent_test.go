@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,6 +183,119 @@ func TestExitCodesAndOutput(t *testing.T) {
 		}
 		if got := r.events[len(r.events)-1]; got != "end" {
 			t.Errorf("run(%q) last event = %s, want end", tt.cmd, got)
+		}
+	}
+}
+
+// TestChildDescriptors: a child gets exactly its three descriptors, all
+// blocking (the agent's ends of the pipes are non-blocking, the child's
+// must not be), /dev/null read-only as stdin when it has none, pipes
+// otherwise.
+func TestChildDescriptors(t *testing.T) {
+	e := newEnv(t, isolation.AgentConfig{})
+	// Flags are octal in fdinfo; O_NONBLOCK is 04000, the access mode the
+	// low two bits.
+	script := `for fd in 0 1 2; do echo "$fd $(readlink /proc/$$/fd/$fd | cut -c1-5) $(awk '/^flags/ {print $2}' /proc/$$/fdinfo/$fd)"; done`
+	for _, stdin := range []bool{false, true} {
+		// ls, started by the agent itself, lists its own directory
+		// descriptor (3) too.
+		ls := &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/ls", Args: []string{"/proc/self/fd"}}, Stdin: &stdin}
+		r := e.run(t, "", ls)
+		if got, want := strings.Join(strings.Fields(r.stdout.String()), " "), childFDs(t); got != want || r.end.GetExitCode() != 0 {
+			t.Errorf("stdin %v: the child has descriptors %q (exit %d), want %q", stdin, got, r.end.GetExitCode(), want)
+		}
+		req := bash(script)
+		req.Stdin = &stdin
+		r = e.run(t, "", req)
+		if r.end.GetExitCode() != 0 {
+			t.Fatalf("stdin %v: exit %d: %s", stdin, r.end.GetExitCode(), r.stderr.String())
+		}
+		lines := strings.Split(strings.TrimSpace(r.stdout.String()), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("stdin %v: output %q", stdin, r.stdout.String())
+		}
+		for i, line := range lines {
+			f := strings.Fields(line)
+			if len(f) != 3 {
+				t.Fatalf("stdin %v: line %q", stdin, line)
+			}
+			flags, err := strconv.ParseUint(f[2], 8, 32)
+			if err != nil {
+				t.Fatalf("stdin %v: flags %q: %v", stdin, f[2], err)
+			}
+			if flags&unix.O_NONBLOCK != 0 {
+				t.Errorf("stdin %v: fd %d is non-blocking (flags %o)", stdin, i, flags)
+			}
+			wantKind, wantMode := "pipe:", uint64(unix.O_WRONLY)
+			if i == 0 {
+				wantMode = unix.O_RDONLY
+				if !stdin {
+					wantKind = "/dev/"
+				}
+			}
+			if f[1] != wantKind || flags&unix.O_ACCMODE != wantMode {
+				t.Errorf("stdin %v: fd %d is %s with flags %o, want %s with access mode %o", stdin, i, f[1], flags, wantKind, wantMode)
+			}
+		}
+	}
+}
+
+// childFDs lists, as ls sorts them, the descriptors a child of this test
+// may hold: 0, 1, 2, ls's own 3, and whatever this test process inherited
+// without close-on-exec (a test harness's).
+func childFDs(t *testing.T) string {
+	t.Helper()
+	names := []string{"0", "1", "2", "3"}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= 3 {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, " ")
+}
+
+// TestManyConcurrentExits: exits reach their own streams, whichever of
+// the pidfd and the SIGCHLD loop reaps them.
+func TestManyConcurrentExits(t *testing.T) {
+	e := newEnv(t, isolation.AgentConfig{})
+	const n = 40
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			f := false
+			st, err := e.start(ctx, t, "", &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "exit " + strconv.Itoa(i)}}, Stdin: &f}, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer st.Close()
+			for st.Receive() {
+				if end := st.Msg().GetEvent().GetEnd(); end != nil {
+					if end.GetExitCode() != int32(i) {
+						errs <- fmt.Errorf("exit %d reported as %d (%s)", i, end.GetExitCode(), end.GetStatus())
+					} else {
+						errs <- nil
+					}
+					return
+				}
+			}
+			errs <- fmt.Errorf("exit %d: stream ended without an end event: %v", i, st.Err())
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
 		}
 	}
 }

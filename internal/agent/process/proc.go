@@ -19,7 +19,9 @@ type proc struct {
 	info    *pb.ProcessInfo
 	stall   time.Duration
 	budget  *budget
-	onStall func()        // drops the agent's stalled streams
+	onStall func() // drops the agent's stalled streams
+	reaper  *reaper
+	pidfd   *os.File      // nil if the kernel gave none
 	stop    chan struct{} // closed when output readers must give up
 
 	master  *os.File // PTY master, nil without a PTY
@@ -189,6 +191,10 @@ func (p *proc) readOutput(f *os.File, kind int, closeFile bool, wg *sync.WaitGro
 // the process has exited: a background grandchild may hold the pipes
 // open), then publishes the end event.
 func (p *proc) finish(outputs []*os.File, wg *sync.WaitGroup, grace time.Duration, onDone func()) {
+	if p.pidfd != nil {
+		p.reaper.awaitExit(p.pid, p.pidfd)
+		p.pidfd.Close()
+	}
 	<-p.exited
 	// What the process wrote is read to the end, however long the
 	// streams take to send it (they are bounded by the stall timeout);
@@ -201,9 +207,9 @@ func (p *proc) finish(outputs []*os.File, wg *sync.WaitGroup, grace time.Duratio
 			unpollable = append(unpollable, f)
 		}
 	}
-	drained := make(chan struct{})
-	go func() { wg.Wait(); close(drained) }()
 	if len(unpollable) > 0 {
+		drained := make(chan struct{})
+		go func() { wg.Wait(); close(drained) }()
 		t := time.NewTimer(grace)
 		select {
 		case <-drained:
@@ -215,7 +221,7 @@ func (p *proc) finish(outputs []*os.File, wg *sync.WaitGroup, grace time.Duratio
 		}
 		t.Stop()
 	}
-	<-drained
+	wg.Wait()
 	p.stdinMu.Lock()
 	if p.stdin != nil {
 		p.stdin.Close()

@@ -65,6 +65,69 @@ func (r *reaper) start(fork func() (int, error), onExit func(unix.WaitStatus)) (
 	return pid, nil
 }
 
+// awaitExit waits until the child pid, whose pidfd is f (non-blocking,
+// in the poller), has exited, and reaps it unless the SIGCHLD loop has:
+// the exit reaches its waiter from the poller, without the signal's trip
+// through the runtime's signal goroutine, os/signal and the reaping
+// goroutine. It returns once the child's onExit has run, or when the
+// pidfd cannot tell (then the SIGCHLD loop delivers the exit).
+func (r *reaper) awaitExit(pid int, f *os.File) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	first := true
+	_ = rc.Read(func(uintptr) bool {
+		done := r.reap(pid)
+		if first && !done {
+			first = false
+			return false // wait until the pidfd is readable: the child exited
+		}
+		return true
+	})
+}
+
+// reap reaps pid if it has exited and its waiter is still registered, and
+// reports whether its waiter has run (now or before).
+func (r *reaper) reap(pid int) bool {
+	r.mu.Lock()
+	fn, ok := r.waiters[pid]
+	if !ok {
+		r.mu.Unlock()
+		return true
+	}
+	var ws unix.WaitStatus
+	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	for err == unix.EINTR {
+		got, err = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	}
+	if err != nil || got != pid {
+		// Not exited yet (or reaped by other code of an in-process
+		// agent, which reapOwn reports).
+		r.mu.Unlock()
+		return false
+	}
+	delete(r.waiters, pid)
+	r.mu.Unlock()
+	fn(ws)
+	return true
+}
+
+// pidfdFile makes the pidfd of a child a pollable file; nil when there is
+// none (a kernel without CLONE_PIDFD), or it cannot be made so.
+func pidfdFile(fd int) *os.File {
+	if fd < 0 {
+		return nil
+	}
+	// F_SETFL ignores the access mode: O_NONBLOCK alone is the pidfd's
+	// only status flag.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "pidfd")
+}
+
 func (r *reaper) reapAll() {
 	if !reapsOrphans() {
 		r.reapOwn()

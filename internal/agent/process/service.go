@@ -24,9 +24,13 @@
 //     own), so killing a command leaves nothing it started running.
 //   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
 //     same arguments (the SDKs always ask for bash; busybox templates lack it).
-//   - One goroutine per agent reaps children (wait4 on SIGCHLD), including
-//     orphans reparented to the agent as PID 1. Nothing else may wait for
-//     children in the agent's process.
+//   - The agent's reaper alone reaps children: one goroutine on SIGCHLD
+//     (wait4), including orphans reparented to the agent as PID 1, and, for
+//     a process started here, the goroutine that publishes its end as soon
+//     as its pidfd reports the exit; both under one lock, each child once.
+//     Nothing else may wait for children in the agent's process.
+//   - A child gets exactly three descriptors (0-2), blocking; everything
+//     the agent opens is close-on-exec.
 package process
 
 import (
@@ -90,6 +94,9 @@ type Service struct {
 	log    *slog.Logger
 	reaper *reaper
 	budget *budget
+	// euid and egid are the agent's: a child of another user gets
+	// credentials.
+	euid, egid uint32
 
 	mu      sync.Mutex
 	procs   map[int]*proc
@@ -132,12 +139,14 @@ func NewService(opts Options) *Service {
 		opts.OutputBudget = DefaultOutputBudget
 	}
 	return &Service{opts: opts, log: opts.Logger, reaper: getReaper(), budget: newBudget(opts.OutputBudget),
-		procs: make(map[int]*proc), envVars: maps.Clone(opts.EnvVars)}
+		procs: make(map[int]*proc), envVars: maps.Clone(opts.EnvVars),
+		euid: uint32(os.Geteuid()), egid: uint32(os.Getegid())}
 }
 
 // Handler returns the Connect route prefix and handler.
 func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
-	return processconnect.NewProcessHandler(s, opts...)
+	path, h := processconnect.NewProcessHandler(s, opts...)
+	return path, withFlushGate(h)
 }
 
 // Close kills (SIGKILL, whole process group) every running process the
@@ -273,6 +282,10 @@ func pump(ctx context.Context, interval time.Duration, sub *subscriber, send fun
 			return err
 		}
 		for i, it := range items {
+			if it.ev.GetEnd() != nil {
+				// The last message: the handler returns right after it.
+				holdFlushes(ctx)
+			}
 			err := send(it.ev)
 			sub.b.release(int64(it.n))
 			if err != nil || it.ev.GetEnd() != nil {
@@ -453,20 +466,23 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	}
 
 	var (
-		files    [3]*os.File // the child's stdin, stdout, stderr
-		closeAft []*os.File  // closed in the parent after the fork
-		outputs  []*os.File  // our read ends
+		child    [3]int // the child's stdin, stdout, stderr
+		closeAft []int  // raw descriptors closed in the parent after the fork
+		slave    *os.File
+		outputs  []*os.File // our read ends
 		kinds    []int
 		master   *os.File
 		stdinW   *os.File
 	)
 	cleanup := func() {
-		for _, f := range closeAft {
-			f.Close()
+		for _, fd := range closeAft {
+			unix.Close(fd)
+		}
+		if slave != nil {
+			slave.Close()
 		}
 	}
-	fail := func(err error) (*proc, *subscriber, error) {
-		cleanup()
+	closeOurs := func() {
 		for _, f := range outputs {
 			f.Close()
 		}
@@ -476,15 +492,18 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		if stdinW != nil {
 			stdinW.Close()
 		}
+	}
+	fail := func(err error) (*proc, *subscriber, error) {
+		cleanup()
+		closeOurs()
 		return nil, nil, connect.NewError(connect.CodeInternal, err)
 	}
 	if size := msg.GetPty().GetSize(); msg.GetPty() != nil {
-		m, slave, err := openPTY()
+		m, sl, err := openPTY()
 		if err != nil {
 			return fail(err)
 		}
-		master = m
-		closeAft = append(closeAft, slave)
+		master, slave = m, sl
 		cols, rows := size.GetCols(), size.GetRows()
 		if cols == 0 {
 			cols = 80
@@ -496,47 +515,47 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 			return fail(fmt.Errorf("sizing pty: %w", err))
 		}
 		_ = os.Chown(slave.Name(), int(u.UID), int(u.GID))
-		files = [3]*os.File{slave, slave, slave}
+		fd := int(slave.Fd())
+		child = [3]int{fd, fd, fd}
 		outputs, kinds = []*os.File{master}, []int{3}
 	} else {
 		if msg.Stdin == nil || msg.GetStdin() {
-			r, w, err := os.Pipe()
+			r, w, err := inputPipe()
 			if err != nil {
-				return fail(fmt.Errorf("creating stdin pipe: %w", err))
+				return fail(err)
 			}
 			stdinW = w
 			closeAft = append(closeAft, r)
-			files[0] = r
+			child[0] = r
 		} else {
-			null, err := os.Open(os.DevNull)
+			null, err := devNull()
 			if err != nil {
-				return fail(fmt.Errorf("opening %s: %w", os.DevNull, err))
+				return fail(err)
 			}
-			closeAft = append(closeAft, null)
-			files[0] = null
+			child[0] = null // the agent's own: not closed
 		}
 		for i := 1; i <= 2; i++ {
-			r, w, err := os.Pipe()
+			r, w, err := outputPipe()
 			if err != nil {
-				return fail(fmt.Errorf("creating output pipe: %w", err))
+				return fail(err)
 			}
 			closeAft = append(closeAft, w)
 			outputs, kinds = append(outputs, r), append(kinds, i)
-			files[i] = w
+			child[i] = w
 		}
 	}
 
 	attr := &syscall.ProcAttr{
 		Dir:   dir,
 		Env:   env,
-		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Files: []uintptr{uintptr(child[0]), uintptr(child[1]), uintptr(child[2])},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
 	if master != nil {
 		attr.Sys.Setctty = true
 		attr.Sys.Ctty = 0
 	}
-	if int(u.UID) != os.Geteuid() || int(u.GID) != os.Getegid() {
+	if u.UID != s.euid || u.GID != s.egid {
 		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
 	argv := append([]string{argv0}, cfg.GetArgs()...)
@@ -546,6 +565,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		stall:   s.opts.Stall,
 		budget:  s.budget,
 		onStall: s.dropStalled,
+		reaper:  s.reaper,
 		stop:    make(chan struct{}),
 		master:  master,
 		stdin:   stdinW,
@@ -562,6 +582,8 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	if closed {
 		return fail(errors.New("agent is shutting down"))
 	}
+	pidfd := -1
+	attr.Sys.PidFD = &pidfd
 	pid, err := s.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, argv, attr)
 	}, func(ws unix.WaitStatus) {
@@ -570,19 +592,12 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	})
 	if err != nil {
 		cleanup()
-		for _, f := range outputs {
-			f.Close()
-		}
-		if master != nil {
-			master.Close()
-		}
-		if stdinW != nil {
-			stdinW.Close()
-		}
+		closeOurs()
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting %s: %w", cfg.GetCmd(), err))
 	}
 	cleanup()
 	p.pid = pid
+	p.pidfd = pidfdFile(pidfd)
 	p.info.Pid = uint32(pid)
 	s.mu.Lock()
 	s.procs[pid] = p

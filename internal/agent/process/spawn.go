@@ -44,7 +44,7 @@ func (s *Service) Spawn(spec SpawnSpec) (int, <-chan unix.WaitStatus, error) {
 		Files: []uintptr{spec.Stdio[0].Fd(), spec.Stdio[1].Fd(), spec.Stdio[2].Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
-	if int(u.UID) != os.Geteuid() || int(u.GID) != os.Getegid() {
+	if u.UID != s.euid || u.GID != s.egid {
 		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
 	s.mu.Lock()

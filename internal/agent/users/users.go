@@ -5,8 +5,10 @@
 // password is empty) or, for the /files routes, the username query
 // parameter. No name selects the default user. Users are looked up in the
 // sandbox's own /etc/passwd and /etc/group through os/user (pure Go when
-// built with CGO_ENABLED=0), at every request, so accounts added inside the
-// sandbox are seen at once.
+// built with CGO_ENABLED=0). A lookup is kept while both files keep the
+// same inode, size and modification and change times (and their change
+// time is a second old), so accounts added or changed inside the sandbox
+// are seen by the next request.
 //
 // The package makes no security decision on the daemon's behalf: the daemon
 // authenticates requests; the username only chooses whose identity the
@@ -41,6 +43,11 @@ type User struct {
 
 // Lookup resolves the account called name.
 func Lookup(name string) (*User, error) {
+	return defaultCache.lookup(name, lookup)
+}
+
+// lookup resolves name through os/user, every time.
+func lookup(name string) (*User, error) {
 	if name == "" {
 		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
 	}
