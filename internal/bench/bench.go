@@ -457,6 +457,11 @@ func runAsRoot(ctx context.Context, c processconnect.ProcessClient, cmd string, 
 			stderr.Write(d.GetStderr())
 		}
 		if end := ev.GetEnd(); end != nil {
+			// Read to the stream's end, as the SDKs do: its connection
+			// to the agent is then reused (closing the stream at the end
+			// event dropped it, and every exec paid a new one).
+			for stream.Receive() {
+			}
 			if end.GetExitCode() != 0 {
 				return nil, fmt.Errorf("%s exited %d: %s", cmd, end.GetExitCode(), bytes.TrimSpace(stderr.Bytes()))
 			}
