@@ -94,6 +94,17 @@ func (p *proc) running() bool {
 // other process of the session (job control moves background jobs to
 // groups of their own). It fails with ESRCH only if nothing was left.
 func (p *proc) signal(sig unix.Signal) error {
+	if !p.running() {
+		// The process has ended (and was reaped): what may be left is its
+		// session's other processes, still running. Its group may still
+		// hold children that exited and wait for the reaper, which a
+		// signal to the group would count as found: only the session's
+		// live members count.
+		if signalSession(p.pid, sig) {
+			return nil
+		}
+		return unix.ESRCH
+	}
 	err := unix.Kill(-p.pid, sig)
 	if errors.Is(err, unix.ESRCH) && p.running() {
 		err = unix.Kill(p.pid, sig)
