@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
@@ -38,6 +39,12 @@ type standby struct {
 
 // maxStandbys bounds the standbys of a manager (the ones booting too).
 const maxStandbys = 64
+
+// standbyDelay is how long a standby waits before its boot: checkpoints
+// in quick succession (one before every command) boot only the last one's,
+// and a boot does not compete with the next checkpoint (on btrfs, its
+// subvolume's creation holds up the snapshot's transaction).
+const standbyDelay = 300 * time.Millisecond
 
 // prepareStandby starts booting a standby of e on layer, replacing e's
 // previous one. It does nothing on backends without standbys, or when
@@ -77,6 +84,15 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	spec.Network = m.fences.standbyNetwork(sb.key) // deny-all until the hand-over
 	m.wg.Go(func() {
 		defer close(sb.ready)
+		delay := time.NewTimer(standbyDelay)
+		defer delay.Stop()
+		select {
+		case <-delay.C:
+		case <-sb.gone:
+			return
+		case <-m.stop:
+			return
+		}
 		select {
 		case m.standbyBoot <- struct{}{}:
 		case <-sb.gone: // replaced before its turn
