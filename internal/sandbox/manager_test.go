@@ -341,6 +341,10 @@ func TestCrashRecovery(t *testing.T) {
 	if err := m1.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Stopped only once the test is over (before the store closes): its
+	// goroutines, which a real crash would end, must not use the store
+	// while the test's directory is removed.
+	defer m1.Shutdown(context.Background())
 	s, err := m1.Create(ctx, CreateRequest{TemplateID: "base"})
 	if err != nil {
 		t.Fatal(err)
