@@ -204,6 +204,12 @@ func TestScaleout(t *testing.T) {
 				t.Fatalf("sandbox %s has no node tag", id)
 			}
 			count[n]++
+			// The node's log reaches the test through a pipe, after the
+			// create's answer.
+			deadline := time.Now().Add(10 * time.Second)
+			for !nodes[n].sandboxIDs()[id] && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
 			if !nodes[n].sandboxIDs()[id] {
 				t.Errorf("sandbox %s is not in the log of %s, the node its tag names", id, n)
 			}
