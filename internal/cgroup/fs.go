@@ -90,14 +90,20 @@ func readKey(dir, name, key string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	n, err := keyIn(b, key)
+	if err != nil {
+		return 0, fmt.Errorf("parsing %s in %s/%s: %w", key, dir, name, err)
+	}
+	return n, nil
+}
+
+// keyIn returns the value of key in the contents of a flat keyed file,
+// 0 if it has none.
+func keyIn(b []byte, key string) (int64, error) {
 	for line := range strings.Lines(string(b)) {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
 		if ok && k == key {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parsing %s in %s/%s: %w", key, dir, name, err)
-			}
-			return n, nil
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
 	return 0, nil
@@ -137,11 +143,5 @@ func eventsKey(fd int, key string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("reading cgroup.events: %w", err)
 	}
-	for line := range strings.Lines(string(buf[:n])) {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if ok && k == key {
-			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, nil
+	return keyIn(buf[:n], key)
 }

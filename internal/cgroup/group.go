@@ -9,7 +9,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -408,15 +407,12 @@ func (g *Group) DirtyBytes() int64 {
 		return -1
 	}
 	var n int64
-	for line := range strings.Lines(string(b)) {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if ok && (k == keys[0] || k == keys[1]) {
-			x, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return -1
-			}
-			n += x
+	for _, k := range keys {
+		x, err := keyIn(b, k)
+		if err != nil {
+			return -1
 		}
+		n += x
 	}
 	return n
 }

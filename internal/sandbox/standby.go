@@ -129,20 +129,27 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	})
 }
 
+// finish ends sb's life as a standby (dropped, or taken by a rewind): a
+// boot still to come is skipped, one under way kills what it makes. It
+// returns the sandbox sb booted, if any, which the caller now owns.
+func (sb *standby) finish() isolation.Sandbox {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if !sb.dropped {
+		sb.dropped = true
+		close(sb.gone)
+	}
+	box := sb.box
+	sb.box = nil
+	return box
+}
+
 // dropStandby kills sb's sandbox, now or once it has booted.
 func (m *Manager) dropStandby(sb *standby) {
 	if sb == nil {
 		return
 	}
-	sb.mu.Lock()
-	if !sb.dropped {
-		close(sb.gone)
-	}
-	sb.dropped = true
-	box := sb.box
-	sb.box = nil
-	sb.mu.Unlock()
-	if box != nil {
+	if box := sb.finish(); box != nil {
 		m.killBox(context.Background(), box)
 	}
 }
@@ -191,13 +198,7 @@ func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) (isol
 		m.dropStandby(sb)
 		return nil, ""
 	}
-	sb.mu.Lock()
-	box := sb.box
-	if !sb.dropped {
-		close(sb.gone)
-	}
-	sb.box, sb.dropped = nil, true
-	sb.mu.Unlock()
+	box := sb.finish()
 	if box == nil {
 		return nil, ""
 	}
