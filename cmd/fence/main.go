@@ -21,7 +21,6 @@ import (
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/router"
 	"github.com/fencesandbox/fence/internal/sandbox"
@@ -132,7 +131,7 @@ func deps() cli.Deps {
 			})
 		},
 		Agent:       insandbox.RunAgent,
-		SandboxInit: nsinit.Init,
+		SandboxInit: insandbox.RunInit,
 		Bench: func(ctx context.Context, o cli.BenchOptions, out io.Writer) error {
 			return daemon.Bench(ctx, daemon.BenchOptions{
 				DataDir: o.DataDir, TemplatesDir: o.TemplatesDir, Template: o.Template,

@@ -14,6 +14,7 @@ import (
 	"github.com/fencesandbox/fence/internal/agent"
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/agent/sudo"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // agentMemoryLimit is the Go runtime's soft memory limit in the agent.
@@ -32,6 +33,29 @@ func RunAgent(ctx context.Context) error {
 	os.Unsetenv(boot.ConfigEnv)
 	listen := os.Getenv(boot.ListenEnv)
 	os.Unsetenv(boot.ListenEnv)
+	return serveAgent(ctx, cfg, listen)
+}
+
+// RunInit is the `fence init` role of the native backend: it sets the
+// sandbox up (package nsinit) and then serves as its agent, in the same
+// process: PID 1 of the sandbox, on the listener and lifeline the daemon
+// gave it. The agent is not executed anew; its runtime and packages were
+// started while the init waited for its sandbox.
+func RunInit() error {
+	cfg, err := nsinit.Init()
+	if err != nil {
+		return err
+	}
+	if err := serveAgent(context.Background(), cfg, ""); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+// serveAgent serves as the sandbox's agent with cfg, on a TCP listener on
+// listen when it is set, else on the listener and lifeline of package
+// boot.
+func serveAgent(ctx context.Context, cfg boot.Config, listen string) error {
 	ln, err := agentListener(listen)
 	if err != nil {
 		return err

@@ -32,7 +32,6 @@ import (
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/bench/netclient"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 )
 
@@ -51,7 +50,7 @@ func Main(args []string) (code int, ok bool) {
 	}
 	switch args[1] {
 	case "init":
-		if err := nsinit.Init(); err != nil {
+		if err := RunInit(); err != nil {
 			fmt.Fprintln(os.Stderr, "fence init:", err)
 			return 1, true
 		}

@@ -77,13 +77,19 @@ func Program() ([]unix.SockFilter, error) {
 // goroutine locked to its OS thread (runtime.LockOSThread), right before
 // execve (syscall.Exec) or before starting the sandboxed child from that
 // thread; everything this thread does afterwards is filtered.
-//
-// SECCOMP_FILTER_FLAG_TSYNC is deliberately not used: it would impose the
-// filter on every Go runtime thread of the caller (the daemon or helper),
-// which the runtime does not expect, and it buys nothing, since execve
-// ends the other threads and the new image inherits the calling thread's
-// filter.
-func Install(prog []unix.SockFilter) error {
+func Install(prog []unix.SockFilter) error { return install(prog, 0) }
+
+// InstallAllThreads installs prog on every thread of the calling process
+// at once (SECCOMP_FILTER_FLAG_TSYNC), for a process that becomes a
+// sandbox's without an exec: a Go program starts its commands from any of
+// its threads. Every thread must already have no_new_privs, or the caller
+// hold CAP_SYS_ADMIN. It fails, installing nothing, if any thread cannot
+// take the filter.
+func InstallAllThreads(prog []unix.SockFilter) error {
+	return install(prog, unix.SECCOMP_FILTER_FLAG_TSYNC)
+}
+
+func install(prog []unix.SockFilter, flags uintptr) error {
 	if len(prog) == 0 {
 		return errors.New("seccomp: empty filter")
 	}
@@ -91,10 +97,13 @@ func Install(prog []unix.SockFilter) error {
 		return fmt.Errorf("seccomp: filter has %d instructions, the kernel allows %d", len(prog), maxInsns)
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog)))
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	if errno != 0 {
 		return fmt.Errorf("seccomp: installing filter: %w", errno)
+	}
+	if r != 0 { // TSYNC: the thread that could not take it
+		return fmt.Errorf("seccomp: thread %d cannot take the filter", r)
 	}
 	return nil
 }

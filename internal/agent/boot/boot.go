@@ -8,10 +8,12 @@
 //
 // # The contract
 //
-//   - The fence binary is at Path inside the sandbox, read-only, and is
-//     executed as Argv with the environment Env returns (a fixed PATH and
-//     the Config as JSON in ConfigEnv). The agent removes ConfigEnv from its
-//     own environment before it starts anything.
+//   - The fence binary is at Path inside the sandbox, read-only. A backend
+//     executes it as Argv with the environment Env returns (a fixed PATH and
+//     the Config as JSON in ConfigEnv; the agent removes ConfigEnv from its
+//     own environment before it starts anything), or, as the native
+//     backend's init does, becomes the agent in the process that set the
+//     sandbox up, with the Config in hand and that same environment.
 //   - The agent serves envd's protocol on the listener it inherits as
 //     ListenerFD, or, when ListenEnv is set, on a TCP listener it opens at
 //     that address itself (a backend that cannot hand a host socket in,

@@ -34,9 +34,11 @@
 // it in its cgroup and sent its configuration together with a detached,
 // idmapped mount of the template (open_tree + mount_setattr, made for the
 // child's user namespace). The child builds its root, pivots into it,
-// drops privileges and executes the fence binary (bind-mounted read-only
-// at /.fence/fence) as `fence agent`, PID 1 of the sandbox. The agent
-// serves on a unix listener the daemon created on a host path that the
+// drops privileges on every thread and becomes the agent, PID 1 of the
+// sandbox, in the same process (package nsinit): the agent's Go runtime is
+// the init's, started before the sandbox was asked for (readyinit.go). The
+// in-sandbox binary is also bind-mounted read-only at /.fence/fence, for
+// fence's sudo and probes. The agent serves on a unix listener the daemon created on a host path that the
 // sandbox cannot see; DialAgent connects to it.
 //
 // # Crash safety

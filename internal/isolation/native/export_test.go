@@ -44,3 +44,6 @@ func (b *Backend) Instance() string { return b.opts.Instance }
 
 // ReadyInits returns how many inits wait in the backend's ready pool.
 func (b *Backend) ReadyInits() int { return len(b.ready) }
+
+// AgentPid is the host pid of sb's agent (its PID 1).
+func AgentPid(sb any) int { return sb.(*sandbox).proc.Pid }

@@ -73,8 +73,8 @@ type Options struct {
 	Ephemeral bool
 	// NoSeccomp disables the seccomp filter (for debugging only).
 	NoSeccomp bool
-	// Executable is the fence binary to run as `fence init` and, inside the
-	// sandbox, as `fence agent`. Empty means the running executable. It
+	// Executable is the fence binary whose in-sandbox binary runs as
+	// `fence init`, which becomes the sandbox's agent. Empty means the running executable. It
 	// must be a static binary (CGO_ENABLED=0): templates carry no libc.
 	Executable string
 	// Forensics, if set, keeps the writable layer of each killed sandbox

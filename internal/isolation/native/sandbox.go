@@ -363,7 +363,7 @@ const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | u
 	unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWTIME
 
 // start drives the sandbox's init (s.proc, in its new namespaces, whose
-// end of the sync socket is syncSock) until it has executed the agent: it
+// end of the sync socket is syncSock) until it has become the agent: it
 // places the init in the sandbox's cgroups, attaches its network, and
 // sends it its Config with the mounts and the agent's listener.
 func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File) error {
@@ -473,8 +473,8 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if _, err := syncSock.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
-	// The child answers with an error message, or closes its end (by
-	// executing the agent, its end being close-on-exec) on success.
+	// The child answers with an error message, or closes its end on
+	// success, as it becomes the agent.
 	reply := make(chan []byte, 1)
 	go func() {
 		buf := make([]byte, 4096)

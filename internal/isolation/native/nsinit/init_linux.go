@@ -3,8 +3,11 @@
 // namespaces, it receives its Config and the detached mounts of the
 // template, binds and layers over the sync socket, builds the sandbox's
 // root (overlay, /proc, /sys, /dev, the agent binary), waits for the
-// daemon's go-ahead, drops privileges (capability bounding set,
-// no_new_privs, seccomp) and executes the agent.
+// daemon's go-ahead, drops privileges (capability sets, no_new_privs,
+// seccomp) on every thread and becomes the agent, without an exec: its Go
+// runtime and packages are started long before its sandbox exists (an
+// init started ahead), so a sandbox's first command does not wait for a
+// second program to start.
 //
 // It is kept small on purpose: it runs in the in-sandbox binary
 // (cmd/fence-sandbox) as well as in the fence binary, and every start of
@@ -14,8 +17,11 @@
 //
 //   - Nothing of the sandbox runs before the daemon's go-ahead, which it
 //     sends once the process is in the sandbox's cgroups.
-//   - The agent starts with the bounded capabilities, no_new_privs and the
-//     seccomp filter every process of the sandbox inherits.
+//   - When Init returns without error, every thread of the process has the
+//     bounded capabilities, no_new_privs, the seccomp filter and the cgroup
+//     namespace every process of the sandbox inherits, and the process
+//     holds no descriptor but its standard streams, the agent's listener
+//     and lifeline (and the Go runtime's own poller).
 //   - On failure, the error is written to the sync socket and Init returns
 //     it; the daemon tears the sandbox down.
 package nsinit
@@ -31,6 +37,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -43,7 +51,7 @@ import (
 const (
 	// SyncFD is the init's end of a SOCK_SEQPACKET pair: it receives the
 	// Config (with the mounts' descriptors), then the go-ahead, and
-	// answers with an error message, or EOF once the agent is executed.
+	// answers with an error message, or EOF once the process becomes the agent.
 	SyncFD     = 3
 	listenerFD = boot.ListenerFD
 	lifelineFD = boot.LifelineFD
@@ -115,45 +123,62 @@ var readOnlyPaths = []string{
 var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // Init is the `fence init` role: it runs as PID 1 of a new sandbox, in its
-// new namespaces, sets up the sandbox and executes the agent. It returns
-// only on failure, after reporting the failure to the daemon.
-func Init() error {
-	// Capabilities, no_new_privs and seccomp are per thread: everything
-	// from here to execve stays on this thread.
+// new namespaces, and sets up the sandbox. On success the process has
+// become the sandbox's agent in all but its code: its environment is the
+// agent's, its privileges on every thread are those every process of the
+// sandbox has, the daemon has been told, and the caller serves the agent
+// with the returned configuration on boot.ListenerFD and boot.LifelineFD.
+// On failure the error has been reported to the daemon.
+func Init() (boot.Config, error) {
+	// The namespace and mount calls below act on this thread (unshare)
+	// or are checked against it; it stays the one until every thread has
+	// dropped its privileges.
 	runtime.LockOSThread()
 	sync := os.NewFile(SyncFD, "sync")
-	err := setup(sync)
+	cfg, err := setup(sync)
 	if err != nil {
 		_, _ = sync.Write([]byte(err.Error()))
+		return boot.Config{}, err
 	}
-	return err
+	// EOF on the sync socket tells the daemon the agent is starting.
+	sync.Close()
+	runtime.UnlockOSThread()
+	return cfg.Agent, nil
 }
 
-func setup(sync *os.File) error {
+func setup(sync *os.File) (*Config, error) {
 	// First of all, before the wait for a Config (an init may be started
 	// long before its sandbox): no mount or unmount on the host reaches
 	// this namespace any more, so another sandbox's writable layer
 	// mounted meanwhile is never copied in here and pinned.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making mounts private: %w", err)
+		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
+	// Also ahead of the Config, as neither depends on it: the capability
+	// bounding set is bounded on every thread (this keeps the effective
+	// capabilities the setup needs; it bounds what any exec or capset can
+	// gain later), and the agent's code is mapped in.
+	if err := boundCapabilities(); err != nil {
+		return nil, err
+	}
+	prefault()
 	cfg, fds, err := receiveConfig(sync)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	lower := fds[0]
 	unix.CloseOnExec(SyncFD)
 	// The agent's listener travels last; it takes the place kept for it
-	// at ListenerFD (without close-on-exec: the agent inherits it).
+	// at ListenerFD, where the agent takes it.
 	if cfg.Listener {
 		ln := fds[len(fds)-1]
 		if err := unix.Dup3(ln, listenerFD, 0); err != nil {
-			return fmt.Errorf("placing the agent's listener: %w", err)
+			return nil, fmt.Errorf("placing the agent's listener: %w", err)
 		}
 		unix.Close(ln)
 	}
 	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, cfg.LowerDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching template: %w", err)
+		return nil, fmt.Errorf("attaching template: %w", err)
 	}
 	unix.Close(lower)
 	// Frozen layers the sandbox boots on (checkpoints, snapshots) travel
@@ -161,14 +186,14 @@ func setup(sync *os.File) error {
 	for i, d := range cfg.LayerDirs {
 		fd := fds[1+len(cfg.Binds)+i]
 		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, d, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attaching layer: %w", err)
+			return nil, fmt.Errorf("attaching layer: %w", err)
 		}
 		unix.Close(fd)
 	}
 	if cfg.DiskDir != "" {
 		fd := fds[1+len(cfg.Binds)+len(cfg.LayerDirs)]
 		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, cfg.DiskDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attaching writable layer: %w", err)
+			return nil, fmt.Errorf("attaching writable layer: %w", err)
 		}
 		unix.Close(fd)
 	}
@@ -179,82 +204,86 @@ func setup(sync *os.File) error {
 		if err != nil {
 			return "", fmt.Errorf("opening overlay layer: %w", err)
 		}
-		return fdPath(fd), nil // closed at exec
+		return fdPath(fd), nil // closed with the others below
 	}
 	var lowers []string
 	for _, d := range append(slices.Clone(cfg.LayerDirs), cfg.LowerDir) {
 		p, err := openLayer(d)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		lowers = append(lowers, p)
 	}
 	upper, err := openLayer(cfg.UpperDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	work, err := openLayer(cfg.WorkDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", strings.Join(lowers, ":"), upper, work)
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mounting root overlay: %w", err)
+		return nil, fmt.Errorf("mounting root overlay: %w", err)
 	}
 	root := cfg.RootDir
 	if err := mountAgent(root); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mountProcSys(root); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mountDev(root, cfg.ShmBytes); err != nil {
-		return err
+		return nil, err
 	}
 	for i, b := range cfg.Binds {
 		if err := attachBind(root, fds[i+1], b); err != nil {
-			return fmt.Errorf("binding %s: %w", b.Path, err)
+			return nil, fmt.Errorf("binding %s: %w", b.Path, err)
 		}
 	}
 	if err := ensureTmp(root); err != nil {
-		return err
+		return nil, err
 	}
 	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
-		return fmt.Errorf("setting hostname: %w", err)
+		return nil, fmt.Errorf("setting hostname: %w", err)
 	}
 	if err := loopbackUp(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := pivot(root); err != nil {
-		return err
+		return nil, err
 	}
 	if err := setRlimits(cfg.NoFile); err != nil {
-		return err
+		return nil, err
 	}
-	env, err := boot.Env(cfg.Agent, "")
-	if err != nil {
-		return err
-	}
-	if err := unix.CloseRange(lifelineFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return fmt.Errorf("closing descriptors: %w", err)
+	// Every descriptor the setup received or opened names something of
+	// the host's (the layers' directories, the template's tree): none
+	// may outlive it in a process of the sandbox's.
+	if err := closeDescriptors(); err != nil {
+		return nil, err
 	}
 	// Nothing of the sandbox's runs before the daemon has placed this
 	// process in the sandbox's cgroups.
 	buf := make([]byte, 1)
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
-		return fmt.Errorf("waiting for the daemon: %v", err)
+		return nil, fmt.Errorf("waiting for the daemon: %v", err)
 	}
 	// Now in its cgroups on every hierarchy: a cgroup namespace entered
 	// here is rooted there, so /proc/self/cgroup reads / everywhere and
-	// names no host path. unshare acts on this thread, the one that execs.
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("entering cgroup namespace: %w", err)
+	// names no host path.
+	if err := enterCgroupNamespace(); err != nil {
+		return nil, err
 	}
 	if err := dropPrivileges(cfg.Seccomp); err != nil {
-		return err
+		return nil, err
 	}
-	err = unix.Exec(agentPath, boot.Argv, env)
-	return fmt.Errorf("executing agent: %w", err)
+	// The agent's environment, as a program started with it would have
+	// it: it passes no part of its own on to the commands it runs.
+	os.Clearenv()
+	if err := os.Setenv("PATH", strings.TrimPrefix(boot.DefaultPath, "PATH=")); err != nil {
+		return nil, fmt.Errorf("setting the agent's environment: %w", err)
+	}
+	return cfg, nil
 }
 
 func receiveConfig(sync *os.File) (*Config, []int, error) {
@@ -611,24 +640,84 @@ func setRlimits(noFile uint64) error {
 	return nil
 }
 
-// dropPrivileges bounds the capabilities of everything the agent will run,
-// sets no_new_privs and installs the seccomp filter, on this thread.
-func dropPrivileges(filter []byte) error {
+// The privileges of a process are per thread (its capability sets,
+// no_new_privs, seccomp filter and namespaces), and a Go program runs on
+// several: every change below is made on all of them at once
+// (syscall.AllThreadsSyscall stops the world and makes the call on each
+// thread; a thread started later is cloned from one that made it), so no
+// thread is left from which the agent could start a command with more.
+
+// allThreads makes a system call on every thread of the process.
+func allThreads(trap, a1, a2, a3 uintptr) error {
+	if _, _, errno := syscall.AllThreadsSyscall(trap, a1, a2, a3); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// boundCapabilities drops every capability the sandbox does not keep from
+// the bounding set and clears the ambient set. The effective and permitted
+// sets are left as they are: the setup still needs them.
+func boundCapabilities() error {
 	for c := 0; c <= 63; c++ {
 		if keptCaps[c] {
 			continue
 		}
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); err != nil {
 			if errors.Is(err, unix.EINVAL) {
 				break // past the kernel's last capability
 			}
 			return fmt.Errorf("dropping capability %d: %w", c, err)
 		}
 	}
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+	if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); err != nil {
 		return fmt.Errorf("clearing ambient capabilities: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+	return nil
+}
+
+// enterCgroupNamespace makes a cgroup namespace on this thread and moves
+// every other thread into it.
+func enterCgroupNamespace() error {
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("entering cgroup namespace: %w", err)
+	}
+	ns, err := unix.Open("/proc/thread-self/ns/cgroup", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("entering cgroup namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	if err := allThreads(unix.SYS_SETNS, uintptr(ns), unix.CLONE_NEWCGROUP, 0); err != nil {
+		return fmt.Errorf("entering cgroup namespace: %w", err)
+	}
+	return nil
+}
+
+// dropPrivileges leaves every thread with the kept capabilities only
+// (effective, permitted; inheritable within them), no_new_privs and the
+// seccomp filter: what the agent would have had from an exec as the
+// sandbox's root, after boundCapabilities.
+func dropPrivileges(filter []byte) error {
+	var kept uint64
+	for c := range keptCaps {
+		kept |= 1 << c
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("reading capabilities: %w", err)
+	}
+	for i := range data {
+		k := uint32(kept >> (32 * i))
+		data[i].Effective, data[i].Permitted, data[i].Inheritable = k, k, data[i].Inheritable&k
+	}
+	hdr.Pid = 0
+	if err := allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); err != nil {
+		return fmt.Errorf("dropping capabilities: %w", err)
+	}
+	runtime.KeepAlive(&hdr)
+	runtime.KeepAlive(&data)
+	if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	if len(filter) == 0 {
@@ -638,10 +727,70 @@ func dropPrivileges(filter []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := seccomp.Install(prog); err != nil {
+	if err := seccomp.InstallAllThreads(prog); err != nil {
 		return fmt.Errorf("installing seccomp filter: %w", err)
 	}
 	return nil
+}
+
+// closeDescriptors closes every descriptor above the agent's (listener,
+// lifeline), except the Go runtime's own poller (an epoll instance and its
+// eventfd, which name nothing). Descriptors are listed in /proc, the
+// sandbox's own by now.
+func closeDescriptors() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing descriptors: %w", err)
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= lifelineFD {
+			continue
+		}
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil {
+			continue // the directory's own, closed by ReadDir
+		}
+		if target == "anon_inode:[eventpoll]" || target == "anon_inode:[eventfd]" {
+			continue
+		}
+		if err := unix.Close(fd); err != nil {
+			return fmt.Errorf("closing descriptor %d (%s): %w", fd, target, err)
+		}
+	}
+	return nil
+}
+
+// prefault maps the pages of this binary's code and read-only data into
+// the process: an init started ahead does it while it waits, so the agent
+// does not take a page fault on each first use of its code while a
+// sandbox's first command waits. The pages are the page cache's, shared
+// by every sandbox; only the page tables are this process's. Best effort.
+func prefault() {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		return
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return
+	}
+	for line := range strings.Lines(string(maps)) {
+		f := strings.Fields(line)
+		if len(f) < 6 || f[5] != exe || strings.Contains(f[1], "w") {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || end <= start {
+			continue
+		}
+		_, _, _ = unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_POPULATE_READ)
+	}
 }
 
 // EncodeFilter and DecodeFilter carry a BPF program from the daemon to
