@@ -55,16 +55,14 @@ type Options struct {
 // back at exec.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	// A sandbox's first command waits for the agent's start: what does
-	// not depend on the rest runs beside it. The spare threads exist
-	// before the first request is answered (so before anything of the
-	// sandbox runs); the codecs of the process service are set up for the
-	// first Start, which otherwise does it itself.
+	// not depend on the rest runs beside it (unless Prepare has done it).
+	// The spare threads exist before the first request is answered (so
+	// before anything of the sandbox runs).
 	threads := make(chan struct{})
 	go func() {
-		spareThreads(spareThreadCount)
+		Prepare()
 		close(threads)
 	}()
-	go process.WarmCodecs()
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, ignoredSignals...)
 	defer func() {
@@ -203,6 +201,25 @@ func build(opts Options) *built {
 		procs.Close()
 		files.Close()
 	}}
+}
+
+// prepared makes Prepare's work happen once per process.
+var prepared sync.Once
+
+// Prepare does the part of the agent's start that depends on nothing of
+// its sandbox: it starts the spare threads (spareThreads) and sets up the
+// codecs of the process service for the first Start, which otherwise does
+// it itself. Serve calls it; a process that becomes an agent later (the
+// native backend's init, started ahead of its sandbox) calls it while it
+// waits, so a sandbox's first command does not. Safe to call more than
+// once and concurrently; later calls wait for the first.
+func Prepare() {
+	prepared.Do(func() {
+		var wg sync.WaitGroup
+		wg.Go(process.WarmCodecs)
+		spareThreads(spareThreadCount)
+		wg.Wait()
+	})
 }
 
 // spareThreadCount is how many idle OS threads the agent keeps beyond what

@@ -42,6 +42,10 @@ func RunAgent(ctx context.Context) error {
 // gave it. The agent is not executed anew; its runtime and packages were
 // started while the init waited for its sandbox.
 func RunInit() error {
+	// While the init waits for its sandbox (it usually is started ahead),
+	// the agent's start is prepared. Its threads are the init's: nsinit
+	// drops their privileges with the rest.
+	go agent.Prepare()
 	cfg, err := nsinit.Init()
 	if err != nil {
 		return err
