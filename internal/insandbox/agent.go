@@ -45,8 +45,7 @@ func RunInit() error {
 	// While the init waits for its sandbox (it usually is started ahead),
 	// the agent's start is prepared. Its threads are the init's: nsinit
 	// drops their privileges with the rest.
-	go agent.Prepare()
-	cfg, err := nsinit.Init()
+	cfg, err := nsinit.Init(agent.Prepare)
 	if err != nil {
 		return err
 	}

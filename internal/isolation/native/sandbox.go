@@ -195,6 +195,12 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if s.cg, err = b.cg.Create(s.key, cl); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
+	attached := s.attach(ctx, spec.Network)
+	defer func() {
+		if err != nil {
+			attached() // before the teardown (deferred earlier, run later)
+		}
+	}()
 	cfg, err := s.prepareDirs(ctx, spec, limits)
 	if err != nil {
 		return nil, err
@@ -202,10 +208,33 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if s.ln, err = listenUnix(s.sock); err != nil {
 		return nil, err
 	}
-	if err := s.start(ctx, spec, cfg, r.sync); err != nil {
+	if err := s.start(ctx, spec, cfg, r.sync, attached); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// attach places the sandbox's init in its cgroups and attaches its network
+// (a TUN device in its netns, read by a user-space stack here), both in the
+// background: joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
+// period each) and the network a few more, and they run while the
+// sandbox's directories are made and its init builds its root. The init
+// waits for the go-ahead, sent after both, before running anything of the
+// sandbox's. The returned function waits for both and returns their error;
+// it may be called more than once.
+func (s *sandbox) attach(ctx context.Context, nw isolation.Network) func() error {
+	pid := s.proc.Pid
+	cg := make(chan error, 1)
+	go func() {
+		if err := s.cg.AddProc(pid); err != nil {
+			cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
+			return
+		}
+		cg <- nil
+	}()
+	net := make(chan error, 1)
+	go func() { net <- s.startNetwork(ctx, pid, nw) }()
+	return sync.OnceValue(func() error { return errors.Join(<-cg, <-net) })
 }
 
 // checkBinds refuses binds that would cover what the sandbox's security
@@ -366,7 +395,7 @@ const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | u
 // end of the sync socket is syncSock) until it has become the agent: it
 // places the init in the sandbox's cgroups, attaches its network, and
 // sends it its Config with the mounts and the agent's listener.
-func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File) error {
+func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File, attached func() error) error {
 	proc := s.proc
 	hostUID := s.slot.hostUID()
 	lnFile, err := s.ln.File() // a dup; closed below, the listener stays with us
@@ -388,30 +417,6 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if err := s.detachDisk(); err != nil {
 		return err
 	}
-	// Joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
-	// period each), so it runs while the child builds its root; the child
-	// waits for the go-ahead below before running anything of the
-	// sandbox's.
-	attached := make(chan error, 2)
-	go func() {
-		if err := s.cg.AddProc(proc.Pid); err != nil {
-			attached <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
-			return
-		}
-		attached <- nil
-	}()
-	// Its network (a TUN device in its netns, read by a user-space stack
-	// here) is made meanwhile too.
-	go func() { attached <- s.startNetwork(ctx, proc.Pid, spec.Network) }()
-	attachErr := func() error {
-		return errors.Join(<-attached, <-attached)
-	}
-	defer func() {
-		if attached != nil {
-			<-attached
-			<-attached
-		}
-	}()
 	// The template and every bind travel as detached mounts, idmapped for
 	// the sandbox's user namespace and made here, by the daemon: the
 	// sandbox's uids need no access to the host paths.
@@ -464,9 +469,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if err := unix.Sendmsg(int(syncSock.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
 	}
-	err = attachErr()
-	attached = nil
-	if err != nil {
+	if err := attached(); err != nil {
 		return err
 	}
 	protectAgent(proc.Pid)

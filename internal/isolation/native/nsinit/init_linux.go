@@ -129,13 +129,13 @@ var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // sandbox has, the daemon has been told, and the caller serves the agent
 // with the returned configuration on boot.ListenerFD and boot.LifelineFD.
 // On failure the error has been reported to the daemon.
-func Init() (boot.Config, error) {
-	// The namespace and mount calls below act on this thread (unshare)
-	// or are checked against it; it stays the one until every thread has
-	// dropped its privileges.
-	runtime.LockOSThread()
+//
+// meanwhile, if not nil, is started in a goroutine once nothing it does
+// can escape the sandbox's capability bounds, while the init waits for its
+// sandbox: the part of the agent's start that depends on nothing of it.
+func Init(meanwhile func()) (boot.Config, error) {
 	sync := os.NewFile(SyncFD, "sync")
-	cfg, err := setup(sync)
+	cfg, err := setup(sync, meanwhile)
 	if err != nil {
 		_, _ = sync.Write([]byte(err.Error()))
 		return boot.Config{}, err
@@ -146,7 +146,7 @@ func Init() (boot.Config, error) {
 	return cfg.Agent, nil
 }
 
-func setup(sync *os.File) (*Config, error) {
+func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	// First of all, before the wait for a Config (an init may be started
 	// long before its sandbox): no mount or unmount on the host reaches
 	// this namespace any more, so another sandbox's writable layer
@@ -154,13 +154,21 @@ func setup(sync *os.File) (*Config, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
-	// Also ahead of the Config, as neither depends on it: the capability
-	// bounding set is bounded on every thread (this keeps the effective
-	// capabilities the setup needs; it bounds what any exec or capset can
-	// gain later), and the agent's code is mapped in.
+	// Then, while the process has the fewest threads (each change is made
+	// on every one), the capability bounding set is bounded. This keeps
+	// the effective capabilities the setup needs; it bounds what any exec
+	// or capset can gain later.
 	if err := boundCapabilities(); err != nil {
 		return nil, err
 	}
+	if meanwhile != nil {
+		go meanwhile()
+	}
+	// The namespace and mount calls below act on this thread (unshare)
+	// or are checked against it; it stays the one until every thread has
+	// dropped its privileges.
+	runtime.LockOSThread()
+	// Also ahead of the Config: the agent's code is mapped in.
 	prefault()
 	cfg, fds, err := receiveConfig(sync)
 	if err != nil {
