@@ -253,14 +253,21 @@ func (w *tapWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Write passes b on to the client first and only then to the tap: what the
+// tap does for an event (keeping a process's output ends with an fsync of
+// its file) is not a wait the client's stream pays for.
 func (w *tapWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	n, err := w.ResponseWriter.Write(b)
 	if w.onData != nil {
-		w.onData(b)
+		if f, ok := w.ResponseWriter.(http.Flusher); ok && err == nil {
+			f.Flush()
+		}
+		w.onData(b) // all of it, delivered or not: the audit keeps what the sandbox sent
 	}
-	return w.ResponseWriter.Write(b)
+	return n, err
 }
 
 func (w *tapWriter) Flush() {
