@@ -36,6 +36,16 @@ func TestAgentThreadsHoldNoMore(t *testing.T) {
 		t.Fatalf("a root command's CapBnd is %q", root["CapBnd"])
 	}
 
+	// The agent's executable is the host's file (the init was started
+	// from it, not from the sandbox's /.fence/fence): the sandbox's root
+	// must not learn its host path or reach it through /proc/1.
+	peek := run(t, sb, "root", "/bin/sh", "-c",
+		"readlink /proc/1/exe; head -c 4096 /proc/1/maps; ls -l /proc/1/fd/ /proc/1/map_files/ 2>&1; cat /proc/1/exe >/dev/null && echo READ; echo done")
+	if !strings.HasSuffix(peek.stdout, "done\n") || strings.Contains(peek.stdout, "READ") ||
+		strings.Contains(peek.stdout+peek.stderr, filepath.Dir(testutil.FenceBinary(t))) || strings.Contains(peek.stdout+peek.stderr, "/var/lib") {
+		t.Errorf("the sandbox's root sees through /proc/1: %q %q", peek.stdout, peek.stderr)
+	}
+
 	pid := native.AgentPid(sb)
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
