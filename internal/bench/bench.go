@@ -181,7 +181,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if idleErr != nil {
 		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", idleErr)
 	} else {
-		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroup + %.2f MiB in the backend (network stack, bookkeeping) = %.2f MiB\n",
+		fmt.Fprintf(out, "idle sandbox memory, mean of %d: %.2f MiB in its cgroups + %.2f MiB in the backend (network stack, bookkeeping) = %.2f MiB\n",
 			opts.Idle, mib(perSandbox), mib(daemonSide), mib(perSandbox+daemonSide))
 	}
 	var errs []error
@@ -597,6 +597,14 @@ func fenceWarm(ctx context.Context, opts Options) Result {
 func idleMemory(ctx context.Context, opts Options) (int64, int64, error) {
 	runtime.GC()
 	before := rss()
+	// An agent's start-up memory may be charged to where its process
+	// waited before its sandbox existed (the native backend's ready
+	// inits): counted here too.
+	ready, _ := opts.Backend.(interface{ ReadyMemory() int64 })
+	var readyBefore int64
+	if ready != nil {
+		readyBefore = ready.ReadyMemory()
+	}
 	var sbs []isolation.Sandbox
 	defer func() {
 		for _, sb := range sbs {
@@ -625,6 +633,9 @@ func idleMemory(ctx context.Context, opts Options) (int64, int64, error) {
 			return 0, 0, err
 		}
 		total += st.MemoryBytes
+	}
+	if ready != nil {
+		total += max(ready.ReadyMemory()-readyBefore, 0)
 	}
 	return total / int64(len(sbs)), max(daemon, 0), nil
 }

@@ -161,10 +161,32 @@ const readyGroup = "_ready"
 // readyLimits bound the ready inits together: they start in the
 // background, with the lowest CPU weight and half a core at most, so that
 // they run on idle CPU and do not slow the creates and sandboxes they are
-// made for. The memory their runtimes took is given back at the agent's
-// exec.
+// made for.
+//
+// Their memory is not limited here. An init becomes its sandbox's agent
+// without an exec, and the kernel moves no memory charge with a process
+// that changes cgroup: what an init's runtime took while it waited (about
+// 1.5 MiB: its heap, stacks and page tables) stays charged to this group
+// for as long as its agent lives, so the group holds that much per live
+// sandbox, bounded by the number of sandboxes. A limit here would make
+// the creates fail once enough sandboxes were alive. ReadyMemory reports
+// the charge.
 func readyLimits(n int) cgroup.Limits {
-	return cgroup.Limits{CPUs: 0.5, MemoryBytes: int64(n) * 64 << 20, Pids: int64(n) * 64, Weight: 2}
+	return cgroup.Limits{CPUs: 0.5, Pids: int64(n) * 64, Weight: 2}
+}
+
+// ReadyMemory is the memory charged to the ready inits' cgroup: the ready
+// inits' and what the agents they became took before their sandboxes
+// existed (see readyLimits). Zero without ready inits.
+func (b *Backend) ReadyMemory() int64 {
+	if b.readyCg == nil {
+		return 0
+	}
+	st, err := b.readyCg.Stats()
+	if err != nil {
+		return 0
+	}
+	return st.MemoryBytes
 }
 
 // fillReady keeps Options.ReadyInits inits in b.ready (one per token of

@@ -134,3 +134,33 @@ func TestBackgroundSandboxForegroundedAtHandOut(t *testing.T) {
 		t.Errorf("sandbox handed out by the warm pool: CPU weight %s, want %s", w, normal)
 	}
 }
+
+// An init becomes its sandbox's agent without an exec, and the memory its
+// runtime took while it waited stays charged to the ready inits' cgroup
+// (the kernel moves no charge with a process). That charge grows with the
+// sandboxes alive; it must never stop the ready inits from being made, nor
+// the sandboxes they became from answering. With a limit on that cgroup
+// (64 MiB for one ready init, as there was), the ready inits were
+// OOM-killed once about forty sandboxes were alive.
+func TestReadyInitsChargeDoesNotLimitSandboxes(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	b := newBackendWith(t, native.Options{ReadyInits: 1})
+	const past = 72 << 20
+	var sbs []isolation.Sandbox
+	for len(sbs) < 120 && b.ReadyMemory() < past {
+		waitReadyInits(t, b, 1)
+		sb := create(t, b, isolation.Spec{RootFS: rootfs, Limits: isolation.Limits{MemoryBytes: 64 << 20, Pids: 64}})
+		sbs = append(sbs, sb)
+	}
+	t.Logf("%d sandboxes alive, %.1f MiB charged to the ready inits' cgroup", len(sbs), float64(b.ReadyMemory())/(1<<20))
+	if b.ReadyMemory() < past {
+		t.Fatalf("the ready inits' charge stayed below %d MiB with %d sandboxes: the test does not reach what it tests", past>>20, len(sbs))
+	}
+	waitReadyInits(t, b, 1)
+	for i, sb := range sbs {
+		if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+			t.Fatalf("sandbox %d: %+v", i, r)
+		}
+	}
+}
