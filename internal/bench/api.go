@@ -21,19 +21,21 @@ import (
 // caller (in this process, so that its memory can be read).
 type Daemon struct {
 	URL, APIKey string
-	// Pooled names the template the daemon's warm pool serves, if any.
-	Pooled string
+	// Pooled names the templates the daemon's warm pools serve.
+	Pooled []string
 	Stop   func() error
 }
 
-// DaemonStarter starts a daemon with the given warm-pool size.
-type DaemonStarter func(ctx context.Context, warmPool int) (*Daemon, error)
+// DaemonStarter starts a daemon with the given warm-pool size (for its
+// default template), also keeping that many sandboxes of each of
+// warmTemplates started ahead (`fence serve --warm-template NAME=N`).
+type DaemonStarter func(ctx context.Context, warmPool int, warmTemplates ...string) (*Daemon, error)
 
 // sdkRoundTrip measures what an E2B SDK user does most: create a sandbox,
 // run `echo hi` in it and kill it, through the daemon's API, per phase.
 func sdkRoundTrip(ctx context.Context, d *Daemon, tmpl string, n int) []Result {
 	name := "api create→run echo→kill, " + tmpl
-	if tmpl == d.Pooled {
+	if slices.Contains(d.Pooled, tmpl) {
 		name += " (warm pool)"
 	}
 	c := client.New(d.URL, d.APIKey)

@@ -167,11 +167,29 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 			results = append(results, Result{Name: "api round trip", Err: err})
 		} else {
 			dmn = d
+			var cold []string
 			for _, t := range opts.Templates {
 				results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+				if !slices.Contains(d.Pooled, t) {
+					cold = append(cold, t)
+				}
 			}
 			if err := d.Stop(); err != nil {
 				fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
+			}
+			// The templates measured cold, again from a warm pool of
+			// their own, as `fence serve --warm-template NAME=2` keeps.
+			if len(cold) > 0 {
+				if d, err := opts.Daemon(ctx, 2, cold...); err != nil {
+					results = append(results, Result{Name: "api round trip, warm templates", Err: err})
+				} else {
+					for _, t := range cold {
+						results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+					}
+					if err := d.Stop(); err != nil {
+						fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
+					}
+				}
 			}
 		}
 	}
@@ -665,6 +683,7 @@ var ratioGoals = []struct {
 	{"fence create→exec true→kill, warm pool", "bwrap /bin/true", 1},
 	{"fence exec true in a running sandbox", "baseline fork+exec /bin/true", 1.3},
 	{"api create→run echo→kill, minimal", "bwrap /bin/true", 2.5},
+	{"api create→run echo→kill, minimal (warm pool)", "bwrap /bin/true", 2.5},
 	{"api create→run echo→kill, base", "bwrap /bin/true", 4},
 	{"api create→run echo→kill, base (warm pool)", "bwrap /bin/true", 4},
 	{"fence create→exec true→kill", "runc run /bin/true", 0},

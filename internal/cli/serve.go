@@ -317,6 +317,8 @@ func benchCmd(deps Deps) *cobra.Command {
   - pause and resume of a sandbox holding 100 MiB;
   - the SDK-shaped round trip through the API of a daemon started for the
     run (create → run 'echo hi' → kill, per phase), for --template and base;
+    a template the daemon's warm pool does not serve is measured cold, then
+    again on a daemon that keeps two of it ahead (--warm-template NAME=2);
   - with --peers, bwrap, runc and a plain fork+exec running the same /bin/true
     in the same root filesystem; ratios are given to bwrap;
   - the network on the real path: a sandbox's download from a server in a

@@ -200,7 +200,7 @@ func (BenchOptions) MaxSandboxes() int { return 5000 }
 // crashed run's leftovers are removed by the next one's start) and a
 // loopback port.
 func benchDaemon(opts BenchOptions) bench.DaemonStarter {
-	return func(ctx context.Context, warmPool int) (*bench.Daemon, error) {
+	return func(ctx context.Context, warmPool int, warmTemplates ...string) (*bench.Daemon, error) {
 		raw := make([]byte, 20)
 		if _, err := rand.Read(raw); err != nil {
 			return nil, err
@@ -211,14 +211,15 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 		done := make(chan error, 1)
 		go func() {
 			done <- Serve(ctx, Options{
-				Addr:         "127.0.0.1:0",
-				DataDir:      filepath.Join(opts.DataDir, "bench-api"),
-				TemplatesDir: opts.TemplatesDir,
-				APIKey:       key,
-				Defaults:     sandbox.Defaults{},
-				WarmPool:     warmPool,
-				MaxSandboxes: opts.MaxSandboxes(),
-				Ready:        func(a net.Addr) { ready <- a },
+				Addr:          "127.0.0.1:0",
+				DataDir:       filepath.Join(opts.DataDir, "bench-api"),
+				TemplatesDir:  opts.TemplatesDir,
+				APIKey:        key,
+				Defaults:      sandbox.Defaults{},
+				WarmPool:      warmPool,
+				WarmTemplates: warmTemplateOpts(warmTemplates, warmPool),
+				MaxSandboxes:  opts.MaxSandboxes(),
+				Ready:         func(a net.Addr) { ready <- a },
 			})
 		}()
 		select {
@@ -228,10 +229,11 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 				return <-done
 			}}
 			if warmPool > 0 {
-				d.Pooled = "minimal"
+				d.Pooled = []string{"minimal"}
 				if _, err := os.Stat(filepath.Join(opts.TemplatesDir, "base")); err == nil {
-					d.Pooled = "base"
+					d.Pooled = []string{"base"}
 				}
+				d.Pooled = append(d.Pooled, warmTemplates...)
 			}
 			return d, nil
 		case err := <-done:
@@ -239,4 +241,13 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 			return nil, fmt.Errorf("starting the benchmark daemon: %w", err)
 		}
 	}
+}
+
+// warmTemplateOpts keeps size sandboxes of each of names ahead.
+func warmTemplateOpts(names []string, size int) []WarmTemplate {
+	var wt []WarmTemplate
+	for _, n := range names {
+		wt = append(wt, WarmTemplate{Name: n, Size: size})
+	}
+	return wt
 }
