@@ -28,7 +28,7 @@ func TestBenchSmoke(t *testing.T) {
 		"vs bwrap (median)", "fence create→exec true→kill ", "phase: create", "phase: exec true", "phase: kill",
 		"warm pool", "exec true in a running sandbox", "runc run /bin/true",
 		"fence pause (100 MiB in use)", "fence resume (100 MiB in use)",
-		"api create→run echo→kill, minimal", "density: 12 idle minimal sandboxes",
+		"api create→run echo→kill, minimal", "api create→run echo→kill, minimal (warm pool)", "density: 12 idle minimal sandboxes",
 		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
 		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
 		"phase: teardown (after kill answered)", "ratios in this run (medians):",
