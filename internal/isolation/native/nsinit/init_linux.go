@@ -154,6 +154,14 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
+	// The Go runtime sized GOMAXPROCS from the CPU limit of the cgroup the
+	// init started in (the ready inits', half a core) and keeps that
+	// cgroup's files open to follow it. Neither is the agent's: it gets
+	// the machine's CPUs, as a program started inside the sandbox (where
+	// no cgroup filesystem is mounted) would, and a GOMAXPROCS set
+	// explicitly is never updated from those files again, which
+	// closeDescriptors closes.
+	runtime.GOMAXPROCS(runtime.NumCPU())
 	// Then, while the process has the fewest threads (each change is made
 	// on every one), the capability bounding set is bounded. This keeps
 	// the effective capabilities the setup needs; it bounds what any exec
