@@ -59,6 +59,11 @@ type tunLink struct {
 	// +checklocks:mu
 	closed bool
 
+	// readMu is held by whoever reads the device and delivers what it
+	// read: the reading goroutine, or a sender draining it (drain), so
+	// that packets are delivered in the order the device gave them.
+	readMu sync.Mutex
+
 	wg sync.WaitGroup // the reading goroutine
 }
 
@@ -167,80 +172,170 @@ func partialChecksum(pkt *stack.PacketBuffer) [vnetHdrLen]byte {
 }
 
 // read delivers the device's packets until Attach(nil) or Close.
+//
+// It reads into a buffer of the device's MTU taken from gVisor's pool
+// (which zeroes it) when the device is readable. A small packet (an
+// acknowledgement, most of what a download sends back) is copied out and
+// the buffer kept for the next read, so that a busy device does not zero
+// 64 KiB per acknowledgement; a large one is delivered in the buffer
+// itself. The buffer is given back as soon as the device has nothing to
+// read: an idle sandbox's link holds none.
 func (l *tunLink) read() {
 	defer l.wg.Done()
+	var v *buffer.View // the read buffer, held only while the device has packets
+	defer func() {
+		if v != nil {
+			v.Release()
+		}
+	}()
+	hdr := 0
+	if l.vnet {
+		hdr = vnetHdrLen
+	}
 	for {
-		var v *buffer.View
 		var n int
 		var rerr error
-		hdr := 0
-		if l.vnet {
-			hdr = vnetHdrLen
-		}
 		err := l.rc.Read(func(fd uintptr) bool {
 			if v == nil {
 				v = buffer.NewViewSize(hdr + int(l.mtu))
 			}
+			l.readMu.Lock()
 			n, rerr = unix.Read(int(fd), v.AsSlice())
 			if rerr == unix.EAGAIN {
 				// Nothing to read: hold no buffer while waiting.
+				l.readMu.Unlock()
 				v.Release()
 				v = nil
 				return false
 			}
-			return true
+			return true // readMu held until the packet is delivered
 		})
 		if err != nil {
 			// Closed, or stopped by a deadline (Attach(nil)).
-			if v != nil {
-				v.Release()
-			}
 			if errors.Is(err, os.ErrDeadlineExceeded) && !l.isStopping() {
 				continue
 			}
 			return
 		}
 		if rerr != nil || n <= 0 {
-			v.Release()
+			l.readMu.Unlock()
 			if rerr == unix.EINTR {
 				continue
 			}
 			// EBADFD or EIO: the device is gone with the sandbox's netns.
 			return
 		}
-		if hdr > 0 && (n < hdr || !checkVnetHdr(v.AsSlice()[:hdr])) {
-			v.Release()
-			continue
-		}
-		if n-hdr <= int(l.mtu)/2 {
+		var pv *buffer.View
+		switch {
+		case hdr > 0 && (n < hdr || !checkVnetHdr(v.AsSlice()[:hdr])):
+		case n-hdr <= int(l.mtu)/2:
 			// A buffer of the device's MTU (64 KiB) would stay pinned by
 			// this packet wherever the stack queues it: a flood of small
-			// packets would cost 64 KiB each. Copy it into one of its size.
-			small := buffer.NewViewWithData(v.AsSlice()[hdr:n])
-			v.Release()
-			v = small
-		} else {
-			v.CapLength(n)
-			v.TrimFront(hdr)
-		}
-		var proto tcpip.NetworkProtocolNumber
-		switch header.IPVersion(v.AsSlice()) {
-		case header.IPv4Version:
-			proto = header.IPv4ProtocolNumber
-		case header.IPv6Version:
-			proto = header.IPv6ProtocolNumber
+			// packets would cost 64 KiB each. Copy it into one of its
+			// size, and keep the read buffer.
+			pv = buffer.NewViewWithData(v.AsSlice()[hdr:n])
 		default:
-			v.Release()
+			pv, v = v, nil
+			pv.CapLength(n)
+			pv.TrimFront(hdr)
+		}
+		if pv != nil {
+			l.deliver(pv)
+		}
+		l.readMu.Unlock()
+	}
+}
+
+// deliver hands the packet in pv (an IP packet, without the virtio-net
+// header) to the stack. The caller holds readMu.
+func (l *tunLink) deliver(pv *buffer.View) {
+	var proto tcpip.NetworkProtocolNumber
+	switch header.IPVersion(pv.AsSlice()) {
+	case header.IPv4Version:
+		proto = header.IPv4ProtocolNumber
+	case header.IPv6Version:
+		proto = header.IPv6ProtocolNumber
+	default:
+		pv.Release()
+		return
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(pv)})
+	l.mu.Lock()
+	d := l.dispatcher
+	l.mu.Unlock()
+	if d != nil {
+		d.DeliverNetworkPacket(proto, pkt)
+	}
+	pkt.DecRef()
+}
+
+// readyNow is implemented by a dispatcher that can say whether it would
+// take a packet now, without waiting (filterEndpoint: within the packet
+// rate or its credit).
+type readyNow interface {
+	readyNow() bool
+}
+
+// maxDrain bounds the packets one drain reads: a write of a segment or
+// two calls for one acknowledgement.
+const maxDrain = 4
+
+// drainBufs are the read buffers of drain (the device's MTU and header).
+var drainBufs = sync.Pool{New: func() any { b := make([]byte, vnetHdrLen+DefaultMTU); return &b }}
+
+// drain reads and delivers the packets the device holds, at most
+// maxDrain, from a goroutine that has just written TCP segments to it.
+// Writing a segment to the device runs the sandbox kernel's receive path
+// inside the write, so its acknowledgement is usually queued on the
+// device by the time the write returns. Read here, it reaches the stack
+// without waking the reading goroutine and then gVisor's TCP processor
+// (two wake-ups, each a context switch or more on an idle processor); read
+// from the processor itself, it is handled in the same run of the
+// processor, which sends the next segments, whose acknowledgements it
+// reads in turn. Nothing here blocks: it reads only while the packet rate
+// (or its credit) lets the sandbox's packets in without a wait, and not
+// at all while another goroutine reads the device (readMu); the reading
+// goroutine still reads whatever is left. Packets go through the same
+// checks as the reading goroutine's.
+func (l *tunLink) drain() {
+	if !l.readMu.TryLock() {
+		return
+	}
+	defer l.readMu.Unlock()
+	l.mu.Lock()
+	d := l.dispatcher
+	l.mu.Unlock()
+	rd, ok := d.(readyNow)
+	if !ok {
+		return
+	}
+	hdr := 0
+	if l.vnet {
+		hdr = vnetHdrLen
+	}
+	bp := drainBufs.Get().(*[]byte)
+	defer drainBufs.Put(bp)
+	buf := *bp
+	if len(buf) < hdr+int(l.mtu) {
+		return
+	}
+	buf = buf[:hdr+int(l.mtu)]
+	for range maxDrain {
+		if !rd.readyNow() {
+			return
+		}
+		var n int
+		var rerr error
+		if err := l.rc.Control(func(fd uintptr) { n, rerr = unix.Read(int(fd), buf) }); err != nil {
+			return
+		}
+		if rerr != nil || n <= 0 {
+			return // EAGAIN (nothing left), or the reading goroutine sees why
+		}
+		if hdr > 0 && (n < hdr || !checkVnetHdr(buf[:hdr])) {
 			continue
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
-		l.mu.Lock()
-		d := l.dispatcher
-		l.mu.Unlock()
-		if d != nil {
-			d.DeliverNetworkPacket(proto, pkt)
-		}
-		pkt.DecRef()
+		l.deliver(buffer.NewViewWithData(buf[hdr:n]))
 	}
 }
 
@@ -265,10 +360,22 @@ func (l *tunLink) isStopping() bool {
 // WritePackets implements stack.LinkWriter: one write(2) per packet (a
 // TUN device takes one packet per write), through the poller's reference
 // on the fd, so that a concurrent Close cannot hand the number to another
-// file meanwhile.
+// file meanwhile. After TCP segments it drains the device (drain). Only
+// then: a TCP sender holds its endpoint's lock, which delivering a packet
+// never takes (the stack queues TCP segments to their endpoint), while
+// other senders may hold locks a delivered packet needs.
 func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	sent := 0
+	tcpOnly := true
+	defer func() {
+		if sent > 0 && tcpOnly {
+			l.drain()
+		}
+	}()
 	for _, pkt := range pkts.AsSlice() {
+		if pkt.TransportProtocolNumber != header.TCPProtocolNumber {
+			tcpOnly = false
+		}
 		iov := pkt.AsSlices()
 		if l.vnet {
 			h := partialChecksum(pkt)
