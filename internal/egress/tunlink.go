@@ -200,7 +200,7 @@ func (l *tunLink) read() {
 				v = buffer.NewViewSize(hdr + int(l.mtu))
 			}
 			l.readMu.Lock()
-			n, rerr = unix.Read(int(fd), v.AsSlice())
+			n, rerr = rawRead(int(fd), v.AsSlice())
 			if rerr == unix.EAGAIN {
 				// Nothing to read: hold no buffer while waiting.
 				l.readMu.Unlock()
@@ -326,7 +326,7 @@ func (l *tunLink) drain() {
 		}
 		var n int
 		var rerr error
-		if err := l.rc.Control(func(fd uintptr) { n, rerr = unix.Read(int(fd), buf) }); err != nil {
+		if err := l.rc.Control(func(fd uintptr) { n, rerr = rawRead(int(fd), buf) }); err != nil {
 			return
 		}
 		if rerr != nil || n <= 0 {
@@ -383,7 +383,7 @@ func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		}
 		var werr error
 		err := l.rc.Write(func(fd uintptr) bool {
-			_, werr = unix.Writev(int(fd), iov)
+			werr = rawWritev(int(fd), iov)
 			return werr != unix.EAGAIN
 		})
 		if err != nil {
