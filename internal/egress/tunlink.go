@@ -303,11 +303,11 @@ func (l *tunLink) drain() {
 	}
 	defer l.readMu.Unlock()
 	l.mu.Lock()
-	d := l.dispatcher
+	d, stopping := l.dispatcher, l.stopping
 	l.mu.Unlock()
 	rd, ok := d.(readyNow)
-	if !ok {
-		return
+	if !ok || stopping {
+		return // stopped: the stack is closing (its endpoints' resets)
 	}
 	hdr := 0
 	if l.vnet {
