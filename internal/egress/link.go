@@ -66,12 +66,6 @@ func (e *filterEndpoint) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber,
 	e.Endpoint.DeliverNetworkPacket(proto, pkt)
 }
 
-// readyNow reports whether a packet would be taken now, without waiting
-// for the packet rate (tunLink.drain reads only then).
-func (e *filterEndpoint) readyNow() bool {
-	return e.credit.Load() > 0 || e.pace.Tokens() >= 1
-}
-
 // spendCredit takes one packet of credit, if there is any.
 func (e *filterEndpoint) spendCredit() bool {
 	for {

@@ -59,11 +59,6 @@ type tunLink struct {
 	// +checklocks:mu
 	closed bool
 
-	// readMu is held by whoever reads the device and delivers what it
-	// read: the reading goroutine, or a sender draining it (drain), so
-	// that packets are delivered in the order the device gave them.
-	readMu sync.Mutex
-
 	wg sync.WaitGroup // the reading goroutine
 }
 
@@ -199,16 +194,14 @@ func (l *tunLink) read() {
 			if v == nil {
 				v = buffer.NewViewSize(hdr + int(l.mtu))
 			}
-			l.readMu.Lock()
-			n, rerr = rawRead(int(fd), v.AsSlice())
+			n, rerr = unix.Read(int(fd), v.AsSlice())
 			if rerr == unix.EAGAIN {
 				// Nothing to read: hold no buffer while waiting.
-				l.readMu.Unlock()
 				v.Release()
 				v = nil
 				return false
 			}
-			return true // readMu held until the packet is delivered
+			return true
 		})
 		if err != nil {
 			// Closed, or stopped by a deadline (Attach(nil)).
@@ -218,7 +211,6 @@ func (l *tunLink) read() {
 			return
 		}
 		if rerr != nil || n <= 0 {
-			l.readMu.Unlock()
 			if rerr == unix.EINTR {
 				continue
 			}
@@ -242,12 +234,11 @@ func (l *tunLink) read() {
 		if pv != nil {
 			l.deliver(pv)
 		}
-		l.readMu.Unlock()
 	}
 }
 
 // deliver hands the packet in pv (an IP packet, without the virtio-net
-// header) to the stack. The caller holds readMu.
+// header) to the stack.
 func (l *tunLink) deliver(pv *buffer.View) {
 	var proto tcpip.NetworkProtocolNumber
 	switch header.IPVersion(pv.AsSlice()) {
@@ -267,76 +258,6 @@ func (l *tunLink) deliver(pv *buffer.View) {
 		d.DeliverNetworkPacket(proto, pkt)
 	}
 	pkt.DecRef()
-}
-
-// readyNow is implemented by a dispatcher that can say whether it would
-// take a packet now, without waiting (filterEndpoint: within the packet
-// rate or its credit).
-type readyNow interface {
-	readyNow() bool
-}
-
-// maxDrain bounds the packets one drain reads: a write of a segment or
-// two calls for one acknowledgement.
-const maxDrain = 4
-
-// drainBufs are the read buffers of drain (the device's MTU and header).
-var drainBufs = sync.Pool{New: func() any { b := make([]byte, vnetHdrLen+DefaultMTU); return &b }}
-
-// drain reads and delivers the packets the device holds, at most
-// maxDrain, from a goroutine that has just written TCP segments to it.
-// Writing a segment to the device runs the sandbox kernel's receive path
-// inside the write, so its acknowledgement is usually queued on the
-// device by the time the write returns. Read here, it reaches the stack
-// without waking the reading goroutine and then gVisor's TCP processor
-// (two wake-ups, each a context switch or more on an idle processor); read
-// from the processor itself, it is handled in the same run of the
-// processor, which sends the next segments, whose acknowledgements it
-// reads in turn. Nothing here blocks: it reads only while the packet rate
-// (or its credit) lets the sandbox's packets in without a wait, and not
-// at all while another goroutine reads the device (readMu); the reading
-// goroutine still reads whatever is left. Packets go through the same
-// checks as the reading goroutine's.
-func (l *tunLink) drain() {
-	if !l.readMu.TryLock() {
-		return
-	}
-	defer l.readMu.Unlock()
-	l.mu.Lock()
-	d, stopping := l.dispatcher, l.stopping
-	l.mu.Unlock()
-	rd, ok := d.(readyNow)
-	if !ok || stopping {
-		return // stopped: the stack is closing (its endpoints' resets)
-	}
-	hdr := 0
-	if l.vnet {
-		hdr = vnetHdrLen
-	}
-	bp := drainBufs.Get().(*[]byte)
-	defer drainBufs.Put(bp)
-	buf := *bp
-	if len(buf) < hdr+int(l.mtu) {
-		return
-	}
-	buf = buf[:hdr+int(l.mtu)]
-	for range maxDrain {
-		if !rd.readyNow() {
-			return
-		}
-		var n int
-		var rerr error
-		if err := l.rc.Control(func(fd uintptr) { n, rerr = rawRead(int(fd), buf) }); err != nil {
-			return
-		}
-		if rerr != nil || n <= 0 {
-			return // EAGAIN (nothing left), or the reading goroutine sees why
-		}
-		if hdr > 0 && (n < hdr || !checkVnetHdr(buf[:hdr])) {
-			continue
-		}
-		l.deliver(buffer.NewViewWithData(buf[hdr:n]))
-	}
 }
 
 // stop stops the reading goroutine and waits for it. The stack's Wait
@@ -360,22 +281,10 @@ func (l *tunLink) isStopping() bool {
 // WritePackets implements stack.LinkWriter: one write(2) per packet (a
 // TUN device takes one packet per write), through the poller's reference
 // on the fd, so that a concurrent Close cannot hand the number to another
-// file meanwhile. After TCP segments it drains the device (drain). Only
-// then: a TCP sender holds its endpoint's lock, which delivering a packet
-// never takes (the stack queues TCP segments to their endpoint), while
-// other senders may hold locks a delivered packet needs.
+// file meanwhile.
 func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	sent := 0
-	tcpOnly := true
-	defer func() {
-		if sent > 0 && tcpOnly {
-			l.drain()
-		}
-	}()
 	for _, pkt := range pkts.AsSlice() {
-		if pkt.TransportProtocolNumber != header.TCPProtocolNumber {
-			tcpOnly = false
-		}
 		iov := pkt.AsSlices()
 		if l.vnet {
 			h := partialChecksum(pkt)
@@ -383,7 +292,7 @@ func (l *tunLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		}
 		var werr error
 		err := l.rc.Write(func(fd uintptr) bool {
-			werr = rawWritev(int(fd), iov)
+			_, werr = unix.Writev(int(fd), iov)
 			return werr != unix.EAGAIN
 		})
 		if err != nil {

@@ -154,10 +154,10 @@ func testVerifiesChecksums(t *testing.T, vnet bool) {
 }
 
 // TestTUNVerifiesChecksumsDuringDownload is TestTUNVerifiesChecksums with
-// the SYNs written while a download runs: the stack then reads most of
-// the device's packets right after writing it segments (tunLink.drain),
-// not on its reading goroutine, and those packets too must have their
-// checksums verified.
+// the SYNs written while a download runs: the link then reads a busy
+// device, keeping its read buffer from one packet to the next, and the
+// SYNs arrive among the download's acknowledgements; they too must have
+// their checksums verified.
 func TestTUNVerifiesChecksumsDuringDownload(t *testing.T) {
 	e := newPathEnv(t, true, func(c net.Conn) {
 		buf := make([]byte, 256<<10)
