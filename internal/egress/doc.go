@@ -92,9 +92,8 @@
 //     kernel. Every TCP segment with data the stack sends the sandbox earns
 //     it one packet past the rate (at most 1,024 banked): the
 //     acknowledgement it calls for, so that a download is not bounded by
-//     the rate. Packets are handled on the goroutine that read them (the
-//     reading goroutine, or a sender that drained the device after writing
-//     TCP segments to it), never queued.
+//     the rate. Packets are handled on the reading goroutine, never
+//     queued.
 //   - A SYN the policy refuses is answered (RST) on the packet's own
 //     goroutine without any state, within [Options.RefusedRate] (50/s,
 //     each with an event); past it the SYN is dropped and counted, and the
