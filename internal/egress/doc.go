@@ -89,7 +89,11 @@
 //   - The link reads at most [Options.PacketRate] (10,000) packets per
 //     second from the TUN device: past it, the stack waits before reading
 //     and the sandbox's excess packets wait or are dropped in its own
-//     kernel. Packets are handled on the reading goroutine, never queued.
+//     kernel. Every TCP segment with data the stack sends the sandbox earns
+//     it one packet past the rate (at most 1,024 banked): the
+//     acknowledgement it calls for, so that a download is not bounded by
+//     the rate. Packets are handled on the reading goroutine, never
+//     queued.
 //   - A SYN the policy refuses is answered (RST) on the packet's own
 //     goroutine without any state, within [Options.RefusedRate] (50/s,
 //     each with an event); past it the SYN is dropped and counted, and the
@@ -106,9 +110,10 @@
 // connections its API callers hold, and all sandboxes together at most
 // the budget plus each one's floor and fixed part. Its packet work is at
 // most PacketRate packets a second, about 10–20 µs each on a 2-vCPU
-// virtual machine (0.1–0.2 of a core); bulk data through allowed flows
-// costs in proportion to its bytes, bounded by the same packet rate (64
-// KiB a packet) and by [Options.Bandwidth] when set. Counters of what was
+// virtual machine (0.1–0.2 of a core), plus one packet per data segment
+// the stack chose to send it; bulk data through allowed flows costs in
+// proportion to its bytes, bounded by the same packet rate for uploads
+// (64 KiB a packet) and by [Options.Bandwidth] when set. Counters of what was
 // refused, limited and charged are in [Shared.Stats].
 //
 // # What it does not do

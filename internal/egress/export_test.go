@@ -5,4 +5,5 @@ const (
 	FullFlowCost  = fullFlowCost
 	SmallFlowCost = smallFlowCost
 	MaxDNSConns   = maxDNSConns
+	MaxPaceCredit = maxPaceCredit
 )

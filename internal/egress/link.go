@@ -23,12 +23,28 @@ import (
 // waits for the limiter on the link's reading goroutine, so the stack
 // stops reading the TUN device and the sandbox's excess packets wait (or
 // are dropped) in its own kernel instead of costing the daemon CPU.
+//
+// Every TCP segment carrying data that the stack sends the sandbox earns
+// it one packet past the rate (up to maxPaceCredit banked): the
+// acknowledgement that segment calls for. A download's acknowledgements
+// (one per one or two 64 KiB segments) would otherwise be what the rate
+// bounds, capping a download near 1 GB/s, while the stack's work for them
+// is smaller than the work of sending the data they answer. A flood
+// gains nothing from it: past the rate, the sandbox sends at most one
+// packet for every data segment the stack chose to send it.
 type filterEndpoint struct {
 	nested.Endpoint
-	ctx   context.Context
-	pace  *rate.Limiter
-	paced *atomic.Int64
+	ctx    context.Context
+	pace   *rate.Limiter
+	paced  *atomic.Int64
+	credit atomic.Int64
 }
+
+// maxPaceCredit bounds the packets a sandbox may bank past the packet
+// rate: a segment window's worth of acknowledgements (a flow's send
+// buffer holds at most 16 of the largest segments), for every flow a
+// sandbox could have sending at once, with room to spare.
+const maxPaceCredit = 1024
 
 func newFilterEndpoint(ctx context.Context, child stack.LinkEndpoint, pace *rate.Limiter, paced *atomic.Int64) *filterEndpoint {
 	e := &filterEndpoint{ctx: ctx, pace: pace, paced: paced}
@@ -38,7 +54,7 @@ func newFilterEndpoint(ctx context.Context, child stack.LinkEndpoint, pace *rate
 
 // DeliverNetworkPacket implements stack.NetworkDispatcher.
 func (e *filterEndpoint) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	if !e.pace.Allow() {
+	if !e.pace.Allow() && !e.spendCredit() {
 		e.paced.Add(1)
 		if e.pace.Wait(e.ctx) != nil {
 			return // the stack is closing
@@ -48,6 +64,37 @@ func (e *filterEndpoint) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber,
 		return
 	}
 	e.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// spendCredit takes one packet of credit, if there is any.
+func (e *filterEndpoint) spendCredit() bool {
+	for {
+		c := e.credit.Load()
+		if c <= 0 {
+			return false
+		}
+		if e.credit.CompareAndSwap(c, c-1) {
+			return true
+		}
+	}
+}
+
+// WritePackets implements stack.LinkWriter: it credits the TCP segments
+// with data among pkts (see filterEndpoint) and writes them.
+func (e *filterEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	earned := int64(0)
+	for _, pkt := range pkts.AsSlice() {
+		if pkt.TransportProtocolNumber == header.TCPProtocolNumber && pkt.Data().Size() > 0 {
+			earned++
+		}
+	}
+	for earned > 0 {
+		c := e.credit.Load()
+		if c >= maxPaceCredit || e.credit.CompareAndSwap(c, min(c+earned, maxPaceCredit)) {
+			break
+		}
+	}
+	return e.Endpoint.WritePackets(pkts)
 }
 
 func acceptPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {

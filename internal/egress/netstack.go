@@ -135,7 +135,9 @@ type Options struct {
 	RefusedRate float64
 	// PacketRate bounds the packets per second the stack reads from the
 	// sandbox (burst: a tenth of it); over it, the stack stops reading
-	// and the sandbox's kernel queues or drops them (default 10000).
+	// and the sandbox's kernel queues or drops them (default 10000). Each
+	// TCP segment with data sent to the sandbox lets one more packet in
+	// (its acknowledgement; see filterEndpoint).
 	PacketRate float64
 	// DNSRate bounds the DNS queries per second the stack answers (burst:
 	// twice as many); UDP queries over it are dropped, TCP ones wait

@@ -167,16 +167,29 @@ func partialChecksum(pkt *stack.PacketBuffer) [vnetHdrLen]byte {
 }
 
 // read delivers the device's packets until Attach(nil) or Close.
+//
+// It reads into a buffer of the device's MTU taken from gVisor's pool
+// (which zeroes it) when the device is readable. A small packet (an
+// acknowledgement, most of what a download sends back) is copied out and
+// the buffer kept for the next read, so that a busy device does not zero
+// 64 KiB per acknowledgement; a large one is delivered in the buffer
+// itself. The buffer is given back as soon as the device has nothing to
+// read: an idle sandbox's link holds none.
 func (l *tunLink) read() {
 	defer l.wg.Done()
+	var v *buffer.View // the read buffer, held only while the device has packets
+	defer func() {
+		if v != nil {
+			v.Release()
+		}
+	}()
+	hdr := 0
+	if l.vnet {
+		hdr = vnetHdrLen
+	}
 	for {
-		var v *buffer.View
 		var n int
 		var rerr error
-		hdr := 0
-		if l.vnet {
-			hdr = vnetHdrLen
-		}
 		err := l.rc.Read(func(fd uintptr) bool {
 			if v == nil {
 				v = buffer.NewViewSize(hdr + int(l.mtu))
@@ -192,56 +205,59 @@ func (l *tunLink) read() {
 		})
 		if err != nil {
 			// Closed, or stopped by a deadline (Attach(nil)).
-			if v != nil {
-				v.Release()
-			}
 			if errors.Is(err, os.ErrDeadlineExceeded) && !l.isStopping() {
 				continue
 			}
 			return
 		}
 		if rerr != nil || n <= 0 {
-			v.Release()
 			if rerr == unix.EINTR {
 				continue
 			}
 			// EBADFD or EIO: the device is gone with the sandbox's netns.
 			return
 		}
-		if hdr > 0 && (n < hdr || !checkVnetHdr(v.AsSlice()[:hdr])) {
-			v.Release()
-			continue
-		}
-		if n-hdr <= int(l.mtu)/2 {
+		var pv *buffer.View
+		switch {
+		case hdr > 0 && (n < hdr || !checkVnetHdr(v.AsSlice()[:hdr])):
+		case n-hdr <= int(l.mtu)/2:
 			// A buffer of the device's MTU (64 KiB) would stay pinned by
 			// this packet wherever the stack queues it: a flood of small
-			// packets would cost 64 KiB each. Copy it into one of its size.
-			small := buffer.NewViewWithData(v.AsSlice()[hdr:n])
-			v.Release()
-			v = small
-		} else {
-			v.CapLength(n)
-			v.TrimFront(hdr)
-		}
-		var proto tcpip.NetworkProtocolNumber
-		switch header.IPVersion(v.AsSlice()) {
-		case header.IPv4Version:
-			proto = header.IPv4ProtocolNumber
-		case header.IPv6Version:
-			proto = header.IPv6ProtocolNumber
+			// packets would cost 64 KiB each. Copy it into one of its
+			// size, and keep the read buffer.
+			pv = buffer.NewViewWithData(v.AsSlice()[hdr:n])
 		default:
-			v.Release()
-			continue
+			pv, v = v, nil
+			pv.CapLength(n)
+			pv.TrimFront(hdr)
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
-		l.mu.Lock()
-		d := l.dispatcher
-		l.mu.Unlock()
-		if d != nil {
-			d.DeliverNetworkPacket(proto, pkt)
+		if pv != nil {
+			l.deliver(pv)
 		}
-		pkt.DecRef()
 	}
+}
+
+// deliver hands the packet in pv (an IP packet, without the virtio-net
+// header) to the stack.
+func (l *tunLink) deliver(pv *buffer.View) {
+	var proto tcpip.NetworkProtocolNumber
+	switch header.IPVersion(pv.AsSlice()) {
+	case header.IPv4Version:
+		proto = header.IPv4ProtocolNumber
+	case header.IPv6Version:
+		proto = header.IPv6ProtocolNumber
+	default:
+		pv.Release()
+		return
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(pv)})
+	l.mu.Lock()
+	d := l.dispatcher
+	l.mu.Unlock()
+	if d != nil {
+		d.DeliverNetworkPacket(proto, pkt)
+	}
+	pkt.DecRef()
 }
 
 // stop stops the reading goroutine and waits for it. The stack's Wait
