@@ -24,7 +24,11 @@
 //     for a create and hands its unit to the caller.
 //   - Pooled sandboxes are the backend's like any other: Cleanup after a
 //     crash removes them, and Close kills them.
-//   - A Create the pool cannot serve goes straight to the backend.
+//   - A Create of the pool's kind that finds no sandbox ready waits for one
+//     being started when it is expected sooner than the Create's own start
+//     would take (never longer than a start takes lately); otherwise, and
+//     for every Create the pool cannot serve, it goes straight to the
+//     backend.
 package warm
 
 import (
@@ -33,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -114,6 +119,10 @@ type Pool struct {
 	failures int // Prepare failures in a row
 	// +checklocks:mu
 	notBefore time.Time // no sandbox is started before (after failures)
+	// +checklocks:mu
+	fillStarts []time.Time // when each sandbox being started began (or begins)
+	// +checklocks:mu
+	fillTime time.Duration // how long starting one took lately (0: unknown yet)
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -167,6 +176,9 @@ func (p *Pool) Start(t Target, budget Budget) {
 func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
 	for p.serves(spec) {
 		sb := p.take(ctx)
+		if sb == nil {
+			sb = p.awaitFill(ctx)
+		}
 		if sb == nil {
 			break
 		}
@@ -247,6 +259,58 @@ func (p *Pool) take(ctx context.Context) isolation.Sandbox {
 	p.mu.Unlock()
 	p.discard(ctx, dead)
 	return sb
+}
+
+// awaitFill waits for a sandbox the pool is starting when one is expected
+// sooner than a create of the request's own would take. Starting one takes
+// about fillTime (the recent average, start command and ready command
+// included), so the earliest one being started is expected at its start
+// plus fillTime, and a new create at now plus fillTime: it waits until
+// the earlier of the two (with some slack for the first), and returns nil
+// if none came by then. A burst of creates then takes the sandboxes
+// already on their way instead of starting more beside them on the same
+// CPUs.
+func (p *Pool) awaitFill(ctx context.Context) isolation.Sandbox {
+	p.mu.Lock()
+	if len(p.fillStarts) == 0 || p.fillTime <= 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	now := time.Now()
+	deadline := p.fillStarts[0].Add(p.fillTime + p.fillTime/2)
+	if limit := now.Add(p.fillTime); deadline.After(limit) {
+		deadline = limit
+	}
+	p.mu.Unlock()
+	if !deadline.After(now) {
+		return nil
+	}
+	timer := time.NewTimer(deadline.Sub(now))
+	defer timer.Stop()
+	for {
+		p.mu.Lock()
+		sb, dead := p.popLocked()
+		if sb != nil {
+			p.budget.Release()
+			p.refillLocked()
+		}
+		starting, changed := len(p.fillStarts), p.changed
+		p.mu.Unlock()
+		p.discard(ctx, dead)
+		if sb != nil {
+			return sb
+		}
+		if starting == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // popLocked removes the first live ready sandbox, and returns it with the
@@ -336,8 +400,10 @@ func (p *Pool) refillLocked() {
 	}
 	for len(p.ready)+p.filling < p.opts.Size && p.budget.TryAcquire() {
 		p.filling++
+		start := time.Now().Add(refillDelay)
+		p.fillStarts = append(p.fillStarts, start)
 		p.wg.Add(1)
-		go p.fill(p.target)
+		go p.fill(p.target, start)
 	}
 }
 
@@ -363,19 +429,22 @@ func (p *Pool) refiller() {
 // otherwise slow the very sandbox just handed out.
 const refillDelay = 25 * time.Millisecond
 
-// fill starts one sandbox of t, whose unit of the budget is already taken.
-func (p *Pool) fill(t Target) {
+// fill starts one sandbox of t, whose unit of the budget is already taken,
+// at start (its entry in fillStarts).
+func (p *Pool) fill(t Target, start time.Time) {
 	defer p.wg.Done()
 	select {
-	case <-time.After(refillDelay):
+	case <-time.After(time.Until(start)):
 	case <-p.stop:
 		p.mu.Lock()
 		p.filling--
+		p.dropFillStartLocked(start)
 		p.budget.Release()
 		p.signalLocked()
 		p.mu.Unlock()
 		return
 	}
+	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true,
@@ -417,6 +486,14 @@ func (p *Pool) fill(t Target) {
 		p.failures = 0
 	}
 	p.filling--
+	p.dropFillStartLocked(start)
+	if err == nil {
+		if d := time.Since(began); p.fillTime == 0 {
+			p.fillTime = d
+		} else {
+			p.fillTime = (3*p.fillTime + d) / 4
+		}
+	}
 	keep := err == nil && !p.closed
 	if keep {
 		p.ready = append(p.ready, sb)
@@ -429,6 +506,15 @@ func (p *Pool) fill(t Target) {
 	}
 	if !keep {
 		budget.Release()
+	}
+}
+
+// dropFillStartLocked removes start from fillStarts.
+//
+// +checklocks:p.mu
+func (p *Pool) dropFillStartLocked(start time.Time) {
+	if i := slices.Index(p.fillStarts, start); i >= 0 {
+		p.fillStarts = slices.Delete(p.fillStarts, i, i+1)
 	}
 }
 

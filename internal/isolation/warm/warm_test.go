@@ -270,3 +270,54 @@ func TestReclaimReachesChainedPools(t *testing.T) {
 		t.Errorf("the inner pool's sandbox %s still runs after the reclaim", pooled)
 	}
 }
+
+// A create that finds the pool empty while it is starting a sandbox takes
+// that one when it is expected sooner than a create of its own would
+// take, instead of starting one more beside it; a create the pool cannot
+// serve in time still goes to the backend.
+func TestCreateTakesTheSandboxOnItsWay(t *testing.T) {
+	const startTime = 300 * time.Millisecond
+	var mu sync.Mutex
+	creates := 0
+	host := fake.NewHost()
+	backend := fake.New(fake.Options{Host: host, CreateHook: func(ctx context.Context, spec isolation.Spec) error {
+		mu.Lock()
+		creates++
+		mu.Unlock()
+		select {
+		case <-time.After(startTime):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return creates
+	}
+	pool := warm.New(warm.Options{Backend: backend, Size: 1})
+	ctx := t.Context()
+	pool.Start(target, nil)
+	if err := pool.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spec := isolation.Spec{RootFS: target.RootFS, Limits: target.Limits}
+	first, err := pool.Create(ctx, spec) // the pooled one; its replacement starts
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(startTime / 3)
+	start := time.Now()
+	second, err := pool.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 2 {
+		t.Errorf("the backend made %d sandboxes for two creates from a pool of one, want 2 (the second create took the one being started)", n)
+	}
+	if second.ID() == first.ID() {
+		t.Errorf("both creates got %s", first.ID())
+	}
+	t.Logf("the second create waited %v for the sandbox on its way (a start takes %v)", time.Since(start), startTime)
+}
