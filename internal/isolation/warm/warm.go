@@ -110,17 +110,15 @@ type Pool struct {
 	// +checklocks:mu
 	ready []isolation.Sandbox
 	// +checklocks:mu
-	filling int
-	// +checklocks:mu
 	closed bool
 	// +checklocks:mu
-	changed chan struct{} // closed and replaced when ready or filling changes
+	changed chan struct{} // closed and replaced when ready or fillStarts changes
 	// +checklocks:mu
 	failures int // Prepare failures in a row
 	// +checklocks:mu
 	notBefore time.Time // no sandbox is started before (after failures)
 	// +checklocks:mu
-	fillStarts []time.Time // when each sandbox being started began (or begins)
+	fillStarts []time.Time // one per sandbox being started: when it began (or begins)
 	// +checklocks:mu
 	fillTime time.Duration // how long starting one took lately (0: unknown yet)
 
@@ -244,7 +242,7 @@ func (p *Pool) Ready() int {
 func (p *Pool) Held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.ready) + p.filling
+	return len(p.ready) + len(p.fillStarts)
 }
 
 // take hands out a ready sandbox, if any, releasing its unit of the
@@ -355,7 +353,7 @@ func (p *Pool) Reclaim(ctx context.Context) bool {
 			return p.reclaimBehind(ctx)
 		}
 		sb, dead := p.popLocked()
-		filling, changed := p.filling, p.changed
+		filling, changed := len(p.fillStarts), p.changed
 		p.mu.Unlock()
 		p.discard(ctx, dead)
 		if sb != nil {
@@ -382,7 +380,7 @@ func (p *Pool) reclaimBehind(ctx context.Context) bool {
 	return false
 }
 
-// signalLocked wakes the waiters on a change of ready or filling.
+// signalLocked wakes the waiters on a change of ready or fillStarts.
 //
 // +checklocks:p.mu
 func (p *Pool) signalLocked() {
@@ -398,8 +396,7 @@ func (p *Pool) refillLocked() {
 	if p.closed || p.budget == nil || time.Now().Before(p.notBefore) {
 		return
 	}
-	for len(p.ready)+p.filling < p.opts.Size && p.budget.TryAcquire() {
-		p.filling++
+	for len(p.ready)+len(p.fillStarts) < p.opts.Size && p.budget.TryAcquire() {
 		start := time.Now().Add(refillDelay)
 		p.fillStarts = append(p.fillStarts, start)
 		p.wg.Add(1)
@@ -437,7 +434,6 @@ func (p *Pool) fill(t Target, start time.Time) {
 	case <-time.After(time.Until(start)):
 	case <-p.stop:
 		p.mu.Lock()
-		p.filling--
 		p.dropFillStartLocked(start)
 		p.budget.Release()
 		p.signalLocked()
@@ -485,7 +481,6 @@ func (p *Pool) fill(t Target, start time.Time) {
 	} else if err == nil {
 		p.failures = 0
 	}
-	p.filling--
 	p.dropFillStartLocked(start)
 	if err == nil {
 		if d := time.Since(began); p.fillTime == 0 {
