@@ -207,18 +207,17 @@ func build(opts Options) *built {
 var prepared sync.Once
 
 // Prepare does the part of the agent's start that depends on nothing of
-// its sandbox: it starts the spare threads (spareThreads) and sets up the
-// codecs of the process service for the first Start, which otherwise does
-// it itself. Serve calls it; a process that becomes an agent later (the
-// native backend's init, started ahead of its sandbox) calls it while it
-// waits, so a sandbox's first command does not. Safe to call more than
-// once and concurrently; later calls wait for the first.
+// its sandbox: it starts the spare threads (spareThreads), and sets up the
+// codecs of the process service for the first Start in the background
+// (the first Start otherwise does it itself; nothing waits for it). Serve
+// calls it; a process that becomes an agent later (the native backend's
+// init, started ahead of its sandbox) calls it while it waits, so a
+// sandbox's first command does not. Safe to call more than once and
+// concurrently; later calls wait for the first's spare threads.
 func Prepare() {
 	prepared.Do(func() {
-		var wg sync.WaitGroup
-		wg.Go(process.WarmCodecs)
+		go process.WarmCodecs()
 		spareThreads(spareThreadCount)
-		wg.Wait()
 	})
 }
 
