@@ -763,9 +763,14 @@ func closeDescriptors() error {
 		if err != nil || fd <= lifelineFD {
 			continue
 		}
-		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		target, err := os.Readlink(fdPath(fd))
 		if err != nil {
-			continue // the directory's own, closed by ReadDir
+			// The directory's own, closed by ReadDir already (EBADF);
+			// any other is closed unnamed.
+			if err := unix.Close(fd); err != nil && !errors.Is(err, unix.EBADF) {
+				return fmt.Errorf("closing descriptor %d: %w", fd, err)
+			}
+			continue
 		}
 		if target == "anon_inode:[eventpoll]" || target == "anon_inode:[eventfd]" {
 			continue
