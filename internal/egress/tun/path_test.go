@@ -123,27 +123,14 @@ func TestTUNVerifiesChecksums(t *testing.T) {
 func testVerifiesChecksums(t *testing.T, vnet bool) {
 	e := newPathEnv(t, vnet, func(c net.Conn) { io.Copy(io.Discard, c) })
 	dst := netip.MustParseAddrPort("203.0.113.7:80")
-	send := func(pkt []byte) {
-		inNetns(t, e.ns, func() {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-			if err != nil {
-				t.Errorf("raw socket: %v", err)
-				return
-			}
-			defer unix.Close(fd)
-			if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
-				t.Errorf("sendto: %v", err)
-			}
-		})
-	}
 	for i := range 3 {
-		send(rawSYN(40000+uint16(i), dst, true))
+		sendRaw(t, e.ns, dst, 0, rawSYN(40000+uint16(i), dst, true))
 	}
 	time.Sleep(time.Second)
 	if n := e.dials.Load(); n != 0 {
 		t.Fatalf("SYNs with a wrong TCP checksum made %d upstream dials, want 0", n)
 	}
-	send(rawSYN(40010, dst, false))
+	sendRaw(t, e.ns, dst, 0, rawSYN(40010, dst, false))
 	deadline := time.Now().Add(5 * time.Second)
 	for e.dials.Load() == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -151,6 +138,27 @@ func testVerifiesChecksums(t *testing.T, vnet bool) {
 	if n := e.dials.Load(); n != 1 {
 		t.Fatalf("a SYN with the right checksum made %d upstream dials, want 1 (the raw socket path works)", n)
 	}
+}
+
+// sendRaw sends the IPv4 packets pkts to dst through a raw socket in the
+// network namespace ns, gap apart.
+func sendRaw(t *testing.T, ns int, dst netip.AddrPort, gap time.Duration, pkts ...[]byte) {
+	t.Helper()
+	inNetns(t, ns, func() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		if err != nil {
+			t.Errorf("raw socket: %v", err)
+			return
+		}
+		defer unix.Close(fd)
+		for _, pkt := range pkts {
+			if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
+				t.Errorf("sendto: %v", err)
+				return
+			}
+			time.Sleep(gap)
+		}
+	})
 }
 
 // TestTUNVerifiesChecksumsDuringDownload is TestTUNVerifiesChecksums with
@@ -180,21 +188,11 @@ func TestTUNVerifiesChecksumsDuringDownload(t *testing.T) {
 		n, _ := io.Copy(io.Discard, c)
 		done <- n
 	}()
-	inNetns(t, e.ns, func() {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-		if err != nil {
-			t.Errorf("raw socket: %v", err)
-			return
-		}
-		defer unix.Close(fd)
-		for i := range 200 {
-			if err := unix.Sendto(fd, rawSYN(41000+uint16(i), dst, true), 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
-				t.Errorf("sendto: %v", err)
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	})
+	var syns [][]byte
+	for i := range 200 {
+		syns = append(syns, rawSYN(41000+uint16(i), dst, true))
+	}
+	sendRaw(t, e.ns, dst, 2*time.Millisecond, syns...)
 	time.Sleep(500 * time.Millisecond)
 	c.SetReadDeadline(time.Now())
 	n := <-done
