@@ -16,38 +16,27 @@ import (
 // unregistered at close); only the agent's own ends are pollable files.
 // All of them are close-on-exec: the child gets its three by dup3.
 
-// outputPipe returns a pipe whose read end is the agent's (non-blocking,
-// in the poller) and whose write end is a blocking raw descriptor for a
-// child.
-func outputPipe() (r *os.File, w int, err error) {
+// childPipe returns a pipe between the agent and a child: the child's end
+// (the read end for its stdin, else the write end) is a blocking raw
+// descriptor; the agent's is non-blocking and in the poller, so that its
+// reads and writes can time out. what names the pipe in errors.
+func childPipe(childReads bool, what string) (agent *os.File, child int, err error) {
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, -1, fmt.Errorf("creating output pipe: %w", err)
+		return nil, -1, fmt.Errorf("creating %s pipe: %w", what, err)
 	}
-	// O_NONBLOCK is per open file: clearing it on the write end leaves
-	// the read end non-blocking.
-	if err := unix.SetNonblock(p[1], false); err != nil {
+	ours, theirs, name := p[0], p[1], "|0"
+	if childReads {
+		ours, theirs, name = p[1], p[0], "|1"
+	}
+	// O_NONBLOCK is per open file: clearing it on the child's end leaves
+	// the agent's non-blocking.
+	if err := unix.SetNonblock(theirs, false); err != nil {
 		unix.Close(p[0])
 		unix.Close(p[1])
-		return nil, -1, fmt.Errorf("creating output pipe: %w", err)
+		return nil, -1, fmt.Errorf("creating %s pipe: %w", what, err)
 	}
-	return os.NewFile(uintptr(p[0]), "|0"), p[1], nil
-}
-
-// inputPipe returns a pipe whose write end is the agent's (non-blocking,
-// in the poller, so writes can time out) and whose read end is a blocking
-// raw descriptor for a child.
-func inputPipe() (r int, w *os.File, err error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return -1, nil, fmt.Errorf("creating stdin pipe: %w", err)
-	}
-	if err := unix.SetNonblock(p[0], false); err != nil {
-		unix.Close(p[0])
-		unix.Close(p[1])
-		return -1, nil, fmt.Errorf("creating stdin pipe: %w", err)
-	}
-	return p[0], os.NewFile(uintptr(p[1]), "|1"), nil
+	return os.NewFile(uintptr(ours), name), theirs, nil
 }
 
 var (

@@ -520,7 +520,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		outputs, kinds = []*os.File{master}, []int{3}
 	} else {
 		if msg.Stdin == nil || msg.GetStdin() {
-			r, w, err := inputPipe()
+			w, r, err := childPipe(true, "stdin")
 			if err != nil {
 				return fail(err)
 			}
@@ -535,7 +535,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 			child[0] = null // the agent's own: not closed
 		}
 		for i := 1; i <= 2; i++ {
-			r, w, err := outputPipe()
+			r, w, err := childPipe(false, "output")
 			if err != nil {
 				return fail(err)
 			}
