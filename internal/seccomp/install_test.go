@@ -42,7 +42,7 @@ func enter() error {
 	if err != nil {
 		return err
 	}
-	return Install(prog)
+	return InstallAllThreads(prog)
 }
 
 func helperX32() {
@@ -217,10 +217,10 @@ func TestX32Killed(t *testing.T) {
 }
 
 func TestInstallErrors(t *testing.T) {
-	if err := Install(nil); err == nil {
-		t.Errorf("Install(nil) error = nil, want error")
+	if err := InstallAllThreads(nil); err == nil {
+		t.Errorf("InstallAllThreads(nil) error = nil, want error")
 	}
-	if err := Install(make([]unix.SockFilter, maxInsns+1)); err == nil {
-		t.Errorf("Install(%d insns) error = nil, want error", maxInsns+1)
+	if err := InstallAllThreads(make([]unix.SockFilter, maxInsns+1)); err == nil {
+		t.Errorf("InstallAllThreads(%d insns) error = nil, want error", maxInsns+1)
 	}
 }

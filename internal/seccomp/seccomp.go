@@ -67,29 +67,18 @@ func Program() ([]unix.SockFilter, error) {
 	return prog, nil
 }
 
-// Install installs prog on the calling thread with SECCOMP_SET_MODE_FILTER.
+// InstallAllThreads installs prog with SECCOMP_SET_MODE_FILTER on every
+// thread of the calling process at once (SECCOMP_FILTER_FLAG_TSYNC): a
+// process that becomes a sandbox's without an exec is a Go program, which
+// starts its commands from any of its threads. Everything the process and
+// its children do afterwards is filtered.
 //
-// It does not set no_new_privs: the caller must have set PR_SET_NO_NEW_PRIVS
-// on this thread or hold CAP_SYS_ADMIN, or the kernel refuses (EACCES).
-//
-// A seccomp filter belongs to the thread that installs it and to the
-// children that thread forks or the image it execs. Call Install with the
-// goroutine locked to its OS thread (runtime.LockOSThread), right before
-// execve (syscall.Exec) or before starting the sandboxed child from that
-// thread; everything this thread does afterwards is filtered.
-func Install(prog []unix.SockFilter) error { return install(prog, 0) }
-
-// InstallAllThreads installs prog on every thread of the calling process
-// at once (SECCOMP_FILTER_FLAG_TSYNC), for a process that becomes a
-// sandbox's without an exec: a Go program starts its commands from any of
-// its threads. Every thread must already have no_new_privs, or the caller
-// hold CAP_SYS_ADMIN. It fails, installing nothing, if any thread cannot
+// It does not set no_new_privs: the calling thread must have set
+// PR_SET_NO_NEW_PRIVS or hold CAP_SYS_ADMIN, or the kernel refuses
+// (EACCES); the other threads get no_new_privs from the calling thread
+// with the filter. It fails, installing nothing, if any thread cannot
 // take the filter.
 func InstallAllThreads(prog []unix.SockFilter) error {
-	return install(prog, unix.SECCOMP_FILTER_FLAG_TSYNC)
-}
-
-func install(prog []unix.SockFilter, flags uintptr) error {
 	if len(prog) == 0 {
 		return errors.New("seccomp: empty filter")
 	}
@@ -97,12 +86,12 @@ func install(prog []unix.SockFilter, flags uintptr) error {
 		return fmt.Errorf("seccomp: filter has %d instructions, the kernel allows %d", len(prog), maxInsns)
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	if errno != 0 {
 		return fmt.Errorf("seccomp: installing filter: %w", errno)
 	}
-	if r != 0 { // TSYNC: the thread that could not take it
+	if r != 0 { // the thread that could not take it
 		return fmt.Errorf("seccomp: thread %d cannot take the filter", r)
 	}
 	return nil
