@@ -166,7 +166,7 @@ const readyGroup = "_ready"
 // Their memory is not limited here. An init becomes its sandbox's agent
 // without an exec, and the kernel moves no memory charge with a process
 // that changes cgroup: what an init's runtime took while it waited (about
-// 1.5 MiB: its heap, stacks and page tables) stays charged to this group
+// 1.25 MiB: its heap, stacks and page tables) stays charged to this group
 // for as long as its agent lives, so the group holds that much per live
 // sandbox, bounded by the number of sandboxes. A limit here would make
 // the creates fail once enough sandboxes were alive. ReadyMemory reports
