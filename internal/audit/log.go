@@ -102,6 +102,9 @@ func (o *Options) defaults() {
 //     (QueueSize + MaxBatch records; in practice the last few
 //     milliseconds). Flush waits until everything appended before it is
 //     on disk.
+//   - Kept command output (Output) is synced by the same writer, before
+//     the first commit after its Close: a record on disk never names
+//     output that is not, and no caller waits for that sync.
 //   - Records are hash-chained (prev) and checkpoints sign the chain with
 //     the key in DATA-DIR/audit-key.
 type Log struct {
@@ -147,6 +150,10 @@ type Log struct {
 	outMu   sync.Mutex
 	outUsed map[string]int64 // bytes kept per sandbox
 
+	syncMu   sync.Mutex
+	toSync   []*os.File    // closed outputs the writer syncs before its next commit
+	syncKick chan struct{} // wakes the writer for toSync
+
 	idx segIndex
 }
 
@@ -167,15 +174,16 @@ func Open(opts Options) (*Log, error) {
 		return nil, errors.New("audit: Options.Dir is required")
 	}
 	l := &Log{
-		opts:    opts,
-		dataDir: opts.Dir,
-		dir:     filepath.Join(opts.Dir, LogDir),
-		log:     opts.Logger,
-		ch:      make(chan pending, opts.QueueSize),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		subs:    map[*Subscription]struct{}{},
-		outUsed: map[string]int64{},
+		opts:     opts,
+		dataDir:  opts.Dir,
+		dir:      filepath.Join(opts.Dir, LogDir),
+		log:      opts.Logger,
+		ch:       make(chan pending, opts.QueueSize),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		subs:     map[*Subscription]struct{}{},
+		outUsed:  map[string]int64{},
+		syncKick: make(chan struct{}, 1),
 	}
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: creating %s: %w", l.dir, err)
@@ -331,6 +339,8 @@ func (l *Log) run() {
 			batch = append(batch[:0], p)
 			batch = l.fill(batch)
 			l.commit(batch)
+		case <-l.syncKick:
+			l.syncOutputs()
 		case <-tick.C:
 			l.periodic()
 		case <-l.stop:
@@ -344,6 +354,7 @@ func (l *Log) run() {
 			if l.sinceCk > 0 {
 				l.commit(nil) // a checkpoint over the tail
 			}
+			l.syncOutputs()
 			l.writeHead()
 			return
 		}
@@ -380,6 +391,9 @@ func (l *Log) periodic() {
 // due), fsyncs, then publishes. With a nil batch it writes a checkpoint
 // over the tail.
 func (l *Log) commit(batch []pending) {
+	// Output closed before any of batch was appended reaches the disk
+	// before the records that name it.
+	l.syncOutputs()
 	l.buf = l.buf[:0]
 	startSeq := l.seq
 	var recs []Record

@@ -725,3 +725,62 @@ func TestOutputSilentLeavesNoFile(t *testing.T) {
 		t.Errorf("a silent process made its sandbox's output directory: %v", err)
 	}
 }
+
+// TestOutputSyncedBeforeItsRecord: closing a command's output does not
+// wait for the disk (the command's round trip would), yet the record that
+// names the output is committed only once the output is synced.
+func TestOutputSyncedBeforeItsRecord(t *testing.T) {
+	release := make(chan struct{})
+	syncing := make(chan string, 4)
+	defer func(f func(*os.File) error) { syncFile = f }(syncFile)
+	syncFile = func(f *os.File) error {
+		syncing <- f.Name()
+		<-release
+		return f.Sync()
+	}
+	dir := t.TempDir()
+	l := openT(t, dir, nil)
+	flush(t, l)
+	before := l.Committed()
+	o, err := l.Output("sbx", 7, "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Write([]byte("hi\n"))
+	closed := make(chan error, 1)
+	go func() { closed <- o.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case name := <-syncing:
+		close(release)
+		t.Fatalf("Close waited for the sync of %s", name)
+	}
+	l.Append(context.Background(), Event{Type: TypeProcEnd, SandboxID: "sbx", Data: map[string]any{"output": o.Sum()}})
+	flushed := make(chan error, 1)
+	go func() { flushed <- l.Flush(context.Background()) }()
+	if name := <-syncing; !strings.HasSuffix(name, filepath.Base(o.Sum().Path)) {
+		t.Fatalf("synced %s, want the output %s", name, o.Sum().Path)
+	}
+	if got := l.Committed(); got != before {
+		t.Fatalf("seq %d committed while the output it names was being synced (before: %d)", got, before)
+	}
+	select {
+	case err := <-flushed:
+		t.Fatalf("Flush returned (%v) before the output was synced", err)
+	default:
+	}
+	close(release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if l.Committed() <= before {
+		t.Fatalf("the process.end record was not committed: seq %d", l.Committed())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, o.Sum().Path))
+	if err != nil || string(b) != "hi\n" {
+		t.Fatalf("kept output %q, %v", b, err)
+	}
+}

@@ -144,7 +144,11 @@ func (o *Output) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Close flushes the stored bytes to disk.
+// Close ends the stream. It does not wait for the disk: the stored bytes
+// are synced by the log's writer before it commits any record appended
+// after Close (the process.end record that names the file, typically), so
+// a record on disk never names output that is not. A command's round trip
+// therefore does not include an fsync.
 func (o *Output) Close() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -155,12 +159,73 @@ func (o *Output) Close() error {
 	if o.f == nil {
 		return nil
 	}
-	err := o.f.Sync()
-	if cerr := o.f.Close(); err == nil {
-		err = cerr
-	}
+	o.l.syncLater(o.f)
 	o.f = nil
-	return err
+	return nil
+}
+
+// syncFile makes a closed output's bytes durable (a variable for tests).
+var syncFile = (*os.File).Sync
+
+// syncLater hands a closed output's file to the writer, which syncs and
+// closes it before its next commit. With the writer stopped, the caller
+// does it.
+func (l *Log) syncLater(f *os.File) {
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		l.syncFiles([]*os.File{f})
+		return
+	}
+	l.syncMu.Lock()
+	l.toSync = append(l.toSync, f)
+	l.syncMu.Unlock()
+	l.mu.RUnlock()
+	select {
+	case l.syncKick <- struct{}{}:
+	default:
+	}
+}
+
+// syncOutputs syncs and closes the outputs closed so far.
+func (l *Log) syncOutputs() {
+	l.syncMu.Lock()
+	fs := l.toSync
+	l.toSync = nil
+	l.syncMu.Unlock()
+	l.syncFiles(fs)
+}
+
+// maxParallelSyncs bounds the fsyncs of outputs that run at once.
+const maxParallelSyncs = 8
+
+func (l *Log) syncFiles(files []*os.File) {
+	one := func(f *os.File) {
+		var err error
+		if !l.opts.NoSync {
+			err = syncFile(f)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			l.log.Warn("audit: keeping command output", "file", f.Name(), "err", err)
+		}
+	}
+	if len(files) == 1 {
+		one(files[0])
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallelSyncs)
+	for _, f := range files {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			one(f)
+		})
+	}
+	wg.Wait()
 }
 
 // Sum is the stream's size, kept size, SHA-256 (of everything written so
