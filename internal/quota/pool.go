@@ -270,6 +270,7 @@ func prepareRoot(mnt string) error {
 // what is queued in the trash. Directories made with NewDir stay.
 func (f *FS) Close() error {
 	f.closeOnce.Do(func() {
+		f.removeSeeds()
 		if f.pool == nil {
 			return
 		}

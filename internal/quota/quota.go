@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,6 +81,9 @@ type FS struct {
 
 	pool      *pool // nil without Options.PoolSize
 	closeOnce sync.Once
+
+	seedMu sync.Mutex
+	seeds  map[int64]string // size → formatted image new images are copied from
 }
 
 // Open checks that this host can make limited directories and returns an FS
@@ -109,6 +114,11 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	}
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		return nil, fmt.Errorf("%w: no loop devices: %w", ErrUnsupported, err)
+	}
+	// Seeds are made anew by each FS (see createImage).
+	left, _ := filepath.Glob(filepath.Join(f.imageDir, seedPrefix+"*"))
+	for _, img := range left {
+		os.Remove(img)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -185,10 +195,74 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 }
 
 // createImage makes a sparse ext4 image of size bytes at image, through a
-// temporary name.
+// temporary name. It copies the image's allocated blocks from a seed: one
+// image of that size formatted once by mkfs.ext4 (under ImageDir, named
+// .seed-SIZE.img, made at the first use of a size and removed by Open and
+// Close). A formatted, empty image of 1 GiB holds about 600 KiB of
+// metadata in a few extents; copying them costs a fraction of a
+// millisecond, where running mkfs.ext4 costs tens of milliseconds of CPU.
+// The images of one FS therefore share their filesystem UUID, which
+// nothing here or in a sandbox relies on.
 func (f *FS) createImage(ctx context.Context, image string, size int64) error {
+	seed, err := f.seed(ctx, size)
+	if err != nil {
+		return err
+	}
 	tmp := image + tmpInfix + randomSuffix()
-	fd, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err := copyImage(tmp, seed, size); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("creating image: %w", err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, image, unix.RENAME_NOREPLACE); err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("installing image: %w", fs.ErrExist)
+		}
+		return fmt.Errorf("installing image: %w", err)
+	}
+	return nil
+}
+
+// seedPrefix names the seed images in ImageDir.
+const seedPrefix = ".seed-"
+
+// seed returns the formatted image of size bytes that new images are
+// copied from, formatting it first if this FS has none.
+func (f *FS) seed(ctx context.Context, size int64) (string, error) {
+	f.seedMu.Lock()
+	defer f.seedMu.Unlock()
+	if p, ok := f.seeds[size]; ok {
+		return p, nil
+	}
+	p := filepath.Join(f.imageDir, seedPrefix+strconv.FormatInt(size, 10)+imageSuffix)
+	tmp := p + tmpInfix + randomSuffix()
+	if err := f.mkfsImage(ctx, tmp, size); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("installing seed image: %w", err)
+	}
+	if f.seeds == nil {
+		f.seeds = map[int64]string{}
+	}
+	f.seeds[size] = p
+	return p, nil
+}
+
+// removeSeeds deletes the seed images; the next createImage formats anew.
+func (f *FS) removeSeeds() {
+	f.seedMu.Lock()
+	defer f.seedMu.Unlock()
+	for size, p := range f.seeds {
+		os.Remove(p)
+		delete(f.seeds, size)
+	}
+}
+
+// mkfsImage formats a new sparse image of size bytes at path.
+func (f *FS) mkfsImage(ctx context.Context, path string, size int64) error {
+	fd, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("creating image: %w", err)
 	}
@@ -197,7 +271,7 @@ func (f *FS) createImage(ctx context.Context, image string, size int64) error {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(tmp)
+		os.Remove(path)
 		return fmt.Errorf("sizing image: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, mkfsTimeout)
@@ -208,20 +282,77 @@ func (f *FS) createImage(ctx context.Context, image string, size int64) error {
 		"-m", "0", // no blocks reserved for root
 		"-O", "^has_journal",
 		"-E", "root_owner=0:0,lazy_itable_init=1,nodiscard",
-		tmp)
+		path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 2 * time.Second
 	if out, err := cmd.CombinedOutput(); err != nil {
-		os.Remove(tmp)
+		os.Remove(path)
 		return fmt.Errorf("running mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, image, unix.RENAME_NOREPLACE); err != nil {
-		os.Remove(tmp)
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("installing image: %w", fs.ErrExist)
+	return nil
+}
+
+// copyImage makes dst (which must not exist) a sparse copy of the image
+// src, size bytes long: only src's allocated extents are copied, in the
+// kernel where it can.
+func copyImage(dst, src string, size int64) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = copyExtents(out, in, size)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func copyExtents(out, in *os.File, size int64) error {
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	ifd, ofd := int(in.Fd()), int(out.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
 		}
-		return fmt.Errorf("installing image: %w", err)
+		if err != nil {
+			return fmt.Errorf("finding data in the seed image: %w", err)
+		}
+		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("finding a hole in the seed image: %w", err)
+		}
+		hole = min(hole, size)
+		if err := copyRange(out, in, ofd, ifd, data, hole); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// copyRange copies [from, to) of in to the same offsets of out.
+func copyRange(out, in *os.File, ofd, ifd int, from, to int64) error {
+	roff, woff := from, from
+	for roff < to {
+		n, err := unix.CopyFileRange(ifd, &roff, ofd, &woff, int(to-roff), 0)
+		if err == nil && n > 0 {
+			continue
+		}
+		if err == nil || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
+			// No in-kernel copy here: copy through a buffer.
+			_, err = io.Copy(io.NewOffsetWriter(out, roff), io.NewSectionReader(in, roff, to-roff))
+			return err
+		}
+		return fmt.Errorf("copying the seed image: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -396,4 +397,59 @@ func TestPool(t *testing.T) {
 		}
 		unix.Unmount(opts.MountDir, unix.MNT_DETACH)
 	})
+}
+
+// TestFormatsOncePerSize: a new filesystem is a copy of a seed formatted
+// once per size, not a run of mkfs.ext4 each (tens of milliseconds of CPU
+// per sandbox); the copies are whole, clean filesystems of their own, and
+// the seeds go with the FS.
+func TestFormatsOncePerSize(t *testing.T) {
+	testutil.RequireRoot(t)
+	f := openTest(t)
+	runs := filepath.Join(t.TempDir(), "runs")
+	wrapper := filepath.Join(t.TempDir(), "mkfs")
+	script := "#!/bin/sh\necho run >> " + runs + "\nexec " + f.mkfs + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.mkfs = wrapper
+	a := newDir(t, f, "a", 16<<20)
+	b := newDir(t, f, "b", 16<<20)
+	newDir(t, f, "c", 8<<20)
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 2 {
+		t.Errorf("mkfs.ext4 ran %d times for three filesystems of two sizes, want 2", strings.Count(string(b), "run"))
+	}
+	if err := os.WriteFile(filepath.Join(a, "only-a"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(b, "only-a")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a file written in a is in b: %v", err)
+	}
+	var sa, sb unix.Statfs_t
+	if err := unix.Statfs(a, &sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(b, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if sa.Blocks != sb.Blocks || sa.Files != sb.Files || sa.Blocks*uint64(sa.Bsize) < 14<<20 {
+		t.Errorf("copies differ or are short: %d×%d blocks, %d inodes; %d×%d, %d", sa.Blocks, sa.Bsize, sa.Files, sb.Blocks, sb.Bsize, sb.Files)
+	}
+	// A copy not yet mounted is a clean filesystem.
+	img := filepath.Join(f.imageDir, "check.img")
+	if err := f.createImage(t.Context(), img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(img)
+	if out, err := exec.Command("e2fsck", "-fn", img).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck of a copy: %v\n%s", err, out)
+	}
+	seeds, _ := filepath.Glob(filepath.Join(f.imageDir, seedPrefix+"*"))
+	if len(seeds) != 2 {
+		t.Errorf("seeds %v, want two", seeds)
+	}
+	f.Close()
+	if seeds, _ := filepath.Glob(filepath.Join(f.imageDir, seedPrefix+"*")); len(seeds) != 0 {
+		t.Errorf("seeds left after Close: %v", seeds)
+	}
 }
