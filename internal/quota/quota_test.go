@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -94,6 +95,11 @@ func TestLimit(t *testing.T) {
 	m, err := findMount(a)
 	if err != nil || m == nil || m.fstype != "ext4" || !strings.HasPrefix(m.source, "/dev/loop") {
 		t.Fatalf("findMount(%s) = %+v, %v, want ext4 on a loop device", a, m, err)
+	}
+	// A sandbox's fsync, and its disk's unmount, must not flush the
+	// host's disk cache.
+	if !slices.Contains(strings.Split(m.superOptions, ","), "nobarrier") {
+		t.Errorf("%s mounted with %q: want nobarrier", a, m.superOptions)
 	}
 	image := f.image("a")
 	fi, err := os.Stat(image)
