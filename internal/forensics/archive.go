@@ -58,7 +58,22 @@ type Archive struct {
 	// megabyte to allocate and clear, more than most layers cost to
 	// compress.
 	zw *gzip.Writer
+	// arcs indexes the archives, oldest first, and total is their size:
+	// a Put prunes from the index instead of listing the directory, whose
+	// length grows with every sandbox killed within the retention. The
+	// directory is read again at Open and at every Prune.
+	arcs  []arc
+	total int64
 }
+
+type arc struct {
+	name string
+	mod  time.Time
+	size int64
+}
+
+// readDir lists the archive directory (a variable for tests).
+var readDir = os.ReadDir
 
 // OpenArchive opens (creating) dir, keeping archives for retention and
 // at most budget bytes in all (0: DefaultBudget).
@@ -124,6 +139,11 @@ func (a *Archive) Put(id string, write func(w io.Writer) error) error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("archiving layer of %s: %w", id, err)
 	}
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("archiving layer of %s: %w", id, err)
+	}
+	size := st.Size()
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("archiving layer of %s: %w", id, err)
 	}
@@ -131,8 +151,25 @@ func (a *Archive) Put(id string, write func(w io.Writer) error) error {
 		return fmt.Errorf("archiving layer of %s: %w", id, err)
 	}
 	ok = true
-	a.pruneLocked(id)
+	a.add(arc{name: id + ".tar.gz", mod: a.now(), size: size})
+	a.dropLocked(id)
 	return nil
+}
+
+// add indexes an archive just written, replacing an older one of its name.
+func (a *Archive) add(x arc) {
+	if i := slices.IndexFunc(a.arcs, func(y arc) bool { return y.name == x.name }); i >= 0 {
+		a.total -= a.arcs[i].size
+		a.arcs = slices.Delete(a.arcs, i, i+1)
+	}
+	i, _ := slices.BinarySearchFunc(a.arcs, x.mod, func(y arc, t time.Time) int { return y.mod.Compare(t) })
+	if i < len(a.arcs) {
+		// Not the newest (the clock went back): keep the order.
+		a.arcs = slices.Insert(a.arcs, i, x)
+	} else {
+		a.arcs = append(a.arcs, x)
+	}
+	a.total += x.size
 }
 
 // Open returns the uncompressed tar stream of id's archived layer, or an
@@ -192,17 +229,18 @@ func (a *Archive) Prune() {
 }
 
 func (a *Archive) pruneLocked(keep string) {
-	ents, err := os.ReadDir(a.dir)
+	a.scanLocked()
+	a.dropLocked(keep)
+}
+
+// scanLocked rebuilds the index from the directory, removing what a
+// crash left half-written.
+func (a *Archive) scanLocked() {
+	ents, err := readDir(a.dir)
 	if err != nil {
 		return
 	}
-	type arc struct {
-		name string
-		mod  time.Time
-		size int64
-	}
-	var all []arc
-	var total int64
+	a.arcs, a.total = a.arcs[:0], 0
 	for _, e := range ents {
 		name := e.Name()
 		info, err := e.Info()
@@ -217,23 +255,32 @@ func (a *Archive) pruneLocked(keep string) {
 		if !strings.HasSuffix(name, ".tar.gz") {
 			continue
 		}
-		if a.now().Sub(info.ModTime()) > a.retention {
-			os.Remove(filepath.Join(a.dir, name))
-			continue
-		}
-		all = append(all, arc{name, info.ModTime(), info.Size()})
-		total += info.Size()
+		a.arcs = append(a.arcs, arc{name, info.ModTime(), info.Size()})
+		a.total += info.Size()
 	}
-	slices.SortFunc(all, func(x, y arc) int { return x.mod.Compare(y.mod) })
-	for _, x := range all {
-		if total <= a.budget {
+	slices.SortFunc(a.arcs, func(x, y arc) int { return x.mod.Compare(y.mod) })
+}
+
+// dropLocked removes the expired archives, then the oldest while over
+// the budget; keep's archive stays unless it alone is over the budget.
+func (a *Archive) dropLocked(keep string) {
+	now := a.now()
+	kept := a.arcs[:0]
+	for i, x := range a.arcs {
+		expired := now.Sub(x.mod) > a.retention
+		if !expired && a.total <= a.budget {
+			// Oldest first: the rest is neither expired nor over.
+			kept = append(kept, a.arcs[i:]...)
 			break
 		}
-		// The newest is dropped too when it alone is over the budget.
-		if x.name == keep+".tar.gz" && x.size <= a.budget {
+		over := a.total > a.budget && (x.name != keep+".tar.gz" || x.size > a.budget)
+		if expired || over {
+			os.Remove(filepath.Join(a.dir, x.name))
+			a.total -= x.size
 			continue
 		}
-		os.Remove(filepath.Join(a.dir, x.name))
-		total -= x.size
+		kept = append(kept, x)
 	}
+	clear(a.arcs[len(kept):])
+	a.arcs = kept
 }

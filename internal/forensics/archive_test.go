@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -117,5 +118,57 @@ func TestWriteRefusesEntriesOutsideChanges(t *testing.T) {
 	if err := Write(context.Background(), &buf, Bundle{Metadata: map[string]string{"id": "x"},
 		Audit: func(_ context.Context, w io.Writer) error { _, err := io.WriteString(w, "{}\n"); return err }}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPutDoesNotListTheDirectory: a kill's archive costs the same with
+// thousands of archives kept as with none: Put prunes from its index, and
+// only Open and Prune read the directory; the index agrees with it.
+func TestPutDoesNotListTheDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "forensics")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 { // a daemon's earlier kills
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("old%d.tar.gz", i)), make([]byte, 10<<10), 0o600)
+	}
+	lists := 0
+	defer func(f func(string) ([]os.DirEntry, error)) { readDir = f }(readDir)
+	readDir = func(d string) ([]os.DirEntry, error) { lists++; return os.ReadDir(d) }
+	a, err := OpenArchive(dir, time.Hour, 600<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists = 0
+	for i := range 20 {
+		if err := a.Put(fmt.Sprintf("new%d", i), layer(t, 20<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lists != 0 {
+		t.Errorf("20 Puts listed the directory %d times", lists)
+	}
+	// The budget was kept from the index: the oldest went first.
+	var total int64
+	ents, _ := os.ReadDir(dir)
+	names := map[string]bool{}
+	for _, e := range ents {
+		info, _ := e.Info()
+		total += info.Size()
+		names[e.Name()] = true
+	}
+	if total > 600<<10 || names["old0.tar.gz"] || !names["new19.tar.gz"] || !names["old49.tar.gz"] {
+		t.Errorf("after the Puts: %d bytes in %d archives (old0 %v, old49 %v, new19 %v)", total, len(ents), names["old0.tar.gz"], names["old49.tar.gz"], names["new19.tar.gz"])
+	}
+	a.Prune()
+	if lists != 1 {
+		t.Errorf("Prune listed the directory %d times, want 1", lists)
+	}
+	var indexed int64
+	for _, x := range a.arcs {
+		indexed += x.size
+	}
+	if indexed != total || a.total != total || len(a.arcs) != len(ents) {
+		t.Errorf("index: %d archives, %d bytes (total %d); directory: %d, %d", len(a.arcs), indexed, a.total, len(ents), total)
 	}
 }
