@@ -673,21 +673,49 @@ func allThreads(trap, a1, a2, a3 uintptr) error {
 
 // boundCapabilities drops every capability the sandbox does not keep from
 // the bounding set and clears the ambient set. The effective and permitted
-// sets are left as they are: the setup still needs them.
+// sets are left as they are: the setup still needs them. Every thread of
+// the init was started by the runtime from the first and holds the same
+// sets, which are read on this one: only what is there is dropped (each
+// drop stops every thread). A new user namespace starts with a full
+// bounding set and an empty ambient set, so the ambient set needs no
+// clearing unless something raised it.
 func boundCapabilities() error {
-	for c := 0; c <= 63; c++ {
-		if keptCaps[c] {
-			continue
+	if err := dropBounding(func(c int) bool { return keptCaps[c] }); err != nil {
+		return err
+	}
+	ambient := false
+	for c := 0; c <= 63 && !ambient; c++ {
+		set, err := unix.PrctlRetInt(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_IS_SET, uintptr(c), 0, 0)
+		if err != nil {
+			break // past the kernel's last capability
 		}
-		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); err != nil {
+		ambient = set == 1
+	}
+	if ambient {
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); err != nil {
+			return fmt.Errorf("clearing ambient capabilities: %w", err)
+		}
+	}
+	return nil
+}
+
+// dropBounding drops, on every thread, each capability of the bounding
+// set (as this thread holds it) that keep does not name.
+func dropBounding(keep func(int) bool) error {
+	for c := 0; c <= 63; c++ {
+		in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+		if err != nil {
 			if errors.Is(err, unix.EINVAL) {
 				break // past the kernel's last capability
 			}
+			return fmt.Errorf("reading capability %d: %w", c, err)
+		}
+		if in == 0 || keep(c) {
+			continue
+		}
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); err != nil {
 			return fmt.Errorf("dropping capability %d: %w", c, err)
 		}
-	}
-	if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); err != nil {
-		return fmt.Errorf("clearing ambient capabilities: %w", err)
 	}
 	return nil
 }
