@@ -331,9 +331,9 @@ func (st *Stack) build() error {
 		ptr(tcpip.TCPTimeWaitReuseGlobal),
 		ptr(tcpip.TCPTimeWaitTimeoutOption(time.Second)),
 		// No RACK loss detection, and with it no tail loss probes: their
-		// timers (2 × SRTT for a probe, with no floor, where Linux keeps
-		// 10 ms; a quarter of the minimum RTT for reordering) are tens or
-		// hundreds of microseconds on a link of memory, which a busy
+		// timers (2 × SRTT for a probe, where Linux adds at least two
+		// clock ticks; a quarter of the minimum RTT for reordering) are
+		// tens or hundreds of microseconds on a link of memory, which a busy
 		// scheduler overruns: the stack then re-sent 64 KiB segments the
 		// sandbox had received (BenchmarkTUNDownload's dup-segs/GB: 10 to
 		// 67 with the CPUs contended, none without RACK) and entered a
