@@ -330,6 +330,17 @@ func (st *Stack) build() error {
 		// (the link neither reorders nor duplicates).
 		ptr(tcpip.TCPTimeWaitReuseGlobal),
 		ptr(tcpip.TCPTimeWaitTimeoutOption(time.Second)),
+		// No RACK loss detection, and with it no tail loss probes: their
+		// timers (2 × SRTT for a probe, where Linux adds at least two
+		// clock ticks; a quarter of the minimum RTT for reordering) are
+		// tens or hundreds of microseconds on a link of memory, which a busy
+		// scheduler overruns: the stack then re-sent 64 KiB segments the
+		// sandbox had received (BenchmarkTUNDownload's dup-segs/GB: 10 to
+		// 67 with the CPUs contended, none without RACK) and entered a
+		// recovery that shrank its window. Nothing is lost between the
+		// two stacks but what the sandbox's kernel drops, which SACK
+		// recovery and the retransmission timer still repair.
+		ptr(tcpip.TCPRecovery(0)),
 	} {
 		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
 			return fmt.Errorf("setting TCP option %T: %s", o, err)

@@ -33,7 +33,7 @@ type pathEnv struct {
 	ln     net.Listener
 }
 
-func newPathEnv(t *testing.T, vnet bool, serve func(net.Conn)) *pathEnv {
+func newPathEnv(t testing.TB, vnet bool, serve func(net.Conn)) *pathEnv {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("needs root: creates a network namespace and a TUN device")

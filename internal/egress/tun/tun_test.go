@@ -25,7 +25,7 @@ import (
 )
 
 // newNetns creates an empty network namespace and returns an fd for it.
-func newNetns(t *testing.T) int {
+func newNetns(t testing.TB) int {
 	t.Helper()
 	type res struct {
 		fd  int
@@ -51,7 +51,7 @@ func newNetns(t *testing.T) int {
 
 // inNetns runs f on a thread inside the namespace; sockets f creates stay
 // in it.
-func inNetns(t *testing.T, ns int, f func()) {
+func inNetns(t testing.TB, ns int, f func()) {
 	t.Helper()
 	done := make(chan error)
 	go func() {

@@ -1,0 +1,161 @@
+package egress_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/fencesandbox/fence/internal/egress"
+)
+
+// stallLink is the stack's end of the link to the sandbox as a busy
+// machine makes it: the sandbox's packets reach the stack in order, but
+// every stallEvery-th one (and what follows it meanwhile) only after
+// stallFor, as when the daemon's reader or the sandbox waits for a CPU.
+// It records the TCP data segments the stack sends, to find those sent
+// twice.
+type stallLink struct {
+	nested.Endpoint
+	stallEvery int
+	stallFor   time.Duration
+	dropEvery  int // drop every dropEvery-th new data segment (0: none)
+
+	mu sync.Mutex
+	// +checklocks:mu
+	n int
+	// +checklocks:mu
+	q []*stack.PacketBuffer
+	// +checklocks:mu
+	sent map[[2]uint32]int // {seq, len} → times sent
+	// +checklocks:mu
+	flushing bool
+	// +checklocks:mu
+	dropped int
+	protos  map[*stack.PacketBuffer]tcpip.NetworkProtocolNumber
+}
+
+func newStallLink(child stack.LinkEndpoint, every int, d time.Duration) *stallLink {
+	l := &stallLink{stallEvery: every, stallFor: d, sent: map[[2]uint32]int{}, protos: map[*stack.PacketBuffer]tcpip.NetworkProtocolNumber{}}
+	l.Endpoint.Init(child, l)
+	return l
+}
+
+// DeliverNetworkPacket implements stack.NetworkDispatcher: the sandbox's
+// packets, towards the stack.
+func (l *stallLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	l.mu.Lock()
+	l.n++
+	if !l.flushing && (l.n%l.stallEvery != 0) && len(l.q) == 0 {
+		l.mu.Unlock()
+		l.Endpoint.DeliverNetworkPacket(proto, pkt)
+		return
+	}
+	pkt.IncRef()
+	l.q = append(l.q, pkt)
+	l.protos[pkt] = proto
+	if !l.flushing {
+		l.flushing = true
+		time.AfterFunc(l.stallFor, l.flush)
+	}
+	l.mu.Unlock()
+}
+
+func (l *stallLink) flush() {
+	for {
+		l.mu.Lock()
+		if len(l.q) == 0 {
+			l.flushing = false
+			l.mu.Unlock()
+			return
+		}
+		pkt := l.q[0]
+		l.q = l.q[1:]
+		proto := l.protos[pkt]
+		delete(l.protos, pkt)
+		l.mu.Unlock()
+		l.Endpoint.DeliverNetworkPacket(proto, pkt)
+		pkt.DecRef()
+	}
+}
+
+// WritePackets implements stack.LinkWriter: the stack's packets, towards
+// the sandbox.
+func (l *stallLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	var pass stack.PacketBufferList
+	l.mu.Lock()
+	for _, pkt := range pkts.AsSlice() {
+		if pkt.TransportProtocolNumber == header.TCPProtocolNumber && pkt.Data().Size() > 0 {
+			th := header.TCP(pkt.TransportHeader().Slice())
+			k := [2]uint32{th.SequenceNumber(), uint32(pkt.Data().Size())}
+			l.sent[k]++
+			if l.dropEvery > 0 && l.sent[k] == 1 && len(l.sent)%l.dropEvery == 0 {
+				l.dropped++
+				continue
+			}
+		}
+		pass.PushBack(pkt)
+	}
+	l.mu.Unlock()
+	if _, err := l.Endpoint.WritePackets(pass); err != nil {
+		return 0, err
+	}
+	return pkts.Len(), nil
+}
+
+// resent counts the data segments sent more than once.
+func (l *stallLink) resent() (n, segs int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range l.sent {
+		if k > 1 {
+			n += k - 1
+		}
+	}
+	return n, len(l.sent)
+}
+
+// TestNoSpuriousRetransmitOnStall: the sandbox's acknowledgements held
+// back for 30 ms now and then (a loaded machine's scheduling, far below
+// the retransmission timeout's 200 ms floor) make the stack re-send
+// nothing: nothing was lost. With RACK and tail loss probes, whose timers
+// were twice the smoothed RTT of a link of memory (microseconds), each
+// stall re-sent segments the sandbox already had.
+func TestNoSpuriousRetransmitOnStall(t *testing.T) {
+	var link *stallLink
+	e := newEnv(t, cidrSpec, func(o *egress.Options) {
+		link = newStallLink(o.Link, 40, 30*time.Millisecond)
+		o.Link = link
+	})
+	download(t, e, 32<<20)
+	n, segs := link.resent()
+	t.Logf("%d data segments, %d sent again", segs, n)
+	if n > 0 {
+		t.Errorf("the stack sent %d data segments again although none was lost", n)
+	}
+}
+
+// TestLossRepairedWithoutRACK: segments the sandbox's kernel drops are
+// still re-sent (SACK recovery, the retransmission timer) and the
+// download completes.
+func TestLossRepairedWithoutRACK(t *testing.T) {
+	var link *stallLink
+	e := newEnv(t, cidrSpec, func(o *egress.Options) {
+		link = newStallLink(o.Link, 1<<30, 0)
+		link.dropEvery = 50
+		o.Link = link
+	})
+	download(t, e, 32<<20)
+	n, segs := link.resent()
+	link.mu.Lock()
+	dropped := link.dropped
+	link.mu.Unlock()
+	t.Logf("%d data segments, %d dropped, %d sent again", segs, dropped, n)
+	if dropped == 0 || n < dropped {
+		t.Errorf("%d segments dropped, %d sent again", dropped, n)
+	}
+}
