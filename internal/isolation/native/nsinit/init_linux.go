@@ -761,15 +761,21 @@ func dropPrivileges(filter []byte) error {
 	}
 	runtime.KeepAlive(&hdr)
 	runtime.KeepAlive(&data)
-	if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
-		return fmt.Errorf("setting no_new_privs: %w", err)
-	}
 	if len(filter) == 0 {
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
+			return fmt.Errorf("setting no_new_privs: %w", err)
+		}
 		return nil
 	}
 	prog, err := DecodeFilter(filter)
 	if err != nil {
 		return err
+	}
+	// no_new_privs on this (locked) thread; the filter's TSYNC gives it
+	// to every other thread with the filter, in one call that does not
+	// stop them, or fails with nothing installed.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	if err := seccomp.InstallAllThreads(prog); err != nil {
 		return fmt.Errorf("installing seccomp filter: %w", err)
