@@ -31,6 +31,10 @@ type pool struct {
 
 	wake  chan struct{}
 	trash chan string // keys under .trash to destroy
+	// vacated holds mount points under .pool whose filesystem was taken:
+	// removing a directory that was a mount point waits for the host's
+	// mount lock, so the background worker does it, not take.
+	vacated chan string
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -71,10 +75,11 @@ func (f *FS) startPool(ctx context.Context, want int, size int64) error {
 	}
 	p := &pool{
 		f: f, size: size, want: want,
-		ready: make(chan string, want),
-		wake:  make(chan struct{}, 1),
-		trash: make(chan string, 1024),
-		stop:  make(chan struct{}),
+		ready:   make(chan string, want),
+		wake:    make(chan struct{}, 1),
+		trash:   make(chan string, 1024),
+		vacated: make(chan string, 1024),
+		stop:    make(chan struct{}),
 	}
 	f.pool = p
 	p.wg.Add(2)
@@ -171,7 +176,11 @@ func (p *pool) take(name string, limit int64) (string, bool, error) {
 		os.Remove(mnt)
 		return "", false, fmt.Errorf("taking a prepared disk: %w", err)
 	}
-	os.Remove(p.f.poolMount(k))
+	select {
+	case p.vacated <- p.f.poolMount(k):
+	default:
+		os.Remove(p.f.poolMount(k)) // queue full: do it now
+	}
 	return mnt, true, nil
 }
 
@@ -222,11 +231,15 @@ func (p *pool) empty() {
 		select {
 		case k := <-p.trash:
 			p.f.destroy(p.f.trashMount(k), p.f.trashImage(k))
+		case d := <-p.vacated:
+			os.Remove(d)
 		case <-p.stop:
 			for {
 				select {
 				case k := <-p.trash:
 					p.f.destroy(p.f.trashMount(k), p.f.trashImage(k))
+				case d := <-p.vacated:
+					os.Remove(d)
 				default:
 					return
 				}

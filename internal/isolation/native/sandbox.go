@@ -76,6 +76,7 @@ type sandbox struct {
 	// the host's mount is detached (see detachDisk). -1 when none.
 	diskDir  string
 	diskFD   int
+	detached chan struct{} // closed once the host's mount is detached; nil if never started
 	lifeline *os.File      // write end of the agent's lifeline pipe
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
@@ -544,6 +545,12 @@ func (s *sandbox) startNetwork(ctx context.Context, pid int, nw isolation.Networ
 // filesystem lives on in the sandbox's namespace and through the
 // descriptor, and is unmounted (and its loop device freed) when both are
 // gone: at kill, or when a crashed daemon's sandboxes die with it.
+//
+// The unmount runs beside the rest of the create: it waits for the lock
+// every mount and unmount on the host takes (ready inits' mounts, other
+// sandboxes' teardowns), and nothing of the create needs it done. Should
+// it fail, the mount stays until the release removes the layer. The
+// release waits for it.
 func (s *sandbox) detachDisk() error {
 	if s.diskDir == "" {
 		return nil
@@ -553,9 +560,13 @@ func (s *sandbox) detachDisk() error {
 		return fmt.Errorf("opening writable layer: %w", err)
 	}
 	s.diskFD = fd
-	if err := unix.Unmount(s.diskDir, unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detaching writable layer: %w", err)
-	}
+	s.detached = make(chan struct{})
+	go func() {
+		defer close(s.detached)
+		if err := unix.Unmount(s.diskDir, unix.MNT_DETACH); err != nil {
+			s.b.log.Warn("detaching a sandbox's writable layer from the host", "sandbox", s.id, "err", err)
+		}
+	}()
 	return nil
 }
 
@@ -921,6 +932,9 @@ func (s *sandbox) release(ctx context.Context) error {
 		if err := s.cg.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
 		}
+	}
+	if s.detached != nil {
+		<-s.detached
 	}
 	s.layerMu.Lock()
 	s.layerGone = true
