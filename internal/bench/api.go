@@ -85,6 +85,10 @@ const densityClients = 8
 // alive is measured over.
 const densityWindow = 50
 
+// densityIdle is how long the daemon's CPU time with all the sandboxes
+// idle is measured over: two of its rounds of readings (every 5 s).
+const densityIdle = 10 * time.Second
+
 // density creates n idle sandboxes through the API with densityClients
 // concurrent clients and reports how the create rate and this process's
 // memory (the daemon's, plus the clients' few bytes per sandbox) change as
@@ -155,12 +159,21 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		}
 		n = len(sbs)
 	}
-	// Settle, then read the memory.
+	// Settle, then read what the idle sandboxes cost the daemon: its CPU
+	// time over densityIdle (readings of every sandbox's use, its
+	// network stacks' timers), then its memory.
 	select {
 	case <-time.After(2 * time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	idle0 := cpuTime()
+	select {
+	case <-time.After(densityIdle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	idleCPU := cpuTime() - idle0
 	rssLive := rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
@@ -184,16 +197,19 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
 		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
 			at10, len(stamp)-densityWindow, atN, atN/at10, densityWindow)
-		// The daemon's CPU time per create over the same windows (its
-		// own work for the creates and whatever it does for the sandboxes
-		// alive meanwhile, and the programs it ran and waited for): unlike
-		// the rate, it does not move with the machine's other load.
+		// The daemon's CPU time per create over the same windows: its
+		// own work for the creates, the programs it ran and waited for
+		// (mkfs.ext4), and its background work for the sandboxes alive
+		// meanwhile, which per create grows when the machine's other load
+		// slows the creates (the idle figure below is that work alone).
 		if c0, ok := cpuAt[10]; ok && n == len(stamp) {
 			c1, c2, c3 := cpuAt[10+densityWindow], cpuAt[n-densityWindow], cpuAt[n]
 			fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
 				ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
 		}
 	}
+	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
+		n, float64(idleCPU.Microseconds())/1000/densityIdle.Seconds(), densityIdle)
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
