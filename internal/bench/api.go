@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -84,6 +85,10 @@ const densityClients = 8
 // alive is measured over.
 const densityWindow = 50
 
+// densityIdle is how long the daemon's CPU time with all the sandboxes
+// idle is measured over: two of its rounds of readings (every 5 s).
+const densityIdle = 10 * time.Second
+
 // density creates n idle sandboxes through the API with densityClients
 // concurrent clients and reports how the create rate and this process's
 // memory (the daemon's, plus the clients' few bytes per sandbox) change as
@@ -96,7 +101,8 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 	var (
 		mu    sync.Mutex
 		sbs   []*client.Sandbox
-		stamp []time.Time // when each create finished, in order
+		stamp []time.Time               // when each create finished, in order
+		cpuAt = map[int]time.Duration{} // this process's CPU time when the k-th create finished
 		first error
 	)
 	next := make(chan struct{})
@@ -127,6 +133,9 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 				}
 				sbs = append(sbs, sb)
 				stamp = append(stamp, time.Now())
+				if k := len(stamp); k == 10 || k == 10+densityWindow || k == n-densityWindow || k == n {
+					cpuAt[k] = cpuTime()
+				}
 				mu.Unlock()
 			}
 		})
@@ -150,12 +159,21 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		}
 		n = len(sbs)
 	}
-	// Settle, then read the memory.
+	// Settle, then read what the idle sandboxes cost the daemon: its CPU
+	// time over densityIdle (readings of every sandbox's use, its
+	// network stacks' timers), then its memory.
 	select {
 	case <-time.After(2 * time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	idle0 := cpuTime()
+	select {
+	case <-time.After(densityIdle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	idleCPU := cpuTime() - idle0
 	rssLive := rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
@@ -179,7 +197,19 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
 		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
 			at10, len(stamp)-densityWindow, atN, atN/at10, densityWindow)
+		// The daemon's CPU time per create over the same windows: its
+		// own work for the creates, the programs it ran and waited for
+		// (mkfs.ext4), and its background work for the sandboxes alive
+		// meanwhile, which per create grows when the machine's other load
+		// slows the creates (the idle figure below is that work alone).
+		if c0, ok := cpuAt[10]; ok && n == len(stamp) {
+			c1, c2, c3 := cpuAt[10+densityWindow], cpuAt[n-densityWindow], cpuAt[n]
+			fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
+				ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
+		}
 	}
+	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
+		n, float64(idleCPU.Microseconds())/1000/densityIdle.Seconds(), densityIdle)
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
@@ -237,6 +267,19 @@ func rate(stamp []time.Time, start time.Time, i, j int) float64 {
 		return 0
 	}
 	return float64(j-i) / d.Seconds()
+}
+
+// cpuTime is the CPU time this process and its waited-for children used.
+func cpuTime() time.Duration {
+	var self, children syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &self) != nil || syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children) != nil {
+		return 0
+	}
+	var t time.Duration
+	for _, tv := range []syscall.Timeval{self.Utime, self.Stime, children.Utime, children.Stime} {
+		t += time.Duration(tv.Nano())
+	}
+	return t
 }
 
 // openFDs counts this process's open descriptors, threads its OS threads.

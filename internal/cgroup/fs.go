@@ -16,6 +16,7 @@ import (
 // openFile opens dir/name without following any symlink on the way.
 func openFile(dir, name string, flags int) (*os.File, error) {
 	path := filepath.Join(dir, name)
+	controlOpens.Add(1)
 	fd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{
 		Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
 		Resolve: unix.RESOLVE_NO_SYMLINKS,

@@ -713,7 +713,10 @@ func (s *sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 
 // Stats implements isolation.Sandbox.
 func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
-	st, err := s.cg.Stats()
+	// Usage, not Stats: the daemon reads every sandbox's use every few
+	// seconds, a cost that grows with the sandboxes alive and is taken
+	// from their creates; the limit is the sandbox's own.
+	st, err := s.cg.Usage()
 	if err != nil {
 		return isolation.Stats{}, fmt.Errorf("reading cgroup stats: %w", err)
 	}

@@ -1,0 +1,127 @@
+package cgroup
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestUsage checks what Usage reads against Stats, and what a reading
+// costs: the daemon takes one of every sandbox every few seconds, so its
+// cost is paid once per sandbox alive. Three control files opened and
+// nothing allocated per reading (Stats, which the daemon's readings used,
+// opens five and allocates for each).
+func TestUsage(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("usage", Limits{MemoryBytes: 256 << 20, Pids: 64})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	// Two tasks that used some CPU and memory.
+	start(t, g, "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; x=$(head -c 4000000 /dev/zero | tr '\\0' a); sleep 60 & exec sleep 60")
+	waitFor(t, "two tasks", func() bool {
+		u, err := g.Usage()
+		return err == nil && u.Pids == 2
+	})
+	u, err := g.Usage()
+	if err != nil {
+		t.Fatalf("Usage error: %v", err)
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatalf("Stats error: %v", err)
+	}
+	if u.Pids != st.Pids || u.CPUUsage <= 0 || u.CPUUsage > st.CPUUsage || u.MemoryBytes <= 0 {
+		t.Errorf("Usage() = %+v, want the pids of Stats() = %+v, CPU and memory above 0, CPU at most Stats'", u, st)
+	}
+	if u.MemoryLimit != 0 || u.OOMKills != 0 {
+		t.Errorf("Usage() = %+v, want no limit or OOM count (not read)", u)
+	}
+
+	opened := func(f func()) int64 {
+		before := controlOpens.Load()
+		f()
+		return controlOpens.Load() - before
+	}
+	if n := opened(func() { g.Usage() }); n != 3 {
+		t.Errorf("Usage opened %d control files, want 3", n)
+	}
+	if allocs := testing.AllocsPerRun(50, func() {
+		if _, err := g.Usage(); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 {
+		t.Errorf("Usage allocated %.1f times per reading, want 0", allocs)
+	}
+	statsAllocs := testing.AllocsPerRun(50, func() { g.Stats() })
+	t.Logf("Stats: %d control files opened, %.1f allocations per reading", opened(func() { g.Stats() }), statsAllocs)
+}
+
+func TestParseUsage(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		key  string
+		want int64
+		ok   bool
+	}{
+		{"123\n", "", 123, true},
+		{"0", "", 0, true},
+		{"9223372036854775807\n", "", 1<<63 - 1, true},
+		{"9223372036854775808\n", "", 0, false},
+		{"-1\n", "", 0, false},
+		{"max\n", "", 0, false},
+		{"", "", 0, false},
+		{"usage_usec 42\nuser_usec 40\nsystem_usec 2\n", "usage_usec", 42, true},
+		{"user_usec 40\nusage_usec 7", "usage_usec", 7, true},
+		{"usage_usec_x 5\n", "usage_usec", 0, true}, // no such key
+		{"usage_usec\n", "usage_usec", 0, true},
+	} {
+		got, ok := parseUsage([]byte(tc.in), tc.key)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("parse(%q, key %q) = %d, %v; want %d, %v", tc.in, tc.key, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestUsageV2 reads Usage on the cgroup2 hierarchy, where CPU time comes
+// from a keyed file.
+func TestUsageV2(t *testing.T) {
+	requireRoot(t)
+	root := ""
+	for _, r := range []string{defaultRoot, defaultRoot + "/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(r, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			root = r
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup2 hierarchy mounted")
+	}
+	m, err := newV2(root, fmt.Sprintf("fence-test-%d/usagev2", os.Getpid()))
+	if err != nil {
+		t.Fatalf("newV2(%s) error: %v", root, err)
+	}
+	cleanupManager(t, m)
+	g, err := m.Create("usage", Limits{})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	start(t, g, "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exec sleep 60")
+	waitFor(t, "CPU time", func() bool {
+		u, err := g.Usage()
+		return err == nil && u.CPUUsage > 0
+	})
+	u, err := g.Usage()
+	st, serr := g.Stats()
+	if err != nil || serr != nil {
+		t.Fatalf("Usage error %v, Stats error %v", err, serr)
+	}
+	if u.CPUUsage > st.CPUUsage || st.CPUUsage-u.CPUUsage > time.Second || (slices.Contains(m.avail, "pids") && u.Pids != st.Pids) {
+		t.Errorf("Usage() = %+v, want the CPU time and pids of Stats() = %+v", u, st)
+	}
+}
