@@ -572,3 +572,37 @@ func BenchmarkSignatureScan1000(b *testing.B) {
 		}
 	}
 }
+
+// TestCreateWarmsTheAgentConnection: the proxy's connection to a new
+// sandbox's agent is made beside the create's answer, so the sandbox's
+// first command reuses it instead of dialing in its own round trip.
+func TestCreateWarmsTheAgentConnection(t *testing.T) {
+	warmed := make(chan string, 1)
+	agentWarmed = func(id string) { warmed <- id }
+	defer func() { agentWarmed = nil }()
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	fs, ok := e.host.Sandbox(s.SandboxID)
+	if !ok {
+		t.Fatal("the fake host does not know the sandbox")
+	}
+	select {
+	case id := <-warmed:
+		if id != s.SandboxID {
+			t.Fatalf("warmed %s, want %s", id, s.SandboxID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connection to the agent was made after the create")
+	}
+	if n := fs.Dials(); n != 1 {
+		t.Fatalf("%d connections to the agent after the create, want 1", n)
+	}
+	resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir", `{"path":"/"}`,
+		append(sbxHeaders(s.SandboxID, s.EnvdAccessToken), "Content-Type: application/json")...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("first request = %d %s", resp.StatusCode, b)
+	}
+	if n := fs.Dials(); n != 1 {
+		t.Errorf("%d connections to the agent after the create and one request, want 1 (the one made at create)", n)
+	}
+}

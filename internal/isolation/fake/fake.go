@@ -32,6 +32,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -207,6 +208,7 @@ type Sandbox struct {
 	srvWG  sync.WaitGroup
 	netns  *os.File       // with Options.NetNS: the namespace attached
 	link   isolation.Link // and its link, closed by stop
+	dials  atomic.Int64   // DialAgent calls that reached the agent
 
 	pmu sync.Mutex
 	// +checklocks:pmu
@@ -305,8 +307,12 @@ func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 	if p, _ := s.Paused(); p {
 		return nil, fmt.Errorf("dialing agent of %s: %w", s.id, isolation.ErrPaused)
 	}
+	s.dials.Add(1)
 	return s.ln.dial(ctx)
 }
+
+// Dials reports how many connections DialAgent has made to the agent.
+func (s *Sandbox) Dials() int64 { return s.dials.Load() }
 
 // Stats implements isolation.Sandbox with made-up, plausible numbers.
 func (s *Sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
