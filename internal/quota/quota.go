@@ -209,14 +209,22 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 // The images of one FS therefore share their filesystem UUID, which
 // nothing here or in a sandbox relies on.
 func (f *FS) createImage(ctx context.Context, image string, size int64) error {
-	seed, err := f.seed(ctx, size)
-	if err != nil {
-		return err
-	}
 	tmp := image + tmpInfix + randomSuffix()
-	if err := copyImage(tmp, seed, size); err != nil {
+	for retry := true; ; retry = false {
+		seed, err := f.seed(ctx, size)
+		if err != nil {
+			return err
+		}
+		err = copyImage(tmp, seed, size)
+		if err == nil {
+			break
+		}
 		os.Remove(tmp)
-		return fmt.Errorf("creating image: %w", err)
+		if !retry || !errors.Is(err, errNoSeed) {
+			return fmt.Errorf("creating image: %w", err)
+		}
+		// The seed went (removed by hand): it is formatted again.
+		f.forgetSeed(size)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, image, unix.RENAME_NOREPLACE); err != nil {
 		os.Remove(tmp)
@@ -253,6 +261,17 @@ func (f *FS) seed(ctx context.Context, size int64) (string, error) {
 	}
 	f.seeds[size] = p
 	return p, nil
+}
+
+// errNoSeed is copyImage's error when the seed image is gone.
+var errNoSeed = errors.New("the seed image is gone")
+
+// forgetSeed drops the seed of size from the cache; the next seed call
+// formats it again.
+func (f *FS) forgetSeed(size int64) {
+	f.seedMu.Lock()
+	defer f.seedMu.Unlock()
+	delete(f.seeds, size)
 }
 
 // removeSeeds deletes the seed images; the next createImage formats anew.
@@ -303,6 +322,9 @@ func (f *FS) mkfsImage(ctx context.Context, path string, size int64) error {
 // kernel where it can.
 func copyImage(dst, src string, size int64) error {
 	in, err := os.Open(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", errNoSeed, err)
+	}
 	if err != nil {
 		return err
 	}

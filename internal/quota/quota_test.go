@@ -454,6 +454,14 @@ func TestFormatsOncePerSize(t *testing.T) {
 	if len(seeds) != 2 {
 		t.Errorf("seeds %v, want two", seeds)
 	}
+	// A seed removed by hand is formatted again, not a failed create.
+	for _, sd := range seeds {
+		os.Remove(sd)
+	}
+	newDir(t, f, "d", 16<<20)
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 3 {
+		t.Errorf("mkfs.ext4 ran %d times after a seed was removed, want 3", strings.Count(string(b), "run"))
+	}
 	f.Close()
 	if seeds, _ := filepath.Glob(filepath.Join(f.imageDir, seedPrefix+"*")); len(seeds) != 0 {
 		t.Errorf("seeds left after Close: %v", seeds)
