@@ -450,7 +450,11 @@ func TestKillFrozen(t *testing.T) {
 	assertGone(t, g)
 }
 
-func TestV2Core(t *testing.T) {
+// v2Manager returns a v2 Manager under parent, on the cgroup2 hierarchy
+// mounted here (skipping the test when there is none), removed when the
+// test ends.
+func v2Manager(t *testing.T, parent string) *Manager {
+	t.Helper()
 	requireRoot(t)
 	root := ""
 	for _, r := range []string{defaultRoot, defaultRoot + "/unified"} {
@@ -463,12 +467,17 @@ func TestV2Core(t *testing.T) {
 	if root == "" {
 		t.Skip("no cgroup2 hierarchy mounted")
 	}
-	parent := fmt.Sprintf("fence-test-%d/v2", os.Getpid())
 	m, err := newV2(root, parent)
 	if err != nil {
 		t.Fatalf("newV2(%s) error: %v", root, err)
 	}
 	cleanupManager(t, m)
+	return m
+}
+
+func TestV2Core(t *testing.T) {
+	parent := fmt.Sprintf("fence-test-%d/v2", os.Getpid())
+	m := v2Manager(t, parent)
 	if !slices.Contains(m.avail, "memory") {
 		_, err := m.Create("nomem", Limits{MemoryBytes: 1 << 20})
 		if !errors.Is(err, ErrUnavailable) {

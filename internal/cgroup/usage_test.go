@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestUsage checks what Usage reads against Stats, and what a reading
@@ -90,23 +88,7 @@ func TestParseUsage(t *testing.T) {
 // TestUsageV2 reads Usage on the cgroup2 hierarchy, where CPU time comes
 // from a keyed file.
 func TestUsageV2(t *testing.T) {
-	requireRoot(t)
-	root := ""
-	for _, r := range []string{defaultRoot, defaultRoot + "/unified"} {
-		var st unix.Statfs_t
-		if unix.Statfs(r, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			root = r
-			break
-		}
-	}
-	if root == "" {
-		t.Skip("no cgroup2 hierarchy mounted")
-	}
-	m, err := newV2(root, fmt.Sprintf("fence-test-%d/usagev2", os.Getpid()))
-	if err != nil {
-		t.Fatalf("newV2(%s) error: %v", root, err)
-	}
-	cleanupManager(t, m)
+	m := v2Manager(t, fmt.Sprintf("fence-test-%d/usagev2", os.Getpid()))
 	g, err := m.Create("usage", Limits{})
 	if err != nil {
 		t.Fatalf("Create error: %v", err)
