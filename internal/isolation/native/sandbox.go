@@ -274,7 +274,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 		LowerDir: filepath.Join(dir, "lower"),
 		RootDir:  filepath.Join(dir, "root"),
 		NoFile:   limits.NoFile,
-		ShmBytes: 64 << 20,
+		ShmBytes: nsinit.DefaultShmBytes,
 		Agent:    spec.Agent,
 	}
 	if !s.b.opts.NoSeccomp {

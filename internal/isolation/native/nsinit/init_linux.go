@@ -1,8 +1,9 @@
 // Package nsinit is the sandbox's first process on the native backend (the
 // `fence init` role): cloned by the daemon's spawner into the sandbox's new
-// namespaces, it receives its Config and the detached mounts of the
-// template, binds and layers over the sync socket, builds the sandbox's
-// root (overlay, /proc, /sys, /dev, the agent binary), waits for the
+// namespaces, builds the sandbox's /proc, /sys and /dev while it waits,
+// receives its Config and the detached mounts of the template, binds and
+// layers over the sync socket, builds the sandbox's root (overlay, then
+// /proc, /sys, /dev and the agent binary attached), waits for the
 // daemon's go-ahead, drops privileges (capability sets, no_new_privs,
 // seccomp) on every thread and becomes the agent, without an exec: its Go
 // runtime and packages are started long before its sandbox exists (an
@@ -178,6 +179,12 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	runtime.LockOSThread()
 	// Also ahead of the Config: the agent's code is mapped in.
 	prefault()
+	// And the sandbox's /proc, /sys and /dev are built (trees_linux.go).
+	// A kernel that cannot build them detached gets them at attachTrees.
+	kit, err := buildTrees()
+	if err != nil {
+		kit = noTrees
+	}
 	cfg, fds, err := receiveConfig(sync)
 	if err != nil {
 		return nil, err
@@ -243,13 +250,7 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, fmt.Errorf("mounting root overlay: %w", err)
 	}
 	root := cfg.RootDir
-	if err := mountAgent(root); err != nil {
-		return nil, err
-	}
-	if err := mountProcSys(root); err != nil {
-		return nil, err
-	}
-	if err := mountDev(root, cfg.ShmBytes); err != nil {
+	if err := attachTrees(root, kit, cfg.ShmBytes); err != nil {
 		return nil, err
 	}
 	for i, b := range cfg.Binds {
@@ -334,140 +335,6 @@ func receiveConfig(sync *os.File) (*Config, []int, error) {
 	return &cfg, fds, nil
 }
 
-// mountAgent bind-mounts the running fence binary read-only at /.fence/fence.
-func mountAgent(root string) error {
-	fd, err := openInRoot(root, agentPath, kindFile)
-	if err != nil {
-		return fmt.Errorf("preparing agent mount point: %w", err)
-	}
-	defer unix.Close(fd)
-	return bindFD("/proc/self/exe", fd, true, false)
-}
-
-func mountProcSys(root string) error {
-	procFD, err := openInRoot(root, "/proc", kindDir)
-	if err != nil {
-		return fmt.Errorf("preparing /proc: %w", err)
-	}
-	err = unix.Mount("proc", fdPath(procFD), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-	unix.Close(procFD)
-	if err != nil {
-		return fmt.Errorf("mounting /proc: %w", err)
-	}
-	sysFD, err := openInRoot(root, "/sys", kindDir)
-	if err != nil {
-		return fmt.Errorf("preparing /sys: %w", err)
-	}
-	err = unix.Mount("sysfs", fdPath(sysFD), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-	unix.Close(sysFD)
-	if err != nil {
-		return fmt.Errorf("mounting /sys: %w", err)
-	}
-	for _, p := range readOnlyPaths {
-		fd, err := openInRoot(root, p, kindExisting)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", p, err)
-		}
-		err = bindFD(fdPath(fd), fd, true, false)
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("making %s read-only: %w", p, err)
-		}
-	}
-	for _, p := range maskedFiles {
-		fd, err := openInRoot(root, p, kindExisting)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", p, err)
-		}
-		err = bindFD("/dev/null", fd, true, false)
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("masking %s: %w", p, err)
-		}
-	}
-	for _, p := range maskedDirs {
-		fd, err := openInRoot(root, p, kindExisting)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", p, err)
-		}
-		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,nr_inodes=16,mode=0555")
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("masking %s: %w", p, err)
-		}
-	}
-	return nil
-}
-
-func mountDev(root string, shmBytes int64) error {
-	mnt, err := openInRoot(root, "/dev", kindDir)
-	if err != nil {
-		return fmt.Errorf("preparing /dev: %w", err)
-	}
-	err = unix.Mount("tmpfs", fdPath(mnt), "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536,nr_inodes=4096")
-	unix.Close(mnt)
-	if err != nil {
-		return fmt.Errorf("mounting /dev: %w", err)
-	}
-	// Reopened: the descriptor taken before the mount names the directory
-	// underneath it.
-	devFD, err := openInRoot(root, "/dev", kindDir)
-	if err != nil {
-		return fmt.Errorf("opening /dev: %w", err)
-	}
-	defer unix.Close(devFD)
-	for _, d := range devices {
-		fd, err := openInRoot(root, "/dev/"+d, kindFile)
-		if err != nil {
-			return fmt.Errorf("preparing /dev/%s: %w", d, err)
-		}
-		// Host device nodes, bound from the host's /dev (trusted: the
-		// sandbox's root is not yet in place).
-		err = bindFD("/dev/"+d, fd, false, true)
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("binding /dev/%s: %w", d, err)
-		}
-	}
-	ptsFD, err := openInRoot(root, "/dev/pts", kindDir)
-	if err != nil {
-		return fmt.Errorf("preparing /dev/pts: %w", err)
-	}
-	err = unix.Mount("devpts", fdPath(ptsFD), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
-	unix.Close(ptsFD)
-	if err != nil {
-		return fmt.Errorf("mounting /dev/pts: %w", err)
-	}
-	shmFD, err := openInRoot(root, "/dev/shm", kindDir)
-	if err != nil {
-		return fmt.Errorf("preparing /dev/shm: %w", err)
-	}
-	err = unix.Mount("tmpfs", fdPath(shmFD), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(shmBytes, 10)+",nr_inodes="+strconv.FormatInt(shmInodes(shmBytes), 10))
-	unix.Close(shmFD)
-	if err != nil {
-		return fmt.Errorf("mounting /dev/shm: %w", err)
-	}
-	links := [][2]string{
-		{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
-		{"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
-	}
-	for _, l := range links {
-		if err := unix.Symlinkat(l[0], devFD, l[1]); err != nil {
-			return fmt.Errorf("creating /dev/%s: %w", l[1], err)
-		}
-	}
-	return nil
-}
-
 // shmInodes is the inode limit of a /dev/shm of the given size: one inode
 // per 4 KiB page, at most 16,384. An empty file costs kernel memory (inode
 // and dentry, about 1 KiB) but no page, so without this limit a loop of
@@ -507,31 +374,6 @@ func attachBind(root string, tree int, b BindTarget) error {
 	}
 	defer unix.Close(fd)
 	return unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
-}
-
-// bindFD clones the mount tree at src and attaches it onto the file the
-// O_PATH descriptor target names, nosuid and (unless dev) nodev. Mounting
-// onto a descriptor cannot be redirected by a symlink swapped in later.
-func bindFD(src string, target int, readOnly, dev bool) error {
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("cloning %s: %w", src, err)
-	}
-	defer unix.Close(tree)
-	attr := uint64(unix.MOUNT_ATTR_NOSUID)
-	if !dev {
-		attr |= unix.MOUNT_ATTR_NODEV
-	}
-	if readOnly {
-		attr |= unix.MOUNT_ATTR_RDONLY
-	}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
-		return fmt.Errorf("setting mount attributes: %w", err)
-	}
-	if err := unix.MoveMount(tree, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching mount: %w", err)
-	}
-	return nil
 }
 
 func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }

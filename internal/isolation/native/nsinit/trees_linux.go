@@ -1,0 +1,343 @@
+package nsinit
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// The sandbox's /proc, /sys and /dev are mounts of its own namespaces:
+// nothing in them depends on its template or Config. An init builds them
+// while it waits for its sandbox, as detached mount trees (fsmount, with
+// their masks and devices moved onto paths inside them), and attaching
+// them to a root is then one move_mount each: three calls on the create's
+// path instead of some thirty, each of which takes the kernel's global
+// mount lock that every other sandbox's setup and teardown also takes.
+//
+// Mounting onto a path inside a detached tree needs Linux 6.15 or later.
+// On an older kernel the build fails, and the same trees are made at the
+// create instead: each bare mount is attached first and filled in place
+// (fillProc, fillSys, fillDev), so one set of mounts serves both.
+
+// DefaultShmBytes is the size of a sandbox's /dev/shm, and the size of
+// the one an init builds ahead. A Config with another size gets a /dev
+// made at its create.
+const DefaultShmBytes = 64 << 20
+
+// trees holds an init's detached /proc, /sys and /dev (descriptors of
+// fsmount or open_tree), and its agent binary's bind; -1 where not built.
+type trees struct {
+	proc, sys, dev, agent int
+}
+
+var noTrees = trees{-1, -1, -1, -1}
+
+// buildTrees makes the trees as detached mounts. On error nothing is
+// left open.
+func buildTrees() (t trees, err error) {
+	t = noTrees
+	defer func() {
+		if err != nil {
+			t.close()
+			t = noTrees
+		}
+	}()
+	if t.proc, err = newProc(); err != nil {
+		return t, err
+	}
+	if err = fillProc(t.proc); err != nil {
+		return t, err
+	}
+	if t.sys, err = newSys(); err != nil {
+		return t, err
+	}
+	if err = fillSys(t.sys); err != nil {
+		return t, err
+	}
+	if t.dev, err = newDev(); err != nil {
+		return t, err
+	}
+	if err = fillDev(t.dev, DefaultShmBytes); err != nil {
+		return t, err
+	}
+	if t.agent, err = cloneMount(unix.AT_FDCWD, "/proc/self/exe", agentAttr); err != nil {
+		return t, fmt.Errorf("cloning the agent binary: %w", err)
+	}
+	return t, nil
+}
+
+func (t *trees) close() {
+	for _, fd := range []*int{&t.proc, &t.sys, &t.dev, &t.agent} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// attachTrees gives root its /.fence/fence, /proc, /sys and /dev: the
+// trees built ahead where there are some (and the Config's /dev/shm is the
+// default size), else mounts made and filled now. It closes t.
+func attachTrees(root string, t trees, shmBytes int64) error {
+	defer t.close()
+	if shmBytes != DefaultShmBytes && t.dev >= 0 {
+		unix.Close(t.dev)
+		t.dev = -1
+	}
+	if t.agent < 0 {
+		var err error
+		if t.agent, err = cloneMount(unix.AT_FDCWD, "/proc/self/exe", agentAttr); err != nil {
+			return fmt.Errorf("cloning the agent binary: %w", err)
+		}
+	}
+	if err := attach(root, agentPath, kindFile, t.agent); err != nil {
+		return fmt.Errorf("mounting the agent binary: %w", err)
+	}
+	mounts := []struct {
+		path string
+		fd   int
+		mk   func() (int, error)
+		fill func(int) error
+	}{
+		{"/proc", t.proc, newProc, fillProc},
+		{"/sys", t.sys, newSys, fillSys},
+		{"/dev", t.dev, newDev, func(fd int) error { return fillDev(fd, shmBytes) }},
+	}
+	for _, m := range mounts {
+		if m.fd >= 0 {
+			if err := attach(root, m.path, kindDir, m.fd); err != nil {
+				return fmt.Errorf("mounting %s: %w", m.path, err)
+			}
+			continue
+		}
+		fd, err := m.mk()
+		if err != nil {
+			return err
+		}
+		err = attach(root, m.path, kindDir, fd)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("mounting %s: %w", m.path, err)
+		}
+		// Filled in place: the descriptor taken before the attach names
+		// the directory underneath.
+		in, err := openInRoot(root, m.path, kindExisting)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", m.path, err)
+		}
+		err = m.fill(in)
+		unix.Close(in)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attach moves the mount tree fd onto path inside root, made as kind.
+func attach(root, path string, kind pathKind, fd int) error {
+	target, err := openInRoot(root, path, kind)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(target)
+	return unix.MoveMount(fd, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+}
+
+const agentAttr = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+
+// newMount makes a detached mount of a new fstype filesystem with the
+// given options and mount attributes.
+func newMount(fstype string, attr uint64, opts ...string) (int, error) {
+	fsfd, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("opening a %s filesystem: %w", fstype, err)
+	}
+	defer unix.Close(fsfd)
+	// The source names the filesystem in the sandbox's mount table, as
+	// mount(8) would.
+	opts = append([]string{"source", fstype}, opts...)
+	for i := 0; i+1 < len(opts); i += 2 {
+		if opts[i+1] == "" {
+			err = unix.FsconfigSetFlag(fsfd, opts[i])
+		} else {
+			err = unix.FsconfigSetString(fsfd, opts[i], opts[i+1])
+		}
+		if err != nil {
+			return -1, fmt.Errorf("configuring %s (%s): %w", fstype, opts[i], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("creating a %s filesystem: %w", fstype, err)
+	}
+	fd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, int(attr))
+	if err != nil {
+		return -1, fmt.Errorf("mounting %s: %w", fstype, err)
+	}
+	return fd, nil
+}
+
+// cloneMount returns a detached copy of the mount tree at path (relative
+// to dirfd) with attr set on all of it.
+func cloneMount(dirfd int, path string, attr uint64) (int, error) {
+	fd, err := unix.OpenTree(dirfd, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("setting mount attributes: %w", err)
+	}
+	return fd, nil
+}
+
+// moveOnto moves the mount fd onto path below the mount dir (a tree's
+// root, attached or not) and closes fd.
+func moveOnto(fd, dir int, path string) error {
+	defer unix.Close(fd)
+	return unix.MoveMount(fd, "", dir, path, unix.MOVE_MOUNT_F_EMPTY_PATH)
+}
+
+// exists reports whether path below dir exists (not following a final
+// symlink: none of the masked paths is one).
+func exists(dir int, path string) (bool, error) {
+	var st unix.Stat_t
+	err := unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+const noExec = unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
+
+func newProc() (int, error) { return newMount("proc", noExec) }
+
+func newSys() (int, error) { return newMount("sysfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "") }
+
+func newDev() (int, error) {
+	return newMount("tmpfs", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC,
+		"mode", "0755", "size", "65536", "nr_inodes", "4096")
+}
+
+// fillProc makes readOnlyPaths read-only and masks maskedFiles and
+// maskedDirs of the proc mount p.
+func fillProc(p int) error {
+	for _, path := range readOnlyPaths {
+		rel := path[len("/proc/"):]
+		if ok, err := exists(p, rel); err != nil {
+			return fmt.Errorf("opening %s: %w", path, err)
+		} else if !ok {
+			continue
+		}
+		fd, err := cloneMount(p, rel, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+		if err == nil {
+			err = moveOnto(fd, p, rel)
+		}
+		if err != nil {
+			return fmt.Errorf("making %s read-only: %w", path, err)
+		}
+	}
+	return mask(p, "/proc/", maskedFiles, maskedDirs)
+}
+
+// fillSys masks maskedDirs of the sysfs mount s.
+func fillSys(s int) error { return mask(s, "/sys/", nil, maskedDirs) }
+
+// mask covers those of files (with the host's /dev/null) and dirs (with
+// an empty read-only tmpfs) that lie below prefix, relative to mount m.
+func mask(m int, prefix string, files, dirs []string) error {
+	for _, path := range files {
+		if len(path) <= len(prefix) || path[:len(prefix)] != prefix {
+			continue
+		}
+		rel := path[len(prefix):]
+		if ok, err := exists(m, rel); err != nil {
+			return fmt.Errorf("opening %s: %w", path, err)
+		} else if !ok {
+			continue
+		}
+		fd, err := cloneMount(unix.AT_FDCWD, "/dev/null", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+		if err == nil {
+			err = moveOnto(fd, m, rel)
+		}
+		if err != nil {
+			return fmt.Errorf("masking %s: %w", path, err)
+		}
+	}
+	for _, path := range dirs {
+		if len(path) <= len(prefix) || path[:len(prefix)] != prefix {
+			continue
+		}
+		rel := path[len(prefix):]
+		if ok, err := exists(m, rel); err != nil {
+			return fmt.Errorf("opening %s: %w", path, err)
+		} else if !ok {
+			continue
+		}
+		fd, err := newMount("tmpfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "", "size", "0", "nr_inodes", "16", "mode", "0555")
+		if err == nil {
+			err = moveOnto(fd, m, rel)
+		}
+		if err != nil {
+			return fmt.Errorf("masking %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// fillDev gives the tmpfs mount d the host's harmless devices (bound from
+// the host's /dev: trusted, the sandbox's root is not yet in place), a
+// devpts of its own, a /dev/shm of shmBytes and the usual links.
+func fillDev(d int, shmBytes int64) error {
+	for _, name := range devices {
+		f, err := unix.Openat(d, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return fmt.Errorf("preparing /dev/%s: %w", name, err)
+		}
+		unix.Close(f)
+		fd, err := cloneMount(unix.AT_FDCWD, "/dev/"+name, unix.MOUNT_ATTR_NOSUID)
+		if err == nil {
+			err = moveOnto(fd, d, name)
+		}
+		if err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", name, err)
+		}
+	}
+	for _, sub := range []struct {
+		name string
+		mk   func() (int, error)
+	}{
+		{"pts", func() (int, error) {
+			return newMount("devpts", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC,
+				"newinstance", "", "ptmxmode", "0666", "mode", "0620", "gid", "5")
+		}},
+		{"shm", func() (int, error) {
+			return newMount("tmpfs", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV,
+				"mode", "1777", "size", strconv.FormatInt(shmBytes, 10), "nr_inodes", strconv.FormatInt(shmInodes(shmBytes), 10))
+		}},
+	} {
+		if err := unix.Mkdirat(d, sub.name, 0o755); err != nil {
+			return fmt.Errorf("preparing /dev/%s: %w", sub.name, err)
+		}
+		fd, err := sub.mk()
+		if err == nil {
+			err = moveOnto(fd, d, sub.name)
+		}
+		if err != nil {
+			return fmt.Errorf("mounting /dev/%s: %w", sub.name, err)
+		}
+	}
+	links := [][2]string{
+		{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+		{"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+	}
+	for _, l := range links {
+		if err := unix.Symlinkat(l[0], d, l[1]); err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", l[1], err)
+		}
+	}
+	return nil
+}

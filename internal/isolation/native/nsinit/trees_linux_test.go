@@ -1,0 +1,160 @@
+package nsinit
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// treesChildEnv makes the test binary the child of TestTreesAheadMatchInPlace:
+// "ahead" or "inplace", then the root directory and the /dev/shm size.
+const treesChildEnv = "FENCE_NSINIT_TREES_CHILD"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(treesChildEnv); mode != "" {
+		os.Exit(treesChild(mode))
+	}
+	os.Exit(m.Run())
+}
+
+// treesChild builds a sandbox's /proc, /sys and /dev on a tmpfs root in
+// its own user, mount, pid and net namespaces, the way mode says, and
+// prints the mounts below the root.
+func treesChild(mode string) int {
+	runtime.LockOSThread()
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "making mounts private:", err)
+		return 1
+	}
+	args := strings.Fields(mode)
+	root := args[1]
+	shm, _ := strconv.ParseInt(args[2], 10, 64)
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
+		fmt.Fprintln(os.Stderr, "mounting the root:", err)
+		return 1
+	}
+	kit := noTrees
+	if args[0] == "ahead" {
+		var err error
+		if kit, err = buildTrees(); err != nil {
+			fmt.Fprintln(os.Stderr, "building ahead:", err)
+			return 3
+		}
+	}
+	if err := attachTrees(root, kit, shm); err != nil {
+		fmt.Fprintln(os.Stderr, "attaching:", err)
+		return 1
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer f.Close()
+	// Sorted: the mount table lists mounts by age, and the trees built
+	// ahead are older than the root they are attached to.
+	var lines []string
+	defer func() {
+		slices.Sort(lines)
+		fmt.Println(strings.Join(lines, "\n"))
+	}()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [tags] - fstype source superoptions
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 || !strings.HasPrefix(fields[4], root+"/") {
+			continue
+		}
+		sep := len(fields) - 4
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+			}
+		}
+		lines = append(lines, strings.Join(append([]string{strings.TrimPrefix(fields[4], root), fields[3], fields[5]}, fields[sep+1:]...), " "))
+	}
+	return 0
+}
+
+func runTreesChild(t *testing.T, mode string, shm int64) (string, int) {
+	t.Helper()
+	root := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET,
+		UidMappings: ids, GidMappings: ids,
+	}
+	cmd.Env = append(os.Environ(), treesChildEnv+"="+mode+" "+root+" "+strconv.FormatInt(shm, 10))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running the child: %v", err)
+	}
+	if code != 0 && code != 3 {
+		t.Fatalf("%s child: exit %d: %s", mode, code, stderr.String())
+	}
+	return string(out), code
+}
+
+// A sandbox's /proc, /sys and /dev built ahead (detached, then attached)
+// are mounted exactly as those made at its create on a kernel that cannot
+// build them detached: same mounts, masks, options and devices.
+func TestTreesAheadMatchInPlace(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root (user namespaces with a mapped root)")
+	}
+	inPlace, _ := runTreesChild(t, "inplace", DefaultShmBytes)
+	for _, want := range []string{
+		"/proc / rw,nosuid,nodev,noexec,relatime proc proc",
+		"/proc/sys /sys ro,nosuid,nodev,noexec,relatime proc proc",
+		"/proc/timer_list /null ro,nosuid,nodev,relatime devtmpfs",
+		"/proc/acpi / ro,nosuid,nodev,noexec,relatime tmpfs tmpfs",
+		"/sys / ro,nosuid,nodev,noexec,relatime sysfs sysfs ro",
+		"/sys/firmware / ro,nosuid,nodev,noexec,relatime tmpfs tmpfs",
+		"/dev / rw,nosuid,noexec,relatime tmpfs tmpfs",
+		"/dev/null /null rw,nosuid,relatime devtmpfs",
+		"/dev/pts / rw,nosuid,noexec,relatime devpts devpts",
+		"/dev/shm / rw,nosuid,nodev,relatime tmpfs tmpfs rw,size=65536k,nr_inodes=16384",
+		"/.fence/fence ",
+	} {
+		if !strings.Contains(inPlace, want) {
+			t.Errorf("made in place: no mount like %q in\n%s", want, inPlace)
+		}
+	}
+	ahead, code := runTreesChild(t, "ahead", DefaultShmBytes)
+	if code == 3 {
+		var u unix.Utsname
+		_ = unix.Uname(&u)
+		release := unix.ByteSliceToString(u.Release[:])
+		var major, minor int
+		fmt.Sscanf(release, "%d.%d", &major, &minor)
+		if major > 6 || major == 6 && minor >= 15 {
+			t.Fatalf("Linux %s cannot build the trees detached", release)
+		}
+		t.Logf("Linux %s: trees are made at the create (no mounts onto detached trees before 6.15)", release)
+		return
+	}
+	if ahead != inPlace {
+		t.Errorf("built ahead:\n%s\nmade in place:\n%s", ahead, inPlace)
+	}
+	// A /dev/shm of another size: the /dev built ahead is dropped for one
+	// made at the create.
+	other, _ := runTreesChild(t, "ahead", 1<<20)
+	if !strings.Contains(other, "/dev/shm / rw,nosuid,nodev,relatime tmpfs tmpfs rw,size=1024k") {
+		t.Errorf("with a 1 MiB /dev/shm:\n%s", other)
+	}
+}
