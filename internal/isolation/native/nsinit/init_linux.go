@@ -179,6 +179,9 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	runtime.LockOSThread()
 	// Also ahead of the Config: the agent's code is mapped in.
 	prefault()
+	// The Config's decoding is readied: encoding/json builds its decoder
+	// for a type at first use, which would otherwise be on the create's path.
+	warmDecoder()
 	// And the sandbox's /proc, /sys and /dev are built (trees_linux.go).
 	// A kernel that cannot build them detached gets them at attachTrees.
 	kit, err := buildTrees()
@@ -301,6 +304,19 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, fmt.Errorf("setting the agent's environment: %w", err)
 	}
 	return cfg, nil
+}
+
+// warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
+const warmConfig = `{"id":"w","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
+	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
+	`"noFile":1,"seccomp":"BgAAAAAA/38=","shmBytes":1,` +
+	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`
+
+// warmDecoder decodes warmConfig, so that the Config the init waits for is
+// decoded by encoding/json's cached decoder, with its code paged in.
+func warmDecoder() {
+	var c Config
+	_ = json.Unmarshal([]byte(warmConfig), &c)
 }
 
 func receiveConfig(sync *os.File) (*Config, []int, error) {

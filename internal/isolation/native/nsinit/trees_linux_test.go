@@ -2,9 +2,11 @@ package nsinit
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -157,4 +159,29 @@ func TestTreesAheadMatchInPlace(t *testing.T) {
 	if !strings.Contains(other, "/dev/shm / rw,nosuid,nodev,relatime tmpfs tmpfs rw,size=1024k") {
 		t.Errorf("with a 1 MiB /dev/shm:\n%s", other)
 	}
+}
+
+// The Config the init decodes ahead sets every field, so that no part of
+// the decoder is left to build when the real one arrives.
+func TestWarmConfigSetsEveryField(t *testing.T) {
+	var c Config
+	if err := json.Unmarshal([]byte(warmConfig), &c); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(v reflect.Value, path string)
+	walk = func(v reflect.Value, path string) {
+		if v.Kind() == reflect.Struct {
+			for i := range v.NumField() {
+				walk(v.Field(i), path+"."+v.Type().Field(i).Name)
+			}
+			return
+		}
+		if v.IsZero() {
+			t.Errorf("warmConfig leaves %s unset", path)
+		}
+		if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct {
+			walk(v.Index(0), path+"[0]")
+		}
+	}
+	walk(reflect.ValueOf(c), "Config")
 }
