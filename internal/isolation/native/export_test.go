@@ -47,3 +47,20 @@ func (b *Backend) ReadyInits() int { return len(b.ready) }
 
 // AgentPid is the host pid of sb's agent (its PID 1).
 func AgentPid(sb any) int { return sb.(*sandbox).proc.Pid }
+
+// ReadyGroupPids returns the processes in the ready inits' cgroup.
+func (b *Backend) ReadyGroupPids() ([]int, error) { return b.readyCg.Pids() }
+
+// SpawnerPid is the pid of the running spawner (0 if none runs).
+func (b *Backend) SpawnerPid() int {
+	b.spawner.mu.Lock()
+	defer b.spawner.mu.Unlock()
+	if b.spawner.conn == nil {
+		return 0
+	}
+	return b.spawner.proc.Process.Pid
+}
+
+// ReadyGroupHasFD reports whether inits are cloned into the ready cgroup
+// directly (cgroup v2).
+func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }

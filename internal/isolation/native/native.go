@@ -302,8 +302,10 @@ func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.closing.Wait()
-		b.stopReadyInits()
+		// The spawner first: it may live in the ready inits' cgroup,
+		// whose removal would kill it.
 		b.spawner.close()
+		b.stopReadyInits()
 		unix.Close(b.sockDirFD)
 		if b.opts.Ephemeral {
 			err = b.removeInstance()

@@ -161,7 +161,9 @@ const readyGroup = "_ready"
 // readyLimits bound the ready inits together: they start in the
 // background, with the lowest CPU weight and half a core at most, so that
 // they run on idle CPU and do not slow the creates and sandboxes they are
-// made for.
+// made for. The task limit leaves room for the spawner (on cgroup v1) and
+// the inits of creates that found none ready, born here until their
+// create moves them (startReady): one create per sandbox at most.
 //
 // Their memory is not limited here. An init becomes its sandbox's agent
 // without an exec, and the kernel moves no memory charge with a process
@@ -172,8 +174,13 @@ const readyGroup = "_ready"
 // the creates fail once enough sandboxes were alive. ReadyMemory reports
 // the charge.
 func readyLimits(n int) cgroup.Limits {
-	return cgroup.Limits{CPUs: 0.5, Pids: int64(n) * 64, Weight: 2}
+	return cgroup.Limits{CPUs: 0.5, Pids: int64(n)*64 + readyPidsSpare, Weight: 2}
 }
+
+// readyPidsSpare is the room readyLimits leaves beyond the ready inits'
+// own: the spawner's threads and the inits passing through (each is a Go
+// runtime of a few threads when its create moves it out).
+const readyPidsSpare = 4096
 
 // ReadyMemory is the memory charged to the ready inits' cgroup: the ready
 // inits' and what the agents they became took before their sandboxes
@@ -235,7 +242,7 @@ func (b *Backend) spawnReady() (*readyInit, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cgfd < 0 {
+	if cgfd < 0 && !r.proc.placed {
 		if err := b.readyCg.AddProc(r.proc.Pid); err != nil {
 			r.discard()
 			return nil, fmt.Errorf("placing a ready init in its cgroup: %w", err)
@@ -261,6 +268,17 @@ func (b *Backend) startReady(ctx context.Context) error {
 		return fmt.Errorf("creating the ready inits' cgroup: %w", err)
 	}
 	b.readyCg = g
+	// Without a cgroup to clone into (cgroup v1), the spawner itself
+	// moves into this one, so that its children, the inits, are born in
+	// it: they start at this group's weight, not at the daemon's, and
+	// need no move of their own. Before this, every ready init ran its
+	// runtime's start (tens of milliseconds of CPU) at the daemon's
+	// weight, beside the create that took its predecessor and that
+	// sandbox's first command. An init started for a create that found
+	// none ready is born here too, and the create moves it out at once.
+	if _, ok := g.FD(); !ok {
+		b.spawner.setPlace(g.AddProc)
+	}
 	b.ready = make(chan *readyInit, n)
 	b.room = make(chan struct{}, n)
 	for range n {

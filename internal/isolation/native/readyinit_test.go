@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,6 +162,57 @@ func TestReadyInitsChargeDoesNotLimitSandboxes(t *testing.T) {
 	for i, sb := range sbs {
 		if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
 			t.Fatalf("sandbox %d: %+v", i, r)
+		}
+	}
+}
+
+// Ready inits are born in their own low-weight cgroup, not the daemon's:
+// on cgroup v2 they are cloned into it, on v1 the spawner lives in it. A
+// sandbox made from one, and one made by a create that found none ready
+// (born there too on v1), runs in its own cgroup only.
+func TestInitsAreBornInTheReadyCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	b := newBackendWith(t, native.Options{ReadyInits: 1, DiskPool: 1})
+	waitReadyInits(t, b, 1)
+	pids, err := b.ReadyGroupPids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inReady := map[int]bool{}
+	for _, p := range pids {
+		inReady[p] = true
+	}
+	spawner := b.SpawnerPid()
+	if !b.ReadyGroupHasFD() && !inReady[spawner] {
+		t.Errorf("cgroup v1: the spawner (pid %d) is not in the ready inits' cgroup (%v)", spawner, pids)
+	}
+	if b.ReadyGroupHasFD() && inReady[spawner] {
+		t.Errorf("cgroup v2: the spawner (pid %d) moved into the ready inits' cgroup", spawner)
+	}
+	// The first create takes the ready init; the second, right after,
+	// finds none ready and starts its own.
+	var sbs []isolation.Sandbox
+	for i := range 2 {
+		sbs = append(sbs, create(t, b, isolation.Spec{ID: "born" + strconv.Itoa(i), RootFS: rootfs}))
+	}
+	pids, err = b.ReadyGroupPids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, sb := range sbs {
+		agent := native.AgentPid(sb)
+		if slices.Contains(pids, agent) {
+			t.Errorf("sandbox %d: its agent (pid %d) is still in the ready inits' cgroup", i, agent)
+		}
+		cg, err := os.ReadFile("/proc/" + strconv.Itoa(agent) + "/cgroup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+			if strings.Contains(line, "/fence/") && !strings.HasSuffix(line, "/"+sb.ID()) {
+				t.Errorf("sandbox %d: agent in %s, want its own cgroup on every fence hierarchy", i, line)
+			}
 		}
 	}
 }

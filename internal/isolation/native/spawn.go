@@ -187,6 +187,11 @@ type spawner struct {
 	conn *os.File      // the daemon's end; nil when no spawner runs
 	proc *exec.Cmd     // the spawner
 	dead chan struct{} // closed when proc has exited
+	// place, when set (setPlace), moves a spawner process into the cgroup
+	// its children are to be born in; placed reports whether the running
+	// one is there.
+	place  func(pid int) error
+	placed bool
 	// closed is set by close: no spawner is started after it.
 	closed bool
 }
@@ -217,7 +222,20 @@ func (sp *spawner) startLocked() error {
 	dead := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(dead) }()
 	sp.conn, sp.proc, sp.dead = mine, cmd, dead
+	sp.placed = sp.place != nil && sp.place(cmd.Process.Pid) == nil
 	return nil
+}
+
+// setPlace makes place move every spawner, the running one first, into
+// the cgroup its children are to be born in (see Backend.startReady). A
+// spawner it fails for stays where it is; spawned.placed tells.
+func (sp *spawner) setPlace(place func(pid int) error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.place = place
+	if sp.conn != nil {
+		sp.placed = place(sp.proc.Process.Pid) == nil
+	}
 }
 
 // stopLocked closes the spawner's socket (it exits on EOF).
@@ -281,7 +299,11 @@ func (sp *spawner) spawn(req spawnRequest, files []*os.File, cgroup int) (*spawn
 			}
 		}
 		p, err = sp.exchangeLocked(msg, fds)
-		if err == nil || attempt == 1 || !errors.Is(err, errSpawnerGone) {
+		if err == nil {
+			p.placed = sp.placed && cgroup < 0
+			break
+		}
+		if attempt == 1 || !errors.Is(err, errSpawnerGone) {
 			break
 		}
 		sp.stopLocked()
@@ -340,6 +362,8 @@ func (sp *spawner) exchangeLocked(msg []byte, fds []int) (*spawned, error) {
 type spawned struct {
 	Pid int
 	fd  int
+	// placed: born in the cgroup the spawner was placed in (setPlace).
+	placed bool
 
 	mu     sync.Mutex
 	closed bool // fd closed: the process has exited and been waited for
