@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,11 @@ func TestBenchSmoke(t *testing.T) {
 	rootfs := testutil.RootFS(t, "minimal")
 	dataDir := newDataDir(t)
 	t.Cleanup(func() { unmountUnder(dataDir) })
+	benchMounts := func() int {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		return strings.Count(string(b), "/fence-bench-")
+	}
+	mountsBefore := benchMounts()
 	cmd := exec.Command(testutil.FenceBinary(t), "bench", "--iterations", "3", "--peers", "--density", "12", "--net-mib", "16",
 		"--data-dir", dataDir, "--templates-dir", filepath.Dir(filepath.Dir(rootfs)))
 	out, err := cmd.CombinedOutput()
@@ -43,4 +49,9 @@ func TestBenchSmoke(t *testing.T) {
 		t.Errorf("fence bench reported a failed measure")
 	}
 	assertNoSandboxLeftovers(t, filepath.Join(dataDir, "bench-api"), map[string]bool{}, nil)
+	// The peers leave nothing mounted either (runsc's network namespace
+	// pin in its state directory did).
+	if after := benchMounts(); after > mountsBefore {
+		t.Errorf("fence bench left %d mounts in its work directory", after-mountsBefore)
+	}
 }
