@@ -159,11 +159,13 @@ const readyInitRetry = time.Second
 const readyGroup = "_ready"
 
 // readyLimits bound the ready inits together: they start in the
-// background, with the lowest CPU weight and half a core at most, so that
-// they run on idle CPU and do not slow the creates and sandboxes they are
-// made for. The task limit leaves room for the spawner (on cgroup v1) and
-// the inits of creates that found none ready, born here until their
-// create moves them (startReady): one create per sandbox at most.
+// background with the lowest CPU weight, so that they run on idle CPU and
+// do not slow the creates and sandboxes they are made for. There is no
+// CPU quota: on cgroup v1 the init of a create that found none ready is
+// born here too (startReady) until its create moves it, and a quota spent
+// by the refill would stall it, and its create, until the next period
+// (creates of 150-450 ms at the 99th percentile with half a core). The
+// task limit leaves room for the spawner and those passing inits.
 //
 // Their memory is not limited here. An init becomes its sandbox's agent
 // without an exec, and the kernel moves no memory charge with a process
@@ -174,7 +176,7 @@ const readyGroup = "_ready"
 // the creates fail once enough sandboxes were alive. ReadyMemory reports
 // the charge.
 func readyLimits(n int) cgroup.Limits {
-	return cgroup.Limits{CPUs: 0.5, Pids: int64(n)*64 + readyPidsSpare, Weight: 2}
+	return cgroup.Limits{Pids: int64(n)*64 + readyPidsSpare, Weight: 2}
 }
 
 // readyPidsSpare is the room readyLimits leaves beyond the ready inits'
