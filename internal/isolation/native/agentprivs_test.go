@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -120,4 +123,32 @@ func statusFields(t *testing.T, s string) map[string]string {
 		}
 	}
 	return m
+}
+
+// The spawner bounds the capabilities of the inits it starts: an init's
+// are bounded by its parent's bounding set at its exec, so the spawner's
+// holds only what an init keeps or uses for its setup, and no init has to
+// drop the rest from each of its threads.
+func TestSpawnerBoundsTheInits(t *testing.T) {
+	testutil.RequireRoot(t)
+	b := newBackend(t)
+	create(t, b, isolation.Spec{}) // the spawner runs by now
+	pid := b.SpawnerPid()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bnd, err := strconv.ParseUint(statusFields(t, string(status))["CapBnd"], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c, want := range map[int]bool{
+		unix.CAP_SYS_ADMIN: true, unix.CAP_NET_ADMIN: true, unix.CAP_SETPCAP: true, unix.CAP_CHOWN: true,
+		unix.CAP_SYS_MODULE: false, unix.CAP_SYS_PTRACE: false, unix.CAP_MKNOD: false, unix.CAP_NET_RAW: false,
+		unix.CAP_BPF: false, unix.CAP_SYS_TIME: false, unix.CAP_DAC_READ_SEARCH: false,
+	} {
+		if got := bnd&(1<<c) != 0; got != want {
+			t.Errorf("spawner's bounding set %#x: capability %d present = %v, want %v", bnd, c, got, want)
+		}
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // SpawnerArg is the argument with which the fence binary runs as the
@@ -72,6 +74,9 @@ const maxSpawnMsg = 64 << 10
 // (a SOCK_SEQPACKET socket from the daemon), one at a time, and exits when
 // the daemon closes its end (or dies). It never returns.
 func Spawner() {
+	// The inits are bounded as they start (nsinit.BoundForInits); on
+	// failure each init still drops every capability it does not keep.
+	_ = nsinit.BoundForInits()
 	// Children are reaped as they exit; the daemon watches them through
 	// their pidfds. (Not by ignoring SIGCHLD: an ignored signal stays
 	// ignored across execve, and the sandbox's processes must start with

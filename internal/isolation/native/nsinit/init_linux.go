@@ -107,6 +107,22 @@ var keptCaps = map[int]bool{
 	unix.CAP_SYS_CHROOT: true, unix.CAP_AUDIT_WRITE: true, unix.CAP_SETFCAP: true,
 }
 
+// setupCaps are the capabilities the init uses beyond keptCaps before it
+// drops them: mounts, pivot_root, hostname and namespaces (SYS_ADMIN), the
+// loopback (NET_ADMIN), a raised descriptor limit (SYS_RESOURCE).
+var setupCaps = map[int]bool{unix.CAP_SYS_ADMIN: true, unix.CAP_NET_ADMIN: true, unix.CAP_SYS_RESOURCE: true}
+
+// BoundForInits drops from the calling process's bounding set, on every
+// thread, each capability an init neither keeps nor uses for its setup.
+// An init's capabilities after its exec are bounded by its parent's
+// bounding set, so a process that starts inits (the native backend's
+// spawner) calls it once, and each init then drops three capabilities
+// from every thread at its start (boundCapabilities) instead of some
+// thirty, each of which stops all its threads.
+func BoundForInits() error {
+	return dropBounding(func(c int) bool { return keptCaps[c] || setupCaps[c] })
+}
+
 var maskedFiles = []string{
 	"/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
