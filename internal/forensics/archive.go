@@ -258,7 +258,14 @@ func (a *Archive) scanLocked() {
 		a.arcs = append(a.arcs, arc{name, info.ModTime(), info.Size()})
 		a.total += info.Size()
 	}
-	slices.SortFunc(a.arcs, func(x, y arc) int { return x.mod.Compare(y.mod) })
+	// Oldest first; archives written within one tick of the clock that
+	// stamps files go by name.
+	slices.SortFunc(a.arcs, func(x, y arc) int {
+		if c := x.mod.Compare(y.mod); c != 0 {
+			return c
+		}
+		return strings.Compare(x.name, y.name)
+	})
 }
 
 // dropLocked removes the expired archives, then the oldest while over

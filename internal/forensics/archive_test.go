@@ -129,8 +129,13 @@ func TestPutDoesNotListTheDirectory(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 50 { // a daemon's earlier kills
-		os.WriteFile(filepath.Join(dir, fmt.Sprintf("old%d.tar.gz", i)), make([]byte, 10<<10), 0o600)
+	for i := range 50 { // a daemon's earlier kills, a minute apart
+		p := filepath.Join(dir, fmt.Sprintf("old%d.tar.gz", i))
+		os.WriteFile(p, make([]byte, 10<<10), 0o600)
+		mod := time.Now().Add(time.Duration(i-50) * time.Minute)
+		if err := os.Chtimes(p, mod, mod); err != nil {
+			t.Fatal(err)
+		}
 	}
 	lists := 0
 	defer func(f func(string) ([]os.DirEntry, error)) { readDir = f }(readDir)

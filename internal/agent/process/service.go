@@ -269,9 +269,16 @@ func pump(ctx context.Context, interval time.Duration, sub *subscriber, send fun
 	keepalive := &pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}
 	t := time.NewTimer(interval)
 	defer t.Stop()
+	dl, hasDeadline := ctx.Deadline()
 	for {
 		items, dropped := sub.take()
-		if err := ctx.Err(); err != nil {
+		err := ctx.Err()
+		if err == nil && hasDeadline && !time.Now().Before(dl) {
+			// Past the deadline, whose timer has not fired yet: the end
+			// event in may be of the process killAt killed at it.
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			// The deadline (or the client) ended the call: that is its
 			// outcome, even if the end event of the process the deadline
 			// killed is already in (the caller gets deadline_exceeded,
