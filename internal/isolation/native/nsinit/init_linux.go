@@ -172,8 +172,8 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
 	// The Go runtime sized GOMAXPROCS from the CPU limit of the cgroup the
-	// init started in (the ready inits', half a core) and keeps that
-	// cgroup's files open to follow it. Neither is the agent's: it gets
+	// init started in, if it has one, and keeps that cgroup's files open
+	// to follow it. Neither is the agent's: it gets
 	// the machine's CPUs, as a program started inside the sandbox (where
 	// no cgroup filesystem is mounted) would, and a GOMAXPROCS set
 	// explicitly is never updated from those files again, which
