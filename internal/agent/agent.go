@@ -40,7 +40,21 @@ type Options struct {
 	// ServicesFile, if set, names the template's services file (see
 	// ServicesFile), whose services Serve starts and keeps running.
 	ServicesFile string
+	// Built, if set, is the agent's handler and services made ahead by
+	// Build (with these options but any Config): Serve gives them this
+	// Config, as POST /init does, instead of making them.
+	Built *Built
 }
+
+// Built is the agent's handler and the services behind it, made ahead of
+// Serve: a sandbox's init makes them while it waits for its sandbox, so
+// that its first command does not wait for them.
+type Built struct{ b *built }
+
+// Build makes the handler and services Serve would make with opts. It
+// opens nothing and reads no file: it may run before the process is in
+// its sandbox's root.
+func Build(opts Options) *Built { return &Built{build(opts)} }
 
 // Serve serves envd's protocol on ln until ctx is done. It closes ln. On
 // return, open streams are aborted and the processes the agent started are
@@ -74,7 +88,14 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 			logger(opts).Debug("ignoring signal", "signal", sig)
 		}
 	}()
-	a := build(opts)
+	var a *built
+	if opts.Built != nil {
+		a = opts.Built.b
+		a.procs.SetEnvVars(opts.Config.EnvVars)
+		a.users.Set(opts.Config.DefaultUser, opts.Config.DefaultWorkdir)
+	} else {
+		a = build(opts)
+	}
 	h, closeFn := a.mux, a.close
 	defer closeFn()
 	if opts.SudoSocket != "" {

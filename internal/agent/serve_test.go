@@ -74,3 +74,42 @@ func TestServeUnixSocket(t *testing.T) {
 	}
 	waitGone(t, pid) // Serve kills what it started
 }
+
+// An agent whose handler and services were made ahead (Build, before its
+// sandbox's configuration was known) serves with the configuration given
+// to Serve: its environment and its default user and workdir.
+func TestServeBuiltAhead(t *testing.T) {
+	sock := t.TempDir() + "/agent.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := Build(Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Serve(ctx, ln, Options{Built: built, Config: isolation.AgentConfig{
+			EnvVars: map[string]string{"AHEAD": "set at serve"}, DefaultUser: "root", DefaultWorkdir: "/tmp"}})
+	}()
+	defer func() {
+		cancel()
+		<-errc
+	}()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	pc := processconnect.NewProcessClient(client, "http://agent", connect.WithProtoJSON())
+	st, err := pc.Start(context.Background(), connect.NewRequest(bash(`echo "$AHEAD:$(id -u):$(pwd)"`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for st.Receive() {
+		out += string(st.Msg().GetEvent().GetData().GetStdout())
+	}
+	if want := "set at serve:0:/tmp\n"; out != want {
+		t.Errorf("a command of an agent built ahead printed %q, want %q (%v)", out, want, st.Err())
+	}
+}

@@ -33,7 +33,7 @@ func RunAgent(ctx context.Context) error {
 	os.Unsetenv(boot.ConfigEnv)
 	listen := os.Getenv(boot.ListenEnv)
 	os.Unsetenv(boot.ListenEnv)
-	return serveAgent(ctx, cfg, listen)
+	return serveAgent(ctx, cfg, listen, nil)
 }
 
 // RunInit is the `fence init` role of the native backend: it sets the
@@ -43,22 +43,38 @@ func RunAgent(ctx context.Context) error {
 // started while the init waited for its sandbox.
 func RunInit() error {
 	// While the init waits for its sandbox (it usually is started ahead),
-	// the agent's start is prepared. Its threads are the init's: nsinit
-	// drops their privileges with the rest.
-	cfg, err := nsinit.Init(agent.Prepare)
+	// the agent's start is prepared and its handler and services are
+	// made; they get the sandbox's configuration when it serves. Its
+	// threads are the init's: nsinit drops their privileges with the rest.
+	var built *agent.Built
+	prepared := make(chan struct{})
+	cfg, err := nsinit.Init(func() {
+		defer close(prepared)
+		agent.Prepare()
+		built = agent.Build(agentOptions(boot.Config{}, nil))
+	})
 	if err != nil {
 		return err
 	}
-	if err := serveAgent(context.Background(), cfg, ""); err != nil {
+	<-prepared
+	if err := serveAgent(context.Background(), cfg, "", built); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
 }
 
-// serveAgent serves as the sandbox's agent with cfg, on a TCP listener on
-// listen when it is set, else on the listener and lifeline of package
-// boot.
-func serveAgent(ctx context.Context, cfg boot.Config, listen string) error {
+// agentOptions are the agent's options for cfg, with its handler and
+// services made ahead when built is set.
+func agentOptions(cfg boot.Config, built *agent.Built) agent.Options {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath,
+		ServicesFile: agent.ServicesFile, Built: built}
+}
+
+// serveAgent serves as the sandbox's agent with cfg (and the handler and
+// services built ahead, if not nil), on a TCP listener on listen when it
+// is set, else on the listener and lifeline of package boot.
+func serveAgent(ctx context.Context, cfg boot.Config, listen string, built *agent.Built) error {
 	ln, err := agentListener(listen)
 	if err != nil {
 		return err
@@ -94,9 +110,7 @@ func serveAgent(ctx context.Context, cfg boot.Config, listen string) error {
 	// harder before the agent grows, so a sandbox near its memory limit
 	// loses garbage, not workers.
 	debug.SetMemoryLimit(agentMemoryLimit)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return agent.Serve(ctx, ln, agent.Options{Config: cfg, Logger: log, SudoSocket: sudo.SocketPath,
-		ServicesFile: agent.ServicesFile})
+	return agent.Serve(ctx, ln, agentOptions(cfg, built))
 }
 
 // agentListener returns the inherited listener, or a TCP listener on
