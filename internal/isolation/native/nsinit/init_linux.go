@@ -400,12 +400,7 @@ func attachBind(root string, tree int, b BindTarget) error {
 	if b.IsDir {
 		kind = kindDir
 	}
-	fd, err := openInRoot(root, b.Path, kind)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+	return attach(root, b.Path, kind, tree)
 }
 
 func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }

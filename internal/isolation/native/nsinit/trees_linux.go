@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -225,20 +226,11 @@ func newDev() (int, error) {
 // fillProc makes readOnlyPaths read-only and masks maskedFiles and
 // maskedDirs of the proc mount p.
 func fillProc(p int) error {
-	for _, path := range readOnlyPaths {
-		rel := path[len("/proc/"):]
-		if ok, err := exists(p, rel); err != nil {
-			return fmt.Errorf("opening %s: %w", path, err)
-		} else if !ok {
-			continue
-		}
-		fd, err := cloneMount(p, rel, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-		if err == nil {
-			err = moveOnto(fd, p, rel)
-		}
-		if err != nil {
-			return fmt.Errorf("making %s read-only: %w", path, err)
-		}
+	readOnly := func(rel string) (int, error) {
+		return cloneMount(p, rel, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	}
+	if err := cover(p, "/proc/", readOnlyPaths, "making %s read-only: %w", readOnly); err != nil {
+		return err
 	}
 	return mask(p, "/proc/", maskedFiles, maskedDirs)
 }
@@ -249,40 +241,38 @@ func fillSys(s int) error { return mask(s, "/sys/", nil, maskedDirs) }
 // mask covers those of files (with the host's /dev/null) and dirs (with
 // an empty read-only tmpfs) that lie below prefix, relative to mount m.
 func mask(m int, prefix string, files, dirs []string) error {
-	for _, path := range files {
-		if len(path) <= len(prefix) || path[:len(prefix)] != prefix {
-			continue
-		}
-		rel := path[len(prefix):]
-		if ok, err := exists(m, rel); err != nil {
-			return fmt.Errorf("opening %s: %w", path, err)
-		} else if !ok {
-			continue
-		}
-		fd, err := cloneMount(unix.AT_FDCWD, "/dev/null", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-		if err == nil {
-			err = moveOnto(fd, m, rel)
-		}
-		if err != nil {
-			return fmt.Errorf("masking %s: %w", path, err)
-		}
+	null := func(string) (int, error) {
+		return cloneMount(unix.AT_FDCWD, "/dev/null", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
 	}
-	for _, path := range dirs {
-		if len(path) <= len(prefix) || path[:len(prefix)] != prefix {
+	empty := func(string) (int, error) {
+		return newMount("tmpfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "", "size", "0", "nr_inodes", "16", "mode", "0555")
+	}
+	if err := cover(m, prefix, files, "masking %s: %w", null); err != nil {
+		return err
+	}
+	return cover(m, prefix, dirs, "masking %s: %w", empty)
+}
+
+// cover moves onto each of paths that lies below prefix and exists,
+// relative to mount m, the mount mk makes for it; errf formats a failure
+// with the path.
+func cover(m int, prefix string, paths []string, errf string, mk func(rel string) (int, error)) error {
+	for _, path := range paths {
+		rel, ok := strings.CutPrefix(path, prefix)
+		if !ok || rel == "" {
 			continue
 		}
-		rel := path[len(prefix):]
 		if ok, err := exists(m, rel); err != nil {
 			return fmt.Errorf("opening %s: %w", path, err)
 		} else if !ok {
 			continue
 		}
-		fd, err := newMount("tmpfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "", "size", "0", "nr_inodes", "16", "mode", "0555")
+		fd, err := mk(rel)
 		if err == nil {
 			err = moveOnto(fd, m, rel)
 		}
 		if err != nil {
-			return fmt.Errorf("masking %s: %w", path, err)
+			return fmt.Errorf(errf, path, err)
 		}
 	}
 	return nil
