@@ -99,16 +99,13 @@ func readUsage(dir, name, key string) (int64, error) {
 		return 0, fmt.Errorf("opening %s/%s: %w", dir, name, errno)
 	}
 	var buf [usageFileMax]byte
-	var got int
-	for {
-		got, errno = readFD(int(fd), buf[:])
-		if errno != unix.EINTR {
-			break
-		}
+	got, err := unix.Read(int(fd), buf[:])
+	for err == unix.EINTR {
+		got, err = unix.Read(int(fd), buf[:])
 	}
 	unix.Close(int(fd))
-	if errno != 0 {
-		return 0, fmt.Errorf("reading %s/%s: %w", dir, name, errno)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s/%s: %w", dir, name, err)
 	}
 	v, ok := parseUsage(buf[:got], key)
 	if !ok {
@@ -124,12 +121,6 @@ func parseUsage(b []byte, key string) (int64, bool) {
 		b = valueOf(b, key)
 	}
 	return parseDecimal(bytes.TrimSpace(b))
-}
-
-// readFD is read(2) into b.
-func readFD(fd int, b []byte) (int, syscall.Errno) {
-	n, _, errno := syscall.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-	return int(n), errno
 }
 
 // valueOf returns the value of key in the "key value" lines of b, or "0"
