@@ -23,6 +23,22 @@ import (
 // may start the next command. Every thread must hold exactly what a
 // process of the sandbox started as its root holds, and the process no
 // descriptor naming a host file beyond the standard streams it was given.
+// The init starts with GOMAXPROCS=1 in its environment (nsinit.InitEnv):
+// neither that nor anything else of the init's own environment reaches
+// the sandbox's commands.
+func TestInitEnvironmentStaysWithTheInit(t *testing.T) {
+	testutil.RequireRoot(t)
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	out := run(t, sb, "root", "/bin/sh", "-c", "env; cat /proc/self/environ; echo; echo done")
+	if !strings.HasSuffix(out.stdout, "done\n") || !strings.Contains(out.stdout, "PATH=") {
+		t.Fatalf("env: %+v", out)
+	}
+	if strings.Contains(out.stdout, "GOMAXPROCS") {
+		t.Errorf("a command's environment holds the init's GOMAXPROCS: %q", out.stdout)
+	}
+}
+
 func TestAgentThreadsHoldNoMore(t *testing.T) {
 	testutil.RequireRoot(t)
 	b := newBackend(t)
@@ -125,11 +141,10 @@ func statusFields(t *testing.T, s string) map[string]string {
 	return m
 }
 
-// The spawner bounds the capabilities of the inits it starts: an init's
-// are bounded by its parent's bounding set at its exec, so the spawner's
-// holds only what an init keeps or uses for its setup, and no init has to
-// drop the rest from each of its threads.
-func TestSpawnerBoundsTheInits(t *testing.T) {
+// The spawner, a process of the host's root that only clones and starts
+// inits, holds in its bounding set only what an init keeps or uses for
+// its setup.
+func TestSpawnerIsBounded(t *testing.T) {
 	testutil.RequireRoot(t)
 	b := newBackend(t)
 	create(t, b, isolation.Spec{}) // the spawner runs by now

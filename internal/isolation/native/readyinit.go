@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/cgroup"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // readyInit is a sandbox's init process before it knows its sandbox: cloned
@@ -85,7 +86,7 @@ func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
 	proc, err := b.spawner.spawn(spawnRequest{
 		Path:        b.inExe,
 		Args:        []string{"fence", "init"},
-		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env:         nsinit.InitEnv,
 		Dir:         "/",
 		Cloneflags:  cloneFlags,
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},

@@ -74,9 +74,10 @@ const maxSpawnMsg = 64 << 10
 // (a SOCK_SEQPACKET socket from the daemon), one at a time, and exits when
 // the daemon closes its end (or dies). It never returns.
 func Spawner() {
-	// The inits are bounded as they start (nsinit.BoundForInits); on
-	// failure each init still drops every capability it does not keep.
-	_ = nsinit.BoundForInits()
+	// Defence in depth for a process that runs as the host's root; the
+	// inits bound themselves (their user namespace starts them with a
+	// full bounding set).
+	_ = nsinit.BoundSpawner()
 	// Children are reaped as they exit; the daemon watches them through
 	// their pidfds. (Not by ignoring SIGCHLD: an ignored signal stays
 	// ignored across execve, and the sandbox's processes must start with

@@ -112,16 +112,21 @@ var keptCaps = map[int]bool{
 // loopback (NET_ADMIN), a raised descriptor limit (SYS_RESOURCE).
 var setupCaps = map[int]bool{unix.CAP_SYS_ADMIN: true, unix.CAP_NET_ADMIN: true, unix.CAP_SYS_RESOURCE: true}
 
-// BoundForInits drops from the calling process's bounding set, on every
-// thread, each capability an init neither keeps nor uses for its setup.
-// An init's capabilities after its exec are bounded by its parent's
-// bounding set, so a process that starts inits (the native backend's
-// spawner) calls it once, and each init then drops three capabilities
-// from every thread at its start (boundCapabilities) instead of some
-// thirty, each of which stops all its threads.
-func BoundForInits() error {
+// BoundSpawner drops from the calling process's bounding set, on every
+// thread, each capability an init neither keeps nor uses for its setup:
+// the native backend's spawner, a host root process that only clones and
+// starts inits, can then gain no other through an exec. It does not
+// bound the inits: one cloned into a new user namespace starts with a
+// full bounding set there, and drops what it does not keep itself
+// (boundCapabilities).
+func BoundSpawner() error {
 	return dropBounding(func(c int) bool { return keptCaps[c] || setupCaps[c] })
 }
+
+// InitEnv is the environment an init is started with: the agent's PATH
+// and a single P for the Go runtime until the init has bounded its
+// capabilities (setup).
+var InitEnv = []string{boot.DefaultPath, "GOMAXPROCS=1"}
 
 var maskedFiles = []string{
 	"/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -171,21 +176,21 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
-	// The Go runtime sized GOMAXPROCS from the CPU limit of the cgroup the
-	// init started in, if it has one, and keeps that cgroup's files open
-	// to follow it. Neither is the agent's: it gets
-	// the machine's CPUs, as a program started inside the sandbox (where
-	// no cgroup filesystem is mounted) would, and a GOMAXPROCS set
-	// explicitly is never updated from those files again, which
-	// closeDescriptors closes.
-	runtime.GOMAXPROCS(runtime.NumCPU())
 	// Then, while the process has the fewest threads (each change is made
 	// on every one), the capability bounding set is bounded. This keeps
 	// the effective capabilities the setup needs; it bounds what any exec
-	// or capset can gain later.
+	// or capset can gain later. The spawner starts the init with
+	// GOMAXPROCS=1 (InitEnv), so that the runtime has started no thread
+	// for a second P by now: each of the thirty-odd drops stops and
+	// signals every thread, and waits for each to run it.
 	if err := boundCapabilities(); err != nil {
 		return nil, err
 	}
+	// The agent gets the machine's CPUs, as a program started inside the
+	// sandbox (where no cgroup filesystem is mounted) would. A GOMAXPROCS
+	// set explicitly (here, and by the environment before) is never
+	// updated from the cgroup the init started in.
+	runtime.GOMAXPROCS(runtime.NumCPU())
 	if meanwhile != nil {
 		go meanwhile()
 	}
