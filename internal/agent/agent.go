@@ -70,23 +70,10 @@ func Build(opts Options) *Built { return &Built{build(opts)} }
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	// A sandbox's first command waits for the agent's start: what does
 	// not depend on the rest runs beside it (unless Prepare has done it).
-	// The spare threads exist before the first request is answered (so
-	// before anything of the sandbox runs).
 	threads := make(chan struct{})
 	go func() {
 		Prepare()
 		close(threads)
-	}()
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, ignoredSignals...)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs)
-	}()
-	go func() {
-		for sig := range sigs {
-			logger(opts).Debug("ignoring signal", "signal", sig)
-		}
 	}()
 	var a *built
 	if opts.Built != nil {
@@ -98,6 +85,31 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	}
 	h, closeFn := a.mux, a.close
 	defer closeFn()
+	// The agent answers from here on; the rest of its start (signal
+	// handling, the spare threads, sudo) runs beside the first request,
+	// and no process of the sandbox starts before it is done.
+	ready := make(chan struct{})
+	a.procs.HoldForks(ready)
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(logger(opts).Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, ignoredSignals...)
+	defer func() {
+		signal.Stop(sigs)
+		close(sigs)
+	}()
+	go func() {
+		for sig := range sigs {
+			logger(opts).Debug("ignoring signal", "signal", sig)
+		}
+	}()
 	if opts.SudoSocket != "" {
 		sln, err := sudo.Listen(opts.SudoSocket)
 		if err != nil {
@@ -107,20 +119,14 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 			go srv.Serve(ctx, sln)
 		}
 	}
+	// The spare threads exist before anything of the sandbox runs.
+	<-threads
+	close(ready)
 	if opts.ServicesFile != "" {
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		runServices(sctx, opts.ServicesFile, a.procs, a.users, logger(opts))
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 30 * time.Second,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(logger(opts).Handler(), slog.LevelDebug),
-	}
-	<-threads
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
 		srv.Close()

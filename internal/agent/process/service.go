@@ -102,6 +102,28 @@ type Service struct {
 	procs   map[int]*proc
 	closed  bool
 	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
+	// held, while open, keeps every fork waiting (HoldForks).
+	held <-chan struct{}
+}
+
+// HoldForks makes every process start wait until ready is closed: the
+// agent answers requests while the rest of its start (its signal
+// handling, sudo) completes, and nothing of the sandbox runs before it.
+// Call it before the service is used.
+func (s *Service) HoldForks(ready <-chan struct{}) {
+	s.mu.Lock()
+	s.held = ready
+	s.mu.Unlock()
+}
+
+// waitForks waits until forks are no longer held.
+func (s *Service) waitForks() {
+	s.mu.Lock()
+	held := s.held
+	s.mu.Unlock()
+	if held != nil {
+		<-held
+	}
 }
 
 // SetEnvVars replaces the sandbox-global environment variables for the
@@ -591,6 +613,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	}
 	pidfd := -1
 	attr.Sys.PidFD = &pidfd
+	s.waitForks()
 	pid, err := s.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, argv, attr)
 	}, func(ws unix.WaitStatus) {

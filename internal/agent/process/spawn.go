@@ -54,6 +54,7 @@ func (s *Service) Spawn(spec SpawnSpec) (int, <-chan unix.WaitStatus, error) {
 		return 0, nil, errors.New("agent is shutting down")
 	}
 	exited := make(chan unix.WaitStatus, 1)
+	s.waitForks()
 	pid, err := s.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, spec.Argv, attr)
 	}, func(ws unix.WaitStatus) { exited <- ws })
