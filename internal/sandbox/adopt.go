@@ -58,7 +58,8 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	m.gateways.Store(rec.ID, gw)
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: rec.Metadata,
@@ -72,7 +73,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	runDone := make(chan struct{})
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
-		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys}
+		use: newUsage(audit.ActorFrom(ctx), clock, true), keys: &m.keys}
 	if haveCR {
 		info.TrafficAccessToken, info.MaskRequestHost = cr.TrafficAccessToken, cr.MaskRequestHost
 		info.AutoPause, info.AutoResume, info.AutoPauseNoMemory, info.AutoCheckpoint = cr.AutoPause, cr.AutoResume, cr.AutoPauseNoMemory, cr.AutoCheckpoint
@@ -98,7 +99,6 @@ func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolati
 	e.mu.Unlock()
 	applyNetwork(m.fences.own(id, nil, nil), nc, true)
 	e.setBox(box)
-	e.use.mark(now, true)
 	m.mu.Lock()
 	m.running[id] = e
 	m.wg.Go(func() { m.watch(e) })

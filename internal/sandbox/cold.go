@@ -191,7 +191,8 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	}
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: maps.Clone(rec.Metadata),
@@ -208,7 +209,7 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: cr.Timeout, runDone: runDone, spec: cr.Spec,
 		createdLayer: cr.CreatedLayer, baseTemplate: cr.BaseTemplate, autoCheckpoint: cr.AutoCheckpoint,
-		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys, cold: cr.Layer, coldKept: true}
+		use: newUsage(audit.ActorFrom(ctx), clock, true), keys: &m.keys, cold: cr.Layer, coldKept: true}
 	if e.timeout <= 0 {
 		e.timeout = m.defaults.Timeout
 	}

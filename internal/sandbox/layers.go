@@ -472,7 +472,8 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	if err := m.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = m.layers.DeleteLayer(ctx, info.ID)
 		reopen()
@@ -483,7 +484,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	e.mu.Lock()
 	e.cold = info.ID
 	e.info.EndAt = now
-	e.use.mark(now, true)
+	e.use.mark(clock, true)
 	e.mu.Unlock()
 	m.killBox(ctx, old)
 	m.nudge()

@@ -733,7 +733,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		}
 		m.keepRunImage(ctx, imageKey, box)
 	}
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	info := &Sandbox{
 		ID:                  id,
 		TemplateID:          req.TemplateID, // the template's ID, a snapshot's, or a fork's source's: below
@@ -792,7 +793,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 
 	e := &entry{info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
-		use: newUsage(audit.ActorFrom(ctx), now), keys: &m.keys, spec: spec, autoCheckpoint: req.AutoCheckpoint}
+		use: newUsage(audit.ActorFrom(ctx), clock, false), keys: &m.keys, spec: spec, autoCheckpoint: req.AutoCheckpoint}
 	e.setBox(box)
 	e.baseTemplate = tmpl
 	if from != nil {

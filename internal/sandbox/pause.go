@@ -70,7 +70,8 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	if err := m.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
 		rerr := p.Resume(ctx)
@@ -79,7 +80,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	}
 	e.mu.Lock()
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
-	e.use.mark(now, true)
+	e.use.mark(clock, true)
 	e.mu.Unlock()
 	m.nudge()
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
@@ -207,7 +208,8 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
 	}
 	ctx = context.WithoutCancel(ctx)
-	now := m.now().UTC()
+	clock := m.now()
+	now := clock.UTC()
 	end := now.Add(d)
 	// The record first: a sandbox killed meanwhile has none to resume.
 	if err := m.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
@@ -237,7 +239,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.info.State = StateRunning
 	e.info.StartedAt = now
 	e.info.EndAt = end
-	e.use.mark(now, false)
+	e.use.mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
 	m.nudge()

@@ -70,6 +70,10 @@ type UsageFilter struct {
 }
 
 // usageAcc accumulates a live sandbox's usage; guarded by its entry's mu.
+// Its times are the daemon clock's own readings, monotonic reading kept
+// (not .UTC(), which drops it): durations are measured on the monotonic
+// clock, so a step of the wall clock (NTP, a resumed VM) during a
+// sandbox's life is not charged to it.
 type usageAcc struct {
 	actor      string
 	created    time.Time
@@ -87,8 +91,10 @@ type usageAcc struct {
 	out, in    int64
 }
 
-func newUsage(actor string, now time.Time) usageAcc {
-	return usageAcc{actor: actor, created: now, stateSince: now}
+// newUsage starts the usage of a sandbox created (or taken over) at now,
+// running or paused.
+func newUsage(actor string, now time.Time, paused bool) usageAcc {
+	return usageAcc{actor: actor, created: now, stateSince: now, paused: paused}
 }
 
 // mark records a change between running and paused at now.
@@ -141,7 +147,7 @@ func (u *usageAcc) snapshot(now time.Time) Usage {
 	c := *u
 	c.wall(now)
 	return Usage{
-		Actor: c.actor, CreatedAt: c.created, CPUSeconds: c.cpu.Seconds(), MemoryGiBSeconds: c.memGiBs,
+		Actor: c.actor, CreatedAt: c.created.UTC(), CPUSeconds: c.cpu.Seconds(), MemoryGiBSeconds: c.memGiBs,
 		IdleSeconds: c.idle.Seconds(), RunningSeconds: c.running.Seconds(), PausedSeconds: c.pausedFor.Seconds(),
 		EgressBytesOut: c.out, EgressBytesIn: c.in,
 	}
@@ -237,10 +243,11 @@ func (m *Manager) recentActor(id string) (string, bool) {
 // finishUsage takes a last reading of a sandbox being killed (its cgroup
 // still there) and records its usage in the audit trail.
 func (m *Manager) finishUsage(ctx context.Context, e *entry) {
-	e.sample(m.now())
-	now := m.now().UTC()
+	clock := m.now()
+	e.sample(clock)
+	now := clock.UTC()
 	e.mu.Lock()
-	u := e.use.snapshot(now)
+	u := e.use.snapshot(clock)
 	u.SandboxID, u.Template, u.State = e.info.ID, e.info.TemplateID, "killed"
 	e.mu.Unlock()
 	u.EndedAt = &now
@@ -270,7 +277,7 @@ type auditQuerier interface {
 // sandbox, its figures are read afresh; else they are as of the last
 // reading (SampleEvery).
 func (m *Manager) Usage(ctx context.Context, f UsageFilter) (*UsageReport, error) {
-	now := m.now().UTC()
+	clock := m.now()
 	rep := &UsageReport{Sandboxes: []Usage{}, Keys: []KeyUsage{}}
 	m.mu.Lock()
 	live := make([]*entry, 0, len(m.running))
@@ -283,10 +290,10 @@ func (m *Manager) Usage(ctx context.Context, f UsageFilter) (*UsageReport, error
 	seen := map[string]bool{}
 	for _, e := range live {
 		if f.Sandbox != "" {
-			e.sample(now) // one sandbox asked for: its figures as of now
+			e.sample(clock) // one sandbox asked for: its figures as of now
 		}
 		e.mu.Lock()
-		u := e.use.snapshot(now)
+		u := e.use.snapshot(clock)
 		u.SandboxID, u.Template, u.State = e.info.ID, e.info.TemplateID, string(e.info.State)
 		e.mu.Unlock()
 		if !f.Until.IsZero() && u.CreatedAt.After(f.Until) {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,7 +12,7 @@ import (
 // core, and running and paused time split at the transitions.
 func TestUsageAccumulates(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	u := newUsage("key:x", t0)
+	u := newUsage("key:x", t0, false)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	u.add(at(5), 1*time.Second, 1<<30)                     // first reading: 5 s at 1 GiB
 	u.add(at(10), 2*time.Second, 1<<30)                    // 5 s, 1 CPU-s: busy
@@ -35,4 +36,44 @@ func TestUsageAccumulates(t *testing.T) {
 	if s := u.snapshot(at(30)); s.CPUSeconds != got.CPUSeconds {
 		t.Errorf("cpu went from %v to %v on a lower reading", got.CPUSeconds, s.CPUSeconds)
 	}
+}
+
+// TestUsageClockIsMonotonic: the times a sandbox's usage is measured
+// between keep the clock's monotonic reading through create, pause,
+// resume and a reading, so a step of the wall clock during its life is
+// not charged as running or paused time.
+func TestUsageClockIsMonotonic(t *testing.T) {
+	e := newEnv(t)
+	s := e.mustCreate(t, CreateRequest{})
+	acc := func(what string) {
+		t.Helper()
+		e.m.mu.Lock()
+		en := e.m.running[s.ID]
+		e.m.mu.Unlock()
+		en.mu.Lock()
+		u := en.use
+		en.mu.Unlock()
+		for name, at := range map[string]time.Time{"created": u.created, "stateSince": u.stateSince, "lastAt": u.lastAt} {
+			if name == "lastAt" && !u.have {
+				continue
+			}
+			// A time with a monotonic reading prints it as "m=±s".
+			if !strings.Contains(at.String(), " m=") {
+				t.Errorf("after %s: usage %s %v has no monotonic reading", what, name, at)
+			}
+		}
+	}
+	acc("create")
+	if err := e.m.Pause(t.Context(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+	acc("pause")
+	if _, err := e.m.Resume(t.Context(), s.ID, time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	acc("resume")
+	if _, err := e.m.Usage(t.Context(), UsageFilter{Sandbox: s.ID}); err != nil {
+		t.Fatal(err)
+	}
+	acc("a reading")
 }
