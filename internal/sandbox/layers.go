@@ -462,6 +462,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
 		e.mu.Unlock()
+		m.nudge() // its deadline is back
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.releaseStandby(e) // nothing to rewind while paused
@@ -487,7 +488,6 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	e.use.mark(clock, true)
 	e.mu.Unlock()
 	m.killBox(ctx, old)
-	m.nudge()
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})
 	m.log.InfoContext(ctx, "sandbox paused without memory", "sandbox_id", id, "reason", reason)
 	return nil

@@ -202,6 +202,13 @@ type Manager struct {
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
+	// wakeMu guards what a nudge tells the reaper: a deadline set since
+	// it last looked (the earliest), or that it must look at them all.
+	wakeMu sync.Mutex
+	// +checklocks:wakeMu
+	wakeAt time.Time
+	// +checklocks:wakeMu
+	wakeRescan bool
 
 	sampleEvery time.Duration
 	wg          sync.WaitGroup
@@ -811,7 +818,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	m.running[id] = e
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
-	m.nudge()
+	m.nudgeAt(info.EndAt)
 
 	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
 	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", info.TemplateID,
@@ -922,30 +929,72 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 }
 
+// nudge makes the reaper look at every sandbox's deadline again: after a
+// change that may have made one earlier than it knew without saying which
+// (a pause undone). Deadlines that go away or move later need no nudge:
+// the reaper, woken early, finds nothing due and looks again.
 func (m *Manager) nudge() {
+	m.wakeMu.Lock()
+	m.wakeRescan = true
+	m.wakeMu.Unlock()
+	m.signalReaper()
+}
+
+// nudgeAt tells the reaper of a running sandbox's new deadline at. The
+// reaper does not go over the others for it, so that a create costs the
+// same with thousands of sandboxes alive as with none.
+func (m *Manager) nudgeAt(at time.Time) {
+	m.wakeMu.Lock()
+	if m.wakeAt.IsZero() || at.Before(m.wakeAt) {
+		m.wakeAt = at
+	}
+	m.wakeMu.Unlock()
+	m.signalReaper()
+}
+
+func (m *Manager) signalReaper() {
 	select {
 	case m.wake <- struct{}{}:
 	default:
 	}
 }
 
+// takeWake returns and clears what the nudges since the last call said.
+func (m *Manager) takeWake() (at time.Time, rescan bool) {
+	m.wakeMu.Lock()
+	defer m.wakeMu.Unlock()
+	at, rescan = m.wakeAt, m.wakeRescan
+	m.wakeAt, m.wakeRescan = time.Time{}, false
+	return at, rescan
+}
+
 // reaper kills sandboxes at their deadline. It sleeps until the earliest
-// deadline and wakes early when a deadline changes.
+// deadline it knows: it goes over all the sandboxes when it starts, after
+// each wake-up at a deadline and when nudged to; a deadline given with
+// nudgeAt only moves its wake-up earlier.
 func (m *Manager) reaper() {
+	next, ok := m.nextDeadline()
 	for {
 		var (
 			timer  *time.Timer
 			timerC <-chan time.Time
 		)
-		if next, ok := m.nextDeadline(); ok {
+		if ok {
 			timer = time.NewTimer(max(next.Sub(m.now()), 0))
 			timerC = timer.C
 		}
 		select {
 		case <-m.stop:
 		case <-m.wake:
+			at, rescan := m.takeWake()
+			if rescan {
+				next, ok = m.nextDeadline()
+			} else if !at.IsZero() && (!ok || at.Before(next)) {
+				next, ok = at, true
+			}
 		case <-timerC:
 			m.reap(context.Background())
+			next, ok = m.nextDeadline()
 		}
 		if timer != nil {
 			timer.Stop()

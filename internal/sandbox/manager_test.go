@@ -307,6 +307,62 @@ func TestReaperTimer(t *testing.T) {
 	})
 }
 
+// TestReaperDeadlines: the reaper goroutine, told of new deadlines
+// without going over every sandbox, kills each sandbox at its own
+// deadline: ones created later with earlier deadlines, ones shortened,
+// ones extended past the time it had planned to wake, ones resumed.
+func TestReaperDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		ctx := t.Context()
+		start := time.Now()
+		create := func(d time.Duration) string {
+			return e.mustCreate(t, CreateRequest{Timeout: d}).ID
+		}
+		alive := func(at time.Duration, want map[string]bool) {
+			t.Helper()
+			time.Sleep(time.Until(start.Add(at)))
+			synctest.Wait()
+			for id, w := range want {
+				_, err := e.m.Get(ctx, id)
+				if got := err == nil; got != w {
+					t.Errorf("at %v: sandbox %s alive %v (%v), want %v", at, id, got, err, w)
+				}
+			}
+		}
+		a := create(10 * time.Second)
+		synctest.Wait()
+		b := create(3 * time.Second) // earlier than what the reaper waits for
+		alive(2500*time.Millisecond, map[string]bool{a: true, b: true})
+		alive(3500*time.Millisecond, map[string]bool{a: true, b: false})
+
+		c := create(6 * time.Second) // at 9.5 s, extended to 23.5 s
+		d := create(8 * time.Second) // at 11.5 s, shortened to 5.5 s
+		p := create(time.Hour)       // paused, then resumed for 3 s
+		if err := e.m.SetTimeout(ctx, c, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.m.SetTimeout(ctx, d, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.m.Pause(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		alive(5*time.Second, map[string]bool{a: true, c: true, d: true, p: true})
+		alive(6*time.Second, map[string]bool{a: true, c: true, d: false, p: true})
+		if _, err := e.m.Resume(ctx, p, 3*time.Second, nil); err != nil {
+			t.Fatal(err)
+		}
+		alive(8800*time.Millisecond, map[string]bool{a: true, c: true, p: true})
+		alive(9500*time.Millisecond, map[string]bool{a: true, c: true, p: false})
+		alive(10500*time.Millisecond, map[string]bool{a: false, c: true})
+		alive(23*time.Second, map[string]bool{c: true})
+		alive(24*time.Second, map[string]bool{c: false})
+		e.m.Shutdown(ctx)
+		e.store.Close()
+	})
+}
+
 func TestAgentDeath(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)

@@ -61,6 +61,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
 		e.mu.Unlock()
+		m.nudge() // its deadline is back
 	}
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
@@ -82,7 +83,6 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
 	e.use.mark(clock, true)
 	e.mu.Unlock()
-	m.nudge()
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
 	return nil
@@ -242,7 +242,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.use.mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
-	m.nudge()
+	m.nudgeAt(end)
 	m.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
 	m.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
 	return nil
