@@ -10,6 +10,8 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -89,12 +91,27 @@ const densityWindow = 50
 // idle is measured over: two of its rounds of readings (every 5 s).
 const densityIdle = 10 * time.Second
 
+// densityPeerRuns is how many one-shot runs of the peer give its median
+// before the sandboxes are created and with them all idle.
+const densityPeerRuns = 20
+
 // density creates n idle sandboxes through the API with densityClients
 // concurrent clients and reports how the create rate and this process's
 // memory (the daemon's, plus the clients' few bytes per sandbox) change as
 // they accumulate, then checks that every one still answers and kills them.
-func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) error {
+// With peer (bwrap's one-shot), it also reports how much slower the peer
+// starts with the n sandboxes idle on the host than with none: the part
+// of the slowdown that is the host kernel's, which every runtime pays.
+func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(context.Context) error, out io.Writer) error {
 	c := client.New(d.URL, d.APIKey)
+	peerRun := func() Result {
+		return measure("peer", densityPeerRuns, func(int) error { return peer(ctx) })
+	}
+	var peer0 Result
+	if peer != nil {
+		peer0 = peerRun()
+	}
+	tasks0 := hostTasks()
 	runtime.GC()
 	debug.FreeOSMemory()
 	rss0, fds0, gr0, th0 := rss(), openFDs(), runtime.NumGoroutine(), threads()
@@ -174,6 +191,11 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		return ctx.Err()
 	}
 	idleCPU := cpuTime() - idle0
+	tasksN := hostTasks()
+	var peerN Result
+	if peer != nil && peer0.Err == nil {
+		peerN = peerRun()
+	}
 	rssLive := rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
@@ -214,6 +236,20 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, out io.Writer) 
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
 		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n), float64(threads()-th0)/float64(n))
+	if tasks0 > 0 && tasksN > 0 {
+		fmt.Fprintf(out, "  threads on the host: %d before, %d with the sandboxes idle (%.1f per sandbox)\n",
+			tasks0, tasksN, float64(tasksN-tasks0)/float64(n))
+	}
+	switch {
+	case peer == nil:
+	case peer0.Err != nil || peerN.Err != nil:
+		fmt.Fprintf(out, "  bwrap /bin/true: failed: %v\n", errors.Join(peer0.Err, peerN.Err))
+	default:
+		// As a rate, comparable with the creates per second above.
+		b0, bN := peer0.quantile(0.5), peerN.quantile(0.5)
+		fmt.Fprintf(out, "  bwrap /bin/true with none alive %s, with the %d idle %s (as a rate, ratio %.2f; medians of %d)\n",
+			ms(b0), n, ms(bN), float64(b0)/float64(bN), densityPeerRuns)
+	}
 	// Every sandbox still answers.
 	astart := time.Now()
 	var bad []string
@@ -280,6 +316,28 @@ func cpuTime() time.Duration {
 		t += time.Duration(tv.Nano())
 	}
 	return t
+}
+
+// hostTasks is the number of threads on the host (the fourth field of
+// /proc/loadavg), 0 if it cannot be read.
+func hostTasks() int {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 4 {
+		return 0
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0
+	}
+	v, err := strconv.Atoi(total)
+	if err != nil {
+		return 0
+	}
+	return v
 }
 
 // openFDs counts this process's open descriptors, threads its OS threads.

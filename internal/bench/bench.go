@@ -140,8 +140,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	results = append(results, fencePause(ctx, opts)...)
 	if opts.Peers {
 		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
-			return run(ctx, "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", opts.RootFS, "/",
-				"--proc", "/proc", "--dev", "/dev", "/bin/true")
+			return bwrapTrue(ctx, opts)
 		}))
 		results = append(results, runcMeasure(ctx, opts))
 		npeers := 3
@@ -264,8 +263,18 @@ func runDensity(ctx context.Context, opts Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	err = density(ctx, d, opts.Templates[0], opts.Density, out)
+	var peer func(context.Context) error
+	if opts.Peers {
+		peer = func(ctx context.Context) error { return bwrapTrue(ctx, opts) }
+	}
+	err = density(ctx, d, opts.Templates[0], opts.Density, peer, out)
 	return errors.Join(err, d.Stop())
+}
+
+// bwrapTrue runs /bin/true in bwrap, on the same root filesystem.
+func bwrapTrue(ctx context.Context, opts Options) error {
+	return run(ctx, "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", opts.RootFS, "/",
+		"--proc", "/proc", "--dev", "/dev", "/bin/true")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
