@@ -94,13 +94,6 @@ func serveAgent(ctx context.Context, cfg boot.Config, listen string, built *agen
 		// A backend that hands the agent a listener also hands it a
 		// lifeline (see package boot).
 		unix.CloseOnExec(boot.LifelineFD)
-		// Non-blocking, the lifeline is read through the runtime's poller:
-		// waiting on it parks a goroutine, not an OS thread. Every
-		// thread on the host makes each pivot_root there (every sandbox
-		// start, fence's or any other runtime's) walk one task more.
-		if err := unix.SetNonblock(boot.LifelineFD, true); err != nil {
-			return fmt.Errorf("lifeline: %w", err)
-		}
 		life := os.NewFile(boot.LifelineFD, "lifeline")
 		go func() {
 			var b [1]byte

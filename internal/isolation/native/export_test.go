@@ -64,10 +64,3 @@ func (b *Backend) SpawnerPid() int {
 // ReadyGroupHasFD reports whether inits are cloned into the ready cgroup
 // directly (cgroup v2).
 func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }
-
-// CloseLifeline closes the backend's end of sb's lifeline, as the
-// daemon's death would.
-func CloseLifeline(sb any) {
-	s := sb.(*sandbox)
-	s.lifeline.Close()
-}
