@@ -38,6 +38,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -135,6 +136,7 @@ type handler struct {
 	signatures signatureIndex
 	scans      chan struct{} // a slot per signature scan in progress
 	templates  Templates
+	warming    sync.WaitGroup // warmAgent calls in flight
 }
 
 // New returns the HTTP handler serving the control plane and sandbox

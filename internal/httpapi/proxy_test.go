@@ -488,13 +488,17 @@ func TestSignedFilesIndex(t *testing.T) {
 	const n = 200
 	e := newTestEnv(t)
 	cm := &countingManager{Manager: e.m, looked: map[string]bool{}}
-	srv := httptest.NewServer(New(Options{Manager: cm, APIKey: testKey, Domain: "fence.test"}))
+	hd := New(Options{Manager: cm, APIKey: testKey, Domain: "fence.test"})
+	srv := httptest.NewServer(hd)
 	t.Cleanup(srv.Close)
 	e.srv = srv
 	var last api.Sandbox
 	for range n {
 		last = e.create(t, `{"templateID":"base"}`)
 	}
+	// Each create warms its agent's connection in the background, which
+	// looks the sandbox up: done before anything is counted.
+	hd.(*handler).warming.Wait()
 	signed := func(path string) string {
 		return "/files?" + url.Values{"path": {path}, "signature": {fileSignature(path, "read", "", last.EnvdAccessToken, nil)}}.Encode()
 	}

@@ -147,7 +147,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
 	// A client's first command follows its create at once: the proxy's
 	// connection to the new agent is made now, beside the answer.
-	go h.warmAgent(s.ID)
+	h.warming.Go(func() { h.warmAgent(s.ID) })
 }
 
 func (h *handler) get(w http.ResponseWriter, r *http.Request) {
