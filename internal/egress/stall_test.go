@@ -36,8 +36,6 @@ type stallLink struct {
 	// +checklocks:mu
 	flushing bool
 	// +checklocks:mu
-	dropped int
-	// +checklocks:mu
 	lost [][2]uint32 // {seq, len} of the dropped segments not yet sent again
 	// +checklocks:mu
 	next uint32 // the sequence number after the highest data sent
@@ -118,7 +116,6 @@ func (l *stallLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error)
 				l.next, l.sentAny = end, true
 			}
 			if fresh && l.dropEvery > 0 && l.sent[k] == 1 && len(l.sent)%l.dropEvery == 0 {
-				l.dropped++
 				l.lost = append(l.lost, k)
 				l.drops = append(l.drops, k)
 				continue

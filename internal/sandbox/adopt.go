@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -59,7 +58,6 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	m.gateways.Store(rec.ID, gw)
 	clock := m.now()
-	now := clock.UTC()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: rec.Metadata,
@@ -84,7 +82,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 			e.timeout = cr.Timeout
 		}
 	}
-	m.takeOver(ctx, rec.ID, e, box, now, "paused sandbox left by a previous daemon adopted")
+	m.takeOver(ctx, rec.ID, e, box, "paused sandbox left by a previous daemon adopted")
 	return true
 }
 
@@ -93,7 +91,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 //
 // The Manager holds the sandbox's fence from here, with e's network: a
 // resume attaches the new namespace to it.
-func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolation.Sandbox, now time.Time, msg string) {
+func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolation.Sandbox, msg string) {
 	e.mu.Lock()
 	nc := e.net
 	e.mu.Unlock()

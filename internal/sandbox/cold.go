@@ -192,7 +192,6 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	gw := &gatewayState{}
 	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	clock := m.now()
-	now := clock.UTC()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: maps.Clone(rec.Metadata),
@@ -215,6 +214,6 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	}
 	e.checkpointed.Store(true) // its checkpoints, if any, are still recorded
 	m.gateways.Store(rec.ID, gw)
-	m.takeOver(ctx, rec.ID, e, parkedBox{rec.ID}, now, "sandbox paused without memory by a previous daemon taken over")
+	m.takeOver(ctx, rec.ID, e, parkedBox{rec.ID}, "sandbox paused without memory by a previous daemon taken over")
 	return true
 }
