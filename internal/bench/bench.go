@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -136,26 +137,25 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	results = append(results, cold)
 	results = append(results, phases.results()...)
 	results = append(results, fenceWarm(ctx, opts))
-	results = append(results, fenceExec(ctx, opts))
+	execs := fenceExec(ctx, opts)
+	results = append(results, execs[0])
 	results = append(results, fencePause(ctx, opts)...)
 	if opts.Peers {
 		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
 			return bwrapTrue(ctx, opts)
 		}))
 		results = append(results, runcMeasure(ctx, opts))
-		npeers := 3
+		npeers := 2
 		if runsc := runscBinary(); runsc != "" {
 			results = append(results, runscMeasure(ctx, opts, runsc))
 			npeers++
 		} else {
 			fmt.Fprintf(out, "runsc: not installed (%s, FENCE_RUNSC or PATH), skipped\n", RunscPath)
 		}
-		results = append(results, measure("baseline fork+exec /bin/true", opts.Iterations, func(int) error {
-			return run(ctx, "/bin/true")
-		}))
 		for i := len(results) - npeers; i < len(results); i++ {
 			results[i].peer = true
 		}
+		results = append(results, execs[1:]...)
 	}
 	// The idle memory is read before the API measures start daemons in
 	// this process.
@@ -382,16 +382,79 @@ func fenceCold(ctx context.Context, b isolation.Backend, rootfs string, p *coldP
 	return err
 }
 
-func fenceExec(ctx context.Context, opts Options) Result {
+// fenceExec measures an exec in a running sandbox and, with peers, the
+// host's fork+exec of the same kind, their samples alternated: the
+// earlier measures leave teardown and refills behind them in the
+// background, and a ratio of two measures taken minutes apart would
+// carry whatever the machine did in between.
+func fenceExec(ctx context.Context, opts Options) []Result {
+	name := "fence exec true in a running sandbox"
 	sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchexec"), RootFS: opts.RootFS})
 	if err != nil {
-		return Result{Name: "fence exec true in a running sandbox", Err: err}
+		return []Result{{Name: name, Err: err}}
 	}
 	defer sb.Kill(context.WithoutCancel(ctx))
+	if w, ok := opts.Backend.(releaseWaiter); ok {
+		if err := w.WaitReleased(ctx); err != nil {
+			return []Result{{Name: name, Err: err}}
+		}
+	}
 	c := processClient(sb)
-	return measure("fence exec true in a running sandbox", opts.Iterations, func(int) error {
-		return execTrue(ctx, c)
-	})
+	if n, _ := strconv.Atoi(os.Getenv("TMP_EXEC_LOOP")); n > 0 {
+		os.WriteFile("/tmp/tmp-exec-ready", nil, 0o644)
+		time.Sleep(3 * time.Second)
+		for range n {
+			os.Getppid()
+			execTrue(ctx, c)
+			os.Getppid()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	fence := Result{Name: name}
+	host := Result{Name: baselineName, peer: true}
+	for i := -1; i < opts.Iterations; i++ { // -1: warm-up
+		start := time.Now()
+		if err := execTrue(ctx, c); err != nil {
+			fence.Err = err
+			return []Result{fence}
+		}
+		if i >= 0 {
+			fence.Samples = append(fence.Samples, time.Since(start))
+		}
+		if !opts.Peers {
+			continue
+		}
+		start = time.Now()
+		if err := hostTrue(ctx, opts.RootFS); err != nil {
+			host.Err = err
+			return []Result{fence, host}
+		}
+		if i >= 0 {
+			host.Samples = append(host.Samples, time.Since(start))
+		}
+	}
+	if !opts.Peers {
+		return []Result{fence}
+	}
+	return []Result{fence, host}
+}
+
+// baselineName is the host's own fork+exec, the peer of an exec in a
+// running sandbox.
+const baselineName = "baseline fork+exec /bin/true"
+
+// hostTrue forks and executes the root filesystem's /bin/true on the
+// host, chrooted there, with its output collected through a pipe as the
+// agent collects a command's: the same binary and the same files as the
+// sandbox's exec, without fence.
+func hostTrue(ctx context.Context, rootfs string) error {
+	cmd := exec.CommandContext(ctx, "/bin/true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	cmd.Dir = "/"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("/bin/true in %s: %w: %s", rootfs, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // pauseFillMiB is the memory a sandbox holds while its pause and resume
@@ -450,12 +513,36 @@ func fencePause(ctx context.Context, opts Options) []Result {
 }
 
 // processClient speaks to a sandbox's agent the way the daemon's proxy
-// does: Connect over HTTP/1.1 on a fresh agent connection.
+// does: Connect over HTTP/1.1 on a fresh agent connection, each request
+// written whole (wholeRequests).
 func processClient(sb isolation.Sandbox) processconnect.ProcessClient {
-	hc := &http.Client{Transport: &http.Transport{
+	hc := &http.Client{Transport: wholeRequests{&http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
-	}}
+	}}}
 	return processconnect.NewProcessClient(hc, "http://agent", connect.WithProtoJSON())
+}
+
+// wholeRequests reads a request's body before sending it, with its length:
+// the SDKs send a process.Start with its length and the daemon's proxy
+// writes such a request to the agent in one piece, where Connect's Go
+// client streams the body of every streaming call through a pipe (and
+// the transport writes it after the headers). Only for calls whose
+// request ends before their response starts (unary and server streams).
+type wholeRequests struct{ http.RoundTripper }
+
+func (t wholeRequests) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.ContentLength > 0 {
+		return t.RoundTripper.RoundTrip(req)
+	}
+	b, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	out := req.Clone(req.Context())
+	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	out.TransferEncoding = nil
+	return t.RoundTripper.RoundTrip(out)
 }
 
 func execTrue(ctx context.Context, c processconnect.ProcessClient) error {

@@ -610,3 +610,42 @@ func TestCreateWarmsTheAgentConnection(t *testing.T) {
 		t.Errorf("%d connections to the agent after the create and one request, want 1 (the one made at create)", n)
 	}
 }
+
+// TestProxyWritesSmallRequestsWhole checks that a request of known, small
+// length reaches the agent in one write (headers and body), and that a
+// larger body still streams through intact.
+func TestProxyWritesSmallRequestsWhole(t *testing.T) {
+	e := newTestEnv(t)
+	s := e.create(t, `{"templateID":"base"}`)
+	fs, ok := e.host.Sandbox(s.SandboxID)
+	if !ok {
+		t.Fatal("the fake host does not know the sandbox")
+	}
+	hdr := append(sbxHeaders(s.SandboxID, s.EnvdAccessToken), "Content-Type: application/json")
+	// The first request may share its connection with the create's warm-up.
+	if resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir", `{"path":"/"}`, hdr...); resp.StatusCode != 200 {
+		t.Fatalf("first request = %d %s", resp.StatusCode, b)
+	}
+	body := `{"path":"/home/user","depth":2}`
+	before := fs.AgentWrites()
+	resp, b := e.do(t, "POST", "/filesystem.Filesystem/ListDir", body, hdr...)
+	var echo fake.Echo
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("proxied ListDir = %d %.200s", resp.StatusCode, b)
+	}
+	if echo.Body != body {
+		t.Errorf("agent got body %q, want %q", echo.Body, body)
+	}
+	if n := fs.AgentWrites() - before; n != 1 {
+		t.Errorf("the request reached the agent in %d writes, want 1", n)
+	}
+
+	big := `{"path":"` + strings.Repeat("x", smallBody) + `"}`
+	resp, b = e.do(t, "POST", "/filesystem.Filesystem/ListDir", big, hdr...)
+	if err := json.Unmarshal(b, &echo); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("proxied large request = %d %.200s", resp.StatusCode, b)
+	}
+	if echo.Body != big {
+		t.Errorf("agent got a body of %d bytes, want %d", len(echo.Body), len(big))
+	}
+}
