@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -99,17 +100,15 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, ignoredSignals...)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs)
-	}()
-	go func() {
-		for sig := range sigs {
-			logger(opts).Debug("ignoring signal", "signal", sig)
-		}
-	}()
+	if !signalsCaught.Load() {
+		sigs := make(chan os.Signal, 8)
+		signal.Notify(sigs, ignoredSignals...)
+		defer func() {
+			signal.Stop(sigs)
+			close(sigs)
+		}()
+		go ignoreSignals(sigs, logger(opts))
+	}
 	if opts.SudoSocket != "" {
 		sln, err := sudo.Listen(opts.SudoSocket)
 		if err != nil {
@@ -145,6 +144,32 @@ func logger(opts Options) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return opts.Logger
+}
+
+// CatchSignals catches and ignores the signals Serve ignores, from now on
+// and for the rest of the process's life. A process that becomes the
+// agent later (the native backend's init) calls it while it waits: os/signal
+// enables each signal through a hand-off between two threads, eighteen of
+// them, which Serve would otherwise make beside a sandbox's first command.
+// Serve then leaves the signals as they are.
+func CatchSignals(log *slog.Logger) {
+	catchOnce.Do(func() {
+		sigs := make(chan os.Signal, 8)
+		signal.Notify(sigs, ignoredSignals...)
+		go ignoreSignals(sigs, log)
+		signalsCaught.Store(true)
+	})
+}
+
+var (
+	catchOnce     sync.Once
+	signalsCaught atomic.Bool
+)
+
+func ignoreSignals(sigs <-chan os.Signal, log *slog.Logger) {
+	for sig := range sigs {
+		log.Debug("ignoring signal", "signal", sig)
+	}
 }
 
 // ignoredSignals are the signals whose Go default would end the agent.

@@ -51,7 +51,9 @@ func RunInit() error {
 	cfg, err := nsinit.Init(func() {
 		defer close(prepared)
 		agent.Prepare()
-		built = agent.Build(agentOptions(boot.Config{}, nil))
+		opts := agentOptions(boot.Config{}, nil)
+		agent.CatchSignals(opts.Logger)
+		built = agent.Build(opts)
 	})
 	if err != nil {
 		return err
