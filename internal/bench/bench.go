@@ -400,16 +400,6 @@ func fenceExec(ctx context.Context, opts Options) []Result {
 		}
 	}
 	c := processClient(sb)
-	if n, _ := strconv.Atoi(os.Getenv("TMP_EXEC_LOOP")); n > 0 {
-		os.WriteFile("/tmp/tmp-exec-ready", nil, 0o644)
-		time.Sleep(3 * time.Second)
-		for range n {
-			os.Getppid()
-			execTrue(ctx, c)
-			os.Getppid()
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	fence := Result{Name: name}
 	host := Result{Name: baselineName, peer: true}
 	for i := -1; i < opts.Iterations; i++ { // -1: warm-up
@@ -513,36 +503,12 @@ func fencePause(ctx context.Context, opts Options) []Result {
 }
 
 // processClient speaks to a sandbox's agent the way the daemon's proxy
-// does: Connect over HTTP/1.1 on a fresh agent connection, each request
-// written whole (wholeRequests).
+// does: Connect over HTTP/1.1 on a fresh agent connection.
 func processClient(sb isolation.Sandbox) processconnect.ProcessClient {
-	hc := &http.Client{Transport: wholeRequests{&http.Transport{
+	hc := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
-	}}}
+	}}
 	return processconnect.NewProcessClient(hc, "http://agent", connect.WithProtoJSON())
-}
-
-// wholeRequests reads a request's body before sending it, with its length:
-// the SDKs send a process.Start with its length and the daemon's proxy
-// writes such a request to the agent in one piece, where Connect's Go
-// client streams the body of every streaming call through a pipe (and
-// the transport writes it after the headers). Only for calls whose
-// request ends before their response starts (unary and server streams).
-type wholeRequests struct{ http.RoundTripper }
-
-func (t wholeRequests) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Body == nil || req.ContentLength > 0 {
-		return t.RoundTripper.RoundTrip(req)
-	}
-	b, err := io.ReadAll(req.Body)
-	req.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	out := req.Clone(req.Context())
-	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-	out.TransferEncoding = nil
-	return t.RoundTripper.RoundTrip(out)
 }
 
 func execTrue(ctx context.Context, c processconnect.ProcessClient) error {

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -99,7 +98,6 @@ type proxyState struct {
 	actor      string          // who acts, for the audit trail
 	runDone    <-chan struct{} // closed when the sandbox is paused
 	inc        uint64          // the sandbox's incarnation (see proxyHost)
-	body       []byte          // the request's body, read whole (readSmallBody), or nil
 	killed     atomic.Bool     // the sandbox stopped (or was paused) while the request ran
 	errHandled atomic.Bool     // ErrorHandler answered the request
 }
@@ -144,33 +142,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 	}
 	w, r, done := h.tapEnvd(w, r, st)
 	defer done()
-	if st.body, err = readSmallBody(r); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
 	h.forward(w, r, h.proxy, box, st)
-}
-
-// smallBody is the largest request body the agent's proxy reads whole
-// before forwarding its request.
-const smallBody = 64 << 10
-
-// readSmallBody reads a request body of a known length up to smallBody
-// whole, for the proxy to hand its transport in memory: the transport
-// then writes the request to the agent in one write, where a body it has
-// to stream goes after the headers in a write of its own and the agent
-// wakes up twice for one request (a process.Start of the SDKs is a few
-// hundred bytes with its length given). It returns nil for bodies of
-// unknown or larger length (client streams, uploads), which stream.
-func readSmallBody(r *http.Request) ([]byte, error) {
-	if r.ContentLength <= 0 || r.ContentLength > smallBody {
-		return nil, nil
-	}
-	buf := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(r.Body, buf); err != nil {
-		return nil, errorf(api.ErrInvalidArgument, "reading the request body: %v", err)
-	}
-	return buf, nil
 }
 
 // servePort forwards a request to a port of the sandbox other than the
@@ -345,10 +317,6 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			pr.Out.URL.Path = st.path
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = "localhost"
-			if st.body != nil {
-				// In memory, the transport sends it with the headers.
-				pr.Out.Body = io.NopCloser(bytes.NewReader(st.body))
-			}
 			// The agent gets the user and nothing else of Authorization: a
 			// password could only be some other service's credential.
 			h.stripCredentials(pr.Out.Header)

@@ -209,7 +209,6 @@ type Sandbox struct {
 	netns  *os.File       // with Options.NetNS: the namespace attached
 	link   isolation.Link // and its link, closed by stop
 	dials  atomic.Int64   // DialAgent calls that reached the agent
-	writes atomic.Int64   // writes to the agent on the connections DialAgent made
 
 	pmu sync.Mutex
 	// +checklocks:pmu
@@ -309,30 +308,11 @@ func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("dialing agent of %s: %w", s.id, isolation.ErrPaused)
 	}
 	s.dials.Add(1)
-	c, err := s.ln.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: c, writes: &s.writes}, nil
+	return s.ln.dial(ctx)
 }
 
 // Dials reports how many connections DialAgent has made to the agent.
 func (s *Sandbox) Dials() int64 { return s.dials.Load() }
-
-// AgentWrites reports how many writes the agent's clients have made on the
-// connections DialAgent gave them.
-func (s *Sandbox) AgentWrites() int64 { return s.writes.Load() }
-
-// countingConn counts the writes made on a connection to the agent.
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
-}
 
 // Stats implements isolation.Sandbox with made-up, plausible numbers.
 func (s *Sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
