@@ -433,13 +433,19 @@ func fenceExec(ctx context.Context, opts Options) []Result {
 // running sandbox.
 const baselineName = "baseline fork+exec /bin/true"
 
+// nobody is the host user the baseline's /bin/true runs as.
+const nobody = 65534
+
 // hostTrue forks and executes the root filesystem's /bin/true on the
 // host, chrooted there, with its output collected through a pipe as the
 // agent collects a command's: the same binary and the same files as the
-// sandbox's exec, without fence.
+// sandbox's exec, without fence. A template's files are not the host's:
+// the child drops to nobody after the chroot, so what it runs has no
+// privilege on the host (and no way out of the chroot).
 func hostTrue(ctx context.Context, rootfs string) error {
 	cmd := exec.CommandContext(ctx, "/bin/true")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs,
+		Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}}}
 	cmd.Dir = "/"
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("/bin/true in %s: %w: %s", rootfs, err, strings.TrimSpace(string(out)))
