@@ -10,6 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
 emb=internal/insandbox/embedded/fence-sandbox
-CGO_ENABLED=0 go build -trimpath -o "$emb.tmp" ./cmd/fence-sandbox
+# On linux/amd64 the in-sandbox binary starts at its own entry point, which
+# bounds an init's capabilities while it has one thread
+# (cmd/fence-sandbox/entry_linux_amd64.s); elsewhere the init does it later.
+ldflags=()
+if [ "$(go env GOOS)/$(go env GOARCH)" = linux/amd64 ]; then
+  ldflags=(-ldflags=-E=_fence_sandbox_rt0)
+fi
+CGO_ENABLED=0 go build -trimpath "${ldflags[@]}" -o "$emb.tmp" ./cmd/fence-sandbox
 mv "$emb.tmp" "$emb"
 CGO_ENABLED=0 go build -trimpath -tags fence_sandbox_bin -o bin/fence ./cmd/fence

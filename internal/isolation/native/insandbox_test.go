@@ -2,9 +2,11 @@ package native_test
 
 import (
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -68,5 +70,27 @@ func TestSandboxRunsInSandboxBinary(t *testing.T) {
 	// fence's sudo is the in-sandbox binary too.
 	if r := run(t, sb, "root", "sudo", "-n", "true"); r.exit != 0 {
 		t.Fatalf("sudo true: exit %d: %s", r.exit, r.stderr)
+	}
+	// On linux/amd64 it starts at its own entry point, which bounds an
+	// init's capabilities before the Go runtime starts a thread.
+	if runtime.GOARCH == "amd64" {
+		f, err := elf.Open(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		syms, err := f.Symbols()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := ""
+		for _, s := range syms {
+			if s.Value == f.Entry && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+				entry = s.Name
+			}
+		}
+		if entry != "_fence_sandbox_rt0" {
+			t.Errorf("the in-sandbox binary starts at %q (%#x), want _fence_sandbox_rt0: scripts/build.sh links it with -E", entry, f.Entry)
+		}
 	}
 }

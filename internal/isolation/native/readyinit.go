@@ -82,7 +82,8 @@ func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
 	closers = append(closers, devNull)
 	hostUID := sl.hostUID()
 	// fd 3: sync, 4: the listener's place (the listener itself comes with
-	// the Config), 5: lifeline.
+	// the Config), 5: lifeline. The role's name, "init", is also what
+	// the in-sandbox binary's entry point looks for (see boundCapabilities).
 	proc, err := b.spawner.spawn(spawnRequest{
 		Path:        b.inExe,
 		Args:        []string{"fence", "init"},
