@@ -39,6 +39,8 @@ var noTrees = trees{-1, -1, -1, -1}
 // left open.
 func buildTrees() (t trees, err error) {
 	t = noTrees
+	e := emptyDirs{-1}
+	defer e.close()
 	defer func() {
 		if err != nil {
 			t.close()
@@ -48,13 +50,13 @@ func buildTrees() (t trees, err error) {
 	if t.proc, err = newProc(); err != nil {
 		return t, err
 	}
-	if err = fillProc(t.proc); err != nil {
+	if err = fillProc(t.proc, &e); err != nil {
 		return t, err
 	}
 	if t.sys, err = newSys(); err != nil {
 		return t, err
 	}
-	if err = fillSys(t.sys); err != nil {
+	if err = fillSys(t.sys, &e); err != nil {
 		return t, err
 	}
 	if t.dev, err = newDev(); err != nil {
@@ -83,6 +85,8 @@ func (t *trees) close() {
 // default size), else mounts made and filled now. It closes t.
 func attachTrees(root string, t trees, shmBytes int64) error {
 	defer t.close()
+	e := emptyDirs{-1}
+	defer e.close()
 	if shmBytes != DefaultShmBytes && t.dev >= 0 {
 		unix.Close(t.dev)
 		t.dev = -1
@@ -102,8 +106,8 @@ func attachTrees(root string, t trees, shmBytes int64) error {
 		mk   func() (int, error)
 		fill func(int) error
 	}{
-		{"/proc", t.proc, newProc, fillProc},
-		{"/sys", t.sys, newSys, fillSys},
+		{"/proc", t.proc, newProc, func(fd int) error { return fillProc(fd, &e) }},
+		{"/sys", t.sys, newSys, func(fd int) error { return fillSys(fd, &e) }},
 		{"/dev", t.dev, newDev, func(fd int) error { return fillDev(fd, shmBytes) }},
 	}
 	for _, m := range mounts {
@@ -181,9 +185,13 @@ func newMount(fstype string, attr uint64, opts ...string) (int, error) {
 }
 
 // cloneMount returns a detached copy of the mount tree at path (relative
-// to dirfd) with attr set on all of it.
+// to dirfd; dirfd's own mount if path is "") with attr set on all of it.
 func cloneMount(dirfd int, path string, attr uint64) (int, error) {
-	fd, err := unix.OpenTree(dirfd, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_RECURSIVE
+	if path == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	fd, err := unix.OpenTree(dirfd, path, uint(flags))
 	if err != nil {
 		return -1, err
 	}
@@ -224,33 +232,58 @@ func newDev() (int, error) {
 }
 
 // fillProc makes readOnlyPaths read-only and masks maskedFiles and
-// maskedDirs of the proc mount p.
-func fillProc(p int) error {
+// maskedDirs (with clones from e) of the proc mount p.
+func fillProc(p int, e *emptyDirs) error {
 	readOnly := func(rel string) (int, error) {
 		return cloneMount(p, rel, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
 	}
 	if err := cover(p, "/proc/", readOnlyPaths, "making %s read-only: %w", readOnly); err != nil {
 		return err
 	}
-	return mask(p, "/proc/", maskedFiles, maskedDirs)
+	return mask(p, "/proc/", maskedFiles, maskedDirs, e)
 }
 
-// fillSys masks maskedDirs of the sysfs mount s.
-func fillSys(s int) error { return mask(s, "/sys/", nil, maskedDirs) }
+// fillSys masks maskedDirs of the sysfs mount s, with clones from e.
+func fillSys(s int, e *emptyDirs) error { return mask(s, "/sys/", nil, maskedDirs, e) }
+
+// emptyDirs makes the mounts that mask directories: each is a read-only
+// clone of one empty, read-only tmpfs made at the first, so that a
+// sandbox holds one filesystem for all its masks rather than one each
+// (every filesystem is a superblock, and each superblock costs every
+// memory cgroup made later some of its shrinker state).
+type emptyDirs struct {
+	fd int // the empty tmpfs, detached; -1 until the first mask
+}
+
+// mount returns a new mount of the empty tmpfs.
+func (e *emptyDirs) mount(string) (int, error) {
+	if e.fd < 0 {
+		fd, err := newMount("tmpfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "", "size", "0", "nr_inodes", "16", "mode", "0555")
+		if err != nil {
+			return -1, err
+		}
+		e.fd = fd
+	}
+	return cloneMount(e.fd, "", noExec|unix.MOUNT_ATTR_RDONLY)
+}
+
+func (e *emptyDirs) close() {
+	if e.fd >= 0 {
+		unix.Close(e.fd)
+		e.fd = -1
+	}
+}
 
 // mask covers those of files (with the host's /dev/null) and dirs (with
-// an empty read-only tmpfs) that lie below prefix, relative to mount m.
-func mask(m int, prefix string, files, dirs []string) error {
+// mounts of e) that lie below prefix, relative to mount m.
+func mask(m int, prefix string, files, dirs []string, e *emptyDirs) error {
 	null := func(string) (int, error) {
 		return cloneMount(unix.AT_FDCWD, "/dev/null", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-	}
-	empty := func(string) (int, error) {
-		return newMount("tmpfs", noExec|unix.MOUNT_ATTR_RDONLY, "ro", "", "size", "0", "nr_inodes", "16", "mode", "0555")
 	}
 	if err := cover(m, prefix, files, "masking %s: %w", null); err != nil {
 		return err
 	}
-	return cover(m, prefix, dirs, "masking %s: %w", empty)
+	return cover(m, prefix, dirs, "masking %s: %w", e.mount)
 }
 
 // cover moves onto each of paths that lies below prefix and exists,

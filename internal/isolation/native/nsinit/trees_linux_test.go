@@ -69,6 +69,11 @@ func treesChild(mode string) int {
 		slices.Sort(lines)
 		fmt.Println(strings.Join(lines, "\n"))
 	}()
+	// And how many filesystems the masked directories' mounts are.
+	masks, maskFS := 0, map[string]bool{}
+	defer func() {
+		lines = append(lines, fmt.Sprintf("masks: %d directories on %d filesystems", masks, len(maskFS)))
+	}()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint options [tags] - fstype source superoptions
@@ -83,6 +88,10 @@ func treesChild(mode string) int {
 			}
 		}
 		lines = append(lines, strings.Join(append([]string{strings.TrimPrefix(fields[4], root), fields[3], fields[5]}, fields[sep+1:]...), " "))
+		if slices.Contains(maskedDirs, strings.TrimPrefix(fields[4], root)) {
+			masks++
+			maskFS[fields[2]] = true
+		}
 	}
 	return 0
 }
@@ -149,6 +158,18 @@ func TestTreesAheadMatchInPlace(t *testing.T) {
 		}
 		t.Logf("Linux %s: trees are made at the create (no mounts onto detached trees before 6.15)", release)
 		return
+	}
+	// The masked directories share one empty filesystem.
+	var masks, maskFS int
+	for _, l := range strings.Split(inPlace, "\n") {
+		if _, err := fmt.Sscanf(l, "masks: %d directories on %d filesystems", &masks, &maskFS); err == nil {
+			break
+		}
+	}
+	if masks == 0 {
+		t.Logf("no masked directory exists on this host:\n%s", inPlace)
+	} else if maskFS != 1 {
+		t.Errorf("%d masked directories on %d filesystems, want one filesystem for all", masks, maskFS)
 	}
 	if ahead != inPlace {
 		t.Errorf("built ahead:\n%s\nmade in place:\n%s", ahead, inPlace)
