@@ -40,9 +40,6 @@ func main() {
 	if len(os.Args) == 2 && os.Args[1] == native.HoldArg {
 		native.Hold()
 	}
-	if len(os.Args) == 2 && os.Args[1] == native.SpawnerArg {
-		native.Spawner()
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	os.Exit(cli.Run(ctx, deps(), os.Args[1:]))

@@ -2,7 +2,9 @@
 // sandbox: the native backend's init (`fence init`), the agent that runs as
 // the sandbox's PID 1 (`fence agent`), fence's sudo (the binary run as
 // `sudo`), the attack probes of `fence selftest` (`fence probe`) and the
-// client of fence bench's network measure (`fence bench-client`).
+// client of fence bench's network measure (`fence bench-client`); and,
+// on the host, the native backend's spawner, which clones every sandbox's
+// init and whose memory every clone copies (package spawnrole).
 //
 // Two binaries play them: the fence binary itself, and the in-sandbox
 // binary (cmd/fence-sandbox), which links only this package and what it
@@ -32,6 +34,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/bench/netclient"
+	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 )
 
@@ -47,6 +50,9 @@ func Main(args []string) (code int, ok bool) {
 	}
 	if len(args) < 2 {
 		return 0, false
+	}
+	if len(args) == 2 && args[1] == spawnrole.Arg {
+		spawnrole.Serve() // never returns
 	}
 	switch args[1] {
 	case "init":

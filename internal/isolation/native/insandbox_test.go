@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,6 +68,16 @@ func TestSandboxRunsInSandboxBinary(t *testing.T) {
 	got, _, _ := strings.Cut(r.stdout, " ")
 	if got != hex.EncodeToString(sum[:]) {
 		t.Fatalf("/.fence/fence in the sandbox has SHA-256 %s, want the in-sandbox binary's %x", got, sum)
+	}
+	// So is the spawner, which every init's clone copies (its memory,
+	// page by page), on one P (sysmon then sleeps while the spawner waits
+	// in a system call, instead of polling every 20 µs).
+	spawner := b.SpawnerPid()
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", spawner)); err != nil || filepath.Base(exe) != filepath.Base(want) {
+		t.Errorf("the spawner runs %q (%v), want the in-sandbox binary (%s)", exe, err, filepath.Base(want))
+	}
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", spawner)); err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "GOMAXPROCS=1") {
+		t.Errorf("the spawner's environment %q (%v) lacks GOMAXPROCS=1", env, err)
 	}
 	// fence's sudo is the in-sandbox binary too.
 	if r := run(t, sb, "root", "sudo", "-n", "true"); r.exit != 0 {

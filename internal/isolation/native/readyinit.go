@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
 )
 
 // readyInit is a sandbox's init process before it knows its sandbox: cloned
@@ -84,7 +85,7 @@ func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
 	// fd 3: sync, 4: the listener's place (the listener itself comes with
 	// the Config), 5: lifeline. The role's name, "init", is also what
 	// the in-sandbox binary's entry point looks for (see boundCapabilities).
-	proc, err := b.spawner.spawn(spawnRequest{
+	proc, err := b.spawner.spawn(spawnrole.Request{
 		Path:        b.inExe,
 		Args:        []string{"fence", "init"},
 		Env:         nsinit.InitEnv,

@@ -6,184 +6,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
 )
 
-// SpawnerArg is the argument with which the fence binary runs as the
-// backend's spawner (Spawner).
-const SpawnerArg = "__fence-spawner"
-
-// Why a spawner. A process cloned into a new user namespace cannot share
-// its parent's memory until it executes (the parent must write its id
-// maps meanwhile), so the kernel copies the cloning process's whole
-// address space: its page tables at the clone, then a copy-on-write fault
-// for every page the parent writes until the child executes, and a
-// write-protect fault for every page after. For a daemon holding thousands
-// of sandboxes (hundreds of MiB) that cost grows with every sandbox alive,
-// and it was what made creates slow down as sandboxes accumulated.
-//
-// So sandboxes are cloned by a small process of the fence binary started
-// once per backend, whose memory does not grow: the spawner. It is
-// started with a plain fork and exec (no new namespace), which shares the
-// daemon's memory until it executes and copies nothing. It clones and
-// executes each sandbox's init and hands the daemon a pidfd of it: the
-// daemon signals the init and learns of its exit through that pidfd
-// alone, as it did for its own children (a pidfd names one process, never
-// a pid reused after it). The spawner reaps its children as they exit.
-// (CLONE_PARENT, which would make the init the
-// daemon's child, is refused by clone3 with an exit signal, and clone3 is
-// what a clone into a cgroup or a time namespace needs.)
-
-// spawnRequest is what the daemon asks the spawner to start. The
-// descriptors travel beside it: Files of them become the child's 0..Files-1
-// (in order), and when CgroupFD is set one more is the cgroup the child is
-// cloned into.
-type spawnRequest struct {
-	Path        string                 `json:"path"`
-	Args        []string               `json:"args"`
-	Env         []string               `json:"env"`
-	Dir         string                 `json:"dir"`
-	Files       int                    `json:"files"`
-	CgroupFD    bool                   `json:"cgroupFD,omitempty"`
-	Cloneflags  uintptr                `json:"cloneflags"`
-	UidMappings []syscall.SysProcIDMap `json:"uidMappings,omitempty"`
-	GidMappings []syscall.SysProcIDMap `json:"gidMappings,omitempty"`
-	Setsid      bool                   `json:"setsid,omitempty"`
-}
-
-// spawnReply is the spawner's answer: the child's pid (its pidfd travels
-// beside it), or why it was not started.
-type spawnReply struct {
-	Pid int    `json:"pid,omitempty"`
-	Err string `json:"err,omitempty"`
-}
-
-// spawnFD is the spawner's end of its socket.
-const spawnFD = 3
-
-// maxSpawnMsg bounds one request (the config of a sandbox's init is small).
-const maxSpawnMsg = 64 << 10
-
-// Spawner is the SpawnerArg role: it serves spawn requests on descriptor 3
-// (a SOCK_SEQPACKET socket from the daemon), one at a time, and exits when
-// the daemon closes its end (or dies). It never returns.
-func Spawner() {
-	// Defence in depth for a process that runs as the host's root; the
-	// inits bound themselves (their user namespace starts them with a
-	// full bounding set).
-	_ = nsinit.BoundSpawner()
-	// Children are reaped as they exit; the daemon watches them through
-	// their pidfds. (Not by ignoring SIGCHLD: an ignored signal stays
-	// ignored across execve, and the sandbox's processes must start with
-	// the default disposition.)
-	go reapChildren()
-	buf := make([]byte, maxSpawnMsg)
-	oob := make([]byte, unix.CmsgSpace(16*4))
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(spawnFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n == 0 {
-			os.Exit(0) // the daemon is gone
-		}
-		var fds []int
-		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, m := range msgs {
-				if rights, err := unix.ParseUnixRights(&m); err == nil {
-					fds = append(fds, rights...)
-				}
-			}
-		}
-		pid, pidfd, err := spawnOne(buf[:n], fds)
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		reply := spawnReply{Pid: pid}
-		var rights []byte
-		if err != nil {
-			reply.Err = err.Error()
-		} else {
-			rights = unix.UnixRights(pidfd)
-		}
-		out, _ := json.Marshal(reply)
-		err = unix.Sendmsg(spawnFD, out, rights, nil, 0)
-		if pidfd >= 0 {
-			unix.Close(pidfd)
-		}
-		if err != nil {
-			os.Exit(0)
-		}
-	}
-}
-
-// reapChildren waits for every child that exits.
-func reapChildren() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGCHLD)
-	for range sigs {
-		for {
-			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
-			if pid <= 0 && err != unix.EINTR {
-				break
-			}
-		}
-	}
-}
-
-// spawnOne clones and executes the child a request describes and returns
-// its pid and a pidfd of it.
-func spawnOne(msg []byte, fds []int) (pid, pidfd int, err error) {
-	pidfd = -1
-	var req spawnRequest
-	if err := json.Unmarshal(msg, &req); err != nil {
-		return 0, -1, fmt.Errorf("bad spawn request: %w", err)
-	}
-	want := req.Files
-	if req.CgroupFD {
-		want++
-	}
-	if req.Files < 0 || len(fds) != want {
-		return 0, -1, fmt.Errorf("spawn request with %d descriptors, %d expected", len(fds), want)
-	}
-	files := make([]uintptr, req.Files)
-	for i := range files {
-		files[i] = uintptr(fds[i])
-	}
-	sys := &syscall.SysProcAttr{
-		Cloneflags:                 req.Cloneflags,
-		PidFD:                      &pidfd,
-		UidMappings:                req.UidMappings,
-		GidMappings:                req.GidMappings,
-		GidMappingsEnableSetgroups: true,
-		Setsid:                     req.Setsid,
-	}
-	if req.UidMappings != nil {
-		// Become the namespace's root. Without this the child keeps host
-		// uid 0, unmapped inside, and has no capabilities there.
-		sys.Credential = &syscall.Credential{Uid: 0, Gid: 0}
-	}
-	if req.CgroupFD {
-		sys.UseCgroupFD = true
-		sys.CgroupFD = fds[req.Files]
-	}
-	pid, err = syscall.ForkExec(req.Path, req.Args, &syscall.ProcAttr{
-		Dir: req.Dir, Env: req.Env, Files: files, Sys: sys,
-	})
-	if err != nil {
-		return 0, -1, err
-	}
-	return pid, pidfd, nil
-}
-
-// spawner is the daemon's side: the running spawner process and its
-// socket. Requests are serialised (a clone of the small spawner takes
+// spawner is the daemon's side of the spawner (package spawnrole): the
+// running spawner process and its socket. Requests are serialised (a clone of the small spawner takes
 // well under a millisecond). A spawner that died is started again on the
 // next request.
 type spawner struct {
@@ -215,8 +46,13 @@ func (sp *spawner) startLocked() error {
 	defer theirs.Close()
 	cmd := &exec.Cmd{
 		Path:       sp.exe,
-		Args:       []string{"fence", SpawnerArg},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Args:       []string{"fence", spawnrole.Arg},
+		// One P: the spawner serves one request at a time, and while its
+		// only P waits in a system call (a clone, the child's id maps, the
+		// wait for its exec) the runtime's sysmon takes the P and sleeps,
+		// where with a second P idle it would poll every 20 µs throughout
+		// (about 40 context switches and 1–2 ms of CPU less per init).
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1"},
 		Dir:        "/",
 		ExtraFiles: []*os.File{theirs}, // fd 3
 		Stderr:     os.Stderr,
@@ -277,7 +113,7 @@ func (sp *spawner) close() {
 
 // spawn starts req's child with files as its descriptors 0..len-1 (and,
 // if cgroup >= 0, cloned into that cgroup) and returns it.
-func (sp *spawner) spawn(req spawnRequest, files []*os.File, cgroup int) (*spawned, error) {
+func (sp *spawner) spawn(req spawnrole.Request, files []*os.File, cgroup int) (*spawned, error) {
 	req.Files = len(files)
 	req.CgroupFD = cgroup >= 0
 	fds := make([]int, 0, len(files)+1)
@@ -345,7 +181,7 @@ func (sp *spawner) exchangeLocked(msg []byte, fds []int) (*spawned, error) {
 				}
 			}
 		}
-		var r spawnReply
+		var r spawnrole.Reply
 		if err := json.Unmarshal(buf[:n], &r); err != nil || r.Err != "" || len(pidfds) != 1 {
 			for _, fd := range pidfds {
 				unix.Close(fd)
