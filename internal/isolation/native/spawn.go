@@ -45,8 +45,8 @@ func (sp *spawner) startLocked() error {
 	theirs := os.NewFile(uintptr(pair[1]), "spawner-child")
 	defer theirs.Close()
 	cmd := &exec.Cmd{
-		Path:       sp.exe,
-		Args:       []string{"fence", spawnrole.Arg},
+		Path: sp.exe,
+		Args: []string{"fence", spawnrole.Arg},
 		// One P: the spawner serves one request at a time, and while its
 		// only P waits in a system call (a clone, the child's id maps, the
 		// wait for its exec) the runtime's sysmon takes the P and sleeps,
