@@ -193,7 +193,9 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	// or capset can gain later. The spawner starts the init with
 	// GOMAXPROCS=1 (InitEnv), so that the runtime has started no thread
 	// for a second P by now: each of the thirty-odd drops stops and
-	// signals every thread, and waits for each to run it.
+	// signals every thread, and waits for each to run it. (The in-sandbox
+	// binary's entry point has usually made them already, on its one
+	// thread: see boundCapabilities.)
 	if err := boundCapabilities(); err != nil {
 		return nil, err
 	}
