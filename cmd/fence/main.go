@@ -30,7 +30,8 @@ import (
 
 func main() {
 	// The roles played inside a sandbox (init, agent, sudo, probe,
-	// bench-client) start here, before the CLI is built.
+	// bench-client), and the native backend's spawner, start here, before
+	// the CLI is built.
 	if code, ok := insandbox.Main(os.Args); ok {
 		os.Exit(code)
 	}
