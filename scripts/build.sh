@@ -17,6 +17,6 @@ ldflags=()
 if [ "$(go env GOOS)/$(go env GOARCH)" = linux/amd64 ]; then
   ldflags=(-ldflags=-E=_fence_sandbox_rt0)
 fi
-CGO_ENABLED=0 go build -trimpath "${ldflags[@]}" -o "$emb.tmp" ./cmd/fence-sandbox
+CGO_ENABLED=0 go build -trimpath ${ldflags[@]+"${ldflags[@]}"} -o "$emb.tmp" ./cmd/fence-sandbox
 mv "$emb.tmp" "$emb"
 CGO_ENABLED=0 go build -trimpath -tags fence_sandbox_bin -o bin/fence ./cmd/fence
