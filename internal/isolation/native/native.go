@@ -196,7 +196,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		opts:    opts,
 		log:     log,
 		exe:     exe,
-		spawner: spawner{exe: exe},
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
@@ -227,8 +226,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if b.inExe == exe {
 		log.InfoContext(ctx, "this fence binary carries no in-sandbox binary: sandboxes run the fence binary, and start slower (build with scripts/build.sh)")
 	}
-	// The spawner too: the smaller its memory, the less each clone of a
-	// sandbox's init copies (see package spawnrole).
+	// The spawner runs it too: the smaller its memory, the less each clone
+	// of a sandbox's init copies (see package spawnrole).
 	b.spawner.exe = b.inExe
 	if err := os.MkdirAll(b.sockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
