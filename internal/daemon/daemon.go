@@ -51,6 +51,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/sysmon"
 	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
 )
@@ -210,6 +211,14 @@ func Serve(ctx context.Context, opts Options) error {
 	if err := native.CheckExecutable(exe); err != nil {
 		return err
 	}
+	// The runtime's monitor thread polls less (package sysmon).
+	rctx, stopRelax := context.WithCancel(ctx)
+	defer stopRelax()
+	go func() {
+		if err := sysmon.Relax(rctx, "/proc", sysmon.Default, sysmon.KeepEvery); err != nil {
+			log.Debug("leaving the runtime's monitor thread as it is", "err", err)
+		}
+	}()
 	if opts.Cluster != nil {
 		if err := opts.Cluster.validate(); err != nil {
 			return err

@@ -3,11 +3,14 @@ package process
 import (
 	"os"
 	"os/signal"
+	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/sysmon"
 )
 
 // reaper is the process-wide child reaper. The agent runs as PID 1, so
@@ -56,7 +59,12 @@ func (r *reaper) start(fork func() (int, error), onExit func(unix.WaitStatus)) (
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	restore := r.oom.forChild()
+	// The child starts with the kernel's default timer slack, whichever
+	// this thread has (package sysmon).
+	runtime.LockOSThread()
+	sysmon.PrepareFork()
 	pid, err := fork()
+	runtime.UnlockOSThread()
 	restore()
 	if err != nil {
 		return 0, err

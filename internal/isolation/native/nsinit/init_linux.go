@@ -28,6 +28,7 @@
 package nsinit
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -45,6 +46,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/seccomp"
+	"github.com/fencesandbox/fence/internal/sysmon"
 )
 
 // File descriptors `fence init` receives from the daemon; the agent's
@@ -204,6 +206,17 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	// set explicitly (here, and by the environment before) is never
 	// updated from the cgroup the init started in.
 	runtime.GOMAXPROCS(runtime.NumCPU())
+	// The runtime's monitor thread polls less (package sysmon). This needs
+	// CAP_SYS_NICE in the init's user namespace (to set another thread's
+	// timer slack) and reads /proc: it ends before the descriptors are
+	// closed and the privileges dropped, given up if not done by then.
+	relaxCtx, stopRelax := context.WithCancel(context.Background())
+	relaxed := make(chan struct{})
+	go func() {
+		defer close(relaxed)
+		_ = sysmon.Relax(relaxCtx, "/proc", sysmon.Default, 0)
+	}()
+	defer func() { stopRelax(); <-relaxed }()
 	if meanwhile != nil {
 		go meanwhile()
 	}
@@ -287,6 +300,7 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, fmt.Errorf("mounting root overlay: %w", err)
 	}
 	root := cfg.RootDir
+
 	if err := attachTrees(root, kit, cfg.ShmBytes); err != nil {
 		return nil, err
 	}
@@ -310,6 +324,8 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err := setRlimits(cfg.NoFile); err != nil {
 		return nil, err
 	}
+	stopRelax()
+	<-relaxed
 	// Every descriptor the setup received or opened names something of
 	// the host's (the layers' directories, the template's tree): none
 	// may outlive it in a process of the sandbox's.

@@ -35,15 +35,18 @@
 package spawnrole
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/sysmon"
 )
 
 // Arg is the argument with which the fence binary, or the in-sandbox
@@ -93,6 +96,8 @@ func Serve() {
 	// ignored across execve, and the sandbox's processes must start with
 	// the default disposition.)
 	go reapChildren()
+	// Its runtime's monitor polls less while it waits (package sysmon).
+	go func() { _ = sysmon.Relax(context.Background(), "/proc", sysmon.Default, 0) }()
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(16*4))
 	for {
@@ -183,9 +188,14 @@ func spawnOne(msg []byte, fds []int) (pid, pidfd int, err error) {
 		sys.UseCgroupFD = true
 		sys.CgroupFD = fds[req.Files]
 	}
+	// The init starts with the kernel's default timer slack, whichever
+	// this thread has (package sysmon).
+	runtime.LockOSThread()
+	sysmon.PrepareFork()
 	pid, err = syscall.ForkExec(req.Path, req.Args, &syscall.ProcAttr{
 		Dir: req.Dir, Env: req.Env, Files: files, Sys: sys,
 	})
+	runtime.UnlockOSThread()
 	if err != nil {
 		return 0, -1, err
 	}
