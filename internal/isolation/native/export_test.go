@@ -64,3 +64,6 @@ func (b *Backend) SpawnerPid() int {
 // ReadyGroupHasFD reports whether inits are cloned into the ready cgroup
 // directly (cgroup v2).
 func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }
+
+// SetInitTaken sets the hook a create calls once it has taken its init.
+func SetInitTaken(f func()) { initTaken = f }

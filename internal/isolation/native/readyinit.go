@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -136,20 +137,26 @@ func (r *readyInit) discard() {
 }
 
 // takeInit returns a ready init, or one made now when none is ready. The
-// caller places it in its sandbox's cgroups.
-func (b *Backend) takeInit() (*readyInit, error) {
+// caller places it in its sandbox's cgroups, and calls refill once its
+// create is done: only then is the init's place in the pool filled again.
+// A new init's start (tens of milliseconds of CPU) would otherwise run
+// beside the create that took its predecessor, at the same low weight as
+// that init until the create moves it into its sandbox's cgroups, and
+// slow the one thing the create waits for.
+func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 	for {
 		select {
 		case r := <-b.ready:
-			b.room <- struct{}{}
 			if r.alive() {
-				return r, nil
+				return r, sync.OnceFunc(func() { b.room <- struct{}{} }), nil
 			}
+			b.room <- struct{}{}
 			r.discard()
 			continue
 		default:
 		}
-		return b.spawnInit(-1)
+		r, err := b.spawnInit(-1)
+		return r, func() {}, err
 	}
 }
 

@@ -216,3 +216,37 @@ func TestInitsAreBornInTheReadyCgroup(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolRefillsAfterTheCreate: a create that takes a ready init has the
+// pool start its replacement only once it is done, so that the new init's
+// start does not compete with the create for the CPU.
+func TestPoolRefillsAfterTheCreate(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	b := newBackendWith(t, native.Options{ReadyInits: 1, DiskPool: 1})
+	waitReadyInits(t, b, 1)
+	inits := func() []int {
+		pids, err := b.ReadyGroupPids()
+		if err != nil {
+			t.Error(err)
+		}
+		return slices.DeleteFunc(pids, func(p int) bool { return p == b.SpawnerPid() })
+	}
+	var during []int
+	native.SetInitTaken(func() {
+		// Long enough for an init started now to show in the ready
+		// cgroup; under load it may not, and the test then passes
+		// without having seen anything.
+		time.Sleep(300 * time.Millisecond)
+		during = inits()
+	})
+	t.Cleanup(func() { native.SetInitTaken(nil) })
+	sb := create(t, b, isolation.Spec{ID: "refill", RootFS: rootfs})
+	agent := native.AgentPid(sb)
+	for _, p := range during {
+		if p != agent {
+			t.Errorf("init %d started while the create that took init %d ran", p, agent)
+		}
+	}
+	waitReadyInits(t, b, 1)
+}

@@ -104,6 +104,10 @@ var (
 	_ isolation.Pauser  = (*sandbox)(nil)
 )
 
+// initTaken, when set (by tests), is called by a create once it has its
+// init, before anything else.
+var initTaken func()
+
 // Create implements isolation.Backend.
 func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
 	return b.create(ctx, spec, "")
@@ -138,9 +142,13 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
 	// The sandbox's init (readyinit.go), with its uid slot and lifeline,
 	// from the start: the sandbox ends when it does.
-	r, err := b.takeInit()
+	r, refill, err := b.takeInit()
 	if err != nil {
 		return nil, err
+	}
+	defer refill()
+	if initTaken != nil {
+		initTaken()
 	}
 	defer r.sync.Close() // used by start alone
 	s := &sandbox{
