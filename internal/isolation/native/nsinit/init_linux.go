@@ -300,7 +300,6 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, fmt.Errorf("mounting root overlay: %w", err)
 	}
 	root := cfg.RootDir
-
 	if err := attachTrees(root, kit, cfg.ShmBytes); err != nil {
 		return nil, err
 	}
