@@ -121,6 +121,8 @@ type Pool struct {
 	fillStarts []time.Time // one per sandbox being started: when it began (or begins)
 	// +checklocks:mu
 	fillTime time.Duration // how long starting one took lately (0: unknown yet)
+	// +checklocks:mu
+	quickFill time.Duration // how long starting one takes when it runs unhindered (see fill)
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -263,11 +265,14 @@ func (p *Pool) take(ctx context.Context) isolation.Sandbox {
 // sooner than a create of the request's own would take. Starting one takes
 // about fillTime (the recent average, start command and ready command
 // included), so the earliest one being started is expected at its start
-// plus fillTime, and a new create at now plus fillTime: it waits until
-// the earlier of the two (with some slack for the first), and returns nil
-// if none came by then. A burst of creates then takes the sandboxes
-// already on their way instead of starting more beside them on the same
-// CPUs.
+// plus fillTime; a create of the request's own, at full CPU weight, takes
+// about quickFill (the quickest recent start). It waits only when the
+// first comes sooner, and until the earlier of the two (with some slack
+// for the first), and returns nil if none came by then. A burst of
+// creates then takes the sandboxes already on their way instead of
+// starting more beside them on the same CPUs, while a fill slowed by its
+// low weight on a busy machine (several times a create's own time) is not
+// waited for.
 func (p *Pool) awaitFill(ctx context.Context) isolation.Sandbox {
 	p.mu.Lock()
 	if len(p.fillStarts) == 0 || p.fillTime <= 0 {
@@ -275,12 +280,9 @@ func (p *Pool) awaitFill(ctx context.Context) isolation.Sandbox {
 		return nil
 	}
 	now := time.Now()
-	deadline := p.fillStarts[0].Add(p.fillTime + p.fillTime/2)
-	if limit := now.Add(p.fillTime); deadline.After(limit) {
-		deadline = limit
-	}
+	deadline, wait := fillWait(now, p.fillStarts[0], p.fillTime, p.quickFill)
 	p.mu.Unlock()
-	if !deadline.After(now) {
+	if !wait {
 		return nil
 	}
 	timer := time.NewTimer(deadline.Sub(now))
@@ -421,6 +423,20 @@ func (p *Pool) refiller() {
 	}
 }
 
+// fillWait is awaitFill's choice: whether a create at now waits for the
+// fill started (or starting) at first, and until when.
+func fillWait(now, first time.Time, fillTime, quickFill time.Duration) (deadline time.Time, wait bool) {
+	own := now.Add(quickFill)
+	if first.Add(fillTime).After(own) {
+		return time.Time{}, false
+	}
+	deadline = first.Add(fillTime + fillTime/2)
+	if deadline.After(own) {
+		deadline = own
+	}
+	return deadline, deadline.After(now)
+}
+
 // refillDelay is how long a refill waits after a hand-out: starting a
 // sandbox takes tens of milliseconds of CPU, which on a small machine would
 // otherwise slow the very sandbox just handed out.
@@ -484,9 +500,15 @@ func (p *Pool) fill(t Target, start time.Time) {
 	p.dropFillStartLocked(start)
 	if err == nil {
 		if d := time.Since(began); p.fillTime == 0 {
-			p.fillTime = d
+			p.fillTime, p.quickFill = d, d
 		} else {
 			p.fillTime = (3*p.fillTime + d) / 4
+			// The quickest recent start: what a start takes when nothing
+			// slows it, which is about what a create of a request's own
+			// takes at full CPU weight (a fill runs at a sixteenth of
+			// it, so under load it takes several times longer). It
+			// follows slower starts only slowly.
+			p.quickFill = min(d, (7*p.quickFill+d)/8)
 		}
 	}
 	keep := err == nil && !p.closed
