@@ -36,7 +36,7 @@
 //     up to the slack late. A process that keeps CAP_SYS_NICE (the
 //     daemon) has Relax give them the main thread's slack back every
 //     KeepEvery; one that drops it (an agent) keeps them so, which its
-//     timers, all of seconds, do not feel. PrepareFork keeps it from the
+//     timers, all of seconds, do not feel. Fork keeps it from the
 //     programs fence starts.
 //   - Writing another thread's timer slack needs CAP_SYS_NICE in that
 //     thread's user namespace; without it Relax returns an error and
@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -63,13 +64,15 @@ const Default = time.Millisecond
 // fence starts in a sandbox start with.
 const ForkSlack = 50 * time.Microsecond
 
-// PrepareFork sets the calling thread's timer slack to ForkSlack, so that
-// a process it forks starts with the kernel's default: a thread the
-// runtime started from sysmon after Relax inherited sysmon's slack, and a
-// child inherits its forking thread's. The caller keeps its goroutine on
-// the thread (runtime.LockOSThread) until the fork.
-func PrepareFork() {
+// Fork runs fork, which starts a process, on a thread whose timer slack
+// is ForkSlack, so that the process starts with the kernel's default: a
+// thread the runtime started from sysmon after Relax inherited sysmon's
+// slack, and a child inherits its forking thread's.
+func Fork(fork func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(ForkSlack.Nanoseconds()), 0, 0, 0)
+	fork()
 }
 
 // readings bounds how many times Relax reads the candidate thread's

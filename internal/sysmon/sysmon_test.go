@@ -141,18 +141,19 @@ func TestRelaxGivesInheritedSlackBack(t *testing.T) {
 	}
 }
 
-// TestPrepareForkGivesChildrenTheDefault: a child forked after
-// PrepareFork has the kernel's default slack, whatever its forking thread
-// had.
-func TestPrepareForkGivesChildrenTheDefault(t *testing.T) {
+// TestForkGivesChildrenTheDefault: a child forked in Fork has the
+// kernel's default slack, whatever its forking thread had.
+func TestForkGivesChildrenTheDefault(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(2*time.Millisecond), 0, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer PrepareFork()
-	PrepareFork()
-	out, err := exec.Command("cat", "/proc/self/timerslack_ns").Output()
+	var (
+		out []byte
+		err error
+	)
+	Fork(func() { out, err = exec.Command("cat", "/proc/self/timerslack_ns").Output() })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package process
 import (
 	"os"
 	"os/signal"
-	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -61,10 +60,11 @@ func (r *reaper) start(fork func() (int, error), onExit func(unix.WaitStatus)) (
 	restore := r.oom.forChild()
 	// The child starts with the kernel's default timer slack, whichever
 	// this thread has (package sysmon).
-	runtime.LockOSThread()
-	sysmon.PrepareFork()
-	pid, err := fork()
-	runtime.UnlockOSThread()
+	var (
+		pid int
+		err error
+	)
+	sysmon.Fork(func() { pid, err = fork() })
 	restore()
 	if err != nil {
 		return 0, err

@@ -210,13 +210,14 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	// CAP_SYS_NICE in the init's user namespace (to set another thread's
 	// timer slack) and reads /proc: it ends before the descriptors are
 	// closed and the privileges dropped, given up if not done by then.
-	relaxCtx, stopRelax := context.WithCancel(context.Background())
+	relaxCtx, cancelRelax := context.WithCancel(context.Background())
 	relaxed := make(chan struct{})
 	go func() {
 		defer close(relaxed)
 		_ = sysmon.Relax(relaxCtx, "/proc", sysmon.Default, 0)
 	}()
-	defer func() { stopRelax(); <-relaxed }()
+	stopRelax := func() { cancelRelax(); <-relaxed }
+	defer stopRelax()
 	if meanwhile != nil {
 		go meanwhile()
 	}
@@ -324,7 +325,6 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 		return nil, err
 	}
 	stopRelax()
-	<-relaxed
 	// Every descriptor the setup received or opened names something of
 	// the host's (the layers' directories, the template's tree): none
 	// may outlive it in a process of the sandbox's.

@@ -40,7 +40,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -190,12 +189,11 @@ func spawnOne(msg []byte, fds []int) (pid, pidfd int, err error) {
 	}
 	// The init starts with the kernel's default timer slack, whichever
 	// this thread has (package sysmon).
-	runtime.LockOSThread()
-	sysmon.PrepareFork()
-	pid, err = syscall.ForkExec(req.Path, req.Args, &syscall.ProcAttr{
-		Dir: req.Dir, Env: req.Env, Files: files, Sys: sys,
+	sysmon.Fork(func() {
+		pid, err = syscall.ForkExec(req.Path, req.Args, &syscall.ProcAttr{
+			Dir: req.Dir, Env: req.Env, Files: files, Sys: sys,
+		})
 	})
-	runtime.UnlockOSThread()
 	if err != nil {
 		return 0, -1, err
 	}
