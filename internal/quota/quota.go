@@ -89,6 +89,12 @@ type FS struct {
 
 	seedMu sync.Mutex
 	seeds  map[int64]string // size → formatted image new images are copied from
+
+	// Temporary images Dirs found (left by a crash while an image was
+	// made), by directory name, for RemoveDir: a removal does not list the
+	// image directory, which holds every sandbox's image.
+	tempMu sync.Mutex
+	temps  map[string][]string
 }
 
 // Open checks that this host can make limited directories and returns an FS
@@ -449,7 +455,10 @@ func (f *FS) cleanup(name string) error {
 		}
 	}
 	image := f.image(name)
-	tmps, _ := filepath.Glob(image + tmpInfix + "*")
+	f.tempMu.Lock()
+	tmps := f.temps[name]
+	delete(f.temps, name)
+	f.tempMu.Unlock()
 	for _, p := range append(tmps, image) {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing %s: %w", p, err))
@@ -460,16 +469,19 @@ func (f *FS) cleanup(name string) error {
 
 // Dirs returns the names of every directory that exists in whole or in
 // part (image, temporary image or mount point), sorted. After a crash, the
-// caller removes those no sandbox owns with RemoveDir.
+// caller removes those no sandbox owns with RemoveDir, which removes the
+// temporary images Dirs found too.
 func (f *FS) Dirs() ([]string, error) {
 	var names []string
 	images, err := os.ReadDir(f.imageDir)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", f.imageDir, err)
 	}
+	temps := map[string][]string{}
 	for _, e := range images {
 		n := e.Name()
 		if i := strings.Index(n, imageSuffix+tmpInfix); i > 0 {
+			temps[n[:i]] = append(temps[n[:i]], filepath.Join(f.imageDir, n))
 			n = n[:i]
 		} else if base, ok := strings.CutSuffix(n, imageSuffix); ok {
 			n = base
@@ -489,6 +501,9 @@ func (f *FS) Dirs() ([]string, error) {
 			names = append(names, e.Name())
 		}
 	}
+	f.tempMu.Lock()
+	f.temps = temps
+	f.tempMu.Unlock()
 	slices.Sort(names)
 	return slices.Compact(names), nil
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -74,6 +75,66 @@ func TestSpawnerRestarts(t *testing.T) {
 	if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
 		t.Fatalf("exec in a sandbox created before the spawner died: %+v", r)
 	}
+}
+
+// TestSpawnerReapsEachChild kills sandboxes and checks that the spawner
+// reaps their inits and keeps a pidfd of each child alive and of no other:
+// it waits for each child through its own pidfd (a wait for any child
+// scans every child alive), so a pidfd kept after its child's exit would
+// be a descriptor leaked per sandbox.
+func TestSpawnerReapsEachChild(t *testing.T) {
+	b := newBackend(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	var sbs []isolation.Sandbox
+	for range 4 {
+		sbs = append(sbs, create(t, b, isolation.Spec{RootFS: rootfs}))
+	}
+	spawner := b.SpawnerPid()
+	if spawner == 0 {
+		t.Fatal("no spawner")
+	}
+	for _, sb := range sbs[:3] {
+		if err := sb.Kill(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var zombies, alive, pidfds int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		zombies, alive = 0, 0
+		for _, c := range childrenOf(t, spawner) {
+			stat, err := os.ReadFile("/proc/" + strconv.Itoa(c) + "/stat")
+			if err != nil {
+				continue
+			}
+			// The state follows the command's closing parenthesis.
+			if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				zombies++
+			} else {
+				alive++
+			}
+		}
+		pidfds = 0
+		fds, err := os.ReadDir("/proc/" + strconv.Itoa(spawner) + "/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fd := range fds {
+			if target, _ := os.Readlink("/proc/" + strconv.Itoa(spawner) + "/fd/" + fd.Name()); target == "anon_inode:[pidfd]" {
+				pidfds++
+			}
+		}
+		if zombies == 0 && pidfds == alive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("spawner after 3 of 4 sandboxes were killed: %d zombie children, %d alive, %d pidfds held", zombies, alive, pidfds)
+		}
+	}
+	// The ready inits started ahead are its children too.
+	if alive < 1 {
+		t.Fatalf("spawner has %d live children, want at least the sandbox left", alive)
+	}
+	t.Logf("spawner: %d live children, %d pidfds, no zombie", alive, pidfds)
 }
 
 func minorFaults(t *testing.T) int64 {

@@ -19,7 +19,9 @@
 // which shares the daemon's memory until it executes and copies nothing.
 // The daemon signals each init and learns of its exit through its pidfd
 // alone, as it did for its own children (a pidfd names one process, never
-// a pid reused after it). The spawner reaps its children as they exit.
+// a pid reused after it). The spawner reaps each child as it exits, through
+// a pidfd of its own: a wait for any child scans every child alive, so the
+// spawner of thousands of sandboxes would pay for all of them at each exit.
 // (CLONE_PARENT, which would make the init the daemon's child, is refused
 // by clone3 with an exit signal, and clone3 is what a clone into a cgroup
 // or a time namespace needs.)
@@ -39,7 +41,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -94,7 +95,12 @@ func Serve() {
 	// their pidfds. (Not by ignoring SIGCHLD: an ignored signal stays
 	// ignored across execve, and the sandbox's processes must start with
 	// the default disposition.)
-	go reapChildren()
+	reap, err := newReaper()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fence spawner: %v\n", err)
+		os.Exit(1)
+	}
+	go reap.run()
 	// Its runtime's monitor polls less while it waits (package sysmon).
 	go func() { _ = sysmon.Relax(context.Background(), "/proc", sysmon.Default, 0) }()
 	buf := make([]byte, maxMsg)
@@ -129,7 +135,7 @@ func Serve() {
 		out, _ := json.Marshal(reply)
 		err = unix.Sendmsg(FD, out, rights, nil, 0)
 		if pidfd >= 0 {
-			unix.Close(pidfd)
+			reap.add(pidfd)
 		}
 		if err != nil {
 			os.Exit(0)
@@ -137,18 +143,65 @@ func Serve() {
 	}
 }
 
-// reapChildren waits for every child that exits.
-func reapChildren() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGCHLD)
-	for range sigs {
-		for {
-			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
-			if pid <= 0 && err != unix.EINTR {
-				break
+// reaper reaps the spawner's children, each when its pidfd reports its
+// exit: one wait for that child alone, whatever the number alive.
+type reaper struct {
+	epfd int
+}
+
+func newReaper() (*reaper, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating the reaper's epoll: %w", err)
+	}
+	return &reaper{epfd: epfd}, nil
+}
+
+// add takes pidfd (the spawner's own descriptor of a child) and reaps the
+// child once it has exited, then closes pidfd. A child that has exited
+// already is reaped at once.
+func (r *reaper) add(pidfd int) {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(pidfd)}
+	if err := unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, pidfd, &ev); err != nil {
+		// Out of memory for the watch: wait on a thread of its own.
+		go func() {
+			for waitPidfd(pidfd, 0) == unix.EINTR {
 			}
+			unix.Close(pidfd)
+		}()
+	}
+}
+
+// run reaps children as they exit. It never returns.
+func (r *reaper) run() {
+	evs := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(r.epfd, evs, -1)
+		if err != nil {
+			continue // EINTR
+		}
+		for _, ev := range evs[:n] {
+			fd := int(ev.Fd)
+			if err := waitPidfd(fd, unix.WNOHANG); err == unix.EAGAIN || err == unix.EINTR {
+				continue // not a zombie yet: it is reported again
+			}
+			unix.EpollCtl(r.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+			unix.Close(fd)
 		}
 	}
+}
+
+// waitPidfd reaps the child pidfd names, waiting for its exit unless
+// flags has WNOHANG; EAGAIN when it has not exited.
+func waitPidfd(pidfd, flags int) error {
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|flags, nil); err != nil {
+		return err
+	}
+	if info.Signo == 0 { // WNOHANG and still running
+		return unix.EAGAIN
+	}
+	return nil
 }
 
 // spawnOne clones and executes the child a request describes and returns
