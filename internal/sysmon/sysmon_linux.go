@@ -174,10 +174,6 @@ func writeSlack(procDir string, tid int, ns int64) error {
 // at pid_max), once it has been seen in a timed sleep.
 func find(ctx context.Context, procDir string) (leader, tid int, err error) {
 	task := procDir + "/self/task"
-	ents, err := os.ReadDir(task)
-	if err != nil {
-		return 0, 0, fmt.Errorf("sysmon: listing threads: %w", err)
-	}
 	// The main thread's id as this procfs numbers it: a process in a pid
 	// namespace of its own may read its parent namespace's.
 	self, err := os.Readlink(procDir + "/self")
@@ -187,13 +183,27 @@ func find(ctx context.Context, procDir string) (leader, tid int, err error) {
 	if leader, err = strconv.Atoi(self); err != nil {
 		return 0, 0, fmt.Errorf("sysmon: %s/self is %q", procDir, self)
 	}
-	for _, e := range ents {
-		t, err := strconv.Atoi(e.Name())
-		if err != nil || t == leader {
-			continue
+	// Usually no other thread on the host was started in between: the id
+	// right after the main thread's, if it is a thread of this process,
+	// is the closest there can be, and the listing is not needed.
+	if next := leader + 1; next < pidMaxLimit {
+		if _, err := os.Stat(fmt.Sprintf("%s/%d", task, next)); err == nil {
+			tid = next
 		}
-		if tid == 0 || after(leader, t) < after(leader, tid) {
-			tid = t
+	}
+	if tid == 0 {
+		ents, err := os.ReadDir(task)
+		if err != nil {
+			return 0, 0, fmt.Errorf("sysmon: listing threads: %w", err)
+		}
+		for _, e := range ents {
+			t, err := strconv.Atoi(e.Name())
+			if err != nil || t == leader {
+				continue
+			}
+			if tid == 0 || after(leader, t) < after(leader, tid) {
+				tid = t
+			}
 		}
 	}
 	if tid == 0 {
