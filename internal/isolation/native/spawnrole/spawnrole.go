@@ -177,8 +177,14 @@ func (r *reaper) run() {
 	evs := make([]unix.EpollEvent, 64)
 	for {
 		n, err := unix.EpollWait(r.epfd, evs, -1)
+		if err == unix.EINTR {
+			continue
+		}
 		if err != nil {
-			continue // EINTR
+			// Children would be left unreaped: the daemon starts a new
+			// spawner at its next create.
+			fmt.Fprintf(os.Stderr, "fence spawner: waiting for children: %v\n", err)
+			os.Exit(1)
 		}
 		for _, ev := range evs[:n] {
 			fd := int(ev.Fd)
