@@ -36,7 +36,7 @@ func TestBenchSmoke(t *testing.T) {
 		"fence pause (100 MiB in use)", "fence resume (100 MiB in use)",
 		"api create→run echo→kill, minimal", "api create→run echo→kill, minimal (warm pool)", "density: 12 idle minimal sandboxes",
 		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
-		"bwrap /bin/true with none alive", "threads on the host:",
+		"bwrap /bin/true with none alive", "threads on the host:", "machine CPU time with the 12 idle:",
 		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
 		"phase: teardown (after kill answered)", "ratios in this run (medians):",
 		"teardown of a cold cycle's sandbox (after kill answered), mean of ",

@@ -91,6 +91,10 @@ const densityWindow = 50
 // idle is measured over: two of its rounds of readings (every 5 s).
 const densityIdle = 10 * time.Second
 
+// densityQuiet is how long the machine's CPU time with no sandbox alive is
+// measured over, before the creates.
+const densityQuiet = 3 * time.Second
+
 // densityPeerRuns is how many one-shot runs of the peer give its median
 // before the sandboxes are created and with them all idle.
 const densityPeerRuns = 20
@@ -112,6 +116,17 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 		peer0 = peerRun()
 	}
 	tasks0 := hostTasks()
+	// The whole machine's CPU time with none alive, to set beside its
+	// time with the n idle: what idle sandboxes cost the host, the
+	// daemon's share and everything else's (the agents, the kernel's
+	// threads).
+	quiet0 := machineBusy()
+	select {
+	case <-time.After(densityQuiet):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	quietCPU := busySince(quiet0)
 	runtime.GC()
 	debug.FreeOSMemory()
 	rss0, fds0, gr0, th0 := rss(), openFDs(), runtime.NumGoroutine(), threads()
@@ -184,13 +199,13 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	idle0 := cpuTime()
+	idle0, machine0 := cpuTime(), machineBusy()
 	select {
 	case <-time.After(densityIdle):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	idleCPU := cpuTime() - idle0
+	idleCPU, machineCPU := cpuTime()-idle0, busySince(machine0)
 	tasksN := hostTasks()
 	var peerN Result
 	if peer != nil && peer0.Err == nil {
@@ -212,13 +227,15 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
 	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
+	var createRatio float64 // at n alive against 10, when measured
 	if len(stamp) >= 2*densityWindow+10 {
 		// With about 10 sandboxes alive (past the clients' ramp-up) and
 		// with all but the last few alive.
 		at10 := rate(stamp, start, 10, 10+densityWindow)
 		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
+		createRatio = atN / at10
 		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
-			at10, len(stamp)-densityWindow, atN, atN/at10, densityWindow)
+			at10, len(stamp)-densityWindow, atN, createRatio, densityWindow)
 		// The daemon's CPU time per create over the same windows: its
 		// own work for the creates, the programs it ran and waited for
 		// (mkfs.ext4), and its background work for the sandboxes alive
@@ -232,6 +249,10 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	}
 	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
 		n, float64(idleCPU.Microseconds())/1000/densityIdle.Seconds(), densityIdle)
+	if quietCPU >= 0 && machineCPU >= 0 {
+		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
+			n, float64(machineCPU.Microseconds())/1000/densityIdle.Seconds(), float64(quietCPU.Microseconds())/1000/densityQuiet.Seconds())
+	}
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
@@ -247,8 +268,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	default:
 		// As a rate, comparable with the creates per second above.
 		b0, bN := peer0.quantile(0.5), peerN.quantile(0.5)
+		peerRatio := float64(b0) / float64(bN)
 		fmt.Fprintf(out, "  bwrap /bin/true with none alive %s, with the %d idle %s (as a rate, ratio %.2f; medians of %d)\n",
-			ms(b0), n, ms(bN), float64(b0)/float64(bN), densityPeerRuns)
+			ms(b0), n, ms(bN), peerRatio, densityPeerRuns)
+		if createRatio > 0 {
+			// Above 1: the creates slowed down less than the host's own
+			// sandbox starts did.
+			fmt.Fprintf(out, "  fence's create-rate ratio against bwrap's: %.2f\n", createRatio/peerRatio)
+		}
 	}
 	// Every sandbox still answers.
 	astart := time.Now()
@@ -316,6 +343,41 @@ func cpuTime() time.Duration {
 		t += time.Duration(tv.Nano())
 	}
 	return t
+}
+
+// machineBusy is the CPU time the whole machine spent out of its idle loop
+// (user, nice, system, irq and softirq in /proc/stat; a guest's steal
+// time is not its own), -1 if it cannot be read.
+func machineBusy() time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return -1
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return -1
+		}
+		ticks += v
+	}
+	// USER_HZ, which Linux fixes at 100 for every architecture fence runs on.
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// busySince is the machine's CPU time since machineBusy returned t0, -1 if
+// either reading failed.
+func busySince(t0 time.Duration) time.Duration {
+	t1 := machineBusy()
+	if t0 < 0 || t1 < 0 {
+		return -1
+	}
+	return t1 - t0
 }
 
 // hostTasks is the number of threads on the host (the fourth field of
