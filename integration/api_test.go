@@ -52,6 +52,10 @@ func runnableSandboxes(dataDir string) map[string]bool {
 	return ids
 }
 
+// runnable reports whether process pid can run again: not a zombie, not
+// exiting, no SIGKILL pending. A sandbox rebooted (rewound, resumed) while
+// its predecessor is released has the predecessor's init, SIGKILLed, in a
+// cgroup of the same sandbox until it has exited.
 func runnable(pid int) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

@@ -201,43 +201,12 @@ func agentPID(t *testing.T, id string) int {
 		s := string(b)
 		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
 		ppid, _ := strconv.Atoi(f[1])
-		if !in[ppid] && !dying(p.PID, f) {
+		if !in[ppid] && runnable(p.PID) {
 			return p.PID
 		}
 	}
 	t.Fatalf("no agent among the processes of %s: %v", id, procs)
 	return 0
-}
-
-// dying reports whether process pid, whose /proc/PID/stat fields after
-// the command are f, has been killed: a sandbox rebooted (rewound,
-// resumed) while its predecessor is released has the predecessor's init,
-// SIGKILLed, in a cgroup of the same sandbox until it has exited.
-func dying(pid int, f []string) bool {
-	const pfExiting = 0x4
-	if len(f) > 6 {
-		if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
-			return true
-		}
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return true
-	}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return true
-	}
-	const sigkill = 1 << (9 - 1)
-	for _, l := range strings.Split(string(st), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok || (k != "ShdPnd" && k != "SigPnd") {
-			continue
-		}
-		if mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && mask&sigkill != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // TestKillEndsSession proves that killing a command through the API ends

@@ -102,12 +102,11 @@ func TestSpawnerReapsEachChild(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		zombies, alive = 0, 0
 		for _, c := range childrenOf(t, spawner) {
-			stat, err := os.ReadFile("/proc/" + strconv.Itoa(c) + "/stat")
+			status, err := os.ReadFile("/proc/" + strconv.Itoa(c) + "/status")
 			if err != nil {
 				continue
 			}
-			// The state follows the command's closing parenthesis.
-			if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+			if strings.HasPrefix(statusFields(t, string(status))["State"], "Z") {
 				zombies++
 			} else {
 				alive++
