@@ -99,6 +99,14 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	// The sandbox is set up (its root is this process's, the daemon has
+	// set the agent's OOM score): what a first command would resolve for
+	// itself, the default user and that score, is resolved beside the
+	// create's answer to its client instead.
+	go func() {
+		a.users.Warm()
+		a.procs.Warm()
+	}()
 
 	if !signalsCaught.Load() {
 		sigs := make(chan os.Signal, 8)

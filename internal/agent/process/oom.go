@@ -60,6 +60,10 @@ func (o *oomScores) read() {
 	o.fd, o.agent, o.child = fd, []byte(strconv.Itoa(agent)), []byte(strconv.Itoa(child))
 }
 
+// learn reads the agent's score now, if it has not been read. Call it
+// only once the daemon has set it (see oomScores).
+func (o *oomScores) learn() { o.once.Do(o.read) }
+
 // forChild sets the agent's score to the one its children get and returns
 // the func that restores it.
 func (o *oomScores) forChild() (restore func()) {

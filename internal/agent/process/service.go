@@ -165,6 +165,12 @@ func NewService(opts Options) *Service {
 		euid: uint32(os.Geteuid()), egid: uint32(os.Getegid())}
 }
 
+// Warm does now what the first process start would otherwise do for
+// itself: it reads the agent's OOM score (see oomScores). Call it only
+// once the sandbox's setup is done (the agent serves its sandbox), never
+// from a process waiting for one.
+func (s *Service) Warm() { s.reaper.oom.learn() }
+
 // Handler returns the Connect route prefix and handler.
 func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 	path, h := processconnect.NewProcessHandler(s, opts...)

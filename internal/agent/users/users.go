@@ -153,6 +153,12 @@ func (r *Resolver) Default() (*User, error) {
 	return Lookup("root")
 }
 
+// Warm resolves the default user now, so that the first request naming no
+// user finds it resolved. It must run in the sandbox's root: the lookups
+// read /etc/passwd and /etc/group, and the standard library keeps the
+// process's own account from the first.
+func (r *Resolver) Warm() { _, _ = r.Default() }
+
 // ByName returns the named user, or the default user for "".
 func (r *Resolver) ByName(name string) (*User, error) {
 	if name == "" {
