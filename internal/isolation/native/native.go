@@ -110,10 +110,13 @@ type Backend struct {
 	exe        string
 	spawner    spawner // clones sandboxes (spawn.go)
 	// ready holds inits started ahead (readyinit.go); room holds one token
-	// per init the filler may start. Both nil without Options.ReadyInits.
-	ready     chan *readyInit
-	room      chan struct{}
-	readyCg   *cgroup.Group // where they wait (readyGroup)
+	// per init the filler may start, true when that start may wait
+	// (refillDefer). Both nil without Options.ReadyInits.
+	ready   chan *readyInit
+	room    chan bool
+	readyCg *cgroup.Group // where they wait (readyGroup)
+	// lastTake is when a create last took a ready init (UnixNano).
+	lastTake  atomic.Int64
 	stopReady context.CancelFunc
 	readyDone chan struct{}
 	sockDir   string

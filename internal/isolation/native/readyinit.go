@@ -148,15 +148,47 @@ func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 		select {
 		case r := <-b.ready:
 			if r.alive() {
-				return r, sync.OnceFunc(func() { b.room <- struct{}{} }), nil
+				now := time.Now().UnixNano()
+				quiet := now-b.lastTake.Swap(now) > int64(quietBeforeTake)
+				return r, sync.OnceFunc(func() { b.room <- quiet }), nil
 			}
-			b.room <- struct{}{}
+			b.room <- false
 			r.discard()
 			continue
 		default:
 		}
 		r, err := b.spawnInit(-1)
 		return r, func() {}, err
+	}
+}
+
+// A create that comes after a quiet spell (no create took a ready init for
+// quietBeforeTake) is usually followed at once by its sandbox's first
+// command, and the init that replaces the one it took (tens of
+// milliseconds of CPU) would start beside that command, on a machine of
+// two cores slowing it by a fifth. Such a refill waits refillDefer, or
+// until no init is left ready, whichever comes first. Creates that come
+// closer together are refilled at once, as are inits lost or discarded.
+const quietBeforeTake = time.Second
+
+// refillDefer is a variable for tests.
+var refillDefer = 50 * time.Millisecond
+
+// waitRefill waits, before a refill whose take followed a quiet spell,
+// until refillDefer has passed, no init is ready or ctx ends.
+func (b *Backend) waitRefill(ctx context.Context) {
+	t := time.NewTimer(refillDefer)
+	defer t.Stop()
+	tick := time.NewTicker(5 * time.Millisecond) // how soon an emptied pool is seen
+	defer tick.Stop()
+	for len(b.ready) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-tick.C:
+		}
 	}
 }
 
@@ -222,17 +254,21 @@ func (b *Backend) fillReady(ctx context.Context) {
 		}
 	}()
 	for {
+		var deferrable bool
 		select {
-		case <-b.room:
+		case deferrable = <-b.room:
 		case <-ctx.Done():
 			return
+		}
+		if deferrable {
+			b.waitRefill(ctx)
 		}
 		r, err := b.spawnReady()
 		if err != nil {
 			if !errors.Is(err, errSpawnerClosed) {
 				b.log.Warn("starting a ready sandbox init", "err", err)
 			}
-			b.room <- struct{}{}
+			b.room <- false
 			select {
 			case <-ctx.Done():
 				return
@@ -292,9 +328,9 @@ func (b *Backend) startReady(ctx context.Context) error {
 		b.spawner.setPlace(g.AddProc)
 	}
 	b.ready = make(chan *readyInit, n)
-	b.room = make(chan struct{}, n)
+	b.room = make(chan bool, n)
 	for range n {
-		b.room <- struct{}{}
+		b.room <- false
 	}
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	b.stopReady = stop
