@@ -405,6 +405,61 @@ func TestPool(t *testing.T) {
 	})
 }
 
+// TestPoolRefillDeferredAfterQuietTake: the first take after a quiet
+// spell leaves its replacement for later while a filesystem is still
+// ready; a take right after it, which leaves none, has the pool refilled
+// at once.
+func TestPoolRefillDeferredAfterQuietTake(t *testing.T) {
+	testutil.RequireRoot(t)
+	defer func(d time.Duration) { refillDefer = d }(refillDefer)
+	refillDefer = time.Hour
+	base := t.TempDir()
+	opts := Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 2}
+	f, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		for _, d := range []string{poolDir, trashDir} {
+			p := filepath.Join(opts.MountDir, d)
+			ents, _ := os.ReadDir(p)
+			for _, e := range ents {
+				f.destroy(filepath.Join(p, e.Name()), "")
+			}
+		}
+		unix.Unmount(opts.MountDir, unix.MNT_DETACH)
+	})
+	waitReady := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for len(f.pool.ready) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d filesystems ready after 20s, want %d", len(f.pool.ready), n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitReady(2)
+	if _, err := f.NewDir(t.Context(), "first", DefaultLimit); err != nil {
+		t.Fatal(err)
+	}
+	// Making a filesystem takes milliseconds; none is made meanwhile.
+	time.Sleep(500 * time.Millisecond)
+	if n := len(f.pool.ready); n != 1 {
+		t.Fatalf("%d filesystems ready half a second after a quiet take, want 1 (its refill deferred)", n)
+	}
+	if _, err := f.NewDir(t.Context(), "second", DefaultLimit); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(2)
+	for _, name := range []string{"first", "second"} {
+		if err := f.RemoveDir(name); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // TestFormatsOncePerSize: a new filesystem is a copy of a seed formatted
 // once per size, not a run of mkfs.ext4 each (tens of milliseconds of CPU
 // per sandbox); the copies are whole, clean filesystems of their own, and
