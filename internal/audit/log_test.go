@@ -726,6 +726,39 @@ func TestOutputSilentLeavesNoFile(t *testing.T) {
 	}
 }
 
+// TestOutputAfterItsDirectoryWasPruned: a sandbox's later streams find its
+// output directory made by its first; one kept after pruning removed that
+// directory makes it again.
+func TestOutputAfterItsDirectoryWasPruned(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, func(o *Options) { o.NoSync = true })
+	keep := func(pid int) OutputSum {
+		t.Helper()
+		o, err := l.Output("sbx", pid, "stdout")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Write([]byte("hi\n"))
+		if err := o.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s := o.Sum()
+		if b, err := os.ReadFile(filepath.Join(dir, s.Path)); err != nil || string(b) != "hi\n" {
+			t.Fatalf("output of pid %d: %q, %v", pid, b, err)
+		}
+		return s
+	}
+	keep(1)
+	keep(2)
+	if n := l.pruneOutputs(time.Now().Add(time.Hour)); n != 2 {
+		t.Fatalf("pruned %d outputs, want 2", n)
+	}
+	if _, err := os.Stat(filepath.Join(dir, LogDir, outputDir, "sbx")); !os.IsNotExist(err) {
+		t.Fatalf("the emptied directory was not removed: %v", err)
+	}
+	keep(3)
+}
+
 // TestOutputSyncedBeforeItsRecord: closing a command's output does not
 // wait for the disk (the command's round trip would), yet the record that
 // names the output is committed only once the output is synced.

@@ -79,11 +79,15 @@ func (l *Log) Output(sandboxID string, pid int, stream string) (*Output, error) 
 func (o *Output) open() {
 	o.opened = true
 	l := o.l
-	if err := l.root.MkdirAll(o.sub, 0o700); err != nil {
-		l.log.Warn("audit: keeping command output", "sandbox", o.sandbox, "err", err)
-		return
+	// The sandbox's directory is made by its first stream kept (or again
+	// after pruning emptied it): the others find it there.
+	name := path.Join(o.sub, o.name)
+	f, err := l.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = l.root.MkdirAll(o.sub, 0o700); err == nil {
+			f, err = l.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		}
 	}
-	f, err := l.root.OpenFile(path.Join(o.sub, o.name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		l.log.Warn("audit: keeping command output", "sandbox", o.sandbox, "err", err)
 		return
