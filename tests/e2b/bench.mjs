@@ -3,9 +3,14 @@
 // Not part of the test run. Run through run.sh (which starts a daemon):
 //   ./run.sh --bench            # 20 iterations of base and minimal
 //   ITERATIONS=50 TEMPLATES=base ./run.sh --bench
+//   PAUSE_MS=1500 ./run.sh --bench   # round trips spaced, as an agent's usually are
 import { Sandbox } from 'e2b'
 
 const iterations = Number(process.env.ITERATIONS || 20)
+// A pause before each round trip: back to back (the default) the machine
+// is busy with the previous round trip's teardown and refills; spaced, a
+// round trip meets an idle machine, as an interactive agent's does.
+const pauseMs = Number(process.env.PAUSE_MS || 0)
 const templates = (process.env.TEMPLATES || 'base,minimal').split(',')
 
 function pct(sorted, p) {
@@ -25,6 +30,7 @@ for (const template of templates) {
   }
   const rows = { create: [], run: [], kill: [], total: [] }
   for (let i = 0; i < iterations; i++) {
+    if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs))
     const t0 = performance.now()
     const s = await Sandbox.create(template)
     const t1 = performance.now()
@@ -38,7 +44,7 @@ for (const template of templates) {
     rows.kill.push(t3 - t2)
     rows.total.push(t3 - t0)
   }
-  console.log(`template ${template}, ${iterations} iterations (sequential):`)
+  console.log(`template ${template}, ${iterations} iterations (sequential${pauseMs > 0 ? `, ${pauseMs} ms apart` : ''}):`)
   for (const [k, v] of Object.entries(rows)) {
     const s = [...v].sort((a, b) => a - b)
     console.log(`  ${k.padEnd(7)} p50 ${fmt(pct(s, 50)).padStart(9)}  p99 ${fmt(pct(s, 99)).padStart(9)}  max ${fmt(s[s.length - 1]).padStart(9)}`)
