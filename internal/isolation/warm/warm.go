@@ -123,6 +123,10 @@ type Pool struct {
 	fillTime time.Duration // how long starting one took lately (0: unknown yet)
 	// +checklocks:mu
 	quickFill time.Duration // how long starting one takes when it runs unhindered (see fill)
+	// +checklocks:mu
+	lastTake time.Time // when a create last took a ready sandbox
+	// +checklocks:mu
+	delay time.Duration // how long the refills started now wait (refillDelay if 0)
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -254,8 +258,14 @@ func (p *Pool) take(ctx context.Context) isolation.Sandbox {
 	sb, dead := p.popLocked()
 	if sb != nil {
 		p.budget.Release()
+		now := time.Now()
+		if now.Sub(p.lastTake) > quietBeforeTake && len(p.ready) > 0 {
+			p.delay = quietRefillDelay
+		}
+		p.lastTake = now
 	}
 	p.refillLocked()
+	p.delay = 0
 	p.mu.Unlock()
 	p.discard(ctx, dead)
 	return sb
@@ -399,7 +409,7 @@ func (p *Pool) refillLocked() {
 		return
 	}
 	for len(p.ready)+len(p.fillStarts) < p.opts.Size && p.budget.TryAcquire() {
-		start := time.Now().Add(refillDelay)
+		start := time.Now().Add(max(p.delay, refillDelay))
 		p.fillStarts = append(p.fillStarts, start)
 		p.wg.Add(1)
 		go p.fill(p.target, start)
@@ -441,6 +451,16 @@ func fillWait(now, first time.Time, fillTime, quickFill time.Duration) (deadline
 // sandbox takes tens of milliseconds of CPU, which on a small machine would
 // otherwise slow the very sandbox just handed out.
 const refillDelay = 25 * time.Millisecond
+
+// A take after a quiet spell (none for quietBeforeTake) is usually followed
+// at once by the sandbox's first command, which may well outlast
+// refillDelay (a login shell's start on a larger template takes 20 ms
+// and more): its refill waits quietRefillDelay instead, as long as another
+// sandbox is ready. Takes closer together refill after refillDelay.
+const (
+	quietBeforeTake  = time.Second
+	quietRefillDelay = 150 * time.Millisecond
+)
 
 // fill starts one sandbox of t, whose unit of the budget is already taken,
 // at start (its entry in fillStarts).

@@ -321,3 +321,37 @@ func TestCreateTakesTheSandboxOnItsWay(t *testing.T) {
 	}
 	t.Logf("the second create waited %v for the sandbox on its way (a start takes %v)", time.Since(start), startTime)
 }
+
+// TestQuietTakeRefillsLater: after a quiet spell, the sandbox a create
+// took is replaced no sooner than 150 ms later (the sandbox's first command
+// runs meanwhile), while another is ready; a take right after it is
+// replaced at once.
+func TestQuietTakeRefillsLater(t *testing.T) {
+	const quietRefillDelay = 150 * time.Millisecond // the pool's
+	host := fake.NewHost()
+	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 2})
+	ctx := t.Context()
+	pool.Start(target, nil)
+	if err := pool.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, host, 2)
+	t0 := time.Now()
+	if _, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, host, 3) // the one handed out, the one left, its replacement
+	if d := time.Since(t0); d < quietRefillDelay {
+		t.Fatalf("replaced %v after a quiet take, want no sooner than %v", d, quietRefillDelay)
+	}
+	waitRunning(t, host, 3)
+	for range 2 { // not quiet: the second leaves none ready
+		if _, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRunning(t, host, 5)
+	if err := pool.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
