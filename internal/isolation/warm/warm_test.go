@@ -335,6 +335,12 @@ func TestQuietTakeRefillsLater(t *testing.T) {
 	if err := pool.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Both ready (not only started): the rule holds while another is.
+	for deadline := time.Now().Add(10 * time.Second); pool.Ready() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ready after 10s, want 2", pool.Ready())
+		}
+	}
 	waitRunning(t, host, 2)
 	t0 := time.Now()
 	if _, err := pool.Create(ctx, isolation.Spec{RootFS: target.RootFS, Limits: target.Limits}); err != nil {
