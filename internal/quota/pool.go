@@ -7,10 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/internal/quiet"
 )
 
 // The pool keeps filesystems of the default size formatted and mounted in
@@ -37,23 +38,19 @@ type pool struct {
 	// mount lock, so the background worker does it, not take.
 	vacated chan string
 
-	// lastTake is when NewDir last took a ready filesystem (UnixNano).
-	lastTake atomic.Int64
+	takes quiet.Events // NewDir's takes of ready filesystems
 
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-// A take after a quiet spell (none for quietBeforeTake) belongs to a
-// create that is usually followed at once by its sandbox's first command:
-// making its replacement (a copy of the formatted image, a loop device, a
-// mount: milliseconds of CPU and the kernel's work after them) would run
-// beside both, on a small machine slowing them. It starts refillDefer
-// later, unless no filesystem is left ready. Takes closer together start
-// it at once.
-const quietBeforeTake = time.Second
-
-// refillDefer is a variable for tests.
+// A take after a quiet spell (package quiet) belongs to a create that is
+// usually followed at once by its sandbox's first command: making its
+// replacement (a copy of the formatted image, a loop device, a mount:
+// milliseconds of CPU and the kernel's work after them) would run beside
+// both, on a small machine slowing them. It starts refillDefer later,
+// unless no filesystem is left ready. Takes closer together start it at
+// once. refillDefer is a variable for tests.
 var refillDefer = 100 * time.Millisecond
 
 const (
@@ -177,8 +174,7 @@ func (p *pool) take(name string, limit int64) (string, bool, error) {
 		p.nudge()
 		return "", false, nil
 	}
-	now := time.Now().UnixNano()
-	if quiet := now-p.lastTake.Swap(now) > int64(quietBeforeTake); quiet && len(p.ready) > 0 {
+	if p.takes.Note() && len(p.ready) > 0 {
 		time.AfterFunc(refillDefer, p.nudge)
 	} else {
 		p.nudge()

@@ -350,13 +350,7 @@ func TestPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(f.pool.ready) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("pool never filled")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitPoolReady(t, f, 2)
 	dir, err := f.NewDir(t.Context(), "pooled", DefaultLimit)
 	if err != nil {
 		t.Fatal(err)
@@ -392,17 +386,33 @@ func TestPool(t *testing.T) {
 	if len(ents) != 0 {
 		t.Errorf("trash not emptied on Open: %d entries", len(ents))
 	}
-	t.Cleanup(func() {
-		f3.Close()
-		for _, d := range []string{poolDir, trashDir} {
-			p := filepath.Join(opts.MountDir, d)
-			ents, _ := os.ReadDir(p)
-			for _, e := range ents {
-				f3.destroy(filepath.Join(p, e.Name()), "")
-			}
+	t.Cleanup(func() { closePool(f3, opts.MountDir) })
+}
+
+// waitPoolReady waits until f's pool holds n ready filesystems.
+func waitPoolReady(t *testing.T, f *FS, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(f.pool.ready) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d filesystems ready after 20s, want %d", len(f.pool.ready), n)
 		}
-		unix.Unmount(opts.MountDir, unix.MNT_DETACH)
-	})
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// closePool closes f and removes what its pool left under mountDir: the
+// ready and retired filesystems, and the private mount of the directory.
+func closePool(f *FS, mountDir string) {
+	f.Close()
+	for _, d := range []string{poolDir, trashDir} {
+		p := filepath.Join(mountDir, d)
+		ents, _ := os.ReadDir(p)
+		for _, e := range ents {
+			f.destroy(filepath.Join(p, e.Name()), "")
+		}
+	}
+	unix.Unmount(mountDir, unix.MNT_DETACH)
 }
 
 // TestPoolRefillDeferredAfterQuietTake: the first take after a quiet
@@ -419,28 +429,8 @@ func TestPoolRefillDeferredAfterQuietTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		f.Close()
-		for _, d := range []string{poolDir, trashDir} {
-			p := filepath.Join(opts.MountDir, d)
-			ents, _ := os.ReadDir(p)
-			for _, e := range ents {
-				f.destroy(filepath.Join(p, e.Name()), "")
-			}
-		}
-		unix.Unmount(opts.MountDir, unix.MNT_DETACH)
-	})
-	waitReady := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for len(f.pool.ready) < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d filesystems ready after 20s, want %d", len(f.pool.ready), n)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitReady(2)
+	t.Cleanup(func() { closePool(f, opts.MountDir) })
+	waitPoolReady(t, f, 2)
 	if _, err := f.NewDir(t.Context(), "first", DefaultLimit); err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +442,7 @@ func TestPoolRefillDeferredAfterQuietTake(t *testing.T) {
 	if _, err := f.NewDir(t.Context(), "second", DefaultLimit); err != nil {
 		t.Fatal(err)
 	}
-	waitReady(2)
+	waitPoolReady(t, f, 2)
 	for _, name := range []string{"first", "second"} {
 		if err := f.RemoveDir(name); err != nil {
 			t.Error(err)

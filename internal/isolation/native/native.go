@@ -23,6 +23,7 @@ import (
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/quiet"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
@@ -112,11 +113,10 @@ type Backend struct {
 	// ready holds inits started ahead (readyinit.go); room holds one token
 	// per init the filler may start, true when that start may wait
 	// (refillDefer). Both nil without Options.ReadyInits.
-	ready   chan *readyInit
-	room    chan bool
-	readyCg *cgroup.Group // where they wait (readyGroup)
-	// lastTake is when a create last took a ready init (UnixNano).
-	lastTake  atomic.Int64
+	ready     chan *readyInit
+	room      chan bool
+	readyCg   *cgroup.Group // where they wait (readyGroup)
+	takes     quiet.Events  // creates' takes of ready inits
 	stopReady context.CancelFunc
 	readyDone chan struct{}
 	sockDir   string

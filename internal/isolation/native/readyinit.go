@@ -148,9 +148,8 @@ func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 		select {
 		case r := <-b.ready:
 			if r.alive() {
-				now := time.Now().UnixNano()
-				quiet := now-b.lastTake.Swap(now) > int64(quietBeforeTake)
-				return r, sync.OnceFunc(func() { b.room <- quiet }), nil
+				deferrable := b.takes.Note()
+				return r, sync.OnceFunc(func() { b.room <- deferrable }), nil
 			}
 			b.room <- false
 			r.discard()
@@ -162,16 +161,13 @@ func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 	}
 }
 
-// A create that comes after a quiet spell (no create took a ready init for
-// quietBeforeTake) is usually followed at once by its sandbox's first
-// command, and the init that replaces the one it took (tens of
-// milliseconds of CPU) would start beside that command, on a machine of
-// two cores slowing it by a fifth. Such a refill waits refillDefer, or
-// until no init is left ready, whichever comes first. Creates that come
-// closer together are refilled at once, as are inits lost or discarded.
-const quietBeforeTake = time.Second
-
-// refillDefer is a variable for tests.
+// A create that comes after a quiet spell (package quiet) is usually
+// followed at once by its sandbox's first command, and the init that
+// replaces the one it took (tens of milliseconds of CPU) would start beside
+// that command, on a machine of two cores slowing it by a fifth. Such a
+// refill waits refillDefer, or until no init is left ready, whichever comes
+// first. Creates that come closer together are refilled at once, as are
+// inits lost or discarded. refillDefer is a variable for tests.
 var refillDefer = 50 * time.Millisecond
 
 // waitRefill waits, before a refill whose take followed a quiet spell,

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/quiet"
 )
 
 // Budget is the count of sandboxes the pool's sandboxes share with
@@ -123,10 +124,8 @@ type Pool struct {
 	fillTime time.Duration // how long starting one took lately (0: unknown yet)
 	// +checklocks:mu
 	quickFill time.Duration // how long starting one takes when it runs unhindered (see fill)
-	// +checklocks:mu
-	lastTake time.Time // when a create last took a ready sandbox
-	// +checklocks:mu
-	delay time.Duration // how long the refills started now wait (refillDelay if 0)
+
+	takes quiet.Events // creates' takes of ready sandboxes
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -170,7 +169,7 @@ func (p *Pool) Start(t Target, budget Budget) {
 		return
 	}
 	p.target, p.budget = t, budget
-	p.refillLocked()
+	p.refillLocked(refillDelay)
 	p.mu.Unlock()
 	p.wg.Add(1)
 	go p.refiller()
@@ -256,16 +255,14 @@ func (p *Pool) Held() int {
 func (p *Pool) take(ctx context.Context) isolation.Sandbox {
 	p.mu.Lock()
 	sb, dead := p.popLocked()
+	delay := refillDelay
 	if sb != nil {
 		p.budget.Release()
-		now := time.Now()
-		if now.Sub(p.lastTake) > quietBeforeTake && len(p.ready) > 0 {
-			p.delay = quietRefillDelay
+		if p.takes.Note() && len(p.ready) > 0 {
+			delay = quietRefillDelay
 		}
-		p.lastTake = now
 	}
-	p.refillLocked()
-	p.delay = 0
+	p.refillLocked(delay)
 	p.mu.Unlock()
 	p.discard(ctx, dead)
 	return sb
@@ -302,7 +299,7 @@ func (p *Pool) awaitFill(ctx context.Context) isolation.Sandbox {
 		sb, dead := p.popLocked()
 		if sb != nil {
 			p.budget.Release()
-			p.refillLocked()
+			p.refillLocked(refillDelay)
 		}
 		starting, changed := len(p.fillStarts), p.changed
 		p.mu.Unlock()
@@ -401,15 +398,15 @@ func (p *Pool) signalLocked() {
 }
 
 // refillLocked starts sandboxes until the pool holds Size, as far as the
-// budget allows.
+// budget allows, each delay from now.
 //
 // +checklocks:p.mu
-func (p *Pool) refillLocked() {
+func (p *Pool) refillLocked(delay time.Duration) {
 	if p.closed || p.budget == nil || time.Now().Before(p.notBefore) {
 		return
 	}
 	for len(p.ready)+len(p.fillStarts) < p.opts.Size && p.budget.TryAcquire() {
-		start := time.Now().Add(max(p.delay, refillDelay))
+		start := time.Now().Add(delay)
 		p.fillStarts = append(p.fillStarts, start)
 		p.wg.Add(1)
 		go p.fill(p.target, start)
@@ -428,7 +425,7 @@ func (p *Pool) refiller() {
 		case <-t.C:
 		}
 		p.mu.Lock()
-		p.refillLocked()
+		p.refillLocked(refillDelay)
 		p.mu.Unlock()
 	}
 }
@@ -452,15 +449,12 @@ func fillWait(now, first time.Time, fillTime, quickFill time.Duration) (deadline
 // otherwise slow the very sandbox just handed out.
 const refillDelay = 25 * time.Millisecond
 
-// A take after a quiet spell (none for quietBeforeTake) is usually followed
-// at once by the sandbox's first command, which may well outlast
-// refillDelay (a login shell's start on a larger template takes 20 ms
-// and more): its refill waits quietRefillDelay instead, as long as another
-// sandbox is ready. Takes closer together refill after refillDelay.
-const (
-	quietBeforeTake  = time.Second
-	quietRefillDelay = 150 * time.Millisecond
-)
+// A take after a quiet spell (package quiet) is usually followed at once by
+// the sandbox's first command, which may well outlast refillDelay (a login
+// shell's start on a larger template takes 20 ms and more): its refill
+// waits quietRefillDelay instead, as long as another sandbox is ready.
+// Takes closer together refill after refillDelay.
+const quietRefillDelay = 150 * time.Millisecond
 
 // fill starts one sandbox of t, whose unit of the budget is already taken,
 // at start (its entry in fillStarts).

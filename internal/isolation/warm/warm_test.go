@@ -55,14 +55,22 @@ func waitRunning(t *testing.T, host *fake.Host, n int) {
 	}
 }
 
-func TestPool(t *testing.T) {
-	host := fake.NewHost()
-	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 2})
-	ctx := t.Context()
+// startPool starts a pool of size on a fake backend on host, with no
+// budget, and waits until it has a sandbox ready.
+func startPool(t *testing.T, host *fake.Host, size int) *warm.Pool {
+	t.Helper()
+	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: size})
 	pool.Start(target, nil)
-	if err := pool.WaitReady(ctx); err != nil {
+	if err := pool.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return pool
+}
+
+func TestPool(t *testing.T) {
+	host := fake.NewHost()
+	pool := startPool(t, host, 2)
+	ctx := t.Context()
 	waitRunning(t, host, 2)
 	pooled := host.Running()
 	// A create with the pooled template and limits gets a pooled sandbox.
@@ -329,12 +337,8 @@ func TestCreateTakesTheSandboxOnItsWay(t *testing.T) {
 func TestQuietTakeRefillsLater(t *testing.T) {
 	const quietRefillDelay = 150 * time.Millisecond // the pool's
 	host := fake.NewHost()
-	pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 2})
+	pool := startPool(t, host, 2)
 	ctx := t.Context()
-	pool.Start(target, nil)
-	if err := pool.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// Both ready (not only started): the rule holds while another is.
 	for deadline := time.Now().Add(10 * time.Second); pool.Ready() < 2; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
