@@ -32,10 +32,6 @@ import (
 // is smaller than the work of sending the data they answer. A flood
 // gains nothing from it: past the rate, the sandbox sends at most one
 // packet for every data segment the stack chose to send it.
-//
-// It writes the stack's SYN-ACKs from a goroutine of their own (see
-// WritePackets): one per handshake the stack answers, which MaxPending
-// and the new-flow rate bound, living for one write.
 type filterEndpoint struct {
 	nested.Endpoint
 	ctx    context.Context
@@ -98,43 +94,7 @@ func (e *filterEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.E
 			break
 		}
 	}
-	if hasSYNACK(pkts) {
-		// The stack writes a SYN-ACK holding the new endpoint's lock
-		// (not as its user), and the sandbox's kernel answers it inside
-		// the write to the TUN device: the reader delivers that ACK at
-		// once, and gVisor's TCP processor, finding the lock taken,
-		// requeues the endpoint and retries without pause until the
-		// lock is free (about 2,800 times per connection on the real
-		// path, counted in an instrumented gVisor; 140 now), taking a
-		// CPU the sandbox and the writer need. Written from a
-		// goroutine of its own, the SYN-ACK leaves once the stack has
-		// let the lock go, and the ACK finds it free.
-		for _, pkt := range pkts.AsSlice() {
-			pkt.IncRef()
-		}
-		go func() {
-			e.Endpoint.WritePackets(pkts)
-			for _, pkt := range pkts.AsSlice() {
-				pkt.DecRef()
-			}
-		}()
-		return pkts.Len(), nil
-	}
 	return e.Endpoint.WritePackets(pkts)
-}
-
-// hasSYNACK reports whether pkts holds a TCP SYN-ACK.
-func hasSYNACK(pkts stack.PacketBufferList) bool {
-	for _, pkt := range pkts.AsSlice() {
-		if pkt.TransportProtocolNumber != header.TCPProtocolNumber {
-			continue
-		}
-		if h := header.TCP(pkt.TransportHeader().Slice()); len(h) >= header.TCPMinimumSize &&
-			h.Flags().Contains(header.TCPFlagSyn|header.TCPFlagAck) {
-			return true
-		}
-	}
-	return false
 }
 
 func acceptPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {

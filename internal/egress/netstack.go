@@ -347,7 +347,8 @@ func (st *Stack) build() error {
 		}
 	}
 	pace := rate.NewLimiter(rate.Limit(st.opts.PacketRate), int(max(1, st.opts.PacketRate/10)))
-	if err := s.CreateNIC(nicID, newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)); err != nil {
+	fep := newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)
+	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: newSendQueue(fep)}); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous + spoofing: accept packets for every destination and

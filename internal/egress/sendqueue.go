@@ -1,0 +1,125 @@
+package egress
+
+import (
+	"sync"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// sendQueue is the NIC's queueing discipline: the stack's packets to the
+// sandbox are queued, and a goroutine of the queue's own writes them to
+// the link. A write to the sandbox's TUN device is the heaviest step of a
+// download: the packet is copied into the sandbox's kernel, which receives
+// it (TCP, its socket, the wake-up of its reader) inside the write. Made
+// on the stack's goroutines, as gVisor does by default, it ran in series
+// with the relay that read the upstream and handed the bytes to the stack,
+// and a download kept one CPU of two busy and the other mostly idle; on
+// the queue's goroutine the two run side by side.
+//
+// The stack also never writes while it holds an endpoint's lock any more:
+// a SYN-ACK, which the sandbox's kernel answers inside the write, used to
+// be written so, and gVisor's TCP processor, given that answer, spun on
+// the lock until the write returned.
+//
+// An idle queue holds no goroutine: one is started when a packet arrives
+// at an empty queue and ends once it has written all there was. At most
+// maxQueued packets wait; past that a packet is refused, as by a full
+// device queue (TCP sends it again). A queued TCP segment shares its
+// bytes with the sender's retransmission queue, so queueing it holds
+// little more than the segment's header.
+type sendQueue struct {
+	lower stack.LinkWriter
+
+	mu sync.Mutex
+	// +checklocks:mu
+	pkts []*stack.PacketBuffer
+	// +checklocks:mu
+	writing bool // a writer goroutine runs
+	// +checklocks:mu
+	closed bool
+
+	wg sync.WaitGroup // the writer
+}
+
+var _ stack.QueueingDiscipline = (*sendQueue)(nil)
+
+// maxQueued bounds the packets waiting in a sendQueue: a send buffer's
+// worth of the largest segments (16) for many flows at once. The device
+// takes every write at once (the sandbox's kernel receives the packet
+// inside it), so the queue only grows while its writer waits for a CPU.
+const maxQueued = 1024
+
+// writeBatch is how many queued packets the writer takes at a time.
+const writeBatch = 64
+
+func newSendQueue(lower stack.LinkWriter) *sendQueue {
+	return &sendQueue{lower: lower}
+}
+
+// WritePacket implements stack.QueueingDiscipline: pkt is queued (the
+// queue holds a reference) and written by the queue's goroutine.
+func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return &tcpip.ErrClosedForSend{}
+	}
+	if len(q.pkts) >= maxQueued {
+		return &tcpip.ErrNoBufferSpace{}
+	}
+	q.pkts = append(q.pkts, pkt.IncRef())
+	if !q.writing {
+		q.writing = true
+		q.wg.Add(1)
+		go q.write()
+	}
+	return nil
+}
+
+// write writes the queued packets in order, in batches, until the queue
+// is empty or closed.
+func (q *sendQueue) write() {
+	defer q.wg.Done()
+	var batch stack.PacketBufferList
+	for {
+		q.mu.Lock()
+		if q.closed || len(q.pkts) == 0 {
+			q.writing = false
+			if len(q.pkts) == 0 && cap(q.pkts) > writeBatch {
+				q.pkts = nil // an idle sandbox keeps no burst's backlog array
+			}
+			q.mu.Unlock()
+			return
+		}
+		n := min(len(q.pkts), writeBatch)
+		for i, pkt := range q.pkts[:n] {
+			batch.PushBack(pkt)
+			q.pkts[i] = nil
+		}
+		if n == len(q.pkts) {
+			q.pkts = q.pkts[:0]
+		} else {
+			q.pkts = append(q.pkts[:0], q.pkts[n:]...)
+		}
+		q.mu.Unlock()
+		q.lower.WritePackets(batch) // a packet the link refuses is dropped
+		batch.Reset()               // drops the queue's references
+	}
+}
+
+// Close implements stack.QueueingDiscipline: it refuses further packets,
+// waits for a write under way, and drops what is still queued.
+func (q *sendQueue) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.wg.Wait()
+	q.mu.Lock()
+	pkts := q.pkts
+	q.pkts = nil
+	q.mu.Unlock()
+	for _, pkt := range pkts {
+		pkt.DecRef()
+	}
+}
