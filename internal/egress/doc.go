@@ -71,8 +71,8 @@
 //     towards the upstream and a 256 KiB one towards the sandbox,
 //     goroutines and state), a small one 192 KiB (buffers fixed at
 //     16 KiB, 64 KiB relay buffers). A full flow that has moved 1 MiB
-//     towards the sandbox gets a 1 MiB send buffer if its share can pay
-//     the 768 KiB more, charged until it ends. Full flows may take half of the share (64 MiB by default),
+//     towards the sandbox gets a 2 MiB send buffer if its share can pay
+//     the 1,792 KiB more, charged until it ends. Full flows may take half of the share (64 MiB by default),
 //     small ones the rest; a flow the share cannot pay for is refused
 //     ([ReasonLimit]), as is one past [Options.MaxConns] (256). The part
 //     of a share above its floor (4 MiB) also counts against the daemon's

@@ -42,8 +42,8 @@ type filterEndpoint struct {
 
 // maxPaceCredit bounds the packets a sandbox may bank past the packet
 // rate: a segment window's worth of acknowledgements (a flow's send
-// buffer holds at most 16 of the largest segments), for every flow a
-// sandbox could have sending at once, with room to spare.
+// buffer holds at most 32 of the largest segments), for the flows a
+// sandbox could have sending at once.
 const maxPaceCredit = 1024
 
 func newFilterEndpoint(ctx context.Context, child stack.LinkEndpoint, pace *rate.Limiter, paced *atomic.Int64) *filterEndpoint {

@@ -44,8 +44,8 @@ type sendQueue struct {
 
 var _ stack.QueueingDiscipline = (*sendQueue)(nil)
 
-// maxQueued bounds the packets waiting in a sendQueue: a send buffer's
-// worth of the largest segments (16) for many flows at once. The device
+// maxQueued bounds the packets waiting in a sendQueue: a bulk flow's send
+// buffer of the largest segments (32) for many flows at once. The device
 // takes every write at once (the sandbox's kernel receives the packet
 // inside it), so the queue only grows while its writer waits for a CPU.
 const maxQueued = 1024

@@ -28,7 +28,7 @@ const (
 	// full flow, taken once a read fills the small one (forward.go: downRelaySizes).
 	relayBufSize     = 64 << 10
 	bulkRelayBufSize = 256 << 10
-	bulkSendBufSize  = 1 << 20
+	bulkSendBufSize  = 2 << 20
 	bulkAfter        = 1 << 20
 	// flowExtra: the peek buffer, goroutine stacks and endpoint state.
 	flowExtra     = 32 << 10
