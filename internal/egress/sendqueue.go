@@ -12,15 +12,15 @@ import (
 // the link. A write to the sandbox's TUN device is the heaviest step of a
 // download: the packet is copied into the sandbox's kernel, which receives
 // it (TCP, its socket, the wake-up of its reader) inside the write. Made
-// on the stack's goroutines, as gVisor does by default, it ran in series
-// with the relay that read the upstream and handed the bytes to the stack,
-// and a download kept one CPU of two busy and the other mostly idle; on
-// the queue's goroutine the two run side by side.
+// on the stack's goroutines (gVisor's default), it runs in series with
+// the relay that reads the upstream and hands the bytes to the stack: a
+// download then left about a third of two CPUs idle. On the queue's
+// goroutine the two run side by side.
 //
-// The stack also never writes while it holds an endpoint's lock any more:
-// a SYN-ACK, which the sandbox's kernel answers inside the write, used to
-// be written so, and gVisor's TCP processor, given that answer, spun on
-// the lock until the write returned.
+// Nor does the stack write to the device while it holds an endpoint's
+// lock: the sandbox's kernel answers a SYN-ACK inside its write, and
+// gVisor's TCP processor, given that answer while the lock was held, spun
+// on it until the write returned.
 //
 // An idle queue holds no goroutine: one is started when a packet arrives
 // at an empty queue and ends once it has written all there was. At most
