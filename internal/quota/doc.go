@@ -23,7 +23,7 @@
 //	<imageDir>/.seed-<size>.img
 //	                        an empty image formatted once by mkfs.ext4; every
 //	                        new image of that size is a sparse copy of its
-//	                        allocated blocks (about 600 KiB for 1 GiB), so a
+//	                        allocated blocks (about 150 KiB for 1 GiB), so a
 //	                        new filesystem costs no mkfs run
 //
 // The loop device is set up from Go (LOOP_CTL_GET_FREE + LOOP_CONFIGURE,
