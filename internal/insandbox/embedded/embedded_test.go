@@ -61,7 +61,7 @@ func TestKeepAndCollect(t *testing.T) {
 // What Keep wrote, or found, is not left in the page cache: the
 // processes that run it read it in again themselves (see dropCache).
 func TestKeepLeavesNothingCached(t *testing.T) {
-	dir := diskDir(t)
+	dir := t.TempDir()
 	content := bytes.Repeat([]byte{0xc3}, 4<<20)
 	cached := func(p string) int {
 		t.Helper()
@@ -104,25 +104,4 @@ func TestKeepLeavesNothingCached(t *testing.T) {
 	if n := cached(p); n != 0 {
 		t.Errorf("%d pages of a file Keep found are cached, want none", n)
 	}
-}
-
-// diskDir returns a temporary directory on a filesystem whose page cache
-// can be dropped: not tmpfs, whose pages are the file itself (as /tmp is
-// on some systems).
-func diskDir(t *testing.T) string {
-	t.Helper()
-	for _, parent := range []string{os.TempDir(), "/var/tmp"} {
-		var st unix.Statfs_t
-		if err := unix.Statfs(parent, &st); err != nil || st.Type == unix.TMPFS_MAGIC {
-			continue
-		}
-		dir, err := os.MkdirTemp(parent, "fence-embedded-")
-		if err != nil {
-			continue
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		return dir
-	}
-	t.Skip("no directory on a disk filesystem to drop a file's page cache in")
-	return ""
 }
