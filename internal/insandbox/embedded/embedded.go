@@ -13,8 +13,6 @@
 //     leaves at most a temporary file, which the next Extract removes.
 //   - The file is owned by the extracting user (root for the daemon) and
 //     read-only (0555), in a directory only its owner may write (0711).
-//   - What the page cache holds of it unmapped is dropped once it is in
-//     place, written or found (see dropCache).
 //   - Resolve asks the fence binary at the given path, not the running
 //     process: a test or tool that runs backends in-process finds the
 //     binary that fence binary carries.
@@ -34,8 +32,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Arg is the argument with which the fence binary extracts the in-sandbox
@@ -85,7 +81,6 @@ func Keep(dir, prefix string, src io.ReadSeeker) (string, error) {
 	if _, err := os.Stat(path); err == nil {
 		now := time.Now()
 		_ = os.Chtimes(path, now, now) // in use: not stale
-		dropCache(path)
 		return path, nil
 	}
 	if _, err := src.Seek(0, io.SeekStart); err != nil {
@@ -112,29 +107,7 @@ func Keep(dir, prefix string, src io.ReadSeeker) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
-	dropCache(path)
 	return path, nil
-}
-
-// dropCache drops what the page cache holds of the file at path and no
-// process maps, so that the processes that run it next read it in again
-// as the kernel reads an executable in at its first use, in small folios,
-// not the large ones (up to 2 MiB) a file written in one go is cached in.
-// Every sandbox maps the in-sandbox binary, and on machines whose kernel
-// samples memory accesses (DAMON, on the machines fence runs on), a check
-// of a page in a large folio can walk every page table entry of that
-// folio in every process that maps it: with 1,000 sandboxes idle,
-// the kernel's sampling took 80–99 ms of CPU per second with the binary
-// in large folios and 22–25 with it read in small ones, and with 2,000
-// idle 158–235 against 38–56 (the machine's whole CPU time 490–569 ms
-// per second against 318–353). Best effort.
-func dropCache(path string) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return
-	}
-	_ = unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
-	unix.Close(fd)
 }
 
 // collect removes temporary files of crashed extractions and binaries of

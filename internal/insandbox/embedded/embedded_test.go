@@ -6,9 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // Keep names a file by its content, writes it once, read-only, and marks
@@ -55,53 +52,5 @@ func TestKeepAndCollect(t *testing.T) {
 		if _, err := os.Stat(f); (err == nil) != want {
 			t.Errorf("%s kept = %v after collect, want %v", filepath.Base(f), err == nil, want)
 		}
-	}
-}
-
-// What Keep wrote, or found, is not left in the page cache: the
-// processes that run it read it in again themselves (see dropCache).
-func TestKeepLeavesNothingCached(t *testing.T) {
-	dir := t.TempDir()
-	content := bytes.Repeat([]byte{0xc3}, 4<<20)
-	cached := func(p string) int {
-		t.Helper()
-		f, err := os.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		m, err := unix.Mmap(int(f.Fd()), 0, len(content), unix.PROT_READ, unix.MAP_SHARED)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Munmap(m)
-		vec := make([]byte, (len(content)+os.Getpagesize()-1)/os.Getpagesize())
-		if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
-			t.Fatal(errno)
-		}
-		n := 0
-		for _, v := range vec {
-			n += int(v & 1)
-		}
-		return n
-	}
-	p, err := Keep(dir, prefix, bytes.NewReader(content))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := cached(p); n != 0 {
-		t.Errorf("%d pages of a file Keep wrote are cached, want none", n)
-	}
-	if _, err := os.ReadFile(p); err != nil {
-		t.Fatal(err)
-	}
-	if n := cached(p); n == 0 {
-		t.Fatal("a file just read is not cached: the check cannot tell")
-	}
-	if _, err := Keep(dir, prefix, bytes.NewReader(content)); err != nil {
-		t.Fatal(err)
-	}
-	if n := cached(p); n != 0 {
-		t.Errorf("%d pages of a file Keep found are cached, want none", n)
 	}
 }
