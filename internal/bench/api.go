@@ -199,6 +199,10 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Every process's CPU time is read around the window too (outside
+	// it: the reading is this process's work), to name where the
+	// machine's time goes besides the daemon.
+	procs0 := sampleProcs()
 	idle0, machine0 := cpuTime(), machineBusy()
 	select {
 	case <-time.After(densityIdle):
@@ -206,6 +210,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 		return ctx.Err()
 	}
 	idleCPU, machineCPU := cpuTime()-idle0, busySince(machine0)
+	procsN := sampleProcs()
 	tasksN := hostTasks()
 	var peerN Result
 	if peer != nil && peer0.Err == nil {
@@ -252,6 +257,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	if quietCPU >= 0 && machineCPU >= 0 {
 		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
 			n, float64(machineCPU.Microseconds())/1000/densityIdle.Seconds(), float64(quietCPU.Microseconds())/1000/densityQuiet.Seconds())
+		if procs0 != nil && procsN != nil {
+			// Each process's time is counted to the tick, so over
+			// thousands of processes the parts do not add up to the
+			// machine's to the millisecond.
+			busiest := describeBusiest(byCommand(procs0, procsN, os.Getpid()), 5, densityIdle)
+			fmt.Fprintf(out, "    of which the daemon %.1f; the busiest other commands %s\n",
+				perSecond(idleCPU, densityIdle), busiest)
+		}
 	}
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
 		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
