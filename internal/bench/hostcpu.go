@@ -11,12 +11,13 @@ import (
 )
 
 // procTimes is the CPU time (user and system, every thread's) of each
-// process on the host, by PID, with its command name.
+// process on the host, by PID, with its command name and start time.
 type procTimes map[int]procTime
 
 type procTime struct {
-	comm string
-	cpu  time.Duration
+	comm  string
+	start int64 // in clock ticks after boot: tells a reused PID apart
+	cpu   time.Duration
 }
 
 // sampleProcs reads /proc/PID/stat of every process on the host; nil if
@@ -43,8 +44,8 @@ func sampleProcs() procTimes {
 	return s
 }
 
-// parseProcStat reads the command name and the user and system time of
-// a process from its /proc/PID/stat line. The name is in parentheses and
+// parseProcStat reads the command name, the start time and the user and
+// system time of a process from its /proc/PID/stat line. The name is in parentheses and
 // may hold spaces and parentheses itself: the fields resume after the
 // last ')'.
 func parseProcStat(line string) (procTime, bool) {
@@ -53,18 +54,20 @@ func parseProcStat(line string) (procTime, bool) {
 		return procTime{}, false
 	}
 	f := strings.Fields(line[end+1:])
-	if len(f) < 13 {
+	if len(f) < 20 {
 		return procTime{}, false
 	}
-	// f[0] is the state (field 3); utime and stime are fields 14 and 15.
+	// f[0] is the state (field 3); utime and stime are fields 14 and 15,
+	// starttime field 22.
 	utime, err1 := strconv.ParseInt(f[11], 10, 64)
 	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
+	start, err3 := strconv.ParseInt(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
 		return procTime{}, false
 	}
 	// In USER_HZ, which Linux fixes at 100 for every architecture fence
 	// runs on.
-	return procTime{comm: line[open+1 : end], cpu: time.Duration(utime+stime) * 10 * time.Millisecond}, true
+	return procTime{comm: line[open+1 : end], start: start, cpu: time.Duration(utime+stime) * 10 * time.Millisecond}, true
 }
 
 // commandCPU is the CPU time the processes of one command name took
@@ -77,15 +80,17 @@ type commandCPU struct {
 
 // byCommand sums, by command name, the CPU time each process present in
 // both samples took between a and b, leaving out the process skip (the
-// daemon, reported on its own), busiest first. Names are cut at their
-// first '/' ("kworker/u8:3-loop12" is a kworker) and at "fence-sandbox"
-// (the in-sandbox binary's file name carries its hash), so that the
+// daemon, reported on its own), busiest first. A process is the same in
+// both if its PID and start time are; its name is the one in b (a
+// kernel worker's changes with its work). Names are cut at their first
+// '/' ("kworker/u8:3-loop12" is a kworker) and at "fence-sandbox" (the
+// in-sandbox binary's file name carries its hash), so that the
 // instances of one program add up.
 func byCommand(a, b procTimes, skip int) []commandCPU {
 	sums := map[string]*commandCPU{}
 	for pid, t1 := range b {
 		t0, ok := a[pid]
-		if !ok || pid == skip || t0.comm != t1.comm {
+		if !ok || pid == skip || t0.start != t1.start {
 			continue
 		}
 		name, _, _ := strings.Cut(t1.comm, "/")

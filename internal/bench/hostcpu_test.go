@@ -9,21 +9,22 @@ import (
 
 func TestParseProcStat(t *testing.T) {
 	for _, tc := range []struct {
-		line string
-		comm string
-		cpu  time.Duration
-		ok   bool
+		line  string
+		comm  string
+		start int64
+		cpu   time.Duration
+		ok    bool
 	}{
 		// A kernel thread, and a name with a space and parentheses.
-		{"83 (kdamond.0) S 2 0 0 0 -1 2129984 0 0 0 0 17 4632 0 0 20 0 1 0 410 0 0", "kdamond.0", 46490 * time.Millisecond, true},
-		{"7 (a) b (c)) R 1 7 7 0 -1 4194560 0 0 0 0 3 4 0 0 20 0 1 0 9 0 0", "a) b (c)", 70 * time.Millisecond, true},
-		{"7 (short) R 1 7", "", 0, false},
-		{"7 (bad) R 1 7 7 0 -1 4194560 0 0 0 0 x 4 0 0", "", 0, false},
-		{"no parentheses", "", 0, false},
+		{"83 (kdamond.0) S 2 0 0 0 -1 2129984 0 0 0 0 17 4632 0 0 20 0 1 0 410 0 0", "kdamond.0", 410, 46490 * time.Millisecond, true},
+		{"7 (a) b (c)) R 1 7 7 0 -1 4194560 0 0 0 0 3 4 0 0 20 0 1 0 9 0 0", "a) b (c)", 9, 70 * time.Millisecond, true},
+		{"7 (short) R 1 7 7 0 -1 4194560 0 0 0 0 3 4 0 0", "", 0, 0, false},
+		{"7 (bad) R 1 7 7 0 -1 4194560 0 0 0 0 x 4 0 0 20 0 1 0 9 0 0", "", 0, 0, false},
+		{"no parentheses", "", 0, 0, false},
 	} {
 		got, ok := parseProcStat(tc.line)
-		if ok != tc.ok || got.comm != tc.comm || got.cpu != tc.cpu {
-			t.Errorf("parseProcStat(%q) = %+v, %v; want {%s %v}, %v", tc.line, got, ok, tc.comm, tc.cpu, tc.ok)
+		if ok != tc.ok || got.comm != tc.comm || got.start != tc.start || got.cpu != tc.cpu {
+			t.Errorf("parseProcStat(%q) = %+v, %v; want {%s %d %v}, %v", tc.line, got, ok, tc.comm, tc.start, tc.cpu, tc.ok)
 		}
 	}
 }
@@ -31,26 +32,26 @@ func TestParseProcStat(t *testing.T) {
 func TestByCommand(t *testing.T) {
 	ms := time.Millisecond
 	a := procTimes{
-		1:  {"process_api", 1000 * ms},
-		2:  {"kworker/u8:3-loop1", 10 * ms},
-		3:  {"kworker/1:0-dio/vda", 0},
-		4:  {"fence-sandbox-8", 20 * ms},
-		5:  {"fence-sandbox-4", 20 * ms},
-		6:  {"fence", 500 * ms}, // the daemon: skipped
-		7:  {"gone", 0},         // exited before b
-		8:  {"bash", 0},         // its PID reused by another command by b
-		10: {"idle", 50 * ms},
+		1:  {"process_api", 1, 1000 * ms},
+		2:  {"kworker/u8:3-loop1", 5, 10 * ms},
+		3:  {"kworker/1:0-dio/vda", 5, 0},
+		4:  {"fence-sandbox-8", 90, 20 * ms},
+		5:  {"fence-sandbox-4", 91, 20 * ms},
+		6:  {"fence", 80, 500 * ms}, // the daemon: skipped
+		7:  {"gone", 95, 0},         // exited before b
+		8:  {"bash", 95, 0},         // its PID reused by b
+		10: {"idle", 96, 50 * ms},
 	}
 	b := procTimes{
-		1:  {"process_api", 3590 * ms},
-		2:  {"kworker/u8:3-loop1", 40 * ms},
-		3:  {"kworker/1:0-dio/vda", 30 * ms},
-		4:  {"fence-sandbox-8", 50 * ms},
-		5:  {"fence-sandbox-4", 40 * ms},
-		6:  {"fence", 900 * ms},
-		8:  {"sleep", 900 * ms},
-		9:  {"new", 900 * ms}, // started after a
-		10: {"idle", 50 * ms},
+		1:  {"process_api", 1, 3590 * ms},
+		2:  {"kworker/u8:3-flush-7:1", 5, 40 * ms}, // a worker renamed with its work
+		3:  {"kworker/1:0-dio/vda", 5, 30 * ms},
+		4:  {"fence-sandbox-8", 90, 50 * ms},
+		5:  {"fence-sandbox-4", 91, 40 * ms},
+		6:  {"fence", 80, 900 * ms},
+		8:  {"bash", 99, 900 * ms},
+		9:  {"new", 99, 900 * ms}, // started after a
+		10: {"idle", 96, 50 * ms},
 	}
 	got := byCommand(a, b, 6)
 	want := []commandCPU{
