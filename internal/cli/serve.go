@@ -326,7 +326,8 @@ func benchCmd(deps Deps) *cobra.Command {
     same client on the host; throughput and new-connection time;
   - with --density N, N idle sandboxes created through the API by 8 clients:
     create rate at the start and at the end, the daemon's memory per idle
-    sandbox, and whether every sandbox still answers.
+    sandbox, the machine's CPU time with them idle and the commands that
+    take most of it, and whether every sandbox still answers.
 
 Absolute times differ between machines (up to 3x on machines of one kind);
 compare the ratios. The daemon's state for the API measures lives in
