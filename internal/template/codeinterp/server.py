@@ -157,7 +157,12 @@ class Context:
                 self.run_silent("__import__('fence_kernel').restore_env()")
 
     def _execute(self, code, emit, gone):
-        msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
+        # Every execution stands alone. With the protocol's default
+        # (stop_on_error), a cell that raises makes the kernel abort the
+        # execute requests that reach it before it has finished with the
+        # error: on a busy machine the next execution is then skipped,
+        # with no output and no error.
+        msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
         interrupted_at = None
         while True:
             if interrupted_at is None and gone():

@@ -68,6 +68,17 @@ test('code interpreter: state, streams, results, errors', async (t) => {
   assert.match(tb, /----> 3 f\(\)/)
   assert.equal((await s.runCode('x')).text, '41')
 
+  // An error does not skip the next execution, even when the kernel is
+  // slow to finish with it (here its event loop is held for a second
+  // right after the cell).
+  const slow = await s.runCode(
+    'import asyncio, time\nasyncio.get_event_loop().call_soon(time.sleep, 1)\nraise ValueError("slow")',
+  )
+  assert.equal(slow.error?.name, 'ValueError')
+  const next = await s.runCode('x')
+  assert.equal(next.error, undefined)
+  assert.equal(next.text, '41')
+
   // A pandas DataFrame: HTML and text.
   const df = await s.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": ["p", "q"]})')
   const r = df.results[0]
