@@ -253,10 +253,10 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 		}
 	}
 	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
-		n, float64(idleCPU.Microseconds())/1000/densityIdle.Seconds(), densityIdle)
+		n, perSecond(idleCPU, densityIdle), densityIdle)
 	if quietCPU >= 0 && machineCPU >= 0 {
 		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
-			n, float64(machineCPU.Microseconds())/1000/densityIdle.Seconds(), float64(quietCPU.Microseconds())/1000/densityQuiet.Seconds())
+			n, perSecond(machineCPU, densityIdle), perSecond(quietCPU, densityQuiet))
 		if procs0 != nil && procsN != nil {
 			// Each process's time is counted to the tick, so over
 			// thousands of processes the parts do not add up to the
