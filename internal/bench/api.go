@@ -379,9 +379,13 @@ func machineBusy() time.Duration {
 		}
 		ticks += v
 	}
-	// USER_HZ, which Linux fixes at 100 for every architecture fence runs on.
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return clockTicks(ticks)
 }
+
+// clockTicks is n of the kernel's clock ticks (/proc's unit of CPU time,
+// USER_HZ, which Linux fixes at 100 for every architecture fence runs on)
+// as a duration.
+func clockTicks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
 // busySince is the machine's CPU time since machineBusy returned t0, -1 if
 // either reading failed.

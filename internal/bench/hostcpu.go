@@ -16,7 +16,7 @@ type procTimes map[int]procTime
 
 type procTime struct {
 	comm  string
-	start int64 // in clock ticks after boot: tells a reused PID apart
+	start int64 // clock ticks after boot: tells a reused PID apart
 	cpu   time.Duration
 }
 
@@ -45,9 +45,9 @@ func sampleProcs() procTimes {
 }
 
 // parseProcStat reads the command name, the start time and the user and
-// system time of a process from its /proc/PID/stat line. The name is in parentheses and
-// may hold spaces and parentheses itself: the fields resume after the
-// last ')'.
+// system time of a process from its /proc/PID/stat line. The name is in
+// parentheses and may hold spaces and parentheses itself: the fields
+// resume after the last ')'.
 func parseProcStat(line string) (procTime, bool) {
 	open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
 	if open < 0 || end < open {
@@ -65,9 +65,7 @@ func parseProcStat(line string) (procTime, bool) {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return procTime{}, false
 	}
-	// In USER_HZ, which Linux fixes at 100 for every architecture fence
-	// runs on.
-	return procTime{comm: line[open+1 : end], start: start, cpu: time.Duration(utime+stime) * 10 * time.Millisecond}, true
+	return procTime{comm: line[open+1 : end], start: start, cpu: clockTicks(utime + stime)}, true
 }
 
 // commandCPU is the CPU time the processes of one command name took
