@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // procTimes is the CPU time (user and system, every thread's) of each
@@ -83,7 +84,7 @@ type commandCPU struct {
 // kernel worker's changes with its work). Names are cut at their first
 // '/' ("kworker/u8:3-loop12" is a kworker) and at "fence-sandbox" (the
 // in-sandbox binary's file name carries its hash), so that the
-// instances of one program add up.
+// instances of one program add up; what is not printable becomes '?'.
 func byCommand(a, b procTimes, skip int) []commandCPU {
 	sums := map[string]*commandCPU{}
 	for pid, t1 := range b {
@@ -95,6 +96,14 @@ func byCommand(a, b procTimes, skip int) []commandCPU {
 		if strings.HasPrefix(name, "fence-sandbox") {
 			name = "fence-sandbox"
 		}
+		// Any process names itself (prctl): a sandbox's, printed as it
+		// is, could put control characters on the operator's terminal.
+		name = strings.Map(func(r rune) rune {
+			if unicode.IsPrint(r) {
+				return r
+			}
+			return '?'
+		}, name)
 		c := sums[name]
 		if c == nil {
 			c = &commandCPU{name: name}

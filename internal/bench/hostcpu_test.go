@@ -41,6 +41,7 @@ func TestByCommand(t *testing.T) {
 		7:  {"gone", 95, 0},         // exited before b
 		8:  {"bash", 95, 0},         // its PID reused by b
 		10: {"idle", 96, 50 * ms},
+		11: {"\x1b[2Jx", 97, 0},
 	}
 	b := procTimes{
 		1:  {"process_api", 1, 3590 * ms},
@@ -52,12 +53,14 @@ func TestByCommand(t *testing.T) {
 		8:  {"bash", 99, 900 * ms},
 		9:  {"new", 99, 900 * ms}, // started after a
 		10: {"idle", 96, 50 * ms},
+		11: {"\x1b[2Jx", 97, 10 * ms}, // a name with a terminal escape
 	}
 	got := byCommand(a, b, 6)
 	want := []commandCPU{
 		{"process_api", 1, 2590 * ms},
 		{"kworker", 2, 60 * ms},
 		{"fence-sandbox", 2, 50 * ms},
+		{"?[2Jx", 1, 10 * ms},
 		{"idle", 1, 0},
 	}
 	if len(got) != len(want) {
@@ -71,7 +74,7 @@ func TestByCommand(t *testing.T) {
 	if s := describeBusiest(got, 2, 10*time.Second); s != "process_api 259.0, kworker 6.0 (2 processes)" {
 		t.Errorf("describeBusiest = %q", s)
 	}
-	if s := describeBusiest(got[3:], 5, time.Second); s != "none" {
+	if s := describeBusiest(got[4:], 5, time.Second); s != "none" {
 		t.Errorf("describeBusiest of idle commands = %q", s)
 	}
 }
