@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 		"api create→run echo→kill, minimal", "api create→run echo→kill, minimal (warm pool)", "density: 12 idle minimal sandboxes",
 		"exec true in every sandbox: 12 of 12 answered", "idle sandbox memory",
 		"bwrap /bin/true with none alive", "threads on the host:", "machine CPU time with the 12 idle:",
-		"of which the daemon ", "; the busiest other commands ",
+		"of which the daemon ", "; the busiest other commands ", "the kernel's pivot_root with none alive ",
 		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
 		"phase: teardown (after kill answered)", "ratios in this run (medians):",
 		"teardown of a cold cycle's sandbox (after kill answered), mean of ",

@@ -115,6 +115,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	if peer != nil {
 		peer0 = peerRun()
 	}
+	pivot0 := kernelPivots(pivotRuns)
 	tasks0 := hostTasks()
 	// The whole machine's CPU time with none alive, to set beside its
 	// time with the n idle: what idle sandboxes cost the host, the
@@ -216,6 +217,10 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	if peer != nil && peer0.Err == nil {
 		peerN = peerRun()
 	}
+	var pivotN Result
+	if pivot0.Err == nil {
+		pivotN = kernelPivots(pivotRuns)
+	}
 	rssLive := rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
@@ -273,6 +278,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	if tasks0 > 0 && tasksN > 0 {
 		fmt.Fprintf(out, "  threads on the host: %d before, %d with the sandboxes idle (%.1f per sandbox)\n",
 			tasks0, tasksN, float64(tasksN-tasks0)/float64(n))
+	}
+	if err := errors.Join(pivot0.Err, pivotN.Err); err != nil {
+		fmt.Fprintf(out, "  the kernel's pivot_root: %v\n", err)
+	} else {
+		// Part of every start's cost that grows with the threads on the
+		// host, whichever runtime starts (kernelPivot).
+		fmt.Fprintf(out, "  the kernel's pivot_root with none alive %s, with the %d idle %s (medians of %d; it walks every thread on the host, once per start of fence or runc, twice of bwrap)\n",
+			ms(pivot0.quantile(0.5)), n, ms(pivotN.quantile(0.5)), pivotRuns)
 	}
 	switch {
 	case peer == nil:

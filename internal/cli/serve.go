@@ -327,7 +327,9 @@ func benchCmd(deps Deps) *cobra.Command {
   - with --density N, N idle sandboxes created through the API by 8 clients:
     create rate at the start and at the end, the daemon's memory per idle
     sandbox, the machine's CPU time with them idle and the commands that
-    take most of it, and whether every sandbox still answers.
+    take most of it, the kernel's pivot_root (which every runtime's start
+    pays, and which walks every thread on the host) with none and with
+    them alive, and whether every sandbox still answers.
 
 Absolute times differ between machines (up to 3x on machines of one kind);
 compare the ratios. The daemon's state for the API measures lives in
