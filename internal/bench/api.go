@@ -260,8 +260,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
 		n, perSecond(idleCPU, densityIdle), densityIdle)
 	if quietCPU >= 0 && machineCPU >= 0 {
-		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
-			n, perSecond(machineCPU, densityIdle), perSecond(quietCPU, densityQuiet))
+		share := ""
+		if cpus := machineCPUs(); cpus > 0 {
+			// What the creates at n alive no longer have, whatever a
+			// create itself costs.
+			share = fmt.Sprintf(" (%.0f%% of its %d CPUs)", perSecond(machineCPU, densityIdle)/10/float64(cpus), cpus)
+		}
+		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second%s, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
+			n, perSecond(machineCPU, densityIdle), share, perSecond(quietCPU, densityQuiet))
 		if procs0 != nil && procsN != nil {
 			// Each process's time is counted to the tick, so over
 			// thousands of processes the parts do not add up to the
@@ -393,6 +399,22 @@ func machineBusy() time.Duration {
 		ticks += v
 	}
 	return clockTicks(ticks)
+}
+
+// machineCPUs is the number of CPUs /proc/stat counts machineBusy over
+// (its cpuN lines), 0 if it cannot be read.
+func machineCPUs() int {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for line := range strings.Lines(string(raw)) {
+		if len(line) > 3 && strings.HasPrefix(line, "cpu") && line[3] >= '0' && line[3] <= '9' {
+			n++
+		}
+	}
+	return n
 }
 
 // clockTicks is n of the kernel's clock ticks (/proc's unit of CPU time,

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,12 @@ func TestSampleProcsSeesThisProcess(t *testing.T) {
 		}
 	}
 	t.Errorf("this process's CPU time did not grow in 10 s of work")
+}
+
+// machineCPUs counts every CPU /proc/stat sums over: at least those this
+// process may run on.
+func TestMachineCPUs(t *testing.T) {
+	if n, want := machineCPUs(), runtime.NumCPU(); n < want {
+		t.Errorf("machineCPUs() = %d, want at least runtime.NumCPU() = %d", n, want)
+	}
 }
