@@ -260,14 +260,14 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
 		n, perSecond(idleCPU, densityIdle), densityIdle)
 	if quietCPU >= 0 && machineCPU >= 0 {
-		share := ""
+		busy, share := perSecond(machineCPU, densityIdle), ""
 		if cpus := machineCPUs(); cpus > 0 {
 			// What the creates at n alive no longer have, whatever a
 			// create itself costs.
-			share = fmt.Sprintf(" (%.0f%% of its %d CPUs)", perSecond(machineCPU, densityIdle)/10/float64(cpus), cpus)
+			share = fmt.Sprintf(" (%.0f%% of its %d CPUs)", busy/10/float64(cpus), cpus)
 		}
 		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second%s, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
-			n, perSecond(machineCPU, densityIdle), share, perSecond(quietCPU, densityQuiet))
+			n, busy, share, perSecond(quietCPU, densityQuiet))
 		if procs0 != nil && procsN != nil {
 			// Each process's time is counted to the tick, so over
 			// thousands of processes the parts do not add up to the
