@@ -34,7 +34,7 @@ const kubeVersion = "v1.37.2"
 
 // kubeBinaries returns kube-apiserver (built by scripts/build-kube.sh) and
 // etcd (Debian's etcd-server). Missing ones skip the test, and fail it
-// under CI, where setup.sh builds them.
+// under CI, where scripts/test.sh builds them (build-kube.sh).
 func kubeBinaries(t *testing.T) (apiserver, etcd string) {
 	t.Helper()
 	apiserver = os.Getenv("FENCE_KUBE_APISERVER")

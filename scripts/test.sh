@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# test.sh: the whole test suite, as root. Sets up first (see setup.sh).
+# test.sh: the whole test suite, as root. Sets up first (see setup.sh), and
+# builds the test-only kube-apiserver for the scale-out tests (build-kube.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FENCE_TEMPLATES=${FENCE_TEMPLATES:-minimal base code-interpreter} scripts/setup.sh
+# kube-apiserver and etcd for the scale-out tests (cached; ~9 min the first time).
+scripts/build-kube.sh
 export FENCE_TEST_TEMPLATES=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}
 export FENCE_BIN="$PWD/bin/fence"
 export PATH=$PATH:/usr/local/go/bin
