@@ -1,10 +1,13 @@
 package native
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -209,5 +212,42 @@ func TestListCancelledMidFile(t *testing.T) {
 				t.Errorf("the context was checked %d times: the reading went on after it was cancelled", got)
 			}
 		})
+	}
+}
+
+// TestExportSparseFile: an export writes a file with holes whole, the
+// holes as zeros, data where it is.
+func TestExportSparseFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	writeAt(t, path, "data", 1<<20)
+	if err := os.Truncate(path, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var buf bytes.Buffer
+	if err := writeLayer(t.Context(), fd, &buf, 8<<20, nil); err != nil {
+		t.Fatalf("writeLayer: %v", err)
+	}
+	want := make([]byte, 2<<20)
+	copy(want[1<<20:], "data")
+	tr := tar.NewReader(&buf)
+	for {
+		hdr, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no changes/f in the export: %v", err)
+		}
+		if hdr.Name != "changes/f" {
+			continue
+		}
+		got, err := io.ReadAll(tr)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("changes/f: %d bytes (%v), want 2 MiB of zeros with data at 1 MiB", len(got), err)
+		}
+		return
 	}
 }
