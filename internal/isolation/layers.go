@@ -34,7 +34,8 @@ var ErrUnsupported = errors.New("not supported by this backend")
 // the sandbox booted on, and lets the processes run on; they see no change.
 // A failed Checkpoint leaves no layer and the sandbox running. Changes
 // lists what the sandbox changed against its template, now (hashing every
-// changed file: it costs what they weigh). Base is the layer the sandbox
+// changed file by its data, holes left unread: it costs the blocks they
+// hold, and a cancelled ctx stops it mid-file). Base is the layer the sandbox
 // booted on, "" for the template alone.
 type Checkpointer interface {
 	Checkpoint(ctx context.Context) (LayerInfo, error)
