@@ -34,7 +34,8 @@ var ErrUnsupported = errors.New("not supported by this backend")
 // the sandbox booted on, and lets the processes run on; they see no change.
 // A failed Checkpoint leaves no layer and the sandbox running. Changes
 // lists what the sandbox changed against its template, now (hashing every
-// changed file: it costs what they weigh). Base is the layer the sandbox
+// changed file by its data, holes left unread: it costs the blocks they
+// hold, and a cancelled ctx stops it mid-file). Base is the layer the sandbox
 // booted on, "" for the template alone.
 type Checkpointer interface {
 	Checkpoint(ctx context.Context) (LayerInfo, error)
@@ -101,11 +102,14 @@ type LayerInfo struct {
 // changed against the template: Kind is "file", "dir", "symlink", "other"
 // (a fifo) or "removed" (deleted, or hidden by a directory made anew).
 type FileChange struct {
-	Path   string `json:"path"`
-	Kind   string `json:"kind"`
-	Size   int64  `json:"size,omitempty"`
-	Mode   uint32 `json:"mode,omitempty"`
-	SHA256 string `json:"sha256,omitempty"` // regular files
+	Path string `json:"path"`
+	Kind string `json:"kind"`
+	Size int64  `json:"size,omitempty"`
+	Mode uint32 `json:"mode,omitempty"`
+	// SHA256 is a regular file's hash: the SHA-256 of its bytes, or, for
+	// a file with holes, of its hole map and data (docs/LIFECYCLE.md), so
+	// that the same bytes with other holes hash differently.
+	SHA256 string `json:"sha256,omitempty"`
 	Target string `json:"target,omitempty"` // symlinks
 	// Opaque marks a directory made anew over one of the template's: what
 	// was below it in the template is hidden.

@@ -96,10 +96,6 @@ type ForkResult struct {
 	Err     error
 }
 
-type layerState struct {
-	mu sync.RWMutex // writers: gc; readers: whatever makes and records a layer
-}
-
 func (m *Manager) layerStore() (LayerStore, error) {
 	ls, ok := m.store.(LayerStore)
 	if !ok || m.layers == nil {
@@ -747,43 +743,82 @@ func (m *Manager) Diff(ctx context.Context, id, from, to string) ([]FileDiff, er
 	if err != nil {
 		return nil, err
 	}
-	state := func(ref string, isFrom bool) ([]isolation.FileChange, error) {
-		switch {
-		case ref == "create" || (ref == "" && isFrom):
-			if e.createdLayer == "" {
-				return nil, nil
-			}
-			return m.layers.LayerChanges(ctx, e.createdLayer)
-		case ref == "now" || ref == "":
-			e.mu.Lock()
-			cold := e.cold
-			e.mu.Unlock()
-			if cold != "" {
-				return m.layers.LayerChanges(ctx, cold)
-			}
-			cp, ok := e.sb().(isolation.Checkpointer)
-			if !ok {
-				return nil, fmt.Errorf("the %s backend cannot list changes: %w", m.backend.Name(), api.ErrUnimplemented)
-			}
-			return cp.Changes(ctx)
-		}
-		c, err := m.findCheckpoint(ctx, ls, id, ref)
-		if err != nil {
-			return nil, err
-		}
-		return m.layers.LayerChanges(ctx, c.Layer)
-	}
+	// The layers (and live sandbox) each side reads are found, and
+	// pinned, under the layer lock; their files are read after it is
+	// released (they cost what they weigh), so that nothing waits for
+	// them but this request.
 	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
-	a, err := state(from, true)
+	a, err := m.diffSide(ctx, ls, id, e, from, true)
+	var b diffSide
+	if err == nil {
+		b, err = m.diffSide(ctx, ls, id, e, to, false)
+	}
+	pins := []string{a.layer, b.layer, a.base, b.base}
+	if err == nil {
+		m.layerMu.Pin(pins...)
+	}
+	m.layerMu.RUnlock()
 	if err != nil {
 		return nil, err
 	}
-	b, err := state(to, false)
+	defer m.layerMu.Unpin(pins...)
+	ca, err := a.changes(ctx, m.layers)
 	if err != nil {
 		return nil, err
 	}
-	return diff(a, b), nil
+	cb, err := b.changes(ctx, m.layers)
+	if err != nil {
+		return nil, err
+	}
+	return diff(ca, cb), nil
+}
+
+// diffSide is one side of a diff: a layer's changes, a live sandbox's
+// (on its boot layer base), or nothing (as created from the template).
+type diffSide struct {
+	layer string
+	live  isolation.Checkpointer
+	base  string
+}
+
+// diffSide resolves ref ("" or "create" on the from side: as created;
+// "" or "now": as the sandbox is; else a checkpoint's ID or name) for
+// e. The caller holds m.layerMu for reading.
+func (m *Manager) diffSide(ctx context.Context, ls LayerStore, id string, e *entry, ref string, isFrom bool) (diffSide, error) {
+	switch {
+	case ref == "create" || (ref == "" && isFrom):
+		return diffSide{layer: e.createdLayer}, nil
+	case ref == "now" || ref == "":
+		e.mu.Lock()
+		cold, base := e.cold, e.layer
+		e.mu.Unlock()
+		if cold != "" {
+			return diffSide{layer: cold}, nil
+		}
+		cp, ok := e.sb().(isolation.Checkpointer)
+		if !ok {
+			return diffSide{}, fmt.Errorf("the %s backend cannot list changes: %w", m.backend.Name(), api.ErrUnimplemented)
+		}
+		return diffSide{live: cp, base: base}, nil
+	}
+	c, err := m.findCheckpoint(ctx, ls, id, ref)
+	if err != nil {
+		return diffSide{}, err
+	}
+	return diffSide{layer: c.Layer}, nil
+}
+
+// changes lists the side's changes against the template, reading (and
+// hashing) files: it is called without m.layerMu, the side's layers
+// pinned.
+func (d diffSide) changes(ctx context.Context, l isolation.Layers) ([]isolation.FileChange, error) {
+	switch {
+	case d.live != nil:
+		return d.live.Changes(ctx)
+	case d.layer != "":
+		return l.LayerChanges(ctx, d.layer)
+	}
+	return nil, nil
 }
 
 // diff compares two lists of changes against the same template.
@@ -858,6 +893,9 @@ func (m *Manager) layerCollector() {
 			return
 		case <-m.gcWake:
 			err := m.gc(context.Background())
+			if errors.Is(err, errLayersBusy) {
+				continue // the last reader out wakes it
+			}
 			if errors.Is(err, isolation.ErrLayerInUse) {
 				// A killed sandbox still releasing: try again shortly.
 				time.AfterFunc(time.Second, m.nudgeGC)
@@ -868,13 +906,20 @@ func (m *Manager) layerCollector() {
 	}
 }
 
-// gc deletes the layers that no record and no live sandbox keeps.
+// errLayersBusy is gc's when the layer lock is held: it runs again when
+// the lock is released (see layerLock).
+var errLayersBusy = errors.New("layers busy: collecting once they are not")
+
+// gc deletes the layers that no record, no live sandbox and no pin keeps.
+// It never waits for the layer lock (see layerLock).
 func (m *Manager) gc(ctx context.Context) error {
 	ls, ok := m.store.(LayerStore)
 	if !ok || m.layers == nil {
 		return nil
 	}
-	m.layerMu.Lock()
+	if !m.layerMu.TryLock() {
+		return errLayersBusy
+	}
 	defer m.layerMu.Unlock()
 	if err := ls.DeleteOrphanCheckpoints(ctx); err != nil {
 		return err
@@ -895,6 +940,9 @@ func (m *Manager) gc(ctx context.Context) error {
 		keep[c.Layer] = true
 	}
 	for _, l := range m.runImages.layers() {
+		keep[l] = true
+	}
+	for _, l := range m.layerMu.pinned() {
 		keep[l] = true
 	}
 	m.mu.Lock()

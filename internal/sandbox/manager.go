@@ -178,7 +178,7 @@ type Manager struct {
 	audit                  audit.Sink
 	forensics              LayerArchive
 	layers                 isolation.Layers
-	layerMu                sync.RWMutex  // see gc
+	layerMu                layerLock     // see layerLock and gc
 	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
@@ -365,6 +365,7 @@ func New(opts Options) (*Manager, error) {
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
+	m.layerMu.wake = m.nudgeGC
 	if m.maxTimeout <= 0 {
 		m.maxTimeout = 24 * time.Hour
 	}
@@ -424,7 +425,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	// Layers no snapshot keeps (checkpoints of the previous daemon's
 	// sandboxes, forks' and pauses' layers, half-recorded ones) go.
-	if err := m.gc(ctx); err != nil {
+	if err := m.gc(ctx); err != nil && !errors.Is(err, errLayersBusy) {
 		return fmt.Errorf("collecting unused layers: %w", err)
 	}
 

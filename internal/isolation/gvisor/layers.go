@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -300,16 +301,26 @@ func (b *Backend) removePartialLayers() error {
 	return errors.Join(errs...)
 }
 
-// treeBytes is the disk space the regular files under dir take.
+// treeBytes is the disk space the regular files under dir take: their
+// allocated blocks (a sparse file counts what it holds, not its size).
 func treeBytes(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if st, err := d.Info(); err == nil {
-				n += st.Size()
+				n += allocated(st)
 			}
 		}
 		return nil
 	})
 	return n
+}
+
+// allocated is the disk a file takes, its size where the system does
+// not tell.
+func allocated(fi fs.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
 }

@@ -2,8 +2,6 @@ package native
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -848,15 +846,16 @@ func (c *layerCopy) file(src, dst, prev int, name, p string, uid, gid int, times
 			}
 		}
 	}
-	if err := c.charge(st.Size); err != nil {
+	r := c.reader(sfd, sf, &st)
+	if err := c.charge(st.Blocks * 512); err != nil {
 		return "", 0, err
 	}
-	h := sha256.New()
 	if dst < 0 {
-		if _, err := io.Copy(h, io.LimitReader(sf, st.Size)); err != nil {
+		sum, _, err := r.sum(nil)
+		if err != nil {
 			return "", 0, fmt.Errorf("reading layer file /%s: %w", p, err)
 		}
-		return hex.EncodeToString(h.Sum(nil)), st.Size, nil
+		return sum, st.Size, nil
 	}
 	dfd, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -867,26 +866,43 @@ func (c *layerCopy) file(src, dst, prev int, name, p string, uid, gid int, times
 	if err := copyXattrs(sfd, dfd); err != nil {
 		return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 	}
-	// A clone shares the blocks where the filesystem can; the hash still
-	// reads the data once.
-	if unix.IoctlFileClone(dfd, sfd) == nil {
-		if _, err := io.Copy(h, io.LimitReader(sf, st.Size)); err != nil {
-			return "", 0, fmt.Errorf("reading layer file /%s: %w", p, err)
-		}
-	} else {
-		if c.buf == nil {
-			c.buf = make([]byte, 256<<10)
-		}
-		if _, err := io.CopyBuffer(io.MultiWriter(df, h), io.LimitReader(sf, st.Size), c.buf); err != nil {
+	// A clone shares the blocks where the filesystem can (holes stay
+	// holes); the hash still reads the data once. Else the data extents
+	// are copied at their offsets and the holes stay holes.
+	var out io.WriterAt
+	if unix.IoctlFileClone(dfd, sfd) != nil {
+		if err := df.Truncate(st.Size); err != nil {
 			return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 		}
+		out = df
+	}
+	sum, _, err := r.sum(out)
+	if err != nil {
+		return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 	}
 	if err := finish(dfd, uid, gid, st.Mode&0o7777, times); err != nil {
 		return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
 	c.remember(key, &st, sum)
 	return sum, st.Size, nil
+}
+
+// reader reads the regular file sfd (sf, with st) extent by extent: the
+// data beyond what st's allocated blocks paid for (charged before it is
+// read) is charged as it is read.
+func (c *layerCopy) reader(sfd int, sf *os.File, st *unix.Stat_t) *sparseReader {
+	if c.buf == nil {
+		c.buf = make([]byte, fileChunk)
+	}
+	paid := st.Blocks * 512
+	return &sparseReader{ctx: c.ctx, f: sf, fd: sfd, size: st.Size, buf: c.buf, charge: func(n int64) error {
+		if n <= paid {
+			paid -= n
+			return nil
+		}
+		n, paid = n-paid, 0
+		return c.charge(n)
+	}}
 }
 
 // finish sets a copied file's owner, mode and times (the owner first: a

@@ -312,17 +312,15 @@ func (lw *layerWriter) file(dirfd int, name string, hdr *tar.Header) error {
 	if err := lw.tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	n, err := io.Copy(lw.tw, io.LimitReader(f, st.Size))
-	if err != nil {
+	// Holes are written as zeros without being read; the context is
+	// checked between chunks.
+	sw := &seqWriter{w: lw.tw}
+	r := &sparseReader{ctx: lw.ctx, f: f, fd: fd, size: st.Size}
+	if _, err := r.read(nil, sw); err != nil {
 		return fmt.Errorf("reading layer file %s: %w", hdr.Name, err)
 	}
 	// A file that shrank while read is padded to the size in its header.
-	if n < st.Size {
-		if _, err := io.CopyN(lw.tw, zeros{}, st.Size-n); err != nil {
-			return err
-		}
-	}
-	return nil
+	return sw.pad(st.Size)
 }
 
 type zeros struct{}
