@@ -3,6 +3,7 @@ package integration
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -200,7 +201,6 @@ func TestTemplateBuildBadInput(t *testing.T) {
 	if r.Status != 201 || json.Unmarshal(r.Body, &link) != nil || link.URL == "" || link.Present {
 		t.Fatalf("files link: %d %s", r.Status, r.Body)
 	}
-	path := strings.TrimPrefix(link.URL, d.URL)
 	var evil bytes.Buffer
 	tw := tar.NewWriter(&evil)
 	tw.WriteHeader(&tar.Header{Name: "../../etc/cron.d/x", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})
@@ -211,9 +211,18 @@ func TestTemplateBuildBadInput(t *testing.T) {
 		"bad gzip":    {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3},
 		"dot-dot tar": evil.Bytes(),
 	} {
-		r := d.do(t, "PUT", path, "", bytes.NewReader(body), nil)
+		// A link takes one PUT, refused or not: each body gets its own.
+		r := d.do(t, "GET", "/templates/"+reg.TemplateID+"/files/"+hash, d.Key, nil, nil)
+		if r.Status != 201 || json.Unmarshal(r.Body, &link) != nil || link.URL == "" {
+			t.Fatalf("files link: %d %s", r.Status, r.Body)
+		}
+		path := strings.TrimPrefix(link.URL, d.URL)
+		r = d.do(t, "PUT", path, "", bytes.NewReader(body), nil)
 		if r.Status != 400 || !strings.Contains(string(r.Body), "upload") {
 			t.Errorf("%s upload: %d %s, want 400 naming the upload", name, r.Status, r.Body)
+		}
+		if r := d.do(t, "PUT", path, "", bytes.NewReader(body), nil); r.Status != 409 {
+			t.Errorf("%s upload again through the link: %d %s, want 409", name, r.Status, r.Body)
 		}
 	}
 	if r := d.do(t, "PUT", "/_fence/template-files/wrongtoken", "", strings.NewReader("x"), nil); r.Status != 404 {
@@ -258,6 +267,91 @@ func TestTemplateBuildBadInput(t *testing.T) {
 	}
 	if r := d.do(t, "POST", "/v3/templates", d.Key, strings.NewReader(`{"name":"Bad Name!"}`), nil); r.Status != 400 {
 		t.Errorf("register a bad name: %d %s", r.Status, r.Body)
+	}
+}
+
+// An upload link takes one PUT: a second one is refused and drops what
+// the first kept. Files kept under a hash stay its files: an upload of
+// other files under it is refused, and a later COPY of the hash copies
+// the files first kept.
+func TestTemplateUploadLinks(t *testing.T) {
+	requireTemplate(t, "minimal")
+	d := startDaemon(t, newDataDir(t))
+	reg, err := d.Client.RegisterTemplate(ctxT(t), "uploadlinks", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := func(hash string) (present bool, path string) {
+		t.Helper()
+		r := d.do(t, "GET", "/templates/"+reg.TemplateID+"/files/"+hash, d.Key, nil, nil)
+		var l struct {
+			Present bool   `json:"present"`
+			URL     string `json:"url"`
+		}
+		if r.Status != 201 || json.Unmarshal(r.Body, &l) != nil {
+			t.Fatalf("files link: %d %s", r.Status, r.Body)
+		}
+		return l.Present, strings.TrimPrefix(l.URL, d.URL)
+	}
+	archive := func(content string) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		tw := tar.NewWriter(zw)
+		tw.WriteHeader(&tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755})
+		tw.WriteHeader(&tar.Header{Name: "app/a", Typeflag: tar.TypeReg, Size: int64(len(content)), Mode: 0o644})
+		tw.Write([]byte(content))
+		tw.Close()
+		zw.Close()
+		return buf.Bytes()
+	}
+	put := func(path string, body []byte) int {
+		t.Helper()
+		return d.do(t, "PUT", path, "", bytes.NewReader(body), nil).Status
+	}
+
+	// A link used twice: refused, and nothing kept under the hash.
+	twice := strings.Repeat("1d", 32)
+	_, p := link(twice)
+	if st := put(p, archive("first\n")); st/100 != 2 {
+		t.Fatalf("first PUT: %d", st)
+	}
+	if st := put(p, archive("second\n")); st != 409 {
+		t.Errorf("second PUT to one link: %d, want 409", st)
+	}
+	if present, _ := link(twice); present {
+		t.Error("the files of a link used twice are kept")
+	}
+
+	// Other files under a kept hash: refused; the same files: accepted.
+	hash := strings.Repeat("2e", 32)
+	_, p = link(hash)
+	if st := put(p, archive("good\n")); st/100 != 2 {
+		t.Fatalf("upload: %d", st)
+	}
+	present, p := link(hash)
+	if !present {
+		t.Fatal("the upload is not present")
+	}
+	if put(p, archive("good\n")) != 200 {
+		t.Error("the same files again (forceUpload) were refused")
+	}
+	if _, p = link(hash); put(p, archive("evil\n")) != 409 {
+		t.Errorf("other files under a kept hash were not refused")
+	}
+	spec := client.TemplateBuildSpec{FromTemplate: "minimal", Steps: []client.TemplateStep{
+		{Type: "COPY", Args: []string{"app", "/app", "", ""}, FilesHash: hash},
+		{Type: "RUN", Args: []string{"echo copied: $(cat /app/a)", "root"}},
+	}}
+	if err := d.Client.TriggerTemplateBuild(ctxT(t), reg.TemplateID, reg.BuildID, spec); err != nil {
+		t.Fatal(err)
+	}
+	st, logs := waitBuild(t, d, reg.TemplateID, reg.BuildID)
+	all := strings.Join(logs, "\n")
+	if st.Status != "ready" {
+		t.Fatalf("build %s %+v:\n%s", st.Status, st.Reason, all)
+	}
+	if !strings.Contains(all, "copied: good") || strings.Contains(all, "evil") {
+		t.Errorf("the COPY did not copy the files first kept under its hash:\n%s", all)
 	}
 }
 

@@ -32,7 +32,8 @@ type Templates interface {
 }
 
 // uploadPrefix is where the upload links of COPY archives point: no API
-// key, the link's token is the credential.
+// key, the link's token is the credential, good for one PUT
+// (tbuild.Service.Upload).
 const uploadPrefix = "/_fence/template-files/"
 
 func (h *handler) templatesOr(w http.ResponseWriter, r *http.Request) (Templates, bool) {

@@ -89,16 +89,20 @@ func (c *Cache) extract(ctx context.Context, l v1.Layer, id v1.Hash, budget *lim
 	defer rc.Close()
 	h := sha256.New()
 	counter := p.counter(label)
-	in := io.TeeReader(&ctxReader{ctx: ctx, r: rc}, io.MultiWriter(h, counter))
+	// Every byte of the uncompressed stream counts against the image's
+	// size budget: tar headers, the content of entries that are skipped,
+	// and whatever follows the end-of-archive marker.
+	in := io.TeeReader(&budgetReader{r: &ctxReader{ctx: ctx, r: rc}, budget: budget}, io.MultiWriter(h, counter))
 	m, err := untar(ctx, in, filepath.Join(work, treeDir), budget)
 	counter.done()
 	if err != nil {
 		return layerMeta{}, err
 	}
-	// The rest of the stream (tar padding) is part of the digest; reading
-	// to the end also makes the compressed stream verify its own digest.
-	if _, err := io.Copy(io.Discard, in); err != nil {
-		return layerMeta{}, fmt.Errorf("reading: %w", err)
+	// The rest of the stream is part of the digest; reading to the end
+	// also makes the compressed stream verify its own digest. Only zero
+	// padding may follow the end marker.
+	if err := readPadding(in); err != nil {
+		return layerMeta{}, err
 	}
 	if err := rc.Close(); err != nil {
 		return layerMeta{}, fmt.Errorf("reading: %w", err)
@@ -127,6 +131,51 @@ func (c *Cache) extract(ctx context.Context, l v1.Layer, id v1.Hash, budget *lim
 		return layerMeta{}, fmt.Errorf("installing layer: %w", err)
 	}
 	return m, nil
+}
+
+// budgetReader takes every byte it reads from the image's size budget
+// and fails once the budget is spent.
+type budgetReader struct {
+	r      io.Reader
+	budget *limits
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	// Never read more than the budget has left, plus one byte to notice
+	// that it is exceeded.
+	if left := b.budget.bytes + 1; left <= 0 {
+		return 0, b.budget.take(1, 0)
+	} else if int64(len(p)) > left {
+		p = p[:left]
+	}
+	n, err := b.r.Read(p)
+	if terr := b.budget.take(int64(n), 0); terr != nil {
+		return n, terr
+	}
+	return n, err
+}
+
+// readPadding reads what follows a layer's end-of-archive marker to the
+// end of the stream, and fails at the first byte that is not zero
+// padding: data there is never extracted, so it is not read either.
+func readPadding(r io.Reader) error {
+	buf := make([]byte, 32<<10)
+	var off int64
+	for {
+		n, err := r.Read(buf)
+		for i, c := range buf[:n] {
+			if c != 0 {
+				return fmt.Errorf("byte %d after the tar end marker is data, not zero padding: %w", off+int64(i), ErrInvalidImage)
+			}
+		}
+		off += int64(n)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading: %w", err)
+		}
+	}
 }
 
 // ctxReader stops reading once ctx ends.
@@ -192,11 +241,12 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 		if err != nil {
 			return m, err
 		}
-		size := int64(0)
-		if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeRegA {
-			size = hdr.Size
+		// The content itself is taken from the budget as it is read
+		// (budgetReader); a size above what is left fails before.
+		if hdr.Size > budget.bytes {
+			return m, budget.take(hdr.Size, 0)
 		}
-		if err := budget.take(size, 1); err != nil {
+		if err := budget.take(0, 1); err != nil {
 			return m, err
 		}
 		m.Files++

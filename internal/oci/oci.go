@@ -49,7 +49,10 @@
 // # Limits
 //
 // Options.MaxBytes (uncompressed), Options.MaxFiles and Options.MaxLayers
-// bound one image; an image over a limit, a layer whose content does not
+// bound one image. Every byte of a layer's uncompressed stream counts
+// against MaxBytes as it is read (headers, skipped content, padding); only
+// zero padding may follow a layer's tar end marker, and the first other
+// byte there fails the layer without reading on; an image over a limit, a layer whose content does not
 // match its digest, and a malformed or hostile layer fail with an error
 // wrapping ErrInvalidImage. A failed Unpack or Import leaves dst empty and
 // no partial layer in the cache.

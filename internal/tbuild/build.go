@@ -1,12 +1,14 @@
 package tbuild
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"net/http"
@@ -138,6 +140,10 @@ type stepPlan struct {
 	args  []string
 	hash  string
 	force bool
+	// files is a COPY's archive, opened when its key was made, so that
+	// the step copies the files its key names; filesErr says why not.
+	files    *os.File
+	filesErr error
 }
 
 func (b *builder) build(ctx context.Context) (Runtime, string, error) {
@@ -153,7 +159,11 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 	}
 	n := len(b.spec.Steps)
 	for i, st := range plan {
-		key = hashKeys(key, st.typ, strings.Join(st.args, " "), st.hash)
+		digest := ""
+		if st.typ == "COPY" {
+			st.files, digest, st.filesErr = s.openFiles(ctx, st.hash)
+		}
+		key = stepKey(key, st.typ, st.args, st.hash, digest)
 		if i == 0 {
 			key = hashKeys(key, "DEFAULT USER", "user")
 		}
@@ -166,12 +176,14 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 				s.logf(b.id, "info", st.label, "CACHED %s [%s]", desc, key[:12])
 				cur = l
 				b.dropBox()
+				st.closeFiles()
 				continue
 			}
 		}
 		t0 := time.Now()
 		s.logf(b.id, "info", st.label, "%s", desc)
 		next, err := b.step(ctx, cur, st)
+		st.closeFiles()
 		if err != nil {
 			return Runtime{}, "", err
 		}
@@ -548,11 +560,13 @@ func copyEnv(m map[string]string) map[string]string {
 // copyScript puts the step's archive into the sandbox and returns the
 // script (run as root there) that places it, E2B's COPY semantics.
 func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (string, error) {
-	f, err := os.Open(filepath.Join(b.s.filesDir(), st.hash+".tar"))
-	if err != nil {
+	f := st.files
+	if errors.Is(st.filesErr, fs.ErrNotExist) {
 		return "", fmt.Errorf("COPY %s: the files with hash %s were never uploaded", st.args[0], st.hash)
 	}
-	defer f.Close()
+	if st.filesErr != nil {
+		return "", fmt.Errorf("COPY %s: the files with hash %s: %v", st.args[0], st.hash, st.filesErr)
+	}
 	b.s.touchArchive(st.hash)
 	staging := "/tmp/.fence-copy-" + st.hash[:16]
 	if err := b.box.envd.WriteFile(ctx, staging+".tar", f); err != nil {
@@ -606,6 +620,32 @@ else case "$dest" in */) mkdir -p "$dest"; cp -a "$src" "$dest";; *) mkdir -p "$
 rm -rf "$u" "$u.tar"
 `)
 	return sb.String(), nil
+}
+
+// openFiles opens the COPY archive kept under a files hash and returns it
+// with its files digest, read back to its start.
+func (s *Service) openFiles(ctx context.Context, hash string) (*os.File, string, error) {
+	f, err := os.Open(filepath.Join(s.filesDir(), hash+".tar"))
+	if err != nil {
+		return nil, "", err
+	}
+	digest, err := filesDigest(ctx, bufio.NewReaderSize(f, 256<<10), false)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, "", err
+	}
+	return f, digest, nil
+}
+
+// closeFiles closes the step's archive, if it has one.
+func (st *stepPlan) closeFiles() {
+	if st.files != nil {
+		st.files.Close()
+		st.files = nil
+	}
 }
 
 // snapshot makes a tree of the box's start tree plus its writable layer.

@@ -39,6 +39,16 @@
 //     paths) before they are kept; a malformed one is a clear error and
 //     keeps nothing. They are extracted inside the build sandbox, never on
 //     the host.
+//   - An upload link takes one PUT. The files hash a client names cannot
+//     be recomputed from its archive (E2B's hash covers directories'
+//     inode sizes, which a tar does not carry), so the archive kept under
+//     a hash is written once: a later upload must hold the same files
+//     (names, types, modes, link targets, contents), and a second PUT to
+//     one link is refused and drops what the first one kept, since one
+//     of the two did not come from the client the link was given to.
+//   - A step's cache key length-prefixes every part (type, each
+//     argument, files hash); a COPY's also covers the digest of the
+//     files it copies, read from the archive the step then copies.
 //   - Layer trees no build record, build in progress, create in flight
 //     or live sandbox of a deleted template uses are collected at start
 //     and after every deletion (gc.go), crash-safely.

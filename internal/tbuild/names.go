@@ -2,6 +2,7 @@ package tbuild
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"regexp"
@@ -66,10 +67,24 @@ func (n Name) TagOrDefault() string {
 	return n.Tag
 }
 
-// hashKeys is E2B's cache-key chain: sha256 of the keys joined by ';'.
+// hashKeys is the cache-key chain: sha256 of the keys, each one prefixed
+// by its length, so that no two different lists of keys share a key.
 func hashKeys(keys ...string) string {
-	sum := sha256.Sum256([]byte(strings.Join(keys, ";")))
-	return hex.EncodeToString(sum[:])
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, k := range keys {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(k)))])
+		h.Write([]byte(k))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// stepKey is the cache key of a build step after the key prev: its type,
+// its arguments (each one length-prefixed, so ["x","root"] and ["x root"]
+// differ), the files hash its client named and, for a COPY, the digest of
+// the files fence holds under that hash (filesDigest).
+func stepKey(prev, typ string, args []string, filesHash, filesDigest string) string {
+	return hashKeys(prev, typ, hashKeys(args...), filesHash, filesDigest)
 }
 
 // shellQuote quotes s for a POSIX shell, leaving safe strings bare

@@ -236,7 +236,7 @@ func TestStoreArchive(t *testing.T) {
 		{"too large", gz(bytes.Repeat(good, 1)), true},
 	} {
 		os.RemoveAll(filepath.Join(dir, hash+".tar"))
-		err := storeArchive(context.Background(), dir, hash, bytes.NewReader(c.body), 1<<20)
+		_, _, err := storeArchive(context.Background(), dir, hash, bytes.NewReader(c.body), 1<<20)
 		if c.ok != (err == nil) {
 			t.Errorf("%s: err = %v", c.name, err)
 		}
@@ -248,7 +248,7 @@ func TestStoreArchive(t *testing.T) {
 			t.Errorf("%s: kept = %v", c.name, serr == nil)
 		}
 	}
-	if err := storeArchive(context.Background(), dir, hash, bytes.NewReader(bytes.Repeat([]byte{0}, 4096)), 1024); err == nil {
+	if _, _, err := storeArchive(context.Background(), dir, hash, bytes.NewReader(bytes.Repeat([]byte{0}, 4096)), 1024); err == nil {
 		t.Errorf("an archive above the limit was kept")
 	}
 	entries, _ := os.ReadDir(dir)
