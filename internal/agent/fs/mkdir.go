@@ -23,9 +23,9 @@ import (
 // time from /, with descriptors, following no symlink at all, looking
 // each component up as u (so u's search permissions hold), and creating
 // a missing one with the agent's own credentials only where u may not
-// write its parent, then handing it to u. A directory u may not write is
-// one whose entries u cannot rename or replace, so nothing u does can
-// redirect that creation; and a symlink anywhere on the path (one u
+// write its parent (nor own it), then handing it to u. A directory u may
+// not write and does not own is one whose entries u cannot rename or
+// replace, so nothing u does can redirect that creation; and a symlink anywhere on the path (one u
 // planted, or any other) ends the walk with u's own error. Nothing is
 // ever created through a symlink or in a directory u cannot search.
 func ensureDir(dir string, u *users.User) error {
@@ -72,8 +72,9 @@ func mkdirAllAs(dir string, uid, gid uint32) error {
 // owned by uid:gid, walking from / with a descriptor per component and
 // following no symlink (a symlink component is ENOTDIR or ELOOP). Lookups
 // and creations run with the caller's credentials; a creation they are
-// refused (EACCES: no write permission on the parent) is made with the
-// agent's own (asAgent) and the new directory chowned to uid:gid.
+// refused (EACCES: no write permission on a parent uid does not own) is
+// made with the agent's own (asAgent) and the new directory chowned to
+// uid:gid.
 func mkdirAllNoFollow(dir string, uid, gid uint32) error {
 	if !filepath.IsAbs(dir) {
 		return &os.PathError{Op: "mkdir", Path: dir, Err: unix.EINVAL}
@@ -92,7 +93,7 @@ func mkdirAllNoFollow(dir string, uid, gid uint32) error {
 		next, err := openDirNoFollow(fd, name)
 		if errors.Is(err, unix.ENOENT) {
 			err = unix.Mkdirat(fd, name, 0o755)
-			if errors.Is(err, unix.EACCES) {
+			if errors.Is(err, unix.EACCES) && !ownedBy(fd, uid) {
 				parent := fd
 				err = asAgent(func() error {
 					if err := unix.Mkdirat(parent, name, 0o755); err != nil {
@@ -115,6 +116,17 @@ func mkdirAllNoFollow(dir string, uid, gid uint32) error {
 		fd = next
 	}
 	return nil
+}
+
+// ownedBy reports whether the directory fd belongs to uid, who could
+// then make it writable and change its entries at any time: the agent
+// creates nothing in it on uid's behalf.
+func ownedBy(fd int, uid uint32) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return true // unknown: as if it were
+	}
+	return st.Uid == uid
 }
 
 // openDirNoFollow opens the directory name in dirfd as an O_PATH

@@ -122,3 +122,25 @@ func TestEnsureDirNotInUnsearchable(t *testing.T) {
 		t.Errorf("%s exists (err %v), want nothing created", dir, err)
 	}
 }
+
+// TestEnsureDirNotInUsersOwnReadOnly proves that the agent creates nothing
+// for the user in a directory the user owns but has made read-only: the
+// user could make it writable and swap its entries at any moment.
+func TestEnsureDirNotInUsersOwnReadOnly(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := searchableTempDir(t)
+	ro := filepath.Join(root, "ro")
+	if err := os.Mkdir(ro, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ro, int(testUser.UID), int(testUser.GID)); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(ro, "new")
+	if err := asUser(testUser, func() error { return ensureDir(dir, testUser) }); !errors.Is(err, unix.EACCES) {
+		t.Errorf("ensureDir(%s) = %v, want permission denied", dir, err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s exists (err %v), want nothing created", dir, err)
+	}
+}
