@@ -37,6 +37,17 @@ func TestSandboxesMetricsRoute(t *testing.T) {
 			t.Errorf("metrics of %s = %+v (present %v), want a reading with CPUs, memory used and its limit", id, m, ok)
 		}
 	}
+	// A sandbox paused without its memory (nothing of it runs) fails no
+	// other's readings.
+	if err := d.Client.PauseWithoutMemory(ctxT(t), b.ID()); err != nil {
+		t.Fatal(err)
+	}
+	r = d.do(t, "GET", "/sandboxes/metrics?sandbox_ids="+q, d.Key, nil, nil)
+	got = api.SandboxesWithMetrics{}
+	if err := json.Unmarshal(r.Body, &got); r.Status != 200 || err != nil || got.Sandboxes[a.ID()].MemTotal <= 0 {
+		t.Errorf("GET /sandboxes/metrics?sandbox_ids=%s with %s paused = %d %s, want 200 with %s's reading", q, b.ID(), r.Status, r.Body, a.ID())
+	}
+	t.Logf("with %s paused without memory: %s", b.ID(), r.Body)
 	many := make([]string, 101)
 	for i := range many {
 		many[i] = fmt.Sprintf("s%d", i)

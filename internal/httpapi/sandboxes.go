@@ -394,7 +394,7 @@ const maxMetricsSandboxes = 100
 // metricsOfSandboxes serves GET /sandboxes/metrics?sandbox_ids=a,b: the
 // latest reading of each sandbox named, keyed by its ID. A sandbox that
 // does not exist (or no longer does) is left out, as is one with no
-// reading.
+// reading or whose readings cannot be had.
 func (h *handler) metricsOfSandboxes(w http.ResponseWriter, r *http.Request) {
 	ids, err := parseSandboxIDs(r.URL.Query()["sandbox_ids"])
 	if err != nil {
@@ -404,12 +404,12 @@ func (h *handler) metricsOfSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := make(map[string]api.SandboxMetric, len(ids))
 	for _, id := range ids {
 		ms, err := h.sandboxMetrics(r.Context(), id, time.Time{}, time.Time{})
-		if errors.Is(err, api.ErrNotFound) {
-			continue
-		}
 		if err != nil {
-			writeError(w, r, h.log, err)
-			return
+			// One sandbox's readings (one being killed, say) fail no other's.
+			if !errors.Is(err, api.ErrNotFound) {
+				h.log.WarnContext(r.Context(), "reading a sandbox's metrics", "sandbox_id", id, "err", err)
+			}
+			continue
 		}
 		if len(ms) > 0 {
 			out[id] = ms[len(ms)-1]
