@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // TestFiles proves the filesystem API end to end through the daemon: a
@@ -259,10 +260,21 @@ func TestFilesConfinement(t *testing.T) {
 // the parents and the file owned by the user, for a raw upload, a
 // multipart upload of several files and MakeDir; and that a symlink the
 // user planted on the path (/tmp/x -> /etc) is never followed to create
-// anything where the user could not. Root: namespaces, cgroups, mounts.
+// anything where the user could not. On native and on gvisor (whose
+// kernel has no setfsuid: the agent takes the user's IDs otherwise).
+// Root: namespaces, cgroups, mounts (and runsc).
 func TestFilesMissingParentsOutsideHome(t *testing.T) {
+	t.Run("native", func(t *testing.T) { testFilesMissingParents(t, "minimal", nil) })
+	t.Run("gvisor", func(t *testing.T) {
+		testutil.RequireRunsc(t)
+		testFilesMissingParents(t, "base", gvisorMeta)
+	})
+}
+
+func testFilesMissingParents(t *testing.T, tmpl string, meta map[string]string) {
+	requireTemplate(t, tmpl)
 	d := startDaemon(t, newDataDir(t))
-	sb := d.create(t, api.NewSandbox{TemplateID: "minimal"})
+	sb := d.create(t, api.NewSandbox{TemplateID: tmpl, Metadata: meta})
 	e := sb.Envd().WithUser("user")
 	ctx := ctxT(t)
 
