@@ -179,10 +179,12 @@ test('lifecycle onTimeout pause without memory: paused at the deadline, files ke
   const sbx = await Sandbox.create({ ...opts, timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
   await track(t, sbx)
   await sbx.files.write('/home/user/f', 'before')
+  const boot = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
   await waitFor(async () => (await sbx.getInfo()).state === 'paused', 20_000, 200)
   assert.equal(await sbx.isRunning(), false)
   await sbx.connect(opts)
   assert.equal(await sbx.files.read('/home/user/f'), 'before')
+  assert.notEqual((await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout, boot, 'boot_id after the auto-pause')
   await assert.rejects(
     Sandbox.create({ ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false }, autoResume: true } }),
     (e) => e instanceof InvalidArgumentError || e instanceof SandboxError,
