@@ -218,6 +218,12 @@ type SandboxMetric struct {
 	DiskTotal     int64     `json:"diskTotal"`
 }
 
+// SandboxesWithMetrics is the body of GET /sandboxes/metrics: the latest
+// reading of each sandbox named that has one, keyed by sandbox ID.
+type SandboxesWithMetrics struct {
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
 // Error is E2B's error body. The SDKs read Code from the body, not the status.
 type Error struct {
 	Code      int    `json:"code"`

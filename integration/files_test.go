@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"mime/multipart"
+	"net/textproto"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // TestFiles proves the filesystem API end to end through the daemon: a
@@ -249,4 +252,79 @@ func TestFilesConfinement(t *testing.T) {
 			t.Errorf("GET /files with only the API key = %d %q, want refused", r.Status, r.Body)
 		}
 	})
+}
+
+// TestFilesMissingParentsOutsideHome proves that, as with envd, a write
+// or mkdir as user `user` to a path whose parents are missing outside the
+// user's home (/0/sub/f: a new top-level directory) succeeds and leaves
+// the parents and the file owned by the user, for a raw upload, a
+// multipart upload of several files and MakeDir; and that a symlink the
+// user planted on the path (/tmp/x -> /etc) is never followed to create
+// anything where the user could not. On native and on gvisor (whose
+// kernel has no setfsuid: the agent takes the user's IDs otherwise).
+// Root: namespaces, cgroups, mounts (and runsc).
+func TestFilesMissingParentsOutsideHome(t *testing.T) {
+	t.Run("native", func(t *testing.T) { testFilesMissingParents(t, "minimal", nil) })
+	t.Run("gvisor", func(t *testing.T) {
+		testutil.RequireRunsc(t)
+		testFilesMissingParents(t, "base", gvisorMeta)
+	})
+}
+
+func testFilesMissingParents(t *testing.T, tmpl string, meta map[string]string) {
+	requireTemplate(t, tmpl)
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: tmpl, Metadata: meta})
+	e := sb.Envd().WithUser("user")
+	ctx := ctxT(t)
+
+	if err := e.WriteFile(ctx, "/0/sub/f", strings.NewReader("one")); err != nil {
+		t.Fatalf("WriteFile(/0/sub/f) as user: %v", err)
+	}
+	// The SDK's files.write([...]): one multipart request of several files.
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	for _, p := range []string{"/1/multi_test_file0.txt", "/1/deeper/multi_test_file1.txt"} {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="`+p+`"`)
+		h.Set("Content-Type", "application/octet-stream")
+		w, _ := mw.CreatePart(h)
+		io.WriteString(w, "multi")
+	}
+	mw.Close()
+	hdr := map[string]string{api.HeaderSandboxID: sb.ID(), api.HeaderSandboxPort: "49983",
+		api.HeaderAccessToken: sb.EnvdAccessToken, "Content-Type": mw.FormDataContentType()}
+	if r := d.do(t, "POST", "/files?username=user", "", &body, hdr); r.Status != 200 {
+		t.Fatalf("multipart POST /files of two files with missing parents as user = %d %s, want 200", r.Status, r.Body)
+	}
+	if _, err := e.MakeDir(ctx, "/2/a/b"); err != nil {
+		t.Errorf("MakeDir(/2/a/b) as user: %v", err)
+	}
+	const owners = "/0 /0/sub /0/sub/f /1 /1/multi_test_file0.txt /1/deeper /1/deeper/multi_test_file1.txt /2 /2/a /2/a/b"
+	want := strings.Repeat("user\n", len(strings.Fields(owners)))
+	if got := sh(t, e.WithUser("root"), "stat -c %U "+owners); got != want {
+		t.Errorf("owners of %s = %q, want user for each", owners, got)
+	}
+	if got := sh(t, e, "cat /0/sub/f /1/deeper/multi_test_file1.txt"); got != "onemulti" {
+		t.Errorf("content = %q, want onemulti", got)
+	}
+
+	// A symlink the user planted: the agent creates nothing through it.
+	sh(t, e, "ln -s /etc /tmp/x")
+	if err := e.WriteFile(ctx, "/tmp/x/new/f", strings.NewReader("evil")); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Errorf("WriteFile(/tmp/x/new/f) through the user's /tmp/x -> /etc = %v, want permission denied", err)
+	}
+	if _, err := e.MakeDir(ctx, "/tmp/x/new2"); err == nil {
+		t.Errorf("MakeDir(/tmp/x/new2) through the user's /tmp/x -> /etc succeeded")
+	}
+	if got := sh(t, e.WithUser("root"), "ls -d /etc/new /etc/new2 2>/dev/null; true"); got != "" {
+		t.Errorf("created through the user's symlink: %q", got)
+	}
+	// Nor below a directory the user may not search.
+	if err := e.WriteFile(ctx, "/root/new/f", strings.NewReader("x")); err == nil {
+		t.Errorf("WriteFile(/root/new/f) as user succeeded")
+	}
+	if got := sh(t, e.WithUser("root"), "ls -d /root/new 2>/dev/null; true"); got != "" {
+		t.Errorf("created below /root for user: %q", got)
+	}
 }

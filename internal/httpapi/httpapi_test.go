@@ -566,3 +566,65 @@ func TestListOrderAndStartedAfter(t *testing.T) {
 		}
 	}
 }
+
+// GET /sandboxes/metrics answers the latest reading of each sandbox
+// named, keyed by its ID, with the fields of GET /sandboxes/{id}/metrics;
+// sandboxes that do not exist or were killed are left out; a missing,
+// empty, oversized or malformed list is 400 with E2B's error body.
+func TestSandboxesMetrics(t *testing.T) {
+	e := newTestEnv(t)
+	a, b, gone := e.create(t, `{"templateID":"base"}`), e.create(t, `{"templateID":"base"}`), e.create(t, `{"templateID":"base"}`)
+	if resp, body := e.api(t, "DELETE", "/sandboxes/"+gone.SandboxID, ""); resp.StatusCode != 204 {
+		t.Fatalf("DELETE = %d %s", resp.StatusCode, body)
+	}
+	ids := strings.Join([]string{a.SandboxID, b.SandboxID + "-" + api.ClientID, gone.SandboxID, "nosuchsandbox"}, ",")
+	resp, body := e.api(t, "GET", "/sandboxes/metrics?sandbox_ids="+ids, "")
+	var got struct {
+		Sandboxes map[string]map[string]any `json:"sandboxes"`
+	}
+	if err := json.Unmarshal(body, &got); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("GET /sandboxes/metrics?sandbox_ids=%s = %d %s, want 200", ids, resp.StatusCode, body)
+	}
+	if len(got.Sandboxes) != 2 || got.Sandboxes[a.SandboxID] == nil || got.Sandboxes[b.SandboxID] == nil {
+		t.Errorf("GET /sandboxes/metrics?sandbox_ids=%s = %s, want %s and %s only", ids, body, a.SandboxID, b.SandboxID)
+	}
+	fields := []string{"timestamp", "timestampUnix", "cpuCount", "cpuUsedPct", "memUsed", "memTotal", "memCache", "diskUsed", "diskTotal"}
+	for id, m := range got.Sandboxes {
+		for _, f := range fields {
+			if _, ok := m[f]; !ok {
+				t.Errorf("metrics of %s: no %q in %v", id, f, m)
+			}
+		}
+		if m["memTotal"] == 0.0 || m["timestampUnix"] == 0.0 {
+			t.Errorf("metrics of %s = %v, want a reading", id, m)
+		}
+	}
+	// Only unknown sandboxes: an empty map, not null.
+	resp, body = e.api(t, "GET", "/sandboxes/metrics?sandbox_ids=nosuchsandbox", "")
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != `{"sandboxes":{}}` {
+		t.Errorf("GET /sandboxes/metrics of an unknown sandbox = %d %s, want 200 {\"sandboxes\":{}}", resp.StatusCode, body)
+	}
+
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = fmt.Sprintf("sbx%d", i)
+	}
+	tests := []struct{ name, query, msg string }{
+		{"missing", "", "sandbox_ids is required"},
+		{"empty", "?sandbox_ids=", "Invalid sandbox ID"},
+		{"empty item", "?sandbox_ids=" + a.SandboxID + ",", "Invalid sandbox ID"},
+		{"too many", "?sandbox_ids=" + strings.Join(many, ","), "Too many sandboxes requested, maximum is 100"},
+		{"malformed", "?sandbox_ids=../etc", "Invalid sandbox ID"},
+		{"twice", "?sandbox_ids=" + a.SandboxID + "," + a.SandboxID, "named twice"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := e.api(t, "GET", "/sandboxes/metrics"+tt.query, "")
+			wantError(t, "GET /sandboxes/metrics"+tt.query, resp, body, 400, tt.msg)
+		})
+	}
+	// 100 IDs are within the bound.
+	if resp, body := e.api(t, "GET", "/sandboxes/metrics?sandbox_ids="+strings.Join(many[:100], ","), ""); resp.StatusCode != 200 {
+		t.Errorf("GET /sandboxes/metrics of 100 sandboxes = %d %s, want 200", resp.StatusCode, body)
+	}
+}

@@ -22,6 +22,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.connect)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+	mux.HandleFunc("GET /sandboxes/metrics", h.metricsOfSandboxes)
 	mux.HandleFunc("GET /sandboxes/{id}/downloads", h.sandboxDownloads)
 	mux.HandleFunc("GET /sandboxes/{id}/logs", h.sandboxLogsV1)
 	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", h.sandboxLogsV2)
@@ -53,7 +54,6 @@ func (h *handler) routes() *http.ServeMux {
 		mux.Handle("GET /metrics", h.promMetrics)
 	}
 
-	// Not supported yet: a clear error, never a hang.
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h.fork)
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h.createSnapshot)
 	mux.HandleFunc("POST /sandboxes/{id}/checkpoints", h.createCheckpoint)
@@ -62,6 +62,5 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
-	mux.HandleFunc("GET /sandboxes/metrics", h.unsupported("metrics of several sandboxes", false))
 	return mux
 }

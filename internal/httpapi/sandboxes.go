@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -343,15 +344,24 @@ func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "end is before start"))
 		return
 	}
-	s, err := h.m.Get(r.Context(), id)
+	out, err := h.sandboxMetrics(r.Context(), id, start, end)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	samples, err := h.m.Metrics(r.Context(), id, start, end)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// sandboxMetrics returns the readings of sandbox id between start and end
+// (zero: unbounded), oldest first.
+func (h *handler) sandboxMetrics(ctx context.Context, id string, start, end time.Time) ([]api.SandboxMetric, error) {
+	s, err := h.m.Get(ctx, id)
 	if err != nil {
-		writeError(w, r, h.log, err)
-		return
+		return nil, err
+	}
+	samples, err := h.m.Metrics(ctx, id, start, end)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]api.SandboxMetric, 0, len(samples))
 	// CPU use is the share of the sandbox's CPUs used since the previous
@@ -375,26 +385,65 @@ func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 			DiskTotal:     x.Stats.DiskLimit,
 		})
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
-// unsupported answers 501 for features fence lacks. For routes on one
-// sandbox it answers 404 first if the sandbox does not exist, as the SDKs
-// expect.
-func (h *handler) unsupported(feature string, onSandbox bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if onSandbox {
-			id, err := sandboxID(r)
-			if err == nil {
-				_, err = h.m.Get(r.Context(), id)
-			}
-			if err != nil {
-				writeError(w, r, h.log, err)
-				return
-			}
-		}
-		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "%s is not supported by fence yet", feature))
+// maxMetricsSandboxes bounds the sandboxes of one GET /sandboxes/metrics.
+const maxMetricsSandboxes = 100
+
+// metricsOfSandboxes serves GET /sandboxes/metrics?sandbox_ids=a,b: the
+// latest reading of each sandbox named, keyed by its ID. A sandbox that
+// does not exist (or no longer does) is left out, as is one with no
+// reading or whose readings cannot be had.
+func (h *handler) metricsOfSandboxes(w http.ResponseWriter, r *http.Request) {
+	ids, err := parseSandboxIDs(r.URL.Query()["sandbox_ids"])
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
 	}
+	out := make(map[string]api.SandboxMetric, len(ids))
+	for _, id := range ids {
+		ms, err := h.sandboxMetrics(r.Context(), id, time.Time{}, time.Time{})
+		if err != nil {
+			// One sandbox's readings (one being killed, say) fail no other's.
+			if !errors.Is(err, api.ErrNotFound) {
+				h.log.WarnContext(r.Context(), "reading a sandbox's metrics", "sandbox_id", id, "err", err)
+			}
+			continue
+		}
+		if len(ms) > 0 {
+			out[id] = ms[len(ms)-1]
+		}
+	}
+	writeJSON(w, http.StatusOK, api.SandboxesWithMetrics{Sandboxes: out})
+}
+
+// parseSandboxIDs reads the sandbox_ids query parameter (comma-separated;
+// repeated parameters are joined): at least one ID and at most
+// maxMetricsSandboxes, each valid and named once. An ID may carry E2B's
+// "-clientID" suffix, which is dropped.
+func parseSandboxIDs(values []string) ([]string, error) {
+	if len(values) == 0 {
+		return nil, errorf(api.ErrInvalidArgument, "Query argument sandbox_ids is required, but not found")
+	}
+	parts := strings.Split(strings.Join(values, ","), ",")
+	if len(parts) > maxMetricsSandboxes {
+		return nil, errorf(api.ErrInvalidArgument, "Too many sandboxes requested, maximum is %d", maxMetricsSandboxes)
+	}
+	ids := make([]string, 0, len(parts))
+	seen := make(map[string]bool, len(parts))
+	for _, p := range parts {
+		id, _, _ := strings.Cut(strings.TrimSpace(p), "-")
+		if !sandbox.ValidID(id) {
+			return nil, errorf(api.ErrInvalidArgument, "Invalid sandbox ID %q", p)
+		}
+		if seen[id] {
+			return nil, errorf(api.ErrInvalidArgument, "sandbox ID %q is named twice", id)
+		}
+		seen[id] = true
+		ids = append(ids, id)
+	}
+	return ids, nil
 }
 
 func (h *handler) listV1(w http.ResponseWriter, r *http.Request) {

@@ -90,3 +90,13 @@ func takeIDs(u *users.User) error {
 	}
 	return nil
 }
+
+// asAgent runs fn with the agent's own credentials, from inside asUser:
+// on a goroutine of its own, which never runs on a thread asUser has
+// changed (such a thread is locked to its goroutine for good). fn must
+// name what it touches through descriptors the caller opened as the user.
+func asAgent(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() { errc <- fn() }()
+	return <-errc
+}

@@ -183,31 +183,3 @@ func rpcError(err error) error {
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
-
-// mkdirAllAs creates dir and its missing parents, each owned by uid:gid.
-func mkdirAllAs(dir string, uid, gid uint32) error {
-	fi, err := os.Stat(dir)
-	if err == nil {
-		if !fi.IsDir() {
-			return &os.PathError{Op: "mkdir", Path: dir, Err: unix.ENOTDIR}
-		}
-		return nil
-	}
-	if !errors.Is(err, iofs.ErrNotExist) {
-		return err
-	}
-	if parent := filepath.Dir(dir); parent != dir {
-		if err := mkdirAllAs(parent, uid, gid); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		if errors.Is(err, iofs.ErrExist) {
-			if fi, serr := os.Stat(dir); serr == nil && fi.IsDir() {
-				return nil
-			}
-		}
-		return err
-	}
-	return os.Lchown(dir, int(uid), int(gid))
-}

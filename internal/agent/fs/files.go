@@ -307,7 +307,7 @@ func openForUpload(path string, u *users.User) (*os.File, error) {
 			}
 			existed = true
 		}
-		if err := mkdirAllAs(filepath.Dir(path), u.UID, u.GID); err != nil {
+		if err := ensureDir(filepath.Dir(path), u); err != nil {
 			if errors.Is(err, unix.ENOTDIR) {
 				return badRequest("creating parent of %s: %v", path, err)
 			}

@@ -5,7 +5,13 @@
 // (fsuid, fsgid and groups, on a thread of their own): the kernel checks
 // permissions and follows symlinks as that user would, so a symlink a user
 // plants cannot make the agent read or write what the user could not.
-// Whatever they create (files, parent directories) is owned by the user. Paths are resolved as envd does (users.ResolvePath).
+// Whatever they create (files, parent directories) is owned by the user.
+// As envd does, missing parent directories are created even where the
+// user may not create them (a new top-level directory), and handed to the
+// user: those alone are made with the agent's credentials, through
+// descriptors that follow no symlink, in directories the user may search
+// but not change (ensureDir). Paths are resolved as envd does
+// (users.ResolvePath).
 // Uploads are streamed to disk, never held in memory. Watchers keep a
 // bounded event queue each.
 package fs
@@ -119,7 +125,7 @@ func (s *Service) MakeDir(ctx context.Context, req *connect.Request[pb.MakeDirRe
 			}
 			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists and is not a directory", p))
 		}
-		if err := mkdirAllAs(p, u.UID, u.GID); err != nil {
+		if err := ensureDir(p, u); err != nil {
 			if errors.Is(err, errNotDir) {
 				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating directory %s: %w", p, err))
 			}
@@ -145,7 +151,7 @@ func (s *Service) Move(ctx context.Context, req *connect.Request[pb.MoveRequest]
 		if _, err := os.Lstat(src); err != nil {
 			return nil, rpcError(err)
 		}
-		if err := mkdirAllAs(filepath.Dir(dst), u.UID, u.GID); err != nil {
+		if err := ensureDir(filepath.Dir(dst), u); err != nil {
 			if errors.Is(err, errNotDir) {
 				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating parent of %s: %w", dst, err))
 			}

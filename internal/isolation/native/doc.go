@@ -13,7 +13,9 @@
 //     overlay lower layer, a per-sandbox upper layer on disk (limited by an
 //     ext4 project quota where available, see internal/quota), pivot_root.
 //   - /proc with masked paths and read-only /proc/sys, /proc/sysrq-trigger,
-//     /proc/irq, /proc/bus, /proc/fs; read-only /sys; a minimal /dev (null,
+//     /proc/irq, /proc/bus, /proc/fs, and a boot ID of each boot's own
+//     (a random UUID bound over /proc/sys/kernel/random/boot_id, never
+//     the host's); read-only /sys; a minimal /dev (null,
 //     zero, full, random, urandom, tty bound from the host, a private devpts
 //     instance, shm); no other host device node.
 //   - A bounded capability set, no_new_privs, and a seccomp allowlist

@@ -71,6 +71,24 @@ test('writeFiles writes several files, creating parents, owned by the user', asy
   assert.equal(await s.files.read('/root/secret', { user: 'root' }), 'r')
 })
 
+test('parents missing outside the home are created for the user, never through a symlink', async (t) => {
+  const s = await create(t)
+  // E2B's own test writes to /0/multi_test_file{i}.txt: / is root's.
+  const infos = await s.files.write([
+    { path: '/0/multi_test_file0.txt', data: 'zero' },
+    { path: '/0/sub/multi_test_file1.txt', data: 'one' },
+  ])
+  assert.deepEqual(infos.map((i) => i.path), ['/0/multi_test_file0.txt', '/0/sub/multi_test_file1.txt'])
+  assert.equal(await s.files.read('/0/sub/multi_test_file1.txt'), 'one')
+  await s.files.makeDir('/made/a/b')
+  const own = await s.commands.run('stat -c "%U:%G" /0 /0/sub /0/multi_test_file0.txt /made /made/a/b')
+  assert.equal(own.stdout, 'user:user\n'.repeat(5))
+  // The user's /tmp/x -> /etc is not followed to make /etc/new.
+  await s.commands.run('ln -s /etc /tmp/x')
+  await assert.rejects(s.files.write('/tmp/x/new/f', 'evil'))
+  assert.equal((await s.commands.run('test -e /etc/new || echo absent')).stdout, 'absent\n')
+})
+
 test('list with depth, exists, getInfo', async (t) => {
   const s = await create(t)
   await s.files.writeFiles([

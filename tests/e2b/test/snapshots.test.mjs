@@ -154,9 +154,9 @@ test('pause without memory keeps the files and reboots; kill of such a pause', a
   assert.equal(await sbx.files.read('/home/user/kept.txt'), 'kept')
   assert.equal((await sbx.commands.run('echo $COLD')).stdout, 'yes\n')
   assert.equal(await running(sbx, 'sleep 3600'), 0, 'processes did not survive')
-  // The sandbox's kernel is the host's: boot_id does not change on native.
-  // What proves the reboot is the processes gone and the agent restarted.
-  assert.ok(boot.length > 0)
+  // A reboot: each boot of a sandbox has its own boot_id.
+  assert.match(boot, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\n$/)
+  assert.notEqual((await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout, boot, 'boot_id after the reboot')
   // onResume 'reboot' (memory false) of a pause without memory: a cold
   // boot, as any resume of it.
   await sbx.commands.run('sleep 3600', { background: true })
@@ -179,10 +179,12 @@ test('lifecycle onTimeout pause without memory: paused at the deadline, files ke
   const sbx = await Sandbox.create({ ...opts, timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
   await track(t, sbx)
   await sbx.files.write('/home/user/f', 'before')
+  const boot = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
   await waitFor(async () => (await sbx.getInfo()).state === 'paused', 20_000, 200)
   assert.equal(await sbx.isRunning(), false)
   await sbx.connect(opts)
   assert.equal(await sbx.files.read('/home/user/f'), 'before')
+  assert.notEqual((await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout, boot, 'boot_id after the auto-pause')
   await assert.rejects(
     Sandbox.create({ ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false }, autoResume: true } }),
     (e) => e instanceof InvalidArgumentError || e instanceof SandboxError,

@@ -65,6 +65,9 @@ func buildTrees() (t trees, err error) {
 	if err = fillDev(t.dev, DefaultShmBytes); err != nil {
 		return t, err
 	}
+	if err = bindBootID(t.proc, t.dev); err != nil {
+		return t, err
+	}
 	if t.agent, err = cloneMount(unix.AT_FDCWD, "/proc/self/exe", agentAttr); err != nil {
 		return t, fmt.Errorf("cloning the agent binary: %w", err)
 	}
@@ -87,6 +90,7 @@ func attachTrees(root string, t trees, shmBytes int64) error {
 	defer t.close()
 	e := emptyDirs{-1}
 	defer e.close()
+	bootIDBound := t.proc >= 0 // with the trees built ahead
 	if shmBytes != DefaultShmBytes && t.dev >= 0 {
 		unix.Close(t.dev)
 		t.dev = -1
@@ -138,7 +142,78 @@ func attachTrees(root string, t trees, shmBytes int64) error {
 			return err
 		}
 	}
+	if bootIDBound {
+		return nil
+	}
+	proc, err := openInRoot(root, "/proc", kindExisting)
+	if err != nil {
+		return fmt.Errorf("opening /proc: %w", err)
+	}
+	defer unix.Close(proc)
+	dev, err := openInRoot(root, "/dev", kindExisting)
+	if err != nil {
+		return fmt.Errorf("opening /dev: %w", err)
+	}
+	defer unix.Close(dev)
+	return bindBootID(proc, dev)
+}
+
+// bootIDPath is the boot's ID below /proc, and bootIDFile the name of its
+// per-boot copy, in /dev (the sandbox's own tmpfs) until it is bound.
+const (
+	bootIDPath = "sys/kernel/random/boot_id"
+	bootIDFile = ".boot_id"
+)
+
+// bindBootID gives the proc mount p a boot ID of its own: a file with a
+// new random UUID, made in the sandbox's /dev tmpfs d, bound read-only
+// over p's /proc/sys/kernel/random/boot_id, and unlinked from d (the bind
+// keeps it). Each start of a sandbox is a boot with its own init, so its
+// programs see a new boot ID at each, as on a machine that rebooted, and
+// never the host's.
+func bindBootID(p, d int) error {
+	id, err := newBootID()
+	if err != nil {
+		return err
+	}
+	f, err := unix.Openat(d, bootIDFile, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o444)
+	if err != nil {
+		return fmt.Errorf("preparing the boot ID: %w", err)
+	}
+	defer unix.Unlinkat(d, bootIDFile, 0)
+	_, err = unix.Write(f, id)
+	unix.Close(f)
+	if err != nil {
+		return fmt.Errorf("writing the boot ID: %w", err)
+	}
+	fd, err := cloneMount(d, bootIDFile, unix.MOUNT_ATTR_RDONLY|noExec)
+	if err == nil {
+		err = moveOnto(fd, p, bootIDPath)
+	}
+	if err != nil {
+		return fmt.Errorf("binding the boot ID: %w", err)
+	}
 	return nil
+}
+
+// newBootID returns a random (version 4) UUID as the kernel writes a boot
+// ID: 36 lower-case characters and a newline.
+func newBootID() ([]byte, error) {
+	var b [16]byte
+	if n, err := unix.Getrandom(b[:], 0); err != nil || n != len(b) {
+		return nil, fmt.Errorf("drawing a boot ID: %d bytes, %v", n, err)
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	const hexDigits = "0123456789abcdef"
+	out := make([]byte, 0, 37)
+	for i, c := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, hexDigits[c>>4], hexDigits[c&0xf])
+	}
+	return append(out, '\n'), nil
 }
 
 // attach moves the mount tree fd onto path inside root, made as kind.

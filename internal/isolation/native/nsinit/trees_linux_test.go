@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -56,6 +57,13 @@ func treesChild(mode string) int {
 		fmt.Fprintln(os.Stderr, "attaching:", err)
 		return 1
 	}
+	// The boot ID its programs will read, first (runTreesChild takes it).
+	id, err := os.ReadFile(root + "/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("%q\n", id)
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -96,7 +104,9 @@ func treesChild(mode string) int {
 	return 0
 }
 
-func runTreesChild(t *testing.T, mode string, shm int64) (string, int) {
+// runTreesChild runs treesChild and returns its mounts, its exit code
+// and the boot ID its /proc gives.
+func runTreesChild(t *testing.T, mode string, shm int64) (mounts string, code int, bootID string) {
 	t.Helper()
 	root := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -109,7 +119,6 @@ func runTreesChild(t *testing.T, mode string, shm int64) (string, int) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
@@ -118,7 +127,14 @@ func runTreesChild(t *testing.T, mode string, shm int64) (string, int) {
 	if code != 0 && code != 3 {
 		t.Fatalf("%s child: exit %d: %s", mode, code, stderr.String())
 	}
-	return string(out), code
+	first, mounts, _ := strings.Cut(string(out), "\n")
+	if code == 0 {
+		var err error
+		if bootID, err = strconv.Unquote(first); err != nil {
+			t.Fatalf("%s child: boot ID line %q: %v", mode, first, err)
+		}
+	}
+	return mounts, code, bootID
 }
 
 // A sandbox's /proc, /sys and /dev built ahead (detached, then attached)
@@ -128,7 +144,7 @@ func TestTreesAheadMatchInPlace(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root (user namespaces with a mapped root)")
 	}
-	inPlace, _ := runTreesChild(t, "inplace", DefaultShmBytes)
+	inPlace, _, _ := runTreesChild(t, "inplace", DefaultShmBytes)
 	for _, want := range []string{
 		"/proc / rw,nosuid,nodev,noexec,relatime proc proc",
 		"/proc/sys /sys ro,nosuid,nodev,noexec,relatime proc proc",
@@ -141,12 +157,13 @@ func TestTreesAheadMatchInPlace(t *testing.T) {
 		"/dev/pts / rw,nosuid,noexec,relatime devpts devpts",
 		"/dev/shm / rw,nosuid,nodev,relatime tmpfs tmpfs rw,size=65536k,nr_inodes=16384",
 		"/.fence/fence ",
+		"/proc/sys/kernel/random/boot_id /" + bootIDFile + "//deleted ro,nosuid,nodev,noexec,relatime tmpfs tmpfs",
 	} {
 		if !strings.Contains(inPlace, want) {
 			t.Errorf("made in place: no mount like %q in\n%s", want, inPlace)
 		}
 	}
-	ahead, code := runTreesChild(t, "ahead", DefaultShmBytes)
+	ahead, code, _ := runTreesChild(t, "ahead", DefaultShmBytes)
 	if code == 3 {
 		var u unix.Utsname
 		_ = unix.Uname(&u)
@@ -176,7 +193,7 @@ func TestTreesAheadMatchInPlace(t *testing.T) {
 	}
 	// A /dev/shm of another size: the /dev built ahead is dropped for one
 	// made at the create.
-	other, _ := runTreesChild(t, "ahead", 1<<20)
+	other, _, _ := runTreesChild(t, "ahead", 1<<20)
 	if !strings.Contains(other, "/dev/shm / rw,nosuid,nodev,relatime tmpfs tmpfs rw,size=1024k") {
 		t.Errorf("with a 1 MiB /dev/shm:\n%s", other)
 	}
@@ -205,4 +222,32 @@ func TestWarmConfigSetsEveryField(t *testing.T) {
 		}
 	}
 	walk(reflect.ValueOf(c), "Config")
+}
+
+// Every sandbox's /proc gives a boot ID of its own, built ahead or made at
+// the create: a random UUID written as the kernel writes one, never the
+// host's, and another at each boot.
+func TestBootIDPerBoot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root (user namespaces with a mapped root)")
+	}
+	host, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid4 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\n$`)
+	seen := map[string]string{string(host): "the host"}
+	for _, mode := range []string{"inplace", "inplace", "ahead", "ahead"} {
+		_, code, id := runTreesChild(t, mode, DefaultShmBytes)
+		if code == 3 {
+			continue // no trees ahead on this kernel (TestTreesAheadMatchInPlace says whether that is right)
+		}
+		if !uuid4.MatchString(id) {
+			t.Errorf("%s: boot_id = %q, want a version-4 UUID and a newline", mode, id)
+		}
+		if prev, ok := seen[id]; ok {
+			t.Errorf("%s: boot_id %q is also %s's", mode, id, prev)
+		}
+		seen[id] = mode + " boot"
+	}
 }
