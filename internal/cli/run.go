@@ -63,14 +63,14 @@ and fence's data directory cannot be mounted.`,
 			if o.Env, err = parseEnv(env); err != nil {
 				return err
 			}
+			o.TemplatesDir = templatesDir(tdir, o.DataDir)
 			for _, v := range binds {
-				b, err := parseBind(v, o.DataDir)
+				b, err := parseBind(v, o.DataDir, o.TemplatesDir)
 				if err != nil {
 					return err
 				}
 				o.Binds = append(o.Binds, b)
 			}
-			o.TemplatesDir = templatesDir(tdir, o.DataDir)
 			spec := client.ProcessSpec{Cmd: args[0], Args: args[1:], Env: o.Env, Cwd: o.Workdir, User: user, Timeout: o.Timeout}
 			s := &session{
 				in: cmd.InOrStdin(), out: cmd.OutOrStdout(), errOut: cmd.ErrOrStderr(),
