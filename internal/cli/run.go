@@ -38,8 +38,12 @@ stdin, stdout and stderr are attached; when stdin is a terminal CMD runs on
 a terminal too. SIGINT or SIGTERM to fence kills the sandbox.
 
 The sandbox sees none of your environment: pass variables with -e. Host
-directories are visible only through -v; the host's /, /proc, /sys and /dev
-and fence's data directory cannot be mounted.`,
+directories are visible only through -v, written as the sandbox's user:
+files it writes land owned by the directory's owner (root, for root's
+project). The host's /, /proc, /sys, /dev and /run and fence's data and
+templates directories cannot be mounted; its system trees (/etc, /usr,
+/var/lib, ...), /root, /home and /tmp themselves, and a home's hidden
+entries only read-only (:ro).`,
 		Example: `  # Run a shell command in the minimal template
   fence run -- sh -c 'echo hello from $(hostname)'
 
