@@ -442,7 +442,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	defer unix.Close(lower)
 	fds := []int{lower}
 	for _, bd := range spec.Binds {
-		fd, isDir, rootsRW, err := s.bindTree(bd, hostUID)
+		fd, isDir, rootsRW, err := s.bindTree(ctx, bd, hostUID)
 		if err != nil {
 			return err
 		}
@@ -615,7 +615,7 @@ func (s *sandbox) Foreground() error {
 // user's. rootsRW reports a writable bind of root's: the sandbox's user
 // is host root there, and the sandbox must then lack CAP_SETFCAP
 // (nsinit.Config.NoSetFCap).
-func (s *sandbox) bindTree(bd isolation.Bind, hostUID uint32) (fd int, isDir, rootsRW bool, err error) {
+func (s *sandbox) bindTree(ctx context.Context, bd isolation.Bind, hostUID uint32) (fd int, isDir, rootsRW bool, err error) {
 	src, err := unix.Openat2(unix.AT_FDCWD, bd.HostPath, &unix.OpenHow{
 		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
 	if err != nil {
@@ -639,7 +639,7 @@ func (s *sandbox) bindTree(bd isolation.Bind, hostUID uint32) (fd int, isDir, ro
 		owner, group = nobodyID, nobodyID
 	}
 	if owner == 0 {
-		if err := checkNoPrivileged(src, st.Mode&unix.S_IFMT == unix.S_IFDIR, opened); err != nil {
+		if err := checkNoPrivileged(ctx, src, st.Mode&unix.S_IFMT == unix.S_IFDIR, opened); err != nil {
 			return -1, false, false, fmt.Errorf("bind source %s: %w", bd.HostPath, err)
 		}
 	}
@@ -666,8 +666,9 @@ func (s *sandbox) bindTree(bd isolation.Bind, hostUID uint32) (fd int, isDir, ro
 // on the host to run. src is the opened source, a directory if dir, name
 // the path to report it under. The sandbox itself cannot make such files
 // (seccomp refuses set-id modes, NoSetFCap the capabilities); the walk
-// costs a stat per file, and only writable binds of root's take it.
-func checkNoPrivileged(src int, dir bool, name string) error {
+// costs a stat and an xattr read per file, only writable binds of root's
+// take it, and it ends with ctx.
+func checkNoPrivileged(ctx context.Context, src int, dir bool, name string) error {
 	fdPath := fmt.Sprintf("/proc/self/fd/%d", src)
 	if !dir {
 		return checkFilePrivileged(fdPath, name, unix.Stat, unix.Getxattr)
@@ -675,6 +676,9 @@ func checkNoPrivileged(src int, dir bool, name string) error {
 	root := fdPath + "/"
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		if !d.Type().IsRegular() {
