@@ -638,7 +638,7 @@ func (s *sandbox) bindTree(ctx context.Context, bd isolation.Bind, hostUID uint3
 	if owner == 0 && bd.ReadOnly {
 		owner, group = nobodyID, nobodyID
 	}
-	if owner == 0 {
+	if !bd.ReadOnly && (owner == 0 || group == 0) {
 		if err := checkNoPrivileged(ctx, src, st.Mode&unix.S_IFMT == unix.S_IFDIR, opened); err != nil {
 			return -1, false, false, fmt.Errorf("bind source %s: %w", bd.HostPath, err)
 		}
@@ -659,11 +659,11 @@ func (s *sandbox) bindTree(ctx context.Context, bd isolation.Bind, hostUID uint3
 	return tree, st.Mode&unix.S_IFMT == unix.S_IFDIR, owner == 0, nil
 }
 
-// checkNoPrivileged refuses a writable bind of root's that holds a
-// set-user-ID or set-group-ID file, or one with file capabilities: the
-// sandbox's user is root there and could rewrite the file through a
-// shared mapping (which, unlike write(2), keeps those bits), for anyone
-// on the host to run. src is the opened source, a directory if dir, name
+// checkNoPrivileged refuses a writable bind of root's (owner or group)
+// that holds a set-user-ID or set-group-ID file, or one with file
+// capabilities: the sandbox's user is root there and could rewrite the
+// file through a shared mapping (which, unlike write(2), keeps those
+// bits), for anyone on the host to run. src is the opened source, a directory if dir, name
 // the path to report it under. The sandbox itself cannot make such files
 // (seccomp refuses set-id modes, NoSetFCap the capabilities); the walk
 // costs a stat and an xattr read per file, only writable binds of root's
