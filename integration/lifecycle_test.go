@@ -222,10 +222,10 @@ func TestRunCLI(t *testing.T) {
 			}
 		}
 	})
-	t.Run("bind of root's", func(t *testing.T) {
-		// Root's directory (think /run with its sockets) would make every
-		// file of root's under it the sandbox user's: refused writable;
-		// read-only, root's files stay not the user's.
+	t.Run("bind of root's, read-only", func(t *testing.T) {
+		// Read-only, root's files stay not the user's: a system place
+		// such as /etc may be bound so (TestRunBindRootProject proves
+		// the writable bind of a root user's project).
 		dir := t.TempDir()
 		if err := os.Chmod(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -236,11 +236,7 @@ func TestRunCLI(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "public"), []byte("for all\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, errs, code := fenceRun(t, "-v", dir+":/w", "--", "echo", "ran")
-		if code == 0 || strings.Contains(out, "ran") || !strings.Contains(errs, "owned by root") {
-			t.Errorf("fence run -v ROOTDIR:/w: exit %d, stdout %q, stderr %q; want a refusal naming root's ownership", code, out, errs)
-		}
-		out, errs, code = fenceRun(t, "-v", dir+":/w:ro", "--", "sh", "-c", "cat /w/public; cat /w/secret; stat -c %u /w/secret")
+		out, errs, code := fenceRun(t, "-v", dir+":/w:ro", "--", "sh", "-c", "cat /w/public; cat /w/secret; stat -c %u /w/secret")
 		if strings.Contains(out, "root only") {
 			t.Errorf("the sandbox user read root's 0600 file through a :ro bind: %q", out)
 		}
@@ -278,7 +274,7 @@ func TestRunCLI(t *testing.T) {
 				t.Errorf("fence run -v %s: exit %d, stdout %q, want refusal", spec, code, out)
 				continue
 			}
-			if !strings.Contains(errs, "refusing") && !strings.Contains(errs, "invalid -v") {
+			if !strings.Contains(errs, "bind refused") {
 				t.Errorf("fence run -v %s: stderr %q, want a clear refusal", spec, errs)
 			}
 		}

@@ -2,22 +2,11 @@ package cli
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 )
-
-// forbiddenHostPaths are host trees never mounted into a sandbox.
-var forbiddenHostPaths = []string{"/proc", "/sys", "/dev"}
-
-// within reports whether p is dir or lies under it. Both are clean and
-// absolute.
-func within(p, dir string) bool {
-	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
-}
 
 // resolvePath returns p made absolute, cleaned and with its symlinks
 // resolved. The path must exist.
@@ -30,12 +19,12 @@ func resolvePath(p string) (string, error) {
 }
 
 // parseBind parses a -v value, HOSTPATH:PATH[:ro|:rw], and validates it:
-// HOSTPATH must exist; after resolving symlinks it must not be the host's
-// root, lie in /proc, /sys or /dev, be inside (or contain) dataDir, or be
-// owned by root unless the bind is read-only (the native backend refuses
-// it too, see native.ErrRootOwnedBind); PATH
-// must be absolute and not "/". The returned HostPath is the resolved path.
-func parseBind(spec, dataDir string) (isolation.Bind, error) {
+// HOSTPATH must exist, and once its symlinks are resolved pass
+// isolation.CheckBindSource with fence's dirs (the data dir and the
+// templates dir); PATH must be absolute and not "/". The returned HostPath
+// is the resolved path: the backend opens that one directory, without
+// following a symlink, and checks it again.
+func parseBind(spec string, fenceDirs ...string) (isolation.Bind, error) {
 	parts := strings.Split(spec, ":")
 	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
 		return isolation.Bind{}, usagef("invalid -v %q: want HOSTPATH:PATH[:ro]", spec)
@@ -57,28 +46,11 @@ func parseBind(spec, dataDir string) (isolation.Bind, error) {
 	if err != nil {
 		return isolation.Bind{}, fmt.Errorf("invalid -v %q: host path: %w", spec, err)
 	}
-	if host == "/" {
-		return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing to mount the host's root", spec)
-	}
-	for _, f := range forbiddenHostPaths {
-		if within(host, f) {
-			return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing to mount %s (inside %s)", spec, host, f)
+	if err := isolation.CheckBindSource(host, b.ReadOnly, fenceDirs...); err != nil {
+		if abs, _ := filepath.Abs(parts[0]); abs != host {
+			return isolation.Bind{}, fmt.Errorf("invalid -v %q (%s resolves to %s): %w", spec, parts[0], host, err)
 		}
-	}
-	data, err := resolvePath(dataDir)
-	if err != nil {
-		// A data dir that does not exist yet still must not be exposed.
-		if data, err = filepath.Abs(dataDir); err != nil {
-			return isolation.Bind{}, fmt.Errorf("resolving data dir: %w", err)
-		}
-	}
-	if within(host, data) || within(data, host) {
-		return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing to mount %s, which overlaps fence's data dir %s", spec, host, data)
-	}
-	if st, err := os.Stat(host); err == nil && !b.ReadOnly {
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid == 0 {
-			return isolation.Bind{}, fmt.Errorf("invalid -v %q: refusing a writable bind of %s, which is owned by root (its root-owned files would be the sandbox user's): bind it read-only (:ro)", spec, host)
-		}
+		return isolation.Bind{}, fmt.Errorf("invalid -v %q: %w", spec, err)
 	}
 	b.HostPath = host
 	return b, nil

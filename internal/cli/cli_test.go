@@ -288,7 +288,11 @@ func TestParseBind(t *testing.T) {
 	os.Mkdir(sub, 0o755)
 	rootOwned := filepath.Join(host, "root")
 	os.Mkdir(rootOwned, 0o755)
-	// A developer's directories; root's may be bound read-only only.
+	linkToEtc := filepath.Join(host, "etc")
+	os.Symlink("/etc", linkToEtc)
+	tmplDir := t.TempDir()
+	// A developer's directories, and root's project (rootOwned): both
+	// writable.
 	for _, d := range []string{host, sub} {
 		if err := os.Chown(d, 1000, 1000); err != nil {
 			t.Fatal(err)
@@ -306,8 +310,16 @@ func TestParseBind(t *testing.T) {
 		{spec: "sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
 		{spec: "./sub/../sub:/s", want: isolation.Bind{HostPath: sub, Path: "/s"}},
 		{spec: rootOwned + ":/r:ro", want: isolation.Bind{HostPath: rootOwned, Path: "/r", ReadOnly: true}},
-		{spec: rootOwned + ":/r", wantErr: true},
-		{spec: rootOwned + ":/r:rw", wantErr: true},
+		{spec: rootOwned + ":/r", want: isolation.Bind{HostPath: rootOwned, Path: "/r"}},
+		{spec: rootOwned + ":/r:rw", want: isolation.Bind{HostPath: rootOwned, Path: "/r"}},
+		{spec: "/etc:/e:ro", want: isolation.Bind{HostPath: "/etc", Path: "/e", ReadOnly: true}},
+		{spec: linkToEtc + ":/e:ro", want: isolation.Bind{HostPath: "/etc", Path: "/e", ReadOnly: true}},
+		{spec: "/etc:/e", wantErr: true},
+		{spec: "/usr:/e", wantErr: true},
+		{spec: "/root:/e", wantErr: true},
+		{spec: linkToEtc + ":/e", wantErr: true},
+		{spec: tmplDir + ":/t:ro", wantErr: true},
+		{spec: "/run:/e:ro", wantErr: true},
 		{spec: host, wantErr: true},
 		{spec: host + ":work", wantErr: true},
 		{spec: host + ":/", wantErr: true},
@@ -327,7 +339,7 @@ func TestParseBind(t *testing.T) {
 		{spec: linkToData + ":/p", wantErr: true},
 	}
 	for _, tt := range tests {
-		got, err := parseBind(tt.spec, dataDir)
+		got, err := parseBind(tt.spec, dataDir, tmplDir)
 		if (err != nil) != tt.wantErr || (!tt.wantErr && got != tt.want) {
 			t.Errorf("parseBind(%q) = %+v, %v; want %+v, error %v", tt.spec, got, err, tt.want, tt.wantErr)
 		}

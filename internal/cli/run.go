@@ -38,8 +38,12 @@ stdin, stdout and stderr are attached; when stdin is a terminal CMD runs on
 a terminal too. SIGINT or SIGTERM to fence kills the sandbox.
 
 The sandbox sees none of your environment: pass variables with -e. Host
-directories are visible only through -v; the host's /, /proc, /sys and /dev
-and fence's data directory cannot be mounted.`,
+directories are visible only through -v, written as the sandbox's user:
+files it writes land owned by the directory's owner (root, for root's
+project). The host's /, /proc, /sys, /dev and /run and fence's data and
+templates directories cannot be mounted; its system trees (/etc, /usr,
+/var/lib, ...), /root, /home and /tmp themselves, and a home's hidden
+entries only read-only (:ro).`,
 		Example: `  # Run a shell command in the minimal template
   fence run -- sh -c 'echo hello from $(hostname)'
 
@@ -63,14 +67,14 @@ and fence's data directory cannot be mounted.`,
 			if o.Env, err = parseEnv(env); err != nil {
 				return err
 			}
+			o.TemplatesDir = templatesDir(tdir, o.DataDir)
 			for _, v := range binds {
-				b, err := parseBind(v, o.DataDir)
+				b, err := parseBind(v, o.DataDir, o.TemplatesDir)
 				if err != nil {
 					return err
 				}
 				o.Binds = append(o.Binds, b)
 			}
-			o.TemplatesDir = templatesDir(tdir, o.DataDir)
 			spec := client.ProcessSpec{Cmd: args[0], Args: args[1:], Env: o.Env, Cwd: o.Workdir, User: user, Timeout: o.Timeout}
 			s := &session{
 				in: cmd.InOrStdin(), out: cmd.OutOrStdout(), errOut: cmd.ErrOrStderr(),

@@ -334,6 +334,7 @@ func Serve(ctx context.Context, opts Options) error {
 		CopyLayers: opts.LayerFS == "copy",
 		TrustedCA:  caPEM,
 		StateDir:   filepath.Join(opts.DataDir, "native"),
+		FenceDirs:  []string{opts.DataDir, opts.TemplatesDir},
 		Executable: opts.Executable,
 		DiskPool:   4,
 		ReadyInits: readyInits,

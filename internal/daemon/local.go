@@ -80,6 +80,7 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 	case "", BackendNative:
 		b, err = native.New(ctx, native.Options{
 			StateDir:  filepath.Join(opts.DataDir, "native"),
+			FenceDirs: []string{opts.DataDir, opts.TemplatesDir},
 			Instance:  "run-" + strconv.Itoa(os.Getpid()),
 			Ephemeral: true,
 			Network:   localNetwork(opts.Recorder),

@@ -33,7 +33,9 @@ const sandboxUserID = 1000
 // owner; every other host id (root's above all) is unmapped, so the
 // sandbox can neither create root-owned files on the host nor take over
 // files of anyone else. (The seccomp filter refuses setuid and setgid
-// modes, so no set-id file of the owner can be planted either.)
+// modes, so no set-id file of the owner can be planted either; where the
+// owner is root, the sandbox also lacks CAP_SETFCAP and the tree holds no
+// set-id or capability-bearing file, see bindTree.)
 func bindUserNS(exe string, ownerUID, ownerGID, hostUser uint32) (int, error) {
 	r, w, err := os.Pipe()
 	if err != nil {

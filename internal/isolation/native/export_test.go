@@ -67,3 +67,6 @@ func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }
 
 // SetInitTaken sets the hook a create calls once it has taken its init.
 func SetInitTaken(f func()) { initTaken = f }
+
+// StateDirOf returns the backend's state directory.
+func StateDirOf(b *Backend) string { return b.opts.StateDir }

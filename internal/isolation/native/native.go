@@ -72,6 +72,11 @@ type Options struct {
 	// Ephemeral makes Close remove the instance itself (its cgroup parent
 	// and directories), for one-off instances such as `fence run`'s.
 	Ephemeral bool
+	// FenceDirs are fence's directories beside StateDir (its data dir and
+	// templates dir) that no bind may expose: see
+	// isolation.CheckBindSource, which every bind source passes here,
+	// with StateDir among them.
+	FenceDirs []string
 	// NoSeccomp disables the seccomp filter (for debugging only).
 	NoSeccomp bool
 	// Executable is the fence binary whose in-sandbox binary runs as

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,10 +30,13 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/selftest"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 	"github.com/fencesandbox/fence/internal/testutil"
+
+	"golang.org/x/sys/unix"
 )
 
 func newBackend(t *testing.T) *native.Backend {
@@ -433,22 +437,42 @@ func TestBindReadOnly(t *testing.T) {
 	}
 }
 
-// TestBindRootOwnedRefused proves that the backend itself (not only the
-// CLI) refuses a writable bind of a directory owned by root, whose files
-// of root's would become the sandbox user's, and that a symlink given as
-// the source is not followed.
-func TestBindRootOwnedRefused(t *testing.T) {
+// TestBindRootOwned proves that the backend itself (not only the CLI)
+// binds a root user's project writable with root as the sandbox's user
+// (what the user writes lands owned by root, the sandbox's root creates
+// nothing), refuses a source that would hand over the host or fence's
+// state, and does not follow a symlink given as the source.
+func TestBindRootOwned(t *testing.T) {
 	b := newBackend(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	dir := t.TempDir()
-	_, err := b.Create(t.Context(), isolation.Spec{RootFS: rootfs, Binds: []isolation.Bind{{HostPath: dir, Path: "/w"}}})
-	if !errors.Is(err, native.ErrRootOwnedBind) {
-		t.Errorf("Create with a writable bind of root's %s: %v, want ErrRootOwnedBind", dir, err)
+	os.Chmod(dir, 0o755)
+	sb := create(t, b, isolation.Spec{Binds: []isolation.Bind{{HostPath: dir, Path: "/w"}}})
+	r := run(t, sb, "user", "/bin/sh", "-c", "echo hi > /w/f; echo rc=$?")
+	if !strings.Contains(r.stdout, "rc=0") {
+		t.Errorf("the sandbox's user writing into a bind of root's: %q", r.stdout)
 	}
-	user := t.TempDir()
-	os.Chown(user, 1000, 1000)
+	if st, err := os.Stat(filepath.Join(dir, "f")); err != nil || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("DIR/f: %v; want it written and owned by root", err)
+	}
+	r = run(t, sb, "root", "/bin/sh", "-c", "touch /w/g; echo rc=$?")
+	if !strings.Contains(r.stdout, "rc=1") {
+		t.Errorf("the sandbox's root creating a file in a bind of root's: %q, want a failure", r.stdout)
+	}
+	// Without CAP_SETFCAP: a file capability given there would be host
+	// root's (TestRunBindRootProject proves the attack fails).
+	r = run(t, sb, "root", "/bin/sh", "-c", "grep CapBnd /proc/self/status")
+	if want := fmt.Sprintf("%016x", nsinit.KeptCaps()&^(1<<unix.CAP_SETFCAP)); !strings.Contains(r.stdout, want) {
+		t.Errorf("the sandbox's root with a writable bind of root's: %q, want CapBnd %s (no CAP_SETFCAP)", r.stdout, want)
+	}
+	for _, src := range []string{"/", "/etc", "/usr/bin", "/root", native.StateDirOf(b)} {
+		_, err := b.Create(t.Context(), isolation.Spec{RootFS: rootfs, Binds: []isolation.Bind{{HostPath: src, Path: "/w"}}})
+		if !errors.Is(err, isolation.ErrBindRefused) {
+			t.Errorf("Create with a writable bind of %s: %v, want ErrBindRefused", src, err)
+		}
+	}
 	link := filepath.Join(t.TempDir(), "link")
-	os.Symlink(user, link)
+	os.Symlink(dir, link)
 	if _, err := b.Create(t.Context(), isolation.Spec{RootFS: rootfs, Binds: []isolation.Bind{{HostPath: link, Path: "/w"}}}); err == nil {
 		t.Errorf("Create with a symlink as bind source succeeded, want refusal")
 	}

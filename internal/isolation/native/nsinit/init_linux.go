@@ -87,6 +87,12 @@ type Config struct {
 	// on, top first; they travel after the binds' descriptors.
 	LayerDirs []string `json:"layerDirs,omitempty"`
 	NoFile    uint64   `json:"noFile"`
+	// NoSetFCap drops CAP_SETFCAP from the sandbox's root too. A sandbox
+	// with a writable bind of a directory of root's has it set: there the
+	// sandbox's user stands for host root, and a file capability the
+	// sandbox's root gave with the user as its root id would be host
+	// root's, honoured for anyone on the host who runs the file.
+	NoSetFCap bool `json:"noSetFCap,omitempty"`
 	// Seccomp is the filter to install (EncodeFilter), compiled once per
 	// backend; empty means none.
 	Seccomp  []byte      `json:"seccomp,omitempty"`
@@ -343,7 +349,7 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err := enterCgroupNamespace(); err != nil {
 		return nil, err
 	}
-	if err := dropPrivileges(cfg.Seccomp); err != nil {
+	if err := dropPrivileges(cfg.Seccomp, cfg.NoSetFCap); err != nil {
 		return nil, err
 	}
 	// The agent's environment, as a program started with it would have
@@ -358,7 +364,7 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 // warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
 const warmConfig = `{"id":"w","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
 	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
-	`"noFile":1,"seccomp":"BgAAAAAA/38=","shmBytes":1,` +
+	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,` +
 	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`
 
 // warmDecoder decodes warmConfig, so that the Config the init waits for is
@@ -648,9 +654,16 @@ func enterCgroupNamespace() error {
 // dropPrivileges leaves every thread with the kept capabilities only
 // (effective, permitted; inheritable within them), no_new_privs and the
 // seccomp filter: what the agent would have had from an exec as the
-// sandbox's root, after boundCapabilities.
-func dropPrivileges(filter []byte) error {
+// sandbox's root, after boundCapabilities. With noSetFCap, CAP_SETFCAP
+// leaves the bounding set too, so no process of the sandbox has it.
+func dropPrivileges(filter []byte, noSetFCap bool) error {
 	kept := KeptCaps()
+	if noSetFCap {
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SETFCAP, 0); err != nil {
+			return fmt.Errorf("dropping CAP_SETFCAP: %w", err)
+		}
+		kept &^= 1 << unix.CAP_SETFCAP
+	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
