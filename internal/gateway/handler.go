@@ -448,19 +448,18 @@ func decoded(resp *http.Response) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
+	resp.Header.Del("Content-Encoding")
 	if len(codings) == 0 {
-		resp.Header.Del("Content-Encoding") // "identity" only
 		return resp.Body, nil
 	}
-	resp.Header.Del("Content-Encoding")
 	var r io.Reader = resp.Body
 	for i := len(codings) - 1; i >= 0; i-- {
 		switch codings[i] {
 		case "gzip", "x-gzip":
 			zr, err := gzip.NewReader(r)
 			if errors.Is(err, io.EOF) {
-				// Nothing under this layer: the body is empty, and r
-				// (at its end) says so.
+				// This layer is empty, so is the body: r is at its
+				// end and says so.
 				return readCloser{r, resp.Body}, nil
 			}
 			if err != nil {
