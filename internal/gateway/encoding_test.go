@@ -241,3 +241,38 @@ func TestTransferCodingRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestInformationalResponsesMaskedForBinding: a bound host that echoes
+// the value put in for a placeholder in a 103 shows the sandbox the
+// placeholder.
+func TestInformationalResponsesMaskedForBinding(t *testing.T) {
+	h := newHarness(t, bindingConfig(t, PlaceHeader))
+	h.secrets.set("TOKEN", tokenValue)
+	h.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Early", r.Header.Get("X-Key"))
+		w.WriteHeader(http.StatusEarlyHints)
+		clear(w.Header())
+		io.WriteString(w, "ok")
+	})
+	c := h.client("h2")
+	req, _ := http.NewRequest(http.MethodGet, "https://api.test/early", nil)
+	req.Header.Set("X-Key", placeholder)
+	var early []textproto.MIMEHeader
+	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+			early = append(early, textproto.MIMEHeader(http.Header(h).Clone()))
+			return nil
+		}}))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if seen := h.seenHost("api.test"); len(seen) != 1 || seen[0].Header.Get("X-Key") != tokenValue {
+		t.Fatalf("upstream saw %+v", seen)
+	}
+	if len(early) != 1 || early[0].Get("X-Early") != placeholder {
+		t.Fatalf("103 headers %v, want X-Early with the placeholder", early)
+	}
+}
