@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -406,6 +407,24 @@ func TestFakeNetHelper(t *testing.T) {
 			for k, v := range r.Header {
 				fmt.Fprintf(w, "%s: %s\n", k, strings.Join(v, ","))
 			}
+			return
+		case r.URL.Path == "/early-hints":
+			// Echoes the Authorization header in a 103 Early Hints, then
+			// answers plainly.
+			w.Header().Set("X-Early-Authorization", r.Header.Get("Authorization"))
+			w.WriteHeader(http.StatusEarlyHints)
+			clear(w.Header())
+			io.WriteString(w, "after early hints\n")
+			return
+		case r.URL.Path == "/headers-stacked":
+			// /headers gzipped, under two Content-Encoding lines:
+			// identity, then gzip.
+			w.Header()["Content-Encoding"] = []string{"identity", "gzip"}
+			zw := gzip.NewWriter(w)
+			for k, v := range r.Header {
+				fmt.Fprintf(zw, "%s: %s\n", k, strings.Join(v, ","))
+			}
+			zw.Close()
 			return
 		case strings.HasPrefix(r.URL.Path, "/fake/") && !isArtifact(r.URL.Path):
 			// A flat Debian repository with one package, for apt: an

@@ -129,6 +129,26 @@ PY
 		}
 		neverHeld(t, e, value)
 
+		// An echo in a 103 Early Hints is masked like the final response.
+		for _, proto := range []string{"--http1.1", "--http2"} {
+			out = sh(t, e, "curl -sS -i "+proto+" --max-time 20 https://rules.test/early-hints")
+			if strings.Contains(out, value) {
+				t.Errorf("curl %s: the 103 Early Hints reached the sandbox unmasked: %q", proto, out)
+			}
+			if !strings.Contains(out, " 103") || !strings.Contains(strings.ToLower(out), "x-early-authorization: bearer ") {
+				t.Errorf("curl -i %s = %q, want the 103 with the (masked) header", proto, out)
+			}
+		}
+		// An echo under two Content-Encoding lines (identity, then gzip),
+		// which curl decodes, is decoded and masked by the gateway.
+		out = sh(t, e, "curl -sS --compressed --max-time 20 https://rules.test/headers-stacked")
+		if strings.Contains(out, value) {
+			t.Errorf("the gzipped echo reached the sandbox unmasked: %q", out)
+		}
+		if !strings.Contains(out, "Authorization: Bearer ") {
+			t.Errorf("stacked echo = %q, want the (masked) injected header", out)
+		}
+
 		// Rotation reaches the live sandbox on its next request.
 		putSecret("api-key", value+"-rotated", true)
 		m = fn.mark()

@@ -18,8 +18,10 @@
 //     bundle); an upstream that fails verification gets no request.
 //   - A secret's value is put only into the places its rule or binding
 //     allows, of requests to its hosts; a placeholder anywhere else is
-//     refused and recorded. Responses that echo an injected value reach the
-//     sandbox with the value masked.
+//     refused and recorded. Responses (informational 1xx ones included)
+//     that echo an injected value reach the sandbox with the value masked;
+//     a body under a content coding the gateway cannot undo is refused,
+//     never passed on unscanned.
 //   - Redirects are never followed by the gateway.
 //   - Every decision and every secret use is an [Event]; values never are.
 //   - A download is recorded only when its whole body reached the sandbox.

@@ -111,8 +111,48 @@ func (fc *flowConn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// without full duplex net/http would discard the rest of the body
 	// under the transport, which then drops the upstream connection.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	fc.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+	fc.proxy.ServeHTTP(interimMasker{w, st}, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
 	completed = true
+}
+
+// interimMasker masks the headers of the informational (1xx) responses
+// the proxy passes on as they come, before the final response (which
+// modifyResponse masks): 103 Early Hints and the like leave for the
+// sandbox from here.
+type interimMasker struct {
+	http.ResponseWriter
+	st *reqState
+}
+
+func (m interimMasker) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		maskInterim(m.Header(), m.st.masks)
+	}
+	m.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer
+// (flushes, full duplex, the hijack after a 101).
+func (m interimMasker) Unwrap() http.ResponseWriter { return m.ResponseWriter }
+
+// maskInterim masks a 1xx response's header: values like a final
+// response's, and a field whose name holds a masked value, in any case,
+// is dropped (a name cannot be rewritten to the placeholder and stay the
+// same field).
+func maskInterim(h http.Header, masks []needle) {
+	if len(masks) == 0 {
+		return
+	}
+	for k := range h {
+		lk := strings.ToLower(k)
+		for _, nd := range masks {
+			if len(nd.find) > 0 && strings.Contains(lk, strings.ToLower(string(nd.find))) {
+				delete(h, k)
+				break
+			}
+		}
+	}
+	maskHeader(h, masks)
 }
 
 func refuse(w http.ResponseWriter, status int, reason string) {
@@ -371,30 +411,66 @@ func (fc *flowConn) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// decoded returns resp's body as identity bytes: gzip and deflate are
-// undone (and the header dropped); other encodings are refused.
-func decoded(resp *http.Response) (io.ReadCloser, error) {
-	ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding")))
-	switch ce {
-	case "", "identity":
-		return resp.Body, nil
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(resp.Body)
-		if err != nil {
-			if errors.Is(err, io.EOF) { // empty body
-				resp.Header.Del("Content-Encoding")
-				return resp.Body, nil
+// maxCodings bounds the content codings the gateway undoes on one
+// response; a response that lists more is refused.
+const maxCodings = 4
+
+// contentCodings returns the content codings h lists, in the order they
+// were applied, over all its Content-Encoding lines, lower-cased and
+// without "identity" (which changes nothing). Any coding but gzip,
+// x-gzip and deflate, or more than maxCodings of them, is errEncoding.
+func contentCodings(h http.Header) ([]string, error) {
+	var out []string
+	for _, line := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(line, ",") {
+			switch c = strings.ToLower(strings.TrimSpace(c)); c {
+			case "", "identity":
+			case "gzip", "x-gzip", "deflate":
+				if len(out) == maxCodings {
+					return nil, errEncoding
+				}
+				out = append(out, c)
+			default:
+				return nil, errEncoding
 			}
-			return nil, errEncoding
 		}
-		resp.Header.Del("Content-Encoding")
-		return readCloser{zr, resp.Body}, nil
-	case "deflate":
-		zr := flate.NewReader(&zlibSkip{r: resp.Body})
-		resp.Header.Del("Content-Encoding")
-		return readCloser{zr, resp.Body}, nil
 	}
-	return nil, errEncoding
+	return out, nil
+}
+
+// decoded returns resp's body as identity bytes: every content coding it
+// lists, on any number of Content-Encoding lines, is undone, last applied
+// first, and the header dropped; a response with a coding the gateway
+// cannot undo is refused whole (errEncoding), never passed on partly
+// decoded.
+func decoded(resp *http.Response) (io.ReadCloser, error) {
+	codings, err := contentCodings(resp.Header)
+	if err != nil {
+		return nil, err
+	}
+	resp.Header.Del("Content-Encoding")
+	if len(codings) == 0 {
+		return resp.Body, nil
+	}
+	var r io.Reader = resp.Body
+	for i := len(codings) - 1; i >= 0; i-- {
+		switch codings[i] {
+		case "gzip", "x-gzip":
+			zr, err := gzip.NewReader(r)
+			if errors.Is(err, io.EOF) {
+				// This layer is empty, so is the body: r is at its
+				// end and says so.
+				return readCloser{r, resp.Body}, nil
+			}
+			if err != nil {
+				return nil, errEncoding
+			}
+			r = zr
+		case "deflate":
+			r = flate.NewReader(&zlibSkip{r: r})
+		}
+	}
+	return readCloser{r, resp.Body}, nil
 }
 
 type readCloser struct {
