@@ -196,14 +196,15 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.DataDir == "" || opts.Addr == "" {
 		return errors.New("daemon: Addr and DataDir are required")
 	}
-	if opts.TemplatesDir == "" {
-		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
+	// One spelling of each, the kernel's, for every path derived below.
+	var err error
+	if opts.DataDir, opts.TemplatesDir, err = resolveDirs(opts.DataDir, opts.TemplatesDir); err != nil {
+		return err
 	}
 	// Before anything is made: a binary sandboxes cannot run is a clear
 	// error at start, not a failure of every create.
 	exe := opts.Executable
 	if exe == "" {
-		var err error
 		if exe, err = os.Executable(); err != nil {
 			return fmt.Errorf("finding own executable: %w", err)
 		}
@@ -268,7 +269,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("opening templates: %w", err)
 	}
-	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
+	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), opts.Executable, log); err != nil {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
 	// The host's addresses are followed as interfaces change, not only
