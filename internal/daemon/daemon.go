@@ -5,6 +5,10 @@
 // # Guarantees
 //
 //   - One daemon per data dir: a second one fails at start (flock).
+//   - The data dir and templates dir may be symlinks: they are resolved
+//     once at start (realPath) and every path is derived from the kernel's
+//     spelling, so mount checks, unmounts, runsc's paths and the warm
+//     pool's disks agree with what the kernel reports.
 //   - On start, whatever a previous, crashed daemon left behind is killed
 //     and removed before the API accepts requests.
 //   - On SIGTERM (ctx done) the listener stops accepting, in-flight
