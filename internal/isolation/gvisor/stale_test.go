@@ -67,7 +67,10 @@ func TestCleanupStaleRemovesOldSpelling(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(stateReal, "sandboxes", old)); len(ents) > 0 {
 		t.Errorf("sandboxes of the earlier instance remain: %v", ents)
 	}
-	if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "fence", old, "*")); len(dirs) > 0 {
+	// cgroup v2, or v1's hierarchies.
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "fence", old, "*", "cgroup.procs"))
+	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "fence", old, "*", "cgroup.procs"))
+	if dirs := append(v2, v1...); len(dirs) > 0 {
 		t.Errorf("cgroups of the earlier instance remain: %q", dirs)
 	}
 	if m := mountPointsUnder(real); len(m) > 0 {
