@@ -2,6 +2,7 @@ package integration
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 // TestSymlinkedDataDirRestarts runs `fence serve --data-dir LINK`, LINK a
 // symlink to the real data dir (an operator's /var/lib/fence on a bigger
-// disk), five times in a row with a warm pool filling, each run ended by
+// disk) that holds the templates too (LINK/templates), five times in a row with a warm pool filling, each run ended by
 // SIGTERM or by SIGKILL in turn (runs 1 and 3 are killed, the last one is
 // stopped cleanly). Each start must find exactly one mount of the native
 // disk dir (its own, not one more per earlier run), and each run creates,
@@ -51,11 +52,20 @@ func TestSymlinkedDataDirRestarts(t *testing.T) {
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
+	// The templates live in the data dir, as by default: every template
+	// root is reached through the symlink too.
+	if err := os.Mkdir(filepath.Join(real, "templates"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Dir(testutil.RootFS(t, "minimal"))
+	if out, err := exec.Command("cp", "-a", src, filepath.Join(real, "templates", "minimal")).CombinedOutput(); err != nil {
+		t.Fatalf("copying the template: %v: %s", err, out)
+	}
 	t.Cleanup(func() { unmountUnder(real) })
 	diskDir := filepath.Join(real, "native", "disk", instanceOf(link))
 	nativeMeta := map[string]string{"fence.backend": "native"}
 
-	d := startDaemon(t, link, "--warm-pool", "2")
+	d := startDaemon(t, link, "--warm-pool", "2", "--templates-dir", filepath.Join(link, "templates"))
 	const runs = 5
 	for run := range runs {
 		last := run == runs-1
