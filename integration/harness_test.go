@@ -33,10 +33,14 @@ import (
 const sandboxUIDBase = 1 << 24
 
 // instanceOf is the native backend instance of `fence serve` on dataDir:
-// "serve-" and a hash of its state directory.
+// "serve-" and a hash of its state directory, with the data dir's symlinks
+// resolved as the daemon resolves them.
 func instanceOf(dataDir string) string {
-	abs, _ := filepath.Abs(filepath.Join(dataDir, "native"))
-	sum := sha256.Sum256([]byte(abs))
+	abs, _ := filepath.Abs(dataDir)
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = r
+	}
+	sum := sha256.Sum256([]byte(filepath.Join(abs, "native")))
 	return "serve-" + hex.EncodeToString(sum[:4])
 }
 

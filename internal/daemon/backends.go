@@ -35,14 +35,20 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []
 	default:
 		return nil, nil, fmt.Errorf("unknown backend %q (native or gvisor)", opts.Backend)
 	}
-	gv, err := gvisor.New(ctx, gvisor.Options{
+	gvOpts := gvisor.Options{
 		StateDir:   filepath.Join(opts.DataDir, "gvisor"),
 		Runsc:      opts.Runsc,
 		Executable: opts.Executable,
 		Defaults:   opts.Defaults.Limits(),
 		TrustedCA:  caPEM,
 		Logger:     log,
-	})
+	}
+	gv, err := gvisor.New(ctx, gvOpts)
+	if err == nil {
+		if err := gvisor.CleanupStale(ctx, gvOpts); err != nil {
+			log.Warn("cleaning up after earlier gvisor instances", "err", err)
+		}
+	}
 	if err != nil {
 		if opts.Backend == BackendGvisor {
 			return nil, nil, fmt.Errorf("starting gvisor backend: %w", err)

@@ -5,6 +5,10 @@
 // # Guarantees
 //
 //   - One daemon per data dir: a second one fails at start (flock).
+//   - The data dir and templates dir may be symlinks: they are resolved
+//     once at start (realPath) and every path is derived from the kernel's
+//     spelling, so mount checks, unmounts, runsc's paths and the warm
+//     pool's disks agree with what the kernel reports.
 //   - On start, whatever a previous, crashed daemon left behind is killed
 //     and removed before the API accepts requests.
 //   - On SIGTERM (ctx done) the listener stops accepting, in-flight
@@ -196,14 +200,15 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.DataDir == "" || opts.Addr == "" {
 		return errors.New("daemon: Addr and DataDir are required")
 	}
-	if opts.TemplatesDir == "" {
-		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
+	// One spelling of each, the kernel's, for every path derived below.
+	var err error
+	if opts.DataDir, opts.TemplatesDir, err = resolveDirs(opts.DataDir, opts.TemplatesDir); err != nil {
+		return err
 	}
 	// Before anything is made: a binary sandboxes cannot run is a clear
 	// error at start, not a failure of every create.
 	exe := opts.Executable
 	if exe == "" {
-		var err error
 		if exe, err = os.Executable(); err != nil {
 			return fmt.Errorf("finding own executable: %w", err)
 		}
@@ -268,7 +273,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("opening templates: %w", err)
 	}
-	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), log); err != nil {
+	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), opts.Executable, log); err != nil {
 		log.Warn("cleaning up after earlier fence run processes", "err", err)
 	}
 	// The host's addresses are followed as interfaces change, not only

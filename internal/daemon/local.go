@@ -64,8 +64,9 @@ func localNetwork(rec egress.Recorder) isolation.Network {
 // cgroups and state live under an instance of their own (run-<pid>), so a
 // daemon on the same data dir never mistakes it for its own leftovers.
 func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error) {
-	if opts.TemplatesDir == "" {
-		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
+	var err error
+	if opts.DataDir, opts.TemplatesDir, err = resolveDirs(opts.DataDir, opts.TemplatesDir); err != nil {
+		return nil, err
 	}
 	templates, err := template.New(template.Options{Dir: opts.TemplatesDir})
 	if err != nil {
@@ -145,8 +146,9 @@ type BenchOptions struct {
 
 // Bench runs the benchmarks with a native backend of its own.
 func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
-	if opts.TemplatesDir == "" {
-		opts.TemplatesDir = filepath.Join(opts.DataDir, "templates")
+	var err error
+	if opts.DataDir, opts.TemplatesDir, err = resolveDirs(opts.DataDir, opts.TemplatesDir); err != nil {
+		return err
 	}
 	templates, err := template.New(template.Options{Dir: opts.TemplatesDir})
 	if err != nil {

@@ -39,7 +39,14 @@
 //   - RemoveDir is idempotent and also cleans what a crash left behind
 //     (an image without a mount, a mount without a sandbox, a temporary
 //     image); Dirs lists every name that needs it, for reconciliation on
-//     start. Mounts persist across a daemon restart.
+//     start. Mounts persist across a restart without a pool; a pool's Open
+//     starts from a clean MountDir (see Open).
+//   - ImageDir and MountDir may be reached through symlinks: Open resolves
+//     them once, and every mount check, unmount and loop device comparison
+//     uses the kernel's spelling. Open unmounts every mount stacked at
+//     MountDir when there is more than one (or a pool starts), and releases
+//     loop devices backed by an image under ImageDir that is gone; loop
+//     devices backed by anything else are never touched.
 //   - Nothing follows a symlink: names are single path elements validated
 //     here, and leftovers are removed with os.RemoveAll, which does not
 //     follow symlinks.

@@ -63,10 +63,14 @@ func (f *FS) poolImage(k string) string  { return filepath.Join(f.imageDir, ".po
 func (f *FS) trashMount(k string) string { return filepath.Join(f.mountDir, trashDir, k) }
 func (f *FS) trashImage(k string) string { return filepath.Join(f.imageDir, ".trash-"+k+imageSuffix) }
 
-// startPool destroys what an earlier run left in the pool and the trash,
-// makes MountDir a private mount (moves need a private parent, and sandbox
+// startPool unmounts what an earlier run left mounted at MountDir (see
+// Open), destroys what it left in the pool and the trash, makes MountDir a
+// private mount of its own (moves need a private parent, and sandbox
 // filesystems need not propagate anywhere) and starts the workers.
 func (f *FS) startPool(ctx context.Context, want int, size int64) error {
+	if err := f.resetMounts(); err != nil {
+		return err
+	}
 	if err := makePrivateMount(f.mountDir); err != nil {
 		return err
 	}
@@ -104,11 +108,11 @@ func (f *FS) startPool(ctx context.Context, want int, size int64) error {
 // makePrivateMount bind-mounts dir onto itself if it is not a mount point
 // yet, and makes it private.
 func makePrivateMount(dir string) error {
-	m, err := findMount(dir)
+	mounted, err := isMountPoint(dir)
 	if err != nil {
 		return err
 	}
-	if m == nil {
+	if !mounted {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind-mounting %s: %w", dir, err)
 		}
@@ -318,8 +322,8 @@ func (f *FS) Close() error {
 		// With no directory left mounted below it, the private mount of
 		// MountDir goes too, so a stopped daemon leaves no mount behind.
 		if names, err := f.Dirs(); err == nil && len(names) == 0 {
-			if m, _ := findMount(f.mountDir); m != nil {
-				unix.Unmount(f.mountDir, unix.MNT_DETACH)
+			if err := unmountAll(f.mountDir); err != nil {
+				f.log.Warn("unmounting the disk directory", "err", err)
 			}
 		}
 	})
@@ -355,11 +359,10 @@ func (f *FS) Destroy() error {
 			os.Remove(img)
 		}
 	}
-	if m, _ := findMount(f.mountDir); m != nil {
-		if err := unix.Unmount(f.mountDir, unix.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmounting %s: %w", f.mountDir, err))
-		}
+	if err := unmountAll(f.mountDir); err != nil {
+		errs = append(errs, err)
 	}
+	f.releaseOrphanLoops()
 	for _, d := range []string{f.mountDir, f.imageDir} {
 		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

@@ -98,8 +98,15 @@ type FS struct {
 }
 
 // Open checks that this host can make limited directories and returns an FS
-// over opts' directories. Existing directories (of a previous daemon run)
-// stay mounted and usable; Dirs lists them.
+// over opts' directories, which may be reached through symlinks: the FS
+// works on them as the kernel resolves them. Existing directories (of a
+// previous run) stay mounted and usable, and Dirs lists them, except where
+// Open resets MountDir: with a pool (the daemon's), or when more than one
+// mount is stacked there (which hides what is mounted below the top one).
+// The reset unmounts every mount at MountDir with everything below it and
+// releases the loop devices whose image under ImageDir is gone (see
+// resetMounts); Dirs still lists the earlier run's directories, unmounted,
+// for RemoveDir.
 func Open(ctx context.Context, opts Options) (*FS, error) {
 	if opts.ImageDir == "" || opts.MountDir == "" {
 		return nil, fmt.Errorf("quota: ImageDir and MountDir are required: %w", api.ErrInvalidArgument)
@@ -115,9 +122,15 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	if f.mountDir, err = filepath.Abs(opts.MountDir); err != nil {
 		return nil, fmt.Errorf("resolving mount dir: %w", err)
 	}
-	for _, d := range []string{f.imageDir, f.mountDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", d, err)
+	for _, d := range []*string{&f.imageDir, &f.mountDir} {
+		if err := os.MkdirAll(*d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", *d, err)
+		}
+		// The kernel's spelling of the directory, symlinks followed: the
+		// one mountinfo and the loop devices' backing files show, and
+		// the one every mount and unmount here goes through.
+		if *d, err = filepath.EvalSymlinks(*d); err != nil {
+			return nil, fmt.Errorf("resolving %s: %w", *d, err)
 		}
 	}
 	if f.mkfs, err = exec.LookPath("mkfs.ext4"); err != nil {
@@ -125,6 +138,18 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	}
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		return nil, fmt.Errorf("%w: no loop devices: %w", ErrUnsupported, err)
+	}
+	// Mounts stacked at MountDir hide the directories mounted below
+	// them from every path: only unmounting them all reaches those. (A
+	// pool starts with this anyway, see startPool.)
+	if opts.PoolSize == 0 {
+		if n, err := countMounts(f.mountDir); err != nil {
+			return nil, err
+		} else if n > 1 {
+			if err := f.resetMounts(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	// Seeds are made anew by each FS (see createImage).
 	left, _ := filepath.Glob(filepath.Join(f.imageDir, seedPrefix+"*"))

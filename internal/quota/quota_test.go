@@ -2,6 +2,7 @@ package quota
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -535,4 +536,187 @@ func TestImageHoldsOnlyItsMetadata(t *testing.T) {
 	if out, err := exec.Command("e2fsck", "-fn", big).CombinedOutput(); err != nil {
 		t.Errorf("e2fsck of a 1 GiB copy: %v\n%s", err, out)
 	}
+}
+
+// TestPoolRestartsOnSymlinkedDirs runs an FS with a pool over directories
+// reached through a symlink, the way a daemon's data dir may be, five
+// times in a row, each run ended cleanly or cut short (its workers stopped
+// with ready filesystems and directories left mounted, as by kill -9),
+// alternately. Every Open must clean up what the run before left, and the
+// last clean Close must leave no mount under the directories' real path and
+// no loop device backed by an image there.
+func TestPoolRestartsOnSymlinkedDirs(t *testing.T) {
+	testutil.RequireRoot(t)
+	base := t.TempDir()
+	real := filepath.Join(base, "real")
+	if err := os.Mkdir(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{ImageDir: filepath.Join(link, "img"), MountDir: filepath.Join(link, "mnt"), PoolSize: 2,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	t.Cleanup(func() {
+		for _, mp := range mountPointsUnder(real) {
+			unix.Unmount(mp, unix.MNT_DETACH)
+		}
+	})
+	const runs = 5
+	for run := range runs {
+		crash := run%2 == 1 && run != runs-1
+		f, err := Open(t.Context(), opts)
+		if err != nil {
+			t.Fatalf("run %d: Open: %v", run, err)
+		}
+		// What a daemon's start-up does: the directories of the run before
+		// are removed.
+		left, err := f.Dirs()
+		if err != nil {
+			t.Fatalf("run %d: Dirs: %v", run, err)
+		}
+		for _, n := range left {
+			if err := f.RemoveDir(n); err != nil {
+				t.Errorf("run %d: RemoveDir(%s) of the run before: %v", run, n, err)
+			}
+		}
+		if n, err := countMounts(filepath.Join(real, "mnt")); n != 1 {
+			t.Errorf("run %d: %d mounts at the mount dir after Open (%v), want 1", run, n, err)
+		}
+		waitPoolReady(t, f, 2)
+		name := fmt.Sprintf("sb%d", run)
+		if _, err := f.NewDir(t.Context(), name, DefaultLimit); err != nil {
+			t.Fatalf("run %d: NewDir: %v", run, err)
+		}
+		waitPoolReady(t, f, 2)
+		if crash {
+			t.Logf("run %d: cut short with its pool and %s mounted", run, name)
+			close(f.pool.stop)
+			f.pool.wg.Wait()
+			continue
+		}
+		t.Logf("run %d: closed cleanly", run)
+		if err := f.RemoveDir(name); err != nil {
+			t.Errorf("run %d: RemoveDir(%s): %v", run, name, err)
+		}
+		if err := f.Close(); err != nil {
+			t.Errorf("run %d: Close: %v", run, err)
+		}
+	}
+	if mps := mountPointsUnder(real); len(mps) > 0 {
+		t.Errorf("after the last clean Close, %d mounts under %s remain: %q", len(mps), real, mps)
+	}
+	// A loop device detaches once its last mount is gone; the kernel may
+	// finish that a moment after the unmount returns.
+	deadline := time.Now().Add(10 * time.Second)
+	for loops := loopsUnder(real); len(loops) > 0; loops = loopsUnder(real) {
+		if time.Now().After(deadline) {
+			t.Errorf("after the last clean Close, %d loop devices are backed by files under %s: %q", len(loops), real, loops)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestOpenResetsStackedMounts: what an earlier version left on a data dir
+// reached through a symlink (a second bind mount of MountDir stacked on the
+// first, hiding a directory and the pool mounted below it) and a loop
+// device left attached to an image that is gone are both found and
+// removed by an Open without a pool (the one-off FS a daemon cleans an old
+// instance with), and Destroy leaves nothing mounted or attached.
+func TestOpenResetsStackedMounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	losetup, err := exec.LookPath("losetup")
+	if err != nil {
+		t.Skip("no losetup")
+	}
+	base := t.TempDir()
+	opts := Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 1,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	t.Cleanup(func() {
+		for _, mp := range mountPointsUnder(base) {
+			unix.Unmount(mp, unix.MNT_DETACH)
+		}
+	})
+	f, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPoolReady(t, f, 1)
+	if _, err := f.NewDir(t.Context(), "a", MinLimit); err != nil {
+		t.Fatal(err)
+	}
+	close(f.pool.stop) // a crash
+	f.pool.wg.Wait()
+	if err := unix.Mount(opts.MountDir, opts.MountDir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(opts.ImageDir, "orphan.img")
+	if err := os.WriteFile(orphan, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(losetup, "-f", "--show", orphan).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command(losetup, "-d", dev).Run() })
+	os.Remove(orphan)
+
+	f2, err := Open(t.Context(), Options{ImageDir: opts.ImageDir, MountDir: opts.MountDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := countMounts(opts.MountDir); n != 0 || err != nil {
+		t.Errorf("after Open over stacked mounts: %d mounts at MountDir (%v), want 0", n, err)
+	}
+	if dirs, err := f2.Dirs(); err != nil || !slices.Contains(dirs, "a") {
+		t.Errorf("Dirs() = %v, %v; want a listed", dirs, err)
+	}
+	if err := f2.RemoveDir("a"); err != nil {
+		t.Errorf("RemoveDir(a) = %v", err)
+	}
+	if err := f2.Destroy(); err != nil {
+		t.Errorf("Destroy() = %v", err)
+	}
+	if mps := mountPointsUnder(base); len(mps) > 0 {
+		t.Errorf("after Destroy, mounts remain: %q", mps)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for loops := loopsUnder(base); len(loops) > 0; loops = loopsUnder(base) {
+		if time.Now().After(deadline) {
+			t.Errorf("after Destroy, loop devices remain: %q", loops)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// mountPointsUnder lists the mount points of this mount namespace at or
+// below dir, as mountinfo (the kernel) spells them.
+func mountPointsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var mps []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if m, ok := parseMountInfo(l); ok && (m.mountPoint == dir || strings.HasPrefix(m.mountPoint, dir+"/")) {
+			mps = append(mps, m.mountPoint)
+		}
+	}
+	slices.SortFunc(mps, func(a, b string) int { return len(b) - len(a) })
+	return mps
+}
+
+// loopsUnder lists the loop devices whose backing file is (or was) under
+// dir, with their backing file.
+func loopsUnder(dir string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var loops []string
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if s := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(s, dir+"/") {
+			loops = append(loops, filepath.Base(filepath.Dir(filepath.Dir(p)))+": "+s)
+		}
+	}
+	return loops
 }

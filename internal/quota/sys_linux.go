@@ -133,26 +133,145 @@ func isMountPoint(path string) (bool, error) {
 	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 }
 
-// findMount returns the topmost mount at mountPoint, or nil.
+// findMount returns the topmost mount at mountPoint, or nil. mountinfo
+// names mount points as the kernel resolves them: mountPoint is compared
+// with symlinks followed.
 func findMount(mountPoint string) (*mountInfo, error) {
+	mountPoint = resolved(mountPoint)
+	var found *mountInfo
+	err := eachMount(func(m mountInfo) {
+		if m.mountPoint == mountPoint {
+			found = &m
+		}
+	})
+	return found, err
+}
+
+// countMounts returns how many mounts are stacked at mountPoint (symlinks
+// followed).
+func countMounts(mountPoint string) (int, error) {
+	mountPoint = resolved(mountPoint)
+	n := 0
+	err := eachMount(func(m mountInfo) {
+		if m.mountPoint == mountPoint {
+			n++
+		}
+	})
+	return n, err
+}
+
+// eachMount calls fn with each mount of this mount namespace, in
+// mountinfo's order (a mount after those it is stacked on).
+func eachMount(fn func(mountInfo)) error {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("reading mountinfo: %w", err)
+		return fmt.Errorf("reading mountinfo: %w", err)
 	}
 	defer f.Close()
-	var found *mountInfo
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		m, ok := parseMountInfo(sc.Text())
-		if ok && m.mountPoint == mountPoint {
-			found = &m
+		if m, ok := parseMountInfo(sc.Text()); ok {
+			fn(m)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading mountinfo: %w", err)
+		return fmt.Errorf("reading mountinfo: %w", err)
 	}
-	return found, nil
+	return nil
+}
+
+// resolved returns path with its symlinks followed, or path itself if it
+// cannot be resolved (it does not exist).
+func resolved(path string) string {
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	return path
+}
+
+// maxStacked bounds unmountAll: more mounts than this stacked at one
+// point is not something fence made.
+const maxStacked = 1024
+
+// unmountAll detaches every mount at dir, however many are stacked there,
+// each with everything mounted below it, until dir is no mount point.
+// What a detached mount held (a loop device, a filesystem) is released
+// once nothing uses it any more.
+func unmountAll(dir string) error {
+	for range maxStacked {
+		mounted, err := isMountPoint(dir)
+		if err != nil || !mounted {
+			return err
+		}
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmounting %s: %w", dir, err)
+		}
+	}
+	return fmt.Errorf("unmounting %s: still a mount point after %d unmounts", dir, maxStacked)
+}
+
+// resetMounts unmounts everything at MountDir (unmountAll) and then
+// releases the loop devices whose image is gone (releaseOrphanLoops).
+func (f *FS) resetMounts() error {
+	if err := unmountAll(f.mountDir); err != nil {
+		return err
+	}
+	if n := f.releaseOrphanLoops(); n > 0 {
+		f.log.Info("released loop devices whose disk image was gone", "count", n, "image_dir", f.imageDir)
+	}
+	return nil
+}
+
+// releaseOrphanLoops releases the loop devices backed by an image under
+// ImageDir that no longer exists (a crash, or an earlier run that could not
+// reach its mounts): it unmounts their mounts under MountDir and clears
+// them (LOOP_CLR_FD, which a device still in use elsewhere, in a mount
+// namespace of its own, turns into a detach at its last close). Devices
+// backed by anything else are left alone. It returns how many it cleared.
+func (f *FS) releaseOrphanLoops() int {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	orphans := map[string]bool{} // device path
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if !strings.HasPrefix(backing, f.imageDir+"/") {
+			continue
+		}
+		if _, err := os.Lstat(backing); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		orphans["/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p)))] = true
+	}
+	if len(orphans) == 0 {
+		return 0
+	}
+	var mps []string
+	_ = eachMount(func(m mountInfo) {
+		if orphans[m.source] && strings.HasPrefix(m.mountPoint, f.mountDir+"/") {
+			mps = append(mps, m.mountPoint)
+		}
+	})
+	for _, mp := range mps {
+		unmountAll(mp)
+	}
+	n := 0
+	for dev := range orphans {
+		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err == nil {
+			n++
+		} else {
+			f.log.Debug("clearing a loop device whose image is gone", "device", dev, "err", err)
+		}
+		unix.Close(fd)
+	}
+	return n
 }
 
 // parseMountInfo parses one line of /proc/PID/mountinfo:

@@ -108,8 +108,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	opts.StateDir = abs
 	if opts.Instance == "" {
-		sum := sha256.Sum256([]byte(abs))
-		opts.Instance = "gvisor-" + hex.EncodeToString(sum[:4])
+		opts.Instance = InstanceOf(abs)
 	}
 	if opts.Platform == "" {
 		opts.Platform = "systrap"
@@ -158,6 +157,64 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("preparing cgroups: %w", err)
 	}
 	return b, nil
+}
+
+// InstanceOf is the instance of a backend on stateDir (absolute) whose
+// Options leave Instance empty: "gvisor-" and the first 8 hex digits of
+// the SHA-256 of stateDir.
+func InstanceOf(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "gvisor-" + hex.EncodeToString(sum[:4])
+}
+
+// instancePattern matches the instances InstanceOf names.
+var instancePattern = regexp.MustCompile(`^gvisor-[0-9a-f]{8}$`)
+
+// CleanupStale removes the sandboxes, cgroups and runsc mounts of the
+// daemon instances under opts.StateDir other than the one New(opts)
+// makes: an earlier daemon on the same data dir made them under another
+// spelling of its path (a symlink, before the daemon resolved its data
+// dir). Their sandboxes cannot be adopted by this instance; their layers
+// stay on disk. The caller holds the data dir's lock, so no other daemon
+// runs on it; opts.Instance must be empty.
+func CleanupStale(ctx context.Context, opts Options) error {
+	if opts.Instance != "" {
+		return errors.New("gvisor backend: CleanupStale is for the default instance")
+	}
+	abs, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return fmt.Errorf("resolving state directory: %w", err)
+	}
+	ents, err := os.ReadDir(filepath.Join(abs, "runsc"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	own := InstanceOf(abs)
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		if name == own || !instancePattern.MatchString(name) {
+			continue
+		}
+		if opts.Logger != nil {
+			opts.Logger.InfoContext(ctx, "removing what an earlier daemon on this data dir left under another instance", "instance", name)
+		}
+		o := opts
+		o.Instance = name
+		b, err := New(ctx, o)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := b.Cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		errs = append(errs, b.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // FindRunsc returns the runsc binary to use: path, else $FENCE_RUNSC, else

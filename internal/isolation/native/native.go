@@ -38,9 +38,11 @@ type Options struct {
 	StateDir string
 	// Instance names this backend's cgroup parent (fence/<Instance>) and
 	// separates its sandboxes from those of other fence processes on the
-	// host: it must be unique on the host. Empty means "serve-" and a hash
-	// of StateDir, so daemons on different data dirs never touch each
-	// other's sandboxes.
+	// host: it must be unique on the host. Empty means InstanceOf(StateDir)
+	// ("serve-" and a hash of its path), so daemons on different data dirs
+	// never touch each other's sandboxes. The daemon passes StateDir with
+	// its symlinks resolved, so that every spelling of one data dir is the
+	// same instance.
 	Instance string
 	// SlotsDir holds the uid-range slot locks. It must be the same for
 	// every fence process on the host, so that no two sandboxes share host
@@ -180,8 +182,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	opts.StateDir = abs
 	if opts.Instance == "" {
-		sum := sha256.Sum256([]byte(abs))
-		opts.Instance = "serve-" + hex.EncodeToString(sum[:4])
+		opts.Instance = InstanceOf(abs)
 	}
 	if opts.SlotsDir == "" {
 		opts.SlotsDir = "/run/fence/slots"
@@ -331,10 +332,27 @@ func (b *Backend) Close() error {
 	return err
 }
 
-// CleanupStale removes the one-off instances (`fence run`, `fence bench`)
-// under stateDir whose process is gone: their sandboxes, cgroups and
-// directories. A daemon calls it on start.
-func CleanupStale(ctx context.Context, stateDir string, log *slog.Logger) error {
+// InstanceOf is the instance of a backend on stateDir whose Options leave
+// Instance empty: "serve-" and the first 8 hex digits of the SHA-256 of
+// stateDir, an absolute path.
+func InstanceOf(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "serve-" + hex.EncodeToString(sum[:4])
+}
+
+// servePattern matches the instances InstanceOf names.
+var servePattern = regexp.MustCompile(`^serve-[0-9a-f]{8}$`)
+
+// CleanupStale removes the instances under stateDir (absolute) that no
+// process runs any more: the one-off instances (`fence run`, `fence
+// bench`) whose process is gone, and every daemon instance other than
+// InstanceOf(stateDir), which an earlier daemon on the same data dir
+// made under another spelling of its path (before the daemon resolved
+// its data dir's symlinks); their sandboxes, cgroups, mounts and
+// directories. A daemon calls it on start, holding its data dir's lock,
+// so no other daemon can be running on stateDir. executable is as
+// Options.Executable.
+func CleanupStale(ctx context.Context, stateDir, executable string, log *slog.Logger) error {
 	ents, err := os.ReadDir(filepath.Join(stateDir, "sandboxes"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -342,18 +360,29 @@ func CleanupStale(ctx context.Context, stateDir string, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	own := InstanceOf(stateDir)
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
-		_, pidText, ok := strings.Cut(name, "-")
-		pid, perr := strconv.Atoi(pidText)
-		if !ok || perr != nil || pid <= 0 || !(strings.HasPrefix(name, "run-") || strings.HasPrefix(name, "bench-")) {
-			continue
+		if servePattern.MatchString(name) {
+			if name == own {
+				continue
+			}
+			log.InfoContext(ctx, "removing what an earlier daemon on this data dir left under another instance", "instance", name)
+		} else {
+			_, pidText, ok := strings.Cut(name, "-")
+			pid, perr := strconv.Atoi(pidText)
+			if !ok || perr != nil || pid <= 0 || !(strings.HasPrefix(name, "run-") || strings.HasPrefix(name, "bench-")) {
+				continue
+			}
+			if unix.Kill(pid, 0) == nil {
+				continue // still running (or the pid was reused: leave it)
+			}
 		}
-		if unix.Kill(pid, 0) == nil {
-			continue // still running (or the pid was reused: leave it)
-		}
-		b, err := New(ctx, Options{StateDir: stateDir, Instance: name, Ephemeral: true, Logger: log})
+		b, err := New(ctx, Options{StateDir: stateDir, Instance: name, Ephemeral: true, Executable: executable, Logger: log})
 		if err != nil {
 			errs = append(errs, err)
 			continue
