@@ -102,7 +102,7 @@ func parseArgs(args []string, stderr io.Writer) (req *request, code int, done bo
 }
 
 func run(req *request, stdin, stdout, stderr *os.File) (int, error) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: SocketPath, Net: "unixpacket"})
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: SocketPath, Net: "unix"})
 	if err != nil {
 		return 1, fmt.Errorf("sudo: the sandbox agent does not answer: %w", err)
 	}
