@@ -288,3 +288,29 @@ func TestAgentRefusesSandboxProcesses(t *testing.T) {
 		t.Errorf("the daemon's exec as root after the attempts: %q", out)
 	}
 }
+
+// TestSudoFollowsTemplateRules: fence's sudo grants what the template's
+// rules grant, per the caller's own credentials: the base template's
+// `user` may sudo while its /etc/sudoers.d file is there, and not once it
+// is gone; root always may.
+func TestSudoFollowsTemplateRules(t *testing.T) {
+	b := newBackendWith(t, gvisor.Options{})
+	s := createIn(t, b, isolation.Spec{RootFS: testutil.RootFS(t, "base")})
+	sudo := func(user string) (string, int32) {
+		out, code, err := isolationtest.ExecAs(t.Context(), s, user, "sh", "-c", "sudo -n sh -c 'id -u; echo $SUDO_USER'")
+		if err != nil {
+			t.Fatalf("sudo as %s: %v", user, err)
+		}
+		return out, code
+	}
+	if out, code := sudo("user"); code != 0 || out != "0\nuser\n" {
+		t.Errorf("sudo as user with its sudoers.d file: exit %d, %q; want root, called by user", code, out)
+	}
+	sh(t, s, `rm /etc/sudoers.d/user && sed -i -E 's/^(sudo:[^:]*:[^:]*:).*/\1/' /etc/group`)
+	if out, code := sudo("user"); code == 0 || !strings.Contains(out, "not in the sudoers file") {
+		t.Errorf("sudo as user without sudo rules: exit %d, %q; want refused", code, out)
+	}
+	if out, code := sudo("root"); code != 0 || out != "0\nroot\n" {
+		t.Errorf("sudo as root: exit %d, %q", code, out)
+	}
+}
