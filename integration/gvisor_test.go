@@ -152,3 +152,30 @@ func TestGvisorEgressFenced(t *testing.T) {
 	// host's networks other than through the fence.
 	t.Logf("network inside: %s", sh(t, e, "ip addr 2>/dev/null || cat /proc/net/dev"))
 }
+
+// TestGvisorSecureSandboxAgent: on a secure gvisor sandbox the daemon
+// checks the envd access token as on native (a request without it is
+// refused, one with it runs), and no process inside reaches the agent
+// past that check (probe agent-reach, run as the template's default user
+// and as root).
+func TestGvisorSecureSandboxAgent(t *testing.T) {
+	testutil.RequireRunsc(t)
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: "minimal", Secure: ptr(true), Metadata: gvisorMeta})
+	if sb.EnvdAccessToken == "" {
+		t.Fatal("the secure sandbox has no envd access token")
+	}
+	to := map[string]string{api.HeaderSandboxID: sb.ID(), api.HeaderSandboxPort: strconv.Itoa(api.EnvdPort)}
+	if r := d.do(t, "GET", "/envs", "", nil, to); r.Status != 401 {
+		t.Errorf("GET /envs without the access token = %d %s, want 401", r.Status, r.Body)
+	}
+	to[api.HeaderAccessToken] = sb.EnvdAccessToken
+	if r := d.do(t, "GET", "/envs", "", nil, to); r.Status != 200 {
+		t.Errorf("GET /envs with the access token = %d %s, want 200", r.Status, r.Body)
+	}
+	for _, e := range []*client.Envd{sb.Envd(), sb.Envd().WithUser("root")} {
+		if out := sh(t, e, "id -un; /.fence/fence probe agent-reach"); !strings.HasSuffix(out, "\nok\n") {
+			t.Errorf("probe agent-reach inside the secure gvisor sandbox: %q", out)
+		}
+	}
+}

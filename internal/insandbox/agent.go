@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"runtime/debug"
 
@@ -31,9 +32,38 @@ func RunAgent(ctx context.Context) error {
 		}
 	}
 	os.Unsetenv(boot.ConfigEnv)
-	listen := os.Getenv(boot.ListenEnv)
+	listen, peer := os.Getenv(boot.ListenEnv), os.Getenv(boot.PeerEnv)
 	os.Unsetenv(boot.ListenEnv)
-	return serveAgent(ctx, cfg, listen, nil)
+	os.Unsetenv(boot.PeerEnv)
+	var tcp *tcpListen
+	if listen != "" {
+		t, err := parseTCP(listen, peer)
+		if err != nil {
+			return err
+		}
+		tcp = &t
+	}
+	return serveAgent(ctx, cfg, tcp, nil)
+}
+
+// tcpListen is a TCP listener's address and the one peer it serves.
+type tcpListen struct {
+	addr string
+	peer netip.Addr
+}
+
+// parseTCP reads ListenEnv's and PeerEnv's values. A TCP listener
+// without a peer is refused: it would serve every process of the
+// sandbox.
+func parseTCP(listen, peer string) (tcpListen, error) {
+	if peer == "" {
+		return tcpListen{}, fmt.Errorf("agent listener: %s is set but %s is not", boot.ListenEnv, boot.PeerEnv)
+	}
+	p, err := netip.ParseAddr(peer)
+	if err != nil {
+		return tcpListen{}, fmt.Errorf("agent listener: %s: %w", boot.PeerEnv, err)
+	}
+	return tcpListen{addr: listen, peer: p}, nil
 }
 
 // RunInit is the `fence init` role of the native backend: it sets the
@@ -59,7 +89,7 @@ func RunInit() error {
 		return err
 	}
 	<-prepared
-	if err := serveAgent(context.Background(), cfg, "", built); err != nil {
+	if err := serveAgent(context.Background(), cfg, nil, built); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
@@ -74,10 +104,11 @@ func agentOptions(cfg boot.Config, built *agent.Built) agent.Options {
 }
 
 // serveAgent serves as the sandbox's agent with cfg (and the handler and
-// services built ahead, if not nil), on a TCP listener on listen when it
-// is set, else on the listener and lifeline of package boot.
-func serveAgent(ctx context.Context, cfg boot.Config, listen string, built *agent.Built) error {
-	ln, err := agentListener(listen)
+// services built ahead, if not nil), on a TCP listener for tcp's peer
+// alone when tcp is set, else on the listener and lifeline of package
+// boot.
+func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *agent.Built) error {
+	ln, err := agentListener(tcp)
 	if err != nil {
 		return err
 	}
@@ -92,7 +123,7 @@ func serveAgent(ctx context.Context, cfg boot.Config, listen string, built *agen
 	// which the command's SIGINT/SIGTERM handling cancels, is detached.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	if listen == "" {
+	if tcp == nil {
 		// A backend that hands the agent a listener also hands it a
 		// lifeline (see package boot).
 		unix.CloseOnExec(boot.LifelineFD)
@@ -115,15 +146,15 @@ func serveAgent(ctx context.Context, cfg boot.Config, listen string, built *agen
 	return agent.Serve(ctx, ln, agentOptions(cfg, built))
 }
 
-// agentListener returns the inherited listener, or a TCP listener on
-// listen when it is set.
-func agentListener(listen string) (net.Listener, error) {
-	if listen != "" {
-		ln, err := net.Listen("tcp", listen)
+// agentListener returns the inherited listener, or, when tcp is set, a
+// TCP listener that serves tcp's peer alone.
+func agentListener(tcp *tcpListen) (net.Listener, error) {
+	if tcp != nil {
+		ln, err := net.Listen("tcp", tcp.addr)
 		if err != nil {
 			return nil, fmt.Errorf("opening agent listener: %w", err)
 		}
-		return ln, nil
+		return agent.OnlyFrom(ln, tcp.peer), nil
 	}
 	f := os.NewFile(boot.ListenerFD, "listener")
 	defer f.Close()

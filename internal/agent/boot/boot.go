@@ -18,6 +18,12 @@
 //     ListenerFD, or, when ListenEnv is set, on a TCP listener it opens at
 //     that address itself (a backend that cannot hand a host socket in,
 //     such as gVisor, whose sandbox must survive a checkpoint and restore).
+//     A TCP listener serves only connections from PeerEnv's address, the
+//     supervisor's own side of the sandbox's network, and drops every
+//     other one unread: no process inside the sandbox can drive the agent
+//     (start commands as root past the template's sudo rules) any more
+//     than it can reach an inherited listener whose socket is on a host
+//     path. The agent refuses to start with ListenEnv but no PeerEnv.
 //   - If LifelineFD is open, EOF on it means the supervisor has died and
 //     the agent ends the sandbox. A backend whose sandboxes must outlive
 //     their supervisor (a checkpointed gVisor sandbox is restored by the
@@ -28,7 +34,9 @@ package boot
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/netip"
 )
 
 // Path is where the fence binary is inside every sandbox (read-only).
@@ -56,6 +64,12 @@ const ConfigEnv = "FENCE_AGENT_CONFIG"
 // on instead of inheriting ListenerFD.
 const ListenEnv = "FENCE_AGENT_LISTEN"
 
+// PeerEnv is the one remote address (an IP address, no port) the agent
+// serves connections from when ListenEnv is set. It must be an address no
+// process inside the sandbox can send from: the supervisor's end of the
+// sandbox's network, not one of the sandbox's own addresses or loopback.
+const PeerEnv = "FENCE_AGENT_PEER"
+
 // Port is the agent's TCP port when it listens on the sandbox's network:
 // envd's port, which E2B clients address it by.
 const Port = 49983
@@ -68,16 +82,26 @@ type Config struct {
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 }
 
-// Env returns the agent's environment for cfg; listen, if not empty, is
-// the TCP address for ListenEnv.
-func Env(cfg Config, listen string) ([]string, error) {
+// TCP is where an agent that opens its own listener listens, and the one
+// address it serves.
+type TCP struct {
+	Listen netip.AddrPort // ListenEnv
+	Peer   netip.Addr     // PeerEnv
+}
+
+// Env returns the agent's environment for cfg; tcp, if not nil, makes the
+// agent listen on TCP (ListenEnv and PeerEnv).
+func Env(cfg Config, tcp *TCP) ([]string, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("encoding agent config: %w", err)
 	}
 	env := []string{DefaultPath, ConfigEnv + "=" + string(raw)}
-	if listen != "" {
-		env = append(env, ListenEnv+"="+listen)
+	if tcp != nil {
+		if !tcp.Listen.IsValid() || !tcp.Peer.IsValid() {
+			return nil, errors.New("agent TCP listener: an address and a peer are both required")
+		}
+		env = append(env, ListenEnv+"="+tcp.Listen.String(), PeerEnv+"="+tcp.Peer.String())
 	}
 	return env, nil
 }

@@ -102,7 +102,7 @@ func parseArgs(args []string, stderr io.Writer) (req *request, code int, done bo
 }
 
 func run(req *request, stdin, stdout, stderr *os.File) (int, error) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: SocketPath, Net: "unixpacket"})
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: SocketPath, Net: "unix"})
 	if err != nil {
 		return 1, fmt.Errorf("sudo: the sandbox agent does not answer: %w", err)
 	}
@@ -112,7 +112,11 @@ func run(req *request, stdin, stdout, stderr *os.File) (int, error) {
 		return 1, fmt.Errorf("sudo: %w", err)
 	}
 	rights := unix.UnixRights(int(stdin.Fd()), int(stdout.Fd()), int(stderr.Fd()))
-	if _, _, err := c.WriteMsgUnix(b, rights, nil); err != nil {
+	n, _, err := c.WriteMsgUnix(b, rights, nil)
+	if err == nil && n < len(b) {
+		_, err = c.Write(b[n:]) // a stream may take the request in parts
+	}
+	if err != nil {
 		return 1, fmt.Errorf("sudo: %w", err)
 	}
 	sigs := make(chan os.Signal, 8)

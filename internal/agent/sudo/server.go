@@ -1,8 +1,11 @@
 package sudo
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -27,12 +30,15 @@ type Server struct {
 
 // Listen creates the socket at path (its directory too), open to every
 // user: who may do what is decided per connection from its credentials.
+// A stream socket: gVisor gives a SOCK_SEQPACKET connection the listener's
+// credentials as its peer's (SO_PEERCRED would name root for every
+// caller), a SOCK_STREAM one its caller's, as Linux does for both.
 func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating sudo socket directory: %w", err)
 	}
 	_ = os.Remove(path)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listening for sudo: %w", err)
 	}
@@ -83,7 +89,14 @@ func (s *Server) handle(c *net.UnixConn) {
 			}
 		}
 	}()
-	req, err := decodeRequest(buf[:n])
+	// The stream may hold the request in pieces (its length first) and,
+	// after it, the client's first signals.
+	raw, extra, err := readRequest(c, buf, n)
+	if err != nil {
+		writeError(c, "sudo: "+err.Error())
+		return
+	}
+	req, err := decodeRequest(raw)
 	if err != nil {
 		writeError(c, "sudo: "+err.Error())
 		return
@@ -150,8 +163,9 @@ func (s *Server) handle(c *net.UnixConn) {
 	gone := make(chan struct{})
 	go func() {
 		defer close(gone)
+		msgs := io.MultiReader(bytes.NewReader(extra), c)
 		for {
-			kind, v, err := readMsg(c)
+			kind, v, err := readMsg(msgs)
 			if err != nil {
 				return
 			}
@@ -190,6 +204,30 @@ func (s *Server) allowed(u *users.User) bool {
 		return true
 	}
 	return false
+}
+
+// readRequest returns the length-prefixed request that starts buf, of
+// which n bytes have been read from c, reading the rest from c, and the
+// bytes read past it.
+func readRequest(c io.Reader, buf []byte, n int) (req, extra []byte, err error) {
+	if n < 4 {
+		k, err := io.ReadAtLeast(c, buf[n:], 4-n)
+		if err != nil {
+			return nil, nil, fmt.Errorf("short request: %w", err)
+		}
+		n += k
+	}
+	size := 4 + int64(binary.BigEndian.Uint32(buf))
+	if size > int64(len(buf)) {
+		return nil, nil, fmt.Errorf("bad request length %d", size-4)
+	}
+	if int64(n) < size {
+		if _, err := io.ReadFull(c, buf[n:size]); err != nil {
+			return nil, nil, fmt.Errorf("short request: %w", err)
+		}
+		n = int(size)
+	}
+	return buf[:size], buf[size:n], nil
 }
 
 func peerCred(c *net.UnixConn) (*unix.Ucred, error) {

@@ -51,7 +51,7 @@ const (
 	msgError  = 'E' // agent → client: refused or failed; a text follows
 )
 
-const maxRequest = 60 << 10 // one SOCK_SEQPACKET message
+const maxRequest = 60 << 10
 
 func writeMsg(w io.Writer, kind byte, v int32) error {
 	var b [5]byte

@@ -1,6 +1,7 @@
 package sudo
 
 import (
+	"bytes"
 	"io"
 	"reflect"
 	"testing"
@@ -76,4 +77,29 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Errorf("decodeRequest(%q) accepted a request without a command", b)
 		}
 	})
+}
+
+// On a stream the request may come in pieces, with the client's first
+// signals right behind it.
+func TestReadRequestFromStream(t *testing.T) {
+	req, _ := encodeRequest(&request{Argv: []string{"id"}})
+	sig := []byte{msgSignal, 0, 0, 0, 2}
+	for _, first := range []int{1, 3, 4, 7, len(req), len(req) + 2} {
+		stream := append(append([]byte(nil), req...), sig...)
+		buf := make([]byte, maxRequest+4)
+		n := copy(buf, stream[:first])
+		r := bytes.NewReader(stream[first:])
+		got, extra, err := readRequest(r, buf, n)
+		if err != nil || !bytes.Equal(got, req) {
+			t.Errorf("first read of %d bytes: request %q, %v", first, got, err)
+			continue
+		}
+		rest, _ := io.ReadAll(io.MultiReader(bytes.NewReader(extra), r))
+		if !bytes.Equal(rest, sig) {
+			t.Errorf("first read of %d bytes: after the request %q, want %q", first, rest, sig)
+		}
+	}
+	if _, _, err := readRequest(bytes.NewReader(nil), []byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}, 8); err == nil {
+		t.Error("readRequest took a length past its buffer")
+	}
 }

@@ -213,3 +213,104 @@ func TestMemoryLimitEndsSandbox(t *testing.T) {
 		}
 	}
 }
+
+// driveAgent is run inside the sandbox by python3: it asks the agent's
+// port on every address given to start `touch /tmp/agent-pwned` as root
+// (a Connect call, as an envd client makes it), first from a socket bound
+// to the daemon's end of the network (10.0.2.2, with IP_FREEBIND and
+// IP_TRANSPARENT tried first), then plainly. It prints one line per try:
+// ANSWERED when an HTTP answer came back.
+const driveAgent = `
+import json, socket, struct, sys
+msg = json.dumps({"process": {"cmd": "/bin/touch", "args": ["/tmp/agent-pwned"]}}).encode()
+body = b"\0" + struct.pack(">I", len(msg)) + msg
+req = (b"POST /process.Process/Start HTTP/1.1\r\nHost: agent\r\nContent-Type: application/connect+json\r\n"
+       b"Connect-Protocol-Version: 1\r\nAuthorization: Basic cm9vdDo=\r\nContent-Length: %d\r\n"
+       b"Connection: close\r\n\r\n" % len(body)) + body
+def attempt(host, src):
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        if src:
+            for opt in (15, 19):  # IP_FREEBIND, IP_TRANSPARENT
+                try:
+                    s.setsockopt(socket.SOL_IP, opt, 1)
+                except OSError:
+                    pass
+            s.bind((src, 0))
+        s.connect((host, 49983))
+        s.sendall(req)
+        got = s.recv(64)
+        print(("ANSWERED" if got.startswith(b"HTTP/") else "refused"), host, "from", src or "-", got[:40])
+    except OSError as e:
+        print("refused", host, "from", src or "-", e)
+    finally:
+        s.close()
+for host in sys.argv[1:]:
+    if ":" not in host:
+        attempt(host, "10.0.2.2")
+    attempt(host, None)
+`
+
+// TestAgentRefusesSandboxProcesses: no process of the sandbox, neither its
+// unprivileged user nor its root, can drive the agent (which would run a
+// command as root past the template's sudo rules) on loopback or the
+// sandbox's own addresses, also not from a socket bound to the daemon's
+// end of the network; the daemon's own requests still go through.
+func TestAgentRefusesSandboxProcesses(t *testing.T) {
+	b := newBackendWith(t, gvisor.Options{})
+	s := createIn(t, b, isolation.Spec{RootFS: testutil.RootFS(t, "base")})
+	// The template's sudo rules: `user` may not become root.
+	sh(t, s, `rm -f /etc/sudoers.d/user && sed -i -E 's/^(sudo:[^:]*:[^:]*:).*/\1/' /etc/group`)
+	if out, code, err := isolationtest.ExecAs(t.Context(), s, "user", "sudo", "-n", "true"); err != nil || code == 0 {
+		t.Fatalf("sudo as user after its rules were removed: exit %d, %v, %q; want refused", code, err, out)
+	}
+	addrs := []string{"127.0.0.1", "::1", egress.SandboxIPv4.Addr().String(), egress.SandboxIPv6.Addr().String()}
+	for _, user := range []string{"user", "root"} {
+		out, code, err := isolationtest.ExecAs(t.Context(), s, user, append([]string{"python3", "-c", driveAgent}, addrs...)...)
+		if err != nil || code != 0 {
+			t.Fatalf("driving the agent as %s: exit %d, %v, %q", user, code, err, out)
+		}
+		t.Logf("as %s:\n%s", user, out)
+		if strings.Contains(out, "ANSWERED") {
+			t.Errorf("as %s, a process of the sandbox got an answer from the agent:\n%s", user, out)
+		}
+		argv := append(append([]string(nil), selftest.ProbeCommand...), "agent-reach")
+		if out, code, err := isolationtest.ExecAs(t.Context(), s, user, argv...); err != nil || code != probe.ExitRefused {
+			t.Errorf("probe agent-reach as %s: exit %d, %v, %q", user, code, err, out)
+		}
+	}
+	if out, _ := sh(t, s, "ls -l /tmp/agent-pwned 2>&1 || echo absent"); !strings.Contains(out, "absent") {
+		t.Errorf("a process of the sandbox started a command through the agent: %q", out)
+	}
+	if out, _ := sh(t, s, "id -u"); strings.TrimSpace(out) != "0" {
+		t.Errorf("the daemon's exec as root after the attempts: %q", out)
+	}
+}
+
+// TestSudoFollowsTemplateRules: fence's sudo grants what the template's
+// rules grant, per the caller's own credentials: the base template's
+// `user` may sudo while its /etc/sudoers.d file is there, and not once it
+// is gone; root always may.
+func TestSudoFollowsTemplateRules(t *testing.T) {
+	b := newBackendWith(t, gvisor.Options{})
+	s := createIn(t, b, isolation.Spec{RootFS: testutil.RootFS(t, "base")})
+	sudo := func(user string) (string, int32) {
+		out, code, err := isolationtest.ExecAs(t.Context(), s, user, "sh", "-c", "sudo -n sh -c 'id -u; echo $SUDO_USER'")
+		if err != nil {
+			t.Fatalf("sudo as %s: %v", user, err)
+		}
+		return out, code
+	}
+	if out, code := sudo("user"); code != 0 || out != "0\nuser\n" {
+		t.Errorf("sudo as user with its sudoers.d file: exit %d, %q; want root, called by user", code, out)
+	}
+	sh(t, s, `rm /etc/sudoers.d/user && sed -i -E 's/^(sudo:[^:]*:[^:]*:).*/\1/' /etc/group`)
+	if out, code := sudo("user"); code == 0 || !strings.Contains(out, "not in the sudoers file") {
+		t.Errorf("sudo as user without sudo rules: exit %d, %q; want refused", code, out)
+	}
+	if out, code := sudo("root"); code != 0 || out != "0\nroot\n" {
+		t.Errorf("sudo as root: exit %d, %q", code, out)
+	}
+}

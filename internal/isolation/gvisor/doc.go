@@ -5,8 +5,14 @@
 // # What a sandbox gets
 //
 //   - The fence agent as PID 1 (package boot's contract), listening on
-//     boot.Port inside the sandbox's own network; the daemon reaches it
-//     through the sandbox's network stack, never through a host socket.
+//     boot.Port at the sandbox's own address; the daemon reaches it
+//     through the sandbox's network stack, never through a host socket,
+//     and the agent serves only connections from the stack's end of the
+//     network (egress.GatewayIPv4), an address no process of the sandbox
+//     can send from: gVisor binds a socket only to a local address (it
+//     ignores IP_FREEBIND and IP_TRANSPARENT), runsc gives no raw sockets,
+//     and adding an address takes CAP_NET_ADMIN, which the sandbox lacks.
+//     So, as on native, no process inside can drive the agent.
 //   - The template as a read-only root under a gVisor overlay whose upper
 //     layer lives in a host file of the sandbox's own (runsc
 //     --overlay2=root:dir=…), bounded by the disk limit.
@@ -61,7 +67,5 @@
 //
 // The agent has no lifeline: a running sandbox outlives a crashed daemon
 // (its network is dead, since the daemon held its stack) until the next
-// start's Cleanup removes it. The agent listens on the sandbox's network,
-// so processes inside can reach it (as they can reach sudo). Bound /etc
-// files are read-only.
+// start's Cleanup removes it. Bound /etc files are read-only.
 package gvisor

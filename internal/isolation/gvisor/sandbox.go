@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -244,7 +245,15 @@ func caBundle(rootfs string, ca []byte) ([]byte, error) {
 // ociSpec is the sandbox's OCI runtime spec, its network namespace at
 // netns.
 func (s *sandbox) ociSpec(netns string) (*specs.Spec, error) {
-	env, err := boot.Env(s.rec.Agent, "0.0.0.0:"+strconv.Itoa(boot.Port))
+	// The agent listens on the sandbox's own address and serves the
+	// daemon's end of its network alone (DialAgent comes from the stack's
+	// GatewayIPv4): no process of the sandbox can send from that address
+	// (gVisor binds only local addresses and has no raw sockets here, and
+	// adding an address takes CAP_NET_ADMIN), so none can drive the agent.
+	env, err := boot.Env(s.rec.Agent, &boot.TCP{
+		Listen: netip.AddrPortFrom(egress.SandboxIPv4.Addr(), boot.Port),
+		Peer:   egress.GatewayIPv4,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package isolationtest
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +60,11 @@ func createPausable(t *testing.T, b isolation.Backend, rootfs string) (isolation
 // Exec runs argv in s as root through the agent's process API and returns
 // its output and exit code.
 func Exec(ctx context.Context, s isolation.Sandbox, argv ...string) (string, int32, error) {
+	return ExecAs(ctx, s, "root", argv...)
+}
+
+// ExecAs is Exec as the sandbox's user named user.
+func ExecAs(ctx context.Context, s isolation.Sandbox, user string, argv ...string) (string, int32, error) {
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return s.DialAgent(ctx) },
 		DisableKeepAlives: true,
@@ -71,7 +77,7 @@ func Exec(ctx context.Context, s isolation.Sandbox, argv ...string) (string, int
 		Process: &process.ProcessConfig{Cmd: argv[0], Args: argv[1:]},
 		Stdin:   &stdin,
 	})
-	req.Header().Set("Authorization", "Basic cm9vdDo=") // root
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
 	stream, err := c.Start(ctx, req)
 	if err != nil {
 		return "", 0, err

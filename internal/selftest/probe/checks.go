@@ -94,6 +94,8 @@ var checks = []Check{
 		Proves: "the agent's memory, environment and descriptors cannot be read through /proc/1"},
 	{Name: "ptrace-init", Group: "processes", run: checkPtraceInit,
 		Proves: "PID 1 (the agent) cannot be traced"},
+	{Name: "agent-reach", Group: "processes", Args: "[PORT]", run: checkAgentReach,
+		Proves: "no process in the sandbox can drive the agent: on loopback and on the sandbox's own addresses, its port (envd's 49983) takes no request to start a command (which would run it as root, past the template's sudo rules)"},
 	{Name: "cgroupns", Group: "processes", run: checkCgroupNS,
 		Proves: "every cgroup hierarchy reads / from inside: the sandbox's cgroup namespace hides the host's cgroup tree"},
 	{Name: "exe-write", Group: "processes", run: checkExeWrite,

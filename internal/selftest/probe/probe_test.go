@@ -2,10 +2,14 @@ package probe
 
 import (
 	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -115,8 +119,9 @@ func TestChecksCatchTheHost(t *testing.T) {
 	skip := map[string]bool{
 		"ptrace-init": true, "agent-proc": true, "mount": true, "userns": true, "netns": true,
 		"remount-proc": true, "umount-mask": true, "egress": true, "egress-host": true, "dns": true,
-		"inet": true, // a control that must pass everywhere (TestProtocol)
-		"fds":  true, // TestFDsSeesInheritedDescriptors
+		"inet":        true, // a control that must pass everywhere (TestProtocol)
+		"fds":         true, // TestFDsSeesInheritedDescriptors
+		"agent-reach": true, // TestAgentReach (no agent listens on the host)
 	}
 	for _, c := range Checks() {
 		if skip[c.Name] {
@@ -150,4 +155,63 @@ func absent(name string) string {
 		}
 	}
 	return ""
+}
+
+// TestAgentReach points agent-reach at a port where an HTTP server answers
+// (an agent open to the sandbox), at one whose listener resets every
+// connection unread (an agent that serves its supervisor alone) and at a
+// closed port.
+func TestAgentReach(t *testing.T) {
+	var started atomic.Bool
+	open := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/process.Process/Start" &&
+			r.Header.Get("Content-Type") == "application/connect+json" {
+			started.Store(true)
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer open.Close()
+	if out, code := runChild(t, nil, "agent-reach", port(t, open.Listener)); code != ExitEscaped || !strings.Contains(out, "start /bin/true") {
+		t.Errorf("agent-reach at an open agent: exit %d, %q; want ESCAPE", code, out)
+	}
+	if !started.Load() {
+		t.Error("the probe did not ask for a process the way an envd client does")
+	}
+
+	resets, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resets.Close()
+	go func() {
+		for {
+			c, err := resets.Accept()
+			if err != nil {
+				return
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+	if out, code := runChild(t, nil, "agent-reach", port(t, resets)); code != ExitRefused || out != "ok" {
+		t.Errorf("agent-reach at a listener that resets: exit %d, %q; want ok", code, out)
+	}
+
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := port(t, closed)
+	closed.Close()
+	if out, code := runChild(t, nil, "agent-reach", p); code != ExitRefused || out != "ok" {
+		t.Errorf("agent-reach at a closed port: exit %d, %q; want ok", code, out)
+	}
+	if out, code := runChild(t, nil, "agent-reach", "0"); code != ExitUsage {
+		t.Errorf("agent-reach 0: exit %d, %q; want %d", code, out, ExitUsage)
+	}
+}
+
+func port(t *testing.T, ln net.Listener) string {
+	t.Helper()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
