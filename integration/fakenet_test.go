@@ -113,6 +113,18 @@ func newFakeNet(t *testing.T) *fakeNet {
 		t.Fatalf("fake net lock: %v", err)
 	}
 	t.Cleanup(func() { lock.Close() })
+	// Every fake net is made and removed under the lock, so one found now
+	// was left by a test binary that was killed (a timeout, a ^C); its
+	// routes would hijack 203.0.113.0/24 for the whole host. Remove it.
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); strings.HasPrefix(name, "fencewan-") {
+				t.Logf("removing the fake net %s a killed test left", name)
+				exec.Command("ip", "netns", "del", name).Run()
+				exec.Command("ip", "link", "del", "fwh"+strings.TrimPrefix(name, "fencewan-")).Run()
+			}
+		}
+	}
 	if out, _ := exec.Command("ip", "route", "show", "203.0.113.0/24").CombinedOutput(); len(strings.TrimSpace(string(out))) > 0 {
 		t.Fatalf("203.0.113.0/24 is already routed on this host (another fake net?): %s", out)
 	}
