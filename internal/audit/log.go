@@ -502,6 +502,9 @@ func (l *Log) run() {
 					break
 				}
 				l.commit(batch)
+				if l.pruneDue {
+					l.prune()
+				}
 			}
 			if ps := l.allow.due(l.opts.Now(), true); len(ps) > 0 {
 				l.commit(ps)
