@@ -155,17 +155,17 @@ type Log struct {
 	closed bool
 	ch     chan pending
 
-	dropped   atomic.Int64 // since the last audit.dropped record
+	dropped atomic.Int64 // since the last audit.dropped record
 	// queued is the bytes of the records queued and being written;
 	// waiters counts the appenders waiting for some of it to go, and
 	// room is closed (and replaced) when it does.
-	queued   atomic.Int64
-	waiters  atomic.Int32
-	roomMu   sync.Mutex
-	room     chan struct{}
-	allow    allowances
-	suppTot  atomic.Int64
-	pruneDue bool // a segment was sealed: the writer checks MaxBytes
+	queued    atomic.Int64
+	waiters   atomic.Int32
+	roomMu    sync.Mutex
+	room      chan struct{}
+	allow     allowances
+	suppTot   atomic.Int64
+	pruneDue  bool // a segment was sealed: the writer checks MaxBytes
 	dropTotal atomic.Int64
 	writeErrs atomic.Int64
 
