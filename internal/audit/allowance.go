@@ -155,9 +155,12 @@ func keyOf(ev *Event) suppressKey {
 	return k
 }
 
-// allowances hold each sandbox's allowance of sandbox-driven records: a
-// token bucket (rate per second, burst) on the log's clock, and the counts
-// of what was suppressed since the window began.
+// allowances hold each sandbox's allowance of sandbox-driven records: two
+// token buckets (rate per second, burst) on the log's clock, one for
+// refusals and one for the rest, so that a flood of refused requests
+// cannot keep the sandbox's secret uses, downloads and allowed flows out
+// of the log; and the counts of what was suppressed since the window
+// began.
 type allowances struct {
 	rate, burst float64
 	window      time.Duration
@@ -168,8 +171,8 @@ type allowances struct {
 }
 
 type allowance struct {
-	tokens float64
-	last   time.Time
+	tokens [2]float64 // bucket 0: refusals, 1: the rest
+	last   [2]time.Time
 	// The open window of suppressed records; total 0 when none.
 	since  time.Time
 	until  time.Time
@@ -178,8 +181,16 @@ type allowance struct {
 	other  map[string]int64
 }
 
-// take spends one of sandbox id's tokens, if it has one.
-func (a *allowances) take(id string, now time.Time) bool {
+// bucket is the bucket of an event: refusals apart.
+func bucket(ev *Event) int {
+	if d, _ := ev.Data["decision"].(string); d == "deny" {
+		return 0
+	}
+	return 1
+}
+
+// take spends one of sandbox id's tokens of bucket b, if it has one.
+func (a *allowances) take(id string, b int, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.m[id]
@@ -187,18 +198,22 @@ func (a *allowances) take(id string, now time.Time) bool {
 		if len(a.m) >= maxAllowances {
 			a.sweepLocked(now, true)
 		}
-		s = &allowance{tokens: a.burst, last: now}
+		s = newAllowance(a.burst, now)
 		a.m[id] = s
 	}
-	if dt := now.Sub(s.last).Seconds(); dt > 0 {
-		s.tokens = min(a.burst, s.tokens+dt*a.rate)
-		s.last = now
+	if dt := now.Sub(s.last[b]).Seconds(); dt > 0 {
+		s.tokens[b] = min(a.burst, s.tokens[b]+dt*a.rate)
+		s.last[b] = now
 	}
-	if s.tokens < 1 {
+	if s.tokens[b] < 1 {
 		return false
 	}
-	s.tokens--
+	s.tokens[b]--
 	return true
+}
+
+func newAllowance(burst float64, now time.Time) *allowance {
+	return &allowance{tokens: [2]float64{burst, burst}, last: [2]time.Time{now, now}}
 }
 
 // suppress counts ev as kept out of the log.
@@ -208,7 +223,7 @@ func (a *allowances) suppress(ev *Event, now time.Time) {
 	defer a.mu.Unlock()
 	s := a.m[ev.SandboxID]
 	if s == nil {
-		s = &allowance{tokens: 0, last: now}
+		s = &allowance{last: [2]time.Time{now, now}}
 		a.m[ev.SandboxID] = s
 	}
 	if s.total == 0 {
@@ -259,7 +274,7 @@ func (a *allowances) due(now time.Time, all bool) []pending {
 // +checklocks:a.mu
 func (a *allowances) sweepLocked(now time.Time, force bool) {
 	for id, s := range a.m {
-		if s.total == 0 && s.tokens+now.Sub(s.last).Seconds()*a.rate >= a.burst {
+		if s.total == 0 && s.full(now, a.rate, a.burst) {
 			delete(a.m, id)
 		}
 	}
@@ -274,6 +289,16 @@ func (a *allowances) sweepLocked(now time.Time, force bool) {
 			delete(a.m, id)
 		}
 	}
+}
+
+// full reports whether both buckets are full again.
+func (s *allowance) full(now time.Time, rate, burst float64) bool {
+	for b := range s.tokens {
+		if s.tokens[b]+now.Sub(s.last[b]).Seconds()*rate < burst {
+			return false
+		}
+	}
+	return true
 }
 
 type suppressedCount struct {

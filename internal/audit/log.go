@@ -37,7 +37,8 @@ type Options struct {
 	QueueBytes int64
 	// SandboxRate and SandboxBurst are each sandbox's allowance of
 	// sandbox-driven records: a token bucket of SandboxBurst (1000)
-	// refilled at SandboxRate a second (100). Records over it, and those
+	// refilled at SandboxRate a second (100), one for refusals (a
+	// "decision" of "deny") and one for the rest. Records over it, and those
 	// that find the sandboxes' share of the queue full, are not queued:
 	// they are counted per type, host, decision and secret, and an
 	// audit.suppressed record of the counts goes in the chain once the
@@ -301,7 +302,7 @@ func (l *Log) Append(ctx context.Context, ev Event) {
 		ev.Type = "unknown"
 	}
 	driven := ev.SandboxID != "" && SandboxDriven(ev.Type)
-	if driven && !l.allow.take(ev.SandboxID, now) {
+	if driven && !l.allow.take(ev.SandboxID, bucket(&ev), now) {
 		l.suppress(&ev, now)
 		return
 	}

@@ -95,8 +95,8 @@ func auditFlood(b *testing.B, size int) {
 // recorder, as a sandbox refused request after refused request would:
 // the flooder's records stop at its allowance, what is left out is
 // counted per host in an audit.suppressed record, its paths are capped,
-// and another sandbox's refused flow and a command the API started are
-// all in the log.
+// and its own secret use after the flood, another sandbox's refused flow
+// and a command the API started are all in the log.
 func TestGatewayFloodAudit(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -116,6 +116,8 @@ func TestGatewayFloodAudit(t *testing.T) {
 	for range sent {
 		rec.Request(ctx, gateway.Event{SandboxID: "flooder", Host: "x.test", Method: "GET", Path: path, Reason: "host not allowed"})
 	}
+	// The flooder's own allowed request with a secret, after its flood.
+	rec.Request(ctx, gateway.Event{SandboxID: "flooder", Host: "api.test", Method: "POST", Path: "/v1", Allowed: true, Secrets: []string{"TOKEN"}, Status: 200})
 	flows.Record(ctx, egress.FlowEvent{SandboxID: "quiet", Proto: "tcp", Name: "y.test", Reason: "no-rule"})
 	l.Append(ctx, audit.Event{Type: audit.TypeProcStart, SandboxID: "flooder", Actor: "key:ab", Data: map[string]any{"argv": []string{"id"}}})
 	if err := l.Close(); err != nil {
@@ -142,7 +144,10 @@ func TestGatewayFloodAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := count["flooder "+audit.TypeGateway]
+	stored := count["flooder "+audit.TypeGateway] - 1 // its allowed request
+	if count["flooder "+audit.TypeSecretUse] != 1 {
+		t.Errorf("the flooder's secret use was kept out by its refusals: %v", count)
+	}
 	if stored == 0 || stored > 1000 || int64(stored)+suppressed != sent {
 		t.Errorf("stored %d and suppressed %d of %d refused requests", stored, suppressed, sent)
 	}
