@@ -385,3 +385,45 @@ func TestVerifyRefusesForgedPrune(t *testing.T) {
 		})
 	}
 }
+
+// TestPruneCutShortByACrash: a prune record the daemon wrote without the
+// checkpoint after it (a crash in between: the segment is still there)
+// is noted at the next start, and the next prune of that segment, signed,
+// accounts for the start: the log verifies.
+func TestPruneCutShortByACrash(t *testing.T) {
+	dir := t.TempDir()
+	fill(t, dir, 3000, func(o *Options) { o.SegmentSize = 64 << 10; o.NoSync = true })
+	logDir := filepath.Join(dir, LogDir)
+	segs, _ := listSegments(logDir)
+	var total int64
+	for _, s := range segs {
+		st, _ := os.Stat(filepath.Join(logDir, s.name))
+		total += st.Size()
+	}
+	st0, _ := os.Stat(filepath.Join(logDir, segs[0].name))
+	prev, _ := firstPrev(filepath.Join(logDir, segs[1].name))
+	lastSeg := filepath.Join(logDir, segs[len(segs)-1].name)
+	b, _ := os.ReadFile(lastSeg)
+	lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
+	lastLine := strings.TrimSuffix(lines[len(lines)-1], "\n")
+	lr, _ := parseLine([]byte(lastLine))
+	p := line(nil, lr.Seq+1, body(time.Now(), TypePrune, "", "", mustJSON(map[string]any{
+		"segment": segs[0].name, "first_kept": segs[1].first, "prev": prev, "reason": "max-bytes", "bytes": st0.Size()})), hexHash([]byte(lastLine)))
+	f, _ := os.OpenFile(lastSeg, os.O_APPEND|os.O_WRONLY, 0)
+	f.Write(append(p, '\n'))
+	f.Close()
+
+	l := openT(t, dir, func(o *Options) { o.NoSync = true; o.MaxBytes = total - st0.Size() + 1024 })
+	l.Close()
+	after, _ := listSegments(logDir)
+	if after[0] != segs[1] {
+		t.Fatalf("segments after the restart: %v", after[:2])
+	}
+	rep, err := Verify(dir, pubOf(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(rep.Warnings, "\n"), "a prune record no checkpoint signed") {
+		t.Errorf("warnings %v", rep.Warnings)
+	}
+}

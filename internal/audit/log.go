@@ -167,6 +167,7 @@ type Log struct {
 	allow     allowances
 	suppTot   atomic.Int64
 	pruneDue  bool // a segment was sealed: the writer checks MaxBytes
+	signNext  bool // the next commit ends with a checkpoint
 	dropTotal atomic.Int64
 	writeErrs atomic.Int64
 
@@ -317,7 +318,7 @@ func (l *Log) Append(ctx context.Context, ev Event) {
 		return
 	}
 	if driven {
-		if len(l.ch) >= l.opts.QueueSize*3/4 || !l.reserve(p.size, l.opts.QueueBytes*3/4) {
+		if len(l.ch) >= max(1, l.opts.QueueSize*3/4) || !l.reserve(p.size, max(1, l.opts.QueueBytes*3/4)) {
 			l.suppress(&ev, now)
 			return
 		}
@@ -592,9 +593,10 @@ func (l *Log) commit(batch []pending) {
 	if n := l.dropped.Swap(0); n > 0 {
 		add(pending{time: l.opts.Now(), typ: TypeDropped, data: mustJSON(map[string]any{"count": n})})
 	}
-	if batch == nil && l.sinceCk > 0 {
+	if (batch == nil || l.signNext) && l.sinceCk > 0 {
 		add(l.checkpoint())
 	}
+	l.signNext = false
 	if len(recs) > 0 {
 		n, err := l.write(l.buf, ends, startSeq+1)
 		if err != nil {

@@ -73,15 +73,13 @@ func (l *Log) removeSegment(now time.Time, s, next segment, reason string, size 
 		l.log.Warn("audit: reading the segment after one to remove", "segment", next.name, "err", err)
 		return false
 	}
+	// The record and the checkpoint that signs it, in one write.
 	before := l.committed.Load()
+	l.signNext = true
 	l.commit([]pending{{time: now, typ: TypePrune, data: mustJSON(map[string]any{
 		"segment": s.name, "first_kept": next.first, "prev": prev, "reason": reason, "bytes": size})}})
-	if l.committed.Load() == before {
-		return false // not recorded: not removed
-	}
-	l.commit(nil) // the checkpoint that signs it
-	if l.sinceCk > 0 {
-		return false // not signed: not removed
+	if l.committed.Load() == before || l.sinceCk > 0 {
+		return false // not recorded and signed: not removed
 	}
 	if err := os.Remove(filepath.Join(l.dir, s.name)); err != nil {
 		l.log.Warn("audit: removing a segment", "segment", s.name, "err", err)

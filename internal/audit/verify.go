@@ -148,6 +148,7 @@ type verifier struct {
 	// accounts for a start after seq 1, until a later checkpoint signs it.
 	segs       []segment
 	pruneAt    *loc
+	revoked    *loc // a prune record the daemon found unsigned at start
 	suppressed int64
 }
 
@@ -230,8 +231,9 @@ func (v *verifier) record(at loc, l []byte) {
 			UnsignedPrune uint64 `json:"unsigned_prune"`
 		}
 		if json.Unmarshal(r.Data, &d) == nil && d.UnsignedPrune != 0 && v.pruneAt != nil && v.pruneAt.seq == d.UnsignedPrune {
-			v.fail(*v.pruneAt, fmt.Sprintf("the prune record that accounts for the records before seq %d was unsigned when the daemon started (seq %d says so): the daemon signs its prune records as it writes them", v.start.at.seq, r.Seq))
-			return
+			// Not the daemon's (or cut short by a crash, and then the
+			// daemon's next prune of the same segment accounts for it).
+			v.revoked, v.pruneAt = v.pruneAt, nil
 		}
 		if d.UnsignedPrune != 0 {
 			v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon found a prune record no checkpoint signed (%s)", r.Seq, string(r.Data)))
@@ -317,6 +319,9 @@ func (v *verifier) finish() {
 	if v.brk == nil && v.mismatch != nil {
 		m := v.mismatch
 		v.fail(m[0], fmt.Sprintf("the hash chain breaks between records %d and %d: one of them was altered", m[0].seq, m[1].seq))
+	}
+	if v.brk == nil && v.start != nil && v.pruneAt == nil && v.revoked != nil {
+		v.fail(*v.revoked, fmt.Sprintf("the prune record that accounts for the records before seq %d was unsigned when the daemon started: the daemon signs each prune record as it writes it", v.start.at.seq))
 	}
 	if v.brk == nil && v.start != nil && v.pruneAt != nil {
 		v.fail(*v.pruneAt, fmt.Sprintf("the prune record that accounts for the records before seq %d is not signed by any later checkpoint", v.start.at.seq))
