@@ -35,7 +35,8 @@ func SandboxDriven(typ string) bool {
 const (
 	capMethod = 32
 	capName   = 256  // hosts, names, secrets, rules, reasons
-	capPath   = 1024 // paths and URLs
+	capPath   = 1024 // paths and URLs of sandbox-driven records
+	capPathCP = 4096 // and of the others (PATH_MAX)
 	capOther  = 1024 // any other string of a sandbox-driven record
 	// maxSuppressedKeys bounds the distinct (type, host, decision, secret)
 	// a window of one sandbox counts apart; the rest are counted per type.
@@ -53,7 +54,10 @@ func fieldCap(key string, driven bool) int {
 	case "host", "name", "observed", "secret", "rule", "reason", "sni", "ecosystem", "version":
 		return capName
 	case "path", "url":
-		return capPath
+		if driven {
+			return capPath
+		}
+		return capPathCP
 	}
 	if driven {
 		return capOther

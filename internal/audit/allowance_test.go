@@ -225,6 +225,9 @@ func TestFieldCaps(t *testing.T) {
 	if sizes["path"] != 60001 || sizes["host"] != 1000 || sizes["method"] != 100 || got["short"] != "ok" || got["status"] != 403 {
 		t.Errorf("sizes %v", sizes)
 	}
+	if got := capFields(map[string]any{"path": strings.Repeat("p", 5000)}, false); len(got["path"].(string)) != capPathCP {
+		t.Errorf("a control-plane path cut to %d bytes", len(got["path"].(string)))
+	}
 	// A command's argv is control-plane: only named fields are capped.
 	argv := []string{"python3", "-c", strings.Repeat("x", 10000)}
 	if got := capFields(map[string]any{"argv": argv}, false); len(got["argv"].([]string)[2]) != 10000 {
