@@ -291,6 +291,8 @@ func Serve(ctx context.Context, opts Options) error {
 	netShared := egress.NewShared(egress.SharedOptions{})
 	hostAddrs := hosts.Addrs() // never reachable from a sandbox
 	registerNetMetrics(reg, netShared)
+	reg.CounterFunc("fence_audit_suppressed_total", "Sandbox-driven audit events over their sandbox's allowance, counted in audit.suppressed records instead of stored one by one.", auditLog.Suppressed)
+	reg.CounterFunc("fence_audit_dropped_total", "Audit events dropped because the queue stayed full (each counted in an audit.dropped record).", auditLog.Dropped)
 	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
 	if err != nil {
 		return fmt.Errorf("opening store: %w", err)
