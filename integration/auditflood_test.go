@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/audit"
 )
 
@@ -59,8 +62,18 @@ func TestAuditGatewayFlood(t *testing.T) {
 	d := startDaemon(t, dataDir, "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
 	inspect := true
 	net := &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}, Inspect: &inspect}
-	flooder := d.create(t, api.NewSandbox{TemplateID: "base", Network: net})
-	quiet := d.create(t, api.NewSandbox{TemplateID: "base", Network: net})
+	// Not d.create: the daemon is stopped before the cleanup, and takes
+	// its sandboxes with it.
+	create := func() *client.Sandbox {
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "base", Network: net})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	flooder, quiet := create(), create()
 	const secs = 5.0
 	out := sh(t, flooder.Envd(), fmt.Sprintf(floodScript, strconv.FormatFloat(secs, 'f', -1, 64)))
 	answered, err := strconv.Atoi(strings.TrimSpace(out))
