@@ -15,38 +15,41 @@ import (
 )
 
 // floodScript sends refused requests (Host not the TLS server name, 60 kB
-// paths) pipelined over one kept-alive TLS connection for SECONDS and
-// prints how many answers it read.
+// paths) pipelined over kept-alive TLS connections, one at a time (a new
+// one when the gateway closes one), for SECONDS, and prints how many
+// answers it read and in how many seconds.
 const floodScript = `python3 - <<'PY'
 import socket, ssl, threading, time
 secs = float(%q)
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
-s = ctx.wrap_socket(socket.create_connection(("other.test", 443)), server_hostname="other.test")
 req = ("GET /" + "a" * 60000 + " HTTP/1.1\r\nHost: x.test\r\n\r\n").encode()
-stop = time.time() + secs
-def send():
+start = time.time()
+stop = start + secs
+total = 0
+while time.time() < stop:
+    s = ctx.wrap_socket(socket.create_connection(("other.test", 443)), server_hostname="other.test")
+    def send(s=s):
+        try:
+            while time.time() < stop:
+                s.sendall(req * 8)
+        except OSError:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+    tail = b""
+    s.settimeout(5)
     try:
-        while time.time() < stop:
-            s.sendall(req * 8)
+        while time.time() < stop + 2:
+            b = s.recv(1 << 16)
+            if not b:
+                break
+            total += (tail + b).count(b"HTTP/1.1 421")
+            tail = b[-16:]
     except OSError:
         pass
-threading.Thread(target=send, daemon=True).start()
-n, tail = 0, b""
-s.settimeout(5)
-try:
-    while True:
-        b = s.recv(1 << 16)
-        if not b:
-            break
-        n += (tail + b).count(b"HTTP/1.1 421")
-        tail = b[-16:]
-        if time.time() > stop + 2:
-            break
-except OSError:
-    pass
-print(n)
+    s.close()
+print(total, round(time.time() - start, 2))
 PY`
 
 // TestAuditGatewayFlood: a sandbox that has the gateway refuse request
@@ -76,8 +79,9 @@ func TestAuditGatewayFlood(t *testing.T) {
 	flooder, quiet := create(), create()
 	const secs = 5.0
 	out := sh(t, flooder.Envd(), fmt.Sprintf(floodScript, strconv.FormatFloat(secs, 'f', -1, 64)))
-	answered, err := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || answered < 100 {
+	var answered int
+	var took float64
+	if _, err := fmt.Sscan(out, &answered, &took); err != nil || answered < 100 {
 		t.Fatalf("the flood got %q answers", out)
 	}
 	sh(t, quiet.Envd(), "curl -sk -o /dev/null -H 'Host: q.test' https://other.test/quiet; echo done")
@@ -88,7 +92,7 @@ func TestAuditGatewayFlood(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("export: %d %s", code, errs)
 	}
-	stored, quietReq, cmds := 0, 0, 0
+	stored, quietReq, cmds, big := 0, 0, 0, 0
 	var suppressed int64
 	var summary string
 	for _, l := range strings.Split(strings.TrimSpace(exp), "\n") {
@@ -100,7 +104,7 @@ func TestAuditGatewayFlood(t *testing.T) {
 		case r.Type == audit.TypeGateway && r.Sandbox == flooder.ID():
 			stored++
 			if len(l) > 4<<10 {
-				t.Errorf("a gateway record of %d bytes", len(l))
+				big++
 			}
 		case r.Type == audit.TypeGateway && r.Sandbox == quiet.ID():
 			quietReq++
@@ -116,13 +120,16 @@ func TestAuditGatewayFlood(t *testing.T) {
 			summary += d.Summary + "; "
 		}
 	}
-	t.Logf("flood: %d refused requests answered in %.0f s (%.0f/s); %d records stored (%.0f/s), %d counted in summaries: %s",
-		answered, secs, float64(answered)/secs, stored, float64(stored)/secs, suppressed, summary)
+	t.Logf("flood: %d refused requests answered in %.1f s (%.0f/s); %d records stored (%.0f/s), %d counted in summaries: %s",
+		answered, took, float64(answered)/took, stored, float64(stored)/took, suppressed, summary)
+	if big > 0 {
+		t.Errorf("%d gateway records over 4 KiB: fields are not capped", big)
+	}
 	if int64(stored)+suppressed < int64(answered) {
 		t.Errorf("%d stored + %d suppressed < %d refused: records lost uncounted", stored, suppressed, answered)
 	}
 	// The burst, the refill over the flood (and the setup's slack).
-	if limit := 1000 + int(100*(secs+30)); stored > limit {
+	if limit := 1000 + int(100*(took+30)); stored > limit {
 		t.Errorf("%d of the flooder's records stored, over its allowance (%d)", stored, limit)
 	}
 	if !strings.Contains(summary, "refused requests to x.test") {
