@@ -430,3 +430,22 @@ func TestPruneCutShortByACrash(t *testing.T) {
 		t.Errorf("warnings %v", rep.Warnings)
 	}
 }
+
+// TestVerifyPruneAgreesWithSegmentNames: a pruned log whose first segment
+// was renamed (as if records had been cut from it and the file named for
+// the new first one) does not verify.
+func TestVerifyPruneAgreesWithSegmentNames(t *testing.T) {
+	dir := t.TempDir()
+	fill(t, dir, 6000, func(o *Options) { o.MaxBytes = 256 << 10; o.NoSync = true })
+	logDir := filepath.Join(dir, LogDir)
+	segs, _ := listSegments(logDir)
+	if segs[0].first == 1 {
+		t.Fatal("nothing pruned")
+	}
+	os.Rename(filepath.Join(logDir, segs[0].name), filepath.Join(logDir, segName(segs[0].first-1)))
+	_, err := Verify(dir, pubOf(t, dir))
+	var brk *Break
+	if !errors.As(err, &brk) || !strings.Contains(brk.Reason, "does not agree with the segment names") {
+		t.Fatalf("a renamed first segment verified: %v", err)
+	}
+}
