@@ -84,7 +84,7 @@ func deps() cli.Deps {
 					Header: o.HeaderTimeout, Idle: o.IdleTimeout, BodyIdle: o.BodyIdleTimeout,
 				},
 
-				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention,
+				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention, AuditMaxBytes: o.AuditMaxBytes,
 				ForensicsRetention: o.ForensicsRetention, ForensicsBudget: o.ForensicsBudget, NoAudit: o.NoAudit,
 				Cluster: clusterOptions(o.Cluster),
 			})

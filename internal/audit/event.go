@@ -8,7 +8,14 @@
 //
 //   - Append never waits on the disk: it queues, waiting at most
 //     Options.BlockFor (100 ms) for room, then drops; every drop is counted
-//     and recorded in the chain (audit.dropped).
+//     and recorded in the chain (audit.dropped). The queue is bounded in
+//     records and in bytes, and a record's fields are capped.
+//   - What a sandbox drives (its flows, gateway requests, secret uses and
+//     downloads: SandboxDriven) never waits and cannot crowd out the rest:
+//     each sandbox has an allowance (refusals apart from the rest), and
+//     those records take at most three quarters of the queue. What is
+//     left out is counted per type, host, decision and secret in an
+//     audit.suppressed record of the sandbox; nothing is lost uncounted.
 //   - One writer commits in groups with one write and one fdatasync; a
 //     record is visible (Query, Subscribe, Forward) only once on disk. A
 //     crash loses at most the queue and the group in flight; a torn final
@@ -22,7 +29,10 @@
 //     symlink or readable by others. Readers (Query, Export, Verify) read
 //     complete lines only, so they are safe while the daemon writes.
 //   - Kept command output and segments have budgets: per stream, per
-//     sandbox, and Retention (7 days), and pruning is recorded.
+//     sandbox, Retention (7 days) and MaxBytes, and each removal of a
+//     segment is recorded and signed at once by a checkpoint; Verify
+//     accepts a prune record only under a later checkpoint and when it
+//     agrees with the segment names.
 package audit
 
 import (

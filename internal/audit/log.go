@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -29,6 +30,27 @@ type Options struct {
 	SegmentSize int64
 	// QueueSize bounds the events waiting for the writer; 65536.
 	QueueSize int
+	// QueueBytes bounds the bytes of the records waiting for the writer
+	// and being written; 32 MiB. Sandbox-driven records (SandboxDriven)
+	// may take three quarters of it and of QueueSize, never more, so that
+	// the rest is always there for the control plane and commands.
+	QueueBytes int64
+	// SandboxRate and SandboxBurst are each sandbox's allowance of
+	// sandbox-driven records: a token bucket of SandboxBurst (1000)
+	// refilled at SandboxRate a second (100), one for refusals (a
+	// "decision" of "deny") and one for the rest. Records over it, and those
+	// that find the sandboxes' share of the queue full, are not queued:
+	// they are counted per type, host, decision and secret, and an
+	// audit.suppressed record of the counts goes in the chain once the
+	// first of them is SummaryEvery (10 s) old, or at Close.
+	SandboxRate  float64
+	SandboxBurst int
+	SummaryEvery time.Duration
+	// MaxBytes caps the segments on disk: past it the oldest sealed
+	// segments are removed (after each new segment, at Open and hourly),
+	// each after a prune record and a checkpoint that signs it. 0: no cap.
+	// A segment is at most a quarter of MaxBytes.
+	MaxBytes int64
 	// MaxBatch bounds the records committed by one write and fsync; 8192.
 	MaxBatch int
 	// BlockFor is how long Append waits for room in a full queue before it
@@ -63,6 +85,21 @@ func (o *Options) defaults() {
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = 1 << 16
+	}
+	if o.QueueBytes <= 0 {
+		o.QueueBytes = 32 << 20
+	}
+	if o.SandboxRate <= 0 {
+		o.SandboxRate = 100
+	}
+	if o.SandboxBurst <= 0 {
+		o.SandboxBurst = 1000
+	}
+	if o.SummaryEvery <= 0 {
+		o.SummaryEvery = 10 * time.Second
+	}
+	if o.MaxBytes > 0 && o.SegmentSize > o.MaxBytes/4 {
+		o.SegmentSize = max(o.MaxBytes/4, 1)
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 8192
@@ -119,7 +156,18 @@ type Log struct {
 	closed bool
 	ch     chan pending
 
-	dropped   atomic.Int64 // since the last audit.dropped record
+	dropped atomic.Int64 // since the last audit.dropped record
+	// queued is the bytes of the records queued and being written;
+	// waiters counts the appenders waiting for some of it to go, and
+	// room is closed (and replaced) when it does.
+	queued    atomic.Int64
+	waiters   atomic.Int32
+	roomMu    sync.Mutex
+	room      chan struct{}
+	allow     allowances
+	suppTot   atomic.Int64
+	pruneDue  bool // a segment was sealed: the writer checks MaxBytes
+	signNext  bool // the next commit ends with a checkpoint
 	dropTotal atomic.Int64
 	writeErrs atomic.Int64
 
@@ -162,6 +210,7 @@ type pending struct {
 	typ, sandbox, actor string
 	data                json.RawMessage
 	body                []byte
+	size                int64         // bytes counted in Log.queued
 	flush               chan struct{} // a Flush marker, no record
 }
 
@@ -184,6 +233,9 @@ func Open(opts Options) (*Log, error) {
 		subs:     map[*Subscription]struct{}{},
 		outUsed:  map[string]int64{},
 		syncKick: make(chan struct{}, 1),
+		room:     make(chan struct{}),
+		allow: allowances{rate: opts.SandboxRate, burst: float64(opts.SandboxBurst), window: opts.SummaryEvery,
+			m: map[string]*allowance{}},
 	}
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: creating %s: %w", l.dir, err)
@@ -238,36 +290,135 @@ func (l *Log) Dropped() int64 { return l.dropTotal.Load() }
 // Committed is the seq of the last record on disk.
 func (l *Log) Committed() uint64 { return l.committed.Load() }
 
-// Append queues an event; see Log for when it drops one.
+// Append queues an event; see Log for when it drops one. A
+// sandbox-driven event (SandboxDriven, with a SandboxID) never waits: over
+// the sandbox's allowance, or with the sandboxes' share of the queue full,
+// it is counted in the sandbox's next audit.suppressed record instead.
 func (l *Log) Append(ctx context.Context, ev Event) {
+	now := l.opts.Now()
 	if ev.Time.IsZero() {
-		ev.Time = l.opts.Now()
+		ev.Time = now
 	}
-	data := marshalData(ev.Data)
+	if ev.Type == "" {
+		ev.Type = "unknown"
+	}
+	driven := ev.SandboxID != "" && SandboxDriven(ev.Type)
+	if driven && !l.allow.take(ev.SandboxID, bucket(&ev), now) {
+		l.suppress(&ev, now)
+		return
+	}
+	data := marshalData(capFields(ev.Data, driven))
 	p := pending{time: ev.Time, typ: ev.Type, sandbox: ev.SandboxID, actor: ev.Actor, data: data}
-	if p.typ == "" {
-		p.typ = "unknown"
-	}
 	p.body = body(p.time, p.typ, p.sandbox, p.actor, p.data)
+	p.size = int64(len(p.body)) + 100 // seq, prev and the rest of the line
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
 		l.drop()
 		return
 	}
+	if driven {
+		if len(l.ch) >= max(1, l.opts.QueueSize*3/4) || !l.reserve(p.size, max(1, l.opts.QueueBytes*3/4)) {
+			l.suppress(&ev, now)
+			return
+		}
+		select {
+		case l.ch <- p:
+		default:
+			l.release(p.size)
+			l.suppress(&ev, now)
+		}
+		return
+	}
+	var t *time.Timer
+	wait := func(c <-chan struct{}) bool {
+		if t == nil {
+			t = time.NewTimer(l.opts.BlockFor)
+		}
+		select {
+		case <-c:
+			return true
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		l.drop()
+		return false
+	}
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for !l.reserve(p.size, l.opts.QueueBytes) {
+		l.waiters.Add(1)
+		l.roomMu.Lock()
+		room := l.room
+		l.roomMu.Unlock()
+		// Room made after this reserve closes the channel taken.
+		if l.reserve(p.size, l.opts.QueueBytes) {
+			l.waiters.Add(-1)
+			break
+		}
+		ok := wait(room)
+		l.waiters.Add(-1)
+		if !ok {
+			return
+		}
+	}
 	select {
 	case l.ch <- p:
 		return
 	default:
 	}
-	t := time.NewTimer(l.opts.BlockFor)
-	defer t.Stop()
+	if t == nil {
+		t = time.NewTimer(l.opts.BlockFor)
+	}
 	select {
 	case l.ch <- p:
 	case <-t.C:
+		l.release(p.size)
 		l.drop()
 	case <-ctx.Done():
+		l.release(p.size)
 		l.drop()
+	}
+}
+
+// suppress counts a sandbox-driven event that is not queued.
+func (l *Log) suppress(ev *Event, now time.Time) {
+	l.suppTot.Add(1)
+	l.allow.suppress(ev, now)
+}
+
+// Suppressed is how many sandbox-driven events were kept out of the log
+// (and counted in audit.suppressed records) since Open.
+func (l *Log) Suppressed() int64 { return l.suppTot.Load() }
+
+// reserve counts n more bytes queued if that stays within limit (or the
+// queue is empty: one record always fits).
+func (l *Log) reserve(n, limit int64) bool {
+	for {
+		cur := l.queued.Load()
+		if cur > 0 && cur+n > limit {
+			return false
+		}
+		if l.queued.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
+// release uncounts n bytes and wakes the appenders waiting for room.
+func (l *Log) release(n int64) {
+	if n == 0 {
+		return
+	}
+	l.queued.Add(-n)
+	if l.waiters.Load() > 0 {
+		l.roomMu.Lock()
+		close(l.room)
+		l.room = make(chan struct{})
+		l.roomMu.Unlock()
 	}
 }
 
@@ -339,6 +490,9 @@ func (l *Log) run() {
 			batch = append(batch[:0], p)
 			batch = l.fill(batch)
 			l.commit(batch)
+			if l.pruneDue {
+				l.prune()
+			}
 		case <-l.syncKick:
 			l.syncOutputs()
 		case <-tick.C:
@@ -350,6 +504,12 @@ func (l *Log) run() {
 					break
 				}
 				l.commit(batch)
+				if l.pruneDue {
+					l.prune()
+				}
+			}
+			if ps := l.allow.due(l.opts.Now(), true); len(ps) > 0 {
+				l.commit(ps)
 			}
 			if l.sinceCk > 0 {
 				l.commit(nil) // a checkpoint over the tail
@@ -376,6 +536,9 @@ func (l *Log) fill(batch []pending) []pending {
 
 func (l *Log) periodic() {
 	now := l.opts.Now()
+	if ps := l.allow.due(now, false); len(ps) > 0 {
+		l.commit(ps)
+	}
 	if l.sinceCk > 0 && now.Sub(l.lastCk) >= l.opts.CheckpointInterval {
 		l.commit(nil)
 	}
@@ -430,9 +593,10 @@ func (l *Log) commit(batch []pending) {
 	if n := l.dropped.Swap(0); n > 0 {
 		add(pending{time: l.opts.Now(), typ: TypeDropped, data: mustJSON(map[string]any{"count": n})})
 	}
-	if batch == nil && l.sinceCk > 0 {
+	if (batch == nil || l.signNext) && l.sinceCk > 0 {
 		add(l.checkpoint())
 	}
+	l.signNext = false
 	if len(recs) > 0 {
 		n, err := l.write(l.buf, ends, startSeq+1)
 		if err != nil {
@@ -460,6 +624,11 @@ func (l *Log) commit(batch []pending) {
 		l.committed.Store(l.seq)
 		l.publish(recs)
 	}
+	var size int64
+	for _, p := range batch {
+		size += p.size
+	}
+	l.release(size)
 	for _, c := range flushes {
 		close(c)
 	}
@@ -530,6 +699,7 @@ func (l *Log) seal() error {
 	}
 	l.f.Close()
 	l.f = nil
+	l.pruneDue = l.opts.MaxBytes > 0
 	return err
 }
 
@@ -557,6 +727,22 @@ func (l *Log) rotate(first uint64) error {
 // writer starts, or from it).
 func (l *Log) writeInternal(p pending) {
 	l.commit([]pending{p})
+}
+
+// lineType is the type of a record line as the writer lays it out
+// (`{"seq":N,"time":"…","type":"…"`), "" if it is not there.
+func lineType(ln []byte) string {
+	const k = `","type":"`
+	i := bytes.Index(ln[:min(len(ln), 128)], []byte(k))
+	if i < 0 {
+		return ""
+	}
+	rest := ln[i+len(k):]
+	j := bytes.IndexByte(rest[:min(len(rest), 64)], '"')
+	if j < 0 {
+		return ""
+	}
+	return string(rest[:j])
 }
 
 // head is the last checkpoint, kept apart from the segments so that
@@ -612,6 +798,10 @@ func (l *Log) recover() ([]pending, error) {
 		}
 		lr := newLineReader(f)
 		var last []byte
+		// A prune record after the segment's last checkpoint: the writer
+		// signs each one as it writes it, so it was not the writer's (a
+		// crash between the two leaves the segment it names in place).
+		var unsignedPrune []byte
 		for {
 			ln, err := lr.next()
 			if errors.Is(err, io.EOF) {
@@ -622,6 +812,21 @@ func (l *Log) recover() ([]pending, error) {
 				return nil, fmt.Errorf("%s: %w", segs[i].name, err)
 			}
 			last = append(last[:0], ln...)
+			switch lineType(ln) {
+			case TypeCheckpoint:
+				unsignedPrune = nil
+			case TypePrune:
+				if unsignedPrune == nil {
+					unsignedPrune = bytes.Clone(ln)
+				}
+			}
+		}
+		if unsignedPrune != nil {
+			if r, err := parseLine(unsignedPrune); err == nil {
+				l.log.Warn("audit: a prune record no checkpoint signs", "seq", r.Seq)
+				notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
+					data: mustJSON(map[string]any{"segment": segs[i].name, "unsigned_prune": r.Seq})})
+			}
 		}
 		st, err := f.Stat()
 		if err != nil {

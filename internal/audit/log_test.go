@@ -372,7 +372,7 @@ func TestConcurrentAppends(t *testing.T) {
 	for w := range writers {
 		wg.Go(func() {
 			for i := range each {
-				l.Append(context.Background(), Event{Type: TypeFlow, SandboxID: fmt.Sprintf("w%d", w), Data: map[string]any{"i": i}})
+				l.Append(context.Background(), Event{Type: TypeProcStart, SandboxID: fmt.Sprintf("w%d", w), Data: map[string]any{"i": i}})
 			}
 		})
 	}
@@ -386,7 +386,7 @@ func TestConcurrentAppends(t *testing.T) {
 		t.Fatalf("%d dropped", l.Dropped())
 	}
 	got := 0
-	Export(context.Background(), dir, Filter{Types: []string{TypeFlow}}, func(r *Record, _ []byte) error { got++; return nil })
+	Export(context.Background(), dir, Filter{Types: []string{TypeProcStart}}, func(r *Record, _ []byte) error { got++; return nil })
 	if got != writers*each || rep.Segments < 2 {
 		t.Fatalf("%d records over %d segments", got, rep.Segments)
 	}
@@ -400,7 +400,7 @@ func TestConcurrentAppends(t *testing.T) {
 		if recs, _ := l2.Query(context.Background(), Filter{Sandbox: "nobody"}); len(recs) != 0 {
 			t.Fatalf("nobody: %d records", len(recs))
 		}
-		if recs, _ := l2.Query(context.Background(), Filter{Since: time.Now().Add(-time.Hour), Types: []string{TypeFlow}}); len(recs) != writers*each {
+		if recs, _ := l2.Query(context.Background(), Filter{Since: time.Now().Add(-time.Hour), Types: []string{TypeProcStart}}); len(recs) != writers*each {
 			t.Fatalf("since an hour: %d records", len(recs))
 		}
 	}

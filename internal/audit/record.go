@@ -26,10 +26,10 @@ const (
 	// TypeDropped counts events Append dropped because the queue stayed
 	// full: data {count}.
 	TypeDropped = "audit.dropped"
-	// TypePrune notes that a segment was removed by retention: data
-	// {segment, first_kept, prev} (the first record still kept and its
-	// prev hash, where verification starts), or removed outputs: data
-	// {outputs}.
+	// TypePrune notes that a segment was removed by retention or the size
+	// cap: data {segment, first_kept, prev, reason, bytes} (the first
+	// record still kept and its prev hash, where verification starts; a
+	// checkpoint follows it at once), or removed outputs: data {outputs}.
 	TypePrune = "audit.prune"
 	// TypeTruncated notes that Open found the log shorter than the last
 	// checkpoint it had signed: data {head_seq, last_seq}.
@@ -151,6 +151,14 @@ type segment struct {
 	first uint64
 }
 
+// parseSegName is the first seq a segment's name says.
+func parseSegName(n string) (uint64, error) {
+	if !strings.HasSuffix(n, segSuffix) || len(n) != 20+len(segSuffix) {
+		return 0, fmt.Errorf("not a segment name: %q", n)
+	}
+	return strconv.ParseUint(strings.TrimSuffix(n, segSuffix), 10, 64)
+}
+
 // listSegments returns the log's segments, oldest first.
 func listSegments(dir string) ([]segment, error) {
 	ents, err := os.ReadDir(dir)
@@ -160,10 +168,10 @@ func listSegments(dir string) ([]segment, error) {
 	var out []segment
 	for _, e := range ents {
 		n := e.Name()
-		if !e.Type().IsRegular() || !strings.HasSuffix(n, segSuffix) || len(n) != 20+len(segSuffix) {
+		if !e.Type().IsRegular() {
 			continue
 		}
-		first, err := strconv.ParseUint(strings.TrimSuffix(n, segSuffix), 10, 64)
+		first, err := parseSegName(n)
 		if err != nil {
 			continue
 		}

@@ -95,7 +95,7 @@ func levelOf(typ string, d map[string]any) string {
 		return l
 	}
 	switch typ {
-	case TypeDropped, TypeRecovered:
+	case TypeDropped, TypeRecovered, TypeSuppressed:
 		return LevelWarn
 	case TypeTruncated:
 		return LevelError
@@ -149,6 +149,8 @@ func message1(typ string, d map[string]any) string {
 		lead = []string{"method", "host", "url", "status"}
 	case TypeKill:
 		lead = []string{"reason"}
+	case TypeSuppressed:
+		lead = []string{"summary", "total"}
 	}
 	var b strings.Builder
 	b.WriteString(typ)

@@ -76,7 +76,7 @@ func Verify(dataDir string, pub ed25519.PublicKey) (Report, error) {
 		return rep, err
 	}
 	wantID := keyID(pub)
-	v := &verifier{rep: &rep, pub: pub, wantID: wantID, head: hd}
+	v := &verifier{rep: &rep, pub: pub, wantID: wantID, head: hd, segs: segs}
 	for i, s := range segs {
 		if v.brk != nil {
 			break
@@ -144,6 +144,12 @@ type verifier struct {
 	} // a first record after seq 1, until a prune record accounts for it
 	headSeen bool
 	drops    int64
+	// segs are the segments listed; pruneAt is the prune record that
+	// accounts for a start after seq 1, until a later checkpoint signs it.
+	segs       []segment
+	pruneAt    *loc
+	revoked    *loc // a prune record the daemon found unsigned at start
+	suppressed int64
 }
 
 func (v *verifier) fail(at loc, reason string) {
@@ -200,11 +206,17 @@ func (v *verifier) record(at loc, l []byte) {
 		v.checkpoint(at, r)
 	case TypePrune:
 		var d struct {
+			Segment   string `json:"segment"`
 			FirstKept uint64 `json:"first_kept"`
 			Prev      string `json:"prev"`
 		}
 		if json.Unmarshal(r.Data, &d) == nil && v.start != nil && d.FirstKept == v.start.at.seq && d.Prev == v.start.prev {
-			v.start = nil
+			if why := v.pruneDisagrees(d.Segment, d.FirstKept); why != "" {
+				v.fail(at, "the prune record does not agree with the segment names: "+why)
+				return
+			}
+			// Accepted once a later checkpoint signs it (see checkpoint).
+			v.pruneAt = &at
 		}
 	case TypeTruncated:
 		var d struct {
@@ -215,6 +227,18 @@ func (v *verifier) record(at loc, l []byte) {
 		v.fail(at, fmt.Sprintf("the daemon found the log cut back when it started: it ended at seq %d, but seq %d had been signed (records were removed)", d.LastSeq, d.HeadSeq))
 		return
 	case TypeRecovered:
+		var d struct {
+			UnsignedPrune uint64 `json:"unsigned_prune"`
+		}
+		if json.Unmarshal(r.Data, &d) == nil && d.UnsignedPrune != 0 && v.pruneAt != nil && v.pruneAt.seq == d.UnsignedPrune {
+			// Not the daemon's (or cut short by a crash, and then the
+			// daemon's next prune of the same segment accounts for it).
+			v.revoked, v.pruneAt = v.pruneAt, nil
+		}
+		if d.UnsignedPrune != 0 {
+			v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon found a prune record no checkpoint signed (%s)", r.Seq, string(r.Data)))
+			break
+		}
 		v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon cut a torn final line after a crash (%s)", r.Seq, string(r.Data)))
 	case TypeDropped:
 		var d struct {
@@ -222,6 +246,12 @@ func (v *verifier) record(at loc, l []byte) {
 		}
 		json.Unmarshal(r.Data, &d)
 		v.drops += d.Count
+	case TypeSuppressed:
+		var d struct {
+			Total int64 `json:"total"`
+		}
+		json.Unmarshal(r.Data, &d)
+		v.suppressed += d.Total
 	}
 	if v.head != nil && r.Seq == v.head.Seq {
 		v.headSeen = true
@@ -262,6 +292,26 @@ func (v *verifier) checkpoint(at loc, r Record) {
 	}
 	v.rep.Checkpoints++
 	v.rep.LastCheckpoint = r.Seq
+	if v.pruneAt != nil && v.start != nil {
+		// The checkpoint signs the chain up to it, the prune record
+		// included: the records before the start were pruned.
+		v.start, v.pruneAt = nil, nil
+	}
+}
+
+// pruneDisagrees says why a prune record that names first as the first
+// record kept and seg as the segment removed does not fit the segments
+// listed ("" when it fits): the first segment must be named for first, and
+// seg must be a segment name before it that is not there any more.
+func (v *verifier) pruneDisagrees(seg string, first uint64) string {
+	if len(v.segs) == 0 || v.segs[0].first != first {
+		return fmt.Sprintf("it says the log starts at seq %d, but the first segment is not named for it", first)
+	}
+	removed, err := parseSegName(seg)
+	if err != nil || removed >= first {
+		return fmt.Sprintf("it names %q as the segment removed, not a segment before seq %d", seg, first)
+	}
+	return ""
 }
 
 func (v *verifier) finish() {
@@ -269,6 +319,12 @@ func (v *verifier) finish() {
 	if v.brk == nil && v.mismatch != nil {
 		m := v.mismatch
 		v.fail(m[0], fmt.Sprintf("the hash chain breaks between records %d and %d: one of them was altered", m[0].seq, m[1].seq))
+	}
+	if v.brk == nil && v.start != nil && v.pruneAt == nil && v.revoked != nil {
+		v.fail(*v.revoked, fmt.Sprintf("the prune record that accounts for the records before seq %d was unsigned when the daemon started: the daemon signs each prune record as it writes it", v.start.at.seq))
+	}
+	if v.brk == nil && v.start != nil && v.pruneAt != nil {
+		v.fail(*v.pruneAt, fmt.Sprintf("the prune record that accounts for the records before seq %d is not signed by any later checkpoint", v.start.at.seq))
 	}
 	if v.brk == nil && v.start != nil {
 		v.fail(v.start.at, fmt.Sprintf("records before seq %d are missing and no prune record accounts for them", v.start.at.seq))
@@ -280,6 +336,9 @@ func (v *verifier) finish() {
 	}
 	if v.drops > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d events were dropped by the daemon (its queue was full); the drops are recorded", v.drops))
+	}
+	if v.suppressed > 0 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d sandbox-driven events were over their sandbox's allowance; audit.suppressed records count them", v.suppressed))
 	}
 	if rep.Records > 0 {
 		rep.Unsigned = rep.LastSeq - rep.LastCheckpoint

@@ -132,6 +132,16 @@ func TestServeOptions(t *testing.T) {
 	if code, _, _ := execute(t, deps, "", "serve", "--memory-mb", "0"); code != 2 {
 		t.Errorf("fence serve --memory-mb 0 = %d, want 2", code)
 	}
+	for arg, want := range map[string]int64{"2GiB": 2 << 30, "0": -1} {
+		if code, _, stderr := execute(t, deps, "", "serve", "--audit-max-bytes", arg); code != 0 || got.AuditMaxBytes != want {
+			t.Errorf("fence serve --audit-max-bytes %s = %d (%q), %d; want %d", arg, code, stderr, got.AuditMaxBytes, want)
+		}
+	}
+	for _, bad := range []string{"lots", "-1G", "100K"} {
+		if code, _, _ := execute(t, deps, "", "serve", "--audit-max-bytes", bad); code != 2 {
+			t.Errorf("fence serve --audit-max-bytes %s = %d, want 2", bad, code)
+		}
+	}
 	code, _, stderr := execute(t, deps, "", "serve", "--deny-cidr", "10.20.0.0/16", "--deny-cidr", "fd00:1::5/48", "--deny-cidr", "192.0.2.9")
 	wantCIDRs := []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("fd00:1::/48"), netip.MustParsePrefix("192.0.2.9/32")}
 	if code != 0 || !reflect.DeepEqual(got.DenyCIDRs, wantCIDRs) {

@@ -95,6 +95,9 @@ type ServeOptions struct {
 	// AuditRetention is how long audit segments and kept command output
 	// stay; zero means 7 days, negative forever.
 	AuditRetention time.Duration
+	// AuditMaxBytes caps the audit segments on disk; zero means the
+	// daemon's default (8 GiB), negative no cap.
+	AuditMaxBytes int64
 	// ForensicsRetention is how long killed sandboxes' layers are kept for
 	// export (zero: 24h; negative: none); ForensicsBudget bounds them in
 	// all (zero: 2 GiB). NoAudit keeps no audit trail (hidden, to measure

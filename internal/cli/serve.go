@@ -62,7 +62,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var denyCIDRs []string
 	var warmTemplates []string
 	var layerFSSize string
-	var forensicsBudget string
+	var forensicsBudget, auditMaxBytes string
 	var cl clusterFlags
 	auditOn := true
 	cmd := &cobra.Command{
@@ -141,6 +141,17 @@ SIGINT or SIGTERM.`,
 					return usagef("--forensics-budget must be a size above zero such as 500MiB or 2GiB, got %q", forensicsBudget)
 				}
 			}
+			if auditMaxBytes != "" {
+				n, err := parseBytes(auditMaxBytes)
+				switch {
+				case err == nil && n == 0:
+					o.AuditMaxBytes = -1
+				case err != nil || n < 1<<20:
+					return usagef("--audit-max-bytes must be a size of at least 1MiB such as 500MiB or 8GiB, or 0 for no cap, got %q", auditMaxBytes)
+				default:
+					o.AuditMaxBytes = n
+				}
+			}
 			o.NoAudit = !auditOn
 			if o.Cluster, err = cl.options(); err != nil {
 				return err
@@ -184,6 +195,7 @@ SIGINT or SIGTERM.`,
 	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
 	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
 	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
+	fs.StringVar(&auditMaxBytes, "audit-max-bytes", "", "disk the audit records may take, oldest segments pruned first (each removal recorded and signed), e.g. 2GiB (default 8GiB; 0: no cap)")
 	fs.DurationVar(&o.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
 	fs.StringVar(&forensicsBudget, "forensics-budget", "", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	fs.BoolVar(&auditOn, "audit", true, "keep the audit trail (off only to measure its cost)")

@@ -60,6 +60,10 @@ import (
 	"github.com/fencesandbox/fence/internal/template"
 )
 
+// DefaultAuditMaxBytes is the disk the audit segments may take when
+// Options.AuditMaxBytes is zero.
+const DefaultAuditMaxBytes = 8 << 30
+
 // Options configures the daemon.
 type Options struct {
 	Addr         string // listen address; required
@@ -135,6 +139,10 @@ type Options struct {
 	// AuditRetention is how long audit records and kept command output
 	// stay; zero means 7 days, negative forever.
 	AuditRetention time.Duration
+	// AuditMaxBytes caps the audit segments on disk, oldest pruned first
+	// (audit.Options.MaxBytes); zero means DefaultAuditMaxBytes, negative
+	// no cap.
+	AuditMaxBytes int64
 	// ForensicsRetention is how long the writable layer of a killed
 	// sandbox is kept for export (DATA-DIR/forensics); zero means
 	// forensics.DefaultRetention, negative keeps none.
@@ -240,7 +248,8 @@ func Serve(ctx context.Context, opts Options) error {
 	// The audit trail, open before anything it records and closed after
 	// everything else (its Close commits the queue and signs the tail).
 	// auditLog is the audit.Sink the event sources append to.
-	auditLog, err := audit.Open(audit.Options{Dir: opts.DataDir, Logger: log, Retention: opts.AuditRetention})
+	auditLog, err := audit.Open(audit.Options{Dir: opts.DataDir, Logger: log, Retention: opts.AuditRetention,
+		MaxBytes: max(0, cmp.Or(opts.AuditMaxBytes, DefaultAuditMaxBytes))})
 	if err != nil {
 		return fmt.Errorf("opening audit log: %w", err)
 	}
@@ -287,6 +296,8 @@ func Serve(ctx context.Context, opts Options) error {
 	netShared := egress.NewShared(egress.SharedOptions{})
 	hostAddrs := hosts.Addrs() // never reachable from a sandbox
 	registerNetMetrics(reg, netShared)
+	reg.CounterFunc("fence_audit_suppressed_total", "Sandbox-driven audit events over their sandbox's allowance, counted in audit.suppressed records instead of stored one by one.", auditLog.Suppressed)
+	reg.CounterFunc("fence_audit_dropped_total", "Audit events dropped because the queue stayed full (each counted in an audit.dropped record).", auditLog.Dropped)
 	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
 	if err != nil {
 		return fmt.Errorf("opening store: %w", err)

@@ -1,0 +1,144 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/audit"
+)
+
+// floodScript sends refused requests (Host not the TLS server name, 60 kB
+// paths) pipelined over kept-alive TLS connections, one at a time (a new
+// one when the gateway closes one), for SECONDS, and prints how many
+// answers it read and in how many seconds.
+const floodScript = `python3 - <<'PY'
+import socket, ssl, threading, time
+secs = float(%q)
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+req = ("GET /" + "a" * 60000 + " HTTP/1.1\r\nHost: x.test\r\n\r\n").encode()
+start = time.time()
+stop = start + secs
+total = 0
+while time.time() < stop:
+    s = ctx.wrap_socket(socket.create_connection(("other.test", 443)), server_hostname="other.test")
+    def send(s=s):
+        try:
+            while time.time() < stop:
+                s.sendall(req * 8)
+        except OSError:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+    tail = b""
+    s.settimeout(5)
+    try:
+        while time.time() < stop + 2:
+            b = s.recv(1 << 16)
+            if not b:
+                break
+            total += (tail + b).count(b"HTTP/1.1 421")
+            tail = b[-16:]
+    except OSError:
+        pass
+    s.close()
+print(total, round(time.time() - start, 2))
+PY`
+
+// TestAuditGatewayFlood: a sandbox that has the gateway refuse request
+// after request over one connection gets its allowance of records and an
+// audit.suppressed record counting the rest per host, with every refused
+// request accounted for; another sandbox's refused request and commands
+// are all recorded, and the log verifies. It logs the records stored per
+// second of the flood.
+func TestAuditGatewayFlood(t *testing.T) {
+	requireTemplate(t, "base")
+	fn := newFakeNet(t)
+	dataDir := newDataDir(t)
+	d := startDaemon(t, dataDir, "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
+	inspect := true
+	net := &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"other.test"}, Inspect: &inspect}
+	// Not d.create: the daemon is stopped before the cleanup, and takes
+	// its sandboxes with it.
+	create := func() *client.Sandbox {
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "base", Network: net})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	flooder, quiet := create(), create()
+	const secs = 5.0
+	out := sh(t, flooder.Envd(), fmt.Sprintf(floodScript, strconv.FormatFloat(secs, 'f', -1, 64)))
+	var answered int
+	var took float64
+	if _, err := fmt.Sscan(out, &answered, &took); err != nil || answered < 100 {
+		t.Fatalf("the flood got %q answers", out)
+	}
+	sh(t, quiet.Envd(), "curl -sk -o /dev/null -H 'Host: q.test' https://other.test/quiet; echo done")
+	sh(t, flooder.Envd(), "echo after")
+	d.Stop()
+
+	exp, errs, code := runFence(t, nil, nil, "audit", "export", "--data-dir", dataDir)
+	if code != 0 {
+		t.Fatalf("export: %d %s", code, errs)
+	}
+	stored, quietReq, cmds, big := 0, 0, 0, 0
+	var suppressed int64
+	var summary string
+	for _, l := range strings.Split(strings.TrimSpace(exp), "\n") {
+		var r audit.Record
+		if json.Unmarshal([]byte(l), &r) != nil {
+			t.Fatalf("export line %q", l)
+		}
+		switch {
+		case r.Type == audit.TypeGateway && r.Sandbox == flooder.ID():
+			stored++
+			if len(l) > 4<<10 {
+				big++
+			}
+		case r.Type == audit.TypeGateway && r.Sandbox == quiet.ID():
+			quietReq++
+		case r.Type == audit.TypeProcStart:
+			cmds++
+		case r.Type == audit.TypeSuppressed && r.Sandbox == flooder.ID():
+			var d struct {
+				Total   int64
+				Summary string
+			}
+			json.Unmarshal(r.Data, &d)
+			suppressed += d.Total
+			summary += d.Summary + "; "
+		}
+	}
+	t.Logf("flood: %d refused requests answered in %.1f s (%.0f/s); %d records stored (%.0f/s), %d counted in summaries: %s",
+		answered, took, float64(answered)/took, stored, float64(stored)/took, suppressed, summary)
+	if big > 0 {
+		t.Errorf("%d gateway records over 4 KiB: fields are not capped", big)
+	}
+	if int64(stored)+suppressed < int64(answered) {
+		t.Errorf("%d stored + %d suppressed < %d refused: records lost uncounted", stored, suppressed, answered)
+	}
+	// The burst, the refill over the flood (and the setup's slack).
+	if limit := 1000 + int(100*(took+30)); stored > limit {
+		t.Errorf("%d of the flooder's records stored, over its allowance (%d)", stored, limit)
+	}
+	if !strings.Contains(summary, "refused requests to x.test") {
+		t.Errorf("summary %q", summary)
+	}
+	if quietReq != 1 || cmds < 3 {
+		t.Errorf("the quiet sandbox's refused request (%d) or the commands (%d) missing", quietReq, cmds)
+	}
+	if _, errs, code := runFence(t, nil, nil, "audit", "verify", "--data-dir", dataDir); code != 0 {
+		t.Errorf("verify: %d %s", code, errs)
+	}
+}
