@@ -347,3 +347,26 @@ func TestUndeclaredTrailerMasked(t *testing.T) {
 		t.Errorf("undeclared trailer %q, want the placeholder", got)
 	}
 }
+
+// TestValueSplitAcrossFlushesMasked: a host that sends the value in two
+// flushes, the second after a pause, is masked whole: the gateway holds
+// the first half back until it knows what follows.
+func TestValueSplitAcrossFlushesMasked(t *testing.T) {
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			h := newHarness(t, bindingConfig(t, PlaceHeader))
+			h.secrets.set("TOKEN", tokenValue)
+			h.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				v := r.Header.Get("X-Key")
+				io.WriteString(w, "a "+v[:7])
+				w.(http.Flusher).Flush()
+				time.Sleep(100 * time.Millisecond)
+				io.WriteString(w, v[7:]+" b")
+			})
+			_, body := get(t, h.client(proto), "https://api.test/split", "X-Key", placeholder)
+			if body != "a "+placeholder+" b" {
+				t.Errorf("body %q, want the placeholder whole", body)
+			}
+		})
+	}
+}
