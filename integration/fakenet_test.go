@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/pem"
 	"fmt"
@@ -60,8 +61,8 @@ type fakeNet struct {
 	DNS     *egresstest.DNSServer // upstream resolver for the daemon (on 127.0.0.1)
 	// CAFile is the root the wan's HTTPS servers (port 443) chain to: the
 	// "public" root a daemon under test is given (fence serve
-	// --upstream-ca). Port 8443 serves a self-signed certificate no
-	// daemon trusts.
+	// --upstream-ca), as does port 9443. Port 8443 serves a
+	// self-signed certificate no daemon trusts.
 	CAFile string
 	TLSDir string
 }
@@ -393,7 +394,11 @@ func TestFakeNetHelper(t *testing.T) {
 		}()
 	}
 
-	// HTTP on 80 and 8080, HTTPS on 443, with a self-signed certificate for
+	// What /store kept, for /get (a blob store, on every port).
+	var keptMu sync.Mutex
+	var kept string
+
+	// HTTP on 80 and 8080, HTTPS on 443 and 9443, with a self-signed certificate for
 	// every name of the zone.
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -461,6 +466,37 @@ func TestFakeNetHelper(t *testing.T) {
 			sum := sha256.Sum256(artifactBytes(pypiWheelPath))
 			fmt.Fprintf(w, "<html><body><a href=\"https://files.pythonhosted.org%s#sha256=%x\">requests-2.32.3-py3-none-any.whl</a></body></html>\n", pypiWheelPath, sum)
 			return
+		case r.URL.Path == "/store":
+			// Keeps the Authorization header, as blob stores, paste
+			// services and file APIs keep what they get.
+			keptMu.Lock()
+			kept = r.Header.Get("Authorization")
+			keptMu.Unlock()
+			io.WriteString(w, "stored\n")
+			return
+		case r.URL.Path == "/get":
+			// Serves what /store kept, with ranges (http.ServeContent),
+			// and its digest when asked for one.
+			keptMu.Lock()
+			k := kept
+			keptMu.Unlock()
+			if r.Header.Get("Want-Repr-Digest") != "" || r.Header.Get("Want-Digest") != "" {
+				sum := sha256.Sum256([]byte(k))
+				w.Header().Set("Repr-Digest", "sha-256=:"+base64.StdEncoding.EncodeToString(sum[:])+":")
+			}
+			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(k))
+			return
+		case r.URL.Path == "/names":
+			// Makes header names of the query's q and of the
+			// Authorization token.
+			if q := r.URL.Query().Get("q"); q != "" {
+				w.Header().Set("X-"+q, "1")
+			}
+			if a := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "); a != "" {
+				w.Header().Set("X-Auth-"+a, "1")
+			}
+			io.WriteString(w, "names\n")
+			return
 		case r.URL.Path == "/redirect":
 			http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
 			return
@@ -488,14 +524,14 @@ func TestFakeNetHelper(t *testing.T) {
 			return nil, nil
 		},
 	}
-	for _, port := range []string{"80", "8080", "443", "8443"} {
+	for _, port := range []string{"80", "8080", "443", "8443", "9443"} {
 		l, err := net.Listen("tcp", ":"+port)
 		if err != nil {
 			fail(err)
 		}
 		var ln net.Listener = &loggingListener{Listener: l, logf: logf}
 		switch port {
-		case "443":
+		case "443", "9443":
 			ln = tls.NewListener(ln, tlsCfg)
 		case "8443":
 			ln = tls.NewListener(ln, untrusted)

@@ -404,3 +404,93 @@ func TestGatewayBench(t *testing.T) {
 	t.Logf("added per request after the first: pass-through %+.3f ms, intercepted %+.3f ms (vs host); intercepted vs pass-through %+.3f ms",
 		ps.nextMS-hs.nextMS, is.nextMS-hs.nextMS, is.nextMS-ps.nextMS)
 }
+
+// TestGatewayStoredValue: a bound host that stores what it gets and serves
+// it back (a blob store) hands the sandbox only the placeholder, however
+// the sandbox asks for it: in byte ranges it chooses (one at a time or in
+// one multipart answer), with a digest of the body, on another port, over
+// plain HTTP, or turned into header names. The value goes only to the
+// bound port: a binding without a port means 443.
+func TestGatewayStoredValue(t *testing.T) {
+	requireTemplate(t, "base")
+	fn := newFakeNet(t)
+	d := startDaemon(t, newDataDir(t), "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
+	const value = "s3cr3t-VALUE-0123456789abcdef"
+	if r := d.do(t, "POST", "/secrets", d.Key, strings.NewReader(`{"name":"blob-key","value":"`+value+`"}`), nil); r.Status != 201 {
+		t.Fatalf("POST /secrets = %d %s", r.Status, r.Body)
+	}
+	sb := d.create(t, api.NewSandbox{TemplateID: "base",
+		Secrets: map[string]api.SecretBinding{"API_KEY": {Secret: "blob-key", Hosts: []string{"api.secret.test"}, Places: []string{"header", "query"}}},
+		Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"api.secret.test"}},
+	})
+	e := sb.Envd()
+	ph := strings.TrimSpace(sh(t, e, `printf %s "$API_KEY"`))
+	wanSaw := func(m int, s string) bool {
+		for _, l := range fn.since(m) {
+			if strings.Contains(l, s) {
+				return true
+			}
+		}
+		return false
+	}
+	// leaked reports whether out holds a piece of the value a range
+	// could cut (its first five bytes, or the rest).
+	leaked := func(out string) bool {
+		return strings.Contains(out, value[:5]) || strings.Contains(out, value[5:]) || strings.Contains(out, value[10:20])
+	}
+
+	m := fn.mark()
+	sh(t, e, `curl -sS --max-time 20 -H "Authorization: Bearer $API_KEY" https://api.secret.test/store`)
+	if !wanSaw(m, "Bearer "+value) {
+		t.Fatalf("the bound host did not get the value: %q", fn.since(m))
+	}
+
+	t.Run("ranges", func(t *testing.T) {
+		for _, proto := range []string{"--http1.1", "--http2"} {
+			for _, rng := range []string{"0-11", "12-200", "0-11,12-200", "-9"} {
+				out, _ := attempt(t, e, "curl -sS "+proto+" --max-time 20 -H 'Range: bytes="+rng+"' https://api.secret.test/get")
+				if leaked(out) {
+					t.Errorf("curl %s Range %s: a piece of the value reached the sandbox: %q", proto, rng, out)
+				}
+				if out != "Bearer "+ph {
+					t.Errorf("curl %s Range %s = %q, want the whole masked value", proto, rng, out)
+				}
+			}
+		}
+	})
+	t.Run("digest", func(t *testing.T) {
+		out, _ := attempt(t, e, `curl -sS -i --max-time 20 -H 'Want-Repr-Digest: sha-256=10' -H 'Want-Digest: sha-256' https://api.secret.test/get`)
+		if strings.Contains(strings.ToLower(out), "digest:") || leaked(out) {
+			t.Errorf("the sandbox got a digest of the stored value: %q", out)
+		}
+	})
+	t.Run("other port and plain http", func(t *testing.T) {
+		for _, u := range []string{"https://api.secret.test:9443/get", "http://api.secret.test/get"} {
+			out, _ := attempt(t, e, "curl -sS --max-time 20 "+u)
+			if leaked(out) || out != "Bearer "+ph {
+				t.Errorf("%s = %q, want the masked value", u, out)
+			}
+		}
+	})
+	t.Run("header names", func(t *testing.T) {
+		for _, proto := range []string{"--http1.1", "--http2"} {
+			out, _ := attempt(t, e, `curl -sS -i `+proto+` --max-time 20 -H "Authorization: Bearer $API_KEY" "https://api.secret.test/names?q=$API_KEY"`)
+			if strings.Contains(strings.ToLower(out), strings.ToLower(value)) {
+				t.Errorf("curl %s: a header name carried the value: %q", proto, out)
+			}
+			if !strings.Contains(out, "names") {
+				t.Errorf("curl %s = %q, want the answer", proto, out)
+			}
+		}
+	})
+	t.Run("ports", func(t *testing.T) {
+		m := fn.mark()
+		out, _ := attempt(t, e, `curl -sS -i --max-time 20 -H "Authorization: Bearer $API_KEY" https://api.secret.test:9443/headers`)
+		if wanSaw(m, value) {
+			t.Errorf("the value went to port 9443, which the binding does not name: %q", fn.since(m))
+		}
+		if !strings.Contains(out, "403") || !strings.Contains(out, "placeholder-leak") {
+			t.Errorf("curl to port 9443 = %q, want 403 placeholder-leak", out)
+		}
+	})
+}

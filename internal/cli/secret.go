@@ -28,7 +28,9 @@ func secretCmd() *cobra.Command {
 	group.Long = `Store secrets on the daemon. A secret's value never enters a sandbox: a
 sandbox sends a placeholder (${e2b.secrets.NAME}, as the E2B SDK's
 Secret.fill makes it), and the daemon's egress gateway puts the value into
-the request on its way out, to the hosts the sandbox's rules name.
+the request on its way out, to the hosts the sandbox's rules name. A
+create's "secrets" bindings name hosts as HOST or HOST:PORT (without a
+port: 443).
 
 Values are write-only: no command and no API route ever prints one. Values
 are read from stdin or a file, never from the command line (where other

@@ -17,11 +17,17 @@
 //   - Upstream TLS is verified against the host's roots (or the operator's
 //     bundle); an upstream that fails verification gets no request.
 //   - A secret's value is put only into the places its rule or binding
-//     allows, of requests to its hosts; a placeholder anywhere else is
-//     refused and recorded. Responses (informational 1xx ones included)
-//     that echo an injected value reach the sandbox with the value masked;
-//     a body under a content coding the gateway cannot undo is refused,
-//     never passed on unscanned.
+//     allows, of requests to its hosts (a binding's: on the port it names,
+//     or the scheme's); a placeholder anywhere else is refused and
+//     recorded. Responses (informational 1xx ones, 101s and trailers
+//     included) that echo an injected value, or come from a host a
+//     binding names (on any port, either scheme), reach the sandbox with
+//     the value masked, and a field whose name holds it dropped. The
+//     sandbox cannot choose how such an answer is cut or coded: Range,
+//     If-Range and Want-*Digest are dropped on the way there, a 206 or
+//     multipart/byteranges answer is refused, digest fields of the
+//     answer are dropped, and a body under a content coding the gateway
+//     cannot undo is refused, never passed on unscanned.
 //   - Redirects are never followed by the gateway.
 //   - Every decision and every secret use is an [Event]; values never are.
 //   - A download is recorded only when its whole body reached the sandbox.
@@ -79,8 +85,11 @@ type Binding struct {
 	Env         string // the variable that holds the placeholder
 	Secret      string // the stored secret's name
 	Placeholder string // random, per sandbox
-	Hosts       []string
-	Places      Place
+	// Hosts are name patterns, each optionally with a port
+	// ("api.example.com:8443"); without one it means the scheme's port
+	// (443 for https, 80 for http).
+	Hosts  []string
+	Places Place
 }
 
 // Secrets gives a stored secret's current value by name.

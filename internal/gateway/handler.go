@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,7 @@ const (
 	ReasonEncoding        = "unscannable-encoding" // a masked response came in an encoding the gateway cannot read
 	ReasonAborted         = "aborted"              // the response was cut short
 	ReasonUpgrade         = "upgrade-not-allowed"  // an Upgrade other than websocket (h2c would hide requests from the gateway)
+	ReasonPartial         = "partial-content"      // a 206 or multipart/byteranges answer where answers are masked
 )
 
 // reqState is what the gateway knows about one request while it is proxied.
@@ -59,6 +61,7 @@ type reqState struct {
 	inBody   *countReader
 	dl       *artifactHit
 	encErr   bool
+	partial  bool
 }
 
 type artifactHit struct {
@@ -126,7 +129,7 @@ type interimMasker struct {
 
 func (m interimMasker) WriteHeader(code int) {
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		maskInterim(m.Header(), m.st.masks)
+		maskFields(m.Header(), m.st.masks)
 	}
 	m.ResponseWriter.WriteHeader(code)
 }
@@ -135,11 +138,11 @@ func (m interimMasker) WriteHeader(code int) {
 // (flushes, full duplex, the hijack after a 101).
 func (m interimMasker) Unwrap() http.ResponseWriter { return m.ResponseWriter }
 
-// maskInterim masks a 1xx response's header: values like a final
-// response's, and a field whose name holds a masked value, in any case,
+// maskFields masks a response's (or trailer's) fields: values are
+// rewritten, and a field whose name holds a masked value, in any case,
 // is dropped (a name cannot be rewritten to the placeholder and stay the
-// same field).
-func maskInterim(h http.Header, masks []needle) {
+// same field; HTTP/1.1 canonicalises its case and HTTP/2 lower-cases it).
+func maskFields(h http.Header, masks []needle) {
 	if len(masks) == 0 {
 		return
 	}
@@ -201,6 +204,10 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 	// Bindings: find every placeholder, replace those in allowed places of
 	// bound hosts, refuse the others.
 	st.rawQuery = r.URL.RawQuery
+	defPort := uint16(80)
+	if tlsFlow {
+		defPort = 443
+	}
 	var used []Binding
 	var usedPlace []Place
 	for _, b := range cfg.Bindings {
@@ -208,7 +215,11 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 			continue
 		}
 		p := b.Placeholder
-		bound := matchAny(b.Hosts, host)
+		// bound: this request's host and port may carry the value;
+		// named: the host (on any port, in either scheme) may have been
+		// given it, so what it answers is masked.
+		bound := boundTo(b.Hosts, host, fc.flow.Dst.Port(), defPort)
+		named := boundName(b.Hosts, host)
 		var places Place
 		if strings.Contains(r.URL.EscapedPath(), p) || strings.Contains(r.URL.Path, p) || strings.Contains(r.RequestURI, p) && !strings.Contains(r.URL.RawQuery, p) {
 			return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
@@ -242,9 +253,10 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 		if places != 0 {
 			used = append(used, b)
 			usedPlace = append(usedPlace, places)
-		} else if bound && tlsFlow {
+		} else if named {
 			// Not put in this time, but the host may hand back a value
-			// it kept from an earlier request: mask it all the same.
+			// it kept from an earlier request (on another port, or over
+			// plain HTTP): mask it all the same.
 			if v, err := fc.sb.secret(r.Context(), b.Secret); err == nil {
 				st.masks = append(st.masks, maskOf(v, b.Placeholder)...)
 				st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
@@ -345,7 +357,15 @@ func (fc *flowConn) rewrite(pr *httputil.ProxyRequest) {
 		out.Header[k] = []string{v}
 	}
 	if len(st.masks) > 0 {
+		// The sandbox must not choose how the answer is cut or coded:
+		// no ranges (a value split over two answers, or across a
+		// multipart boundary, is masked in neither), no coding the
+		// gateway does not undo, no digest of the unmasked body (a
+		// check of guesses). The proxy already drops TE but "trailers".
 		out.Header.Set("Accept-Encoding", "identity")
+		for _, k := range cutRequestHeaders {
+			out.Header.Del(k)
+		}
 	}
 	if out.Body != nil && out.Body != http.NoBody {
 		body := out.Body
@@ -357,7 +377,20 @@ func (fc *flowConn) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-var errEncoding = errors.New("gateway: response encoding cannot be scanned")
+var (
+	errEncoding = errors.New("gateway: response encoding cannot be scanned")
+	errPartial  = errors.New("gateway: partial content from a host whose answers are masked")
+)
+
+// cutRequestHeaders are dropped from requests whose answers are masked:
+// each lets the client choose how the answer is cut, or ask for a digest
+// of the body before masking.
+var cutRequestHeaders = []string{"Range", "If-Range", "Want-Digest", "Want-Repr-Digest", "Want-Content-Digest"}
+
+// digestHeaders are fields of a masked answer (and its trailers) that
+// are dropped: they hash the body before masking, so they would let the
+// sandbox check a guess of the value (and are wrong for the masked body).
+var digestHeaders = []string{"Digest", "Content-Digest", "Repr-Digest", "Content-Md5"}
 
 // modifyResponse masks injected values in what comes back, records
 // downloads and counts the body.
@@ -368,18 +401,33 @@ func (fc *flowConn) modifyResponse(resp *http.Response) error {
 		return errPlaceholderLeak
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		maskHeader(resp.Header, st.masks)
+		maskFields(resp.Header, st.masks)
 		return nil
 	}
 	if len(st.masks) > 0 {
-		maskHeader(resp.Header, st.masks)
+		if resp.StatusCode == http.StatusPartialContent || isByteranges(resp.Header) {
+			st.partial = true
+			return errPartial
+		}
+		maskFields(resp.Header, st.masks)
+		maskFields(resp.Trailer, st.masks) // the names the proxy announces
+		for _, k := range digestHeaders {
+			resp.Header.Del(k)
+			resp.Trailer.Del(k)
+		}
 		body, err := decoded(resp)
 		if err != nil {
 			st.encErr = true
 			return err
 		}
-		trailer := resp.Trailer
-		resp.Body = newReplaceReader(body, st.masks, func() { maskHeader(trailer, st.masks) })
+		// resp.Trailer, not a copy: an HTTP/1.1 transport makes the map
+		// at the body's end when the upstream announced none.
+		resp.Body = newReplaceReader(body, st.masks, func() {
+			maskFields(resp.Trailer, st.masks)
+			for _, k := range digestHeaders {
+				resp.Trailer.Del(k)
+			}
+		})
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1
 	}
@@ -528,6 +576,8 @@ func (fc *flowConn) proxyError(w http.ResponseWriter, r *http.Request, err error
 		return
 	case st.encErr || errors.Is(err, errEncoding):
 		st.ev.Reason = ReasonEncoding
+	case st.partial || errors.Is(err, errPartial):
+		st.ev.Reason = ReasonPartial
 	case errors.As(err, &verr) || errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &ierr):
 		st.ev.Reason = ReasonUpstreamTLS
 	case errors.Is(err, context.Canceled):
@@ -578,6 +628,60 @@ func splitHost(hostport string) (host string, isIP, ok bool) {
 	}
 	n, ok := policy.NormalizeName(h)
 	return n, false, ok
+}
+
+// isByteranges reports whether h is a multipart/byteranges body.
+func isByteranges(h http.Header) bool {
+	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "multipart/byteranges")
+}
+
+// boundTo reports whether a binding's hosts ("name" or "name:port", name
+// a pattern) cover name (normalised) on port; an entry without a port
+// means def (the scheme's: 443 for https, 80 for http).
+func boundTo(hosts []string, name string, port, def uint16) bool {
+	for _, h := range hosts {
+		pat, p, ok := splitBindingHost(h)
+		if !ok {
+			continue
+		}
+		if p == 0 {
+			p = def
+		}
+		if p == port && policy.MatchPattern(pat, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// boundName reports whether a binding's hosts cover name on any port.
+func boundName(hosts []string, name string) bool {
+	for _, h := range hosts {
+		if pat, _, ok := splitBindingHost(h); ok && policy.MatchPattern(pat, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitBindingHost splits a binding's host entry into its normalised
+// pattern and port (0 when it names none); ok is false for an entry that
+// is neither "pattern" nor "pattern:port" with a port from 1 to 65535.
+func splitBindingHost(h string) (pattern string, port uint16, ok bool) {
+	h = strings.TrimSpace(h)
+	if i := strings.LastIndexByte(h, ':'); i >= 0 {
+		n, err := strconv.ParseUint(h[i+1:], 10, 16)
+		if err != nil || n == 0 {
+			return "", 0, false
+		}
+		h, port = h[:i], uint16(n)
+	}
+	p, err := policy.NormalizePattern(h)
+	if err != nil || p == "*" {
+		return "", 0, false
+	}
+	return p, port, true
 }
 
 // matchAny reports whether name (normalised) matches one of patterns.

@@ -141,6 +141,10 @@ type harness struct {
 	seen          []seenRequest
 	handler       http.Handler
 
+	// dstPort, when set, is the port the sandbox's TLS flows "connected
+	// to" (443 otherwise).
+	dstPort atomic.Uint32
+
 	passthrough atomic.Int64
 	served      atomic.Int64
 	finished    atomic.Int64 // Serve calls returned
@@ -316,6 +320,9 @@ func (h *harness) stack(ctx context.Context, c net.Conn) {
 	dst := fakeDst
 	if res.Kind == sniff.TLS {
 		sni = name
+		if p := h.dstPort.Load(); p != 0 {
+			dst = netip.AddrPortFrom(fakeDst.Addr(), uint16(p))
+		}
 	} else {
 		dst = netip.AddrPortFrom(fakeDst.Addr(), 80)
 	}

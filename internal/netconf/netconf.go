@@ -237,6 +237,37 @@ func patterns(field string, list []string, max int) ([]string, error) {
 	return out, nil
 }
 
+// bindingHosts validates a binding's hosts: each a name or *.wildcard,
+// optionally with one port ("api.example.com:8443"); without a port it
+// means the scheme's (443 for https). Entries come back normalised
+// ("name" or "name:port").
+func bindingHosts(field string, list []string) ([]string, error) {
+	if len(list) > MaxBindingHosts {
+		return nil, invalid("%s has %d entries, at most %d are allowed", field, len(list), MaxBindingHosts)
+	}
+	var out []string
+	for _, s := range list {
+		h := strings.TrimSpace(s)
+		port := ""
+		if i := strings.LastIndexByte(h, ':'); i >= 0 {
+			h, port = h[:i], h[i+1:]
+			n, err := strconv.ParseUint(port, 10, 16)
+			if err != nil || n == 0 || strconv.FormatUint(n, 10) != port {
+				return nil, invalid("%s entry %q: the port must be a number from 1 to 65535 (host or host:port)", field, trunc(s))
+			}
+		}
+		p, err := policy.NormalizePattern(h)
+		if err != nil || p == "*" {
+			return nil, invalid("%s entry %q is not a host name or *.wildcard, optionally with :port", field, trunc(s))
+		}
+		if port != "" {
+			p += ":" + port
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // ruleKey validates a rules key: an exact DNS name or "*."+name, at most
 // 128 characters, lower-cased.
 func ruleKey(k string) (string, error) {
@@ -534,7 +565,7 @@ func compileBindings(secrets map[string]api.SecretBinding, env map[string]string
 		if len(sb.Hosts) == 0 {
 			return nil, invalid("secrets: %s: hosts must name at least one host", name)
 		}
-		hosts, err := patterns("secrets: "+name+": hosts", sb.Hosts, MaxBindingHosts)
+		hosts, err := bindingHosts("secrets: "+name+": hosts", sb.Hosts)
 		if err != nil {
 			return nil, err
 		}

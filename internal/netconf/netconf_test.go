@@ -122,6 +122,14 @@ func TestInvalid(t *testing.T) {
 		{"secret id", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "sec_123", Hosts: []string{"a.example"}}}}, "not a valid secret ID"},
 		{"no hosts", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k"}}}, "at least one host"},
 		{"bad host", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"*"}}}}, "hosts entry"},
+		{"bad port", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:99999"}}}}, "port must be a number from 1 to 65535"},
+		{"port zero", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:0"}}}}, "port must be"},
+		{"empty port", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:"}}}}, "port must be"},
+		{"port range", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:443-444"}}}}, "port must be"},
+		{"port list", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:80,443"}}}}, "port must be"},
+		{"signed port", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example:+443"}}}}, "port must be"},
+		{"address with port", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"10.0.0.1:443"}}}}, "hosts entry"},
+		{"bare port", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{":443"}}}}, "hosts entry"},
 		{"bad place", Request{Secrets: map[string]api.SecretBinding{"KEY": {Secret: "k", Hosts: []string{"a.example"}, Places: []string{"body"}}}}, "not one of header, query, basicAuth"},
 		{"33 bindings", Request{Secrets: manyBindings}, "at most 32"},
 	}
@@ -253,6 +261,7 @@ func TestBindings(t *testing.T) {
 		Secrets: map[string]api.SecretBinding{
 			"OPENAI_KEY": {Secret: "OpenAI-Key", Hosts: []string{"API.openai.com"}},
 			"_gh":        {Secret: "SEC_01JD6Z3Y4Q5R6S7T8V9W0XABCD", Hosts: []string{"*.github.com"}, Places: []string{"query", "basicAuth"}},
+			"PORTED":     {Secret: "k", Hosts: []string{" Blob.Example:8443 ", "*.cdn.example:443", "plain.example"}},
 		},
 	})
 	if err != nil {
@@ -260,6 +269,7 @@ func TestBindings(t *testing.T) {
 	}
 	want := []Binding{
 		{Env: "OPENAI_KEY", Secret: "openai-key", Hosts: []string{"api.openai.com"}, Places: gateway.PlaceHeader},
+		{Env: "PORTED", Secret: "k", Hosts: []string{"blob.example:8443", "*.cdn.example:443", "plain.example"}, Places: gateway.PlaceHeader},
 		{Env: "_gh", Secret: "sec_01jd6z3y4q5r6s7t8v9w0xabcd", Hosts: []string{"*.github.com"}, Places: gateway.PlaceQuery | gateway.PlaceBasicAuth},
 	}
 	if fmt.Sprint(c.Bindings) != fmt.Sprint(want) {
