@@ -17,7 +17,7 @@
 //   - CheckPool (sandboxes started ahead of demand) refuses while a user's
 //     Check would still pass PoolReserve more times: a warm pool never
 //     takes the last headroom.
-//   - Refusals are counted by limit (Refused).
+//   - The refusals given to users are counted by limit (Count, Refused).
 package capacity
 
 import (
@@ -192,7 +192,7 @@ func (g *Gate) Status() Status {
 func (g *Gate) Check(inFlight int) error { return g.check(inFlight, 0) }
 
 // CheckPool admits a sandbox started ahead of demand: it needs PoolReserve
-// more sandboxes' headroom than Check. Its refusals are not counted.
+// more sandboxes' headroom than Check.
 func (g *Gate) CheckPool(inFlight int) error { return g.check(inFlight, PoolReserve) }
 
 func (g *Gate) check(inFlight, reserve int) error {
@@ -204,17 +204,23 @@ func (g *Gate) check(inFlight, reserve int) error {
 		if Left(r, g.cost[r.Limit], g.margin[r.Limit]) >= need {
 			continue
 		}
-		if reserve == 0 {
-			g.mu.Lock()
-			g.refused[r.Limit]++
-			g.mu.Unlock()
-		}
 		return &Refusal{Reading: r}
 	}
 	return nil
 }
 
-// Refused returns the number of user creates refused, by limit.
+// Count counts err, if it is a *Refusal, as a create refused.
+func (g *Gate) Count(err error) {
+	var r *Refusal
+	if !errors.As(err, &r) {
+		return
+	}
+	g.mu.Lock()
+	g.refused[r.Reading.Limit]++
+	g.mu.Unlock()
+}
+
+// Refused returns the number of creates refused (Count), by limit.
 func (g *Gate) Refused() map[Limit]int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
