@@ -59,7 +59,12 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 	reg, err := cluster.Register(ctx, cluster.RegistrarOptions{
 		Client: kube, Namespace: c.Namespace, Name: c.Name, URL: url, Version: version(), Logger: log,
 		Load: func() (int, int, []string) {
-			return capacity, mgr.Running() + mgr.Paused(), builtTemplates(templates)
+			running := mgr.Running() + mgr.Paused()
+			// The host's limits may hold fewer than the node's cap.
+			if st, ok := mgr.Capacity(); ok && running+int(st.Sandboxes) < capacity {
+				return running + int(st.Sandboxes), running, builtTemplates(templates)
+			}
+			return capacity, running, builtTemplates(templates)
 		},
 	})
 	if err != nil {

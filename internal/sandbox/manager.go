@@ -510,6 +510,15 @@ func (m *Manager) reserve(ctx context.Context) error {
 	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
 }
 
+// Capacity returns the host's capacity left (Options.Capacity), false
+// without one.
+func (m *Manager) Capacity() (capacity.Status, bool) {
+	if m.capacity == nil {
+		return capacity.Status{}, false
+	}
+	return m.capacity.Status(), true
+}
+
 // admit asks Options.Capacity for one more sandbox beside inFlight
 // others.
 func (m *Manager) admit(inFlight int) error {
