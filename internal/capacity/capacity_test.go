@@ -136,8 +136,10 @@ func TestHostReadsProc(t *testing.T) {
 	if r := got[Disk]; r.Max <= 0 {
 		t.Errorf("disk = %+v", r)
 	}
+	write("sys/fs/nr_open", "1048576\n")
 	kv := ReadKnobs(proc)
-	if len(kv) != 2 || kv[0].Name != "kernel.pid_max" || kv[0].Sandboxes != (32768-1024)/16 {
+	if len(kv) != 3 || kv[0].Name != "kernel.pid_max" || kv[0].Sandboxes != (32768-1024)/16 ||
+		kv[2].Name != "fs.nr_open" || kv[2].Sandboxes != (1048576-256)/16 {
 		t.Errorf("ReadKnobs = %+v", kv)
 	}
 }

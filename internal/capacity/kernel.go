@@ -10,8 +10,11 @@ import (
 type Knob struct {
 	Name string // sysctl name, e.g. "kernel.pid_max"
 	Path string // under /proc/sys
-	// Per is how much of the knob one sandbox takes (0: not per sandbox).
-	Per int64
+	// Per is how much of the knob one sandbox takes (0: not per sandbox),
+	// and Limit the admission limit it bounds, whose SafetyMargin stays
+	// free ("" for none).
+	Per   int64
+	Limit Limit
 	// Tuned is the value --tune-kernel raises it to (0: left alone).
 	Tuned int64
 	// Bounds says what it bounds.
@@ -20,9 +23,9 @@ type Knob struct {
 
 // Knobs are the kernel settings fence serve reads at start.
 var Knobs = []Knob{
-	{Name: "kernel.pid_max", Path: "kernel/pid_max", Per: PerSandbox[Tasks], Tuned: 4194304,
+	{Name: "kernel.pid_max", Path: "kernel/pid_max", Per: PerSandbox[Tasks], Limit: Tasks, Tuned: 4194304,
 		Bounds: "tasks (processes and threads) of the whole host"},
-	{Name: "kernel.threads-max", Path: "kernel/threads-max", Per: PerSandbox[Tasks],
+	{Name: "kernel.threads-max", Path: "kernel/threads-max", Per: PerSandbox[Tasks], Limit: Tasks,
 		Bounds: "tasks of the whole host (set by the kernel from memory)"},
 	{Name: "user.max_user_namespaces", Path: "user/max_user_namespaces", Per: 1,
 		Bounds: "user namespaces: one per native sandbox"},
@@ -30,7 +33,7 @@ var Knobs = []Knob{
 		Bounds: "inotify instances of one uid: each filesystem watch of a sandbox takes one"},
 	{Name: "fs.inotify.max_user_watches", Path: "fs/inotify/max_user_watches", Per: 0, Tuned: 1048576,
 		Bounds: "inotify watches of one uid: one per directory a recursive watch follows"},
-	{Name: "fs.nr_open", Path: "fs/nr_open", Per: PerSandbox[DaemonFiles],
+	{Name: "fs.nr_open", Path: "fs/nr_open", Per: PerSandbox[DaemonFiles], Limit: DaemonFiles,
 		Bounds: "the most RLIMIT_NOFILE may be raised to: the daemon's descriptors"},
 }
 
@@ -38,8 +41,8 @@ var Knobs = []Knob{
 type KnobValue struct {
 	Knob
 	Value int64
-	// Sandboxes is Value/Per (after the safety margin for tasks), 0 when
-	// the knob is not per sandbox.
+	// Sandboxes is what Value holds beyond its Limit's SafetyMargin at Per
+	// each, 0 when the knob is not per sandbox.
 	Sandboxes int64
 }
 
@@ -57,11 +60,7 @@ func ReadKnobs(proc string) []KnobValue {
 		}
 		kv := KnobValue{Knob: k, Value: v}
 		if k.Per > 0 {
-			margin := int64(0)
-			if k.Per == PerSandbox[Tasks] {
-				margin = SafetyMargin[Tasks]
-			}
-			kv.Sandboxes = Left(Reading{Max: v}, k.Per, margin)
+			kv.Sandboxes = Left(Reading{Max: v}, k.Per, SafetyMargin[k.Limit])
 		}
 		out = append(out, kv)
 	}
