@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencesandbox/fence/internal/capacity"
 	"log/slog"
 	"net"
 	"os"
@@ -60,11 +61,8 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 		Client: kube, Namespace: c.Namespace, Name: c.Name, URL: url, Version: version(), Logger: log,
 		Load: func() (int, int, []string) {
 			running := mgr.Running() + mgr.Paused()
-			// The host's limits may hold fewer than the node's cap.
-			if st, ok := mgr.Capacity(); ok && running+int(st.Sandboxes) < capacity {
-				return running + int(st.Sandboxes), running, builtTemplates(templates)
-			}
-			return capacity, running, builtTemplates(templates)
+			st, ok := mgr.Capacity()
+			return leaseCapacity(capacity, running, st, ok), running, builtTemplates(templates)
 		},
 	})
 	if err != nil {
@@ -72,6 +70,16 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 	}
 	go reg.Run(ctx)
 	return reg, nil
+}
+
+// leaseCapacity is the capacity a node advertises: its cap (max), or
+// fewer when the host's limits hold fewer more sandboxes than the cap
+// leaves (st, when known).
+func leaseCapacity(max, running int, st capacity.Status, known bool) int {
+	if known && int64(running)+st.Sandboxes < int64(max) {
+		return running + int(st.Sandboxes)
+	}
+	return max
 }
 
 // builtTemplates lists the templates the node can start sandboxes from.
