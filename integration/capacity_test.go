@@ -48,12 +48,23 @@ func readCount(t *testing.T, path string) int64 {
 // limit, the pids.max of the cgroup that holds the daemon's sandboxes,
 // set to room for about three more: creates past it answer 503 with
 // E2B's error shape naming the limit (the warm pool's sandbox given back
-// first), every sandbox created before still answers an exec and a file
-// read, /health and /metrics show it, and once the limit is lifted the
+// first), so does the resume of a sandbox paused without its memory (which
+// stays paused), every sandbox created before still answers an exec and a
+// file read, /health and /metrics show it, and once the limit is lifted the
 // daemon creates again; a kill of every sandbox leaves nothing behind.
 func TestCapacityRefusesWhatItCannotHold(t *testing.T) {
 	dataDir := newDataDir(t)
 	d := startDaemon(t, dataDir, "--warm-pool", "1")
+	// One sandbox paused without its memory: its resume boots it again.
+	ctx := ctxT(t)
+	cold, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, cold.Envd(), "echo kept > /tmp/kept")
+	if err := d.Client.PauseWithoutMemory(ctx, cold.ID()); err != nil {
+		t.Fatalf("PauseWithoutMemory: %v", err)
+	}
 	eventually(t, 60*time.Second, "the warm pool fills", func() bool { return len(hostSandboxes(d.DataDir)) == 1 })
 	dir := pidsParent(t, dataDir)
 	max := filepath.Join(dir, "pids.max")
@@ -110,6 +121,16 @@ func TestCapacityRefusesWhatItCannotHold(t *testing.T) {
 		cancel()
 	}
 
+	// The sandbox paused without memory stays paused rather than boot.
+	_, err = d.Client.Connect(ctx, cold.ID(), time.Minute)
+	var resumeRefusal *client.Error
+	if !errors.As(err, &resumeRefusal) || resumeRefusal.Status != 503 || !strings.Contains(resumeRefusal.Message, "node at capacity: ") {
+		t.Errorf("resume at capacity = %v, want 503 node at capacity", err)
+	}
+	if info, err := d.Client.Get(ctx, cold.ID()); err != nil || info.State != "paused" {
+		t.Errorf("after the refused resume: %+v, %v; want it paused", info, err)
+	}
+
 	// /health and /metrics publish it.
 	r := d.do(t, "GET", "/health", "", nil, nil)
 	var health struct {
@@ -133,8 +154,8 @@ func TestCapacityRefusesWhatItCannotHold(t *testing.T) {
 	if err := os.WriteFile(max, []byte("max"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	more, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
+	cctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	more, err := d.Client.Create(cctx, api.NewSandbox{TemplateID: "minimal"})
 	cancel()
 	if err != nil {
 		t.Fatalf("create after the limit is lifted: %v", err)
@@ -143,6 +164,14 @@ func TestCapacityRefusesWhatItCannotHold(t *testing.T) {
 		t.Errorf("exec after the limit is lifted = %q", out)
 	}
 	boxes = append(boxes, more)
+	resumed, err := d.Client.Connect(ctx, cold.ID(), time.Minute)
+	if err != nil {
+		t.Fatalf("resume after the limit is lifted: %v", err)
+	}
+	if out := sh(t, resumed.Envd(), "cat /tmp/kept"); out != "kept\n" {
+		t.Errorf("resumed sandbox's file = %q", out)
+	}
+	boxes = append(boxes, resumed)
 	for _, sb := range boxes {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		if err := sb.Kill(ctx); err != nil {

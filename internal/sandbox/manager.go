@@ -528,6 +528,20 @@ func (m *Manager) admit(inFlight int) error {
 	return m.capacity.Check(inFlight)
 }
 
+// admitBoot admits the boot of a sandbox already counted (the resume of
+// a filesystem-only pause) against Options.Capacity, counting a refusal.
+func (m *Manager) admitBoot() error {
+	if m.capacity == nil {
+		return nil
+	}
+	m.mu.Lock()
+	inFlight := m.aheadLocked()
+	m.mu.Unlock()
+	err := m.capacity.Check(inFlight)
+	m.capacity.Count(err)
+	return err
+}
+
 // aheadLocked is what the host may not show yet: creates in flight, and
 // the units of sandboxes started ahead of demand, which a pool may be
 // starting still (those it has started are counted twice: a create short
