@@ -471,17 +471,23 @@ func (m *Manager) reserve(ctx context.Context) error {
 		m.mu.Unlock()
 		return errNotStarted
 	}
+	// The unit is taken first (pending), then the host asked, so that the
+	// count never goes past the cap while the host is read; a refusal
+	// gives it back.
 	counted := m.usedLocked() < m.max
-	inFlight, pooled := m.aheadLocked(), m.pooled
+	if counted {
+		m.pending++
+	}
+	inFlight, pooled := m.aheadLocked()-1, m.pooled
 	m.mu.Unlock()
 	var refused error
 	if counted {
 		if refused = m.admit(inFlight); refused == nil {
-			m.mu.Lock()
-			m.pending++
-			m.mu.Unlock()
 			return nil
 		}
+		m.mu.Lock()
+		m.pending--
+		m.mu.Unlock()
 	}
 	for pooled > 0 {
 		r, ok := m.backend.(reclaimer)
@@ -490,18 +496,15 @@ func (m *Manager) reserve(ctx context.Context) error {
 		}
 		m.mu.Lock()
 		m.pooled-- // the reclaimed sandbox's unit, handed to this create
-		counted = m.usedLocked() < m.max
-		inFlight, pooled = m.aheadLocked(), m.pooled
+		m.pending++
+		inFlight, pooled = m.aheadLocked()-1, m.pooled
 		m.mu.Unlock()
-		if !counted {
-			continue
-		}
 		if refused = m.admit(inFlight); refused == nil {
-			m.mu.Lock()
-			m.pending++
-			m.mu.Unlock()
 			return nil
 		}
+		m.mu.Lock()
+		m.pending--
+		m.mu.Unlock()
 	}
 	if refused != nil {
 		m.capacity.Count(refused)
