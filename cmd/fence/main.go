@@ -50,6 +50,7 @@ func deps() cli.Deps {
 	return cli.Deps{
 		Serve: func(ctx context.Context, o cli.ServeOptions) error {
 			return daemon.Serve(ctx, daemon.Options{
+				TuneKernel:   o.TuneKernel,
 				Addr:         o.Addr,
 				DataDir:      o.DataDir,
 				TemplatesDir: o.TemplatesDir,

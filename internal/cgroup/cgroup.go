@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -337,4 +338,31 @@ func (m *Manager) RemoveParent() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ParentPids reads the tasks in the parent group (all its groups' tasks)
+// and its pids.max, reporting ok false when it has no limit ("max") or
+// cannot be read.
+func (m *Manager) ParentPids() (current, max int64, ok bool) {
+	dir := ""
+	if m.v2 != "" {
+		dir = filepath.Join(m.v2, m.parent)
+	} else if mp := m.v1["pids"]; mp != "" {
+		dir = filepath.Join(mp, m.parent)
+	} else {
+		return 0, 0, false
+	}
+	read := func(name string) (int64, bool) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n, err == nil
+	}
+	if max, ok = read("pids.max"); !ok {
+		return 0, 0, false // "max", or unreadable
+	}
+	current, ok = read("pids.current")
+	return current, max, ok
 }

@@ -115,11 +115,11 @@ func TestServeOptions(t *testing.T) {
 	}
 	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
 		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0",
-		"--layer-fs", "btrfs", "--layer-fs-size", "2G")
+		"--layer-fs", "btrfs", "--layer-fs-size", "2G", "--tune-kernel")
 	want = ServeOptions{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
 		Limits:  isolation.Limits{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 10, DiskBytes: 8 << 20, NoFile: 99},
-		Timeout: time.Hour, MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30,
+		Timeout: time.Hour, MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30, TuneKernel: true,
 	}
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)

@@ -45,6 +45,8 @@ type ServeOptions struct {
 	Timeout time.Duration
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// TuneKernel raises kernel.pid_max and the inotify limits at start.
+	TuneKernel bool
 	// TLSCert and TLSKey, when both set, make the daemon serve HTTPS (a
 	// wildcard certificate for *.DOMAIN lets the SDKs reach sandboxes at
 	// https://PORT-ID.DOMAIN without E2B_SANDBOX_URL).

@@ -175,6 +175,7 @@ SIGINT or SIGTERM.`,
 	lim.add(fs)
 	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.BoolVar(&o.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")

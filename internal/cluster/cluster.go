@@ -75,8 +75,10 @@ type Status struct {
 	Tag  string `json:"tag"`
 	// URL is where routers reach the node's API (http:// or https://).
 	URL string `json:"url"`
-	// Capacity is the most sandboxes the node runs at once; Running how
-	// many it runs (paused ones included: they hold their memory).
+	// Capacity is the most sandboxes the node runs at once (its cap, or
+	// fewer when its host's limits hold fewer: Running plus the capacity
+	// left); Running how many it runs (paused ones included: they hold
+	// their memory).
 	Capacity int `json:"capacity"`
 	Running  int `json:"running"`
 	// Templates the node can start sandboxes from.

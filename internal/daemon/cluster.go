@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencesandbox/fence/internal/capacity"
 	"log/slog"
 	"net"
 	"os"
@@ -59,7 +60,9 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 	reg, err := cluster.Register(ctx, cluster.RegistrarOptions{
 		Client: kube, Namespace: c.Namespace, Name: c.Name, URL: url, Version: version(), Logger: log,
 		Load: func() (int, int, []string) {
-			return capacity, mgr.Running() + mgr.Paused(), builtTemplates(templates)
+			running := mgr.Running() + mgr.Paused()
+			st, ok := mgr.Capacity()
+			return leaseCapacity(capacity, running, st, ok), running, builtTemplates(templates)
 		},
 	})
 	if err != nil {
@@ -67,6 +70,16 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 	}
 	go reg.Run(ctx)
 	return reg, nil
+}
+
+// leaseCapacity is the capacity a node advertises: its cap (max), or
+// fewer when the host's limits hold fewer more sandboxes than the cap
+// leaves (st, when known).
+func leaseCapacity(max, running int, st capacity.Status, known bool) int {
+	if known && int64(running)+st.Sandboxes < int64(max) {
+		return running + int(st.Sandboxes)
+	}
+	return max
 }
 
 // builtTemplates lists the templates the node can start sandboxes from.

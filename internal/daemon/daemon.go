@@ -40,6 +40,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/btrfs"
+	"github.com/fencesandbox/fence/internal/capacity"
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
@@ -75,6 +76,9 @@ type Options struct {
 	Domain       string
 	Defaults     sandbox.Defaults
 	MaxSandboxes int
+	// TuneKernel raises kernel.pid_max and the inotify limits at start
+	// (capacity.Knobs) where they are below what fence wants.
+	TuneKernel bool
 	// BuildAllow extends template build steps' egress allowlist
 	// (tbuild.DefaultAllow); PipIndexURL is the index their pip uses.
 	BuildAllow  []string
@@ -278,6 +282,9 @@ func Serve(ctx context.Context, opts Options) error {
 	if keyPath != "" {
 		fmt.Fprintf(out, "fence: API key in %s\n", keyPath)
 	}
+	if err := tuneAndReportKernel(opts.TuneKernel, opts.MaxSandboxes, out, log); err != nil {
+		return err
+	}
 	templates, err := template.New(template.Options{Dir: opts.TemplatesDir, Logger: log})
 	if err != nil {
 		return fmt.Errorf("opening templates: %w", err)
@@ -411,7 +418,13 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("opening template builds: %w", err)
 	}
 	defer builds.Close()
+	gate, err := capacity.New(capacity.Options{Source: capacitySource(opts, backend)})
+	if err != nil {
+		return err
+	}
+	registerCapacityMetrics(reg, gate)
 	mgr, err = sandbox.New(sandbox.Options{
+		Capacity:     gate,
 		Backend:      pool,
 		Store:        st,
 		Templates:    templateSet{own: templates, built: builds},

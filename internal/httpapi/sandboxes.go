@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"github.com/fencesandbox/fence/internal/capacity"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -19,8 +20,27 @@ const (
 	maxListLimit     = 100
 )
 
+// capacityReporter is implemented by a Manager that admits creates
+// against the host's limits (*sandbox.Manager with Options.Capacity).
+type capacityReporter interface {
+	Capacity() (capacity.Status, bool)
+}
+
+// healthBody is E2B's health answer with the node's capacity left: how
+// many more sandboxes the tightest host limit holds, and which it is.
+type healthBody struct {
+	api.Error
+	Capacity *capacity.Status `json:"capacity,omitempty"`
+}
+
 func (h *handler) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, api.Error{Code: http.StatusOK, Message: "Health check successful"})
+	body := healthBody{Error: api.Error{Code: http.StatusOK, Message: "Health check successful"}}
+	if c, ok := h.m.(capacityReporter); ok {
+		if st, ok := c.Capacity(); ok {
+			body.Capacity = &st
+		}
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (h *handler) domainPtr() *string {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/capacity"
 	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -154,6 +155,11 @@ type Options struct {
 	// defaults. The Manager owns each sandbox's fence: backends attach
 	// their namespaces to it (isolation.Spec.Network).
 	Fence netfence.Fence
+	// Capacity, if set, admits each create (forks and restores included)
+	// against the host's limits before anything starts, counting the
+	// creates in flight; sandboxes started ahead of demand (warm pools,
+	// standbys) leave capacity.PoolReserve creates' worth of headroom.
+	Capacity *capacity.Gate
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -187,11 +193,15 @@ type Manager struct {
 	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
 	warmTemplates sync.Map // string → bool
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
-	gateways   sync.Map
-	hostAddrs  []netip.Addr
-	hosts      policy.HostSet
-	never      []netip.Prefix
-	max        int
+	gateways  sync.Map
+	hostAddrs []netip.Addr
+	hosts     policy.HostSet
+	never     []netip.Prefix
+	max       int
+	capacity  *capacity.Gate // nil admits anything the count allows
+	// admitMu serialises admissions, so that each sees the creates
+	// admitted before it in pending.
+	admitMu    sync.Mutex
 	maxTimeout time.Duration
 	retention  time.Duration
 	log        *slog.Logger
@@ -349,6 +359,7 @@ func New(opts Options) (*Manager, error) {
 		hosts:                  opts.Hosts,
 		never:                  opts.NeverCIDRs,
 		max:                    opts.MaxSandboxes,
+		capacity:               opts.Capacity,
 		maxTimeout:             opts.MaxTimeout,
 		retention:              opts.KilledRetention,
 		log:                    opts.Logger,
@@ -443,10 +454,14 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// reserve takes one unit of capacity for a create. At the cap, a unit held
-// by a sandbox started ahead of demand is taken back from the backend (a
-// warm pool kills one of its sandboxes for it).
+// reserve takes one unit of capacity for a create, once the host has
+// headroom for it and every create in flight (Options.Capacity). At the
+// cap, or short of headroom, a unit held by a sandbox started ahead of
+// demand is taken back from the backend (a warm pool kills one of its
+// sandboxes for it, which frees its share of the host too).
 func (m *Manager) reserve(ctx context.Context) error {
+	m.admitMu.Lock()
+	defer m.admitMu.Unlock()
 	m.mu.Lock()
 	switch {
 	case m.closed:
@@ -455,21 +470,96 @@ func (m *Manager) reserve(ctx context.Context) error {
 	case !m.started:
 		m.mu.Unlock()
 		return errNotStarted
-	case m.usedLocked() < m.max:
-		m.pending++
-		m.mu.Unlock()
-		return nil
 	}
-	pooled := m.pooled
-	m.mu.Unlock()
-	if r, ok := m.backend.(reclaimer); ok && pooled > 0 && r.Reclaim(ctx) {
-		m.mu.Lock()
-		m.pooled--
+	// The unit is taken first (pending), then the host asked, so that the
+	// count never goes past the cap while the host is read; a refusal
+	// gives it back.
+	counted := m.usedLocked() < m.max
+	if counted {
 		m.pending++
+	}
+	inFlight, pooled := m.aheadLocked()-1, m.pooled
+	m.mu.Unlock()
+	var refused error
+	if counted {
+		if refused = m.admit(inFlight); refused == nil {
+			return nil
+		}
+		m.mu.Lock()
+		m.pending--
 		m.mu.Unlock()
-		return nil
+	}
+	for pooled > 0 {
+		r, ok := m.backend.(reclaimer)
+		if !ok || !r.Reclaim(ctx) {
+			break
+		}
+		m.mu.Lock()
+		m.pooled-- // the reclaimed sandbox's unit, handed to this create
+		m.pending++
+		inFlight, pooled = m.aheadLocked()-1, m.pooled
+		m.mu.Unlock()
+		if refused = m.admit(inFlight); refused == nil {
+			return nil
+		}
+		m.mu.Lock()
+		m.pending--
+		m.mu.Unlock()
+	}
+	if refused != nil {
+		m.capacity.Count(refused)
+		return refused
 	}
 	return fmt.Errorf("the limit of %d concurrent sandboxes is reached: %w", m.max, api.ErrResourceExhausted)
+}
+
+// Capacity returns the host's capacity left (Options.Capacity), false
+// without one.
+func (m *Manager) Capacity() (capacity.Status, bool) {
+	if m.capacity == nil {
+		return capacity.Status{}, false
+	}
+	return m.capacity.Status(), true
+}
+
+// admit asks Options.Capacity for one more sandbox beside inFlight
+// others.
+func (m *Manager) admit(inFlight int) error {
+	if m.capacity == nil {
+		return nil
+	}
+	return m.capacity.Check(inFlight)
+}
+
+// admitBoot admits the boot of a sandbox already counted (the resume of
+// a filesystem-only pause) against Options.Capacity, counting a refusal.
+func (m *Manager) admitBoot() error {
+	if m.capacity == nil {
+		return nil
+	}
+	m.mu.Lock()
+	inFlight := m.aheadLocked()
+	m.mu.Unlock()
+	err := m.capacity.Check(inFlight)
+	m.capacity.Count(err)
+	return err
+}
+
+// aheadLocked is what the host may not show yet: creates in flight, and
+// the units of sandboxes started ahead of demand, which a pool may be
+// starting still (those it has started are counted twice: a create short
+// of headroom takes them back first).
+//
+// +checklocks:m.mu
+func (m *Manager) aheadLocked() int { return m.pending + m.pooled }
+
+// admitAhead reports whether a sandbox started ahead of demand (a warm
+// pool's, a standby) may start: it must leave capacity.PoolReserve
+// creates' headroom.
+//
+// +checklocks:m.mu
+func (m *Manager) admitAhead(inFlight int) bool {
+	return m.capacity == nil || m.capacity.CheckPool(inFlight) == nil
 }
 
 // CreatesInFlight is the number of creates past their capacity check
@@ -516,12 +606,13 @@ type PoolBudget struct{ m *Manager }
 // from.
 func (m *Manager) PoolBudget() PoolBudget { return PoolBudget{m} }
 
-// TryAcquire takes one unit, reporting false at the cap or after Shutdown.
+// TryAcquire takes one unit, reporting false at the cap, short of the
+// headroom Options.Capacity keeps for users' creates, or after Shutdown.
 func (b PoolBudget) TryAcquire() bool {
 	m := b.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed || m.usedLocked() >= m.max {
+	if m.closed || m.usedLocked() >= m.max || !m.admitAhead(m.aheadLocked()) {
 		return false
 	}
 	m.pooled++

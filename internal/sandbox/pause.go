@@ -207,6 +207,13 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	if !ok && !cold { // cannot happen: it was paused through it
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
 	}
+	// A filesystem-only pause freed its processes: its resume boots them
+	// again and needs the headroom of a create (a memory pause kept them).
+	if cold {
+		if err := m.admitBoot(); err != nil {
+			return fmt.Errorf("resuming sandbox %s: %w", id, err)
+		}
+	}
 	ctx = context.WithoutCancel(ctx)
 	clock := m.now()
 	now := clock.UTC()

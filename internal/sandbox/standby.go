@@ -65,7 +65,8 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	}
 	e.mu.Lock()
 	old := e.standby
-	if old == nil && m.standbys >= maxStandbys {
+	// Without headroom to spare for it, a rewind boots instead.
+	if old == nil && (m.standbys >= maxStandbys || !m.admitAhead(m.aheadLocked())) {
 		e.mu.Unlock()
 		m.mu.Unlock()
 		return

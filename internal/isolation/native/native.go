@@ -543,3 +543,8 @@ func (b *Backend) seccompFilter() ([]byte, error) {
 	})
 	return b.seccompProg, b.seccompErr
 }
+
+// GroupTasks reads the tasks of this backend's sandboxes (its cgroup
+// parent's pids.current) and the pids.max an operator set on that parent,
+// ok false when none is set.
+func (b *Backend) GroupTasks() (used, max int64, ok bool) { return b.cg.ParentPids() }

@@ -1,0 +1,154 @@
+package capacity
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostOptions say where Host reads.
+type HostOptions struct {
+	// DataDir is the directory whose file system's space and inodes count.
+	DataDir string
+	// GroupTasks, if set, reads the tasks in fence's cgroup and its
+	// pids.max (ok false when it has none).
+	GroupTasks func() (used, max int64, ok bool)
+	// Proc is the proc file system; empty means /proc.
+	Proc string
+}
+
+// Host returns a Source reading this host's limits. Each reading is a
+// few small reads of /proc and a statfs; the daemon's descriptors are
+// counted in /proc/self/fd.
+func Host(o HostOptions) Source {
+	proc := o.Proc
+	if proc == "" {
+		proc = "/proc"
+	}
+	return func() []Reading {
+		var out []Reading
+		if r, ok := hostTasks(proc); ok {
+			out = append(out, r)
+		}
+		if o.GroupTasks != nil {
+			if used, max, ok := o.GroupTasks(); ok {
+				out = append(out, Reading{Limit: GroupTasks, Name: "fence's cgroup pids.max", Used: used, Max: max})
+			}
+		}
+		if total, avail, ok := meminfo(proc); ok {
+			out = append(out, Reading{Limit: Memory, Name: "MemTotal", Used: total - avail, Max: total})
+		}
+		var rl unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
+			if n, ok := countDir(proc + "/self/fd"); ok {
+				out = append(out, Reading{Limit: DaemonFiles, Name: "the daemon's RLIMIT_NOFILE", Used: n, Max: clamp(rl.Cur)})
+			}
+		}
+		if f := fields(proc + "/sys/fs/file-nr"); len(f) == 3 {
+			used, _ := strconv.ParseInt(f[0], 10, 64)
+			max, _ := strconv.ParseInt(f[2], 10, 64)
+			out = append(out, Reading{Limit: SystemFiles, Name: "fs.file-max", Used: used, Max: max})
+		}
+		if o.DataDir != "" {
+			var st unix.Statfs_t
+			if err := unix.Statfs(o.DataDir, &st); err == nil {
+				bs := int64(st.Bsize)
+				out = append(out, Reading{Limit: Disk, Name: "the data dir's file system", Used: (int64(st.Blocks) - int64(st.Bavail)) * bs, Max: int64(st.Blocks) * bs})
+				if st.Files > 0 { // btrfs and others report none
+					out = append(out, Reading{Limit: Inodes, Name: "the data dir's file system", Used: int64(st.Files) - int64(st.Ffree), Max: int64(st.Files)})
+				}
+			}
+		}
+		return out
+	}
+}
+
+// hostTasks reads the kernel's scheduling entities (processes and
+// threads) from loadavg's "running/total" against the lower of pid_max
+// and threads-max.
+func hostTasks(proc string) (Reading, bool) {
+	f := fields(proc + "/loadavg")
+	if len(f) < 4 {
+		return Reading{}, false
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return Reading{}, false
+	}
+	used, err := strconv.ParseInt(total, 10, 64)
+	if err != nil {
+		return Reading{}, false
+	}
+	r := Reading{Limit: Tasks, Used: used}
+	if n, ok := readInt(proc + "/sys/kernel/pid_max"); ok {
+		r.Name, r.Max = "kernel.pid_max", n
+	}
+	if n, ok := readInt(proc + "/sys/kernel/threads-max"); ok && (r.Max == 0 || n < r.Max) {
+		r.Name, r.Max = "kernel.threads-max", n
+	}
+	return r, r.Max > 0
+}
+
+func meminfo(proc string) (total, avail int64, ok bool) {
+	b, err := os.ReadFile(proc + "/meminfo")
+	if err != nil {
+		return 0, 0, false
+	}
+	for line := range bytes.Lines(b) {
+		f := strings.Fields(string(line))
+		if len(f) < 2 {
+			continue
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "MemTotal:":
+			total = n << 10
+		case "MemAvailable:":
+			avail, ok = n<<10, true
+		}
+	}
+	return total, avail, ok && total > 0
+}
+
+func countDir(dir string) (int64, bool) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0, false
+	}
+	return int64(len(names)), true
+}
+
+func fields(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b))
+}
+
+func readInt(path string) (int64, bool) {
+	f := fields(path)
+	if len(f) != 1 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(f[0], 10, 64)
+	return n, err == nil
+}
+
+func clamp(u uint64) int64 {
+	if u > 1<<62 {
+		return 1 << 62
+	}
+	return int64(u)
+}
