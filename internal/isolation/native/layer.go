@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/forensics"
@@ -37,7 +38,7 @@ func (s *sandbox) ExportLayer(ctx context.Context, w io.Writer, limit int64) err
 		return err
 	}
 	defer unix.Close(fd)
-	return writeLayer(ctx, fd, w, limit, nil)
+	return writeLayer(ctx, fd, w, limit, nil, false)
 }
 
 // LayerSize implements isolation.LayerReader.
@@ -100,7 +101,10 @@ func (s *sandbox) archiveLayer() {
 	// What fence wrote at create and the sandbox left alone (resolver,
 	// hosts, sudo, the CA bundle: a few hundred KiB to compress at every
 	// kill) is not evidence of anything the sandbox did.
-	if err := a.Put(s.id, func(w io.Writer) error { return writeLayer(ctx, fd, w, a.Cap(), s.installed) }); err != nil {
+	// A file larger than what the cap has left is listed, not kept, so that
+	// one huge (or sparse) file cannot keep the rest of a killed sandbox's
+	// changes out of its archive.
+	if err := a.Put(s.id, func(w io.Writer) error { return writeLayer(ctx, fd, w, a.Cap(), s.installed, true) }); err != nil {
 		s.b.log.Warn("archiving a killed sandbox's layer", "sandbox_id", s.id, "err", err)
 	}
 }
@@ -114,7 +118,15 @@ type layerWriter struct {
 	// is the one given: a ctime no process can set, any change to the
 	// file (content, mode, owner, times) moves it to the present.
 	skip map[string]unix.Timespec
+	// listOversize lists in changes/.whiteouts, instead of failing with
+	// ErrTooLarge, a regular file whose contents do not fit in what is
+	// left (headers still count against the limit).
+	listOversize bool
 }
+
+// listReserve is what the limit keeps for the headers and the list that
+// follow a file left out as too large.
+const listReserve = 1 << 20
 
 // newLayerWriter writes to tw, or only counts when tw is nil.
 func newLayerWriter(ctx context.Context, tw *tar.Writer, limit int64) *layerWriter {
@@ -123,9 +135,9 @@ func newLayerWriter(ctx context.Context, tw *tar.Writer, limit int64) *layerWrit
 	return lw
 }
 
-func writeLayer(ctx context.Context, root int, w io.Writer, limit int64, skip map[string]unix.Timespec) error {
+func writeLayer(ctx context.Context, root int, w io.Writer, limit int64, skip map[string]unix.Timespec, listOversize bool) error {
 	lw := newLayerWriter(ctx, tar.NewWriter(w), limit)
-	lw.skip = skip
+	lw.skip, lw.listOversize = skip, listOversize
 	if err := lw.dir(root, "", 0); err != nil {
 		return err
 	}
@@ -303,6 +315,11 @@ func (lw *layerWriter) file(dirfd int, name string, hdr *tar.Header) error {
 		return fmt.Errorf("reading layer file %s: %w", hdr.Name, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	if lw.listOversize && st.Size > lw.left-listReserve {
+		lw.whiteouts.WriteString(fmt.Sprintf("# not kept: /%s (%d bytes, %d allocated): more than the archive's cap had left\n",
+			quote(strings.TrimPrefix(hdr.Name, "changes/")), st.Size, st.Blocks*512))
 		return nil
 	}
 	if err := lw.charge(st.Size); err != nil {

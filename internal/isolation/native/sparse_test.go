@@ -10,11 +10,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
@@ -230,7 +232,7 @@ func TestExportSparseFile(t *testing.T) {
 	}
 	defer unix.Close(fd)
 	var buf bytes.Buffer
-	if err := writeLayer(t.Context(), fd, &buf, 8<<20, nil); err != nil {
+	if err := writeLayer(t.Context(), fd, &buf, 8<<20, nil, false); err != nil {
 		t.Fatalf("writeLayer: %v", err)
 	}
 	want := make([]byte, 2<<20)
@@ -249,5 +251,62 @@ func TestExportSparseFile(t *testing.T) {
 			t.Errorf("changes/f: %d bytes (%v), want 2 MiB of zeros with data at 1 MiB", len(got), err)
 		}
 		return
+	}
+}
+
+// TestArchiveListsOversizeFile: a killed sandbox's archive lists a file
+// larger than the cap left (a 16 TiB sparse one) and keeps the rest of
+// the layer, where an export refuses the whole layer.
+func TestArchiveListsOversizeFile(t *testing.T) {
+	dir := t.TempDir()
+	huge := filepath.Join(dir, "huge")
+	writeAt(t, huge, "x", 0)
+	if err := os.Truncate(huge, 1<<44-4096); err != nil {
+		// a filesystem that holds smaller files: the cap below is what
+		// matters, not the size
+		if err := os.Truncate(huge, 64<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAt(t, filepath.Join(dir, "evidence"), "the sandbox did this", 0)
+	// Each walk opens the layer anew: a directory's read offset is its
+	// descriptor's.
+	open := func() int {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	const limit = 8 << 20
+	if err := writeLayer(t.Context(), open(), io.Discard, limit, nil, false); !errors.Is(err, forensics.ErrTooLarge) {
+		t.Fatalf("export of a layer with a file over the cap: %v, want ErrTooLarge", err)
+	}
+	var buf bytes.Buffer
+	if err := writeLayer(t.Context(), open(), &buf, limit, nil, true); err != nil {
+		t.Fatalf("archive of a layer with a file over the cap: %v", err)
+	}
+	got := map[string]string{}
+	tr := tar.NewReader(&buf)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		got[hdr.Name] = string(b)
+	}
+	if got["changes/evidence"] != "the sandbox did this" {
+		t.Errorf("changes/evidence = %q, want the file kept", got["changes/evidence"])
+	}
+	if _, ok := got["changes/huge"]; ok {
+		t.Errorf("changes/huge kept in the archive, over its cap")
+	}
+	if !strings.Contains(got["changes/.whiteouts"], "# not kept: /huge (") {
+		t.Errorf("changes/.whiteouts does not list the file left out:\n%s", got["changes/.whiteouts"])
 	}
 }
