@@ -51,8 +51,10 @@ func (s *sandbox) Pause(ctx context.Context) error {
 }
 
 // settleWait bounds how long a pause waits for its sandbox to go idle; a
-// sandbox busy all along (a CPU-bound loop) is checkpointed after it.
-const settleWait = 2 * time.Second
+// sandbox busy all along (a CPU-bound loop, a shell loop forking every
+// tenth of a second) is checkpointed after it. It is short enough that
+// such a sandbox is still stopped about where it was when asked.
+const settleWait = 500 * time.Millisecond
 
 // settleWindow is the period over which settle samples the sandbox's CPU
 // use: a window in which it used less than a tenth of a CPU is quiet. An
@@ -65,7 +67,7 @@ const settleWindow = 20 * time.Millisecond
 // settleQuiet is how long the sandbox must stay quiet to be idle: a start
 // has short quiet gaps (waits on the gofer, on the host's CPUs when they
 // are busy) of a window or two.
-const settleQuiet = 200 * time.Millisecond
+const settleQuiet = 100 * time.Millisecond
 
 // settle returns once the sandbox has been quiet for settleQuiet (see
 // settleWindow), after settleWait, or when ctx ends.
