@@ -11,17 +11,20 @@ import (
 )
 
 // workFiles writes the programs TestPauseKeepsWorkGoing starts: timers of
-// each kind (a shell's sleep, node's setTimeout, Python's time.sleep), a
-// grandchild, and a TCP connection held open inside the sandbox, each
-// writing its marker in /tmp/out once its three seconds are up.
+// each kind (node's setTimeout, Python's time.sleep, a shell's sleep in a
+// grandchild), and a TCP connection held open inside the sandbox, each
+// writing NAME.ready in /tmp/out once its timer is armed and NAME once
+// its three seconds are up.
 const workFiles = `mkdir -p /tmp/out /tmp/work && cd /tmp/work &&
 cat > timer.py <<'END'
 import time
+open("/tmp/out/python.ready", "w").write("")
 time.sleep(3)
 open("/tmp/out/python", "w").write("done")
 END
 cat > timer.js <<'END'
 setTimeout(() => require("fs").writeFileSync("/tmp/out/node", "done"), 3000)
+require("fs").writeFileSync("/tmp/out/node.ready", "")
 END
 cat > server.py <<'END'
 import socket, threading
@@ -49,6 +52,7 @@ for _ in range(200):
         time.sleep(0.05)
 c.sendall(b"d")
 got = c.recv(1)
+open(sys.argv[2] + ".ready", "w").write("")
 time.sleep(float(sys.argv[1]))
 c.sendall(b"one")
 while len(got) < 4:
@@ -57,23 +61,27 @@ open(sys.argv[2], "w").write(got.decode())
 END
 `
 
-// startWork is a user's command (E2B runs commands with bash -l -c): it
-// starts everything in the background and returns.
+// startWork starts the work of workFiles in the background.
 const startWork = `cd /tmp/work
-(sleep 3 && echo -n done > /tmp/out/sleep) </dev/null >/dev/null 2>&1 &
 python3 timer.py </dev/null >/dev/null 2>&1 &
 node timer.js </dev/null >/dev/null 2>&1 &
-sh -c 'sh -c "sleep 3; echo -n done > /tmp/out/grandchild" &' </dev/null >/dev/null 2>&1 &
+sh -c 'sh -c "touch /tmp/out/grandchild.ready; sleep 3; echo -n done > /tmp/out/grandchild" &' </dev/null >/dev/null 2>&1 &
 python3 server.py </dev/null >/dev/null 2>&1 &
 python3 client.py 3 /tmp/out/tcp </dev/null >/dev/null 2>&1 &
 `
 
-// TestPauseKeepsWorkGoing pauses a sandbox right after a command started
-// its work, as E2B's SDK tests do, for longer than the work's timers:
-// each timer counts through the pause on the wall clock, as on native's
-// frozen cgroup, so its marker is there right after the resume; a TCP
-// connection inside the sandbox carries on, and its server takes new
-// connections.
+// startCommand is a command as E2B's SDK starts one (bash -l -c, in the
+// background), which the pause follows at once.
+const startCommand = `(bash -l -c 'sleep 3 && echo -n done > /tmp/out/sleep') </dev/null >/dev/null 2>&1 &`
+
+// TestPauseKeepsWorkGoing pauses a sandbox for longer than the timers of
+// its work: timers armed before the pause (node, Python, a grandchild's
+// sleep) count through it on the wall clock, gVisor's clocks running on
+// through a checkpoint, so their markers are there right after the
+// resume; a TCP connection inside the sandbox carries on, and its server
+// takes new connections. A command started just before the pause, as
+// E2B's SDK tests do, has got past its login shell's start (the pause
+// waits for it) and its sleep counts through the pause too.
 func TestPauseKeepsWorkGoing(t *testing.T) {
 	testutil.RequireRunsc(t)
 	rootfs := testutil.RootFS(t, "base")
@@ -93,13 +101,16 @@ func TestPauseKeepsWorkGoing(t *testing.T) {
 	}
 	sh(workFiles)
 	sh(startWork)
+	ready := "cd /tmp/out && for i in $(seq 600); do [ -e python.ready ] && [ -e node.ready ] && [ -e grandchild.ready ] && [ -e tcp.ready ] && exit 0; sleep 0.05; done; ls; exit 1"
+	sh(ready)
+	sh(startCommand)
 	p := s.(isolation.Pauser)
 	if err := p.Pause(t.Context()); err != nil {
 		t.Fatalf("Pause() = %v", err)
 	}
 	// Paused for longer than the timers' three seconds: each is due at
-	// the resume. Work that began only after the resume would take its
-	// three seconds from there.
+	// the resume. A timer that began only after the resume, or began
+	// anew, would take its three seconds from there.
 	time.Sleep(5 * time.Second)
 	if err := p.Resume(t.Context()); err != nil {
 		t.Fatalf("Resume() = %v", err)
