@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -177,5 +178,31 @@ func TestGvisorSecureSandboxAgent(t *testing.T) {
 		if out := sh(t, e, "id -un; /.fence/fence probe agent-reach"); !strings.HasSuffix(out, "\nok\n") {
 			t.Errorf("probe agent-reach inside the secure gvisor sandbox: %q", out)
 		}
+	}
+}
+
+// TestGvisorDefaultBuildsTemplates builds a template on a daemon whose
+// default backend is gvisor: the build's sandbox reads its layer, which
+// native sandboxes give, so it runs on native; a gvisor sandbox then boots
+// the built template.
+func TestGvisorDefaultBuildsTemplates(t *testing.T) {
+	testutil.RequireRunsc(t)
+	requireTemplate(t, "minimal")
+	d := startDaemon(t, newDataDir(t), "--backend", "gvisor")
+	tid, bid := buildTemplate(t, d, "gv-default", client.TemplateBuildSpec{FromTemplate: "minimal",
+		Steps: steps("echo built > /built")})
+	st, logs := waitBuild(t, d, tid, bid)
+	if st.Status != "ready" {
+		t.Fatalf("build on a gvisor daemon: %s (%+v)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	sb := d.create(t, api.NewSandbox{TemplateID: "gv-default"})
+	rc, err := sb.Envd().ReadFile(ctxT(t), "/built")
+	if err != nil {
+		t.Fatalf("reading /built in a sandbox of the built template: %v", err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(got) != "built\n" {
+		t.Errorf("/built in a sandbox of the built template = %q, %v; want built", got, err)
 	}
 }

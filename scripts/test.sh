@@ -38,5 +38,9 @@ for target in \
     exit 1
   fi
 done
-echo "==> the official e2b JavaScript SDK against fence (tests/e2b)"
+echo "==> the official e2b JavaScript SDK against fence (tests/e2b), native backend"
 tests/e2b/run.sh
+# The same suite against a daemon whose sandboxes are all gVisor ones, so
+# that neither backend falls behind the other.
+echo "==> the official e2b JavaScript SDK against fence (tests/e2b), gvisor backend"
+tests/e2b/run.sh --backend gvisor

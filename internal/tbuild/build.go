@@ -693,6 +693,9 @@ type buildBox struct {
 	tr     *http.Transport
 }
 
+// buildBackend is the isolation backend of build sandboxes.
+const buildBackend = "native"
+
 // startBox creates a sandbox of tree through the sandbox manager: the
 // same isolation and limits as any sandbox, egress limited to the build
 // allowlist.
@@ -722,7 +725,11 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 	f := false
 	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
 		TemplateID: handle, Timeout: maxBuildTime,
-		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID},
+		// The build reads the sandbox's layer (isolation.LayerReader),
+		// which native sandboxes give and gVisor's, whose writable layer
+		// is gVisor's own overlay file, do not: a build runs on native
+		// whatever the daemon's default backend.
+		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID, sandbox.BackendMetadataKey: buildBackend},
 		CPUs:                float64(cpus),
 		MemoryMB:            int64(mem),
 		AllowInternetAccess: &f,

@@ -4,6 +4,12 @@ import { Sandbox } from 'e2b'
 
 export const TEMPLATE = process.env.FENCE_E2B_TEMPLATE || 'base'
 
+// BACKEND is the daemon's default isolation backend (run.sh --backend):
+// every sandbox a test makes without metadata fence.backend runs on it.
+// A test that must expect something else on one backend says so where it
+// does, with the reason (docs/GVISOR.md lists them).
+export const BACKEND = process.env.FENCE_E2B_BACKEND || 'native'
+
 // Options for every SDK call: short request timeouts so a server that hangs
 // fails the test instead of stalling the run.
 export const opts = { requestTimeoutMs: 30_000 }

@@ -8,6 +8,10 @@
 # status. Needs root (the native backend) and the `base` and `minimal`
 # templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates), and
 # code-interpreter for test/code-interpreter.test.mjs.
+# FENCE_E2B_BACKEND=gvisor (or a first argument `--backend gvisor`) runs
+# the daemon with `--backend gvisor`, so every sandbox the tests make is a
+# gVisor one (runsc from scripts/build-runsc.sh); the default is native.
+# The tests read the backend as FENCE_E2B_BACKEND.
 # Extra arguments go to `node --test` (e.g. a single test file);
 # `run.sh --bench` runs bench.mjs against the daemon instead of the tests,
 # `run.sh --bench-ci` bench-code-interpreter.mjs.
@@ -15,6 +19,19 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 templates="${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}"
+backend="${FENCE_E2B_BACKEND:-native}"
+if [[ "${1:-}" == --backend ]]; then
+	backend="${2:?run.sh: --backend needs native or gvisor}"
+	shift 2
+fi
+case "$backend" in
+native | gvisor) ;;
+*)
+	echo "run.sh: unknown backend $backend: native or gvisor" >&2
+	exit 2
+	;;
+esac
+export FENCE_E2B_BACKEND="$backend"
 
 if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
 	"$repo/scripts/build.sh"
@@ -45,7 +62,7 @@ key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 # it). The daemon's build allowlist admits REG_IP:8080 (--build-allow) and
 # points pip at its index (--pip-index-url); DENIED_IP, in the same
 # namespace, is on no allowlist.
-serve_extra=()
+serve_extra=(--backend "$backend")
 reg_ns=""
 if [[ $EUID -eq 0 ]] && command -v ip >/dev/null; then
 	n=$(( (RANDOM * 32768 + RANDOM) % 16384 * 8 ))
@@ -65,7 +82,7 @@ if [[ $EUID -eq 0 ]] && command -v ip >/dev/null; then
 	export FENCE_E2B_REGISTRY_NS="$reg_ns"
 	export FENCE_E2B_REGISTRY_IP="$base.$(( last + 2 ))"
 	export FENCE_E2B_DENIED_IP="$base.$(( last + 3 ))"
-	serve_extra=(--build-allow "$FENCE_E2B_REGISTRY_IP:8080" --pip-index-url "http://$FENCE_E2B_REGISTRY_IP:8080/simple")
+	serve_extra+=(--build-allow "$FENCE_E2B_REGISTRY_IP:8080" --pip-index-url "http://$FENCE_E2B_REGISTRY_IP:8080/simple")
 fi
 
 FENCE_API_KEY="$key" "$repo/bin/fence" serve --addr "127.0.0.1:$port" \

@@ -40,6 +40,10 @@
 // is the state: a restarted daemon adopts a paused sandbox (Adopt) and
 // resumes it like any other. An image never changes once written, so one
 // image can be restored more than once (a fork with memory) under new IDs.
+// A pause first waits, at most half a second, for the sandbox to go idle,
+// so that a command started just before it is past its start (slow on
+// gVisor) and its timers, which gVisor's clocks run on through the
+// checkpoint, count the pause as they do on native.
 //
 // # Layers keep memory
 //

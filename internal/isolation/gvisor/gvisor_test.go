@@ -92,6 +92,15 @@ func TestPauseConformance(t *testing.T) {
 	})
 }
 
+// TestLayersConformance runs the cases every isolation.Layers backend
+// passes (files of a checkpoint, stacking, independence, deletion) on
+// gVisor's checkpoint layers.
+func TestLayersConformance(t *testing.T) {
+	testutil.RequireRunsc(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	isolationtest.RunLayers(t, stateFactory(t), rootfs)
+}
+
 // TestMemoryLayers runs the cases of layers that keep memory: snapshots
 // and forks of running gVisor sandboxes.
 func TestMemoryLayers(t *testing.T) {

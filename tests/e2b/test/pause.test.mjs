@@ -9,7 +9,7 @@ import assert from 'node:assert/strict'
 import http from 'node:http'
 import { randomUUID } from 'node:crypto'
 import { Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
-import { create, opts, waitFor, within } from '../helpers.mjs'
+import { create, opts, sleep, waitFor, within } from '../helpers.mjs'
 
 const base = new URL(process.env.E2B_API_URL)
 
@@ -64,6 +64,22 @@ test('pause and connect: memory, processes, files, env and servers survive', asy
   await h.kill()
   await waitFor(async () => (await sbx.commands.run('cat /tmp/later || true')).stdout === 'done\n', 20_000)
   assert.equal((await get('/index.html', { Host: sbx.getHost(8000) })).status, 200)
+})
+
+// E2B's "completed long running process" case: a command paused right
+// after it started counts its sleep through the pause, so a pause longer
+// than the sleep ends with its work done (on gVisor the pause lets the
+// command's shell start first; see docs/GVISOR.md).
+test('a sleep started just before a pause runs on through it', async (t) => {
+  const sbx = await create(t)
+  await sbx.commands.run('sleep 2 && echo done > /home/user/long_running.txt', { background: true })
+  assert.equal(await sbx.files.exists('long_running.txt'), false)
+  await sbx.pause()
+  await sleep(2500)
+  await sbx.connect(opts)
+  // Had the sleep begun only at the resume, it would end two seconds on.
+  await waitFor(async () => sbx.files.exists('long_running.txt'), 1000)
+  assert.equal((await sbx.files.read('long_running.txt')).trim(), 'done')
 })
 
 test('Sandbox.pause(id) and Sandbox.connect(id); kill of a paused sandbox', async (t) => {
