@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 )
@@ -20,7 +19,7 @@ func (s *sandbox) imageDir() string { return filepath.Join(s.dir, "image") }
 // with `runsc checkpoint`, after which nothing of the sandbox runs on the
 // host, and closes its network. A failed checkpoint leaves it running.
 //
-// The checkpoint waits first, for at most settleWait, until the sandbox
+// The checkpoint waits first, for at most cgroup.SettleWait, until the sandbox
 // is idle (see settle): a command started just before the pause has then
 // got past its start (a login shell reading its profile, an interpreter
 // loading) to its own work, a sleep or a server waiting, whose timers
@@ -50,72 +49,16 @@ func (s *sandbox) Pause(ctx context.Context) error {
 	return nil
 }
 
-// settleWait bounds how long a pause waits for its sandbox to go idle; a
-// sandbox busy all along (a CPU-bound loop, a shell loop forking every
-// tenth of a second) is checkpointed after it. It is short enough that
-// such a sandbox is still stopped about where it was when asked.
-const settleWait = 500 * time.Millisecond
-
-// settleWindow is the period over which settle samples the sandbox's CPU
-// use: a window in which it used less than a tenth of a CPU is quiet. An
-// idle gVisor sandbox (its processes asleep or waiting, the sentry's
-// timekeeping alone) uses next to none; starting a process (an exec
-// through the gofer, a login shell's profile, an interpreter loading)
-// uses most of a CPU.
-const settleWindow = 20 * time.Millisecond
-
-// settleQuiet is how long the sandbox must stay quiet to be idle: a start
-// has short quiet gaps (waits on the gofer, on the host's CPUs when they
-// are busy) of a window or two.
-const settleQuiet = 100 * time.Millisecond
-
-// settle returns once the sandbox has been quiet for settleQuiet (see
-// settleWindow), after settleWait, or when ctx ends.
-//
-// Without it, a checkpoint that follows a process start at once stops the
-// process inside gVisor's exec or its shell's start-up, which take tens
-// to hundreds of milliseconds on gVisor (a few on native): work that the
-// command would have begun before the pause (a `sleep 2` counting on the
-// wall clock, a timer) then begins only after the resume, late by the
-// whole pause.
+// settle waits for the sandbox to go idle before a checkpoint (see
+// cgroup.Group.Settle). A checkpoint that follows a process start at once
+// would stop the process inside gVisor's exec or its shell's start-up,
+// which take tens to hundreds of milliseconds on gVisor.
 func (s *sandbox) settle(ctx context.Context) {
 	if s.cg == nil {
 		return
 	}
-	start := time.Now()
-	prev, err := s.cg.Usage()
-	if err != nil {
-		return
-	}
-	prevAt, quietSince := start, start
-	t := time.NewTicker(settleWindow)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		cur, err := s.cg.Usage()
-		if err != nil {
-			return
-		}
-		now := time.Now()
-		if (cur.CPUUsage-prev.CPUUsage)*10 >= now.Sub(prevAt) {
-			quietSince = now
-		}
-		switch {
-		case now.Sub(quietSince) >= settleQuiet:
-			s.b.log.Debug("sandbox settled for a pause", "sandbox_id", s.id, "waited", now.Sub(start))
-			return
-		case now.Sub(start) >= settleWait:
-			s.b.log.Debug("pausing a busy sandbox", "sandbox_id", s.id, "waited", now.Sub(start))
-			return
-		}
-		prev, prevAt = cur, now
-	}
+	waited, quiet := s.cg.Settle(ctx, s.done)
+	s.b.log.Debug("sandbox settled for a pause", "sandbox_id", s.id, "waited", waited, "quiet", quiet)
 }
 
 // checkpointLocked writes the sandbox's checkpoint to dir, which must not

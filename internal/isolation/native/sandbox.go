@@ -887,6 +887,13 @@ func (s *sandbox) Pause(ctx context.Context) error {
 	if s.paused.Load() {
 		return nil
 	}
+	// A command started just before the pause gets past its start first
+	// (see cgroup.Group.Settle), so that what it then waits for (a sleep,
+	// a timer) counts on through the freeze instead of starting at the
+	// resume.
+	if waited, quiet := s.cg.Settle(ctx, s.done); !quiet {
+		s.b.log.Debug("pausing a busy sandbox", "sandbox_id", s.id, "waited", waited)
+	}
 	// Refuse new connections before anything stops answering them.
 	s.paused.Store(true)
 	if err := s.cg.Freeze(); err != nil {
