@@ -11,6 +11,10 @@ package isolation
 // and callers find a capability with As, never with a type assertion, so
 // that every capability of the wrapped value survives every wrapper.
 //
+// Layers is no such capability: its CreateOn makes sandboxes, which a
+// wrapper that changes Create (a cluster node's naming) must see, so a
+// Layers is asserted directly or handed over on its own (NamingLayers).
+//
 // A router of several backends (isolation/multi) is not a wrapper: it has
 // no Unwrap, and its own capabilities (Has, Adopt) speak for all of them.
 
