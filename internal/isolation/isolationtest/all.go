@@ -21,9 +21,10 @@ import (
 //     runs processes;
 //   - RunPersistentPause, when besides the backend is an isolation.Adopter
 //     and its sandboxes isolation.Keeper;
-//   - RunLayers, when the backend implements isolation.Layers and its
-//     sandboxes isolation.Checkpointer, or RunMemoryLayers instead when
-//     they are isolation.FileCheckpointer (their Checkpoint keeps memory).
+//   - RunLayers, when the backend implements isolation.Layers, its
+//     sandboxes isolation.Checkpointer and their agent runs processes,
+//     and RunMemoryLayers too when they are isolation.FileCheckpointer
+//     (their Checkpoint keeps memory).
 //
 // The agent of the fake backend (isolation/fake) runs no processes. The
 // capabilities are read from one backend and one sandbox made before the
@@ -128,8 +129,6 @@ func (c caps) lacksLayers(memory bool) string {
 		return "its agent runs no processes"
 	case memory && !c.memory:
 		return "its checkpoints keep no memory (no isolation.FileCheckpointer)"
-	case !memory && c.memory:
-		return "its checkpoints keep memory (isolation.FileCheckpointer): the MemoryLayers suite is its"
 	}
 	return ""
 }
