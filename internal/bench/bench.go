@@ -468,7 +468,7 @@ func fencePause(ctx context.Context, opts Options) []Result {
 		return fail(err)
 	}
 	defer sb.Kill(context.WithoutCancel(ctx))
-	p, ok := sb.(isolation.Pauser)
+	p, ok := isolation.As[isolation.Pauser](sb)
 	if !ok {
 		return fail(fmt.Errorf("the %s backend cannot pause", opts.Backend.Name()))
 	}
@@ -694,7 +694,7 @@ func idleMemory(ctx context.Context, opts Options) (int64, int64, error) {
 	// An agent's start-up memory may be charged to where its process
 	// waited before its sandbox existed (the native backend's ready
 	// inits): counted here too.
-	ready, _ := opts.Backend.(interface{ ReadyMemory() int64 })
+	ready, _ := isolation.As[interface{ ReadyMemory() int64 }](opts.Backend)
 	var readyBefore int64
 	if ready != nil {
 		readyBefore = ready.ReadyMemory()

@@ -132,7 +132,8 @@ func NewID(tag string) string {
 
 // NamingBackend wraps b so that every sandbox it starts without a name
 // gets one from NewID(tag). Sandboxes started ahead of requests (a warm
-// pool above it) are named the same way.
+// pool above it) are named the same way. Every other capability of b
+// (isolation.As through Unwrap) is the wrapper's.
 func NamingBackend(b isolation.Backend, tag string) isolation.Backend {
 	return &namingBackend{Backend: b, tag: tag}
 }
@@ -148,6 +149,10 @@ func (n *namingBackend) Create(ctx context.Context, spec isolation.Spec) (isolat
 	}
 	return n.Backend.Create(ctx, spec)
 }
+
+// Unwrap returns the wrapped backend, whose capabilities (a router's Has,
+// an Adopter's Adopt) are found through the wrapper with isolation.As.
+func (n *namingBackend) Unwrap() isolation.Backend { return n.Backend }
 
 // NamingLayers wraps l so that every sandbox it boots on a layer without a
 // name (a fork, a create from a snapshot) gets one from NewID(tag).

@@ -12,9 +12,38 @@ import (
 	"slices"
 
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/template"
 )
+
+// backendStack builds what the sandbox manager creates on, over routed
+// (the daemon's backend or its router of backends) and layers: on a
+// cluster node (opts.Cluster) a naming wrapper whose sandbox IDs carry the
+// node's tag, for the routers (forks and sandboxes made from snapshots
+// included); in front, one warm pool per --warm-template, each in front of
+// the next, and the default template's pool in front of them all, so that
+// a create is served by the pool that keeps its kind, or goes through to
+// the backend. Every capability of routed is the stack's (isolation.As).
+// The caller closes the pools, pool first.
+func backendStack(routed isolation.Backend, layers isolation.Layers, opts Options, log *slog.Logger) (pool *warm.Pool, tmplPools []*warm.Pool, _ isolation.Layers) {
+	inner := routed
+	if opts.Cluster != nil {
+		tag := cluster.Tag(opts.Cluster.Name)
+		inner = cluster.NamingBackend(routed, tag)
+		if layers != nil {
+			layers = cluster.NamingLayers(layers, tag)
+		}
+	}
+	for _, wt := range slices.Backward(opts.WarmTemplates) {
+		p := warm.New(warm.Options{Backend: inner, Size: wt.Size, Logger: log})
+		tmplPools = append([]*warm.Pool{p}, tmplPools...)
+		inner = p
+	}
+	pool = warm.New(warm.Options{Backend: inner, Size: opts.WarmPool, Logger: log})
+	return pool, tmplPools, layers
+}
 
 // ClusterOptions make the daemon a node of a fence cluster (see
 // internal/cluster): it registers in a Lease, names its sandboxes with its

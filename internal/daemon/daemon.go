@@ -374,29 +374,16 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer closeBackends()
-	named, layers := routed, isolation.Layers(backend)
+	layers := isolation.Layers(backend)
 	if r, ok := routed.(*multi.Backend); ok {
 		layers = r.Layers() // native's and gvisor's, each layer to its own
 	}
-	if opts.Cluster != nil {
-		// A cluster node's sandbox IDs carry its tag, for the routers:
-		// forks and sandboxes made from snapshots included.
-		tag := cluster.Tag(opts.Cluster.Name)
-		named, layers = cluster.NamingBackend(routed, tag), cluster.NamingLayers(layers, tag)
-	}
-	// One pool per --warm-template, each in front of the next, and the
-	// default template's in front of them all: a create is served by the
-	// pool that keeps its kind, or goes through to the backend.
-	var tmplPools []*warm.Pool
-	inner := named
-	for _, wt := range slices.Backward(opts.WarmTemplates) {
-		p := warm.New(warm.Options{Backend: inner, Size: wt.Size, Logger: log})
-		defer p.Close(context.WithoutCancel(ctx))
-		tmplPools = append([]*warm.Pool{p}, tmplPools...)
-		inner = p
-	}
-	pool := warm.New(warm.Options{Backend: inner, Size: opts.WarmPool, Logger: log})
-	defer pool.Close(context.WithoutCancel(ctx))
+	pool, tmplPools, layers := backendStack(routed, layers, opts, log)
+	defer func() {
+		for _, p := range append([]*warm.Pool{pool}, tmplPools...) {
+			p.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	// Template builds: their trees and uploads live in the data dir; the
 	// images they start from come from the shared layer cache.
 	var images tbuild.Images

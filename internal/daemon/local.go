@@ -53,6 +53,10 @@ func (l *localSandbox) Kill(ctx context.Context) error {
 	return errors.Join(l.Sandbox.Kill(ctx), l.backend.Close())
 }
 
+// Unwrap returns the backend's sandbox, whose capabilities are found
+// through this one with isolation.As.
+func (l *localSandbox) Unwrap() isolation.Sandbox { return l.Sandbox }
+
 // localNetwork is the fence of a one-off sandbox (`fence run`): deny-all,
 // its flows recorded by rec (nil: logged at debug level).
 func localNetwork(rec egress.Recorder) isolation.Network {

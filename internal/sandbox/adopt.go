@@ -24,7 +24,7 @@ import (
 // back with those at their defaults: autoPause and autoResume off, no
 // secret bindings (their placeholders pass unreplaced).
 func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
-	a, ok := m.backend.(isolation.Adopter)
+	a, ok := isolation.As[isolation.Adopter](m.backend)
 	if !ok || rec.State != store.StatePaused {
 		return false
 	}

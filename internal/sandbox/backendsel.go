@@ -1,5 +1,7 @@
 package sandbox
 
+import "github.com/fencesandbox/fence/internal/isolation"
+
 // BackendMetadataKey is the create metadata key that picks the isolation
 // backend of one sandbox ("native", "gvisor"); without it the daemon's
 // default (fence serve --backend) is used. It is metadata so that E2B's
@@ -15,7 +17,7 @@ func (m *Manager) backendFor(req CreateRequest) (string, error) {
 		return "", nil
 	}
 	has := func(n string) bool { return false }
-	if h, ok := m.backend.(interface{ Has(string) bool }); ok {
+	if h, ok := isolation.As[interface{ Has(string) bool }](m.backend); ok {
 		has = h.Has
 	}
 	if name == "" || !has(name) {

@@ -137,7 +137,7 @@ func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte,
 // paused (isolation.Keeper).
 func (m *Manager) recordPause(ctx context.Context, e *entry, layer string, from store.State, startedAt, pausedAt time.Time) error {
 	cs, ok := m.store.(ColdStore)
-	if _, keeps := e.sb().(isolation.Keeper); !ok || (layer == "" && !keeps) {
+	if _, keeps := isolation.As[isolation.Keeper](e.sb()); !ok || (layer == "" && !keeps) {
 		return m.store.Transition(ctx, e.sb().ID(), from, store.StatePaused, startedAt, pausedAt)
 	}
 	data, err := m.coldData(ctx, e, layer)

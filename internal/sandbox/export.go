@@ -61,7 +61,7 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 			b.Usage = u.Sandboxes[0]
 		}
 		md := map[string]any{"id": id, "state": info.State, "sandbox": metadataOf(info)}
-		if lr, ok := e.sb().(isolation.LayerReader); ok {
+		if lr, ok := isolation.As[isolation.LayerReader](e.sb()); ok {
 			size, err := lr.LayerSize(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)

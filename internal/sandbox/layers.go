@@ -172,7 +172,7 @@ func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.C
 // checkpointBox freezes e's filesystem into a new layer. The caller holds
 // m.layerMu for reading until the layer is recorded or used.
 func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
-	cp, ok := e.sb().(isolation.Checkpointer)
+	cp, ok := isolation.As[isolation.Checkpointer](e.sb())
 	if !ok {
 		return isolation.LayerInfo{}, fmt.Errorf("the %s backend cannot checkpoint sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
@@ -190,7 +190,7 @@ func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerI
 // the sandbox boots anew: a backend whose checkpoints keep memory makes it
 // with isolation.FileCheckpointer. The caller holds m.layerMu for reading.
 func (m *Manager) checkpointFiles(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
-	fc, ok := e.sb().(isolation.FileCheckpointer)
+	fc, ok := isolation.As[isolation.FileCheckpointer](e.sb())
 	if !ok {
 		info, err := m.checkpointBox(ctx, e)
 		if err == nil && info.Memory {
@@ -795,7 +795,7 @@ func (m *Manager) diffSide(ctx context.Context, ls LayerStore, id string, e *ent
 		if cold != "" {
 			return diffSide{layer: cold}, nil
 		}
-		cp, ok := e.sb().(isolation.Checkpointer)
+		cp, ok := isolation.As[isolation.Checkpointer](e.sb())
 		if !ok {
 			return diffSide{}, fmt.Errorf("the %s backend cannot list changes: %w", m.backend.Name(), api.ErrUnimplemented)
 		}

@@ -786,11 +786,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}
-	if _, ok := box.(isolation.Checkpointer); req.AutoPauseNoMemory && (!ok || m.layers == nil) {
+	if _, ok := isolation.As[isolation.Checkpointer](box); req.AutoPauseNoMemory && (!ok || m.layers == nil) {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
-	if _, ok := box.(isolation.Pauser); req.AutoPause && !ok {
+	if _, ok := isolation.As[isolation.Pauser](box); req.AutoPause && !ok {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
 	}
@@ -875,7 +875,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		info.Network = req.Network // the parent's, as it shows it
 	}
 	slot := 0
-	if s, ok := box.(interface{ Slot() int }); ok {
+	if s, ok := isolation.As[interface{ Slot() int }](box); ok {
 		slot = s.Slot()
 	}
 	rec := &store.Sandbox{
@@ -999,7 +999,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		var wg sync.WaitGroup
 		for _, e := range all {
 			m.releaseStandby(e)
-			if k, ok := e.sb().(isolation.Keeper); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
+			if k, ok := isolation.As[isolation.Keeper](e.sb()); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())
 				continue

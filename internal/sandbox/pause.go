@@ -40,7 +40,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	if err != nil {
 		return err
 	}
-	p, ok := e.sb().(isolation.Pauser)
+	p, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok {
 		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, m.backend.Name(), api.ErrUnimplemented)
 	}
@@ -116,7 +116,7 @@ func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration,
 		return nil, err
 	}
 	if autoPause != nil {
-		if _, ok := e.sb().(isolation.Pauser); ok {
+		if _, ok := isolation.As[isolation.Pauser](e.sb()); ok {
 			e.mu.Lock()
 			e.info.AutoPause = *autoPause
 			e.mu.Unlock()
@@ -203,7 +203,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	if coldOnly && !cold {
 		return fmt.Errorf("sandbox '%s' was paused with its memory: a resume without it (a cold boot) is not enabled (sandbox_memory_override_disabled): %w", id, api.ErrInvalidArgument)
 	}
-	p, ok := e.sb().(isolation.Pauser)
+	p, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok && !cold { // cannot happen: it was paused through it
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
 	}

@@ -132,8 +132,8 @@ func (m *Manager) keepRunImage(ctx context.Context, key string, box isolation.Sa
 	if key == "" || m.layers == nil {
 		return
 	}
-	cp, ok := box.(isolation.Checkpointer)
-	if _, mem := box.(isolation.FileCheckpointer); !ok || !mem {
+	cp, ok := isolation.As[isolation.Checkpointer](box)
+	if _, mem := isolation.As[isolation.FileCheckpointer](box); !ok || !mem {
 		return
 	}
 	m.layerMu.RLock()

@@ -54,7 +54,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 		return
 	}
 	box := e.sb()
-	if _, ok := box.(isolation.StandbyBooter); !ok {
+	if _, ok := isolation.As[isolation.StandbyBooter](box); !ok {
 		return
 	}
 	sb := &standby{layer: layer, key: "standby-" + isolation.NewID(), ready: make(chan struct{}), gone: make(chan struct{})}
@@ -221,7 +221,7 @@ func (m *Manager) handOver(box isolation.Sandbox, key string, nc *netconf.Config
 		return fmt.Errorf("standby of %s has no network attached", box.ID())
 	}
 	applyNetwork(nw, nc, true)
-	if f, ok := box.(isolation.Foregrounder); ok {
+	if f, ok := isolation.As[isolation.Foregrounder](box); ok {
 		if err := f.Foreground(); err != nil {
 			return err
 		}

@@ -740,7 +740,7 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 		return nil, err
 	}
 	box, _, ok := s.opts.Sandboxes.Lookup(sb.ID)
-	lr, isLR := box.(isolation.LayerReader)
+	lr, isLR := isolation.As[isolation.LayerReader](box)
 	if !ok || !isLR {
 		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), sb.ID)
 		forget()

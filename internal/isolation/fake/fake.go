@@ -103,6 +103,8 @@ type Options struct {
 	// close the link it got: the owner's fence then runs for real (a TUN
 	// device and its stack) behind a fake sandbox. It needs root.
 	NetNS bool
+	// Name is the backend's name; empty means "fake".
+	Name string
 	// LingerOnKill keeps open agent connections (and their streams) alive
 	// after Kill closes Done, until Host.Close; it tests that callers act
 	// on Done rather than on connections breaking.
@@ -133,7 +135,12 @@ func New(opts Options) *Backend {
 func (b *Backend) Host() *Host { return b.host }
 
 // Name implements isolation.Backend.
-func (b *Backend) Name() string { return "fake" }
+func (b *Backend) Name() string {
+	if b.opts.Name == "" {
+		return "fake"
+	}
+	return b.opts.Name
+}
 
 // Create implements isolation.Backend.
 func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {

@@ -11,8 +11,18 @@ import (
 
 func TestConformance(t *testing.T) {
 	host := fake.NewHost()
-	isolationtest.Run(t, func(t *testing.T) isolation.Backend {
+	isolationtest.RunAll(t, func(t *testing.T) isolation.Backend {
 		return fake.New(fake.Options{Host: host, RequireRootFS: true})
+	}, t.TempDir())
+	if got := host.Running(); len(got) != 0 {
+		t.Errorf("Running() after the suite = %v, want none", got)
+	}
+}
+
+func TestKeepingConformance(t *testing.T) {
+	host := fake.NewHost()
+	isolationtest.RunAll(t, func(t *testing.T) isolation.Backend {
+		return fake.NewKeeping(fake.Options{Host: host, RequireRootFS: true})
 	}, t.TempDir())
 	if got := host.Running(); len(got) != 0 {
 		t.Errorf("Running() after the suite = %v, want none", got)

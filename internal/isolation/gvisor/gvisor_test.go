@@ -50,31 +50,23 @@ func stateFactory(t *testing.T) func(t *testing.T) isolation.Backend {
 	return func(t *testing.T) isolation.Backend { return newBackendIn(t, dir) }
 }
 
+// TestConformance runs every suite gVisor's capabilities allow
+// (isolationtest.RunAll): the network cases (a resume attaches a new
+// namespace), pauses (a checkpoint there) and pauses that outlive their
+// daemon, the cases every isolation.Layers backend passes (a checkpoint
+// being a whole memory image there), and layers that keep memory
+// (snapshots and forks of running sandboxes).
 func TestConformance(t *testing.T) {
 	testutil.RequireRunsc(t)
 	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.Run(t, stateFactory(t), rootfs)
-}
-
-// TestNetworkConformance runs the network fence cases on gVisor sandboxes
-// (a resume attaches a new namespace), and on one handed out by a warm
-// pool in front of the backend.
-func TestNetworkConformance(t *testing.T) {
-	testutil.RequireRunsc(t)
-	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.RunNetwork(t, stateFactory(t), rootfs)
-	isolationtest.RunPoolNetwork(t, stateFactory(t), rootfs)
+	isolationtest.RunAll(t, stateFactory(t), rootfs)
 }
 
 // TestPauseConformance runs the isolation.Pauser cases on gVisor
-// sandboxes (a pause is a checkpoint there), directly and through a warm
-// pool, and the cases of pauses that outlive their daemon.
+// sandboxes handed out by a warm pool in front of the backend.
 func TestPauseConformance(t *testing.T) {
 	testutil.RequireRunsc(t)
 	rootfs := testutil.RootFS(t, "minimal")
-	t.Run("Direct", func(t *testing.T) {
-		isolationtest.RunPause(t, stateFactory(t), rootfs)
-	})
 	t.Run("WarmPool", func(t *testing.T) {
 		f := stateFactory(t)
 		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend {
@@ -87,24 +79,4 @@ func TestPauseConformance(t *testing.T) {
 			return p
 		}, rootfs)
 	})
-	t.Run("Persistent", func(t *testing.T) {
-		isolationtest.RunPersistentPause(t, stateFactory(t), rootfs)
-	})
-}
-
-// TestLayersConformance runs the cases every isolation.Layers backend
-// passes (files of a checkpoint, stacking, independence, deletion) on
-// gVisor's checkpoint layers.
-func TestLayersConformance(t *testing.T) {
-	testutil.RequireRunsc(t)
-	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.RunLayers(t, stateFactory(t), rootfs)
-}
-
-// TestMemoryLayers runs the cases of layers that keep memory: snapshots
-// and forks of running gVisor sandboxes.
-func TestMemoryLayers(t *testing.T) {
-	testutil.RequireRunsc(t)
-	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.RunMemoryLayers(t, stateFactory(t), rootfs)
 }

@@ -61,7 +61,8 @@ func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, ro
 			t.Errorf("LayerChanges: %+v", changes)
 		}
 	}
-	second, err := a.(isolation.Checkpointer).Checkpoint(t.Context())
+	acp, _ := isolation.As[isolation.Checkpointer](a)
+	second, err := acp.Checkpoint(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func newLayerHarness(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 		t.Fatalf("backend %s does not implement isolation.Layers", b.Name())
 	}
 	src := create(t, b, rootfs)
-	cp, ok := src.(isolation.Checkpointer)
+	cp, ok := isolation.As[isolation.Checkpointer](src)
 	if !ok {
 		t.Fatalf("sandbox of %s does not implement isolation.Checkpointer", b.Name())
 	}

@@ -204,7 +204,7 @@ func testOwnersFence(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 	if !reaches(t, s, url) {
 		t.Errorf("the sandbox does not reach %s after its owner's fence allowed it again", url)
 	}
-	if p, ok := s.(isolation.Pauser); ok {
+	if p, ok := isolation.As[isolation.Pauser](s); ok {
 		if err := p.Pause(t.Context()); err != nil {
 			t.Fatalf("Pause() = %v", err)
 		}

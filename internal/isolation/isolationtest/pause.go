@@ -50,7 +50,7 @@ func createPausable(t *testing.T, b isolation.Backend, rootfs string) (isolation
 		t.Fatalf("Create() = %v", err)
 	}
 	t.Cleanup(func() { s.Kill(context.WithoutCancel(t.Context())) })
-	p, ok := s.(isolation.Pauser)
+	p, ok := isolation.As[isolation.Pauser](s)
 	if !ok {
 		t.Fatalf("sandbox %T does not implement isolation.Pauser", s)
 	}
@@ -230,7 +230,7 @@ func testCleanupPausedAfterCrash(t *testing.T, newBackend func(t *testing.T) iso
 	if !slices.Contains(ids, s.ID()) {
 		t.Errorf("Cleanup() = %v, want it to contain the paused %s", ids, s.ID())
 	}
-	if a, ok := b2.(isolation.Adopter); ok {
+	if a, ok := isolation.As[isolation.Adopter](b2); ok {
 		// A paused sandbox of such a backend has no process to end: it is
 		// gone when nothing can bring it back.
 		if s2, err := a.Adopt(t.Context(), s.ID(), Network(nil)); err == nil {
@@ -266,7 +266,7 @@ func RunPersistentPause(t *testing.T, newBackend func(t *testing.T) isolation.Ba
 
 func adopter(t *testing.T, b isolation.Backend) isolation.Adopter {
 	t.Helper()
-	a, ok := b.(isolation.Adopter)
+	a, ok := isolation.As[isolation.Adopter](b)
 	if !ok {
 		t.Fatalf("backend %T does not implement isolation.Adopter", b)
 	}
@@ -297,7 +297,7 @@ func testAdoptResumes(t *testing.T, newBackend func(t *testing.T) isolation.Back
 		c.Close()
 		t.Errorf("DialAgent() of the adopted, paused sandbox succeeded, want ErrPaused")
 	}
-	p2, ok := s2.(isolation.Pauser)
+	p2, ok := isolation.As[isolation.Pauser](s2)
 	if !ok {
 		t.Fatalf("adopted sandbox %T does not implement isolation.Pauser", s2)
 	}

@@ -39,7 +39,7 @@ var _ isolation.Layers = (*layers)(nil)
 func (r *layers) owner(layer string) int {
 	fallback := -1
 	for i, l := range r.all {
-		if o, ok := l.(isolation.LayerOwner); ok {
+		if o, ok := isolation.As[isolation.LayerOwner](l); ok {
 			if o.HasLayer(layer) {
 				return i
 			}

@@ -86,7 +86,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 func (b *Backend) Adopt(ctx context.Context, id string, nw isolation.Network) (isolation.Sandbox, error) {
 	var errs []error
 	for _, x := range b.all {
-		a, ok := x.(isolation.Adopter)
+		a, ok := isolation.As[isolation.Adopter](x)
 		if !ok {
 			continue
 		}

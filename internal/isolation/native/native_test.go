@@ -84,30 +84,19 @@ func TestLayersConformance(t *testing.T) {
 	})
 }
 
+// TestConformance runs every suite native's capabilities allow:
+// isolationtest.RunAll (layers on the default store).
 func TestConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.Run(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
+	isolationtest.RunAll(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
 }
 
-// TestNetworkConformance runs the network fence cases on native sandboxes,
-// and on one handed out by a warm pool in front of the backend.
-func TestNetworkConformance(t *testing.T) {
-	testutil.RequireRoot(t)
-	rootfs := testutil.RootFS(t, "minimal")
-	isolationtest.RunNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
-	isolationtest.RunPoolNetwork(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
-}
-
-// TestPauseConformance runs the isolation.Pauser cases on native
-// sandboxes, and again on sandboxes handed out by a warm pool in front of
-// the backend (the daemon's default setup).
+// TestPauseConformance runs the isolation.Pauser cases on sandboxes handed
+// out by a warm pool in front of the backend (the daemon's default setup).
 func TestPauseConformance(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
-	t.Run("Direct", func(t *testing.T) {
-		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend { return newBackend(t) }, rootfs)
-	})
 	t.Run("WarmPool", func(t *testing.T) {
 		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend {
 			p := warm.New(warm.Options{Backend: newBackend(t), Size: 1})

@@ -187,7 +187,7 @@ func (p *Pool) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandb
 		}
 		// A pooled sandbox was started in the background; it is the
 		// request's now.
-		if fg, ok := sb.(isolation.Foregrounder); ok {
+		if fg, ok := isolation.As[isolation.Foregrounder](sb); ok {
 			if err := fg.Foreground(); err != nil {
 				p.log.WarnContext(ctx, "discarding a pooled sandbox", "sandbox_id", sb.ID(), "err", err)
 				sb.Kill(context.WithoutCancel(ctx))
@@ -383,7 +383,7 @@ func (p *Pool) Reclaim(ctx context.Context) bool {
 // reclaimBehind reclaims from a pool behind this one (pools of other
 // targets chained in front of one another).
 func (p *Pool) reclaimBehind(ctx context.Context) bool {
-	if r, ok := p.opts.Backend.(interface{ Reclaim(context.Context) bool }); ok {
+	if r, ok := isolation.As[interface{ Reclaim(context.Context) bool }](p.opts.Backend); ok {
 		return r.Reclaim(ctx)
 	}
 	return false
@@ -581,21 +581,6 @@ func waitServing(ctx context.Context, sb isolation.Sandbox) error {
 	return nil
 }
 
-// Adopt implements isolation.Adopter by passing the call to the backend
-// behind the pool; a backend without it adopts nothing (ErrNotFound).
-func (p *Pool) Adopt(ctx context.Context, id string, nw isolation.Network) (isolation.Sandbox, error) {
-	a, ok := p.opts.Backend.(isolation.Adopter)
-	if !ok {
-		return nil, fmt.Errorf("the %s backend keeps no paused sandbox: %w", p.opts.Backend.Name(), isolation.ErrNotFound)
-	}
-	return a.Adopt(ctx, id, nw)
-}
-
-// Has reports whether the backend behind the pool has a backend named
-// name (see isolation/multi).
-func (p *Pool) Has(name string) bool {
-	if h, ok := p.opts.Backend.(interface{ Has(string) bool }); ok {
-		return h.Has(name)
-	}
-	return name == p.opts.Backend.Name()
-}
+// Unwrap returns the backend behind the pool: its capabilities (a
+// router's Has, an Adopter's Adopt) are the pool's, found with isolation.As.
+func (p *Pool) Unwrap() isolation.Backend { return p.opts.Backend }
