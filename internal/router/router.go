@@ -1,7 +1,10 @@
 // Package router is `fence router`: one E2B endpoint in front of many fence
 // nodes. It serves the same API and sandbox traffic as one `fence serve`,
 // and keeps no state of its own: the nodes and their load come from a
-// cluster.Watcher, and the node of a sandbox from the sandbox's ID.
+// cluster.Watcher, and the node of a sandbox from the sandbox's ID. It
+// reads requests by the daemon's own rules, which live in the wire
+// contract (api.SandboxTarget, api.ValidSandboxID, api.PageToken), and
+// links none of the daemon's packages.
 //
 // # Guarantees
 //
