@@ -1,6 +1,10 @@
 // Package api holds fence's wire contract for the control plane: the JSON
 // shapes of E2B's REST API (which fence serves unchanged so the official e2b
-// SDKs work) and fence's error codes.
+// SDKs work), fence's error codes, and the rules every side of the wire
+// reads alike: which requests are sandbox traffic and to where
+// (SandboxTarget), the shape of a sandbox ID, and listing page tokens.
+// It links the standard library alone (its envd subpackages add their
+// generated code's runtime).
 //
 // Field names and status codes are API: the e2b SDKs read them literally.
 // Change them only with a test

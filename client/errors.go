@@ -2,7 +2,6 @@ package client
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -79,22 +78,6 @@ func decodeError(resp *http.Response) error {
 	return e
 }
 
-// rpcError is a failed envd RPC. It keeps the *connect.Error and adds the
-// api sentinel for its code, so both errors.As and errors.Is work.
-type rpcError struct {
-	err      error
-	sentinel error
-}
-
-func (e *rpcError) Error() string { return e.err.Error() }
-
-func (e *rpcError) Unwrap() []error {
-	if e.sentinel == nil {
-		return []error{e.err}
-	}
-	return []error{e.err, e.sentinel}
-}
-
 // wrapRPC classifies err from a Connect call. op names the step.
 func wrapRPC(op string, err error) error {
 	if err == nil {
@@ -105,27 +88,5 @@ func wrapRPC(op string, err error) error {
 
 // classify adds the api sentinel for err's Connect code.
 func classify(err error) error {
-	var s error
-	switch connect.CodeOf(err) {
-	case connect.CodeNotFound:
-		s = api.ErrNotFound
-	case connect.CodeAlreadyExists, connect.CodeAborted:
-		s = api.ErrConflict
-	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
-		s = api.ErrInvalidArgument
-	case connect.CodeFailedPrecondition:
-		s = api.ErrFailedPrecondition
-	case connect.CodeUnavailable:
-		s = api.ErrUnavailable
-	case connect.CodePermissionDenied, connect.CodeUnauthenticated:
-		s = api.ErrPermissionDenied
-	case connect.CodeResourceExhausted:
-		s = api.ErrResourceExhausted
-	case connect.CodeUnimplemented:
-		s = api.ErrUnimplemented
-	}
-	if errors.Is(err, s) {
-		s = nil
-	}
-	return &rpcError{err: err, sentinel: s}
+	return api.RPCError(uint32(connect.CodeOf(err)), err)
 }

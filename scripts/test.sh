@@ -21,7 +21,7 @@ echo "==> fuzz smoke: each parser of sandbox-controlled bytes for a few seconds"
 for target in \
   ./internal/egress/policy:FuzzMatch ./internal/egress/policy:FuzzNeverReachable \
   ./internal/egress/sniff:FuzzSniff ./internal/egress/sniff:FuzzHTTPStream ./internal/egress/dns:FuzzResolve \
-  ./internal/httpapi:FuzzSandboxTarget ./internal/httpapi:FuzzParseMetadataFilter \
+  ./api:FuzzSandboxTarget ./internal/httpapi:FuzzParseMetadataFilter \
   ./internal/httpapi:FuzzCheckSignature ./internal/agent/users:FuzzResolvePath \
   ./internal/agent/sudo:FuzzDecodeRequest; do
   fuzz() { go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "${FENCE_FUZZTIME:-3s}" "${target%%:*}" 2>&1; }

@@ -7,20 +7,28 @@ import (
 )
 
 // TestImportDirection checks the dependency rules of docs/ARCHITECTURE.md:
-// the public surface (api/, client/) imports nothing internal, and the
-// in-sandbox agent links none of the daemon's control plane.
+// the public surface (api/, client/) imports nothing internal, the router
+// and the daemon share only the wire contract, and the in-sandbox agent
+// links none of the daemon's control plane.
 func TestImportDirection(t *testing.T) {
 	const mod = "github.com/fencesandbox/fence/"
 	rules := []struct {
 		pkg    string
 		banned []string
+		// stdlib: every dependency but pkg itself is in the standard library.
+		stdlib bool
 	}{
-		{"api/...", []string{mod + "internal/"}},
-		{"client/...", []string{mod + "internal/"}},
+		// The wire contract is imported by every side and by SDK users'
+		// programs: it links the standard library alone.
+		{pkg: "api", stdlib: true},
+		// The public surface stands on its own: the wire contract below
+		// the Go SDK, neither of them on fence's internals.
+		{pkg: "api/...", banned: []string{mod + "internal/", mod + "client"}},
+		{pkg: "client/...", banned: []string{mod + "internal/"}},
 		// The agent shares only the isolation package's plain types with
 		// the daemon (which reach egress/policy, pure and I/O-free); the
 		// network stack, resolver and TUN code stay out of it.
-		{"internal/agent/...", []string{
+		{pkg: "internal/agent/...", banned: []string{
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress/dns", mod + "internal/egress/tun",
 			mod + "internal/egress/sniff", "gvisor.dev/", mod + "client",
@@ -28,17 +36,29 @@ func TestImportDirection(t *testing.T) {
 		}},
 		// The cluster layer knows Kubernetes and the isolation seam, never
 		// the daemon or its API.
-		{"internal/cluster", []string{mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/router"}},
-		{"internal/sandbox", []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native"}},
-		{"internal/httpapi", []string{mod + "internal/daemon", mod + "internal/isolation/native"}},
+		{pkg: "internal/cluster", banned: []string{mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/router"}},
+		// The domain core is below its HTTP API and knows no backend by
+		// name. It reaches a sandbox's agent through the wire contract
+		// (api/envd): the Go SDK is a client of the daemon, not a part of it.
+		{pkg: "internal/sandbox", banned: []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native",
+			mod + "client", mod + "internal/router"}},
+		// The daemon's HTTP API does not know whether a router stands in
+		// front of it.
+		{pkg: "internal/httpapi", banned: []string{mod + "internal/daemon", mod + "internal/isolation/native", mod + "internal/router"}},
+		// fence router shares only the wire contract (api: routing, sandbox
+		// IDs, page tokens) with the daemons behind it and finds them
+		// through the cluster layer; it holds no sandbox and serves no
+		// daemon route, so none of the daemon's packages is linked in.
+		{pkg: "internal/router", banned: []string{mod + "internal/httpapi", mod + "internal/sandbox", mod + "internal/daemon",
+			mod + "internal/store", mod + "client"}},
 		// Every package linked into a binary is initialised at each of its
 		// starts: the typed Kubernetes clientset and its informers register
 		// every API group and doubled the cost of a start of fence.
-		{"cmd/fence", []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"}},
+		{pkg: "cmd/fence", banned: []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"}},
 		// The in-sandbox binary starts twice on every sandbox's create
 		// (init, then the agent): it links the roles played inside a
 		// sandbox and nothing of the daemon's.
-		{"cmd/fence-sandbox", []string{
+		{pkg: "cmd/fence-sandbox", banned: []string{
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress$", mod + "internal/egress/dns",
 			mod + "internal/egress/tun", mod + "internal/egress/sniff", mod + "internal/netfence",
@@ -49,11 +69,15 @@ func TestImportDirection(t *testing.T) {
 		}},
 	}
 	for _, r := range rules {
-		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "../../"+r.pkg).CombinedOutput()
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "../../"+r.pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list %s: %v\n%s", r.pkg, err, out)
 		}
-		for _, dep := range strings.Fields(string(out)) {
+		for line := range strings.Lines(string(out)) {
+			dep, std, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if r.stdlib && std != "true" && dep != mod+r.pkg {
+				t.Errorf("%s depends on %s (only the standard library is allowed)", r.pkg, dep)
+			}
 			for _, b := range r.banned {
 				exact, ok := strings.CutSuffix(b, "$") // "$": the package alone
 				if dep == exact || !ok && strings.HasPrefix(dep, strings.TrimSuffix(b, "/")+"/") {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic/fake"
 
-	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/api"
 )
 
 func TestIDsCarryTheTag(t *testing.T) {
@@ -22,7 +22,7 @@ func TestIDsCarryTheTag(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
 		id := NewID(tag)
-		if !sandbox.ValidID(id) || len(id) != 20 || seen[id] {
+		if !api.ValidSandboxID(id) || len(id) != 20 || seen[id] {
 			t.Fatalf("NewID: %q", id)
 		}
 		seen[id] = true

@@ -1,38 +1,11 @@
 package httpapi
 
 import (
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 )
-
-// FuzzSandboxTarget feeds arbitrary Host headers and routing headers to
-// the code that decides whether a request is sandbox traffic: it must
-// never panic, and a sandbox target always has a port in range and an ID.
-func FuzzSandboxTarget(f *testing.F) {
-	for _, s := range []string{"49983-abc.localhost", "8000-x.example.test:443", "api.example.test", "-.localhost", "99999-a.localhost", "1-.localhost", "localhost", ""} {
-		f.Add(s, "", "")
-	}
-	f.Add("127.0.0.1:3000", "abc", "49983")
-	f.Add("127.0.0.1", "abc", "x")
-	h := &handler{domain: "example.test"}
-	f.Fuzz(func(t *testing.T, host, id, port string) {
-		r := httptest.NewRequest("GET", "/", nil)
-		r.Host = host
-		if id != "" {
-			r.Header.Set("E2b-Sandbox-Id", id)
-		}
-		if port != "" {
-			r.Header.Set("E2b-Sandbox-Port", port)
-		}
-		tg, ok, err := h.sandboxTarget(r)
-		if ok && err == nil && (tg.port < 1 || tg.port > 65535 || tg.id == "") {
-			t.Errorf("sandboxTarget(host %q, id %q, port %q) = %+v", host, id, port, tg)
-		}
-	})
-}
 
 // FuzzParseMetadataFilter checks the SDKs' doubly-encoded metadata filter
 // parser on arbitrary input: no panic, and every pair it returns has a key.

@@ -42,40 +42,12 @@ var internalPaths = map[string]bool{
 // msgUnauthorized is envd's own 401 message.
 const msgUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
 
-// sandboxTarget reports whether r is sandbox traffic and to where. A
-// request that names a sandbox badly is sandbox traffic with an error.
+// sandboxTarget reports whether r is sandbox traffic and to where
+// (api.SandboxTarget with the daemon's domain). A request that names a
+// sandbox badly is sandbox traffic with an error.
 func (h *handler) sandboxTarget(r *http.Request) (target, bool, error) {
-	if id := r.Header.Get(api.HeaderSandboxID); id != "" {
-		p := r.Header.Get(api.HeaderSandboxPort)
-		if p == "" {
-			return target{}, true, errorf(api.ErrInvalidArgument, "Missing header: %s", api.HeaderSandboxPort)
-		}
-		port, err := strconv.Atoi(p)
-		if err != nil || port < 1 || port > 65535 {
-			return target{}, true, errorf(api.ErrInvalidArgument, "invalid %s header %q", api.HeaderSandboxPort, p)
-		}
-		return target{id: id, port: port}, true, nil
-	}
-	host := strings.ToLower(r.Host)
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		host = hh
-	}
-	for _, suffix := range []string{"." + strings.ToLower(h.domain), ".localhost"} {
-		if suffix == "." || !strings.HasSuffix(host, suffix) {
-			continue
-		}
-		label := strings.TrimSuffix(host, suffix)
-		if strings.Contains(label, ".") {
-			continue
-		}
-		p, id, ok := strings.Cut(label, "-")
-		port, err := strconv.Atoi(p)
-		if !ok || err != nil || port < 1 || port > 65535 || id == "" {
-			continue
-		}
-		return target{id: id, port: port}, true, nil
-	}
-	return target{}, false, nil
+	id, port, ok, err := api.SandboxTarget(r, h.domain)
+	return target{id: id, port: port}, ok, err
 }
 
 func writeNotFound(w http.ResponseWriter, id, msg string) {
@@ -103,7 +75,7 @@ type proxyState struct {
 }
 
 func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target) {
-	if !sandbox.ValidID(t.id) {
+	if !api.ValidSandboxID(t.id) {
 		writeNotFound(w, t.id, msgSandboxNotFound)
 		return
 	}
@@ -527,15 +499,8 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// HeaderSignatureProbe on a signed /files request asks only whether this
-// daemon holds the sandbox the signature is for: 204 if it does (the
-// request is not served), the usual refusal if not. A router in front of
-// several daemons finds an upload's daemon this way before it sends the
-// body. It reveals nothing the request itself would not.
-const HeaderSignatureProbe = "X-Fence-Signature-Probe"
-
 func (h *handler) serveSigned(w http.ResponseWriter, r *http.Request, id string) {
-	if r.Header.Get(HeaderSignatureProbe) != "" {
+	if r.Header.Get(api.HeaderSignatureProbe) != "" {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}

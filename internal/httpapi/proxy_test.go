@@ -348,7 +348,7 @@ func TestSignedFilesWithoutRouting(t *testing.T) {
 func TestSignatureProbe(t *testing.T) {
 	e := newTestEnv(t)
 	s := e.create(t, `{"templateID":"base"}`)
-	probe := HeaderSignatureProbe + ": 1"
+	probe := api.HeaderSignatureProbe + ": 1"
 	good := "/files?path=a.txt&username=user&signature=" + url.QueryEscape(fileSignature("a.txt", "write", "user", s.EnvdAccessToken, nil))
 	if resp, b := e.do(t, "POST", good, "", probe); resp.StatusCode != http.StatusNoContent || len(b) != 0 {
 		t.Errorf("probe of a good signature = %d %s, want 204 and no body (the agent not reached)", resp.StatusCode, b)

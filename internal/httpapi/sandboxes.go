@@ -90,7 +90,7 @@ func toListed(s *sandbox.Sandbox) api.ListedSandbox {
 // sandbox (so "..", slashes and the like never reach the manager).
 func sandboxID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
-	if !sandbox.ValidID(id) {
+	if !api.ValidSandboxID(id) {
 		return "", errorf(api.ErrNotFound, "sandbox %q not found", id)
 	}
 	return id, nil
@@ -454,7 +454,7 @@ func parseSandboxIDs(values []string) ([]string, error) {
 	seen := make(map[string]bool, len(parts))
 	for _, p := range parts {
 		id, _, _ := strings.Cut(strings.TrimSpace(p), "-")
-		if !sandbox.ValidID(id) {
+		if !api.ValidSandboxID(id) {
 			return nil, errorf(api.ErrInvalidArgument, "Invalid sandbox ID %q", p)
 		}
 		if seen[id] {
@@ -537,7 +537,8 @@ func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(list) > limit {
 		list = list[:limit]
-		w.Header().Set(api.HeaderNextToken, sandbox.PageToken(list[len(list)-1]))
+		last := list[len(list)-1]
+		w.Header().Set(api.HeaderNextToken, api.PageToken(last.StartedAt, last.ID))
 	}
 	writeJSON(w, http.StatusOK, listed(list))
 }

@@ -32,7 +32,7 @@ func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	if id := f.Sandbox; id != "" && !sandbox.ValidID(id) {
+	if id := f.Sandbox; id != "" && !api.ValidSandboxID(id) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "invalid sandbox id %q", id))
 		return
 	}

@@ -1,7 +1,10 @@
 // Package router is `fence router`: one E2B endpoint in front of many fence
 // nodes. It serves the same API and sandbox traffic as one `fence serve`,
 // and keeps no state of its own: the nodes and their load come from a
-// cluster.Watcher, and the node of a sandbox from the sandbox's ID.
+// cluster.Watcher, and the node of a sandbox from the sandbox's ID. It
+// reads requests by the daemon's own rules, which live in the wire
+// contract (api.SandboxTarget, api.ValidSandboxID, api.PageToken), and
+// links none of the daemon's packages.
 //
 // # Guarantees
 //
@@ -49,8 +52,6 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
-	"github.com/fencesandbox/fence/internal/httpapi"
-	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // Nodes is what the router knows of the cluster (a *cluster.Watcher).
@@ -147,7 +148,7 @@ func New(opts Options) *Router {
 func (rt *Router) SetDraining() { rt.draining.Store(true) }
 
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if id, _, ok, err := httpapi.SandboxTarget(r, rt.domain); ok {
+	if id, _, ok, err := api.SandboxTarget(r, rt.domain); ok {
 		rt.serveSandbox(w, r, id, err)
 		return
 	}
@@ -208,7 +209,7 @@ func (rt *Router) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 
 func (rt *Router) nodeOf(id string) (cluster.Node, bool) {
 	tag, ok := cluster.TagOf(id)
-	if !ok || !sandbox.ValidID(id) {
+	if !ok || !api.ValidSandboxID(id) {
 		return cluster.Node{}, false
 	}
 	return rt.nodes.Node(tag)
@@ -494,7 +495,7 @@ func (rt *Router) listV2(w http.ResponseWriter, r *http.Request) {
 	}
 	if more && len(all) > 0 {
 		last := all[len(all)-1]
-		w.Header().Set(api.HeaderNextToken, sandbox.PageToken(&sandbox.Sandbox{ID: last.id, StartedAt: last.startedAt}))
+		w.Header().Set(api.HeaderNextToken, api.PageToken(last.startedAt, last.id))
 	}
 	writeList(w, all)
 }
@@ -584,7 +585,7 @@ func labelSample(line, node string) string {
 // serveSignedFiles serves a signed /files URL that names no sandbox (the
 // SDKs' download and upload URLs when E2B_SANDBOX_URL is set): the
 // signature belongs to one sandbox of one node. Each node is asked in
-// turn, without the body (httpapi.HeaderSignatureProbe), whether it holds
+// turn, without the body (api.HeaderSignatureProbe), whether it holds
 // that sandbox; the request goes to the first that does. A node that
 // holds none answers "invalid signature"; any other answer (an expired
 // signature among them) is the owner's and is passed on.
@@ -609,7 +610,7 @@ nodes:
 		if err != nil {
 			continue
 		}
-		probe.Header.Set(httpapi.HeaderSignatureProbe, "1")
+		probe.Header.Set(api.HeaderSignatureProbe, "1")
 		probe.Header.Set(cluster.HeaderToken, rt.token)
 		resp, err := rt.tr.RoundTrip(probe)
 		if err != nil {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
-	"github.com/fencesandbox/fence/internal/httpapi"
 )
 
 type fakeNodes map[string]cluster.Node // by tag
@@ -142,7 +142,7 @@ func TestSignedUploadFindsItsNode(t *testing.T) {
 	got := make(chan string, 4)
 	mk := func(owner bool) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Header.Get(httpapi.HeaderSignatureProbe) == "" && !owner {
+			if r.Header.Get(api.HeaderSignatureProbe) == "" && !owner {
 				t.Errorf("a node that holds no sandbox for the signature got the request itself")
 			}
 			if !owner {
@@ -150,7 +150,7 @@ func TestSignedUploadFindsItsNode(t *testing.T) {
 				io.WriteString(w, `{"code":401,"message":"invalid signature"}`)
 				return
 			}
-			if r.Header.Get(httpapi.HeaderSignatureProbe) != "" {
+			if r.Header.Get(api.HeaderSignatureProbe) != "" {
 				w.WriteHeader(http.StatusNoContent)
 				return
 			}

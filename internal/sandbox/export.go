@@ -34,7 +34,7 @@ var ExportCap int64 = forensics.DefaultLayerCap
 // a running sandbox's changes over ExportCap, one wrapping
 // api.ErrInvalidArgument (before anything is written).
 func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, error) {
-	if !ValidID(id) {
+	if !api.ValidSandboxID(id) {
 		return nil, notFound(id)
 	}
 	q, _ := m.audit.(auditQuerier)

@@ -782,7 +782,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
 	id := box.ID()
-	if !ValidID(id) {
+	if !api.ValidSandboxID(id) {
 		m.killBox(ctx, box)
 		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
 	}

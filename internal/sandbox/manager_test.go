@@ -80,7 +80,7 @@ func TestCreateGetKill(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
 	s := e.mustCreate(t, CreateRequest{Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"SECRET": "x"}})
-	if !ValidID(s.ID) || len(s.ID) != 20 {
+	if !api.ValidSandboxID(s.ID) || len(s.ID) != 20 {
 		t.Errorf("ID = %q, want 20 chars of [a-z0-9]", s.ID)
 	}
 	if s.EnvdAccessToken == "" || s.State != StateRunning || s.CPUs != 1 || s.MemoryMB != 512 || s.DiskMB != 1024 {
@@ -482,7 +482,8 @@ func TestListAndPaging(t *testing.T) {
 		if len(page) < 2 {
 			break
 		}
-		f.PageToken = PageToken(page[len(page)-1])
+		last := page[len(page)-1]
+		f.PageToken = api.PageToken(last.StartedAt, last.ID)
 	}
 	if want := list(ListFilter{}); fmt.Sprint(all) != fmt.Sprint(want) || len(all) != 5 {
 		t.Errorf("paged = %v, want %v (5 running)", all, want)
@@ -541,13 +542,13 @@ func TestShutdown(t *testing.T) {
 
 func TestNewID(t *testing.T) {
 	for range 1000 {
-		if id := isolation.NewID(); len(id) != 20 || !ValidID(id) {
+		if id := isolation.NewID(); len(id) != 20 || !api.ValidSandboxID(id) {
 			t.Fatalf("isolation.NewID() = %q", id)
 		}
 	}
 	for _, id := range []string{"", "ABC", "a/b", "..", "a-b", string(make([]byte, 65))} {
-		if ValidID(id) {
-			t.Errorf("ValidID(%q) = true, want false", id)
+		if api.ValidSandboxID(id) {
+			t.Errorf("api.ValidSandboxID(%q) = true, want false", id)
 		}
 	}
 }

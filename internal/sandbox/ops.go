@@ -116,7 +116,7 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 	sf := store.Filter{States: states, Template: f.Template, Metadata: f.Metadata, WithoutMetadataKeys: f.WithoutMetadataKeys, Limit: f.Limit,
 		StartedAfter: f.StartedAfter, Ascending: f.Ascending}
 	if f.PageToken != "" {
-		t, id, err := parsePageToken(f.PageToken)
+		t, id, err := api.ParsePageToken(f.PageToken)
 		if err != nil {
 			return nil, err
 		}

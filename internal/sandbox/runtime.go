@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
-	"net/http"
 	"time"
 
-	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
 )
@@ -54,28 +51,23 @@ func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, templ
 	if rt.StartCmd == "" && rt.ReadyCmd == "" {
 		return nil
 	}
-	tr := &http.Transport{
-		DialContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return box.DialAgent(ctx) },
-		DisableCompression: true,
-	}
-	defer tr.CloseIdleConnections()
-	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil)
+	a := newAgentProcs(box)
+	defer a.close()
 	start := time.Now()
 	var startDone <-chan struct{}
-	var startProc *client.Process
-	if rt.StartCmd != "" && m.startedAhead(ctx, e, template) {
+	var startProc *agentProc
+	if rt.StartCmd != "" && m.startedAhead(ctx, a, template) {
 		// A sandbox of a warm pool (WarmTarget) had its start command
 		// started, and its ready command passed, before it was handed out;
 		// the ready command is checked once more below.
 	} else if rt.StartCmd != "" {
 		// The start command outlives this call: its context is not ctx.
-		p, err := e.Start(context.WithoutCancel(ctx), client.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", rt.StartCmd},
-			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir, Tag: startCmdTag})
+		p, err := a.start(context.WithoutCancel(ctx), rt.StartCmd, rt.DefaultUser, rt.DefaultWorkdir, startCmdTag)
 		if err != nil {
 			return fmt.Errorf("starting the start command of template %s: %w", template, err)
 		}
-		startProc, startDone = p, p.Done()
-		defer p.Close() // stops following it; the process runs on
+		startProc, startDone = p, p.done
+		defer p.close() // stops following it; the process runs on
 	}
 	if rt.ReadyCmd == "" {
 		return nil
@@ -84,17 +76,16 @@ func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, templ
 	defer cancel()
 	pause := 100 * time.Millisecond
 	for {
-		st, err := e.Run(wctx, client.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", rt.ReadyCmd},
-			User: rt.DefaultUser, Cwd: rt.DefaultWorkdir})
-		if err == nil && st.Exited && st.ExitCode == 0 {
+		st, err := a.run(wctx, rt.ReadyCmd, rt.DefaultUser, rt.DefaultWorkdir)
+		if err == nil && st.exited && st.code == 0 {
 			m.log.DebugContext(ctx, "template ready command passed", "sandbox_id", box.ID(), "template", template,
 				"waited", time.Since(start))
 			return nil
 		}
 		select {
 		case <-startDone:
-			if st, err := startProc.Wait(); err == nil && st.Exited && st.ExitCode != 0 {
-				return fmt.Errorf("template %s: start command failed: exit status %d", template, st.ExitCode)
+			if st, err := startProc.wait(); err == nil && st.exited && st.code != 0 {
+				return fmt.Errorf("template %s: start command failed: exit status %d", template, st.code)
 			}
 			startDone = nil
 		default:
@@ -115,23 +106,15 @@ func (m *Manager) startRuntime(ctx context.Context, box isolation.Sandbox, templ
 const startCmdTag = "start-cmd"
 
 // startedAhead reports whether template's start command already runs in
-// the sandbox behind e: only a template a warm pool prepares ahead of
+// the sandbox behind a: only a template a warm pool prepares ahead of
 // demand may have one (nothing of the request's has run in the sandbox
 // yet, so the process list is the pool's doing).
-func (m *Manager) startedAhead(ctx context.Context, e *client.Envd, template string) bool {
+func (m *Manager) startedAhead(ctx context.Context, a *agentProcs, template string) bool {
 	if _, ok := m.warmTemplates.Load(template); !ok {
 		return false
 	}
-	procs, err := e.ListProcesses(ctx)
-	if err != nil {
-		return false
-	}
-	for _, p := range procs {
-		if p.Tag == startCmdTag {
-			return true
-		}
-	}
-	return false
+	ok, err := a.tagged(ctx, startCmdTag)
+	return err == nil && ok
 }
 
 // WarmTarget is the warm pool target that keeps sandboxes of template name

@@ -58,12 +58,8 @@ package sandbox
 
 import (
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
-	"fmt"
 	"maps"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -177,8 +173,8 @@ type ListFilter struct {
 	Template string
 	// Limit caps the result; 0 means no cap.
 	Limit int
-	// PageToken continues a listing after the sandbox PageToken(s) was made
-	// from.
+	// PageToken continues a listing after the sandbox an api.PageToken
+	// was made from.
 	PageToken string
 	// StartedAfter selects sandboxes started at or after it.
 	StartedAfter time.Time
@@ -186,44 +182,7 @@ type ListFilter struct {
 	Ascending bool
 }
 
-// PageToken returns the opaque token that makes List continue after s.
-func PageToken(s *Sandbox) string {
-	raw := strconv.FormatInt(s.StartedAt.UnixNano(), 10) + "_" + s.ID
-	return base64.RawURLEncoding.EncodeToString([]byte(raw))
-}
-
-func parsePageToken(tok string) (time.Time, string, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil {
-		return time.Time{}, "", fmt.Errorf("invalid page token: %w", api.ErrInvalidArgument)
-	}
-	ns, id, ok := strings.Cut(string(raw), "_")
-	n, err := strconv.ParseInt(ns, 10, 64)
-	if !ok || err != nil || !ValidID(id) {
-		return time.Time{}, "", fmt.Errorf("invalid page token: %w", api.ErrInvalidArgument)
-	}
-	return time.Unix(0, n), id, nil
-}
-
-const (
-	idMaxLen  = 64
-	tokenSize = 32
-)
-
-// ValidID reports whether id has the shape of a sandbox ID: 1 to 64
-// characters of [a-z0-9]. Anything else can never name a sandbox.
-func ValidID(id string) bool {
-	if len(id) == 0 || len(id) > idMaxLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
-}
+const tokenSize = 32
 
 func newToken() string {
 	var b [tokenSize]byte
