@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
 )
 
 // maxSecretValue is the daemon's cap on a value; one more byte is read so
@@ -289,19 +290,7 @@ func secretDeleteCmd() *cobra.Command {
 are refused by the egress gateway from then on.`,
 		Example: `  fence secret delete openai-key gh-token`,
 		Args:    minArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, s := range args {
-				if err := c.DeleteSecret(cmd.Context(), s); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			return errors.Join(errs...)
-		},
+		RunE:    cf.eachArg((*client.Client).DeleteSecret),
 	}
 	cf.add(cmd.Flags())
 	return cmd
