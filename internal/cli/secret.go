@@ -40,6 +40,20 @@ users and the shell history would see them).`
 	return group
 }
 
+// secretValue opens secret create and update: the client, and the value
+// read as readSecretValue reads it.
+func (f *clientFlags) secretValue(cmd *cobra.Command, name, file string, keepNewline bool) (*client.Client, string, error) {
+	c, err := f.client()
+	if err != nil {
+		return nil, "", err
+	}
+	value, err := readSecretValue(cmd, name, file, keepNewline)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, value, nil
+}
+
 // readSecretValue reads a value from file ("" means stdin; "-" too). On
 // a terminal it prompts without echo. One trailing newline is dropped
 // unless keepNewline.
@@ -146,11 +160,7 @@ without echo. One trailing newline is dropped unless --keep-newline.`,
 			if err != nil {
 				return err
 			}
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			value, err := readSecretValue(cmd, args[0], valueFile, keepNewline)
+			c, value, err := cf.secretValue(cmd, args[0], valueFile, keepNewline)
 			if err != nil {
 				return err
 			}
@@ -198,11 +208,7 @@ or --clear-metadata replaces it.`,
 				}
 				md = map[string]string{}
 			}
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			value, err := readSecretValue(cmd, args[0], valueFile, keepNewline)
+			c, value, err := cf.secretValue(cmd, args[0], valueFile, keepNewline)
 			if err != nil {
 				return err
 			}
