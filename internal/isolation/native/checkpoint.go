@@ -178,6 +178,22 @@ func (b *Backend) layerBudget() int64 {
 	return defaultLayerBudget
 }
 
+// layersUsedLocked is how many bytes the layers take: every complete
+// layer's (their metas loaded first), and what the layers being made
+// reserved.
+//
+// +checklocks:b.layers.mu
+func (b *Backend) layersUsedLocked() (int64, error) {
+	if err := b.loadLayersLocked(); err != nil {
+		return 0, err
+	}
+	used := b.layers.making
+	for _, m := range b.layers.metas {
+		used += m.Bytes
+	}
+	return used, nil
+}
+
 // loadLayersLocked reads every complete layer's meta once.
 //
 // +checklocks:b.layers.mu
@@ -453,13 +469,10 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	}
 	// The budget left, reserved while this layer is made.
 	b.layers.mu.Lock()
-	if err := b.loadLayersLocked(); err != nil {
+	used, err := b.layersUsedLocked()
+	if err != nil {
 		b.layers.mu.Unlock()
 		return isolation.LayerInfo{}, err
-	}
-	used := b.layers.making
-	for _, m := range b.layers.metas {
-		used += m.Bytes
 	}
 	left := b.layerBudget() - used
 	if left <= 0 {
