@@ -57,6 +57,25 @@ func (f *clientFlags) client() (*client.Client, error) {
 	return client.New(u, key), nil
 }
 
+// eachArg is the body of a verb that does one thing to every argument
+// (kill, delete): one client for all of them, every argument tried even
+// after one failed, and the failures joined.
+func (f *clientFlags) eachArg(do func(c *client.Client, ctx context.Context, arg string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := f.client()
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, a := range args {
+			if err := do(c, cmd.Context(), a); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}
+}
+
 // parseTimeout parses a duration ("90s", "5m") or a number of seconds.
 func parseTimeout(s string) (time.Duration, error) {
 	if n, err := strconv.Atoi(s); err == nil && n >= 0 {
@@ -190,19 +209,7 @@ func sandboxKillCmd() *cobra.Command {
 		Short:   "Kill sandboxes",
 		Example: `  fence sandbox kill 8f2kq0x1m3 x9d0c2b7aa`,
 		Args:    minArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, id := range args {
-				if err := c.Kill(cmd.Context(), id); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			return errors.Join(errs...)
-		},
+		RunE:    cf.eachArg((*client.Client).Kill),
 	}
 	cf.add(cmd.Flags())
 	return cmd

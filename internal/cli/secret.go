@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
 )
 
 // maxSecretValue is the daemon's cap on a value; one more byte is read so
@@ -37,6 +38,20 @@ are read from stdin or a file, never from the command line (where other
 users and the shell history would see them).`
 	group.AddCommand(secretCreateCmd(), secretUpdateCmd(), secretListCmd(), secretGetCmd(), secretDeleteCmd())
 	return group
+}
+
+// secretValue opens secret create and update: the client, and the value
+// read as readSecretValue reads it.
+func (f *clientFlags) secretValue(cmd *cobra.Command, name, file string, keepNewline bool) (*client.Client, string, error) {
+	c, err := f.client()
+	if err != nil {
+		return nil, "", err
+	}
+	value, err := readSecretValue(cmd, name, file, keepNewline)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, value, nil
 }
 
 // readSecretValue reads a value from file ("" means stdin; "-" too). On
@@ -145,11 +160,7 @@ without echo. One trailing newline is dropped unless --keep-newline.`,
 			if err != nil {
 				return err
 			}
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			value, err := readSecretValue(cmd, args[0], valueFile, keepNewline)
+			c, value, err := cf.secretValue(cmd, args[0], valueFile, keepNewline)
 			if err != nil {
 				return err
 			}
@@ -197,11 +208,7 @@ or --clear-metadata replaces it.`,
 				}
 				md = map[string]string{}
 			}
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			value, err := readSecretValue(cmd, args[0], valueFile, keepNewline)
+			c, value, err := cf.secretValue(cmd, args[0], valueFile, keepNewline)
 			if err != nil {
 				return err
 			}
@@ -289,19 +296,7 @@ func secretDeleteCmd() *cobra.Command {
 are refused by the egress gateway from then on.`,
 		Example: `  fence secret delete openai-key gh-token`,
 		Args:    minArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, s := range args {
-				if err := c.DeleteSecret(cmd.Context(), s); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			return errors.Join(errs...)
-		},
+		RunE:    cf.eachArg((*client.Client).DeleteSecret),
 	}
 	cf.add(cmd.Flags())
 	return cmd

@@ -20,7 +20,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -47,6 +46,7 @@ import (
 	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/hostaddr"
 	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/httpserve"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -500,27 +500,19 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.Cluster != nil {
 		handler = cluster.RequireToken(opts.Cluster.Token, handler)
 	}
-	srv := &http.Server{
-		Handler: handler,
-		// No ReadTimeout or WriteTimeout: they would cut uploads and
-		// streams; bodies are bounded by BodyIdle instead.
-		ReadHeaderTimeout: timeouts.Header,
-		IdleTimeout:       timeouts.Idle,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	srv, err := httpserve.New(httpserve.Options{
+		Handler:       handler,
+		Logger:        log,
+		HeaderTimeout: timeouts.Header,
+		IdleTimeout:   timeouts.Idle,
+		TLSCert:       opts.TLSCert,
+		TLSKey:        opts.TLSKey,
+	})
+	if err != nil {
+		ln.Close()
+		return err
 	}
-	scheme := "http"
-	if opts.TLSCert != "" {
-		scheme = "https"
-		// Loaded now, so a bad certificate fails the start, not the
-		// first connection.
-		cert, err := tls.LoadX509KeyPair(opts.TLSCert, opts.TLSKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("loading TLS certificate: %w", err)
-		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
+	scheme := httpserve.Scheme(srv)
 	var lease *cluster.Registrar
 	if opts.Cluster != nil {
 		url, err := opts.Cluster.advertised(scheme, ln.Addr())
@@ -541,18 +533,8 @@ func Serve(ctx context.Context, opts Options) error {
 	if opts.Ready != nil {
 		opts.Ready(ln.Addr())
 	}
-	errc := make(chan error, 1)
-	go func() {
-		if srv.TLSConfig != nil {
-			errc <- srv.ServeTLS(ln, "", "") // HTTP/2 and HTTP/1.1 by ALPN
-			return
-		}
-		errc <- srv.Serve(ln)
-	}()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
+	if err := httpserve.Serve(ctx, srv, ln); err != nil {
+		return err
 	}
 	fmt.Fprintln(out, "fence: shutting down")
 	if lease != nil {

@@ -39,20 +39,34 @@ func (h *handler) layersOr() (Layers, error) {
 	return l, nil
 }
 
+// layersOf opens a handler on one sandbox's layers: the manager's Layers
+// (or a 501), the sandbox ID from the path and, where req is not nil, the
+// request body decoded into req (an empty one allowed as decodeJSON's
+// allowEmpty says).
+func (h *handler) layersOf(r *http.Request, req any, allowEmpty bool) (Layers, string, error) {
+	l, err := h.layersOr()
+	if err != nil {
+		return nil, "", err
+	}
+	id, err := sandboxID(r)
+	if err != nil {
+		return nil, "", err
+	}
+	if req != nil {
+		if err := decodeJSON(r, req, allowEmpty); err != nil {
+			return nil, "", err
+		}
+	}
+	return l, id, nil
+}
+
 // forkDefaultTimeout is E2B's server default for a fork's timeout.
 const forkDefaultTimeout = 15 * time.Second
 
 // createSnapshot is POST /sandboxes/{id}/snapshots: 201 SnapshotInfo.
 func (h *handler) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
 	var req api.SnapshotRequest
-	if err == nil {
-		err = decodeJSON(r, &req, true)
-	}
+	l, id, err := h.layersOf(r, &req, true)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -135,15 +149,8 @@ func (h *handler) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 
 // fork is POST /sandboxes/{id}/fork: 201 with one entry per fork.
 func (h *handler) fork(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
 	var req api.ForkRequest
-	if err == nil {
-		err = decodeJSON(r, &req, true)
-	}
+	l, id, err := h.layersOf(r, &req, true)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -184,15 +191,8 @@ func toAPICheckpoint(c *sandbox.Checkpoint) api.Checkpoint {
 
 // createCheckpoint is POST /sandboxes/{id}/checkpoints: 201 Checkpoint.
 func (h *handler) createCheckpoint(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
 	var req api.CheckpointRequest
-	if err == nil {
-		err = decodeJSON(r, &req, true)
-	}
+	l, id, err := h.layersOf(r, &req, true)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -207,11 +207,7 @@ func (h *handler) createCheckpoint(w http.ResponseWriter, r *http.Request) {
 
 // listCheckpoints is GET /sandboxes/{id}/checkpoints, oldest first.
 func (h *handler) listCheckpoints(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
+	l, id, err := h.layersOf(r, nil, false)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -230,15 +226,8 @@ func (h *handler) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 
 // rewind is POST /sandboxes/{id}/rewind: 200 with the sandbox.
 func (h *handler) rewind(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
 	var req api.RewindRequest
-	if err == nil {
-		err = decodeJSON(r, &req, false)
-	}
+	l, id, err := h.layersOf(r, &req, false)
 	if err == nil && req.CheckpointID == "" {
 		err = errorf(api.ErrInvalidArgument, "checkpointID is required")
 	}
@@ -256,11 +245,7 @@ func (h *handler) rewind(w http.ResponseWriter, r *http.Request) {
 
 // diff is GET /sandboxes/{id}/diff?from&to.
 func (h *handler) diff(w http.ResponseWriter, r *http.Request) {
-	l, err := h.layersOr()
-	id := ""
-	if err == nil {
-		id, err = sandboxID(r)
-	}
+	l, id, err := h.layersOf(r, nil, false)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return

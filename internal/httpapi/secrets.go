@@ -83,14 +83,23 @@ func (h *handler) secretFail(w http.ResponseWriter, r *http.Request, err error) 
 	writeError(w, r, h.log, secretsError(err))
 }
 
-func (h *handler) createSecret(w http.ResponseWriter, r *http.Request) {
+// secretsBody opens a handler that writes a secret: the secret store, and
+// the request body decoded into req.
+func (h *handler) secretsBody(r *http.Request, req any) (SecretStore, error) {
 	st, err := h.secretsOr()
 	if err != nil {
-		h.secretFail(w, r, err)
-		return
+		return nil, err
 	}
+	if err := decodeJSON(r, req, false); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (h *handler) createSecret(w http.ResponseWriter, r *http.Request) {
 	var req api.NewSecret
-	if err := decodeJSON(r, &req, false); err != nil {
+	st, err := h.secretsBody(r, &req)
+	if err != nil {
 		h.secretFail(w, r, err)
 		return
 	}
@@ -152,13 +161,9 @@ func (h *handler) getSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) updateSecret(w http.ResponseWriter, r *http.Request) {
-	st, err := h.secretsOr()
-	if err != nil {
-		h.secretFail(w, r, err)
-		return
-	}
 	var req api.SecretUpdate
-	if err := decodeJSON(r, &req, false); err != nil {
+	st, err := h.secretsBody(r, &req)
+	if err != nil {
 		h.secretFail(w, r, err)
 		return
 	}

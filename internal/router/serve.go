@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/httpserve"
 )
 
 // ServeOptions configure `fence router`.
@@ -87,36 +88,22 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)
 	}
-	srv := &http.Server{
-		Handler:           rt,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	srv, err := httpserve.New(httpserve.Options{
+		Handler:       rt,
+		Logger:        log,
+		HeaderTimeout: 10 * time.Second,
+		IdleTimeout:   2 * time.Minute,
+		TLSCert:       o.TLSCert,
+		TLSKey:        o.TLSKey,
+	})
+	if err != nil {
+		ln.Close()
+		return err
 	}
-	scheme := "http"
-	if o.TLSCert != "" {
-		scheme = "https"
-		cert, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("loading TLS certificate: %w", err)
-		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
+	scheme := httpserve.Scheme(srv)
 	fmt.Fprintf(out, "fence: router serving the E2B API on %s://%s (%d nodes live)\n", scheme, ln.Addr(), len(watcher.Nodes()))
-	errc := make(chan error, 1)
-	go func() {
-		if srv.TLSConfig != nil {
-			errc <- srv.ServeTLS(ln, "", "")
-			return
-		}
-		errc <- srv.Serve(ln)
-	}()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
+	if err := httpserve.Serve(ctx, srv, ln); err != nil {
+		return err
 	}
 	fmt.Fprintln(out, "fence: router shutting down")
 	rt.SetDraining()

@@ -444,21 +444,9 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	e.mu.Lock()
-	if e.info.State != StateRunning {
-		e.mu.Unlock()
-		return fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
-	}
-	e.info.State = StatePaused
-	close(e.runDone)
-	started := e.info.StartedAt
-	e.mu.Unlock()
-	reopen := func() {
-		e.mu.Lock()
-		e.info.State = StateRunning
-		e.runDone = make(chan struct{})
-		e.mu.Unlock()
-		m.nudge() // its deadline is back
+	started, reopen, err := m.stopRun(e, id)
+	if err != nil {
+		return err
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.releaseStandby(e) // nothing to rewind while paused

@@ -46,22 +46,9 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	e.mu.Lock()
-	if e.info.State != StateRunning {
-		e.mu.Unlock()
-		return fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
-	}
-	// From here Lookup refuses its traffic, and what is in flight is cut.
-	e.info.State = StatePaused
-	close(e.runDone)
-	started := e.info.StartedAt
-	e.mu.Unlock()
-	reopen := func() {
-		e.mu.Lock()
-		e.info.State = StateRunning
-		e.runDone = make(chan struct{})
-		e.mu.Unlock()
-		m.nudge() // its deadline is back
+	started, reopen, err := m.stopRun(e, id)
+	if err != nil {
+		return err
 	}
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
@@ -86,6 +73,31 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
 	return nil
+}
+
+// stopRun moves a running sandbox to paused: from here Lookup refuses its
+// traffic, and what is in flight is cut. It returns when the run started
+// and reopen, which moves the sandbox back to running should the pause
+// fail; a sandbox that is not running gives an error wrapping
+// errNotRunning. The caller holds e.life.
+func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
+	e.mu.Lock()
+	if e.info.State != StateRunning {
+		e.mu.Unlock()
+		return time.Time{}, nil, fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
+	}
+	e.info.State = StatePaused
+	close(e.runDone)
+	started = e.info.StartedAt
+	e.mu.Unlock()
+	reopen = func() {
+		e.mu.Lock()
+		e.info.State = StateRunning
+		e.runDone = make(chan struct{})
+		e.mu.Unlock()
+		m.nudge() // its deadline is back
+	}
+	return started, reopen, nil
 }
 
 // Resume resumes a paused sandbox with the deadline now+d, as a new run

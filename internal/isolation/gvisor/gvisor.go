@@ -99,34 +99,19 @@ var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 // New prepares the backend: its state directories, cgroup parent and the
 // agent binary. It fails if runsc is missing.
 func New(ctx context.Context, opts Options) (*Backend, error) {
-	if opts.StateDir == "" {
-		return nil, errors.New("gvisor backend: StateDir is required")
-	}
-	abs, err := filepath.Abs(opts.StateDir)
+	st, err := isolation.Setup{StateDir: opts.StateDir, Instance: opts.Instance, Logger: opts.Logger, Executable: opts.Executable}.Resolve("gvisor", InstanceOf)
 	if err != nil {
-		return nil, fmt.Errorf("resolving state directory: %w", err)
+		return nil, err
 	}
-	opts.StateDir = abs
-	if opts.Instance == "" {
-		opts.Instance = InstanceOf(abs)
-	}
+	abs, log, exe := st.StateDir, st.Logger, st.Executable
+	opts.StateDir, opts.Instance = abs, st.Instance
 	if opts.Platform == "" {
 		opts.Platform = "systrap"
 	}
 	opts.Defaults = withDefaults(opts.Defaults, Defaults)
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	runsc, err := FindRunsc(opts.Runsc)
 	if err != nil {
 		return nil, err
-	}
-	exe := opts.Executable
-	if exe == "" {
-		if exe, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("finding own executable: %w", err)
-		}
 	}
 	b := &Backend{
 		opts:  opts,

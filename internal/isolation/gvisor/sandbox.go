@@ -564,14 +564,4 @@ func notExist(err error) bool {
 // or stopped sandbox.
 //
 // +checklocks:s.pmu
-func (s *sandbox) liveLocked() error {
-	select {
-	case <-s.done:
-		return fmt.Errorf("sandbox %s has stopped: %w", s.id, isolation.ErrNotFound)
-	default:
-	}
-	if s.killed {
-		return fmt.Errorf("sandbox %s is killed: %w", s.id, isolation.ErrNotFound)
-	}
-	return nil
-}
+func (s *sandbox) liveLocked() error { return isolation.Gone(s.id, s.done, s.killed) }

@@ -178,6 +178,22 @@ func (b *Backend) layerBudget() int64 {
 	return defaultLayerBudget
 }
 
+// layersUsedLocked is how many bytes the layers take: every complete
+// layer's (their metas loaded first), and what the layers being made
+// reserved.
+//
+// +checklocks:b.layers.mu
+func (b *Backend) layersUsedLocked() (int64, error) {
+	if err := b.loadLayersLocked(); err != nil {
+		return 0, err
+	}
+	used := b.layers.making
+	for _, m := range b.layers.metas {
+		used += m.Bytes
+	}
+	return used, nil
+}
+
 // loadLayersLocked reads every complete layer's meta once.
 //
 // +checklocks:b.layers.mu
@@ -453,13 +469,10 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	}
 	// The budget left, reserved while this layer is made.
 	b.layers.mu.Lock()
-	if err := b.loadLayersLocked(); err != nil {
+	used, err := b.layersUsedLocked()
+	if err != nil {
 		b.layers.mu.Unlock()
 		return isolation.LayerInfo{}, err
-	}
-	used := b.layers.making
-	for _, m := range b.layers.metas {
-		used += m.Bytes
 	}
 	left := b.layerBudget() - used
 	if left <= 0 {
@@ -725,20 +738,12 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 		return c.add(e)
 	case unix.S_IFDIR:
 		e.Kind = "dir"
-		sfd, err := unix.Openat(src, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return fmt.Errorf("opening layer directory /%s: %w", p, err)
+		sfd, opaque, err := openLayerDir(src, name, p)
+		if err != nil || sfd < 0 {
+			return err
 		}
 		defer unix.Close(sfd)
-		buf := make([]byte, 8)
-		for _, attr := range []string{"user.overlay.opaque", "trusted.overlay.opaque"} {
-			if n, err := unix.Fgetxattr(sfd, attr, buf); err == nil && n == 1 && buf[0] == 'y' {
-				e.Opaque = true
-			}
-		}
+		e.Opaque = opaque
 		dfd := -1
 		if dst >= 0 {
 			if err := unix.Mkdirat(dst, name, 0o700); err != nil {

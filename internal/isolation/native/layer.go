@@ -254,20 +254,13 @@ func (lw *layerWriter) entry(dirfd int, rel, name string, depth int) error {
 		}
 		return nil // device nodes are never exported
 	case unix.S_IFDIR:
-		sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return fmt.Errorf("opening layer directory /%s: %w", p, err)
+		sub, opaque, err := openLayerDir(dirfd, name, p)
+		if err != nil || sub < 0 {
+			return err
 		}
 		defer unix.Close(sub)
-		buf := make([]byte, 8)
-		for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
-			if n, err := unix.Fgetxattr(sub, attr, buf); err == nil && n == 1 && buf[0] == 'y' {
-				lw.whiteouts.WriteString("/" + quote(p) + "/ opaque\n")
-				break
-			}
+		if opaque {
+			lw.whiteouts.WriteString("/" + quote(p) + "/ opaque\n")
 		}
 		hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
 		if err := lw.header(hdr); err != nil {
@@ -343,3 +336,24 @@ func (lw *layerWriter) file(dirfd int, name string, hdr *tar.Header) error {
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// openLayerDir opens the directory name in dirfd, a directory of a
+// writable layer at /p, for a walk of it, and reports whether overlayfs
+// marks it opaque (trusted.overlay.opaque, or user.overlay.opaque for a
+// userxattr mount). A directory gone meanwhile gives -1 and no error.
+func openLayerDir(dirfd int, name, p string) (fd int, opaque bool, err error) {
+	fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return -1, false, nil
+		}
+		return -1, false, fmt.Errorf("opening layer directory /%s: %w", p, err)
+	}
+	buf := make([]byte, 8)
+	for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+		if n, err := unix.Fgetxattr(fd, attr, buf); err == nil && n == 1 && buf[0] == 'y' {
+			return fd, true, nil
+		}
+	}
+	return fd, false, nil
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,10 @@ func testExportLayer(t *testing.T, opts native.Options) {
 	if r.stdout != "ok\n" {
 		t.Fatalf("setup: %q %q", r.stdout, r.stderr)
 	}
+	// A directory of the template removed and made again is opaque.
+	if r := run(t, sb, "root", "/bin/sh", "-c", "rm -rf /home/user && mkdir -m 0777 /home/user && echo ok"); r.stdout != "ok\n" {
+		t.Fatalf("setup: %q %q", r.stdout, r.stderr)
+	}
 	lr := sb.(isolation.LayerReader)
 	size, err := lr.LayerSize(t.Context())
 	if err != nil || size < 2<<20 || size > 4<<20 {
@@ -47,7 +52,10 @@ func testExportLayer(t *testing.T, opts native.Options) {
 	if err := lr.ExportLayer(t.Context(), &buf, size); err != nil {
 		t.Fatalf("ExportLayer at LayerSize: %v", err)
 	}
-	names := tarNames(t, &buf)
+	names := tarNames(t, bytes.NewReader(buf.Bytes()))
+	if w := tarFile(t, &buf, "changes/.whiteouts"); !strings.Contains(w, "\n/home/user/ opaque\n") {
+		t.Errorf("changes/.whiteouts does not list /home/user as opaque:\n%s", w)
+	}
 	if h := names["changes/opt/hostroot"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "/" {
 		t.Errorf("changes/opt/hostroot = %+v, want a symlink to /", h)
 	}
@@ -114,5 +122,27 @@ func tarNames(t *testing.T, r io.Reader) map[string]*tar.Header {
 			t.Fatal(err)
 		}
 		out[h.Name] = h
+	}
+}
+
+// tarFile is the content of the file name in the tar stream r, "" if none.
+func tarFile(t *testing.T, r io.Reader, name string) string {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return ""
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == name {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
+		}
 	}
 }

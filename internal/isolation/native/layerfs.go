@@ -248,13 +248,10 @@ func (s *sandbox) snapshotCheckpoint(ctx context.Context) (isolation.LayerInfo, 
 	grown := max(usage-s.lastUsage+dirty, entryCost)
 	s.pmu.Unlock()
 	b.layers.mu.Lock()
-	if err := b.loadLayersLocked(); err != nil {
+	used, err := b.layersUsedLocked()
+	if err != nil {
 		b.layers.mu.Unlock()
 		return isolation.LayerInfo{}, err
-	}
-	used := b.layers.making
-	for _, m := range b.layers.metas {
-		used += m.Bytes
 	}
 	if used+grown > b.layerBudget() {
 		b.layers.mu.Unlock()

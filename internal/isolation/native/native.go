@@ -173,31 +173,16 @@ func (b boundedRE) MatchString(s string) bool { return len(s) <= b.max && b.re.M
 
 // New prepares the backend's state directory, cgroup parent and disk.
 func New(ctx context.Context, opts Options) (*Backend, error) {
-	if opts.StateDir == "" {
-		return nil, errors.New("native backend: StateDir is required")
-	}
-	abs, err := filepath.Abs(opts.StateDir)
+	st, err := isolation.Setup{StateDir: opts.StateDir, Instance: opts.Instance, Logger: opts.Logger, Executable: opts.Executable}.Resolve("native", InstanceOf)
 	if err != nil {
-		return nil, fmt.Errorf("resolving state directory: %w", err)
+		return nil, err
 	}
-	opts.StateDir = abs
-	if opts.Instance == "" {
-		opts.Instance = InstanceOf(abs)
-	}
+	log, exe := st.Logger, st.Executable
+	opts.StateDir, opts.Instance = st.StateDir, st.Instance
 	if opts.SlotsDir == "" {
 		opts.SlotsDir = "/run/fence/slots"
 	}
 	opts.Defaults = withDefaults(opts.Defaults, Defaults)
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	exe := opts.Executable
-	if exe == "" {
-		if exe, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("finding own executable: %w", err)
-		}
-	}
 	if err := CheckExecutable(exe); err != nil {
 		return nil, err
 	}

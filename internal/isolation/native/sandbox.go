@@ -928,17 +928,7 @@ func (s *sandbox) Resume(ctx context.Context) error {
 // or stopped sandbox.
 //
 // +checklocks:s.pmu
-func (s *sandbox) liveLocked() error {
-	select {
-	case <-s.done:
-		return fmt.Errorf("sandbox %s has stopped: %w", s.id, isolation.ErrNotFound)
-	default:
-	}
-	if s.killed {
-		return fmt.Errorf("sandbox %s is killed: %w", s.id, isolation.ErrNotFound)
-	}
-	return nil
-}
+func (s *sandbox) liveLocked() error { return isolation.Gone(s.id, s.done, s.killed) }
 
 // killFrozen kills every task of a paused sandbox where it stands: a
 // frozen task does not act on SIGKILL until thawed, so the tasks are
