@@ -638,9 +638,9 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 		s.mu.Unlock()
 		return fmt.Errorf("template builds are not available: %w", api.ErrUnavailable)
 	}
-	if len(s.running) >= maxConcurrentBuilds {
+	if n := len(s.running); n >= maxConcurrentBuilds {
 		s.mu.Unlock()
-		return fmt.Errorf("%d template builds are running, at most %d at once: %w", len(s.running), maxConcurrentBuilds, api.ErrResourceExhausted)
+		return fmt.Errorf("%d template builds are running, at most %d at once: %w", n, maxConcurrentBuilds, api.ErrResourceExhausted)
 	}
 	// Other builds of the template in progress are canceled.
 	for id, cancel := range s.running {
