@@ -526,6 +526,7 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 // gives a token to upload it with (valid 30 minutes).
 func (s *Service) FileStatus(templateID, hash string) (present bool, token string, err error) {
 	if !hashRE.MatchString(hash) {
+		//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 		return false, "", fmt.Errorf("Invalid files hash: %w", api.ErrInvalidArgument)
 	}
 	s.mu.Lock()
