@@ -32,6 +32,7 @@ func SandboxTarget(r *http.Request, domain string) (id string, port int, ok bool
 	if id := r.Header.Get(HeaderSandboxID); id != "" {
 		p := r.Header.Get(HeaderSandboxPort)
 		if p == "" {
+			//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 			return "", 0, true, fmt.Errorf("Missing header: %s: %w", HeaderSandboxPort, ErrInvalidArgument)
 		}
 		port, err := strconv.Atoi(p)

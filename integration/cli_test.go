@@ -83,7 +83,7 @@ func TestCLI(t *testing.T) {
 	if b, err := os.ReadFile(dst); err != nil || !bytes.Equal(b, content) {
 		t.Errorf("round trip through fence cp: %d bytes, %v; want the %d bytes sent", len(b), err, len(content))
 	}
-	out, _, code = d.fenceCLI(t, strings.NewReader("via stdin"), "cp", "-", id+":/tmp/s.txt")
+	_, _, code = d.fenceCLI(t, strings.NewReader("via stdin"), "cp", "-", id+":/tmp/s.txt")
 	if code != 0 {
 		t.Errorf("fence cp - ID:/tmp/s.txt: exit %d", code)
 	}

@@ -11,6 +11,18 @@ export FENCE_BIN="$PWD/bin/fence"
 export PATH=$PATH:/usr/local/go/bin
 echo "==> go vet"
 go vet ./...
+# Both linters are pinned in go.mod (tool directive); staticcheck.conf, if
+# present, lists the checks turned off and why (//lint:ignore for one line).
+echo "==> staticcheck"
+go tool staticcheck ./...
+# gVisor's checklocks over every package with a +checklocks annotation.
+# -inferred=false: no "may require an annotation" advice for unannotated
+# fields; -wrappers=false: findings without a source position (synthetic
+# wrappers of closures) are dropped, since they cannot be read or exempted.
+echo "==> checklocks"
+# shellcheck disable=SC2046 # one word per package
+go vet -vettool="$(go tool -n checklocks)" -inferred=false -wrappers=false \
+  $(grep -rl --include='*.go' '+checklocks' cmd api client internal | xargs -n1 dirname | sort -u | sed 's|^|./|')
 echo "==> go test (unit, privileged and end-to-end)"
 go test -count=1 -timeout 30m ./... "$@"
 echo "==> go test -race (the concurrent packages that need no sandbox)"

@@ -405,12 +405,14 @@ func (a *Agent) Update(ctx context.Context, req *connect.Request[process.UpdateR
 
 // --- filesystem ---
 
+// +checklocks:a.mu
 func (a *Agent) mkdirAllLocked(p string) {
 	for ; p != "/" && p != "."; p = path.Dir(p) {
 		a.dirs[p] = true
 	}
 }
 
+// +checklocks:a.mu
 func (a *Agent) entryLocked(p string) *filesystem.EntryInfo {
 	e := &filesystem.EntryInfo{Name: path.Base(p), Path: p, Owner: "user", Group: "user", ModifiedTime: timestamppb.New(epoch)}
 	switch b, isFile := a.files[p]; {

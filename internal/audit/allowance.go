@@ -166,8 +166,9 @@ func keyOf(ev *Event) suppressKey {
 // of the log; and the counts of what was suppressed since the window
 // began.
 type allowances struct {
-	rate, burst float64
-	window      time.Duration
+	rate   float64
+	burst  float64
+	window time.Duration
 
 	mu sync.Mutex
 	// +checklocks:mu

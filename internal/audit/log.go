@@ -337,12 +337,12 @@ func (l *Log) Append(ctx context.Context, ev Event) {
 		}
 		select {
 		case <-c:
-			return true
+			return true // +checklocksignore: a closure made under l.mu.RLock, released by Append
 		case <-t.C:
 		case <-ctx.Done():
 		}
 		l.drop()
-		return false
+		return false // +checklocksignore: a closure made under l.mu.RLock, released by Append
 	}
 	defer func() {
 		if t != nil {

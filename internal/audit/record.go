@@ -184,10 +184,9 @@ func listSegments(dir string) ([]segment, error) {
 // lineReader yields the complete lines of a segment: a final line without
 // its newline (a write in progress, or torn) is not yielded.
 type lineReader struct {
-	br   *bufio.Reader
-	n    int   // lines yielded
-	off  int64 // offset after the last complete line
-	long bool  // the last error was a line over maxLine
+	br  *bufio.Reader
+	n   int   // lines yielded
+	off int64 // offset after the last complete line
 }
 
 func newLineReader(r io.Reader) *lineReader {

@@ -121,8 +121,9 @@ type Options struct {
 // Gate admits sandboxes against the host's limits. Its methods are safe
 // for concurrent use.
 type Gate struct {
-	source       Source
-	cost, margin Costs
+	source Source
+	cost   Costs
+	margin Costs
 
 	mu sync.Mutex
 	// +checklocks:mu

@@ -86,8 +86,7 @@ func (st *Stack) serveDNS() error {
 // arrives meanwhile makes it run again.
 func (st *Stack) onReadable(wq *waiter.Queue, drain func()) (stop func()) {
 	var running, again atomic.Bool
-	var kick func()
-	kick = func() {
+	kick := func() {
 		again.Store(true)
 		if !running.CompareAndSwap(false, true) {
 			return // the running drain will see again

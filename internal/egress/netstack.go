@@ -493,7 +493,9 @@ type flow struct {
 	// +checklocks:mu
 	cost int64
 	// +checklocks:mu
-	released, bulk bool
+	released bool
+	// +checklocks:mu
+	bulk bool
 }
 
 // acquireFlow takes a slot and charges the flow's worst-case memory: a

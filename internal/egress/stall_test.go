@@ -184,11 +184,11 @@ func TestLossRepairedWithoutRACK(t *testing.T) {
 	link.mu.Lock()
 	needed := func(segs [][2]uint32) (k int) {
 		for _, d := range segs {
-			if d[0]-link.first < size {
+			if d[0]-link.first < size { // +checklocksignore: a closure made under link.mu
 				k++
 			}
 		}
-		return k
+		return k // +checklocksignore: a closure made under link.mu
 	}
 	dropped, unrepaired := needed(link.drops), needed(link.lost)
 	link.mu.Unlock()

@@ -57,7 +57,6 @@ type Gateway struct {
 	secrets Secrets
 	rec     Recorder
 	log     *slog.Logger
-	errLog  *slog.Logger
 	bufs    sync.Pool
 }
 

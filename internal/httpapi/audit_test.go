@@ -197,7 +197,7 @@ func TestSandboxLogs(t *testing.T) {
 	if json.Unmarshal([]byte(v1.Logs[1].Line), &line) != nil || line.Type != audit.TypeProcStart || line.Sandbox != id {
 		t.Fatalf("v1 line %q", v1.Logs[1].Line)
 	}
-	resp, body = e.do(t, "GET", "/sandboxes/"+id+"/logs?start="+itoa(t0.Add(2*time.Second).UnixMilli())+"&limit=1", "", "X-API-Key: "+testKey)
+	_, body = e.do(t, "GET", "/sandboxes/"+id+"/logs?start="+itoa(t0.Add(2*time.Second).UnixMilli())+"&limit=1", "", "X-API-Key: "+testKey)
 	if json.Unmarshal(body, &v1) != nil || len(v1.LogEntries) != 1 || v1.LogEntries[0].Fields["type"] != audit.TypeFlow {
 		t.Fatalf("v1 start/limit: %s", body)
 	}

@@ -306,7 +306,7 @@ func TestSandboxRoutes(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("POST v2 connect {} = %d %s", resp.StatusCode, b)
 	}
-	resp, b = e.api(t, "POST", "/v2/sandboxes/"+id+"/connect", `{"timeout":1}`)
+	resp, _ = e.api(t, "POST", "/v2/sandboxes/"+id+"/connect", `{"timeout":1}`)
 	got, _ = e.m.Get(t.Context(), id)
 	if resp.StatusCode != 200 || time.Until(got.EndAt) < time.Minute {
 		t.Errorf("connect with a shorter timeout = %d, %v left; want 200 and no shortening", resp.StatusCode, time.Until(got.EndAt))
@@ -423,7 +423,7 @@ func TestList(t *testing.T) {
 	if got := fmt.Sprint(listIDs(t, b)); resp.StatusCode != 200 || got != reversed(ids[0], ids[2], ids[4]) {
 		t.Errorf("GET /v2/sandboxes?metadata=k=v w = %d %s, want %s", resp.StatusCode, got, reversed(ids[0], ids[2], ids[4]))
 	}
-	resp, b = e.api(t, "GET", "/sandboxes?metadata=k%3Dv%252520w%26i%3D2", "")
+	_, b = e.api(t, "GET", "/sandboxes?metadata=k%3Dv%252520w%26i%3D2", "")
 	if got := fmt.Sprint(listIDs(t, b)); got != fmt.Sprint([]string{ids[2]}) {
 		t.Errorf("GET /sandboxes?metadata=k=v w&i=2 = %s, want [%s]", got, ids[2])
 	}

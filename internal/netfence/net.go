@@ -131,7 +131,6 @@ type link struct {
 	n    *Net
 	st   *egress.Stack
 	once sync.Once
-	err  error
 }
 
 // DialSandbox implements isolation.Link.

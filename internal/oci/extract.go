@@ -295,7 +295,7 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 			if err := root.Chmod(name, mode); err != nil {
 				return m, fmt.Errorf("chmod %s: %w", name, err)
 			}
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg: // the reader turns TypeRegA into TypeReg or TypeDir
 			if err := replace(root, name, dirs); err != nil {
 				return m, err
 			}

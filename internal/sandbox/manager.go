@@ -896,7 +896,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	e.setBox(box)
 	e.baseTemplate = tmpl
 	if from != nil {
-		e.layer, e.createdLayer = from.layer, from.layer
+		e.layer, e.createdLayer = from.layer, from.layer // +checklocksignore: e is not shared yet
 	}
 	m.mu.Lock()
 	m.pending--

@@ -239,9 +239,9 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	}
 	resume := func() error {
 		if cold {
-			return m.resumeCold(ctx, e)
+			return m.resumeCold(ctx, e) // +checklocksignore: a closure made under e.life, released by Resume
 		}
-		return p.Resume(ctx)
+		return p.Resume(ctx) // +checklocksignore: a closure made under e.life, released by Resume
 	}
 	if err := resume(); err != nil {
 		e.mu.Lock()

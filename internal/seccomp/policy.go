@@ -237,8 +237,9 @@ func resolveMoby(prof *moby.Seccomp, arch string, kernel [2]uint64, caps []strin
 			r.conds = append(r.conds, c)
 		}
 		names := sc.Names
-		if sc.Name != "" {
-			names = append(slices.Clone(names), sc.Name)
+		//lint:ignore SA1019 profiles written for older runtimes still name one syscall in Name
+		if n := sc.Name; n != "" {
+			names = append(slices.Clone(names), n)
 		}
 		for _, n := range names {
 			p.rules[n] = append(p.rules[n], r)

@@ -526,6 +526,7 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 // gives a token to upload it with (valid 30 minutes).
 func (s *Service) FileStatus(templateID, hash string) (present bool, token string, err error) {
 	if !hashRE.MatchString(hash) {
+		//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 		return false, "", fmt.Errorf("Invalid files hash: %w", api.ErrInvalidArgument)
 	}
 	s.mu.Lock()
@@ -638,9 +639,9 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 		s.mu.Unlock()
 		return fmt.Errorf("template builds are not available: %w", api.ErrUnavailable)
 	}
-	if len(s.running) >= maxConcurrentBuilds {
+	if n := len(s.running); n >= maxConcurrentBuilds {
 		s.mu.Unlock()
-		return fmt.Errorf("%d template builds are running, at most %d at once: %w", len(s.running), maxConcurrentBuilds, api.ErrResourceExhausted)
+		return fmt.Errorf("%d template builds are running, at most %d at once: %w", n, maxConcurrentBuilds, api.ErrResourceExhausted)
 	}
 	// Other builds of the template in progress are canceled.
 	for id, cancel := range s.running {

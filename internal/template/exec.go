@@ -73,6 +73,7 @@ func (l *lineWriter) Tail() string {
 	return strings.Join(l.tail, "\n")
 }
 
+// +checklocks:l.mu
 func (l *lineWriter) emitLocked(line string) {
 	line = strings.TrimRight(line, "\r")
 	// Progress bars redraw with \r; keep only the last state.

@@ -21,6 +21,8 @@ const allTraffic6 = "::/0"
 
 // ErrDomainsNeedDenyAll is E2B's answer to an allowOut that names a
 // domain while denyOut does not hold ALL_TRAFFIC.
+//
+//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 var ErrDomainsNeedDenyAll = errors.New("When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.")
 
 // FromE2B translates E2B's allow_internet_access and network lists into a

@@ -514,12 +514,12 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		}
 		defer unix.Close(src)
 		prev := -1
-		if s.last != nil {
+		if s.last != nil { // +checklocksignore: fn runs under s.pmu (frozen)
 			// The previous checkpoint's files that did not change since
 			// are linked from its layer, not copied: both are frozen.
-			if fd, err := unix.Open(b.layerTree(s.last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			if fd, err := unix.Open(b.layerTree(s.last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil { // +checklocksignore: fn runs under s.pmu (frozen)
 				defer unix.Close(fd)
-				prev, c.prev = fd, s.last.files
+				prev, c.prev = fd, s.last.files // +checklocksignore: fn runs under s.pmu (frozen)
 			}
 		}
 		c.stableBefore = time.Now().Add(-stableMargin)
