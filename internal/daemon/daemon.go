@@ -436,7 +436,7 @@ func Serve(ctx context.Context, opts Options) error {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	builds.SetSandboxes(mgr)
-	flows.usage = mgr.AddEgress
+	flows.usage = mgr.Meter().AddEgress
 	registerUsageMetrics(reg, mgr)
 	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })

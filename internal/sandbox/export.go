@@ -11,6 +11,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
 // LayerArchive gives the archived layers of killed sandboxes
@@ -19,6 +20,11 @@ type LayerArchive interface {
 	// Open returns the layer's uncompressed tar stream, or an error
 	// wrapping api.ErrNotFound.
 	Open(id string) (io.ReadCloser, error)
+}
+
+// auditQuerier is the part of *audit.Log that reads records back.
+type auditQuerier interface {
+	Query(ctx context.Context, f audit.Filter) ([]audit.Record, error)
 }
 
 // maxExportRecords bounds the audit records an export reads.
@@ -56,9 +62,9 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 	}
 	if e, err := m.lookup(id); err == nil {
 		info := e.snapshot()
-		u, _ := m.Usage(ctx, UsageFilter{Sandbox: id})
-		if u != nil && len(u.Sandboxes) == 1 {
-			b.Usage = u.Sandboxes[0]
+		rep, _ := m.usage.Usage(ctx, usage.Filter{Sandbox: id})
+		if rep != nil && len(rep.Sandboxes) == 1 {
+			b.Usage = rep.Sandboxes[0]
 		}
 		md := map[string]any{"id": id, "state": info.State, "sandbox": metadataOf(info)}
 		if lr, ok := isolation.As[isolation.LayerReader](e.sb()); ok {
@@ -81,7 +87,7 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 	md := map[string]any{"state": "killed"}
 	known := false
 	if q != nil {
-		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, TypeUsage}})
+		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, usage.TypeUsage}})
 		if err != nil {
 			return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
 		}
@@ -94,7 +100,7 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 				md["created_at"], md["created_by"], md["sandbox"] = r.Time, r.Actor, d
 			case audit.TypeKill:
 				md["killed_at"], md["kill_reason"] = r.Time, d["reason"]
-			case TypeUsage:
+			case usage.TypeUsage:
 				b.Usage = d
 			}
 		}
