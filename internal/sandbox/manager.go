@@ -367,7 +367,7 @@ func New(opts Options) (*Manager, error) {
 		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:                map[string]*entry{},
 	}
-	m.usage = usage.NewMeter(opts.Audit, m)
+	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
 	if m.max <= 0 {
 		m.max = 1000
 	}

@@ -7,16 +7,21 @@ import (
 )
 
 // The Manager feeds each entry's usage.Acc (create, readings, pause,
-// resume, kill) and answers the usage.Meter's questions about live
-// sandboxes; the Meter owns the rest of usage accounting.
-var _ usage.Live = (*Manager)(nil)
+// resume, kill) and answers, through liveUsage, the usage.Meter's
+// questions about live sandboxes; the Meter owns the rest of usage
+// accounting.
+var _ usage.Live = liveUsage{}
+
+// liveUsage is the Manager as its usage.Meter reads it.
+type liveUsage struct{ m *Manager }
 
 // Meter returns the Manager's usage accounting.
 func (m *Manager) Meter() *usage.Meter { return m.usage }
 
 // AddLiveEgress adds the bytes of one ended flow to live sandbox id's
 // usage and returns its actor; false when it is not live.
-func (m *Manager) AddLiveEgress(id string, out, in int64) (string, bool) {
+func (l liveUsage) AddLiveEgress(id string, out, in int64) (string, bool) {
+	m := l.m
 	m.mu.Lock()
 	e := m.running[id]
 	m.mu.Unlock()
@@ -31,7 +36,8 @@ func (m *Manager) AddLiveEgress(id string, out, in int64) (string, bool) {
 
 // LiveUsage returns the usage of the live sandboxes, or of sandbox id
 // alone (read afresh) when id is not "".
-func (m *Manager) LiveUsage(id string) []usage.Usage {
+func (l liveUsage) LiveUsage(id string) []usage.Usage {
+	m := l.m
 	clock := m.now()
 	m.mu.Lock()
 	live := make([]*entry, 0, len(m.running))

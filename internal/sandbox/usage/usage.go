@@ -88,8 +88,8 @@ type Filter struct {
 	Since, Until time.Time
 }
 
-// Live is what the Meter needs of the lifecycle core (implemented by
-// *sandbox.Manager).
+// Live is what the Meter needs of the lifecycle core (internal/sandbox
+// implements it for its Manager).
 type Live interface {
 	// LiveUsage returns the usage so far of the live (running or paused)
 	// sandboxes, or of sandbox id alone when id is not "", whose figures
