@@ -54,6 +54,7 @@ import (
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/export"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
@@ -429,7 +430,6 @@ func Serve(ctx context.Context, opts Options) error {
 		Fence:                  fenceConfig(opts, gw, &mgr, flows, netShared, hostAddrs, log),
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
-		Forensics:              layerArchive(archive),
 		Layers:                 layers,
 	})
 	if err != nil {
@@ -496,6 +496,8 @@ func Serve(ctx context.Context, opts Options) error {
 		Audit:           sources.log,
 		Outputs:         sources.outputs,
 		Templates:       builds,
+		Exporter: export.New(export.Options{Live: mgr, Usage: mgr.Meter(), Audit: sources.sink,
+			Archive: layerArchive(archive), Backend: pool.Name()}),
 	})
 	if opts.Cluster != nil {
 		handler = cluster.RequireToken(opts.Cluster.Token, handler)

@@ -6,11 +6,12 @@ import (
 	"github.com/fencesandbox/fence/internal/httpapi"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/export"
 )
 
-// layerArchive is a as the manager takes it: nil (not a typed nil) when
+// layerArchive is a as the exporter takes it: nil (not a typed nil) when
 // no layer is kept.
-func layerArchive(a *forensics.Archive) sandbox.LayerArchive {
+func layerArchive(a *forensics.Archive) export.LayerArchive {
 	if a == nil {
 		return nil
 	}

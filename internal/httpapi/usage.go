@@ -11,10 +11,14 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
-// UsageManager is implemented by managers that account usage and export
-// sandboxes (*sandbox.Manager).
+// UsageManager is implemented by managers that account usage
+// (*sandbox.Manager).
 type UsageManager interface {
 	Meter() *usage.Meter
+}
+
+// Exporter gathers a sandbox's forensics bundle (*export.Exporter).
+type Exporter interface {
 	Export(ctx context.Context, id string) (*forensics.Bundle, error)
 }
 
@@ -54,12 +58,11 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	um, ok := h.m.(UsageManager)
-	if !ok {
+	if h.exporter == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon cannot export sandboxes"))
 		return
 	}
-	b, err := um.Export(r.Context(), id)
+	b, err := h.exporter.Export(r.Context(), id)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return

@@ -140,9 +140,6 @@ type Options struct {
 	// if it implements isolation.Layers (a warm pool in front of it does
 	// not: pass the backend).
 	Layers isolation.Layers
-	// Forensics, if set, gives the archived layers of killed sandboxes
-	// for Export.
-	Forensics LayerArchive
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
@@ -183,7 +180,6 @@ type Manager struct {
 	allowInternetByDefault bool
 	inspectByDefault       bool
 	audit                  audit.Sink
-	forensics              LayerArchive
 	layers                 isolation.Layers
 	layerMu                layerLock     // see layerLock and gc
 	runImages              runImages     // templates' run images (runimage.go)
@@ -346,7 +342,6 @@ func New(opts Options) (*Manager, error) {
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		inspectByDefault:       opts.InspectByDefault,
 		audit:                  opts.Audit,
-		forensics:              opts.Forensics,
 		layers:                 opts.Layers,
 		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
