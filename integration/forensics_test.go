@@ -17,7 +17,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
-	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
 // exported is a forensics archive read back: every entry by name.
@@ -103,7 +103,7 @@ func (x exported) check(t *testing.T, id, state, secret string) {
 	if !sawCreate {
 		t.Errorf("audit.jsonl has no create record")
 	}
-	var u sandbox.Usage
+	var u usage.Usage
 	if err := json.Unmarshal([]byte(x.files["usage.json"]), &u); err != nil || u.SandboxID != id || u.State != state {
 		t.Errorf("usage.json = %s (%v)", x.files["usage.json"], err)
 	}
@@ -157,7 +157,7 @@ func TestForensicsExport(t *testing.T) {
 	}
 	paused := readExport(t, strings.NewReader(string(r.Body)))
 	paused.check(t, sb.ID(), "paused", secret)
-	var pu sandbox.UsageReport
+	var pu usage.Report
 	if err := d.Client.Usage(ctxT(t), map[string][]string{"sandbox": {sb.ID()}}, &pu); err != nil {
 		t.Fatal(err)
 	}
@@ -222,8 +222,8 @@ func TestUsageAccounting(t *testing.T) {
 
 	// CPU: the shell's `times` gives its children's user and system time;
 	// the sandbox's usage is read just before and after.
-	usageNow := func() sandbox.Usage {
-		var r sandbox.UsageReport
+	usageNow := func() usage.Usage {
+		var r usage.Report
 		if err := d.Client.Usage(ctxT(t), map[string][]string{"sandbox": {sb.ID()}}, &r); err != nil {
 			t.Fatal(err)
 		}
@@ -257,9 +257,9 @@ func TestUsageAccounting(t *testing.T) {
 	heldFor := time.Since(held).Seconds()
 	life := time.Since(born).Seconds()
 
-	var rep sandbox.UsageReport
+	var rep usage.Report
 	eventually(t, 15*time.Second, "the killed sandbox's usage", func() bool {
-		rep = sandbox.UsageReport{}
+		rep = usage.Report{}
 		if err := d.Client.Usage(ctxT(t), map[string][]string{"since": {"1h"}}, &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +270,7 @@ func TestUsageAccounting(t *testing.T) {
 		}
 		return false
 	})
-	var u sandbox.Usage
+	var u usage.Usage
 	for _, x := range rep.Sandboxes {
 		if x.SandboxID == sb.ID() {
 			u = x
@@ -302,7 +302,7 @@ func TestUsageAccounting(t *testing.T) {
 	if !strings.HasPrefix(u.Actor, "key:") {
 		t.Errorf("actor %q, want the API key's holder", u.Actor)
 	}
-	var key *sandbox.KeyUsage
+	var key *usage.KeyUsage
 	for i := range rep.Keys {
 		if rep.Keys[i].Actor == u.Actor {
 			key = &rep.Keys[i]

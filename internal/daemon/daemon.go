@@ -54,6 +54,7 @@ import (
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/export"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
@@ -429,14 +430,13 @@ func Serve(ctx context.Context, opts Options) error {
 		Fence:                  fenceConfig(opts, gw, &mgr, flows, netShared, hostAddrs, log),
 		Hosts:                  hosts,
 		NeverCIDRs:             opts.DenyCIDRs,
-		Forensics:              layerArchive(archive),
 		Layers:                 layers,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	builds.SetSandboxes(mgr)
-	flows.usage = mgr.AddEgress
+	flows.usage = mgr.Meter().AddEgress
 	registerUsageMetrics(reg, mgr)
 	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
@@ -496,6 +496,8 @@ func Serve(ctx context.Context, opts Options) error {
 		Audit:           sources.log,
 		Outputs:         sources.outputs,
 		Templates:       builds,
+		Exporter: export.New(export.Options{Live: mgr, Usage: mgr.Meter(), Audit: sources.sink,
+			Archive: layerArchive(archive), Backend: pool.Name()}),
 	})
 	if opts.Cluster != nil {
 		handler = cluster.RequireToken(opts.Cluster.Token, handler)

@@ -107,6 +107,8 @@ type Options struct {
 	BodyIdleTimeout time.Duration
 	// Templates serves the template build routes; nil answers 501 there.
 	Templates Templates
+	// Exporter serves GET /sandboxes/{id}/export; nil answers 501.
+	Exporter Exporter
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -136,6 +138,7 @@ type handler struct {
 	signatures signatureIndex
 	scans      chan struct{} // a slot per signature scan in progress
 	templates  Templates
+	exporter   Exporter
 	warming    sync.WaitGroup // warmAgent calls in flight
 }
 
@@ -157,6 +160,7 @@ func New(opts Options) http.Handler {
 		keyActor:    audit.KeyActor(opts.APIKey),
 		scans:       make(chan struct{}, maxSignatureScans()),
 		templates:   opts.Templates,
+		exporter:    opts.Exporter,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

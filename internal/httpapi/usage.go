@@ -8,12 +8,17 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
-// UsageManager is implemented by managers that account usage and export
-// sandboxes (*sandbox.Manager).
+// UsageManager is implemented by managers that account usage
+// (*sandbox.Manager).
 type UsageManager interface {
-	Usage(ctx context.Context, f sandbox.UsageFilter) (*sandbox.UsageReport, error)
+	Meter() *usage.Meter
+}
+
+// Exporter gathers a sandbox's forensics bundle (*export.Exporter).
+type Exporter interface {
 	Export(ctx context.Context, id string) (*forensics.Bundle, error)
 }
 
@@ -36,7 +41,7 @@ func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "invalid sandbox id %q", id))
 		return
 	}
-	rep, err := um.Usage(r.Context(), sandbox.UsageFilter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
+	rep, err := um.Meter().Usage(r.Context(), usage.Filter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -53,12 +58,11 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	um, ok := h.m.(UsageManager)
-	if !ok {
+	if h.exporter == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon cannot export sandboxes"))
 		return
 	}
-	b, err := um.Export(r.Context(), id)
+	b, err := h.exporter.Export(r.Context(), id)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return

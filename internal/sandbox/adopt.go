@@ -71,7 +71,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	runDone := make(chan struct{})
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: m.defaults.Timeout, runDone: runDone,
-		use: newUsage(audit.ActorFrom(ctx), clock, true), keys: &m.keys}
+		use: m.usage.Start(audit.ActorFrom(ctx), clock, true)}
 	if haveCR {
 		info.TrafficAccessToken, info.MaskRequestHost = cr.TrafficAccessToken, cr.MaskRequestHost
 		info.AutoPause, info.AutoResume, info.AutoPauseNoMemory, info.AutoCheckpoint = cr.AutoPause, cr.AutoResume, cr.AutoPauseNoMemory, cr.AutoCheckpoint

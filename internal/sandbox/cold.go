@@ -208,7 +208,7 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: cr.Timeout, runDone: runDone, spec: cr.Spec,
 		createdLayer: cr.CreatedLayer, baseTemplate: cr.BaseTemplate, autoCheckpoint: cr.AutoCheckpoint,
-		use: newUsage(audit.ActorFrom(ctx), clock, true), keys: &m.keys, cold: cr.Layer, coldKept: true}
+		use: m.usage.Start(audit.ActorFrom(ctx), clock, true), cold: cr.Layer, coldKept: true}
 	if e.timeout <= 0 {
 		e.timeout = m.defaults.Timeout
 	}

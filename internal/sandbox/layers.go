@@ -469,7 +469,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	e.mu.Lock()
 	e.cold = info.ID
 	e.info.EndAt = now
-	e.use.mark(clock, true)
+	e.use.Mark(clock, true)
 	e.mu.Unlock()
 	m.killBox(ctx, old)
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})

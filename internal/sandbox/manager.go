@@ -22,6 +22,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/netfence"
+	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -139,9 +140,6 @@ type Options struct {
 	// if it implements isolation.Layers (a warm pool in front of it does
 	// not: pass the backend).
 	Layers isolation.Layers
-	// Forensics, if set, gives the archived layers of killed sandboxes
-	// for Export.
-	Forensics LayerArchive
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
@@ -182,7 +180,6 @@ type Manager struct {
 	allowInternetByDefault bool
 	inspectByDefault       bool
 	audit                  audit.Sink
-	forensics              LayerArchive
 	layers                 isolation.Layers
 	layerMu                layerLock     // see layerLock and gc
 	runImages              runImages     // templates' run images (runimage.go)
@@ -242,10 +239,7 @@ type Manager struct {
 	noStandbys  bool
 	standbyBoot chan struct{} // one standby boots at a time
 
-	keys     keyTotals // usage per key (usage.go)
-	recentMu sync.Mutex
-	// +checklocks:recentMu
-	recent map[string]string // killed sandbox → its key, for late flows
+	usage *usage.Meter // usage accounting (usage.go)
 }
 
 // entry is one live (running or paused) sandbox.
@@ -282,8 +276,7 @@ type entry struct {
 	// +checklocks:mu
 	runDone chan struct{} // closed when the current run ends by a pause
 	// +checklocks:mu
-	use  usageAcc   // what it used (usage.go)
-	keys *keyTotals // its key's counters: the Manager's
+	use usage.Acc // what it used (usage.go)
 	// +checklocks:mu
 	layer string // the layer the current backend sandbox booted on
 	// +checklocks:mu
@@ -349,7 +342,6 @@ func New(opts Options) (*Manager, error) {
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		inspectByDefault:       opts.InspectByDefault,
 		audit:                  opts.Audit,
-		forensics:              opts.Forensics,
 		layers:                 opts.Layers,
 		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
@@ -370,6 +362,7 @@ func New(opts Options) (*Manager, error) {
 		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:                map[string]*entry{},
 	}
+	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
 	if m.max <= 0 {
 		m.max = 1000
 	}
@@ -892,7 +885,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 
 	e := &entry{info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
-		use: newUsage(audit.ActorFrom(ctx), clock, false), keys: &m.keys, spec: spec, autoCheckpoint: req.AutoCheckpoint}
+		use: m.usage.Start(audit.ActorFrom(ctx), clock, false), spec: spec, autoCheckpoint: req.AutoCheckpoint}
 	e.setBox(box)
 	e.baseTemplate = tmpl
 	if from != nil {

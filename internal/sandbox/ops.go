@@ -59,6 +59,17 @@ func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
 	return ref.Sandbox, s, true
 }
 
+// Live returns a copy of live (running or paused) sandbox id and its
+// current backend sandbox, for an export. Unknown and killed IDs give an
+// error wrapping api.ErrNotFound.
+func (m *Manager) Live(id string) (*Sandbox, isolation.Sandbox, error) {
+	e, err := m.lookup(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e.snapshot(), e.sb(), nil
+}
+
 // MatchToken returns the first live sandbox (running or paused: traffic
 // for a paused one then gets the proxy's answer for it, the 502 or an
 // auto-resume) whose envd access token match accepts. It reads memory only (no store) and calls match outside

@@ -68,7 +68,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	}
 	e.mu.Lock()
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
-	e.use.mark(clock, true)
+	e.use.Mark(clock, true)
 	e.mu.Unlock()
 	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
@@ -258,7 +258,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.info.State = StateRunning
 	e.info.StartedAt = now
 	e.info.EndAt = end
-	e.use.mark(clock, false)
+	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
 	m.nudgeAt(end)

@@ -93,10 +93,7 @@ func (e *entry) sample(now time.Time) (Sample, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.samples.add(s)
-	dcpu, dmem := e.use.add(now, st.CPUUsage, st.MemoryBytes)
-	if e.keys != nil {
-		e.keys.add(e.use.actor, dcpu, dmem, 0, 0)
-	}
+	e.use.Add(now, st.CPUUsage, st.MemoryBytes)
 	return s, nil
 }
 

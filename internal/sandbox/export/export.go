@@ -1,4 +1,16 @@
-package sandbox
+// Package export gathers what fence can show of one sandbox, running,
+// paused or killed, into a forensics bundle: its record, its audit
+// records, its usage and its filesystem changes.
+//
+// Guarantees:
+//   - A sandbox's access tokens are never in a bundle.
+//   - A live sandbox's layer over Cap is refused before anything is
+//     written; a killed one's comes from the forensics archive as kept.
+//   - A sandbox fence has no trace of is an error wrapping
+//     api.ErrNotFound.
+//
+// The Exporter reads the lifecycle core only through Live.
+package export
 
 import (
 	"context"
@@ -11,7 +23,52 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/forensics"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
+
+// Live is what an export reads of the lifecycle core (*sandbox.Manager).
+type Live interface {
+	// Live returns a copy of live (running or paused) sandbox id's record
+	// and its current backend sandbox; an error when it is not live.
+	Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error)
+}
+
+var _ Live = (*sandbox.Manager)(nil)
+
+// Options configure an Exporter.
+type Options struct {
+	Live Live // required
+	// Usage, if set, gives a live sandbox's usage.
+	Usage *usage.Meter
+	// Audit, if it can be queried (*audit.Log), gives a sandbox's audit
+	// records, and a killed one's record, kill and usage.
+	Audit audit.Sink
+	// Archive, if set, gives the archived layers of killed sandboxes.
+	Archive LayerArchive
+	// Backend names the backend, for a bundle that cannot hold a live
+	// sandbox's layer.
+	Backend string
+}
+
+// Exporter gathers sandboxes' bundles.
+type Exporter struct {
+	live    Live
+	usage   *usage.Meter
+	audit   audit.Sink
+	archive LayerArchive
+	backend string
+}
+
+// New returns an Exporter with opts.
+func New(opts Options) *Exporter {
+	return &Exporter{live: opts.Live, usage: opts.Usage, audit: opts.Audit, archive: opts.Archive, backend: opts.Backend}
+}
+
+// auditQuerier is the part of *audit.Log that reads records back.
+type auditQuerier interface {
+	Query(ctx context.Context, f audit.Filter) ([]audit.Record, error)
+}
 
 // LayerArchive gives the archived layers of killed sandboxes
 // (*forensics.Archive).
@@ -24,20 +81,20 @@ type LayerArchive interface {
 // maxExportRecords bounds the audit records an export reads.
 const maxExportRecords = 200_000
 
-// ExportCap bounds the layer of a running sandbox in an export.
-var ExportCap int64 = forensics.DefaultLayerCap
+// Cap bounds the layer of a running sandbox in an export.
+var Cap int64 = forensics.DefaultLayerCap
 
 // Export gathers what fence can show of sandbox id, running, paused or
 // killed (within the audit trail's and the forensics archive's
 // retention): its record, audit records, usage and filesystem changes.
 // A sandbox fence has no trace of is an error wrapping api.ErrNotFound;
-// a running sandbox's changes over ExportCap, one wrapping
+// a running sandbox's changes over Cap, one wrapping
 // api.ErrInvalidArgument (before anything is written).
-func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, error) {
+func (x *Exporter) Export(ctx context.Context, id string) (*forensics.Bundle, error) {
 	if !api.ValidSandboxID(id) {
 		return nil, notFound(id)
 	}
-	q, _ := m.audit.(auditQuerier)
+	q, _ := x.audit.(auditQuerier)
 	b := &forensics.Bundle{}
 	if q != nil {
 		b.Audit = func(ctx context.Context, w io.Writer) error {
@@ -54,25 +111,26 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 			return nil
 		}
 	}
-	if e, err := m.lookup(id); err == nil {
-		info := e.snapshot()
-		u, _ := m.Usage(ctx, UsageFilter{Sandbox: id})
-		if u != nil && len(u.Sandboxes) == 1 {
-			b.Usage = u.Sandboxes[0]
+	if info, box, err := x.live.Live(id); err == nil {
+		if x.usage != nil {
+			rep, _ := x.usage.Usage(ctx, usage.Filter{Sandbox: id})
+			if rep != nil && len(rep.Sandboxes) == 1 {
+				b.Usage = rep.Sandboxes[0]
+			}
 		}
 		md := map[string]any{"id": id, "state": info.State, "sandbox": metadataOf(info)}
-		if lr, ok := isolation.As[isolation.LayerReader](e.sb()); ok {
+		if lr, ok := isolation.As[isolation.LayerReader](box); ok {
 			size, err := lr.LayerSize(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
 			}
-			if size > ExportCap {
+			if size > Cap {
 				return nil, fmt.Errorf("exporting sandbox %s: its filesystem changes take %d bytes, over the export cap of %d: %w",
-					id, size, ExportCap, api.ErrInvalidArgument)
+					id, size, Cap, api.ErrInvalidArgument)
 			}
-			b.Layer = func(ctx context.Context, w io.Writer) error { return lr.ExportLayer(ctx, w, ExportCap) }
+			b.Layer = func(ctx context.Context, w io.Writer) error { return lr.ExportLayer(ctx, w, Cap) }
 		} else {
-			md["changes"] = "the " + m.backend.Name() + " backend cannot read a sandbox's layer"
+			md["changes"] = "the " + x.backend + " backend cannot read a sandbox's layer"
 		}
 		b.Metadata = md
 		return b, nil
@@ -81,7 +139,7 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 	md := map[string]any{"state": "killed"}
 	known := false
 	if q != nil {
-		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, TypeUsage}})
+		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, usage.TypeUsage}})
 		if err != nil {
 			return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
 		}
@@ -94,19 +152,19 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 				md["created_at"], md["created_by"], md["sandbox"] = r.Time, r.Actor, d
 			case audit.TypeKill:
 				md["killed_at"], md["kill_reason"] = r.Time, d["reason"]
-			case TypeUsage:
+			case usage.TypeUsage:
 				b.Usage = d
 			}
 		}
 	}
-	if m.forensics != nil {
-		rc, err := m.forensics.Open(id)
+	if x.archive != nil {
+		rc, err := x.archive.Open(id)
 		switch {
 		case err == nil:
 			rc.Close()
 			known = true
 			b.Layer = func(ctx context.Context, w io.Writer) error {
-				rc, err := m.forensics.Open(id)
+				rc, err := x.archive.Open(id)
 				if err != nil {
 					return err
 				}
@@ -132,7 +190,7 @@ func (m *Manager) Export(ctx context.Context, id string) (*forensics.Bundle, err
 
 // metadataOf is the record of a live sandbox as an export shows it: never
 // its access tokens.
-func metadataOf(s *Sandbox) map[string]any {
+func metadataOf(s *sandbox.Sandbox) map[string]any {
 	d := map[string]any{
 		"template": s.TemplateID, "started_at": s.StartedAt, "end_at": s.EndAt, "metadata": s.Metadata,
 		"cpus": s.CPUs, "memory_mb": s.MemoryMB, "disk_mb": s.DiskMB,
@@ -145,4 +203,8 @@ func metadataOf(s *Sandbox) map[string]any {
 		d["allow_internet_access"] = *s.AllowInternetAccess
 	}
 	return d
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("sandbox %q not found: %w", id, api.ErrNotFound)
 }
