@@ -41,16 +41,22 @@ import (
 // Options.AuditMaxBytes is zero.
 const DefaultAuditMaxBytes = 8 << 30
 
-// Options configures the daemon.
+// Options configures the daemon. It is also `fence serve`'s options
+// (cli.ServeOptions): each flag binds to a field here, so an option is
+// declared once.
 type Options struct {
 	Addr         string // listen address; required
 	DataDir      string // required
 	TemplatesDir string // empty means DataDir/templates
 	// APIKey is the key clients must present. Empty means the key stored in
 	// DataDir/api-key, generated (e2b_ + 40 hex digits) on first start.
-	APIKey       string
-	Domain       string
-	Defaults     sandbox.Defaults
+	APIKey string
+	// Domain is the base domain of per-sandbox hosts ({port}-{id}.{domain}).
+	Domain string
+	// Defaults are every sandbox's limits and time to live unless its
+	// create says otherwise.
+	Defaults sandbox.Defaults
+	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
 	// TuneKernel raises kernel.pid_max and the inotify limits at start
 	// (capacity.Knobs) where they are below what fence wants.
@@ -76,8 +82,9 @@ type Options struct {
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64
-	// LayerFS and LayerFSSize choose the native layer store (see
-	// cli.Options).
+	// LayerFS is the native layer store: "" (btrfs where the data dir is
+	// on btrfs, else copies), "copy", or "btrfs" (a btrfs image of
+	// LayerFSSize bytes under the data dir, made and mounted at start).
 	LayerFS     string
 	LayerFSSize int64
 	// AllowInternet is the egress of sandboxes whose request says nothing
