@@ -458,33 +458,7 @@ func (d *node) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)
 	}
-	timeouts := o.HTTP.withDefaults()
-	var handler http.Handler = httpapi.New(httpapi.Options{
-		Manager:         d.mgr,
-		APIKey:          d.key,
-		Domain:          o.Domain,
-		Logger:          d.log,
-		Metrics:         d.reg.Handler(),
-		BodyIdleTimeout: timeouts.BodyIdle,
-		Secrets:         d.secrets,
-		Downloads:       d.downloads,
-		Audit:           d.sources.log,
-		Outputs:         d.sources.outputs,
-		Templates:       d.builds,
-		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
-			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
-	})
-	if o.Cluster != nil {
-		handler = cluster.RequireToken(o.Cluster.Token, handler)
-	}
-	srv, err := httpserve.New(httpserve.Options{
-		Handler:       handler,
-		Logger:        d.log,
-		HeaderTimeout: timeouts.Header,
-		IdleTimeout:   timeouts.Idle,
-		TLSCert:       o.TLSCert,
-		TLSKey:        o.TLSKey,
-	})
+	srv, err := d.newServer()
 	if err != nil {
 		ln.Close()
 		return err
@@ -533,4 +507,37 @@ func (d *node) serve(ctx context.Context) error {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return nil
+}
+
+// newServer is the API server: the E2B API behind the cluster token when
+// the daemon is a node, with the configured bounds on clients' waits.
+func (d *node) newServer() (*http.Server, error) {
+	o := d.opts
+	timeouts := o.HTTP.withDefaults()
+	var handler http.Handler = httpapi.New(httpapi.Options{
+		Manager:         d.mgr,
+		APIKey:          d.key,
+		Domain:          o.Domain,
+		Logger:          d.log,
+		Metrics:         d.reg.Handler(),
+		BodyIdleTimeout: timeouts.BodyIdle,
+		Secrets:         d.secrets,
+		Downloads:       d.downloads,
+		Audit:           d.sources.log,
+		Outputs:         d.sources.outputs,
+		Templates:       d.builds,
+		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
+			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
+	})
+	if o.Cluster != nil {
+		handler = cluster.RequireToken(o.Cluster.Token, handler)
+	}
+	return httpserve.New(httpserve.Options{
+		Handler:       handler,
+		Logger:        d.log,
+		HeaderTimeout: timeouts.Header,
+		IdleTimeout:   timeouts.Idle,
+		TLSCert:       o.TLSCert,
+		TLSKey:        o.TLSKey,
+	})
 }

@@ -205,6 +205,7 @@ func Serve(ctx context.Context, opts Options) error {
 		if err := c.start(d, ctx); err != nil {
 			return err
 		}
+		d.log.Debug("started", "component", c.name)
 	}
 	return d.serve(ctx)
 }
