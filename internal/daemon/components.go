@@ -52,28 +52,27 @@ type node struct {
 	sources  sourcesOf // the audit log as the event sources see it
 	key      string    // the API key clients must present
 
-	templates   *template.Store
-	hosts       *hostaddr.Set
-	hostAddrs   []netip.Addr
-	reg         *metrics.Registry
-	netShared   *egress.Shared
-	st          *store.Store
-	secrets     *secrets.Store
-	downloads   *downloads.Log
-	flows       *flowRecorder
-	archive     *forensics.Archive
-	gw          *gateway.Gateway
-	caPEM       []byte
-	native      *native.Backend
-	routed      isolation.Backend
-	pool        *warm.Pool   // the default template's
-	tmplPools   []*warm.Pool // --warm-template's, in its order
-	layers      isolation.Layers
-	builds      *tbuild.Service
-	gate        *capacity.Gate
-	mgr         *sandbox.Manager
-	mgrRef      managerRef // mgr, for the parts made before it
-	stopSandbox func()     // kills every sandbox; idempotent
+	templates *template.Store
+	hosts     *hostaddr.Set
+	hostAddrs []netip.Addr
+	reg       *metrics.Registry
+	netShared *egress.Shared
+	st        *store.Store
+	secrets   *secrets.Store
+	downloads *downloads.Log
+	flows     *flowRecorder
+	archive   *forensics.Archive
+	gw        *gateway.Gateway
+	caPEM     []byte
+	native    *native.Backend
+	routed    isolation.Backend
+	pool      *warm.Pool   // the default template's
+	tmplPools []*warm.Pool // --warm-template's, in its order
+	layers    isolation.Layers
+	builds    *tbuild.Service
+	gate      *capacity.Gate
+	mgr       *sandbox.Manager
+	mgrRef    managerRef // mgr, for the parts made before it
 }
 
 // component is one step of the daemon's start: it builds one subsystem
@@ -397,6 +396,9 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	}
 	d.mgr = mgr
 	d.mgrRef.bind(mgr)
+	// The builds resolve templates for the manager and run their steps in
+	// its sandboxes; they get it here, and collect the layers no live
+	// sandbox uses, which needs the manager's sandboxes.
 	d.builds.SetSandboxes(mgr)
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
@@ -404,33 +406,36 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
-	// Only the default template with the default limits is pooled, and
-	// every pooled sandbox counts against --max-sandboxes.
-	for _, name := range []string{"base", "minimal"} {
-		if rootfs, err := d.templates.Resolve(name); err == nil {
-			d.pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits(), Network: mgr.PoolNetwork()}, mgr.PoolBudget())
-			break
-		}
-	}
-	d.stopSandbox = func() {
-		d.builds.Close() // builds end canceled, not by their sandboxes' kill
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		for _, p := range d.allPools() {
-			if err := p.Close(sctx); err != nil {
-				d.log.Error("shutting down the warm pool", "err", err)
-			}
-		}
-		if err := mgr.Shutdown(sctx); err != nil {
-			d.log.Error("shutting down sandboxes", "err", err)
-		}
-	}
-	d.closers.push(d.stopSandbox) // idempotent; covers the early returns
+	d.closers.push(func() { d.stopSandboxes(ctx) }) // idempotent; covers the early returns
 	return nil
 }
 
-// startWarmPools starts the --warm-template pools.
+// stopSandboxes ends the builds (canceled, not by their sandboxes' kill),
+// then kills the warm pools' and every other sandbox. It is idempotent.
+func (d *node) stopSandboxes(ctx context.Context) {
+	d.builds.Close()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, p := range d.allPools() {
+		if err := p.Close(sctx); err != nil {
+			d.log.Error("shutting down the warm pool", "err", err)
+		}
+	}
+	if err := d.mgr.Shutdown(sctx); err != nil {
+		d.log.Error("shutting down sandboxes", "err", err)
+	}
+}
+
+// startWarmPools starts the warm pools: the default template's, with the
+// default limits, and the --warm-template ones. Every pooled sandbox
+// counts against --max-sandboxes.
 func (d *node) startWarmPools(ctx context.Context) error {
+	for _, name := range []string{"base", "minimal"} {
+		if rootfs, err := d.templates.Resolve(name); err == nil {
+			d.pool.Start(warm.Target{RootFS: rootfs, Limits: d.mgr.DefaultLimits(), Network: d.mgr.PoolNetwork()}, d.mgr.PoolBudget())
+			break
+		}
+	}
 	d.reg.GaugeFunc("fence_sandboxes_warm_ready", "Sandboxes started ahead of requests, ready to hand out (the default template's and --warm-template's).", func() int64 {
 		n := d.pool.Ready()
 		for _, p := range d.tmplPools {
@@ -502,7 +507,7 @@ func (d *node) serve(ctx context.Context) error {
 			}
 		})
 	}
-	d.stopSandbox()
+	d.stopSandboxes(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
