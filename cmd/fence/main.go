@@ -23,7 +23,6 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/router"
-	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/selftest"
 	"github.com/fencesandbox/fence/internal/template"
 )
@@ -49,46 +48,9 @@ func main() {
 func deps() cli.Deps {
 	return cli.Deps{
 		Serve: func(ctx context.Context, o cli.ServeOptions) error {
-			return daemon.Serve(ctx, daemon.Options{
-				TuneKernel:   o.TuneKernel,
-				Addr:         o.Addr,
-				DataDir:      o.DataDir,
-				TemplatesDir: o.TemplatesDir,
-				APIKey:       o.APIKey,
-				Domain:       o.Domain,
-				Defaults: sandbox.Defaults{
-					CPUs:     o.Limits.CPUs,
-					MemoryMB: o.Limits.MemoryBytes >> 20,
-					Pids:     o.Limits.Pids,
-					DiskMB:   o.Limits.DiskBytes >> 20,
-					NoFile:   o.Limits.NoFile,
-					Timeout:  o.Timeout,
-				},
-				MaxSandboxes:  o.MaxSandboxes,
-				WarmPool:      o.WarmPool,
-				WarmTemplates: warmTemplates(o.WarmTemplates),
-				DNSUpstream:   o.DNSUpstream,
-				TLSCert:       o.TLSCert,
-				TLSKey:        o.TLSKey,
-				AllowInternet: o.AllowInternet,
-				Inspect:       o.Inspect,
-				UpstreamCA:    o.UpstreamCA,
-				DenyCIDRs:     o.DenyCIDRs,
-				BuildAllow:    o.BuildAllow,
-				PipIndexURL:   o.PipIndexURL,
-				NetBandwidth:  o.NetMbps * 1_000_000 / 8,
-				LayerFS:       o.LayerFS, LayerFSSize: o.LayerFSSize,
-				Backend: o.Backend,
-				Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-				Stdout:  os.Stdout,
-				HTTP: daemon.HTTPTimeouts{
-					Header: o.HeaderTimeout, Idle: o.IdleTimeout, BodyIdle: o.BodyIdleTimeout,
-				},
-
-				AuditForward: o.AuditForward, AuditRetention: o.AuditRetention, AuditMaxBytes: o.AuditMaxBytes,
-				ForensicsRetention: o.ForensicsRetention, ForensicsBudget: o.ForensicsBudget, NoAudit: o.NoAudit,
-				Cluster: clusterOptions(o.Cluster),
-			})
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			o.Stdout = os.Stdout
+			return daemon.Serve(ctx, o)
 		},
 		Router: func(ctx context.Context, o cli.RouterOptions) error {
 			return router.Serve(ctx, router.ServeOptions{
@@ -155,18 +117,3 @@ func flowRecorder(f func(selftest.Flow)) egress.Recorder {
 type recorderFunc func(context.Context, egress.FlowEvent)
 
 func (r recorderFunc) Record(ctx context.Context, ev egress.FlowEvent) { r(ctx, ev) }
-
-func clusterOptions(o *cli.ClusterOptions) *daemon.ClusterOptions {
-	if o == nil {
-		return nil
-	}
-	return &daemon.ClusterOptions{Kubeconfig: o.Kubeconfig, Namespace: o.Namespace, Name: o.Name, URL: o.Advertise, Token: o.Token}
-}
-
-func warmTemplates(in []cli.WarmTemplate) []daemon.WarmTemplate {
-	out := make([]daemon.WarmTemplate, len(in))
-	for i, w := range in {
-		out[i] = daemon.WarmTemplate{Name: w.Name, Size: w.Size}
-	}
-	return out
-}

@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/client/clienttest"
+	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // execute runs the CLI with args and stdin, and returns the exit code and
@@ -107,19 +109,22 @@ func TestServeOptions(t *testing.T) {
 	want := ServeOptions{
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
-		Limits:  isolation.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1024 << 20, NoFile: 1024},
-		Timeout: 5 * time.Minute, MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30,
+		Defaults:     sandbox.Defaults{CPUs: 1, MemoryMB: 512, Pids: 1024, DiskMB: 1024, NoFile: 1024, Timeout: 5 * time.Minute},
+		MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve options = %+v, want %+v", got, want)
 	}
 	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
 		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0",
-		"--layer-fs", "btrfs", "--layer-fs-size", "2G", "--tune-kernel")
+		"--layer-fs", "btrfs", "--layer-fs-size", "2G", "--tune-kernel", "--net-mbps", "8", "--http-idle-timeout", "3s",
+		"--warm-template", "code-interpreter=2")
 	want = ServeOptions{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
-		Limits:  isolation.Limits{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 10, DiskBytes: 8 << 20, NoFile: 99},
-		Timeout: time.Hour, MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30, TuneKernel: true,
+		Defaults:     sandbox.Defaults{CPUs: 0.5, MemoryMB: 64, Pids: 10, DiskMB: 8, NoFile: 99, Timeout: time.Hour},
+		MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30, TuneKernel: true,
+		NetBandwidth: 1_000_000, HTTP: fencedaemon.HTTPTimeouts{Idle: 3 * time.Second},
+		WarmTemplates: []WarmTemplate{{Name: "code-interpreter", Size: 2}},
 	}
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
@@ -153,6 +158,12 @@ func TestServeOptions(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr, "--deny-cidr") || got.Addr != "" {
 			t.Errorf("fence serve --deny-cidr %q = %d, %q; want a usage error naming the flag, and no serve", bad, code, stderr)
 		}
+	}
+	t.Setenv("FENCE_CLUSTER_TOKEN", "tok")
+	code, _, stderr = execute(t, deps, "", "serve", "--cluster-kubeconfig", "/k", "--cluster-node-name", "n1", "--cluster-advertise", "https://n1.test")
+	wantCluster := &ClusterOptions{Kubeconfig: "/k", Namespace: "fence", Name: "n1", URL: "https://n1.test", Token: "tok"}
+	if code != 0 || !reflect.DeepEqual(got.Cluster, wantCluster) {
+		t.Errorf("fence serve --cluster-… = %d (%q), %+v; want %+v", code, stderr, got.Cluster, wantCluster)
 	}
 	failing := Deps{Serve: func(context.Context, ServeOptions) error { return errors.New("address in use") }}
 	if code, _, stderr := execute(t, failing, "", "serve"); code != 1 || stderr != "fence: serving: address in use\n" {

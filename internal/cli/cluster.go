@@ -10,19 +10,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
 )
 
 // ClusterOptions join `fence serve` to a fence cluster (docs/SCALEOUT.md).
-type ClusterOptions struct {
-	// Join is set by --cluster-kubeconfig or --cluster-in-cluster.
-	Join       bool
-	Kubeconfig string // empty with Join: in-cluster
-	Namespace  string
-	Name       string
-	Advertise  string
-	// Token is $FENCE_CLUSTER_TOKEN.
-	Token string
-}
+type ClusterOptions = fencedaemon.ClusterOptions
 
 // RouterOptions configure `fence router`.
 type RouterOptions struct {
@@ -51,7 +44,7 @@ func (c *clusterFlags) add(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.inCluster, "cluster-in-cluster", false, "join a fence cluster with the pod's service account")
 	fs.StringVar(&c.o.Namespace, "cluster-namespace", DefaultClusterNamespace, "namespace of the cluster's node Leases")
 	fs.StringVar(&c.o.Name, "cluster-node-name", "", "this node's name in the cluster (default $NODE_NAME, else the host name)")
-	fs.StringVar(&c.o.Advertise, "cluster-advertise", "", "URL the routers reach this node at (default: the listen address)")
+	fs.StringVar(&c.o.URL, "cluster-advertise", "", "URL the routers reach this node at (default: the listen address)")
 }
 
 // options returns the cluster options, or nil when not joining.
@@ -63,7 +56,7 @@ func (c *clusterFlags) options() (*ClusterOptions, error) {
 		return nil, usagef("--cluster-kubeconfig and --cluster-in-cluster exclude each other")
 	}
 	o := c.o
-	o.Join, o.Kubeconfig = true, c.kubeconfig
+	o.Kubeconfig = c.kubeconfig
 	if o.Name == "" {
 		o.Name = os.Getenv("NODE_NAME")
 	}

@@ -63,6 +63,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var warmTemplates []string
 	var layerFSSize string
 	var forensicsBudget, auditMaxBytes string
+	var netMbps int64
 	var cl clusterFlags
 	auditOn := true
 	cmd := &cobra.Command{
@@ -107,9 +108,10 @@ SIGINT or SIGTERM.`,
 			if o.LayerFSSize, err = parseBytes(layerFSSize); err != nil || o.LayerFSSize < 1<<30 {
 				return usagef("--layer-fs-size: want a size of at least 1G")
 			}
-			if o.NetMbps < 0 {
+			if netMbps < 0 {
 				return usagef("--net-mbps must not be negative")
 			}
+			o.NetBandwidth = netMbps * 1_000_000 / 8
 			if o.DenyCIDRs, err = parseDenyCIDRs(denyCIDRs); err != nil {
 				return err
 			}
@@ -130,10 +132,10 @@ SIGINT or SIGTERM.`,
 					return usagef("--pip-index-url: %v", err)
 				}
 			}
-			if o.HeaderTimeout < 0 || o.IdleTimeout < 0 || o.BodyIdleTimeout < 0 {
+			if o.HTTP.Header < 0 || o.HTTP.Idle < 0 || o.HTTP.BodyIdle < 0 {
 				return usagef("--http-*-timeout must not be negative")
 			}
-			if o.Timeout <= 0 || o.MaxSandboxes <= 0 {
+			if o.Defaults.Timeout <= 0 || o.MaxSandboxes <= 0 {
 				return usagef("--timeout and --max-sandboxes must be above zero")
 			}
 			if forensicsBudget != "" {
@@ -156,7 +158,8 @@ SIGINT or SIGTERM.`,
 			if o.Cluster, err = cl.options(); err != nil {
 				return err
 			}
-			o.Limits = limits
+			o.Defaults.CPUs, o.Defaults.MemoryMB, o.Defaults.Pids = limits.CPUs, limits.MemoryBytes>>20, limits.Pids
+			o.Defaults.DiskMB, o.Defaults.NoFile = limits.DiskBytes>>20, limits.NoFile
 			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
 			o.APIKey = os.Getenv("FENCE_API_KEY")
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -173,7 +176,7 @@ SIGINT or SIGTERM.`,
 	fs.StringVar(&o.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
 	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN)")
 	lim.add(fs)
-	fs.DurationVar(&o.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
+	fs.DurationVar(&o.Defaults.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
 	fs.BoolVar(&o.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
@@ -181,7 +184,7 @@ SIGINT or SIGTERM.`,
 	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
 	fs.StringVar(&o.LayerFS, "layer-fs", "", "native layer store: btrfs (writable layers as subvolumes, checkpoints as snapshots, in a btrfs image under the data dir; needs mkfs.btrfs) or copy (default: btrfs if the data dir is on btrfs, else copy)")
 	fs.StringVar(&layerFSSize, "layer-fs-size", "32G", "size of the sparse btrfs image of --layer-fs btrfs")
-	fs.Int64Var(&o.NetMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
+	fs.Int64Var(&netMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.BoolVar(&o.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
 	fs.StringVar(&o.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
@@ -191,9 +194,9 @@ SIGINT or SIGTERM.`,
 	fs.StringArrayVar(&warmTemplates, "warm-template", nil, "also keep N sandboxes of template NAME started ahead of requests, its start command run and its ready command passed (NAME=N; repeatable; the template must exist when the daemon starts)")
 	fs.StringArrayVar(&o.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
 	fs.StringVar(&o.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
-	fs.DurationVar(&o.HeaderTimeout, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
-	fs.DurationVar(&o.IdleTimeout, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
-	fs.DurationVar(&o.BodyIdleTimeout, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
+	fs.DurationVar(&o.HTTP.Header, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
+	fs.DurationVar(&o.HTTP.Idle, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
+	fs.DurationVar(&o.HTTP.BodyIdle, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
 	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
 	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
 	fs.StringVar(&auditMaxBytes, "audit-max-bytes", "", "disk the audit records may take, oldest segments pruned first (each removal recorded and signed), e.g. 2GiB (default 8GiB; 0: no cap)")

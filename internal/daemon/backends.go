@@ -15,7 +15,6 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/netfence"
-	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // Backend names.
@@ -75,8 +74,9 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []
 // fenceConfig is the sandboxes' network fence, which the sandbox manager
 // owns (sandbox.Options.Fence): resolver, host addresses, flow recorder,
 // shared stack budget, bandwidth and egress gateway, the same on every
-// backend. mgr is set before any sandbox can be handed out.
-func fenceConfig(opts Options, gw *gateway.Gateway, mgr **sandbox.Manager, rec egress.Recorder, net *egress.Shared,
+// backend. configs is the manager's view of each sandbox's gateway config
+// (a managerRef: the fence is made before the manager).
+func fenceConfig(opts Options, gw *gateway.Gateway, configs gatewayConfigs, rec egress.Recorder, net *egress.Shared,
 	hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
 	return netfence.Fence{
 		DNSUpstream: opts.DNSUpstream,
@@ -85,13 +85,14 @@ func fenceConfig(opts Options, gw *gateway.Gateway, mgr **sandbox.Manager, rec e
 		Recorder:    rec,
 		Net:         net,
 		Interceptor: func(id string) egress.Interceptor {
-			return gw.ForSandbox(id, func() *gateway.Config {
-				if *mgr == nil {
-					return nil
-				}
-				return (*mgr).GatewayConfig(id)
-			})
+			return gw.ForSandbox(id, func() *gateway.Config { return configs.GatewayConfig(id) })
 		},
 		Logger: log,
 	}
+}
+
+// gatewayConfigs looks up a sandbox's egress gateway config (nil: none);
+// *sandbox.Manager implements it.
+type gatewayConfigs interface {
+	GatewayConfig(id string) *gateway.Config
 }

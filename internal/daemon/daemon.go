@@ -17,7 +17,6 @@
 package daemon
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -26,56 +25,38 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fencesandbox/fence/internal/audit"
-	"github.com/fencesandbox/fence/internal/btrfs"
-	"github.com/fencesandbox/fence/internal/capacity"
-	"github.com/fencesandbox/fence/internal/cluster"
-	"github.com/fencesandbox/fence/internal/downloads"
-	"github.com/fencesandbox/fence/internal/egress"
-	"github.com/fencesandbox/fence/internal/forensics"
-	"github.com/fencesandbox/fence/internal/hostaddr"
-	"github.com/fencesandbox/fence/internal/httpapi"
-	"github.com/fencesandbox/fence/internal/httpserve"
-	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/multi"
-	"github.com/fencesandbox/fence/internal/isolation/native"
-	"github.com/fencesandbox/fence/internal/isolation/warm"
-	"github.com/fencesandbox/fence/internal/metrics"
-	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
-	"github.com/fencesandbox/fence/internal/sandbox/export"
-	"github.com/fencesandbox/fence/internal/secrets"
-	"github.com/fencesandbox/fence/internal/store"
-	"github.com/fencesandbox/fence/internal/sysmon"
-	"github.com/fencesandbox/fence/internal/tbuild"
-	"github.com/fencesandbox/fence/internal/template"
 )
 
 // DefaultAuditMaxBytes is the disk the audit segments may take when
 // Options.AuditMaxBytes is zero.
 const DefaultAuditMaxBytes = 8 << 30
 
-// Options configures the daemon.
+// Options configures the daemon. It is also `fence serve`'s options
+// (cli.ServeOptions): each flag binds to a field here, so an option is
+// declared once.
 type Options struct {
 	Addr         string // listen address; required
 	DataDir      string // required
 	TemplatesDir string // empty means DataDir/templates
 	// APIKey is the key clients must present. Empty means the key stored in
 	// DataDir/api-key, generated (e2b_ + 40 hex digits) on first start.
-	APIKey       string
-	Domain       string
-	Defaults     sandbox.Defaults
+	APIKey string
+	// Domain is the base domain of per-sandbox hosts ({port}-{id}.{domain}).
+	Domain string
+	// Defaults are every sandbox's limits and time to live unless its
+	// create says otherwise.
+	Defaults sandbox.Defaults
+	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
 	// TuneKernel raises kernel.pid_max and the inotify limits at start
 	// (capacity.Knobs) where they are below what fence wants.
@@ -101,8 +82,9 @@ type Options struct {
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64
-	// LayerFS and LayerFSSize choose the native layer store (see
-	// cli.Options).
+	// LayerFS is the native layer store: "" (btrfs where the data dir is
+	// on btrfs, else copies), "copy", or "btrfs" (a btrfs image of
+	// LayerFSSize bytes under the data dir, made and mounted at start).
 	LayerFS     string
 	LayerFSSize int64
 	// AllowInternet is the egress of sandboxes whose request says nothing
@@ -201,366 +183,31 @@ func validKey(k string) bool { return len(k) >= len("e2b_")+20 && apiKeyPattern.
 const readyInits = 2
 
 // Serve runs the daemon until ctx is done.
+//
+// The daemon is a sequence of components (see components), each made from
+// what the ones before it made, in dependency order; each pushes its
+// teardown on one closer stack, which runs in reverse order when Serve
+// returns, whether it returns after a clean shutdown, a failed start or a
+// panic.
 func Serve(ctx context.Context, opts Options) error {
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	out := opts.Stdout
-	if out == nil {
-		out = io.Discard
-	}
 	if opts.DataDir == "" || opts.Addr == "" {
 		return errors.New("daemon: Addr and DataDir are required")
 	}
-	// One spelling of each, the kernel's, for every path derived below.
-	var err error
-	if opts.DataDir, opts.TemplatesDir, err = resolveDirs(opts.DataDir, opts.TemplatesDir); err != nil {
-		return err
+	d := &node{opts: opts, log: opts.Logger, out: opts.Stdout}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
 	}
-	// Before anything is made: a binary sandboxes cannot run is a clear
-	// error at start, not a failure of every create.
-	exe := opts.Executable
-	if exe == "" {
-		if exe, err = os.Executable(); err != nil {
-			return fmt.Errorf("finding own executable: %w", err)
-		}
+	if d.out == nil {
+		d.out = io.Discard
 	}
-	if err := native.CheckExecutable(exe); err != nil {
-		return err
-	}
-	// The runtime's monitor thread polls less (package sysmon).
-	rctx, stopRelax := context.WithCancel(ctx)
-	defer stopRelax()
-	go func() {
-		if err := sysmon.Relax(rctx, "/proc", sysmon.Default, sysmon.KeepEvery); err != nil {
-			log.Debug("leaving the runtime's monitor thread as it is", "err", err)
-		}
-	}()
-	if opts.Cluster != nil {
-		if err := opts.Cluster.validate(); err != nil {
+	defer d.closers.close()
+	for _, c := range components {
+		if err := c.start(d, ctx); err != nil {
 			return err
 		}
+		d.log.Debug("started", "component", c.name)
 	}
-	if err := os.MkdirAll(opts.DataDir, 0o711); err != nil {
-		return fmt.Errorf("creating data dir: %w", err)
-	}
-	unlock, err := lockDataDir(opts.DataDir)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	// The audit trail, open before anything it records and closed after
-	// everything else (its Close commits the queue and signs the tail).
-	// auditLog is the audit.Sink the event sources append to.
-	auditLog, err := audit.Open(audit.Options{Dir: opts.DataDir, Logger: log, Retention: opts.AuditRetention,
-		MaxBytes: max(0, cmp.Or(opts.AuditMaxBytes, DefaultAuditMaxBytes))})
-	if err != nil {
-		return fmt.Errorf("opening audit log: %w", err)
-	}
-	var forwarders []*audit.Forwarder
-	defer func() {
-		auditLog.Close()
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		for _, f := range forwarders {
-			f.Wait(fctx) // what is left is sent at the next start
-			f.Close()
-		}
-	}()
-	for _, dest := range opts.AuditForward {
-		f, err := auditLog.Forward(dest)
-		if err != nil {
-			return err
-		}
-		forwarders = append(forwarders, f)
-	}
-
-	key, keyPath, err := apiKey(opts)
-	if err != nil {
-		return err
-	}
-	if keyPath != "" {
-		fmt.Fprintf(out, "fence: API key in %s\n", keyPath)
-	}
-	if err := tuneAndReportKernel(opts.TuneKernel, opts.MaxSandboxes, out, log); err != nil {
-		return err
-	}
-	templates, err := template.New(template.Options{Dir: opts.TemplatesDir, Logger: log})
-	if err != nil {
-		return fmt.Errorf("opening templates: %w", err)
-	}
-	if err := native.CleanupStale(ctx, filepath.Join(opts.DataDir, "native"), opts.Executable, log); err != nil {
-		log.Warn("cleaning up after earlier fence run processes", "err", err)
-	}
-	// The host's addresses are followed as interfaces change, not only
-	// read once: an address gained later is never reachable either.
-	hosts, err := hostaddr.Watch(ctx)
-	if err != nil {
-		return fmt.Errorf("watching the host's addresses: %w", err)
-	}
-	defer hosts.Close()
-	reg := metrics.New()
-	netShared := egress.NewShared(egress.SharedOptions{})
-	hostAddrs := hosts.Addrs() // never reachable from a sandbox
-	registerNetMetrics(reg, netShared)
-	reg.CounterFunc("fence_audit_suppressed_total", "Sandbox-driven audit events over their sandbox's allowance, counted in audit.suppressed records instead of stored one by one.", auditLog.Suppressed)
-	reg.CounterFunc("fence_audit_dropped_total", "Audit events dropped because the queue stayed full (each counted in an audit.dropped record).", auditLog.Dropped)
-	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fence.db"))
-	if err != nil {
-		return fmt.Errorf("opening store: %w", err)
-	}
-	defer st.Close()
-	// The secret store and the download log live in the same database:
-	// the egress gateway reads secrets from one and records downloads in
-	// the other.
-	secretStore, err := secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(opts.DataDir, "secrets.key")})
-	if err != nil {
-		return fmt.Errorf("opening secret store: %w", err)
-	}
-	downloadLog, err := downloads.Open(ctx, st, downloads.Options{})
-	if err != nil {
-		return fmt.Errorf("opening download log: %w", err)
-	}
-	flows := newFlowRecorder(log, reg)
-	// sources are what the event sources get: the log, or nothing with
-	// NoAudit (the log stays open, empty, for a clean start and stop).
-	sources := auditSources(auditLog, opts.NoAudit)
-	flows.audit = sources.sink
-	var archive *forensics.Archive
-	if opts.ForensicsRetention >= 0 {
-		if archive, err = forensics.OpenArchive(filepath.Join(opts.DataDir, "forensics"),
-			cmp.Or(opts.ForensicsRetention, forensics.DefaultRetention), opts.ForensicsBudget); err != nil {
-			return err
-		}
-		go archive.PruneEvery(ctx, 10*time.Minute)
-	}
-	// The egress gateway: its CA lives in the data dir (key 0600, never in
-	// a sandbox); every sandbox trusts the CA's certificate. mgr is set
-	// below, before any sandbox can be handed out.
-	var mgr *sandbox.Manager
-	gwRec := newGatewayRecorder(flows, log, reg, downloadLog)
-	gwRec.audit = sources.sink
-	defer gwRec.close()
-	gw, caPEM, err := newGateway(opts, secretStore, gwRec, log)
-	if err != nil {
-		return err
-	}
-	layerFS := ""
-	if opts.LayerFS == "btrfs" {
-		layerFS = filepath.Join(opts.DataDir, "native", "layerfs")
-		if err := btrfs.MountImage(ctx, filepath.Join(opts.DataDir, "layerfs.img"), layerFS, opts.LayerFSSize); err != nil {
-			return fmt.Errorf("preparing the btrfs layer store: %w", err)
-		}
-	}
-	backend, err := native.New(ctx, native.Options{
-		LayerFS:    layerFS,
-		CopyLayers: opts.LayerFS == "copy",
-		TrustedCA:  caPEM,
-		StateDir:   filepath.Join(opts.DataDir, "native"),
-		FenceDirs:  []string{opts.DataDir, opts.TemplatesDir},
-		Executable: opts.Executable,
-		DiskPool:   4,
-		ReadyInits: readyInits,
-		Forensics:  archive,
-		Defaults:   opts.Defaults.Limits(),
-		Logger:     log,
-	})
-	if err != nil {
-		return fmt.Errorf("starting native backend: %w", err)
-	}
-	defer backend.Close()
-	routed, closeBackends, err := withGvisor(ctx, opts, backend, caPEM, log)
-	if err != nil {
-		return err
-	}
-	defer closeBackends()
-	layers := isolation.Layers(backend)
-	if r, ok := routed.(*multi.Backend); ok {
-		layers = r.Layers() // native's and gvisor's, each layer to its own
-	}
-	pool, tmplPools, layers := backendStack(routed, layers, opts, log)
-	defer func() {
-		for _, p := range append([]*warm.Pool{pool}, tmplPools...) {
-			p.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	// Template builds: their trees and uploads live in the data dir; the
-	// images they start from come from the shared layer cache.
-	var images tbuild.Images
-	if c, err := oci.NewCache(filepath.Join(opts.DataDir, "oci")); err == nil {
-		images = c
-	} else {
-		log.Info("building templates from images is not available", "err", err)
-	}
-	var pipIndex *tbuild.PipIndex
-	if opts.PipIndexURL != "" {
-		if pipIndex, err = tbuild.ParsePipIndex(opts.PipIndexURL); err != nil {
-			return err
-		}
-	}
-	builds, err := tbuild.New(ctx, tbuild.Options{Dir: filepath.Join(opts.DataDir, "builds"), Store: st,
-		Parents: templates, Images: images, Logger: log,
-		Allow: append(slices.Clone(tbuild.DefaultAllow), opts.BuildAllow...), PipIndex: pipIndex})
-	if err != nil {
-		return fmt.Errorf("opening template builds: %w", err)
-	}
-	defer builds.Close()
-	gate, err := capacity.New(capacity.Options{Source: capacitySource(opts, backend)})
-	if err != nil {
-		return err
-	}
-	registerCapacityMetrics(reg, gate)
-	mgr, err = sandbox.New(sandbox.Options{
-		Capacity:     gate,
-		Backend:      pool,
-		Store:        st,
-		Templates:    templateSet{own: templates, built: builds},
-		Defaults:     opts.Defaults,
-		MaxSandboxes: opts.MaxSandboxes,
-		Logger:       log,
-
-		AllowInternetByDefault: opts.AllowInternet,
-		InspectByDefault:       opts.Inspect,
-		Audit:                  sources.sink,
-		Secrets:                secretStore,
-		Sealer:                 secretStore,
-		CAEnv:                  native.CAEnv(),
-		HostAddrs:              hostAddrs,
-		Fence:                  fenceConfig(opts, gw, &mgr, flows, netShared, hostAddrs, log),
-		Hosts:                  hosts,
-		NeverCIDRs:             opts.DenyCIDRs,
-		Layers:                 layers,
-	})
-	if err != nil {
-		return fmt.Errorf("creating sandbox manager: %w", err)
-	}
-	builds.SetSandboxes(mgr)
-	flows.usage = mgr.Meter().AddEgress
-	registerUsageMetrics(reg, mgr)
-	reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
-	reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
-	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("starting sandbox manager: %w", err)
-	}
-	// Only the default template with the default limits is pooled, and
-	// every pooled sandbox counts against --max-sandboxes.
-	for _, name := range []string{"base", "minimal"} {
-		if rootfs, err := templates.Resolve(name); err == nil {
-			pool.Start(warm.Target{RootFS: rootfs, Limits: mgr.DefaultLimits(), Network: mgr.PoolNetwork()}, mgr.PoolBudget())
-			break
-		}
-	}
-	shutdownSandboxes := func() {
-		builds.Close() // builds end canceled, not by their sandboxes' kill
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		for _, p := range append([]*warm.Pool{pool}, tmplPools...) {
-			if err := p.Close(sctx); err != nil {
-				log.Error("shutting down the warm pool", "err", err)
-			}
-		}
-		if err := mgr.Shutdown(sctx); err != nil {
-			log.Error("shutting down sandboxes", "err", err)
-		}
-	}
-	defer shutdownSandboxes() // idempotent; covers the early returns
-	reg.GaugeFunc("fence_sandboxes_warm_ready", "Sandboxes started ahead of requests, ready to hand out (the default template's and --warm-template's).", func() int64 {
-		n := pool.Ready()
-		for _, p := range tmplPools {
-			n += p.Ready()
-		}
-		return int64(n)
-	})
-	for i, wt := range opts.WarmTemplates {
-		t, err := mgr.WarmTarget(wt.Name)
-		if err != nil {
-			return fmt.Errorf("--warm-template %s: %w", wt.Name, err)
-		}
-		tmplPools[i].Start(t, mgr.PoolBudget())
-	}
-	ln, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", opts.Addr, err)
-	}
-	timeouts := opts.HTTP.withDefaults()
-	var handler http.Handler = httpapi.New(httpapi.Options{
-		Manager:         mgr,
-		APIKey:          key,
-		Domain:          opts.Domain,
-		Logger:          log,
-		Metrics:         reg.Handler(),
-		BodyIdleTimeout: timeouts.BodyIdle,
-		Secrets:         secretStore,
-		Downloads:       downloadLog,
-		Audit:           sources.log,
-		Outputs:         sources.outputs,
-		Templates:       builds,
-		Exporter: export.New(export.Options{Live: mgr, Usage: mgr.Meter(), Audit: sources.sink,
-			Archive: layerArchive(archive), Backend: pool.Name()}),
-	})
-	if opts.Cluster != nil {
-		handler = cluster.RequireToken(opts.Cluster.Token, handler)
-	}
-	srv, err := httpserve.New(httpserve.Options{
-		Handler:       handler,
-		Logger:        log,
-		HeaderTimeout: timeouts.Header,
-		IdleTimeout:   timeouts.Idle,
-		TLSCert:       opts.TLSCert,
-		TLSKey:        opts.TLSKey,
-	})
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	scheme := httpserve.Scheme(srv)
-	var lease *cluster.Registrar
-	if opts.Cluster != nil {
-		url, err := opts.Cluster.advertised(scheme, ln.Addr())
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		regCtx, stopReg := context.WithCancel(ctx)
-		defer stopReg()
-		if lease, err = joinCluster(regCtx, opts.Cluster, url, mgr, opts.MaxSandboxes, templates, log); err != nil {
-			ln.Close()
-			return err
-		}
-		fmt.Fprintf(out, "fence: node %s (tag %s) joined the cluster in namespace %s as %s\n",
-			opts.Cluster.Name, cluster.Tag(opts.Cluster.Name), opts.Cluster.Namespace, url)
-	}
-	fmt.Fprintf(out, "fence: serving the E2B API on %s://%s (data in %s)\n", scheme, ln.Addr(), opts.DataDir)
-	if opts.Ready != nil {
-		opts.Ready(ln.Addr())
-	}
-	if err := httpserve.Serve(ctx, srv, ln); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "fence: shutting down")
-	if lease != nil {
-		// Routers stop placing here before the sandboxes go.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if err := lease.Drain(dctx); err != nil {
-			log.Warn("publishing the node's drain", "err", err)
-		}
-		cancel()
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := lease.Release(rctx); err != nil {
-				log.Warn("releasing the node's lease", "err", err)
-			}
-		}()
-	}
-	// Killing the sandboxes first aborts the streams to them, so the
-	// server's drain that follows is short.
-	shutdownSandboxes()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	return nil
+	return d.serve(ctx)
 }
 
 // lockWait is how long a starting daemon waits for the data dir's lock.

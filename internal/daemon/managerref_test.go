@@ -1,0 +1,24 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/fencesandbox/fence/internal/sandbox"
+)
+
+func TestManagerRefBeforeAndAfterBind(t *testing.T) {
+	var r managerRef
+	// Before the manager exists there is no sandbox to be about: no config,
+	// and usage is dropped rather than a nil dereference.
+	if c := r.GatewayConfig("sb"); c != nil {
+		t.Fatalf("GatewayConfig before bind = %v, want nil", c)
+	}
+	r.AddEgress("sb", 1, 2)
+	r.bind(&sandbox.Manager{})
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a second bind did not panic")
+		}
+	}()
+	r.bind(&sandbox.Manager{})
+}
