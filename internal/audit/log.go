@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -9,15 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Options configure a Log. Zero fields take the defaults noted.
@@ -651,240 +647,8 @@ func (l *Log) checkpoint() pending {
 	return pending{time: l.lastCk, typ: TypeCheckpoint, data: mustJSON(data)}
 }
 
-// write appends the records in b (record k ends at ends[k], the first is
-// seq first) to the segments, starting a new segment when the current one
-// would pass SegmentSize (a record is never split; a segment holds at least
-// one), and fsyncs. It returns how many records are in the files: on a
-// failed write the segment is cut back to its size before it.
-func (l *Log) write(b []byte, ends []int, first uint64) (int, error) {
-	off, i := 0, 0
-	for i < len(ends) {
-		if l.f == nil {
-			if err := l.rotate(first + uint64(i)); err != nil {
-				return i, err
-			}
-		}
-		j := i
-		for j < len(ends) && (l.segSize+int64(ends[j]-off) <= l.opts.SegmentSize || (j == i && l.segSize == 0)) {
-			j++
-		}
-		if j > i {
-			chunk := b[off:ends[j-1]]
-			if _, err := l.f.Write(chunk); err != nil {
-				_ = l.f.Truncate(l.segSize)
-				return i, err
-			}
-			l.segSize += int64(len(chunk))
-			off, i = ends[j-1], j
-		}
-		if i < len(ends) {
-			if err := l.seal(); err != nil {
-				return i, err
-			}
-		}
-	}
-	if !l.opts.NoSync {
-		if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
-			return len(ends), fmt.Errorf("fsync: %w", err)
-		}
-	}
-	return len(ends), nil
-}
-
-// seal syncs and closes the current segment.
-func (l *Log) seal() error {
-	var err error
-	if !l.opts.NoSync {
-		err = unix.Fdatasync(int(l.f.Fd()))
-	}
-	l.f.Close()
-	l.f = nil
-	l.pruneDue = l.opts.MaxBytes > 0
-	return err
-}
-
-// rotate starts a segment whose first record is first.
-func (l *Log) rotate(first uint64) error {
-	f, err := os.OpenFile(filepath.Join(l.dir, segName(first)), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	if st.Size() != 0 {
-		f.Close()
-		return fmt.Errorf("segment %s exists and is not empty", segName(first))
-	}
-	syncDir(l.dir)
-	l.f, l.segFirst, l.segSize = f, first, 0
-	return nil
-}
-
 // writeInternal commits one of the log's own records at once (before the
 // writer starts, or from it).
 func (l *Log) writeInternal(p pending) {
 	l.commit([]pending{p})
-}
-
-// lineType is the type of a record line as the writer lays it out
-// (`{"seq":N,"time":"…","type":"…"`), "" if it is not there.
-func lineType(ln []byte) string {
-	const k = `","type":"`
-	i := bytes.Index(ln[:min(len(ln), 128)], []byte(k))
-	if i < 0 {
-		return ""
-	}
-	rest := ln[i+len(k):]
-	j := bytes.IndexByte(rest[:min(len(rest), 64)], '"')
-	if j < 0 {
-		return ""
-	}
-	return string(rest[:j])
-}
-
-// head is the last checkpoint, kept apart from the segments so that
-// cutting the log's tail back past it is noticed (by Open and by Verify).
-type head struct {
-	Seq  uint64 `json:"seq"`
-	Hash string `json:"hash"`
-	Sig  string `json:"sig"`
-	Key  string `json:"key"`
-}
-
-const headFile = "head"
-
-func (l *Log) writeHead() {
-	if !l.headDirty {
-		return
-	}
-	if err := writeFileAtomic(filepath.Join(l.dir, headFile), []byte(l.lastCkRec+"\n"), 0o600); err != nil {
-		l.log.Warn("audit: writing head", "err", err)
-		return
-	}
-	l.headDirty = false
-	l.lastHead = l.opts.Now()
-}
-
-func readHead(dir string) (*head, error) {
-	b, err := os.ReadFile(filepath.Join(dir, headFile))
-	if err != nil {
-		return nil, err
-	}
-	var h head
-	if err := json.Unmarshal(b, &h); err != nil {
-		return nil, fmt.Errorf("head: %w", err)
-	}
-	return &h, nil
-}
-
-// recover finds the end of the chain: the last complete line of the last
-// non-empty segment. A torn final line (no newline) is cut away. It
-// returns the records to write about what it found.
-func (l *Log) recover() ([]pending, error) {
-	var notes []pending
-	segs, err := listSegments(l.dir)
-	if err != nil {
-		return nil, err
-	}
-	l.seq, l.prev = 0, genesis
-	for i := len(segs) - 1; i >= 0; i-- {
-		path := filepath.Join(l.dir, segs[i].name)
-		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		lr := newLineReader(f)
-		var last []byte
-		// A prune record after the segment's last checkpoint: the writer
-		// signs each one as it writes it, so it was not the writer's (a
-		// crash between the two leaves the segment it names in place).
-		var unsignedPrune []byte
-		for {
-			ln, err := lr.next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				f.Close()
-				return nil, fmt.Errorf("%s: %w", segs[i].name, err)
-			}
-			last = append(last[:0], ln...)
-			switch lineType(ln) {
-			case TypeCheckpoint:
-				unsignedPrune = nil
-			case TypePrune:
-				if unsignedPrune == nil {
-					unsignedPrune = bytes.Clone(ln)
-				}
-			}
-		}
-		if unsignedPrune != nil {
-			if r, err := parseLine(unsignedPrune); err == nil {
-				l.log.Warn("audit: a prune record no checkpoint signs", "seq", r.Seq)
-				notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
-					data: mustJSON(map[string]any{"segment": segs[i].name, "unsigned_prune": r.Seq})})
-			}
-		}
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		if torn := st.Size() - lr.off; torn > 0 {
-			if err := f.Truncate(lr.off); err != nil {
-				f.Close()
-				return nil, fmt.Errorf("cutting the torn end of %s: %w", segs[i].name, err)
-			}
-			f.Sync()
-			l.log.Warn("audit: cut a torn final line", "segment", segs[i].name, "bytes", torn)
-			notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
-				data: mustJSON(map[string]any{"segment": segs[i].name, "bytes": torn})})
-		}
-		if last == nil {
-			f.Close()
-			if i == len(segs)-1 {
-				// An empty newest segment (a crash after rotating): it is
-				// made again, with the right name, on the first write.
-				os.Remove(path)
-			}
-			continue
-		}
-		r, err := parseLine(last)
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("the last record of %s is not well-formed (%v); run fence audit verify", segs[i].name, err)
-		}
-		l.seq, l.prev = r.Seq, hexHash(last)
-		if r.Type == TypeCheckpoint {
-			l.lastCkRec = string(r.Data)
-		} else {
-			// The previous writer died before signing its last records:
-			// the next checkpoint (periodic, or at Close) signs them.
-			l.sinceCk = 1
-		}
-		if _, err := f.Seek(0, io.SeekEnd); err != nil {
-			f.Close()
-			return nil, err
-		}
-		if i == len(segs)-1 {
-			f.Close()
-			f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return nil, err
-			}
-			l.f, l.segFirst, l.segSize = f, segs[i].first, lr.off
-		} else {
-			f.Close()
-		}
-		break
-	}
-	if h, err := readHead(l.dir); err == nil && h.Seq > l.seq {
-		l.log.Error("audit: the log ends before its last signed checkpoint: records were removed", "head_seq", h.Seq, "last_seq", l.seq)
-		notes = append(notes, pending{time: l.opts.Now(), typ: TypeTruncated,
-			data: mustJSON(map[string]any{"head_seq": h.Seq, "last_seq": l.seq, "head_hash": h.Hash})})
-	}
-	return notes, nil
 }

@@ -1,17 +1,12 @@
 package gateway
 
 import (
-	"bytes"
-	"compress/flate"
-	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -116,46 +111,6 @@ func (fc *flowConn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	fc.proxy.ServeHTTP(interimMasker{w, st}, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
 	completed = true
-}
-
-// interimMasker masks the headers of the informational (1xx) responses
-// the proxy passes on as they come, before the final response (which
-// modifyResponse masks): 103 Early Hints and the like leave for the
-// sandbox from here.
-type interimMasker struct {
-	http.ResponseWriter
-	st *reqState
-}
-
-func (m interimMasker) WriteHeader(code int) {
-	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		maskFields(m.Header(), m.st.masks)
-	}
-	m.ResponseWriter.WriteHeader(code)
-}
-
-// Unwrap lets http.ResponseController reach the connection's writer
-// (flushes, full duplex, the hijack after a 101).
-func (m interimMasker) Unwrap() http.ResponseWriter { return m.ResponseWriter }
-
-// maskFields masks a response's (or trailer's) fields: values are
-// rewritten, and a field whose name holds a masked value, in any case,
-// is dropped (a name cannot be rewritten to the placeholder and stay the
-// same field; HTTP/1.1 canonicalises its case and HTTP/2 lower-cases it).
-func maskFields(h http.Header, masks []needle) {
-	if len(masks) == 0 {
-		return
-	}
-	for k := range h {
-		lk := strings.ToLower(k)
-		for _, nd := range masks {
-			if len(nd.find) > 0 && strings.Contains(lk, strings.ToLower(string(nd.find))) {
-				delete(h, k)
-				break
-			}
-		}
-	}
-	maskHeader(h, masks)
 }
 
 func refuse(w http.ResponseWriter, status int, reason string) {
@@ -382,16 +337,6 @@ var (
 	errPartial  = errors.New("gateway: partial content from a host whose answers are masked")
 )
 
-// cutRequestHeaders are dropped from requests whose answers are masked:
-// each lets the client choose how the answer is cut, or ask for a digest
-// of the body before masking.
-var cutRequestHeaders = []string{"Range", "If-Range", "Want-Digest", "Want-Repr-Digest", "Want-Content-Digest"}
-
-// digestHeaders are fields of a masked answer (and its trailers) that
-// are dropped: they hash the body before masking, so they would let the
-// sandbox check a guess of the value (and are wrong for the masked body).
-var digestHeaders = []string{"Digest", "Content-Digest", "Repr-Digest", "Content-Md5"}
-
 // modifyResponse masks injected values in what comes back, records
 // downloads and counts the body.
 func (fc *flowConn) modifyResponse(resp *http.Response) error {
@@ -457,108 +402,6 @@ func (fc *flowConn) modifyResponse(resp *http.Response) error {
 	st.inBody = newCountReader(resp.Body, false)
 	resp.Body = st.inBody
 	return nil
-}
-
-// maxCodings bounds the content codings the gateway undoes on one
-// response; a response that lists more is refused.
-const maxCodings = 4
-
-// contentCodings returns the content codings h lists, in the order they
-// were applied, over all its Content-Encoding lines, lower-cased and
-// without "identity" (which changes nothing). Any coding but gzip,
-// x-gzip and deflate, or more than maxCodings of them, is errEncoding.
-func contentCodings(h http.Header) ([]string, error) {
-	var out []string
-	for _, line := range h.Values("Content-Encoding") {
-		for _, c := range strings.Split(line, ",") {
-			switch c = strings.ToLower(strings.TrimSpace(c)); c {
-			case "", "identity":
-			case "gzip", "x-gzip", "deflate":
-				if len(out) == maxCodings {
-					return nil, errEncoding
-				}
-				out = append(out, c)
-			default:
-				return nil, errEncoding
-			}
-		}
-	}
-	return out, nil
-}
-
-// decoded returns resp's body as identity bytes: every content coding it
-// lists, on any number of Content-Encoding lines, is undone, last applied
-// first, and the header dropped; a response with a coding the gateway
-// cannot undo is refused whole (errEncoding), never passed on partly
-// decoded.
-func decoded(resp *http.Response) (io.ReadCloser, error) {
-	codings, err := contentCodings(resp.Header)
-	if err != nil {
-		return nil, err
-	}
-	resp.Header.Del("Content-Encoding")
-	if len(codings) == 0 {
-		return resp.Body, nil
-	}
-	var r io.Reader = resp.Body
-	for i := len(codings) - 1; i >= 0; i-- {
-		switch codings[i] {
-		case "gzip", "x-gzip":
-			zr, err := gzip.NewReader(r)
-			if errors.Is(err, io.EOF) {
-				// This layer is empty, so is the body: r is at its
-				// end and says so.
-				return readCloser{r, resp.Body}, nil
-			}
-			if err != nil {
-				return nil, errEncoding
-			}
-			r = zr
-		case "deflate":
-			r = flate.NewReader(&zlibSkip{r: r})
-		}
-	}
-	return readCloser{r, resp.Body}, nil
-}
-
-type readCloser struct {
-	io.Reader
-	c io.Closer
-}
-
-func (r readCloser) Close() error { return r.c.Close() }
-
-// zlibSkip drops a zlib header (HTTP's "deflate" is zlib; some servers
-// send raw deflate, which has no such header) so flate can read both.
-type zlibSkip struct {
-	r    io.Reader
-	head []byte
-	done bool
-}
-
-func (z *zlibSkip) Read(p []byte) (int, error) {
-	if !z.done {
-		z.done = true
-		var h [2]byte
-		n, err := io.ReadFull(z.r, h[:])
-		if n < 2 {
-			if err == nil || err == io.ErrUnexpectedEOF {
-				err = io.EOF
-			}
-			return copy(p, h[:n]), err
-		}
-		if h[0]&0x0f == 8 && (uint16(h[0])<<8|uint16(h[1]))%31 == 0 {
-			// zlib header; a preset dictionary is not supported by HTTP.
-		} else {
-			z.head = h[:]
-		}
-	}
-	if len(z.head) > 0 {
-		n := copy(p, z.head)
-		z.head = z.head[n:]
-		return n, nil
-	}
-	return z.r.Read(p)
 }
 
 // proxyError answers a request the gateway could not (or would not)
@@ -628,12 +471,6 @@ func splitHost(hostport string) (host string, isIP, ok bool) {
 	}
 	n, ok := policy.NormalizeName(h)
 	return n, false, ok
-}
-
-// isByteranges reports whether h is a multipart/byteranges body.
-func isByteranges(h http.Header) bool {
-	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "multipart/byteranges")
 }
 
 // boundTo reports whether a binding's hosts ("name" or "name:port", name
@@ -734,50 +571,6 @@ func appendUnique(s []string, v string) []string {
 		}
 	}
 	return append(s, v)
-}
-
-// maskOf returns the needles that replace value (and its common
-// encodings in echoes: JSON string escapes) by shown.
-func maskOf(value, shown string) []needle {
-	if value == "" {
-		return nil
-	}
-	out := []needle{{find: []byte(value), replace: []byte(shown)}}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	for _, html := range []bool{true, false} {
-		b.Reset()
-		enc.SetEscapeHTML(html)
-		if enc.Encode(value) == nil {
-			j := strings.TrimSuffix(b.String(), "\n")
-			j = j[1 : len(j)-1]
-			if j != value && !containsFind(out, j) {
-				out = append(out, needle{find: []byte(j), replace: []byte(shown)})
-			}
-		}
-	}
-	return out
-}
-
-func containsFind(ns []needle, s string) bool {
-	for _, n := range ns {
-		if string(n.find) == s {
-			return true
-		}
-	}
-	return false
-}
-
-func maskHeader(h http.Header, masks []needle) {
-	if len(masks) == 0 {
-		return
-	}
-	for k, vs := range h {
-		for i, v := range vs {
-			vs[i] = replaceAll(v, masks)
-		}
-		h[k] = vs
-	}
 }
 
 // basicCred decodes "Basic base64(user:password)" to "user:password".
