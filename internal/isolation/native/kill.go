@@ -1,6 +1,7 @@
 package native
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -96,4 +97,86 @@ func (s *sandbox) awaitExit(d time.Duration) {
 	case <-time.After(d):
 		s.b.log.Warn("a killed sandbox's init did not exit in time", "sandbox_id", s.id)
 	}
+}
+
+// Kill implements isolation.Sandbox. It returns once no process of the
+// sandbox can run again: every one has SIGKILL pending (signalAll). Their
+// exits (with the kernel's teardown of the sandbox's namespaces) and the
+// release of its host resources (cgroup, writable layer, state directory,
+// uid slot) happen after, in the background, at most reapers at a time and
+// at most maxPendingReleases pending (Backend.Close waits for them). A
+// crash meanwhile leaves them to the next start's Cleanup, as for any
+// other leftover.
+func (s *sandbox) Kill(ctx context.Context) error {
+	s.killOnce.Do(func() {
+		s.pmu.Lock()
+		s.killed = true
+		frozen := s.paused.Load()
+		s.pmu.Unlock()
+		if frozen {
+			s.killErr = s.killFrozen()
+		}
+		if s.killErr == nil {
+			s.killErr = s.signalAll()
+			if s.killErr != nil {
+				// Not every process could be found: wait for the kernel to
+				// end them all, as the death of PID 1 makes it do.
+				s.b.log.Warn("signalling a sandbox's processes; waiting for them", "sandbox_id", s.id, "err", s.killErr)
+				s.killErr = s.stop()
+			}
+		}
+		if s.killErr == nil {
+			s.gone.Store(true)
+		}
+		if s.killErr != nil {
+			// Something of the sandbox may still run: release what can be
+			// released now and tell the caller.
+			s.killErr = errors.Join(s.killErr, s.release(context.WithoutCancel(ctx)))
+			return
+		}
+		// The pending release is counted before Kill returns: past the
+		// budget, Kill waits here for the teardown to catch up.
+		s.b.pending.add()
+		s.b.closing.Go(func() {
+			defer s.b.pending.done()
+			if h := s.b.reapHook; h != nil {
+				h(s.id)
+			}
+			// The exits take no reaper: the kernel does that work.
+			t0 := time.Now()
+			s.awaitExit(10 * time.Second)
+			s.b.reapers <- struct{}{}
+			defer func() { <-s.b.reapers }()
+			t1 := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+			defer cancel()
+			// The cgroup goes first: the sandbox no longer exists for the
+			// host's accounting while its layer is archived.
+			s.removeCgroup(ctx)
+			t2 := time.Now()
+			if !s.standby.Load() {
+				s.archiveLayer()
+			}
+			t3 := time.Now()
+			if err := s.release(ctx); err != nil {
+				s.b.log.Warn("releasing a killed sandbox's host resources (the next start retries)", "sandbox_id", s.id, "err", err)
+			}
+			s.b.releaseTimes.add(t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
+		})
+	})
+	return s.killErr
+}
+
+// killFrozen kills every task of a paused sandbox where it stands: a
+// frozen task does not act on SIGKILL until thawed, so the tasks are
+// killed while frozen (cgroup.kill on v2; on v1 each is signalled inside
+// a freeze) and only then thawed, and no code of the sandbox runs again.
+func (s *sandbox) killFrozen() error {
+	if err := s.cg.Kill(); err != nil {
+		return fmt.Errorf("killing paused sandbox %s: %w", s.id, err)
+	}
+	if err := s.cg.Thaw(); err != nil {
+		return fmt.Errorf("killing paused sandbox %s: %w", s.id, err)
+	}
+	return nil
 }
