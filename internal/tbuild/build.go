@@ -2,7 +2,6 @@ package tbuild
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,22 +9,15 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"net"
-	"net/http"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/fencesandbox/fence/api"
-	"github.com/fencesandbox/fence/client"
-	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/oci"
-	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -412,47 +404,6 @@ func (s *Service) treePath(tree string) string {
 	return filepath.Join(s.treesDir(), tree)
 }
 
-// cached looks key up in the cache and pins its tree for the build
-// buildID.
-func (s *Service) cached(buildID, key string) (layer, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.cachedLocked(key)
-	if ok {
-		s.pinLocked(buildID, l.Tree)
-	}
-	return l, ok
-}
-
-// +checklocks:s.mu
-func (s *Service) cachedLocked(key string) (layer, bool) {
-	j, err := os.ReadFile(filepath.Join(s.keysDir(), key+".json"))
-	if err != nil {
-		return layer{}, false
-	}
-	var l layer
-	if json.Unmarshal(j, &l) != nil {
-		return layer{}, false
-	}
-	if _, err := os.Lstat(s.treePath(l.Tree)); err != nil {
-		return layer{}, false
-	}
-	return l, true
-}
-
-// keep records a cache entry (written whole, then renamed).
-func (s *Service) keep(key string, l layer) error {
-	j, err := json.Marshal(l)
-	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(s.keysDir(), ".tmp-"+key)
-	if err := os.WriteFile(tmp, j, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.keysDir(), key+".json"))
-}
-
 // commitTree renames a finished tree into place under its name.
 func (s *Service) commitTree(tmp, name string) error {
 	dst := filepath.Join(s.treesDir(), name)
@@ -681,155 +632,4 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return name, nil
-}
-
-// buildBox is a sandbox a build runs steps in.
-type buildBox struct {
-	s      *Service
-	id     string
-	handle string
-	envd   *client.Envd
-	layers isolation.LayerReader
-	tr     *http.Transport
-}
-
-// buildBackend is the isolation backend of build sandboxes.
-const buildBackend = "native"
-
-// startBox creates a sandbox of tree through the sandbox manager: the
-// same isolation and limits as any sandbox, egress limited to the build
-// allowlist.
-//
-// With rt, the sandbox is started as the template's will be: its start
-// command started and its ready command passed (the sandbox manager runs
-// them at create).
-func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
-	handle := ".build-layer-" + newID(16)
-	s.mu.Lock()
-	s.layers[handle] = s.treePath(tree)
-	if rt != nil {
-		s.boxRuntimes[handle] = *rt
-	}
-	rec := s.builds[buildID]
-	cpus, mem := 0, 0
-	if rec != nil {
-		cpus, mem = rec.CPUs, rec.MemoryMB
-	}
-	s.mu.Unlock()
-	forget := func() {
-		s.mu.Lock()
-		delete(s.layers, handle)
-		delete(s.boxRuntimes, handle)
-		s.mu.Unlock()
-	}
-	f := false
-	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
-		TemplateID: handle, Timeout: maxBuildTime,
-		// The build reads the sandbox's layer (isolation.LayerReader),
-		// which native sandboxes give and gVisor's, whose writable layer
-		// is gVisor's own overlay file, do not: a build runs on native
-		// whatever the daemon's default backend.
-		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID, sandbox.BackendMetadataKey: buildBackend},
-		CPUs:                float64(cpus),
-		MemoryMB:            int64(mem),
-		AllowInternetAccess: &f,
-		Network:             &api.NetworkConfig{AllowOut: slices.Clone(s.opts.Allow), DenyOut: []string{"0.0.0.0/0"}},
-	})
-	if err != nil {
-		forget()
-		return nil, err
-	}
-	box, _, ok := s.opts.Sandboxes.Lookup(sb.ID)
-	lr, isLR := isolation.As[isolation.LayerReader](box)
-	if !ok || !isLR {
-		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), sb.ID)
-		forget()
-		return nil, errors.New("the sandbox backend cannot read a sandbox's layer")
-	}
-	tr := &http.Transport{
-		DialContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return box.DialAgent(ctx) },
-		DisableCompression: true,
-	}
-	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil).WithUser("root")
-	s.logf(buildID, "debug", "", "build sandbox %s started", sb.ID)
-	return &buildBox{s: s, id: sb.ID, handle: handle, envd: e, layers: lr, tr: tr}, nil
-}
-
-func (b *buildBox) kill() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := b.s.opts.Sandboxes.Kill(ctx, b.id); err != nil {
-		b.s.log.Warn("killing a build sandbox", "sandbox_id", b.id, "err", err)
-	}
-	b.tr.CloseIdleConnections()
-	b.s.mu.Lock()
-	delete(b.s.layers, b.handle)
-	delete(b.s.boxRuntimes, b.handle)
-	b.s.mu.Unlock()
-}
-
-// exec runs script with the build context's shell, env and workdir.
-func (b *buildBox) exec(ctx context.Context, c buildCtx, user, script string, out io.Writer) (int, error) {
-	env := copyEnv(c.Env)
-	if pi := b.s.opts.PipIndex; pi != nil {
-		for k, v := range pi.env() {
-			if _, set := env[k]; !set {
-				env[k] = v
-			}
-		}
-	}
-	if p, ok := env["PATH"]; ok {
-		env["PATH"] = p + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	args := []string{"-l", "-c", script}
-	if c.Shell == "/bin/sh" {
-		args = []string{"-c", script}
-	}
-	st, err := b.envd.Run(ctx, client.ProcessSpec{Cmd: cmpOr(c.Shell, "/bin/bash"), Args: args, User: user,
-		Cwd: c.Workdir, Env: env, Stdout: out, Stderr: out})
-	if err != nil {
-		return -1, err
-	}
-	if sig, ok := st.Signal(); ok {
-		return 128 + int(sig), nil
-	}
-	if !st.Exited && st.Error != "" {
-		return -1, errors.New(st.Error)
-	}
-	return st.ExitCode, nil
-}
-
-// lineWriter calls fn for each line written.
-type lineWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-	fn  func(string)
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	for {
-		i := bytes.IndexByte(w.buf.Bytes(), '\n')
-		if i < 0 {
-			if w.buf.Len() > maxLogLine {
-				w.fn(w.buf.String())
-				w.buf.Reset()
-			}
-			return len(p), nil
-		}
-		line := strings.TrimRight(string(w.buf.Next(i+1)), "\r\n")
-		w.fn(line)
-	}
-}
-
-// Flush emits a last line without its newline.
-func (w *lineWriter) Flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.buf.Len() > 0 {
-		w.fn(w.buf.String())
-		w.buf.Reset()
-	}
 }
