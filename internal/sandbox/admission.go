@@ -166,12 +166,24 @@ func (m *Manager) PoolBudget() PoolBudget { return PoolBudget{m} }
 func (b PoolBudget) TryAcquire() bool {
 	m := b.m
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed || m.usedLocked() >= m.max || !m.admitAhead(m.aheadLocked()) {
+	if m.closed || m.usedLocked() >= m.max {
+		m.mu.Unlock()
 		return false
 	}
+	// The unit is taken before the host is read, and the host read outside
+	// the lock (a few /proc files, at every refill), as a create's reserve
+	// does: a create meanwhile counts the unit, and no caller waits on the
+	// manager's lock for the reading.
 	m.pooled++
-	return true
+	inFlight := m.aheadLocked() - 1
+	m.mu.Unlock()
+	if m.capacity == nil || m.capacity.CheckPool(inFlight) == nil {
+		return true
+	}
+	m.mu.Lock()
+	m.pooled--
+	m.mu.Unlock()
+	return false
 }
 
 // Release gives back a unit taken with TryAcquire.
