@@ -14,8 +14,10 @@ import (
 	"github.com/fencesandbox/fence/internal/store"
 )
 
-// Snapshots, forks, checkpoints, rewinds and filesystem-only pauses: all
-// rest on the backend's layers (isolation.Layers, isolation.Checkpointer).
+// What snapshots (snapshots.go), forks, checkpoints and rewinds
+// (checkpoints.go), diffs (diff.go) and filesystem-only pauses share: the
+// layer store, the boot of a sandbox on a layer, and the layer collector.
+// All rest on the backend's layers (isolation.Layers, isolation.Checkpointer).
 //
 // Ownership of layers: the store's snapshot and checkpoint records, and
 // every live sandbox (the layer it booted on, or the layer of its
