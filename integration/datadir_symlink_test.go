@@ -106,7 +106,7 @@ func TestSymlinkedDataDirRestarts(t *testing.T) {
 	// A loop device detaches once its last mount is gone, which the kernel
 	// may finish a moment after the daemon exits.
 	deadline := time.Now().Add(15 * time.Second)
-	for loops := loopsBackedUnder(real); len(loops) > 0; loops = loopsBackedUnder(real) {
+	for loops := testutil.LoopsUnder(real); len(loops) > 0; loops = testutil.LoopsUnder(real) {
 		if time.Now().After(deadline) {
 			t.Errorf("after the last clean stop, %d loop devices are backed by files under %s:\n%s", len(loops), real, strings.Join(loops, "\n"))
 			break
@@ -152,18 +152,4 @@ func mountsAt(mountPoint string) int {
 		}
 	}
 	return n
-}
-
-// loopsBackedUnder lists the loop devices whose backing file is (or was,
-// deleted) under dir, with the file.
-func loopsBackedUnder(dir string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var loops []string
-	for _, p := range files {
-		b, err := os.ReadFile(p)
-		if s := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(s, dir+"/") {
-			loops = append(loops, filepath.Base(filepath.Dir(filepath.Dir(p)))+": "+s)
-		}
-	}
-	return loops
 }

@@ -559,7 +559,7 @@ func TestPoolRestartsOnSymlinkedDirs(t *testing.T) {
 	opts := Options{ImageDir: filepath.Join(link, "img"), MountDir: filepath.Join(link, "mnt"), PoolSize: 2,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	t.Cleanup(func() {
-		for _, mp := range mountPointsUnder(real) {
+		for _, mp := range testutil.MountPointsUnder(real) {
 			unix.Unmount(mp, unix.MNT_DETACH)
 		}
 	})
@@ -604,13 +604,13 @@ func TestPoolRestartsOnSymlinkedDirs(t *testing.T) {
 			t.Errorf("run %d: Close: %v", run, err)
 		}
 	}
-	if mps := mountPointsUnder(real); len(mps) > 0 {
+	if mps := testutil.MountPointsUnder(real); len(mps) > 0 {
 		t.Errorf("after the last clean Close, %d mounts under %s remain: %q", len(mps), real, mps)
 	}
 	// A loop device detaches once its last mount is gone; the kernel may
 	// finish that a moment after the unmount returns.
 	deadline := time.Now().Add(10 * time.Second)
-	for loops := loopsUnder(real); len(loops) > 0; loops = loopsUnder(real) {
+	for loops := testutil.LoopsUnder(real); len(loops) > 0; loops = testutil.LoopsUnder(real) {
 		if time.Now().After(deadline) {
 			t.Errorf("after the last clean Close, %d loop devices are backed by files under %s: %q", len(loops), real, loops)
 			break
@@ -635,7 +635,7 @@ func TestOpenResetsStackedMounts(t *testing.T) {
 	opts := Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 1,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	t.Cleanup(func() {
-		for _, mp := range mountPointsUnder(base) {
+		for _, mp := range testutil.MountPointsUnder(base) {
 			unix.Unmount(mp, unix.MNT_DETACH)
 		}
 	})
@@ -680,43 +680,15 @@ func TestOpenResetsStackedMounts(t *testing.T) {
 	if err := f2.Destroy(); err != nil {
 		t.Errorf("Destroy() = %v", err)
 	}
-	if mps := mountPointsUnder(base); len(mps) > 0 {
+	if mps := testutil.MountPointsUnder(base); len(mps) > 0 {
 		t.Errorf("after Destroy, mounts remain: %q", mps)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for loops := loopsUnder(base); len(loops) > 0; loops = loopsUnder(base) {
+	for loops := testutil.LoopsUnder(base); len(loops) > 0; loops = testutil.LoopsUnder(base) {
 		if time.Now().After(deadline) {
 			t.Errorf("after Destroy, loop devices remain: %q", loops)
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// mountPointsUnder lists the mount points of this mount namespace at or
-// below dir, as mountinfo (the kernel) spells them.
-func mountPointsUnder(dir string) []string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var mps []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if m, ok := parseMountInfo(l); ok && (m.mountPoint == dir || strings.HasPrefix(m.mountPoint, dir+"/")) {
-			mps = append(mps, m.mountPoint)
-		}
-	}
-	slices.SortFunc(mps, func(a, b string) int { return len(b) - len(a) })
-	return mps
-}
-
-// loopsUnder lists the loop devices whose backing file is (or was) under
-// dir, with their backing file.
-func loopsUnder(dir string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var loops []string
-	for _, p := range files {
-		b, err := os.ReadFile(p)
-		if s := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(s, dir+"/") {
-			loops = append(loops, filepath.Base(filepath.Dir(filepath.Dir(p)))+": "+s)
-		}
-	}
-	return loops
 }

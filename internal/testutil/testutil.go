@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,4 +164,33 @@ func RequireRunsc(t testing.TB) string {
 		t.Skipf("runsc missing at %s (build it with scripts/build-runsc.sh): %v", p, err)
 	}
 	return p
+}
+
+// MountPointsUnder lists the mount points of this mount namespace at or
+// below dir, as mountinfo spells them: deepest first, and of mounts
+// stacked at one point the latest first (the order to unmount them in).
+func MountPointsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var mps []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 5 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			mps = append([]string{f[4]}, mps...)
+		}
+	}
+	slices.SortStableFunc(mps, func(a, b string) int { return len(b) - len(a) })
+	return mps
+}
+
+// LoopsUnder lists the loop devices whose backing file is (or was, deleted)
+// under dir, each as "loopN: file".
+func LoopsUnder(dir string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var loops []string
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if s := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(s, dir+"/") {
+			loops = append(loops, filepath.Base(filepath.Dir(filepath.Dir(p)))+": "+s)
+		}
+	}
+	return loops
 }

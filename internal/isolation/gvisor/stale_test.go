@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -34,7 +33,7 @@ func TestCleanupStaleRemovesOldSpelling(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, mp := range mountPointsUnder(real) {
+		for _, mp := range testutil.MountPointsUnder(real) {
 			unix.Unmount(mp, unix.MNT_DETACH)
 		}
 	})
@@ -73,22 +72,10 @@ func TestCleanupStaleRemovesOldSpelling(t *testing.T) {
 	if dirs := append(v2, v1...); len(dirs) > 0 {
 		t.Errorf("cgroups of the earlier instance remain: %q", dirs)
 	}
-	if m := mountPointsUnder(real); len(m) > 0 {
+	if m := testutil.MountPointsUnder(real); len(m) > 0 {
 		t.Errorf("mounts remain under %s: %q", real, m)
 	}
 	if _, err := os.Stat(ownDir); err != nil {
 		t.Errorf("this daemon's own instance went: %v", err)
 	}
-}
-
-// mountPointsUnder lists the mount points at or below dir, deepest first.
-func mountPointsUnder(dir string) []string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var mps []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 5 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			mps = append([]string{f[4]}, mps...)
-		}
-	}
-	return mps
 }

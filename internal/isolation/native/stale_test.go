@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -79,42 +78,17 @@ func TestCleanupStaleRemovesOldSpelling(t *testing.T) {
 	if _, err := os.Stat(ownDir); err != nil {
 		t.Errorf("this daemon's own instance went: %v", err)
 	}
-	if m := mountPointsUnder(real); len(m) > 0 {
+	if m := testutil.MountPointsUnder(real); len(m) > 0 {
 		t.Errorf("mounts remain under %s: %q", real, m)
 	}
-	if l := loopsUnder(real); len(l) > 0 {
+	if l := testutil.LoopsUnder(real); len(l) > 0 {
 		t.Errorf("loop devices remain backed by files under %s: %q", real, l)
 	}
 }
 
-// mountPointsUnder lists the mount points at or below dir, deepest first.
-func mountPointsUnder(dir string) []string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var mps []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 5 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			mps = append([]string{f[4]}, mps...)
-		}
-	}
-	return mps
-}
-
-// loopsUnder lists the loop devices backed by a file (deleted or not)
-// under dir.
-func loopsUnder(dir string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var loops []string
-	for _, p := range files {
-		if b, err := os.ReadFile(p); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
-			loops = append(loops, p+": "+strings.TrimSpace(string(b)))
-		}
-	}
-	return loops
-}
-
 // detachUnder detaches every mount at or below dir.
 func detachUnder(dir string) {
-	for _, mp := range mountPointsUnder(dir) {
+	for _, mp := range testutil.MountPointsUnder(dir) {
 		unix.Unmount(mp, unix.MNT_DETACH)
 	}
 }
