@@ -121,6 +121,26 @@ func TestCapacityRefusesWhatItCannotHold(t *testing.T) {
 		cancel()
 	}
 
+	// The refused create took the warm pool's sandbox back; once its kill
+	// has freed its tasks there can be room for one more sandbox. Fill it,
+	// so that the node holds nothing it could give back when the resume
+	// below asks (the pool refills only with two creates' room to spare).
+	eventually(t, 60*time.Second, "the pool's sandbox given back is gone",
+		func() bool { return len(hostSandboxes(d.DataDir)) == len(boxes) })
+	for range 4 {
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
+		cancel()
+		var again *client.Error
+		if errors.As(err, &again) && again.Status == 503 {
+			break
+		}
+		if err != nil {
+			t.Fatalf("create after the pool gave back: %v, want a refusal or a sandbox", err)
+		}
+		boxes = append(boxes, sb)
+	}
+
 	// The sandbox paused without memory stays paused rather than boot.
 	_, err = d.Client.Connect(ctx, cold.ID(), time.Minute)
 	var resumeRefusal *client.Error
