@@ -1,8 +1,16 @@
 package cgroup
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Settling bounds, shared by the backends' pauses.
@@ -68,4 +76,63 @@ func (g *Group) Settle(ctx context.Context, done <-chan struct{}) (waited time.D
 		}
 		prev, prevAt = cur, now
 	}
+}
+
+// SettleStarts is Settle for a group whose processes the host sees (not a
+// gVisor sandbox's, which live inside its kernel): when none of them
+// started within the last SettleWait there is no start to get past, and it
+// returns at once (0, true) without sampling. A pause of an idle sandbox
+// then costs a freeze, not a quiet window. A group whose processes cannot
+// be listed is settled as Settle does.
+func (g *Group) SettleStarts(ctx context.Context, done <-chan struct{}) (waited time.Duration, quiet bool) {
+	pids, err := g.Pids()
+	if err != nil || startedWithin(pids, SettleWait) {
+		return g.Settle(ctx, done)
+	}
+	return 0, true
+}
+
+// userHZ is the unit of /proc/PID/stat's start time: the kernel reports it
+// in USER_HZ, 100 on every architecture Linux runs fence on.
+const userHZ = 100
+
+// startedWithin reports whether any of pids started less than d ago (or
+// its start cannot be read while it still exists, which counts as recent).
+func startedWithin(pids []int, d time.Duration) bool {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return true
+	}
+	now := time.Duration(ts.Nano())
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // gone since the listing: not a start to wait for
+		}
+		if err != nil {
+			return true
+		}
+		ticks, ok := statStartTime(b)
+		if !ok || now-time.Duration(ticks)*(time.Second/userHZ) < d {
+			return true
+		}
+	}
+	return false
+}
+
+// statStartTime returns field 22 (starttime) of a /proc/PID/stat line. The
+// command name (field 2) may hold spaces and parentheses, so the fields
+// are counted from the last ')'.
+func statStartTime(b []byte) (int64, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After ')' come field 3 (state) onwards: starttime is field 22.
+	if len(f) < 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(f[19], 10, 64)
+	return v, err == nil
 }

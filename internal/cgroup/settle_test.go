@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // TestSettle: Settle lets a group go once a process's start (CPU spent)
@@ -56,4 +57,40 @@ func TestSettle(t *testing.T) {
 			t.Errorf("Settle with done closed called a busy group quiet")
 		}
 	})
+}
+
+// TestSettleStarts: a group whose processes all started more than
+// SettleWait ago is let go at once, without sampling; a process just
+// started counts as a recent start.
+func TestSettleStarts(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("settle-starts", Limits{Pids: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, g, "exec sleep 60")
+	pids, err := g.Pids()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("pids %v, %v", pids, err)
+	}
+	if !startedWithin(pids, time.Hour) {
+		t.Fatalf("a process started just now is not within the last hour")
+	}
+	time.Sleep(SettleWait + 100*time.Millisecond)
+	if startedWithin(pids, SettleWait) {
+		t.Fatalf("a process started over %v ago counts as a recent start", SettleWait)
+	}
+	if waited, quiet := g.SettleStarts(t.Context(), nil); waited != 0 || !quiet {
+		t.Errorf("SettleStarts of a group with no recent start = (%v, %v), want (0, true)", waited, quiet)
+	}
+}
+
+func TestStatStartTime(t *testing.T) {
+	line := []byte("4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615")
+	if v, ok := statStartTime(line); !ok || v != 987654 {
+		t.Errorf("statStartTime = %d, %v; want 987654", v, ok)
+	}
+	if _, ok := statStartTime([]byte("4242 (x) S 1")); ok {
+		t.Errorf("a short line parsed")
+	}
 }

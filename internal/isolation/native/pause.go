@@ -20,10 +20,10 @@ func (s *sandbox) Pause(ctx context.Context) error {
 		return nil
 	}
 	// A command started just before the pause gets past its start first
-	// (see cgroup.Group.Settle), so that what it then waits for (a sleep,
+	// (see cgroup.Group.SettleStarts), so that what it then waits for (a sleep,
 	// a timer) counts on through the freeze instead of starting at the
 	// resume.
-	if waited, quiet := s.cg.Settle(ctx, s.done); !quiet {
+	if waited, quiet := s.cg.SettleStarts(ctx, s.done); !quiet {
 		s.b.log.Debug("pausing a busy sandbox", "sandbox_id", s.id, "waited", waited)
 	}
 	// Refuse new connections before anything stops answering them.
