@@ -177,7 +177,7 @@ type Manager struct {
 
 	allowInternetByDefault bool
 	inspectByDefault       bool
-	audit                  audit.Sink
+	events                 // lifecycle events to the audit trail (audit.go)
 	layers                 isolation.Layers
 	layerMu                layerLock     // see layerLock and gc
 	runImages              runImages     // templates' run images (runimage.go)
@@ -254,7 +254,7 @@ func New(opts Options) (*Manager, error) {
 		defaults:               opts.Defaults.withBuiltins(),
 		allowInternetByDefault: opts.AllowInternetByDefault,
 		inspectByDefault:       opts.InspectByDefault,
-		audit:                  opts.Audit,
+		events:                 events{opts.Audit},
 		layers:                 opts.Layers,
 		gcWake:                 make(chan struct{}, 1),
 		secrets:                opts.Secrets,
@@ -418,7 +418,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		}
 		req.Metadata[BackendMetadataKey] = from.backend
 	}
-	backendName, err := m.backendFor(req)
+	backendName, err := backendFor(m.backend, req)
 	if err != nil {
 		return nil, err
 	}
