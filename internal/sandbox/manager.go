@@ -126,8 +126,8 @@ type Options struct {
 	NoStandbys bool
 	// Network is the sandboxes' network side (their fences, gateway
 	// configurations and policy updates), which New binds to the
-	// Manager; nil means one with fences.Options' defaults (deny-all
-	// egress, no gateway).
+	// Manager (one Manager per Set); nil means one with fences.Options'
+	// defaults (deny-all egress, no gateway).
 	Network *fences.Set
 	// Capacity, if set, admits each create (forks and restores included)
 	// against the host's limits before anything starts, counting the

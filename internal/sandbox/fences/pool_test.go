@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +17,6 @@ import (
 	"github.com/fencesandbox/fence/internal/netfence"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
-	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
 
@@ -47,27 +44,10 @@ func fenceManager(t *testing.T, size int) (*fences.Set, *sandbox.Manager, *fake.
 		pool = warm.New(warm.Options{Backend: be, Size: size, RefillEvery: time.Millisecond})
 		be = pool
 	}
-	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
-	if err != nil {
-		t.Fatal(err)
+	nets, m := newCore(t, be)
+	if pool != nil {
+		t.Cleanup(func() { pool.Close(context.Background()) }) // before the manager's shutdown
 	}
-	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	nets := fences.New(fences.Options{Logger: log})
-	m, err := sandbox.New(sandbox.Options{Backend: be, Store: st, Templates: templates{"base": "/rootfs/base"},
-		Network: nets, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if pool != nil {
-			pool.Close(context.Background())
-		}
-		m.Shutdown(context.Background())
-		st.Close()
-	})
 	if pool != nil {
 		pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.DefaultLimits(), Network: nets.Pool()}, m.PoolBudget())
 		if err := pool.WaitReady(t.Context()); err != nil {

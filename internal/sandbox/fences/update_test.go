@@ -15,20 +15,17 @@ import (
 	"github.com/fencesandbox/fence/internal/store"
 )
 
-// newCore is a Set and the sandbox manager bound to it, over fake
-// sandboxes (no network namespace: a sandbox's Net is the one the manager
-// owns from its create).
-func newCore(t *testing.T) (*fences.Set, *sandbox.Manager) {
+// newCore is a Set and the sandbox manager bound to it, over backend be.
+func newCore(t *testing.T, be isolation.Backend) (*fences.Set, *sandbox.Manager) {
 	t.Helper()
 	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := fake.NewHost()
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	nets := fences.New(fences.Options{Logger: log})
-	m, err := sandbox.New(sandbox.Options{Backend: fake.New(fake.Options{Host: host}), Store: st,
-		Templates: templates{"base": "/rootfs/base"}, Network: nets, Logger: log})
+	m, err := sandbox.New(sandbox.Options{Backend: be, Store: st, Templates: templates{"base": "/rootfs/base"},
+		Network: nets, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,10 +34,17 @@ func newCore(t *testing.T) (*fences.Set, *sandbox.Manager) {
 	}
 	t.Cleanup(func() {
 		m.Shutdown(context.Background())
-		host.Close()
 		st.Close()
 	})
 	return nets, m
+}
+
+// fakeCore is newCore over fake sandboxes without a network namespace
+// (a sandbox's Net is the one the manager owns from its create).
+func fakeCore(t *testing.T) (*fences.Set, *sandbox.Manager) {
+	host := fake.NewHost()
+	t.Cleanup(host.Close)
+	return newCore(t, fake.New(fake.Options{Host: host}))
 }
 
 // TestUpdateNetworkKeepsIngressAndBindings: an update replaces the
@@ -48,7 +52,7 @@ func newCore(t *testing.T) (*fences.Set, *sandbox.Manager) {
 // keeps the placeholders the sandbox holds bound, keeps the ingress
 // fields it shows, and records allow_internet_access.
 func TestUpdateNetworkKeepsIngressAndBindings(t *testing.T) {
-	nets, m := newCore(t)
+	nets, m := fakeCore(t)
 	closed := false
 	s, err := m.Create(t.Context(), sandbox.CreateRequest{TemplateID: "base",
 		Network: &api.NetworkConfig{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"},
@@ -103,7 +107,7 @@ func TestUpdateNetworkKeepsIngressAndBindings(t *testing.T) {
 // config and what the sandbox shows as they were; an unknown sandbox is
 // api.ErrNotFound.
 func TestUpdateNetworkBadInputChangesNothing(t *testing.T) {
-	nets, m := newCore(t)
+	nets, m := fakeCore(t)
 	s, err := m.Create(t.Context(), sandbox.CreateRequest{TemplateID: "base",
 		Network: &api.NetworkConfig{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}})
 	if err != nil {
@@ -130,7 +134,7 @@ func TestUpdateNetworkBadInputChangesNothing(t *testing.T) {
 // isolation.ErrNotFound and to a paused one isolation.ErrPaused, as the
 // core knows them.
 func TestDialPortFollowsTheCore(t *testing.T) {
-	nets, m := newCore(t)
+	nets, m := fakeCore(t)
 	if _, err := nets.DialPort(t.Context(), "nope", 80); !errors.Is(err, isolation.ErrNotFound) {
 		t.Errorf("DialPort(unknown) = %v, want ErrNotFound", err)
 	}
