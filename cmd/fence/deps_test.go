@@ -42,6 +42,12 @@ func TestImportDirection(t *testing.T) {
 		// (api/envd): the Go SDK is a client of the daemon, not a part of it.
 		{pkg: "internal/sandbox", banned: []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native",
 			mod + "client", mod + "internal/router"}},
+		// A create walks down, never back up into the lifecycle core: the
+		// backends attach a sandbox's network to the isolation.Network
+		// they are handed, and the network side (fences) reaches the core
+		// only through the interface it declares.
+		{pkg: "internal/isolation/...", banned: []string{mod + "internal/sandbox", mod + "internal/daemon", mod + "internal/httpapi"}},
+		{pkg: "internal/sandbox/fences", banned: []string{mod + "internal/sandbox$", mod + "internal/daemon", mod + "internal/httpapi"}},
 		// The daemon's HTTP API does not know whether a router stands in
 		// front of it.
 		{pkg: "internal/httpapi", banned: []string{mod + "internal/daemon", mod + "internal/isolation/native", mod + "internal/router"}},

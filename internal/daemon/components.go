@@ -33,6 +33,7 @@ import (
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/export"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
@@ -71,6 +72,7 @@ type node struct {
 	layers    isolation.Layers
 	builds    *tbuild.Service
 	gate      *capacity.Gate
+	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
 	mgrRef    managerRef // mgr, for the parts made before it
 }
@@ -359,9 +361,10 @@ func (d *node) openBuilds(ctx context.Context) error {
 	return nil
 }
 
-// startSandboxes makes and starts the sandbox manager, which owns the
-// sandboxes' network fence, and binds the parts made before it to it.
-// Its teardown kills every sandbox (also after a failed start).
+// startSandboxes makes the sandboxes' network side (their fences and
+// egress gateway configurations), then makes and starts the sandbox
+// manager over it, and binds the parts made before it to it. Its
+// teardown kills every sandbox (also after a failed start).
 func (d *node) startSandboxes(ctx context.Context) error {
 	o := d.opts
 	gate, err := capacity.New(capacity.Options{Source: capacitySource(o, d.native)})
@@ -370,6 +373,17 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	}
 	d.gate = gate
 	registerCapacityMetrics(d.reg, gate)
+	d.nets = fences.New(fences.Options{
+		Fence:                  fenceConfig(o, d.flows, d.netShared, d.hostAddrs, d.log),
+		Gateway:                d.gw,
+		AllowInternetByDefault: o.AllowInternet,
+		InspectByDefault:       o.Inspect,
+		Secrets:                d.secrets,
+		HostAddrs:              d.hostAddrs,
+		Hosts:                  d.hosts,
+		NeverCIDRs:             o.DenyCIDRs,
+		Logger:                 d.log,
+	})
 	mgr, err := sandbox.New(sandbox.Options{
 		Capacity:     gate,
 		Backend:      d.pool,
@@ -379,17 +393,11 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		MaxSandboxes: o.MaxSandboxes,
 		Logger:       d.log,
 
-		AllowInternetByDefault: o.AllowInternet,
-		InspectByDefault:       o.Inspect,
-		Audit:                  d.sources.sink,
-		Secrets:                d.secrets,
-		Sealer:                 d.secrets,
-		CAEnv:                  native.CAEnv(),
-		HostAddrs:              d.hostAddrs,
-		Fence:                  fenceConfig(o, d.gw, &d.mgrRef, d.flows, d.netShared, d.hostAddrs, d.log),
-		Hosts:                  d.hosts,
-		NeverCIDRs:             o.DenyCIDRs,
-		Layers:                 d.layers,
+		Network: d.nets,
+		Audit:   d.sources.sink,
+		Sealer:  d.secrets,
+		CAEnv:   native.CAEnv(),
+		Layers:  d.layers,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
@@ -432,7 +440,7 @@ func (d *node) stopSandboxes(ctx context.Context) {
 func (d *node) startWarmPools(ctx context.Context) error {
 	for _, name := range []string{"base", "minimal"} {
 		if rootfs, err := d.templates.Resolve(name); err == nil {
-			d.pool.Start(warm.Target{RootFS: rootfs, Limits: d.mgr.DefaultLimits(), Network: d.mgr.PoolNetwork()}, d.mgr.PoolBudget())
+			d.pool.Start(warm.Target{RootFS: rootfs, Limits: d.mgr.DefaultLimits(), Network: d.nets.Pool()}, d.mgr.PoolBudget())
 			break
 		}
 	}
@@ -521,6 +529,7 @@ func (d *node) newServer() (*http.Server, error) {
 	timeouts := o.HTTP.withDefaults()
 	var handler http.Handler = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
+		Network:         d.nets,
 		APIKey:          d.key,
 		Domain:          o.Domain,
 		Logger:          d.log,

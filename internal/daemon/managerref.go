@@ -3,18 +3,16 @@ package daemon
 import (
 	"sync/atomic"
 
-	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // managerRef is the sandbox manager as the parts made before it see it:
-// the egress gateway asks it for a sandbox's gateway config and the flow
-// recorder counts egress bytes with it. Those parts are arguments of
-// sandbox.New (its network fence), so they are made first and given this
-// narrow view, which is bound to the manager exactly once, by the step
-// that makes it, before any sandbox can be handed out. Until then a
-// lookup finds no config and usage is not counted: there is no sandbox
-// for either to be about.
+// the flow recorder counts egress bytes with it. The recorder is an
+// argument of the sandboxes' network fence, which sandbox.New takes, so
+// it is made first and given this narrow view, which is bound to the
+// manager exactly once, by the step that makes it, before any sandbox can
+// be handed out. Until then usage is not counted: there is no sandbox for
+// it to be about.
 type managerRef struct {
 	m atomic.Pointer[sandbox.Manager]
 }
@@ -24,14 +22,6 @@ func (r *managerRef) bind(m *sandbox.Manager) {
 	if !r.m.CompareAndSwap(nil, m) {
 		panic("daemon: sandbox manager bound twice")
 	}
-}
-
-// GatewayConfig is the manager's gateway config of sandbox id, or nil.
-func (r *managerRef) GatewayConfig(id string) *gateway.Config {
-	if m := r.m.Load(); m != nil {
-		return m.GatewayConfig(id)
-	}
-	return nil
 }
 
 // AddEgress counts a flow's bytes against sandbox id.

@@ -20,7 +20,7 @@ import (
 func TestBodyIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	e := newTestEnv(t)
-	srv := httptest.NewServer(New(Options{Manager: e.m, APIKey: testKey, Domain: "fence.test", BodyIdleTimeout: idle}))
+	srv := httptest.NewServer(New(Options{Manager: e.m, Network: e.net, APIKey: testKey, Domain: "fence.test", BodyIdleTimeout: idle}))
 	t.Cleanup(srv.Close)
 	addr := srv.Listener.Addr().String()
 

@@ -45,6 +45,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 )
 
 // Manager is the part of *sandbox.Manager the API uses.
@@ -57,10 +58,8 @@ type Manager interface {
 	Kill(ctx context.Context, id string) error
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
-	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
-	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
@@ -71,10 +70,22 @@ type Manager interface {
 
 var _ Manager = (*sandbox.Manager)(nil)
 
+// Network is the part of the sandboxes' network side (*fences.Set) the API
+// uses: ingress to a sandbox's ports and its policy updates.
+type Network interface {
+	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
+	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
+}
+
+var _ Network = (*fences.Set)(nil)
+
 // Options configure the handler.
 type Options struct {
 	// Manager runs the sandboxes. Required.
 	Manager Manager
+	// Network reaches the sandboxes' ports and updates their network.
+	// Required with Manager.
+	Network Network
 	// APIKey is required in X-API-Key on control-plane routes. If empty,
 	// every authenticated route answers 401: the API fails closed.
 	APIKey string
@@ -116,6 +127,7 @@ const maxBodyBytes = 1 << 20
 
 type handler struct {
 	m      Manager
+	net    Network
 	apiKey []byte
 	domain string
 	log    *slog.Logger
@@ -147,6 +159,7 @@ type handler struct {
 func New(opts Options) http.Handler {
 	h := &handler{
 		m:           opts.Manager,
+		net:         opts.Network,
 		apiKey:      []byte(opts.APIKey),
 		domain:      opts.Domain,
 		log:         opts.Logger,

@@ -22,6 +22,7 @@ import (
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -40,6 +41,7 @@ func (ts templates) Resolve(name string) (string, error) {
 type testEnv struct {
 	srv  *httptest.Server
 	m    *sandbox.Manager
+	net  *fences.Set
 	host *fake.Host
 	st   *store.Store
 	sec  *secrets.Store
@@ -59,7 +61,9 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 		fo = fopts[0]
 	}
 	fo.Host = host
+	nets := fences.New(fences.Options{Logger: log})
 	m, err := sandbox.New(sandbox.Options{
+		Network:   nets,
 		Backend:   fake.New(fo),
 		Store:     st,
 		Templates: templates{"base": "/rootfs/base"},
@@ -79,7 +83,7 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Manager: m, APIKey: testKey, Domain: "fence.test", Logger: log,
+	srv := httptest.NewServer(New(Options{Manager: m, Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
 		Secrets: sec, Downloads: dl}))
 	t.Cleanup(func() {
 		srv.Close()
@@ -87,7 +91,7 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 		host.Close()
 		st.Close()
 	})
-	return &testEnv{srv: srv, m: m, host: host, st: st, sec: sec, dl: dl}
+	return &testEnv{srv: srv, m: m, net: nets, host: host, st: st, sec: sec, dl: dl}
 }
 
 // do sends a request; hdr entries are "Name: value". A nil body sends none.
@@ -176,7 +180,7 @@ func TestHealthAndAuth(t *testing.T) {
 
 func TestEmptyAPIKeyFailsClosed(t *testing.T) {
 	e := newTestEnv(t)
-	h := New(Options{Manager: e.m})
+	h := New(Options{Manager: e.m, Network: e.net})
 	for _, key := range []string{"", "x"} {
 		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
 		if key != "" {

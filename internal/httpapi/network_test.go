@@ -28,7 +28,7 @@ func (e *testEnv) detail(t *testing.T, id string) (api.SandboxDetail, string) {
 // to dst (handed out for names).
 func (e *testEnv) allowed(t *testing.T, id, dst string, names ...string) bool {
 	t.Helper()
-	nw := e.m.SandboxNet(id)
+	nw := e.net.Net(id)
 	if nw == nil {
 		t.Fatalf("sandbox %s has no fence", id)
 	}
@@ -71,7 +71,7 @@ func TestNetworkCreateAndGetInfo(t *testing.T) {
 		!e.allowed(t, sb.SandboxID, "8.8.8.8:443", "api.example.com") {
 		t.Errorf("policy does not follow allowOut exceptions to a deny-all")
 	}
-	if p := e.m.SandboxNet(sb.SandboxID).Proxy(); p == nil || p.Password != "hunter2-pw" {
+	if p := e.net.Net(sb.SandboxID).Proxy(); p == nil || p.Password != "hunter2-pw" {
 		t.Errorf("sandbox egress proxy = %v, want the configured one with its password", p)
 	}
 
@@ -167,7 +167,7 @@ func TestNetworkUpdate(t *testing.T) {
 	if !e.allowed(t, id, "8.8.8.8:443") || e.allowed(t, id, "1.1.1.1:443") || !e.allowed(t, id, "9.9.9.9:443", "a.example.org") {
 		t.Errorf("policy after PUT does not follow the new lists")
 	}
-	if p := e.m.SandboxNet(id).Proxy(); p != nil {
+	if p := e.net.Net(id).Proxy(); p != nil {
 		t.Errorf("egress proxy after a PUT without one = %v, want none", p)
 	}
 
@@ -200,7 +200,7 @@ func TestNetworkUpdate(t *testing.T) {
 	if _, raw := e.detail(t, id); strings.Contains(raw, "pw-two") || !strings.Contains(raw, `"egressProxy":{"address":"198.51.100.6:1080","username":"bob"}`) {
 		t.Errorf("getInfo after PUT proxy = %s", raw)
 	}
-	if p := e.m.SandboxNet(id).Proxy(); p == nil || p.Address != "198.51.100.6:1080" || p.Password != "pw-two" {
+	if p := e.net.Net(id).Proxy(); p == nil || p.Address != "198.51.100.6:1080" || p.Password != "pw-two" {
 		t.Errorf("sandbox egress proxy = %v", p)
 	}
 

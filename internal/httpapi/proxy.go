@@ -356,8 +356,8 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 			if err != nil {
 				return nil, fmt.Errorf("dialing sandbox %s: bad port %q", id, portText)
 			}
-			// Through the sandbox's fence, which the manager owns.
-			return h.m.DialPort(ctx, id, uint16(port))
+			// Through the sandbox's fence, which the network side owns.
+			return h.net.DialPort(ctx, id, uint16(port))
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     30 * time.Second,

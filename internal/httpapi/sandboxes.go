@@ -275,7 +275,7 @@ func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request) {
 			AllowOut: req.AllowOut, DenyOut: req.DenyOut, Rules: req.Rules,
 			EgressProxy: req.EgressProxy, Inspect: req.Inspect, Passthrough: req.Passthrough,
 		}
-		return h.m.UpdateNetwork(ctx, id, req.AllowInternetAccess, n)
+		return h.net.UpdateNetwork(ctx, id, req.AllowInternetAccess, n)
 	})
 }
 

@@ -106,8 +106,10 @@ type Spec struct {
 	// several (isolation/multi); empty means the default.
 	Backend string
 	// Network is the sandbox's network fence, which its owner keeps (the
-	// sandbox manager: policy, egress proxy, ingress): the backend attaches
-	// every network namespace it makes for the sandbox to it. Required.
+	// daemon's network side, internal/sandbox/fences: policy, egress
+	// proxy, ingress): the backend attaches every network namespace it
+	// makes for the sandbox to it, and calls nothing else of the owner.
+	// Required.
 	Network Network `json:"-"`
 	// Background marks a sandbox started ahead of its use (a warm pool's):
 	// a backend that can gives it a low CPU weight, so that its start

@@ -3,10 +3,11 @@
 // the namespace's only way out, and a user-space stack in the daemon
 // (internal/egress) terminates its packets and decides on each flow.
 //
-// The fence is its owner's (the sandbox manager's), not the isolation
-// backend's: the owner keeps one Net per sandbox (Fence.New), with the
-// sandbox's current policy and egress proxy, and hands it to the backend
-// as the sandbox's isolation.Network. The backend makes (or is handed) the
+// The fence is its owner's (the daemon's network side,
+// internal/sandbox/fences), not the isolation backend's: the owner keeps
+// one Net per sandbox (Fence.New), with the sandbox's current policy and
+// egress proxy, and hands it to the backend as the sandbox's
+// isolation.Network. The backend makes (or is handed) the
 // sandbox's network namespace and attaches it; everything past the
 // namespace (addresses, resolver, policy, gateway, flow records,
 // bandwidth) is the Fence's, set once by the owner. The native backend

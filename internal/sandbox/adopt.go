@@ -30,7 +30,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	}
 	// Its fence is the Manager's (takeOver holds it), deny-all until the
 	// network is compiled below.
-	box, err := a.Adopt(ctx, rec.ID, m.fences.network(nil, nil))
+	box, err := a.Adopt(ctx, rec.ID, m.fences.Network(nil, nil))
 	if err != nil {
 		if !errors.Is(err, isolation.ErrNotFound) {
 			m.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
@@ -45,7 +45,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	if haveCR {
 		req = netconf.Request{AllowInternetAccess: cr.AllowInternetAccess, Network: cr.Network}
 	}
-	nc, err := m.compileNetwork(ctx, req)
+	nc, err := m.fences.Compile(ctx, req)
 	if err == nil && box.ID() != rec.ID {
 		err = errors.New("the backend adopted another sandbox")
 	}
@@ -54,9 +54,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Sandbox) bool {
 		m.killBox(ctx, box)
 		return false
 	}
-	gw := &gatewayState{}
-	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
-	m.gateways.Store(rec.ID, gw)
+	m.fences.SetGateway(rec.ID, nc, cr.Bindings)
 	clock := m.now()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
@@ -95,7 +93,7 @@ func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolati
 	e.mu.Lock()
 	nc := e.net
 	e.mu.Unlock()
-	applyNetwork(m.fences.own(id, nil, nil), nc, true)
+	m.fences.Apply(m.fences.Own(id, nil, nil), nc, true)
 	e.setBox(box)
 	m.mu.Lock()
 	m.running[id] = e

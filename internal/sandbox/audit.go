@@ -8,13 +8,19 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 )
 
+// events records the lifecycle events (create, kill and why, pause, …) in
+// the audit trail; the Manager embeds it.
+type events struct {
+	audit audit.Sink // nil: nothing is recorded
+}
+
 // record appends a lifecycle event to the audit trail, if there is one.
 // The actor is the one ctx carries (the API key's holder), or "daemon".
-func (m *Manager) record(ctx context.Context, typ, id string, data map[string]any) {
-	if m.audit == nil {
+func (ev events) record(ctx context.Context, typ, id string, data map[string]any) {
+	if ev.audit == nil {
 		return
 	}
-	m.audit.Append(context.WithoutCancel(ctx), audit.Event{Type: typ, SandboxID: id, Actor: audit.ActorFrom(ctx), Data: data})
+	ev.audit.Append(context.WithoutCancel(ctx), audit.Event{Type: typ, SandboxID: id, Actor: audit.ActorFrom(ctx), Data: data})
 }
 
 // createRecord is what the audit trail keeps of a create: never the

@@ -9,19 +9,19 @@ import "github.com/fencesandbox/fence/internal/isolation"
 // sandbox's metadata like any other key.
 const BackendMetadataKey = "fence.backend"
 
-// backendFor returns the backend a create asks for: "" for the default.
-// An unknown name is invalid input.
-func (m *Manager) backendFor(req CreateRequest) (string, error) {
+// backendFor returns the backend of b a create asks for: "" for the
+// default. An unknown name is invalid input.
+func backendFor(b isolation.Backend, req CreateRequest) (string, error) {
 	name, ok := req.Metadata[BackendMetadataKey]
-	if !ok || name == m.backend.Name() {
+	if !ok || name == b.Name() {
 		return "", nil
 	}
 	has := func(n string) bool { return false }
-	if h, ok := isolation.As[interface{ Has(string) bool }](m.backend); ok {
+	if h, ok := isolation.As[interface{ Has(string) bool }](b); ok {
 		has = h.Has
 	}
 	if name == "" || !has(name) {
-		return "", invalid("metadata %s: backend %q is not available on this daemon (default %q)", BackendMetadataKey, name, m.backend.Name())
+		return "", invalid("metadata %s: backend %q is not available on this daemon (default %q)", BackendMetadataKey, name, b.Name())
 	}
 	return name, nil
 }

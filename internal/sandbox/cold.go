@@ -120,9 +120,7 @@ func (m *Manager) coldData(ctx context.Context, e *entry, layer string) ([]byte,
 		cr.Network = &c
 	}
 	e.mu.Unlock()
-	if g := m.GatewayConfig(id); g != nil {
-		cr.Bindings = g.Bindings
-	}
+	cr.Bindings = m.fences.Bindings(id)
 	raw, err := json.Marshal(cr)
 	if err != nil {
 		return nil, err
@@ -185,12 +183,10 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 	if st, err := os.Stat(cr.Spec.RootFS); err != nil || !st.IsDir() {
 		return warn(fmt.Errorf("its template root %q is gone", cr.Spec.RootFS))
 	}
-	nc, err := m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: cr.AllowInternetAccess, Network: cr.Network})
+	nc, err := m.fences.Compile(ctx, netconf.Request{AllowInternetAccess: cr.AllowInternetAccess, Network: cr.Network})
 	if err != nil {
 		return warn(err)
 	}
-	gw := &gatewayState{}
-	gw.cfg.Store(m.gatewayConfig(nc, cr.Bindings))
 	clock := m.now()
 	info := &Sandbox{
 		ID: rec.ID, TemplateID: rec.Template, Alias: rec.Alias, State: StatePaused,
@@ -213,7 +209,7 @@ func (m *Manager) adoptCold(ctx context.Context, rec *store.Sandbox) bool {
 		e.timeout = m.defaults.Timeout
 	}
 	e.checkpointed.Store(true) // its checkpoints, if any, are still recorded
-	m.gateways.Store(rec.ID, gw)
+	m.fences.SetGateway(rec.ID, nc, cr.Bindings)
 	m.takeOver(ctx, rec.ID, e, parkedBox{rec.ID}, "sandbox paused without memory by a previous daemon taken over")
 	return true
 }

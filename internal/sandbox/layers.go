@@ -63,7 +63,7 @@ func (m *Manager) layerStore() (LayerStore, error) {
 // network nc (a sandbox already under its ID, a reboot's, keeps the
 // fence it has, and its policy).
 func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
-	spec.Network = m.fences.network(nc.Policy, nc.Proxy)
+	spec.Network = m.fences.Network(nc.Policy, nc.Proxy)
 	return m.layers.CreateOn(ctx, spec, layer)
 }
 

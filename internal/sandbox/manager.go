@@ -8,18 +8,16 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/capacity"
-	"github.com/fencesandbox/fence/internal/egress/policy"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
-	"github.com/fencesandbox/fence/internal/netfence"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -104,28 +102,8 @@ type Options struct {
 	// KilledRetention is how long killed records stay in the store before
 	// Start prunes them; 0 means 24h.
 	KilledRetention time.Duration
-	// AllowInternetByDefault is the egress of a sandbox whose request says
-	// nothing about its network: false (deny all, the default) or true
-	// (every public address; never the host, link-local, metadata or
-	// private ranges).
-	AllowInternetByDefault bool
-	// HostAddrs are the host's own addresses, never reachable from a
-	// sandbox whatever its policy.
-	HostAddrs []netip.Addr
-	// Hosts, if set, is the live set of the host's own addresses
-	// (internal/hostaddr), never reachable either, as it changes.
-	Hosts policy.HostSet
-	// NeverCIDRs are the operator's ranges that no sandbox may reach,
-	// whatever its policy lists.
-	NeverCIDRs []netip.Prefix
 	// Audit, if set, receives the lifecycle events (create, kill and why).
 	Audit audit.Sink
-	// InspectByDefault makes the egress gateway intercept every
-	// name-allowed TLS flow of a sandbox whose network says nothing about
-	// inspection (fence serve --inspect).
-	InspectByDefault bool
-	// Secrets, if set, is checked for the secrets a create binds.
-	Secrets gateway.Secrets
 	// Sealer, if set, seals what the store keeps of a filesystem-only
 	// pause (its environment among it), which then outlives the daemon;
 	// without it such a pause lasts as long as the daemon.
@@ -146,11 +124,11 @@ type Options struct {
 	// boot (standby.go), at the cost of one idle sandbox per checkpointed
 	// one.
 	NoStandbys bool
-	// Fence is the sandboxes' network fence (resolver, host addresses,
-	// flow records, bandwidth, gateway); zero fields take netfence's
-	// defaults. The Manager owns each sandbox's fence: backends attach
-	// their namespaces to it (isolation.Spec.Network).
-	Fence netfence.Fence
+	// Network is the sandboxes' network side (their fences, gateway
+	// configurations and policy updates), which New binds to the
+	// Manager (one Manager per Set); nil means one with fences.Options'
+	// defaults (deny-all egress, no gateway).
+	Network *fences.Set
 	// Capacity, if set, admits each create (forks and restores included)
 	// against the host's limits before anything starts, counting the
 	// creates in flight; sandboxes started ahead of demand (warm pools,
@@ -175,25 +153,17 @@ type Manager struct {
 	templates Templates
 	defaults  Defaults
 
-	allowInternetByDefault bool
-	inspectByDefault       bool
-	audit                  audit.Sink
-	layers                 isolation.Layers
-	layerMu                layerLock     // see layerLock and gc
-	runImages              runImages     // templates' run images (runimage.go)
-	gcWake                 chan struct{} // nudges the layer collector; buffered 1
-	secrets                gateway.Secrets
-	sealer                 Sealer
-	caEnv                  map[string]string
+	events    // lifecycle events to the audit trail (audit.go)
+	layers    isolation.Layers
+	layerMu   layerLock     // see layerLock and gc
+	runImages runImages     // templates' run images (runimage.go)
+	gcWake    chan struct{} // nudges the layer collector; buffered 1
+	sealer    Sealer
+	caEnv     map[string]string
 	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
 	warmTemplates sync.Map // string → bool
-	// gateways holds each handed-out sandbox's *gatewayState, by ID.
-	gateways  sync.Map
-	hostAddrs []netip.Addr
-	hosts     policy.HostSet
-	never     []netip.Prefix
-	max       int
-	capacity  *capacity.Gate // nil admits anything the count allows
+	max           int
+	capacity      *capacity.Gate // nil admits anything the count allows
 	// admitMu serialises admissions, so that each sees the creates
 	// admitted before it in pending.
 	admitMu    sync.Mutex
@@ -202,8 +172,7 @@ type Manager struct {
 	log        *slog.Logger
 	now        func() time.Time
 
-	netMu  sync.Mutex // serialises UpdateNetwork
-	fences *fences    // each sandbox's network fence, by ID (fence.go)
+	fences *fences.Set // the sandboxes' network side (network.go)
 
 	wake chan struct{} // nudges the reaper; buffered 1
 	stop chan struct{} // closed by Shutdown
@@ -246,36 +215,34 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
 	}
 	m := &Manager{
-		noStandbys:             opts.NoStandbys,
-		standbyBoot:            make(chan struct{}, 1),
-		backend:                opts.Backend,
-		store:                  opts.Store,
-		templates:              opts.Templates,
-		defaults:               opts.Defaults.withBuiltins(),
-		allowInternetByDefault: opts.AllowInternetByDefault,
-		inspectByDefault:       opts.InspectByDefault,
-		audit:                  opts.Audit,
-		layers:                 opts.Layers,
-		gcWake:                 make(chan struct{}, 1),
-		secrets:                opts.Secrets,
-		sealer:                 opts.Sealer,
-		caEnv:                  opts.CAEnv,
-		hostAddrs:              opts.HostAddrs,
-		hosts:                  opts.Hosts,
-		never:                  opts.NeverCIDRs,
-		max:                    opts.MaxSandboxes,
-		capacity:               opts.Capacity,
-		maxTimeout:             opts.MaxTimeout,
-		retention:              opts.KilledRetention,
-		log:                    opts.Logger,
-		now:                    opts.Now,
-		wake:                   make(chan struct{}, 1),
-		fences:                 newFences(opts.Fence, opts.Logger),
-		stop:                   make(chan struct{}),
-		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
-		running:                map[string]*entry{},
+		noStandbys:  opts.NoStandbys,
+		standbyBoot: make(chan struct{}, 1),
+		backend:     opts.Backend,
+		store:       opts.Store,
+		templates:   opts.Templates,
+		defaults:    opts.Defaults.withBuiltins(),
+		events:      events{opts.Audit},
+		layers:      opts.Layers,
+		gcWake:      make(chan struct{}, 1),
+		sealer:      opts.Sealer,
+		caEnv:       opts.CAEnv,
+		max:         opts.MaxSandboxes,
+		capacity:    opts.Capacity,
+		maxTimeout:  opts.MaxTimeout,
+		retention:   opts.KilledRetention,
+		log:         opts.Logger,
+		now:         opts.Now,
+		wake:        make(chan struct{}, 1),
+		fences:      opts.Network,
+		stop:        make(chan struct{}),
+		sampleEvery: cmp.Or(opts.SampleEvery, 5*time.Second),
+		running:     map[string]*entry{},
 	}
 	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
+	if m.fences == nil {
+		m.fences = fences.New(fences.Options{Logger: opts.Logger})
+	}
+	m.fences.Bind(netCore{m})
 	if m.max <= 0 {
 		m.max = 1000
 	}
@@ -418,7 +385,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		}
 		req.Metadata[BackendMetadataKey] = from.backend
 	}
-	backendName, err := m.backendFor(req)
+	backendName, err := backendFor(m.backend, req)
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +399,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		from.parent.mu.Lock()
 		nc = from.parent.net
 		from.parent.mu.Unlock()
-	} else if nc, err = m.compileNetwork(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
+	} else if nc, err = m.fences.Compile(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
 		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars}); err != nil {
 		return nil, err
 	}
@@ -463,14 +430,10 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		bindings []gateway.Binding
 	)
 	if from != nil && from.parent != nil {
-		if g := m.GatewayConfig(from.parent.sb().ID()); g != nil {
-			bindings = g.Bindings
-		}
-	} else if phEnv, bindings, err = m.bindSecrets(ctx, nc.Bindings); err != nil {
+		bindings = m.fences.Bindings(from.parent.sb().ID())
+	} else if phEnv, bindings, err = m.fences.BindSecrets(ctx, nc.Bindings); err != nil {
 		return nil, err
 	}
-	gw := &gatewayState{}
-	gw.cfg.Store(m.gatewayConfig(nc, bindings))
 	env := req.EnvVars
 	var base map[string]string // a snapshot's environment, under the request's
 	if from != nil {
@@ -506,7 +469,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
 		restored = true
 	} else {
-		spec.Network = m.fences.network(nc.Policy, nc.Proxy)
+		spec.Network = m.fences.Network(nc.Policy, nc.Proxy)
 		box, err = m.backend.Create(ctx, spec)
 	}
 	if err != nil {
@@ -529,12 +492,12 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	// with nc at the Attach, unless a warm pool made it (deny-all) for a
 	// sandbox started ahead: that one takes nc now, before anything of
 	// the request runs.
-	if nw := m.fences.own(id, nc.Policy, nc.Proxy); nw.Policy() != nc.Policy || nw.Proxy() != nc.Proxy {
-		applyNetwork(nw, nc, nw.Proxy() != nc.Proxy)
+	if nw := m.fences.Own(id, nc.Policy, nc.Proxy); nw.Policy() != nc.Policy || nw.Proxy() != nc.Proxy {
+		m.fences.Apply(nw, nc, nw.Proxy() != nc.Proxy)
 	}
 	defer func() {
 		if !registered {
-			m.fences.drop(id)
+			m.fences.Drop(id)
 		}
 	}()
 	// A layer with memory goes on where its source was: its services and
@@ -542,18 +505,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	resumed := from != nil && from.memory
 	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
 		if err := m.waitReady(ctx, id, func(ctx context.Context, port uint16) (net.Conn, error) {
-			return m.fences.dial(ctx, id, port)
+			return m.fences.Dial(ctx, id, port)
 		}, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
 	}
-	m.gateways.Store(id, gw)
-	defer func() {
-		if !registered {
-			m.gateways.Delete(id)
-		}
-	}()
+	m.fences.SetGateway(id, nc, bindings)
 	// Start and ready commands run once the sandbox's egress gateway knows
 	// it; a sandbox restored from a run image has them running already.
 	if !restored && !resumed {
@@ -684,8 +642,7 @@ func (m *Manager) watch(e *entry) {
 	cur, ok := m.running[e.sb().ID()]
 	if ok && cur == e {
 		delete(m.running, e.sb().ID())
-		m.gateways.Delete(e.sb().ID())
-		m.fences.drop(e.sb().ID())
+		m.fences.Drop(e.sb().ID())
 		m.dying++
 	}
 	m.mu.Unlock()
@@ -718,8 +675,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	for id, e := range m.running {
 		all = append(all, e)
 		delete(m.running, id)
-		m.gateways.Delete(id)
-		m.fences.drop(id)
+		m.fences.Drop(id)
 	}
 	m.mu.Unlock()
 	close(m.stop)

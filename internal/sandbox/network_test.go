@@ -28,7 +28,7 @@ func TestProxyPasswordNeverStored(t *testing.T) {
 	sb := e.mustCreate(t, CreateRequest{Network: &api.NetworkConfig{
 		EgressProxy: &api.EgressProxy{Address: "198.51.100.5:1080", Username: "alice", Password: pw},
 	}})
-	if err := e.m.UpdateNetwork(t.Context(), sb.ID, nil, &api.NetworkConfig{
+	if err := e.m.fences.UpdateNetwork(t.Context(), sb.ID, nil, &api.NetworkConfig{
 		EgressProxy: &api.EgressProxy{Address: "198.51.100.6:1080", Username: "bob", Password: pw + "2"},
 	}); err != nil {
 		t.Fatal(err)

@@ -209,8 +209,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	e, ok := m.running[id]
 	if ok {
 		delete(m.running, id)
-		m.gateways.Delete(id)
-		m.fences.drop(id)
+		m.fences.Drop(id)
 		m.dying++
 	}
 	m.mu.Unlock()

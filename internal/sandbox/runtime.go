@@ -144,7 +144,7 @@ func (m *Manager) WarmTarget(name string) (warm.Target, error) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, rt.Env)
-	t := warm.Target{RootFS: rootfs, Limits: limits, Network: m.PoolNetwork(),
+	t := warm.Target{RootFS: rootfs, Limits: limits, Network: m.fences.Pool(),
 		Agent: isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir}}
 	if rt.StartCmd != "" || rt.ReadyCmd != "" {
 		m.warmTemplates.Store(name, true)

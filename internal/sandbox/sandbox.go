@@ -40,15 +40,18 @@
 //     secret bindings; its processes and memory are not kept.
 //   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
 //     report api.ErrNotFound (or false) for it.
-//   - The Manager owns every sandbox's network fence (fence.go): one
-//     netfence.Net per sandbox ID, made from Options.Fence with the
-//     sandbox's policy and egress proxy before the backend attaches the
-//     sandbox's namespace (isolation.Spec.Network), kept over the
-//     sandbox's pauses, resumes and reboots and released once the
-//     sandbox is gone and its last namespace detached. Policy updates,
-//     the egress proxy and ingress (DialPort) go to it; a sandbox is
-//     deny-all until the Manager gives its fence a policy (a warm pool's,
-//     made ahead on PoolNetwork, until the create that takes it).
+//   - Every sandbox's network fence is the network side's
+//     (Options.Network, package fences): one netfence.Net per sandbox ID,
+//     made with the sandbox's policy and egress proxy before the backend
+//     attaches the sandbox's namespace (isolation.Spec.Network, a value
+//     the Manager hands the backend, which calls nothing of the Manager),
+//     held by the Manager over the sandbox's pauses, resumes and reboots
+//     and released once the sandbox is gone and its last namespace
+//     detached. Policy updates, the egress proxy, the gateway's
+//     configuration and ingress go to the network side, which reaches
+//     the Manager's live sandboxes through fences.Core (network.go); a
+//     sandbox is deny-all until it is given a policy (a warm pool's, made
+//     ahead on fences.Set.Pool, until the create that takes it).
 //
 // # Concurrency
 //

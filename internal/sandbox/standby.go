@@ -82,7 +82,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	spec := e.spec
 	spec.ID = box.ID()
 	spec.Background, spec.Standby = true, true
-	spec.Network = m.fences.standbyNetwork(sb.key) // deny-all until the hand-over
+	spec.Network = m.fences.Standby(sb.key) // deny-all until the hand-over
 	m.wg.Go(func() {
 		defer close(sb.ready)
 		delay := time.NewTimer(standbyDelay)
@@ -216,11 +216,11 @@ func (m *Manager) takeStandby(ctx context.Context, e *entry, layer string) (isol
 // with the network nc (its proxy first, then its policy), and it gets the
 // ordinary CPU weight.
 func (m *Manager) handOver(box isolation.Sandbox, key string, nc *netconf.Config) error {
-	nw := m.fences.handOver(box.ID(), key)
+	nw := m.fences.HandOver(box.ID(), key)
 	if nw == nil {
 		return fmt.Errorf("standby of %s has no network attached", box.ID())
 	}
-	applyNetwork(nw, nc, true)
+	m.fences.Apply(nw, nc, true)
 	if f, ok := isolation.As[isolation.Foregrounder](box); ok {
 		if err := f.Foreground(); err != nil {
 			return err

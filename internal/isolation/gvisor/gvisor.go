@@ -56,7 +56,7 @@ type Options struct {
 	Defaults isolation.Limits
 	// Network is the fence of a sandbox whose Spec names none: one-off
 	// sandboxes (`fence run`, benchmarks, tests). Nil makes such a create
-	// fail. The daemon leaves it nil: its sandbox manager gives every
+	// fail. The daemon leaves it nil: its network side gives every
 	// sandbox its own (Spec.Network).
 	Network isolation.Network
 	// TrustedCA is a PEM certificate every sandbox trusts on top of its

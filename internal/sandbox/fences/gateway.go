@@ -1,4 +1,4 @@
-package sandbox
+package fences
 
 import (
 	"context"
@@ -21,43 +21,61 @@ type gatewayState struct {
 }
 
 // GatewayConfig returns the egress gateway's view of sandbox id, or nil
-// for a sandbox the manager has not (or no longer) handed out: a pooled
+// for a sandbox the core has not (or no longer) handed out: a pooled
 // sandbox runs nothing of a user's, and the gateway intercepts nothing of
 // it.
-func (m *Manager) GatewayConfig(id string) *gateway.Config {
-	v, ok := m.gateways.Load(id)
+func (s *Set) GatewayConfig(id string) *gateway.Config {
+	v, ok := s.gateways.Load(id)
 	if !ok {
 		return nil
 	}
 	return v.(*gatewayState).cfg.Load()
 }
 
+// Bindings returns the secret bindings of sandbox id's gateway
+// configuration (nil without one).
+func (s *Set) Bindings(id string) []gateway.Binding {
+	if g := s.GatewayConfig(id); g != nil {
+		return g.Bindings
+	}
+	return nil
+}
+
+// SetGateway gives sandbox id the gateway configuration of its compiled
+// network nc and its secret bindings: from here the gateway intercepts
+// its flows, until Drop.
+func (s *Set) SetGateway(id string, nc *netconf.Config, bindings []gateway.Binding) {
+	gw := &gatewayState{}
+	gw.cfg.Store(s.gatewayConfig(nc, bindings))
+	s.gateways.Store(id, gw)
+}
+
 // gatewayConfig is the gateway's view of a compiled network and the
 // sandbox's bindings.
-func (m *Manager) gatewayConfig(nc *netconf.Config, bindings []gateway.Binding) *gateway.Config {
+func (s *Set) gatewayConfig(nc *netconf.Config, bindings []gateway.Binding) *gateway.Config {
 	cfg := &gateway.Config{Policy: nc.Policy, Rules: nc.Rules, Bindings: bindings,
-		Inspect: m.inspectByDefault, Passthrough: nc.Passthrough}
+		Inspect: s.inspect, Passthrough: nc.Passthrough}
 	if nc.Inspect != nil {
 		cfg.Inspect = *nc.Inspect
 	}
 	return cfg
 }
 
-// bindSecrets makes the placeholders of a create's validated secret
+// BindSecrets makes the placeholders of a create's validated secret
 // bindings: the variables the sandbox gets (placeholder values only) and
 // the bindings the gateway swaps them by. A binding to a secret that does
-// not exist is a 400.
-func (m *Manager) bindSecrets(ctx context.Context, in []netconf.Binding) (map[string]string, []gateway.Binding, error) {
+// not exist is an error wrapping api.ErrInvalidArgument.
+func (s *Set) BindSecrets(ctx context.Context, in []netconf.Binding) (map[string]string, []gateway.Binding, error) {
 	if len(in) == 0 {
 		return nil, nil, nil
 	}
 	env := map[string]string{}
 	var out []gateway.Binding
 	for _, b := range in {
-		if m.secrets != nil {
-			if _, err := m.secrets.Value(ctx, b.Secret); err != nil {
+		if s.secrets != nil {
+			if _, err := s.secrets.Value(ctx, b.Secret); err != nil {
 				if errors.Is(err, api.ErrNotFound) {
-					return nil, nil, invalid("secrets: %s: secret %q not found", b.Env, b.Secret)
+					return nil, nil, fmt.Errorf("secrets: %s: secret %q not found: %w", b.Env, b.Secret, api.ErrInvalidArgument)
 				}
 				return nil, nil, fmt.Errorf("looking up secret for %s: %w", b.Env, err)
 			}
