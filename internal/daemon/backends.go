@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/fencesandbox/fence/internal/egress"
-	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/gvisor"
 	"github.com/fencesandbox/fence/internal/isolation/multi"
@@ -73,26 +72,16 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []
 
 // fenceConfig is the sandboxes' network fence, which the sandbox manager
 // owns (sandbox.Options.Fence): resolver, host addresses, flow recorder,
-// shared stack budget, bandwidth and egress gateway, the same on every
-// backend. configs is the manager's view of each sandbox's gateway config
-// (a managerRef: the fence is made before the manager).
-func fenceConfig(opts Options, gw *gateway.Gateway, configs gatewayConfigs, rec egress.Recorder, net *egress.Shared,
-	hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
+// shared stack budget and bandwidth, the same on every backend. The
+// manager binds it to the egress gateway and to its usage meter
+// (sandbox.Options.Gateway).
+func fenceConfig(opts Options, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
 	return netfence.Fence{
 		DNSUpstream: opts.DNSUpstream,
 		HostAddrs:   hostAddrs,
 		Bandwidth:   opts.NetBandwidth,
 		Recorder:    rec,
 		Net:         net,
-		Interceptor: func(id string) egress.Interceptor {
-			return gw.ForSandbox(id, func() *gateway.Config { return configs.GatewayConfig(id) })
-		},
-		Logger: log,
+		Logger:      log,
 	}
-}
-
-// gatewayConfigs looks up a sandbox's egress gateway config (nil: none);
-// *sandbox.Manager implements it.
-type gatewayConfigs interface {
-	GatewayConfig(id string) *gateway.Config
 }

@@ -72,7 +72,6 @@ type node struct {
 	builds    *tbuild.Service
 	gate      *capacity.Gate
 	mgr       *sandbox.Manager
-	mgrRef    managerRef // mgr, for the parts made before it
 }
 
 // component is one step of the daemon's start: it builds one subsystem
@@ -247,9 +246,7 @@ func (d *node) openStore(ctx context.Context) error {
 	if d.downloads, err = downloads.Open(ctx, st, downloads.Options{}); err != nil {
 		return fmt.Errorf("opening download log: %w", err)
 	}
-	d.flows = newFlowRecorder(d.log, d.reg)
-	d.flows.audit = d.sources.sink
-	d.flows.usage = d.mgrRef.AddEgress
+	d.flows = newFlowRecorder(d.log, d.reg, d.sources.sink)
 	return nil
 }
 
@@ -386,7 +383,8 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Sealer:                 d.secrets,
 		CAEnv:                  native.CAEnv(),
 		HostAddrs:              d.hostAddrs,
-		Fence:                  fenceConfig(o, d.gw, &d.mgrRef, d.flows, d.netShared, d.hostAddrs, d.log),
+		Fence:                  fenceConfig(o, d.flows, d.netShared, d.hostAddrs, d.log),
+		Gateway:                d.gw,
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
 		Layers:                 d.layers,
@@ -395,7 +393,6 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	d.mgr = mgr
-	d.mgrRef.bind(mgr)
 	// The builds resolve templates for the manager and run their steps in
 	// its sandboxes; they get it here, and collect the layers no live
 	// sandbox uses, which needs the manager's sandboxes.

@@ -151,6 +151,10 @@ type Options struct {
 	// defaults. The Manager owns each sandbox's fence: backends attach
 	// their namespaces to it (isolation.Spec.Network).
 	Fence netfence.Fence
+	// Gateway, if set, is the sandboxes' egress gateway; the Manager
+	// gives it each sandbox's gateway config (Fence.Interceptor is then
+	// the Manager's).
+	Gateway Gateway
 	// Capacity, if set, admits each create (forks and restores included)
 	// against the host's limits before anything starts, counting the
 	// creates in flight; sandboxes started ahead of demand (warm pools,
@@ -276,6 +280,7 @@ func New(opts Options) (*Manager, error) {
 		running:                map[string]*entry{},
 	}
 	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
+	m.fences.wire(m, opts.Gateway)
 	if m.max <= 0 {
 		m.max = 1000
 	}
