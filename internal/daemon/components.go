@@ -74,30 +74,24 @@ type node struct {
 	mgr       *sandbox.Manager
 }
 
-// component is one step of the daemon's start: it builds one subsystem
-// from what earlier components made and pushes its teardown.
-type component struct {
-	name  string
-	start func(d *node, ctx context.Context) error
-}
-
-// components are the daemon's steps in dependency order.
+// components are the daemon's parts, listed in an order their
+// requirements allow (the order they start in, see order).
 var components = []component{
-	{"paths", (*node).resolvePaths},
-	{"runtime", (*node).relaxRuntime},
-	{"data dir", (*node).lockDataDir},
-	{"audit", (*node).openAudit},
-	{"api key", (*node).loadAPIKey},
-	{"kernel", (*node).tuneKernel},
-	{"templates", (*node).openTemplates},
-	{"host addresses", (*node).watchHosts},
-	{"store", (*node).openStore},
-	{"forensics", (*node).openForensics},
-	{"gateway", (*node).startGateway},
-	{"backends", (*node).startBackends},
-	{"builds", (*node).openBuilds},
-	{"sandboxes", (*node).startSandboxes},
-	{"warm pools", (*node).startWarmPools},
+	{"paths", nil, (*node).resolvePaths},
+	{"runtime", nil, (*node).relaxRuntime},
+	{"data dir", []string{"paths"}, (*node).lockDataDir},
+	{"audit", []string{"data dir"}, (*node).openAudit},
+	{"api key", []string{"data dir"}, (*node).loadAPIKey},
+	{"kernel", nil, (*node).tuneKernel},
+	{"templates", []string{"data dir"}, (*node).openTemplates},
+	{"host addresses", []string{"audit"}, (*node).watchHosts},
+	{"store", []string{"data dir", "audit", "host addresses"}, (*node).openStore},
+	{"forensics", []string{"data dir"}, (*node).openForensics},
+	{"gateway", []string{"store", "audit", "host addresses"}, (*node).startGateway},
+	{"backends", []string{"gateway", "forensics"}, (*node).startBackends},
+	{"builds", []string{"store", "templates"}, (*node).openBuilds},
+	{"sandboxes", []string{"backends", "builds", "templates", "store", "gateway", "audit", "host addresses"}, (*node).startSandboxes},
+	{"warm pools", []string{"sandboxes", "templates"}, (*node).startWarmPools},
 }
 
 // resolvePaths gives the data and templates dirs one spelling each, the

@@ -184,9 +184,9 @@ const readyInits = 2
 
 // Serve runs the daemon until ctx is done.
 //
-// The daemon is a sequence of components (see components), each made from
-// what the ones before it made, in dependency order; each pushes its
-// teardown on one closer stack, which runs in reverse order when Serve
+// The daemon is a graph of components (see components), each made from
+// what the ones it requires made, started in dependency order; each pushes
+// its teardown on one closer stack, which runs in reverse order when Serve
 // returns, whether it returns after a clean shutdown, a failed start or a
 // panic.
 func Serve(ctx context.Context, opts Options) error {
@@ -200,14 +200,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if d.out == nil {
 		d.out = io.Discard
 	}
-	defer d.closers.close()
-	for _, c := range components {
-		if err := c.start(d, ctx); err != nil {
-			return err
-		}
-		d.log.Debug("started", "component", c.name)
-	}
-	return d.serve(ctx)
+	return d.run(ctx, components, d.serve)
 }
 
 // lockWait is how long a starting daemon waits for the data dir's lock.
