@@ -501,9 +501,7 @@ func (d *node) serve(ctx context.Context) error {
 		})
 	}
 	d.stopSandboxes(ctx)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
+	_ = httpserve.Shutdown(ctx, srv, 10*time.Second) // then closes what is left
 	return nil
 }
 

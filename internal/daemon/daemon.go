@@ -11,9 +11,10 @@
 //     pool's disks agree with what the kernel reports.
 //   - On start, whatever a previous, crashed daemon left behind is killed
 //     and removed before the API accepts requests.
-//   - On SIGTERM (ctx done) the listener stops accepting, in-flight
-//     requests get a grace period, every sandbox is killed and the store is
-//     closed.
+//   - On SIGTERM (ctx done) the listener stops accepting, every sandbox
+//     is killed, in-flight requests get a grace period of 10 seconds, after
+//     which their connections are closed (a stuck client does not hold the
+//     exit), and the store is closed.
 package daemon
 
 import (

@@ -112,9 +112,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if grace <= 0 {
 		grace = 60 * time.Second
 	}
-	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
-	defer cancel()
-	if err := srv.Shutdown(gctx); err != nil {
+	if err := httpserve.Shutdown(ctx, srv, grace); err != nil {
 		return fmt.Errorf("requests still in flight after %s: %w", grace, err)
 	}
 	return nil
