@@ -1,34 +1,17 @@
 package cli
 
 import (
-	"fmt"
+	"context"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
+	"github.com/fencesandbox/fence/internal/router"
 )
-
-// ClusterOptions join `fence serve` to a fence cluster (docs/SCALEOUT.md).
-type ClusterOptions = fencedaemon.ClusterOptions
-
-// RouterOptions configure `fence router`.
-type RouterOptions struct {
-	Addr            string
-	Kubeconfig      string // empty: in-cluster
-	Namespace       string
-	Domain          string
-	TLSCert, TLSKey string
-	NodeCA          string
-	ShutdownDelay   time.Duration
-	// APIKey is $FENCE_API_KEY; Token is $FENCE_CLUSTER_TOKEN.
-	APIKey, Token string
-}
 
 // DefaultClusterNamespace is the namespace of the node Leases.
 const DefaultClusterNamespace = "fence"
@@ -36,7 +19,7 @@ const DefaultClusterNamespace = "fence"
 type clusterFlags struct {
 	kubeconfig string
 	inCluster  bool
-	o          ClusterOptions
+	o          fencedaemon.ClusterOptions
 }
 
 func (c *clusterFlags) add(fs *pflag.FlagSet) {
@@ -48,7 +31,7 @@ func (c *clusterFlags) add(fs *pflag.FlagSet) {
 }
 
 // options returns the cluster options, or nil when not joining.
-func (c *clusterFlags) options() (*ClusterOptions, error) {
+func (c *clusterFlags) options() (*fencedaemon.ClusterOptions, error) {
 	if c.kubeconfig == "" && !c.inCluster {
 		return nil, nil
 	}
@@ -72,7 +55,7 @@ func (c *clusterFlags) options() (*ClusterOptions, error) {
 }
 
 func routerCmd(deps Deps) *cobra.Command {
-	var o RouterOptions
+	var c router.Config
 	var inCluster bool
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -90,36 +73,31 @@ security and upgrades: docs/SCALEOUT.md.`,
 			if deps.Router == nil {
 				return errUnavailable("fence router")
 			}
-			if (o.Kubeconfig == "") == !inCluster {
+			if (c.Kubeconfig == "") == !inCluster {
 				return usagef("give exactly one of --kubeconfig and --in-cluster")
 			}
-			if (o.TLSCert == "") != (o.TLSKey == "") {
+			if (c.TLSCert == "") != (c.TLSKey == "") {
 				return usagef("--tls-cert and --tls-key go together")
 			}
-			if o.ShutdownDelay < 0 {
+			if c.ShutdownDelay < 0 {
 				return usagef("--shutdown-delay must not be negative")
 			}
-			o.APIKey, o.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
-			if o.APIKey == "" || o.Token == "" {
+			c.APIKey, c.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
+			if c.APIKey == "" || c.Token == "" {
 				return usagef("fence router needs $FENCE_API_KEY and $FENCE_CLUSTER_TOKEN")
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			if err := deps.Router(ctx, o); err != nil {
-				return fmt.Errorf("routing: %w", err)
-			}
-			return nil
+			return untilSignal(cmd, "routing", func(ctx context.Context) error { return deps.Router(ctx, c) })
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.Addr, "addr", DefaultAddr, "listen address (host:port)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file of the Kubernetes API")
+	fs.StringVar(&c.Addr, "addr", DefaultAddr, "listen address (host:port)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file of the Kubernetes API")
 	fs.BoolVar(&inCluster, "in-cluster", false, "use the pod's service account")
-	fs.StringVar(&o.Namespace, "namespace", DefaultClusterNamespace, "namespace of the node Leases")
-	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN), as on the nodes")
-	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
-	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
-	fs.StringVar(&o.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
-	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
+	fs.StringVar(&c.Namespace, "namespace", DefaultClusterNamespace, "namespace of the node Leases")
+	fs.StringVar(&c.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN), as on the nodes")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&c.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
+	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
 	return cmd
 }

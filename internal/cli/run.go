@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // killTimeout bounds the kill of a local sandbox on exit.
@@ -20,7 +21,7 @@ const killTimeout = 30 * time.Second
 func runCmd(deps Deps) *cobra.Command {
 	var (
 		o       LocalOptions
-		lim     limitFlags
+		lim     sandbox.Defaults
 		binds   []string
 		env     []string
 		user    string
@@ -57,10 +58,11 @@ entries only read-only (:ro).`,
 			if deps.NewLocal == nil {
 				return errUnavailable("fence run")
 			}
-			var err error
-			if o.Limits, err = lim.limits(); err != nil {
+			if err := checkLimits(lim); err != nil {
 				return err
 			}
+			o.Limits = lim.Limits()
+			var err error
 			if o.Timeout < 0 {
 				return usagef("--timeout must not be negative")
 			}
@@ -108,7 +110,7 @@ entries only read-only (:ro).`,
 	fs.StringVarP(&user, "user", "u", "", "user to run CMD as, e.g. root (default: the template's user)")
 	fs.BoolVar(&noStdin, "no-stdin", false, "do not attach stdin (CMD reads EOF)")
 	fs.StringVar(&o.Backend, "backend", "", "isolation backend: native (the default) or gvisor (runsc, see scripts/build-runsc.sh)")
-	lim.add(fs)
+	addLimitFlags(fs, &lim)
 	return cmd
 }
 

@@ -27,7 +27,7 @@ const (
 // gets the same CA as native; the network fence of both is the sandbox
 // manager's (fenceConfig). Without runsc, gvisor is left out, unless it is
 // the default, which is then an error.
-func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []byte, log *slog.Logger) (isolation.Backend, func(), error) {
+func withGvisor(ctx context.Context, opts Config, nat *native.Backend, caPEM []byte, log *slog.Logger) (isolation.Backend, func(), error) {
 	switch opts.Backend {
 	case "", BackendNative, BackendGvisor:
 	default:
@@ -75,7 +75,7 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []
 // shared stack budget and bandwidth, the same on every backend. The
 // manager binds it to the egress gateway and to its usage meter
 // (sandbox.Options.Gateway).
-func fenceConfig(opts Options, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
+func fenceConfig(opts Config, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
 	return netfence.Fence{
 		DNSUpstream: opts.DNSUpstream,
 		HostAddrs:   hostAddrs,

@@ -43,7 +43,7 @@ import (
 // node is the daemon being assembled: what each component made, for the
 // components after it. A component reads only fields an earlier one set.
 type node struct {
-	opts    Options
+	opts    Config
 	log     *slog.Logger
 	out     io.Writer
 	closers closers

@@ -39,13 +39,13 @@ import (
 )
 
 // DefaultAuditMaxBytes is the disk the audit segments may take when
-// Options.AuditMaxBytes is zero.
+// Config.AuditMaxBytes is zero.
 const DefaultAuditMaxBytes = 8 << 30
 
-// Options configures the daemon. It is also `fence serve`'s options
-// (cli.ServeOptions): each flag binds to a field here, so an option is
-// declared once.
-type Options struct {
+// Config configures the daemon. It is `fence serve`'s configuration,
+// declared here only: each of the command's flags binds to a field (see
+// internal/cli), and the daemon's components read it.
+type Config struct {
 	Addr         string // listen address; required
 	DataDir      string // required
 	TemplatesDir string // empty means DataDir/templates
@@ -190,7 +190,7 @@ const readyInits = 2
 // its teardown on one closer stack, which runs in reverse order when Serve
 // returns, whether it returns after a clean shutdown, a failed start or a
 // panic.
-func Serve(ctx context.Context, opts Options) error {
+func Serve(ctx context.Context, opts Config) error {
 	if opts.DataDir == "" || opts.Addr == "" {
 		return errors.New("daemon: Addr and DataDir are required")
 	}
@@ -229,7 +229,7 @@ func lockDataDir(dir string) (func(), error) {
 }
 
 // apiKey returns the key to require and, when it lives in a file, where.
-func apiKey(opts Options) (key, path string, err error) {
+func apiKey(opts Config) (key, path string, err error) {
 	if opts.APIKey != "" {
 		return opts.APIKey, "", nil
 	}

@@ -17,8 +17,9 @@ import (
 	"github.com/fencesandbox/fence/internal/httpserve"
 )
 
-// ServeOptions configure `fence router`.
-type ServeOptions struct {
+// Config configures `fence router`, declared here only: each of the
+// command's flags binds to a field (see internal/cli).
+type Config struct {
 	Addr string // listen address; required
 	// Kubeconfig is the kubeconfig file; empty means in-cluster.
 	Kubeconfig string
@@ -43,7 +44,7 @@ type ServeOptions struct {
 }
 
 // Serve runs the router until ctx is done, then shuts down gracefully.
-func Serve(ctx context.Context, o ServeOptions) error {
+func Serve(ctx context.Context, o Config) error {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
