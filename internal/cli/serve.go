@@ -204,26 +204,7 @@ func templateCmd(deps Deps) *cobra.Command {
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build a template",
-		Long: `Build a template, an immutable directory tree that sandboxes share
-read-only:
-  minimal  busybox; builds in seconds, for tests
-  base     Debian bookworm with python (3) and pip, node and npm, curl, git,
-           sudo and user "user"
-  code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
-           matplotlib, and the @e2b/code-interpreter server on port 49999
-           (also answers to code-interpreter-v1)
-A built-in template is kept unless --force or its definition changed.
-
-With --from-image REF (a registry reference) or --from-archive PATH (an OCI
-layout directory or a docker save tarball), NAME is any template name and
-the template is unpacked from that image, replacing one of the same name.
-Layers are cached and shared between templates. Registry credentials come
-from FENCE_REGISTRY_USERNAME and FENCE_REGISTRY_PASSWORD, or
-FENCE_REGISTRY_TOKEN. Progress goes to stderr.
-
-With -f, NAME is built from a Dockerfile by the running daemon (E2B's
-template build API): every RUN runs in a sandbox, egress limited to the
-package registries, layers cached; see docs/TEMPLATES.md.`,
+		Long:  templateBuildLong,
 		Example: `  fence template build minimal
   fence template build base --force
   fence template build py --from-image python:3.12-slim
@@ -242,19 +223,10 @@ package registries, layers cached; see docs/TEMPLATES.md.`,
 				if img.Ref != "" && img.Archive != "" {
 					return usagef("--from-image and --from-archive exclude each other (select an image of an archive with --archive-ref)")
 				}
-				if deps.BuildImageTemplate == nil {
-					return errUnavailable("fence template build --from-image")
-				}
 				if img.Archive != "" {
 					img.Ref = archiveRef
 				}
-				img.Username = os.Getenv("FENCE_REGISTRY_USERNAME")
-				img.Password = os.Getenv("FENCE_REGISTRY_PASSWORD")
-				img.Token = os.Getenv("FENCE_REGISTRY_TOKEN")
-				if err := deps.BuildImageTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, img, cmd.ErrOrStderr()); err != nil {
-					return fmt.Errorf("building template %s: %w", name, err)
-				}
-				return nil
+				return buildImageTemplate(cmd, deps, dataDir, templatesDir(tdir, dataDir), name, img)
 			}
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
@@ -280,6 +252,43 @@ package registries, layers cached; see docs/TEMPLATES.md.`,
 	group.AddCommand(build, templateListCmd(), templateRmCmd(), templateTagsCmd())
 	return group
 }
+
+// buildImageTemplate builds template name from img (`fence template build
+// --from-image|--from-archive`), with the registry credentials of the
+// environment.
+func buildImageTemplate(cmd *cobra.Command, deps Deps, dataDir, tdir, name string, img ImageSource) error {
+	if deps.BuildImageTemplate == nil {
+		return errUnavailable("fence template build --from-image")
+	}
+	img.Username = os.Getenv("FENCE_REGISTRY_USERNAME")
+	img.Password = os.Getenv("FENCE_REGISTRY_PASSWORD")
+	img.Token = os.Getenv("FENCE_REGISTRY_TOKEN")
+	if err := deps.BuildImageTemplate(cmd.Context(), dataDir, tdir, name, img, cmd.ErrOrStderr()); err != nil {
+		return fmt.Errorf("building template %s: %w", name, err)
+	}
+	return nil
+}
+
+const templateBuildLong = `Build a template, an immutable directory tree that sandboxes share
+read-only:
+  minimal  busybox; builds in seconds, for tests
+  base     Debian bookworm with python (3) and pip, node and npm, curl, git,
+           sudo and user "user"
+  code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
+           matplotlib, and the @e2b/code-interpreter server on port 49999
+           (also answers to code-interpreter-v1)
+A built-in template is kept unless --force or its definition changed.
+
+With --from-image REF (a registry reference) or --from-archive PATH (an OCI
+layout directory or a docker save tarball), NAME is any template name and
+the template is unpacked from that image, replacing one of the same name.
+Layers are cached and shared between templates. Registry credentials come
+from FENCE_REGISTRY_USERNAME and FENCE_REGISTRY_PASSWORD, or
+FENCE_REGISTRY_TOKEN. Progress goes to stderr.
+
+With -f, NAME is built from a Dockerfile by the running daemon (E2B's
+template build API): every RUN runs in a sandbox, egress limited to the
+package registries, layers cached; see docs/TEMPLATES.md.`
 
 func benchCmd(deps Deps) *cobra.Command {
 	var o BenchOptions
