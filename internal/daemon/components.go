@@ -41,7 +41,8 @@ import (
 )
 
 // node is the daemon being assembled: what each component made, for the
-// components after it. A component reads only fields an earlier one set.
+// components after it. A component reads only fields set by the
+// components it requires (directly or through them).
 type node struct {
 	opts    Config
 	log     *slog.Logger
@@ -70,10 +71,10 @@ type node struct {
 	tmplPools []*warm.Pool // --warm-template's, in its order
 	layers    isolation.Layers
 	builds    *tbuild.Service
-	// buildRunner runs the builds in mgr's sandboxes.
-	buildRunner *tbuild.Runner
-	gate        *capacity.Gate
-	mgr         *sandbox.Manager
+	gate      *capacity.Gate
+	mgr       *sandbox.Manager
+
+	buildRunner *tbuild.Runner // runs the builds in mgr's sandboxes
 }
 
 // components are the daemon's parts, listed in an order their
