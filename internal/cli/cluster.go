@@ -16,14 +16,16 @@ import (
 // DefaultClusterNamespace is the namespace of the node Leases.
 const DefaultClusterNamespace = "fence"
 
+// clusterFlags are `fence serve`'s --cluster-… flags: they bind to the
+// fields of o, which becomes the daemon's Config.Cluster when the node
+// joins a cluster (options).
 type clusterFlags struct {
-	kubeconfig string
-	inCluster  bool
-	o          fencedaemon.ClusterOptions
+	inCluster bool
+	o         fencedaemon.ClusterOptions
 }
 
 func (c *clusterFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&c.kubeconfig, "cluster-kubeconfig", "", "join a fence cluster through the Kubernetes API with this kubeconfig (the cluster token is $FENCE_CLUSTER_TOKEN)")
+	fs.StringVar(&c.o.Kubeconfig, "cluster-kubeconfig", "", "join a fence cluster through the Kubernetes API with this kubeconfig (the cluster token is $FENCE_CLUSTER_TOKEN)")
 	fs.BoolVar(&c.inCluster, "cluster-in-cluster", false, "join a fence cluster with the pod's service account")
 	fs.StringVar(&c.o.Namespace, "cluster-namespace", DefaultClusterNamespace, "namespace of the cluster's node Leases")
 	fs.StringVar(&c.o.Name, "cluster-node-name", "", "this node's name in the cluster (default $NODE_NAME, else the host name)")
@@ -32,14 +34,13 @@ func (c *clusterFlags) add(fs *pflag.FlagSet) {
 
 // options returns the cluster options, or nil when not joining.
 func (c *clusterFlags) options() (*fencedaemon.ClusterOptions, error) {
-	if c.kubeconfig == "" && !c.inCluster {
+	if c.o.Kubeconfig == "" && !c.inCluster {
 		return nil, nil
 	}
-	if c.kubeconfig != "" && c.inCluster {
+	if c.o.Kubeconfig != "" && c.inCluster {
 		return nil, usagef("--cluster-kubeconfig and --cluster-in-cluster exclude each other")
 	}
 	o := c.o
-	o.Kubeconfig = c.kubeconfig
 	if o.Name == "" {
 		o.Name = os.Getenv("NODE_NAME")
 	}
