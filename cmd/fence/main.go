@@ -47,18 +47,13 @@ func main() {
 
 func deps() cli.Deps {
 	return cli.Deps{
-		Serve: func(ctx context.Context, o cli.ServeOptions) error {
-			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			o.Stdout = os.Stdout
-			return daemon.Serve(ctx, o)
+		Serve: func(ctx context.Context, c daemon.Config) error {
+			c.Logger, c.Stdout = logger(), os.Stdout
+			return daemon.Serve(ctx, c)
 		},
-		Router: func(ctx context.Context, o cli.RouterOptions) error {
-			return router.Serve(ctx, router.ServeOptions{
-				Addr: o.Addr, Kubeconfig: o.Kubeconfig, Namespace: o.Namespace, APIKey: o.APIKey, Token: o.Token,
-				Domain: o.Domain, TLSCert: o.TLSCert, TLSKey: o.TLSKey, NodeCA: o.NodeCA, ShutdownDelay: o.ShutdownDelay,
-				Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-				Stdout: os.Stdout,
-			})
+		Router: func(ctx context.Context, c router.Config) error {
+			c.Logger, c.Stdout = logger(), os.Stdout
+			return router.Serve(ctx, c)
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {
 			if templatesDir == "" {
@@ -101,6 +96,11 @@ func deps() cli.Deps {
 		},
 		BenchClient: netclient.Main,
 	}
+}
+
+// logger is the daemon's and the router's log: stderr, from level info.
+func logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // flowRecorder hands a local sandbox's network decisions to f (for

@@ -19,6 +19,7 @@ import (
 	"github.com/fencesandbox/fence/client/clienttest"
 	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/router"
 	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
@@ -100,13 +101,13 @@ func TestErrorsExitOne(t *testing.T) {
 }
 
 func TestServeOptions(t *testing.T) {
-	var got ServeOptions
-	deps := Deps{Serve: func(ctx context.Context, o ServeOptions) error { got = o; return nil }}
+	var got fencedaemon.Config
+	deps := Deps{Serve: func(ctx context.Context, o fencedaemon.Config) error { got = o; return nil }}
 	t.Setenv("FENCE_API_KEY", "e2b_abc")
 	if code, _, stderr := execute(t, deps, "", "serve"); code != 0 {
 		t.Fatalf("fence serve = %d, %s", code, stderr)
 	}
-	want := ServeOptions{
+	want := fencedaemon.Config{
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
 		Defaults:     sandbox.Defaults{CPUs: 1, MemoryMB: 512, Pids: 1024, DiskMB: 1024, NoFile: 1024, Timeout: 5 * time.Minute},
@@ -119,12 +120,12 @@ func TestServeOptions(t *testing.T) {
 		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0",
 		"--layer-fs", "btrfs", "--layer-fs-size", "2G", "--tune-kernel", "--net-mbps", "8", "--http-idle-timeout", "3s",
 		"--warm-template", "code-interpreter=2")
-	want = ServeOptions{
+	want = fencedaemon.Config{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
 		Defaults:     sandbox.Defaults{CPUs: 0.5, MemoryMB: 64, Pids: 10, DiskMB: 8, NoFile: 99, Timeout: time.Hour},
 		MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30, TuneKernel: true,
 		NetBandwidth: 1_000_000, HTTP: fencedaemon.HTTPTimeouts{Idle: 3 * time.Second},
-		WarmTemplates: []WarmTemplate{{Name: "code-interpreter", Size: 2}},
+		WarmTemplates: []fencedaemon.WarmTemplate{{Name: "code-interpreter", Size: 2}},
 	}
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
@@ -153,7 +154,7 @@ func TestServeOptions(t *testing.T) {
 		t.Errorf("fence serve --deny-cidr ×3 = %d (%q), %v; want %v", code, stderr, got.DenyCIDRs, wantCIDRs)
 	}
 	for _, bad := range []string{"10.0.0.0/33", "nonsense", "", "fe80::1%eth0", "10.0.0.1/8/8"} {
-		got = ServeOptions{}
+		got = fencedaemon.Config{}
 		code, _, stderr := execute(t, deps, "", "serve", "--deny-cidr", bad)
 		if code != 2 || !strings.Contains(stderr, "--deny-cidr") || got.Addr != "" {
 			t.Errorf("fence serve --deny-cidr %q = %d, %q; want a usage error naming the flag, and no serve", bad, code, stderr)
@@ -161,11 +162,11 @@ func TestServeOptions(t *testing.T) {
 	}
 	t.Setenv("FENCE_CLUSTER_TOKEN", "tok")
 	code, _, stderr = execute(t, deps, "", "serve", "--cluster-kubeconfig", "/k", "--cluster-node-name", "n1", "--cluster-advertise", "https://n1.test")
-	wantCluster := &ClusterOptions{Kubeconfig: "/k", Namespace: "fence", Name: "n1", URL: "https://n1.test", Token: "tok"}
+	wantCluster := &fencedaemon.ClusterOptions{Kubeconfig: "/k", Namespace: "fence", Name: "n1", URL: "https://n1.test", Token: "tok"}
 	if code != 0 || !reflect.DeepEqual(got.Cluster, wantCluster) {
 		t.Errorf("fence serve --cluster-… = %d (%q), %+v; want %+v", code, stderr, got.Cluster, wantCluster)
 	}
-	failing := Deps{Serve: func(context.Context, ServeOptions) error { return errors.New("address in use") }}
+	failing := Deps{Serve: func(context.Context, fencedaemon.Config) error { return errors.New("address in use") }}
 	if code, _, stderr := execute(t, failing, "", "serve"); code != 1 || stderr != "fence: serving: address in use\n" {
 		t.Errorf("fence serve failing = %d, %q", code, stderr)
 	}
@@ -383,5 +384,68 @@ func TestParseEnv(t *testing.T) {
 		if (err != nil) != tt.wantErr || !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("parseEnv(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
 		}
+	}
+}
+
+// The flags that parse straight into the daemon's Config read in --help
+// as the plain string, int and repeatable flags they are to a user, and
+// parse, map and refuse their values.
+func TestServeFlagsParseIntoConfig(t *testing.T) {
+	_, help, _ := execute(t, Deps{}, "", "serve", "--help")
+	for _, want := range []string{
+		"--layer-fs-size string ", `(default "32G")`, "--audit-max-bytes string ", "--forensics-budget string ",
+		"--net-mbps int ", "--deny-cidr stringArray ", "--warm-template stringArray ",
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("fence serve --help has no %q", want)
+		}
+	}
+	if strings.Contains(help, "(default [])") || strings.Contains(help, `(default "")`) || strings.Contains(help, "--audit ") {
+		t.Errorf("fence serve --help shows an empty default or the hidden --audit:\n%s", help)
+	}
+	var got fencedaemon.Config
+	deps := Deps{Serve: func(ctx context.Context, c fencedaemon.Config) error { got = c; return nil }}
+	if code, _, stderr := execute(t, deps, "", "serve", "--audit=false", "--forensics-budget", "500MiB", "--net-mbps", "100"); code != 0 ||
+		!got.NoAudit || got.ForensicsBudget != 500<<20 || got.NetBandwidth != 12_500_000 {
+		t.Errorf("fence serve --audit=false … = %d (%q), NoAudit %v, ForensicsBudget %d, NetBandwidth %d",
+			code, stderr, got.NoAudit, got.ForensicsBudget, got.NetBandwidth)
+	}
+	if code, _, _ := execute(t, deps, "", "serve", "--audit"); code != 0 || got.NoAudit {
+		t.Errorf("fence serve --audit = %d, NoAudit %v; want 0, false", code, got.NoAudit)
+	}
+	for _, bad := range [][]string{
+		{"--net-mbps", "-1"}, {"--net-mbps", "fast"}, {"--forensics-budget", "0"}, {"--warm-template", "a=1", "--warm-template", "a=2"},
+		{"--warm-template", "a=65"}, {"--warm-template", "a"},
+	} {
+		got = fencedaemon.Config{}
+		code, _, stderr := execute(t, deps, "", append([]string{"serve"}, bad...)...)
+		if code != 2 || !strings.Contains(stderr, bad[0]) || got.Addr != "" {
+			t.Errorf("fence serve %v = %d, %q; want a usage error naming the flag, and no serve", bad, code, stderr)
+		}
+	}
+}
+
+// fence router's flags and environment parse into the router's Config.
+func TestRouterConfig(t *testing.T) {
+	var got router.Config
+	deps := Deps{Router: func(ctx context.Context, c router.Config) error { got = c; return nil }}
+	t.Setenv("FENCE_API_KEY", "e2b_abc")
+	t.Setenv("FENCE_CLUSTER_TOKEN", "tok")
+	code, _, stderr := execute(t, deps, "", "router", "--kubeconfig", "/k", "--addr", ":9", "--domain", "example.test",
+		"--tls-cert", "c.pem", "--tls-key", "k.pem", "--node-ca", "ca.pem", "--shutdown-delay", "2s")
+	want := router.Config{Addr: ":9", Kubeconfig: "/k", Namespace: "fence", APIKey: "e2b_abc", Token: "tok", Domain: "example.test",
+		TLSCert: "c.pem", TLSKey: "k.pem", NodeCA: "ca.pem", ShutdownDelay: 2 * time.Second}
+	if code != 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("fence router = %d (%q), %+v; want %+v", code, stderr, got, want)
+	}
+	for _, bad := range [][]string{{}, {"--kubeconfig", "/k", "--in-cluster"}, {"--in-cluster", "--tls-cert", "c.pem"}, {"--in-cluster", "--shutdown-delay", "-1s"}} {
+		got = router.Config{}
+		if code, _, _ := execute(t, deps, "", append([]string{"router"}, bad...)...); code != 2 || got.Addr != "" {
+			t.Errorf("fence router %v = %d; want 2 and no router", bad, code)
+		}
+	}
+	failing := Deps{Router: func(context.Context, router.Config) error { return errors.New("address in use") }}
+	if code, _, stderr := execute(t, failing, "", "router", "--in-cluster"); code != 1 || stderr != "fence: routing: address in use\n" {
+		t.Errorf("fence router failing = %d, %q", code, stderr)
 	}
 }

@@ -1,46 +1,31 @@
 package cli
 
 import (
-	"fmt"
+	"context"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
+	"github.com/fencesandbox/fence/internal/router"
 )
-
-// ClusterOptions join `fence serve` to a fence cluster (docs/SCALEOUT.md).
-type ClusterOptions = fencedaemon.ClusterOptions
-
-// RouterOptions configure `fence router`.
-type RouterOptions struct {
-	Addr            string
-	Kubeconfig      string // empty: in-cluster
-	Namespace       string
-	Domain          string
-	TLSCert, TLSKey string
-	NodeCA          string
-	ShutdownDelay   time.Duration
-	// APIKey is $FENCE_API_KEY; Token is $FENCE_CLUSTER_TOKEN.
-	APIKey, Token string
-}
 
 // DefaultClusterNamespace is the namespace of the node Leases.
 const DefaultClusterNamespace = "fence"
 
+// clusterFlags are `fence serve`'s --cluster-… flags: they bind to the
+// fields of o, which becomes the daemon's Config.Cluster when the node
+// joins a cluster (options).
 type clusterFlags struct {
-	kubeconfig string
-	inCluster  bool
-	o          ClusterOptions
+	inCluster bool
+	o         fencedaemon.ClusterOptions
 }
 
 func (c *clusterFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&c.kubeconfig, "cluster-kubeconfig", "", "join a fence cluster through the Kubernetes API with this kubeconfig (the cluster token is $FENCE_CLUSTER_TOKEN)")
+	fs.StringVar(&c.o.Kubeconfig, "cluster-kubeconfig", "", "join a fence cluster through the Kubernetes API with this kubeconfig (the cluster token is $FENCE_CLUSTER_TOKEN)")
 	fs.BoolVar(&c.inCluster, "cluster-in-cluster", false, "join a fence cluster with the pod's service account")
 	fs.StringVar(&c.o.Namespace, "cluster-namespace", DefaultClusterNamespace, "namespace of the cluster's node Leases")
 	fs.StringVar(&c.o.Name, "cluster-node-name", "", "this node's name in the cluster (default $NODE_NAME, else the host name)")
@@ -48,15 +33,14 @@ func (c *clusterFlags) add(fs *pflag.FlagSet) {
 }
 
 // options returns the cluster options, or nil when not joining.
-func (c *clusterFlags) options() (*ClusterOptions, error) {
-	if c.kubeconfig == "" && !c.inCluster {
+func (c *clusterFlags) options() (*fencedaemon.ClusterOptions, error) {
+	if c.o.Kubeconfig == "" && !c.inCluster {
 		return nil, nil
 	}
-	if c.kubeconfig != "" && c.inCluster {
+	if c.o.Kubeconfig != "" && c.inCluster {
 		return nil, usagef("--cluster-kubeconfig and --cluster-in-cluster exclude each other")
 	}
 	o := c.o
-	o.Kubeconfig = c.kubeconfig
 	if o.Name == "" {
 		o.Name = os.Getenv("NODE_NAME")
 	}
@@ -72,7 +56,7 @@ func (c *clusterFlags) options() (*ClusterOptions, error) {
 }
 
 func routerCmd(deps Deps) *cobra.Command {
-	var o RouterOptions
+	var c router.Config
 	var inCluster bool
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -90,36 +74,31 @@ security and upgrades: docs/SCALEOUT.md.`,
 			if deps.Router == nil {
 				return errUnavailable("fence router")
 			}
-			if (o.Kubeconfig == "") == !inCluster {
+			if (c.Kubeconfig == "") == !inCluster {
 				return usagef("give exactly one of --kubeconfig and --in-cluster")
 			}
-			if (o.TLSCert == "") != (o.TLSKey == "") {
+			if (c.TLSCert == "") != (c.TLSKey == "") {
 				return usagef("--tls-cert and --tls-key go together")
 			}
-			if o.ShutdownDelay < 0 {
+			if c.ShutdownDelay < 0 {
 				return usagef("--shutdown-delay must not be negative")
 			}
-			o.APIKey, o.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
-			if o.APIKey == "" || o.Token == "" {
+			c.APIKey, c.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
+			if c.APIKey == "" || c.Token == "" {
 				return usagef("fence router needs $FENCE_API_KEY and $FENCE_CLUSTER_TOKEN")
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			if err := deps.Router(ctx, o); err != nil {
-				return fmt.Errorf("routing: %w", err)
-			}
-			return nil
+			return untilSignal(cmd, "routing", func(ctx context.Context) error { return deps.Router(ctx, c) })
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.Addr, "addr", DefaultAddr, "listen address (host:port)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file of the Kubernetes API")
+	fs.StringVar(&c.Addr, "addr", DefaultAddr, "listen address (host:port)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file of the Kubernetes API")
 	fs.BoolVar(&inCluster, "in-cluster", false, "use the pod's service account")
-	fs.StringVar(&o.Namespace, "namespace", DefaultClusterNamespace, "namespace of the node Leases")
-	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN), as on the nodes")
-	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
-	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
-	fs.StringVar(&o.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
-	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
+	fs.StringVar(&c.Namespace, "namespace", DefaultClusterNamespace, "namespace of the node Leases")
+	fs.StringVar(&c.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN), as on the nodes")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&c.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
+	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
 	return cmd
 }

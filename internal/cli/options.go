@@ -3,7 +3,6 @@ package cli
 import (
 	"time"
 
-	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/selftest"
 )
@@ -23,10 +22,6 @@ const (
 	DefaultMaxSandboxes = 1000
 	DefaultWarmPool     = 2
 )
-
-// ServeOptions configures `fence serve`: the daemon's options, declared
-// once (daemon.Options); serveCmd's flags bind to its fields.
-type ServeOptions = fencedaemon.Options
 
 // LocalOptions configures a sandbox started without a daemon (`fence run`).
 type LocalOptions struct {
@@ -72,6 +67,3 @@ func defaultLimits() isolation.Limits {
 		NoFile:      DefaultNoFile,
 	}
 }
-
-// WarmTemplate is one --warm-template: Size sandboxes of template Name.
-type WarmTemplate = fencedaemon.WarmTemplate

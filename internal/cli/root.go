@@ -9,15 +9,19 @@ import (
 
 	"github.com/spf13/cobra"
 
+	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/router"
 )
 
-// Deps are the entry points cmd/fence injects, so that this package imports
-// no daemon, agent or backend internals. A nil entry makes its verb fail
-// with "not available in this build".
+// Deps are the entry points cmd/fence injects, so that this package uses
+// no daemon, agent or backend internals (of the daemon and the router it
+// knows only their Config, which their commands' flags bind to). A nil
+// entry makes its verb fail with "not available in this build".
 type Deps struct {
-	// Serve runs the daemon until ctx is done (`fence serve`).
-	Serve func(ctx context.Context, opts ServeOptions) error
+	// Serve runs the daemon until ctx is done (`fence serve`), configured
+	// by the command's flags.
+	Serve func(ctx context.Context, c fencedaemon.Config) error
 	// BuildTemplate builds template name into templatesDir, writing
 	// progress to progress (`fence template build`).
 	BuildTemplate func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error
@@ -37,8 +41,9 @@ type Deps struct {
 	// BenchClient is the network measure's client (hidden `fence
 	// bench-client`), run by `fence bench` in a sandbox and on the host.
 	BenchClient func(args []string, out io.Writer) error
-	// Router runs `fence router` until ctx is done.
-	Router func(ctx context.Context, opts RouterOptions) error
+	// Router runs `fence router` until ctx is done, configured by the
+	// command's flags.
+	Router func(ctx context.Context, c router.Config) error
 }
 
 // ImageSource is the image of `fence template build --from-image` or

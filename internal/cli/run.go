@@ -12,25 +12,13 @@ import (
 
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // killTimeout bounds the kill of a local sandbox on exit.
 const killTimeout = 30 * time.Second
 
-func runCmd(deps Deps) *cobra.Command {
-	var (
-		o       LocalOptions
-		lim     limitFlags
-		binds   []string
-		env     []string
-		user    string
-		tdir    string
-		noStdin bool
-	)
-	cmd := &cobra.Command{
-		Use:   "run [flags] -- CMD [ARG...]",
-		Short: "Run a command in a throwaway sandbox, without a daemon",
-		Long: `Run CMD in a new sandbox on this machine and destroy the sandbox when CMD
+const runLong = `Run CMD in a new sandbox on this machine and destroy the sandbox when CMD
 ends. No daemon is needed. fence exits with CMD's exit code (128+n if a
 signal n ended it).
 
@@ -43,24 +31,42 @@ files it writes land owned by the directory's owner (root, for root's
 project). The host's /, /proc, /sys, /dev and /run and fence's data and
 templates directories cannot be mounted; its system trees (/etc, /usr,
 /var/lib, ...), /root, /home and /tmp themselves, and a home's hidden
-entries only read-only (:ro).`,
-		Example: `  # Run a shell command in the minimal template
+entries only read-only (:ro).`
+
+const runExample = `  # Run a shell command in the minimal template
   fence run -- sh -c 'echo hello from $(hostname)'
 
   # Let a tool work on the current directory, read-only, with one variable
   fence run -v "$PWD:/work:ro" -w /work -e LANG=C.UTF-8 -- ls -la
 
   # An interactive shell in the base template, killed after 10 minutes
-  fence run --template base --timeout 10m -- bash`,
-		Args: minArgs(1),
+  fence run --template base --timeout 10m -- bash`
+
+func runCmd(deps Deps) *cobra.Command {
+	var (
+		o       LocalOptions
+		lim     sandbox.Defaults
+		binds   []string
+		env     []string
+		user    string
+		tdir    string
+		noStdin bool
+	)
+	cmd := &cobra.Command{
+		Use:     "run [flags] -- CMD [ARG...]",
+		Short:   "Run a command in a throwaway sandbox, without a daemon",
+		Long:    runLong,
+		Example: runExample,
+		Args:    minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if deps.NewLocal == nil {
 				return errUnavailable("fence run")
 			}
-			var err error
-			if o.Limits, err = lim.limits(); err != nil {
+			if err := checkLimits(lim); err != nil {
 				return err
 			}
+			o.Limits = lim.Limits()
+			var err error
 			if o.Timeout < 0 {
 				return usagef("--timeout must not be negative")
 			}
@@ -108,7 +114,7 @@ entries only read-only (:ro).`,
 	fs.StringVarP(&user, "user", "u", "", "user to run CMD as, e.g. root (default: the template's user)")
 	fs.BoolVar(&noStdin, "no-stdin", false, "do not attach stdin (CMD reads EOF)")
 	fs.StringVar(&o.Backend, "backend", "", "isolation backend: native (the default) or gvisor (runsc, see scripts/build-runsc.sh)")
-	lim.add(fs)
+	addLimitFlags(fs, &lim)
 	return cmd
 }
 

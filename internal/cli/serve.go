@@ -1,51 +1,39 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/fencesandbox/fence/internal/isolation"
+	fencedaemon "github.com/fencesandbox/fence/internal/daemon"
+	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/tbuild"
 )
 
-// limitFlags are the resource-limit flags shared by serve and run.
-type limitFlags struct {
-	cpus     float64
-	memoryMB int64
-	pids     int64
-	diskMB   int64
-	nofile   uint64
-}
-
-func (l *limitFlags) add(fs *pflag.FlagSet) {
+// addLimitFlags binds the resource-limit flags shared by serve and run to
+// the fields of l.
+func addLimitFlags(fs *pflag.FlagSet, l *sandbox.Defaults) {
 	d := defaultLimits()
-	fs.Float64Var(&l.cpus, "cpus", d.CPUs, "CPU bandwidth per sandbox, in cores; keep it below the host's core count, so that one busy sandbox cannot take every core from the others and the daemon")
-	fs.Int64Var(&l.memoryMB, "memory-mb", d.MemoryBytes>>20, "memory limit per sandbox in MiB, swap included")
-	fs.Int64Var(&l.pids, "pids", d.Pids, "maximum number of processes and threads per sandbox")
-	fs.Int64Var(&l.diskMB, "disk-mb", d.DiskBytes>>20, "writable disk per sandbox in MiB")
-	fs.Uint64Var(&l.nofile, "nofile", d.NoFile, "open-file limit (RLIMIT_NOFILE) per sandbox")
+	fs.Float64Var(&l.CPUs, "cpus", d.CPUs, "CPU bandwidth per sandbox, in cores; keep it below the host's core count, so that one busy sandbox cannot take every core from the others and the daemon")
+	fs.Int64Var(&l.MemoryMB, "memory-mb", d.MemoryBytes>>20, "memory limit per sandbox in MiB, swap included")
+	fs.Int64Var(&l.Pids, "pids", d.Pids, "maximum number of processes and threads per sandbox")
+	fs.Int64Var(&l.DiskMB, "disk-mb", d.DiskBytes>>20, "writable disk per sandbox in MiB")
+	fs.Uint64Var(&l.NoFile, "nofile", d.NoFile, "open-file limit (RLIMIT_NOFILE) per sandbox")
 }
 
-func (l *limitFlags) limits() (isolation.Limits, error) {
-	if l.cpus <= 0 || l.memoryMB <= 0 || l.pids <= 0 || l.diskMB <= 0 || l.nofile == 0 {
-		return isolation.Limits{}, usagef("--cpus, --memory-mb, --pids, --disk-mb and --nofile must be above zero")
+// checkLimits refuses limits that are not all above zero.
+func checkLimits(l sandbox.Defaults) error {
+	if l.CPUs <= 0 || l.MemoryMB <= 0 || l.Pids <= 0 || l.DiskMB <= 0 || l.NoFile == 0 {
+		return usagef("--cpus, --memory-mb, --pids, --disk-mb and --nofile must be above zero")
 	}
-	return isolation.Limits{
-		CPUs:        l.cpus,
-		MemoryBytes: l.memoryMB << 20,
-		Pids:        l.pids,
-		DiskBytes:   l.diskMB << 20,
-		NoFile:      l.nofile,
-	}, nil
+	return nil
 }
 
 // templatesDir returns dir, or dataDir/templates when dir is empty.
@@ -56,20 +44,7 @@ func templatesDir(dir, dataDir string) string {
 	return filepath.Join(dataDir, "templates")
 }
 
-func serveCmd(deps Deps) *cobra.Command {
-	var o ServeOptions
-	var lim limitFlags
-	var denyCIDRs []string
-	var warmTemplates []string
-	var layerFSSize string
-	var forensicsBudget, auditMaxBytes string
-	var netMbps int64
-	var cl clusterFlags
-	auditOn := true
-	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Run the fence daemon (E2B-compatible API)",
-		Long: `Run the fence daemon: the E2B-compatible control plane and the proxy for
+const serveLong = `Run the fence daemon: the E2B-compatible control plane and the proxy for
 sandbox traffic, on one listener.
 
 Clients authenticate with an API key: $FENCE_API_KEY if set, else the key in
@@ -84,7 +59,15 @@ reachable, nor are the ranges given with --deny-cidr. DNS answers come from
 the daemon and only for allowed names.
 
 The limits below are the defaults of every sandbox. The daemon stops on
-SIGINT or SIGTERM.`,
+SIGINT or SIGTERM.`
+
+func serveCmd(deps Deps) *cobra.Command {
+	var c fencedaemon.Config
+	var cl clusterFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the fence daemon (E2B-compatible API)",
+		Long:  serveLong,
 		Example: `  # Serve on the default address with the default data directory
   sudo fence serve
 
@@ -95,114 +78,20 @@ SIGINT or SIGTERM.`,
 			if deps.Serve == nil {
 				return errUnavailable("fence serve")
 			}
-			limits, err := lim.limits()
-			if err != nil {
+			if err := checkServe(c); err != nil {
 				return err
 			}
-			if (o.TLSCert == "") != (o.TLSKey == "") {
-				return usagef("--tls-cert and --tls-key go together")
-			}
-			if o.LayerFS != "" && o.LayerFS != "copy" && o.LayerFS != "btrfs" {
-				return usagef("--layer-fs must be copy or btrfs")
-			}
-			if o.LayerFSSize, err = parseBytes(layerFSSize); err != nil || o.LayerFSSize < 1<<30 {
-				return usagef("--layer-fs-size: want a size of at least 1G")
-			}
-			if netMbps < 0 {
-				return usagef("--net-mbps must not be negative")
-			}
-			o.NetBandwidth = netMbps * 1_000_000 / 8
-			if o.DenyCIDRs, err = parseDenyCIDRs(denyCIDRs); err != nil {
+			var err error
+			if c.Cluster, err = cl.options(); err != nil {
 				return err
 			}
-			if o.Backend != "" && o.Backend != "native" && o.Backend != "gvisor" {
-				return usagef("--backend must be native or gvisor, got %q", o.Backend)
-			}
-			if o.WarmPool < 0 || o.WarmPool > 64 {
-				return usagef("--warm-pool must be between 0 and 64")
-			}
-			if o.WarmTemplates, err = parseWarmTemplates(warmTemplates); err != nil {
-				return err
-			}
-			if err := tbuild.CheckAllow(o.BuildAllow); err != nil {
-				return usagef("--build-allow: %v", err)
-			}
-			if o.PipIndexURL != "" {
-				if _, err := tbuild.ParsePipIndex(o.PipIndexURL); err != nil {
-					return usagef("--pip-index-url: %v", err)
-				}
-			}
-			if o.HTTP.Header < 0 || o.HTTP.Idle < 0 || o.HTTP.BodyIdle < 0 {
-				return usagef("--http-*-timeout must not be negative")
-			}
-			if o.Defaults.Timeout <= 0 || o.MaxSandboxes <= 0 {
-				return usagef("--timeout and --max-sandboxes must be above zero")
-			}
-			if forensicsBudget != "" {
-				if o.ForensicsBudget, err = parseBytes(forensicsBudget); err != nil || o.ForensicsBudget <= 0 {
-					return usagef("--forensics-budget must be a size above zero such as 500MiB or 2GiB, got %q", forensicsBudget)
-				}
-			}
-			if auditMaxBytes != "" {
-				n, err := parseBytes(auditMaxBytes)
-				switch {
-				case err == nil && n == 0:
-					o.AuditMaxBytes = -1
-				case err != nil || n < 1<<20:
-					return usagef("--audit-max-bytes must be a size of at least 1MiB such as 500MiB or 8GiB, or 0 for no cap, got %q", auditMaxBytes)
-				default:
-					o.AuditMaxBytes = n
-				}
-			}
-			o.NoAudit = !auditOn
-			if o.Cluster, err = cl.options(); err != nil {
-				return err
-			}
-			o.Defaults.CPUs, o.Defaults.MemoryMB, o.Defaults.Pids = limits.CPUs, limits.MemoryBytes>>20, limits.Pids
-			o.Defaults.DiskMB, o.Defaults.NoFile = limits.DiskBytes>>20, limits.NoFile
-			o.TemplatesDir = templatesDir(o.TemplatesDir, o.DataDir)
-			o.APIKey = os.Getenv("FENCE_API_KEY")
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			if err := deps.Serve(ctx, o); err != nil {
-				return fmt.Errorf("serving: %w", err)
-			}
-			return nil
+			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
+			c.APIKey = os.Getenv("FENCE_API_KEY")
+			return untilSignal(cmd, "serving", func(ctx context.Context) error { return deps.Serve(ctx, c) })
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.Addr, "addr", DefaultAddr, "listen address (host:port) for the API and sandbox traffic")
-	fs.StringVar(&o.DataDir, "data-dir", DefaultDataDir, "directory for the daemon's state")
-	fs.StringVar(&o.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
-	fs.StringVar(&o.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN)")
-	lim.add(fs)
-	fs.DurationVar(&o.Defaults.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
-	fs.IntVar(&o.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
-	fs.BoolVar(&o.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
-	fs.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
-	fs.StringVar(&o.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
-	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
-	fs.StringVar(&o.LayerFS, "layer-fs", "", "native layer store: btrfs (writable layers as subvolumes, checkpoints as snapshots, in a btrfs image under the data dir; needs mkfs.btrfs) or copy (default: btrfs if the data dir is on btrfs, else copy)")
-	fs.StringVar(&layerFSSize, "layer-fs-size", "32G", "size of the sparse btrfs image of --layer-fs btrfs")
-	fs.Int64Var(&netMbps, "net-mbps", 0, "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
-	fs.BoolVar(&o.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
-	fs.BoolVar(&o.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
-	fs.StringVar(&o.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
-	fs.StringArrayVar(&denyCIDRs, "deny-cidr", nil, "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
-	fs.StringVar(&o.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
-	fs.IntVar(&o.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
-	fs.StringArrayVar(&warmTemplates, "warm-template", nil, "also keep N sandboxes of template NAME started ahead of requests, its start command run and its ready command passed (NAME=N; repeatable; the template must exist when the daemon starts)")
-	fs.StringArrayVar(&o.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
-	fs.StringVar(&o.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
-	fs.DurationVar(&o.HTTP.Header, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
-	fs.DurationVar(&o.HTTP.Idle, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
-	fs.DurationVar(&o.HTTP.BodyIdle, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
-	fs.StringArrayVar(&o.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
-	fs.DurationVar(&o.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
-	fs.StringVar(&auditMaxBytes, "audit-max-bytes", "", "disk the audit records may take, oldest segments pruned first (each removal recorded and signed), e.g. 2GiB (default 8GiB; 0: no cap)")
-	fs.DurationVar(&o.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
-	fs.StringVar(&forensicsBudget, "forensics-budget", "", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
-	fs.BoolVar(&auditOn, "audit", true, "keep the audit trail (off only to measure its cost)")
+	addServeFlags(fs, &c)
 	cl.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
@@ -210,26 +99,99 @@ SIGINT or SIGTERM.`,
 	return cmd
 }
 
-// parseDenyCIDRs parses --deny-cidr values: CIDRs ("10.20.0.0/16",
-// "fd00:1::/48") or single addresses.
-func parseDenyCIDRs(vals []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, v := range vals {
-		s := strings.TrimSpace(v)
-		pf, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil || a.Zone() != "" {
-				return nil, usagef("--deny-cidr %q: not a CIDR (like 10.20.0.0/16 or fd00:1::/48) or an IP address", v)
-			}
-			pf = netip.PrefixFrom(a, a.BitLen())
-		}
-		if pf.Addr().Zone() != "" {
-			return nil, usagef("--deny-cidr %q: a zone is not allowed", v)
-		}
-		out = append(out, pf.Masked())
+// untilSignal runs f with the command's context, done on SIGINT or
+// SIGTERM; f's error is wrapped as "what: …".
+func untilSignal(cmd *cobra.Command, what string, f func(ctx context.Context) error) error {
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := f(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return out, nil
+	return nil
+}
+
+// addServeFlags binds `fence serve`'s flags (but the cluster's) to the
+// fields of c.
+func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
+	fs.StringVar(&c.Addr, "addr", DefaultAddr, "listen address (host:port) for the API and sandbox traffic")
+	fs.StringVar(&c.DataDir, "data-dir", DefaultDataDir, "directory for the daemon's state")
+	fs.StringVar(&c.TemplatesDir, "templates-dir", "", "directory of built templates (default DATA-DIR/templates)")
+	fs.StringVar(&c.Domain, "domain", DefaultDomain, "base domain of sandbox hosts ({port}-{id}.DOMAIN)")
+	addLimitFlags(fs, &c.Defaults)
+	fs.DurationVar(&c.Defaults.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
+	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.BoolVar(&c.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&c.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
+	fs.StringVar(&c.LayerFS, "layer-fs", "", "native layer store: btrfs (writable layers as subvolumes, checkpoints as snapshots, in a btrfs image under the data dir; needs mkfs.btrfs) or copy (default: btrfs if the data dir is on btrfs, else copy)")
+	fs.Var(newSizeValue(&c.LayerFSSize, "32G", "want a size of at least 1G", atLeast(1<<30)), "layer-fs-size", "size of the sparse btrfs image of --layer-fs btrfs")
+	fs.Var(&mbpsValue{p: &c.NetBandwidth}, "net-mbps", "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
+	fs.BoolVar(&c.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
+	fs.BoolVar(&c.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
+	fs.StringVar(&c.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
+	fs.Var(&listValue[netip.Prefix]{p: &c.DenyCIDRs, parse: parseDenyCIDR}, "deny-cidr", "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
+	fs.StringVar(&c.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
+	fs.IntVar(&c.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
+	fs.Var(&listValue[fencedaemon.WarmTemplate]{p: &c.WarmTemplates, parse: parseWarmTemplate}, "warm-template", "also keep N sandboxes of template NAME started ahead of requests, its start command run and its ready command passed (NAME=N; repeatable; the template must exist when the daemon starts)")
+	fs.StringArrayVar(&c.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
+	fs.StringVar(&c.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
+	fs.DurationVar(&c.HTTP.Header, "http-header-timeout", 0, "time a client has to send a request's headers (default 10s)")
+	fs.DurationVar(&c.HTTP.Idle, "http-idle-timeout", 0, "time a keep-alive connection may wait for its next request (default 2m)")
+	fs.DurationVar(&c.HTTP.BodyIdle, "http-body-idle-timeout", 0, "time a client may send nothing of a request body (default 1m)")
+	fs.StringArrayVar(&c.AuditForward, "audit-forward", nil, "also send every audit record to file:PATH, syslog:HOST:PORT, syslog+tcp:HOST:PORT or https://URL; repeatable")
+	fs.DurationVar(&c.AuditRetention, "audit-retention", 0, "how long audit records and kept command output stay (default 168h; negative: forever)")
+	fs.Var(newSizeValue(&c.AuditMaxBytes, "", "want a size of at least 1MiB such as 500MiB or 8GiB, or 0 for no cap", auditCap), "audit-max-bytes", "disk the audit records may take, oldest segments pruned first (each removal recorded and signed), e.g. 2GiB (default 8GiB; 0: no cap)")
+	fs.DurationVar(&c.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
+	fs.Var(newSizeValue(&c.ForensicsBudget, "", "want a size above zero such as 500MiB or 2GiB", atLeast(1)), "forensics-budget", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
+	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
+}
+
+// atLeast accepts the sizes of min bytes or more.
+func atLeast(min int64) func(int64) (int64, bool) {
+	return func(n int64) (int64, bool) { return n, n >= min }
+}
+
+// auditCap accepts 0 (no cap, -1 in the configuration) and sizes of
+// 1 MiB or more.
+func auditCap(n int64) (int64, bool) {
+	if n == 0 {
+		return -1, true
+	}
+	return n, n >= 1<<20
+}
+
+// checkServe refuses what the flags parsed into c but the daemon cannot
+// serve with; the cluster's flags are checked apart (clusterFlags).
+func checkServe(c fencedaemon.Config) error {
+	if err := checkLimits(c.Defaults); err != nil {
+		return err
+	}
+	switch {
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return usagef("--tls-cert and --tls-key go together")
+	case c.LayerFS != "" && c.LayerFS != "copy" && c.LayerFS != "btrfs":
+		return usagef("--layer-fs must be copy or btrfs")
+	case c.Backend != "" && c.Backend != "native" && c.Backend != "gvisor":
+		return usagef("--backend must be native or gvisor, got %q", c.Backend)
+	case c.WarmPool < 0 || c.WarmPool > 64:
+		return usagef("--warm-pool must be between 0 and 64")
+	}
+	if err := tbuild.CheckAllow(c.BuildAllow); err != nil {
+		return usagef("--build-allow: %v", err)
+	}
+	if c.PipIndexURL != "" {
+		if _, err := tbuild.ParsePipIndex(c.PipIndexURL); err != nil {
+			return usagef("--pip-index-url: %v", err)
+		}
+	}
+	switch {
+	case c.HTTP.Header < 0 || c.HTTP.Idle < 0 || c.HTTP.BodyIdle < 0:
+		return usagef("--http-*-timeout must not be negative")
+	case c.Defaults.Timeout <= 0 || c.MaxSandboxes <= 0:
+		return usagef("--timeout and --max-sandboxes must be above zero")
+	}
+	return nil
 }
 
 func templateCmd(deps Deps) *cobra.Command {
@@ -242,26 +204,7 @@ func templateCmd(deps Deps) *cobra.Command {
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build a template",
-		Long: `Build a template, an immutable directory tree that sandboxes share
-read-only:
-  minimal  busybox; builds in seconds, for tests
-  base     Debian bookworm with python (3) and pip, node and npm, curl, git,
-           sudo and user "user"
-  code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
-           matplotlib, and the @e2b/code-interpreter server on port 49999
-           (also answers to code-interpreter-v1)
-A built-in template is kept unless --force or its definition changed.
-
-With --from-image REF (a registry reference) or --from-archive PATH (an OCI
-layout directory or a docker save tarball), NAME is any template name and
-the template is unpacked from that image, replacing one of the same name.
-Layers are cached and shared between templates. Registry credentials come
-from FENCE_REGISTRY_USERNAME and FENCE_REGISTRY_PASSWORD, or
-FENCE_REGISTRY_TOKEN. Progress goes to stderr.
-
-With -f, NAME is built from a Dockerfile by the running daemon (E2B's
-template build API): every RUN runs in a sandbox, egress limited to the
-package registries, layers cached; see docs/TEMPLATES.md.`,
+		Long:  templateBuildLong,
 		Example: `  fence template build minimal
   fence template build base --force
   fence template build py --from-image python:3.12-slim
@@ -280,19 +223,10 @@ package registries, layers cached; see docs/TEMPLATES.md.`,
 				if img.Ref != "" && img.Archive != "" {
 					return usagef("--from-image and --from-archive exclude each other (select an image of an archive with --archive-ref)")
 				}
-				if deps.BuildImageTemplate == nil {
-					return errUnavailable("fence template build --from-image")
-				}
 				if img.Archive != "" {
 					img.Ref = archiveRef
 				}
-				img.Username = os.Getenv("FENCE_REGISTRY_USERNAME")
-				img.Password = os.Getenv("FENCE_REGISTRY_PASSWORD")
-				img.Token = os.Getenv("FENCE_REGISTRY_TOKEN")
-				if err := deps.BuildImageTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, img, cmd.ErrOrStderr()); err != nil {
-					return fmt.Errorf("building template %s: %w", name, err)
-				}
-				return nil
+				return buildImageTemplate(cmd, deps, dataDir, templatesDir(tdir, dataDir), name, img)
 			}
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
@@ -318,6 +252,43 @@ package registries, layers cached; see docs/TEMPLATES.md.`,
 	group.AddCommand(build, templateListCmd(), templateRmCmd(), templateTagsCmd())
 	return group
 }
+
+// buildImageTemplate builds template name from img (`fence template build
+// --from-image|--from-archive`), with the registry credentials of the
+// environment.
+func buildImageTemplate(cmd *cobra.Command, deps Deps, dataDir, tdir, name string, img ImageSource) error {
+	if deps.BuildImageTemplate == nil {
+		return errUnavailable("fence template build --from-image")
+	}
+	img.Username = os.Getenv("FENCE_REGISTRY_USERNAME")
+	img.Password = os.Getenv("FENCE_REGISTRY_PASSWORD")
+	img.Token = os.Getenv("FENCE_REGISTRY_TOKEN")
+	if err := deps.BuildImageTemplate(cmd.Context(), dataDir, tdir, name, img, cmd.ErrOrStderr()); err != nil {
+		return fmt.Errorf("building template %s: %w", name, err)
+	}
+	return nil
+}
+
+const templateBuildLong = `Build a template, an immutable directory tree that sandboxes share
+read-only:
+  minimal  busybox; builds in seconds, for tests
+  base     Debian bookworm with python (3) and pip, node and npm, curl, git,
+           sudo and user "user"
+  code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
+           matplotlib, and the @e2b/code-interpreter server on port 49999
+           (also answers to code-interpreter-v1)
+A built-in template is kept unless --force or its definition changed.
+
+With --from-image REF (a registry reference) or --from-archive PATH (an OCI
+layout directory or a docker save tarball), NAME is any template name and
+the template is unpacked from that image, replacing one of the same name.
+Layers are cached and shared between templates. Registry credentials come
+from FENCE_REGISTRY_USERNAME and FENCE_REGISTRY_PASSWORD, or
+FENCE_REGISTRY_TOKEN. Progress goes to stderr.
+
+With -f, NAME is built from a Dockerfile by the running daemon (E2B's
+template build API): every RUN runs in a sandbox, egress limited to the
+package registries, layers cached; see docs/TEMPLATES.md.`
 
 func benchCmd(deps Deps) *cobra.Command {
 	var o BenchOptions
@@ -425,23 +396,4 @@ func initCmd(deps Deps) *cobra.Command {
 			return deps.SandboxInit()
 		},
 	}
-}
-
-// parseWarmTemplates parses --warm-template NAME=N values.
-func parseWarmTemplates(vals []string) ([]WarmTemplate, error) {
-	var out []WarmTemplate
-	seen := map[string]bool{}
-	for _, v := range vals {
-		name, n, ok := strings.Cut(v, "=")
-		size, err := strconv.Atoi(n)
-		if !ok || name == "" || err != nil || size < 1 || size > 64 {
-			return nil, usagef("--warm-template %q: want NAME=N with N between 1 and 64", v)
-		}
-		if seen[name] {
-			return nil, usagef("--warm-template: %s given twice", name)
-		}
-		seen[name] = true
-		out = append(out, WarmTemplate{Name: name, Size: size})
-	}
-	return out, nil
 }

@@ -76,6 +76,16 @@ func buildDockerfile(ctx context.Context, d *dockerfileFlags, dataDir, name stri
 	if err := c.TriggerTemplateBuild(ctx, reg.TemplateID, reg.BuildID, spec); err != nil {
 		return fmt.Errorf("starting build of %s: %w", name, err)
 	}
+	if err := followBuild(ctx, c, name, reg.TemplateID, reg.BuildID, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s\t%s\t%s\n", name, reg.TemplateID, reg.BuildID)
+	return nil
+}
+
+// followBuild prints the build's log (but its debug lines) to stderr until
+// the build ends, and returns its failure.
+func followBuild(ctx context.Context, c *client.Client, name, templateID, buildID string, stderr io.Writer) error {
 	tty := false
 	if f, ok := stderr.(*os.File); ok {
 		tty = isTerminal(int(f.Fd()))
@@ -83,7 +93,7 @@ func buildDockerfile(ctx context.Context, d *dockerfileFlags, dataDir, name stri
 	start := time.Now()
 	offset := 0
 	for {
-		st, err := c.TemplateBuildStatus(ctx, reg.TemplateID, reg.BuildID, offset)
+		st, err := c.TemplateBuildStatus(ctx, templateID, buildID, offset)
 		if err != nil {
 			return fmt.Errorf("following build of %s: %w", name, err)
 		}
@@ -109,7 +119,6 @@ func buildDockerfile(ctx context.Context, d *dockerfileFlags, dataDir, name stri
 				}
 				return fmt.Errorf("building %s: %s", name, msg)
 			}
-			fmt.Fprintf(stdout, "%s\t%s\t%s\n", name, reg.TemplateID, reg.BuildID)
 			return nil
 		}
 		if len(st.LogEntries) == 0 {

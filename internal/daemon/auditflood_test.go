@@ -36,7 +36,7 @@ func auditFlood(b *testing.B, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rec := newGatewayRecorder(newFlowRecorder(slog.New(slog.DiscardHandler), metrics.New()), slog.New(slog.DiscardHandler), metrics.New(), nil)
+		rec := newGatewayRecorder(newFlowRecorder(slog.New(slog.DiscardHandler), metrics.New(), nil), slog.New(slog.DiscardHandler), metrics.New(), nil)
 		rec.audit = l
 		path := "/" + strings.Repeat("a", size-1)
 		ctx := context.Background()
@@ -105,8 +105,7 @@ func TestGatewayFloodAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	flows := newFlowRecorder(slog.New(slog.DiscardHandler), metrics.New())
-	flows.audit = l
+	flows := newFlowRecorder(slog.New(slog.DiscardHandler), metrics.New(), l)
 	rec := newGatewayRecorder(flows, slog.New(slog.DiscardHandler), metrics.New(), nil)
 	defer rec.close()
 	rec.audit = l

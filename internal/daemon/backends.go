@@ -27,7 +27,7 @@ const (
 // gets the same CA as native; the network fence of both is the sandbox
 // manager's (fenceConfig). Without runsc, gvisor is left out, unless it is
 // the default, which is then an error.
-func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []byte, log *slog.Logger) (isolation.Backend, func(), error) {
+func withGvisor(ctx context.Context, opts Config, nat *native.Backend, caPEM []byte, log *slog.Logger) (isolation.Backend, func(), error) {
 	switch opts.Backend {
 	case "", BackendNative, BackendGvisor:
 	default:
@@ -73,8 +73,10 @@ func withGvisor(ctx context.Context, opts Options, nat *native.Backend, caPEM []
 // fenceConfig is the sandboxes' network fence, which the sandboxes'
 // network side owns (fences.Options.Fence, with the egress gateway in
 // fences.Options.Gateway): resolver, host addresses, flow recorder, shared
-// stack budget and bandwidth, the same on every backend.
-func fenceConfig(opts Options, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
+// stack budget and bandwidth, the same on every backend. The Set
+// counts each flow's bytes in the sandbox's usage before the recorder
+// gets it (fences.Core.AddEgress).
+func fenceConfig(opts Config, rec egress.Recorder, net *egress.Shared, hostAddrs []netip.Addr, log *slog.Logger) netfence.Fence {
 	return netfence.Fence{
 		DNSUpstream: opts.DNSUpstream,
 		HostAddrs:   hostAddrs,

@@ -14,7 +14,7 @@ import (
 // capacitySource reads the host's limits for admission: the host's, the
 // data dir's, and the pids.max of the native backend's cgroup parent when
 // an operator set one.
-func capacitySource(opts Options, nat *native.Backend) capacity.Source {
+func capacitySource(opts Config, nat *native.Backend) capacity.Source {
 	return capacity.Host(capacity.HostOptions{DataDir: opts.DataDir, GroupTasks: nat.GroupTasks})
 }
 

@@ -27,7 +27,7 @@ import (
 // a create is served by the pool that keeps its kind, or goes through to
 // the backend. Every capability of routed is the stack's (isolation.As).
 // The caller closes the pools, pool first.
-func backendStack(routed isolation.Backend, layers isolation.Layers, opts Options, log *slog.Logger) (pool *warm.Pool, tmplPools []*warm.Pool, _ isolation.Layers) {
+func backendStack(routed isolation.Backend, layers isolation.Layers, opts Config, log *slog.Logger) (pool *warm.Pool, tmplPools []*warm.Pool, _ isolation.Layers) {
 	inner := routed
 	if opts.Cluster != nil {
 		tag := cluster.Tag(opts.Cluster.Name)

@@ -42,9 +42,10 @@ import (
 )
 
 // node is the daemon being assembled: what each component made, for the
-// components after it. A component reads only fields an earlier one set.
+// components after it. A component reads only fields set by the
+// components it requires (directly or through them).
 type node struct {
-	opts    Options
+	opts    Config
 	log     *slog.Logger
 	out     io.Writer
 	closers closers
@@ -74,33 +75,28 @@ type node struct {
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
-	mgrRef    managerRef // mgr, for the parts made before it
+
+	buildRunner *tbuild.Runner // runs the builds in mgr's sandboxes
 }
 
-// component is one step of the daemon's start: it builds one subsystem
-// from what earlier components made and pushes its teardown.
-type component struct {
-	name  string
-	start func(d *node, ctx context.Context) error
-}
-
-// components are the daemon's steps in dependency order.
+// components are the daemon's parts, listed in an order their
+// requirements allow (the order they start in, see order).
 var components = []component{
-	{"paths", (*node).resolvePaths},
-	{"runtime", (*node).relaxRuntime},
-	{"data dir", (*node).lockDataDir},
-	{"audit", (*node).openAudit},
-	{"api key", (*node).loadAPIKey},
-	{"kernel", (*node).tuneKernel},
-	{"templates", (*node).openTemplates},
-	{"host addresses", (*node).watchHosts},
-	{"store", (*node).openStore},
-	{"forensics", (*node).openForensics},
-	{"gateway", (*node).startGateway},
-	{"backends", (*node).startBackends},
-	{"builds", (*node).openBuilds},
-	{"sandboxes", (*node).startSandboxes},
-	{"warm pools", (*node).startWarmPools},
+	{"paths", nil, (*node).resolvePaths},
+	{"runtime", nil, (*node).relaxRuntime},
+	{"data dir", []string{"paths"}, (*node).lockDataDir},
+	{"audit", []string{"data dir"}, (*node).openAudit},
+	{"api key", []string{"data dir"}, (*node).loadAPIKey},
+	{"kernel", nil, (*node).tuneKernel},
+	{"templates", []string{"data dir"}, (*node).openTemplates},
+	{"host addresses", []string{"audit"}, (*node).watchHosts},
+	{"store", []string{"data dir", "audit", "host addresses"}, (*node).openStore},
+	{"forensics", []string{"data dir"}, (*node).openForensics},
+	{"gateway", []string{"store", "audit", "host addresses"}, (*node).startGateway},
+	{"backends", []string{"gateway", "forensics"}, (*node).startBackends},
+	{"builds", []string{"store", "templates"}, (*node).openBuilds},
+	{"sandboxes", []string{"backends", "builds", "templates", "store", "gateway", "audit", "host addresses"}, (*node).startSandboxes},
+	{"warm pools", []string{"sandboxes", "templates"}, (*node).startWarmPools},
 }
 
 // resolvePaths gives the data and templates dirs one spelling each, the
@@ -249,9 +245,7 @@ func (d *node) openStore(ctx context.Context) error {
 	if d.downloads, err = downloads.Open(ctx, st, downloads.Options{}); err != nil {
 		return fmt.Errorf("opening download log: %w", err)
 	}
-	d.flows = newFlowRecorder(d.log, d.reg)
-	d.flows.audit = d.sources.sink
-	d.flows.usage = d.mgrRef.AddEgress
+	d.flows = newFlowRecorder(d.log, d.reg, d.sources.sink)
 	return nil
 }
 
@@ -403,11 +397,10 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	d.mgr = mgr
-	d.mgrRef.bind(mgr)
-	// The builds resolve templates for the manager and run their steps in
-	// its sandboxes; they get it here, and collect the layers no live
-	// sandbox uses, which needs the manager's sandboxes.
-	d.builds.SetSandboxes(mgr)
+	// The builds resolve templates for the manager; their runner, made
+	// after it, runs their steps in its sandboxes and collects the layers
+	// no live sandbox uses.
+	d.buildRunner = tbuild.NewRunner(context.WithoutCancel(ctx), d.builds, mgr)
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
@@ -516,9 +509,7 @@ func (d *node) serve(ctx context.Context) error {
 		})
 	}
 	d.stopSandboxes(ctx)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
+	_ = httpserve.Shutdown(ctx, srv, 10*time.Second) // then closes what is left
 	return nil
 }
 
@@ -539,7 +530,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Downloads:       d.downloads,
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
-		Templates:       d.builds,
+		Templates:       d.buildRunner,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
 	})

@@ -11,9 +11,10 @@
 //     pool's disks agree with what the kernel reports.
 //   - On start, whatever a previous, crashed daemon left behind is killed
 //     and removed before the API accepts requests.
-//   - On SIGTERM (ctx done) the listener stops accepting, in-flight
-//     requests get a grace period, every sandbox is killed and the store is
-//     closed.
+//   - On SIGTERM (ctx done) the listener stops accepting, every sandbox
+//     is killed, in-flight requests get a grace period of 10 seconds, after
+//     which their connections are closed (a stuck client does not hold the
+//     exit), and the store is closed.
 package daemon
 
 import (
@@ -38,13 +39,13 @@ import (
 )
 
 // DefaultAuditMaxBytes is the disk the audit segments may take when
-// Options.AuditMaxBytes is zero.
+// Config.AuditMaxBytes is zero.
 const DefaultAuditMaxBytes = 8 << 30
 
-// Options configures the daemon. It is also `fence serve`'s options
-// (cli.ServeOptions): each flag binds to a field here, so an option is
-// declared once.
-type Options struct {
+// Config configures the daemon. It is `fence serve`'s configuration,
+// declared here only: each of the command's flags binds to a field (see
+// internal/cli), and the daemon's components read it.
+type Config struct {
 	Addr         string // listen address; required
 	DataDir      string // required
 	TemplatesDir string // empty means DataDir/templates
@@ -184,12 +185,12 @@ const readyInits = 2
 
 // Serve runs the daemon until ctx is done.
 //
-// The daemon is a sequence of components (see components), each made from
-// what the ones before it made, in dependency order; each pushes its
-// teardown on one closer stack, which runs in reverse order when Serve
+// The daemon is a graph of components (see components), each made from
+// what the ones it requires made, started in dependency order; each pushes
+// its teardown on one closer stack, which runs in reverse order when Serve
 // returns, whether it returns after a clean shutdown, a failed start or a
 // panic.
-func Serve(ctx context.Context, opts Options) error {
+func Serve(ctx context.Context, opts Config) error {
 	if opts.DataDir == "" || opts.Addr == "" {
 		return errors.New("daemon: Addr and DataDir are required")
 	}
@@ -200,14 +201,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if d.out == nil {
 		d.out = io.Discard
 	}
-	defer d.closers.close()
-	for _, c := range components {
-		if err := c.start(d, ctx); err != nil {
-			return err
-		}
-		d.log.Debug("started", "component", c.name)
-	}
-	return d.serve(ctx)
+	return d.run(ctx, components, d.serve)
 }
 
 // lockWait is how long a starting daemon waits for the data dir's lock.
@@ -235,7 +229,7 @@ func lockDataDir(dir string) (func(), error) {
 }
 
 // apiKey returns the key to require and, when it lives in a file, where.
-func apiKey(opts Options) (key, path string, err error) {
+func apiKey(opts Config) (key, path string, err error) {
 	if opts.APIKey != "" {
 		return opts.APIKey, "", nil
 	}

@@ -10,7 +10,7 @@ import (
 
 func TestAPIKey(t *testing.T) {
 	dir := t.TempDir()
-	key, path, err := apiKey(Options{DataDir: dir})
+	key, path, err := apiKey(Config{DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +20,7 @@ func TestAPIKey(t *testing.T) {
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("key file %s: %v, mode %v; want 0600", path, err, st.Mode().Perm())
 	}
-	again, _, err := apiKey(Options{DataDir: dir})
+	again, _, err := apiKey(Config{DataDir: dir})
 	if err != nil || again != key {
 		t.Errorf("second start: key %q, %v; want the stored %q", again, err, key)
 	}
@@ -28,17 +28,17 @@ func TestAPIKey(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := apiKey(Options{DataDir: dir}); err != nil {
+	if _, _, err := apiKey(Config{DataDir: dir}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("key file left 0644: after start %v, mode %v; want 0600", err, st.Mode().Perm())
 	}
-	if got, path, _ := apiKey(Options{DataDir: dir, APIKey: "e2b_given"}); got != "e2b_given" || path != "" {
+	if got, path, _ := apiKey(Config{DataDir: dir, APIKey: "e2b_given"}); got != "e2b_given" || path != "" {
 		t.Errorf("apiKey with a key given = %q, %q; want it, and no file", got, path)
 	}
 	os.WriteFile(filepath.Join(dir, "api-key"), []byte("not a key\n"), 0o600)
-	if _, _, err := apiKey(Options{DataDir: dir}); err == nil {
+	if _, _, err := apiKey(Config{DataDir: dir}); err == nil {
 		t.Error("a corrupt key file was accepted")
 	}
 }

@@ -159,7 +159,7 @@ func (r *gatewayRecorder) Download(ctx context.Context, d gateway.Download) {
 // newGateway loads (or makes) the gateway's CA under DataDir/gateway and
 // the roots upstream servers are verified with, and returns the gateway
 // and the CA certificate sandboxes trust.
-func newGateway(opts Options, sec gateway.Secrets, rec gateway.Recorder, log *slog.Logger) (*gateway.Gateway, []byte, error) {
+func newGateway(opts Config, sec gateway.Secrets, rec gateway.Recorder, log *slog.Logger) (*gateway.Gateway, []byte, error) {
 	ca, err := gateway.LoadOrCreateCA(filepath.Join(opts.DataDir, "gateway"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the egress gateway's CA: %w", err)

@@ -217,7 +217,7 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 		ready := make(chan net.Addr, 1)
 		done := make(chan error, 1)
 		go func() {
-			done <- Serve(ctx, Options{
+			done <- Serve(ctx, Config{
 				Addr:          "127.0.0.1:0",
 				DataDir:       filepath.Join(opts.DataDir, "bench-api"),
 				TemplatesDir:  opts.TemplatesDir,

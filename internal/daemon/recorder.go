@@ -36,8 +36,6 @@ type flowRecorder struct {
 
 	// audit, if set, gets every flow event.
 	audit audit.Sink
-	// usage, if set, counts each sandbox's egress bytes.
-	usage func(id string, out, in int64)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -50,9 +48,12 @@ type sandboxLog struct {
 	suppressed int64
 }
 
-func newFlowRecorder(log *slog.Logger, reg *metrics.Registry) *flowRecorder {
+// newFlowRecorder returns a recorder counting in reg, logging to log and,
+// when sink is not nil, keeping every flow in the audit trail.
+func newFlowRecorder(log *slog.Logger, reg *metrics.Registry, sink audit.Sink) *flowRecorder {
 	return &flowRecorder{
 		log:       log,
+		audit:     sink,
 		flows:     reg.Counter("fence_egress_flows_total", "Sandbox network flows by protocol and decision."),
 		bytes:     reg.Counter("fence_egress_bytes_total", "Bytes through sandbox network flows, by direction."),
 		global:    rate.NewLimiter(globalLogRate, 2*globalLogRate),
@@ -70,9 +71,6 @@ func (r *flowRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 	r.flows.Add(1, "proto", ev.Proto, "decision", decision)
 	if r.audit != nil {
 		r.audit.Append(ctx, flowAudit(ev, decision))
-	}
-	if r.usage != nil && ev.SandboxID != "" {
-		r.usage(ev.SandboxID, ev.BytesOut, ev.BytesIn)
 	}
 	r.bytes.Add(ev.BytesOut, "direction", "out")
 	r.bytes.Add(ev.BytesIn, "direction", "in")

@@ -34,7 +34,7 @@ func (l *lockedBuffer) String() string {
 // flooder's dropped lines are counted on its next line.
 func TestRecorderPerSandbox(t *testing.T) {
 	var out lockedBuffer
-	r := newFlowRecorder(slog.New(slog.NewTextHandler(&out, nil)), metrics.New())
+	r := newFlowRecorder(slog.New(slog.NewTextHandler(&out, nil)), metrics.New(), nil)
 	ctx := context.Background()
 	for range 1000 {
 		r.Record(ctx, egress.FlowEvent{SandboxID: "flooder", Proto: "tcp", Reason: "no-rule"})

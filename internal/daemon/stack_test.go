@@ -31,7 +31,7 @@ func nodeManager(t *testing.T, st *store.Store, gvHost *fake.Host) *sandbox.Mana
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{Cluster: &ClusterOptions{Name: "node-a"}, WarmTemplates: []WarmTemplate{{Name: "other"}}}
+	opts := Config{Cluster: &ClusterOptions{Name: "node-a"}, WarmTemplates: []WarmTemplate{{Name: "other"}}}
 	pool, tmplPools, layers := backendStack(routed, nil, opts, slog.New(slog.DiscardHandler))
 	if _, ok := isolation.As[interface{ Has(string) bool }](pool); !ok {
 		t.Error("the node's stack hides its router's Has")

@@ -76,3 +76,19 @@ func Serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
 		return nil
 	}
 }
+
+// Shutdown stops srv: it stops accepting, waits up to grace for the
+// requests in flight, then closes the connections still open, so that a
+// stuck client or a stream that does not end cannot hold the process's
+// exit. It returns the graceful wait's error (context.DeadlineExceeded
+// when connections had to be closed). Hijacked connections are their
+// handlers' to close.
+func Shutdown(ctx context.Context, srv *http.Server, grace time.Duration) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		srv.Close()
+	}
+	return err
+}

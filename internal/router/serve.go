@@ -17,8 +17,9 @@ import (
 	"github.com/fencesandbox/fence/internal/httpserve"
 )
 
-// ServeOptions configure `fence router`.
-type ServeOptions struct {
+// Config configures `fence router`, declared here only: each of the
+// command's flags binds to a field (see internal/cli).
+type Config struct {
 	Addr string // listen address; required
 	// Kubeconfig is the kubeconfig file; empty means in-cluster.
 	Kubeconfig string
@@ -43,7 +44,7 @@ type ServeOptions struct {
 }
 
 // Serve runs the router until ctx is done, then shuts down gracefully.
-func Serve(ctx context.Context, o ServeOptions) error {
+func Serve(ctx context.Context, o Config) error {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -112,9 +113,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if grace <= 0 {
 		grace = 60 * time.Second
 	}
-	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
-	defer cancel()
-	if err := srv.Shutdown(gctx); err != nil {
+	if err := httpserve.Shutdown(ctx, srv, grace); err != nil {
 		return fmt.Errorf("requests still in flight after %s: %w", grace, err)
 	}
 	return nil

@@ -19,6 +19,10 @@ func (c netCore) Sandbox(id string) (fences.Sandbox, error) {
 	return netEntry{e}, nil
 }
 
+// AddEgress implements fences.Core: a flow's bytes count in the
+// sandbox's usage.
+func (c netCore) AddEgress(id string, out, in int64) { c.m.usage.AddEgress(id, out, in) }
+
 // netEntry is one live sandbox as the network side sees it.
 type netEntry struct{ e *entry }
 

@@ -91,6 +91,8 @@ type Core interface {
 	// Sandbox returns live sandbox id, or an error wrapping
 	// api.ErrNotFound for an unknown or killed one.
 	Sandbox(id string) (Sandbox, error)
+	// AddEgress counts a flow's bytes in sandbox id's usage.
+	AddEgress(id string, out, in int64)
 }
 
 // Sandbox is what the lifecycle core keeps of one live sandbox's network.
@@ -151,13 +153,30 @@ func New(opts Options) *Set {
 }
 
 // Bind gives s the lifecycle core it reaches live sandboxes through
-// (UpdateNetwork, DialPort). It is called once, by the core's
-// constructor; a second call panics.
+// (UpdateNetwork, DialPort) and counts their flows' bytes in (each flow
+// is counted before the fence's own recorder gets it). It is called once,
+// by the core's constructor, before any sandbox exists; a second call
+// panics.
 func (s *Set) Bind(c Core) {
 	if s.core != nil {
 		panic("fences: Set bound to a second core")
 	}
 	s.core = c
+	s.fence.Recorder = usageRecorder{core: c, next: s.fence.Recorder}
+}
+
+// usageRecorder counts each flow's bytes against its sandbox in the
+// core, then hands the flow on.
+type usageRecorder struct {
+	core Core
+	next egress.Recorder
+}
+
+func (r usageRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
+	if ev.SandboxID != "" {
+		r.core.AddEgress(ev.SandboxID, ev.BytesOut, ev.BytesIn)
+	}
+	r.next.Record(ctx, ev)
 }
 
 // fenceRef is one sandbox's Net and what keeps it.
