@@ -303,10 +303,7 @@ func (l *Log) Append(ctx context.Context, ev Event) {
 		l.suppress(&ev, now)
 		return
 	}
-	data := marshalData(capFields(ev.Data, driven))
-	p := pending{time: ev.Time, typ: ev.Type, sandbox: ev.SandboxID, actor: ev.Actor, data: data}
-	p.body = body(p.time, p.typ, p.sandbox, p.actor, p.data)
-	p.size = int64(len(p.body)) + 100 // seq, prev and the rest of the line
+	p := newPending(ev, driven)
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -314,18 +311,42 @@ func (l *Log) Append(ctx context.Context, ev Event) {
 		return
 	}
 	if driven {
-		if len(l.ch) >= max(1, l.opts.QueueSize*3/4) || !l.reserve(p.size, max(1, l.opts.QueueBytes*3/4)) {
-			l.suppress(&ev, now)
-			return
-		}
-		select {
-		case l.ch <- p:
-		default:
-			l.release(p.size)
-			l.suppress(&ev, now)
-		}
+		l.offer(&ev, p, now)
 		return
 	}
+	l.queue(ctx, p)
+}
+
+// newPending lays out ev's record but for its seq and prev, with the
+// fields of a sandbox-driven event capped.
+func newPending(ev Event, driven bool) pending {
+	data := marshalData(capFields(ev.Data, driven))
+	p := pending{time: ev.Time, typ: ev.Type, sandbox: ev.SandboxID, actor: ev.Actor, data: data}
+	p.body = body(p.time, p.typ, p.sandbox, p.actor, p.data)
+	p.size = int64(len(p.body)) + 100 // seq, prev and the rest of the line
+	return p
+}
+
+// offer queues a sandbox-driven event's record p without waiting, within
+// the sandboxes' share (three quarters) of the queue, and counts ev as
+// suppressed when there is no room. The caller holds l.mu for reading.
+func (l *Log) offer(ev *Event, p pending, now time.Time) {
+	if len(l.ch) >= max(1, l.opts.QueueSize*3/4) || !l.reserve(p.size, max(1, l.opts.QueueBytes*3/4)) {
+		l.suppress(ev, now)
+		return
+	}
+	select {
+	case l.ch <- p:
+	default:
+		l.release(p.size)
+		l.suppress(ev, now)
+	}
+}
+
+// queue queues record p, waiting up to BlockFor (or until ctx is done)
+// for room in the queue's bytes and then in the channel, and drops it
+// after that. The caller holds l.mu for reading.
+func (l *Log) queue(ctx context.Context, p pending) {
 	var t *time.Timer
 	wait := func(c <-chan struct{}) bool {
 		if t == nil {

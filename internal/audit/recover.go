@@ -38,95 +38,13 @@ func (l *Log) recover() ([]pending, error) {
 	}
 	l.seq, l.prev = 0, genesis
 	for i := len(segs) - 1; i >= 0; i-- {
-		path := filepath.Join(l.dir, segs[i].name)
-		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		found, err := l.recoverSegment(segs[i], i == len(segs)-1, &notes)
 		if err != nil {
 			return nil, err
 		}
-		lr := newLineReader(f)
-		var last []byte
-		// A prune record after the segment's last checkpoint: the writer
-		// signs each one as it writes it, so it was not the writer's (a
-		// crash between the two leaves the segment it names in place).
-		var unsignedPrune []byte
-		for {
-			ln, err := lr.next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				f.Close()
-				return nil, fmt.Errorf("%s: %w", segs[i].name, err)
-			}
-			last = append(last[:0], ln...)
-			switch lineType(ln) {
-			case TypeCheckpoint:
-				unsignedPrune = nil
-			case TypePrune:
-				if unsignedPrune == nil {
-					unsignedPrune = bytes.Clone(ln)
-				}
-			}
+		if found {
+			break
 		}
-		if unsignedPrune != nil {
-			if r, err := parseLine(unsignedPrune); err == nil {
-				l.log.Warn("audit: a prune record no checkpoint signs", "seq", r.Seq)
-				notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
-					data: mustJSON(map[string]any{"segment": segs[i].name, "unsigned_prune": r.Seq})})
-			}
-		}
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		if torn := st.Size() - lr.off; torn > 0 {
-			if err := f.Truncate(lr.off); err != nil {
-				f.Close()
-				return nil, fmt.Errorf("cutting the torn end of %s: %w", segs[i].name, err)
-			}
-			f.Sync()
-			l.log.Warn("audit: cut a torn final line", "segment", segs[i].name, "bytes", torn)
-			notes = append(notes, pending{time: l.opts.Now(), typ: TypeRecovered,
-				data: mustJSON(map[string]any{"segment": segs[i].name, "bytes": torn})})
-		}
-		if last == nil {
-			f.Close()
-			if i == len(segs)-1 {
-				// An empty newest segment (a crash after rotating): it is
-				// made again, with the right name, on the first write.
-				os.Remove(path)
-			}
-			continue
-		}
-		r, err := parseLine(last)
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("the last record of %s is not well-formed (%v); run fence audit verify", segs[i].name, err)
-		}
-		l.seq, l.prev = r.Seq, hexHash(last)
-		if r.Type == TypeCheckpoint {
-			l.lastCkRec = string(r.Data)
-		} else {
-			// The previous writer died before signing its last records:
-			// the next checkpoint (periodic, or at Close) signs them.
-			l.sinceCk = 1
-		}
-		if _, err := f.Seek(0, io.SeekEnd); err != nil {
-			f.Close()
-			return nil, err
-		}
-		if i == len(segs)-1 {
-			f.Close()
-			f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return nil, err
-			}
-			l.f, l.segFirst, l.segSize = f, segs[i].first, lr.off
-		} else {
-			f.Close()
-		}
-		break
 	}
 	if h, err := readHead(l.dir); err == nil && h.Seq > l.seq {
 		l.log.Error("audit: the log ends before its last signed checkpoint: records were removed", "head_seq", h.Seq, "last_seq", l.seq)
@@ -134,4 +52,109 @@ func (l *Log) recover() ([]pending, error) {
 			data: mustJSON(map[string]any{"head_seq": h.Seq, "last_seq": l.seq, "head_hash": h.Hash})})
 	}
 	return notes, nil
+}
+
+// recoverSegment reads one segment (newest: the last one listed), notes
+// an unsigned prune record in it, cuts its torn end, and reports whether
+// it holds a record: then the chain resumes after its last one, and the
+// newest segment is opened for appending.
+func (l *Log) recoverSegment(seg segment, newest bool, notes *[]pending) (found bool, err error) {
+	path := filepath.Join(l.dir, seg.name)
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	lr := newLineReader(f)
+	last, unsignedPrune, err := segmentEnd(lr)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", seg.name, err)
+	}
+	if unsignedPrune != nil {
+		if r, err := parseLine(unsignedPrune); err == nil {
+			l.log.Warn("audit: a prune record no checkpoint signs", "seq", r.Seq)
+			*notes = append(*notes, pending{time: l.opts.Now(), typ: TypeRecovered,
+				data: mustJSON(map[string]any{"segment": seg.name, "unsigned_prune": r.Seq})})
+		}
+	}
+	if err := l.cutTorn(f, seg.name, lr.off, notes); err != nil {
+		return false, err
+	}
+	if last == nil {
+		if newest {
+			// An empty newest segment (a crash after rotating): it is
+			// made again, with the right name, on the first write.
+			os.Remove(path)
+		}
+		return false, nil
+	}
+	r, err := parseLine(last)
+	if err != nil {
+		return false, fmt.Errorf("the last record of %s is not well-formed (%v); run fence audit verify", seg.name, err)
+	}
+	l.seq, l.prev = r.Seq, hexHash(last)
+	if r.Type == TypeCheckpoint {
+		l.lastCkRec = string(r.Data)
+	} else {
+		// The previous writer died before signing its last records:
+		// the next checkpoint (periodic, or at Close) signs them.
+		l.sinceCk = 1
+	}
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		return false, err
+	}
+	if newest {
+		af, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false, err
+		}
+		l.f, l.segFirst, l.segSize = af, seg.first, lr.off
+	}
+	return true, nil
+}
+
+// segmentEnd reads a segment's complete lines and gives back the last
+// one and the first prune record after the segment's last checkpoint:
+// the writer signs each one as it writes it, so such a record was not the
+// writer's (a crash between the two leaves the segment it names in place).
+func segmentEnd(lr *lineReader) (last, unsignedPrune []byte, err error) {
+	for {
+		ln, err := lr.next()
+		if errors.Is(err, io.EOF) {
+			return last, unsignedPrune, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		last = append(last[:0], ln...)
+		switch lineType(ln) {
+		case TypeCheckpoint:
+			unsignedPrune = nil
+		case TypePrune:
+			if unsignedPrune == nil {
+				unsignedPrune = bytes.Clone(ln)
+			}
+		}
+	}
+}
+
+// cutTorn cuts what follows the last complete line (at off) of segment
+// name, and notes it.
+func (l *Log) cutTorn(f *os.File, name string, off int64, notes *[]pending) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	torn := st.Size() - off
+	if torn <= 0 {
+		return nil
+	}
+	if err := f.Truncate(off); err != nil {
+		return fmt.Errorf("cutting the torn end of %s: %w", name, err)
+	}
+	f.Sync()
+	l.log.Warn("audit: cut a torn final line", "segment", name, "bytes", torn)
+	*notes = append(*notes, pending{time: l.opts.Now(), typ: TypeRecovered,
+		data: mustJSON(map[string]any{"segment": name, "bytes": torn})})
+	return nil
 }

@@ -166,13 +166,39 @@ func (v *verifier) record(at loc, l []byte) {
 	}
 	at.seq = r.Seq
 	h := hexHash(l)
+	if !v.link(at, r, h) {
+		return
+	}
+	v.rep.Records++
+	v.rep.LastSeq = r.Seq
+	if !v.typed(at, r) {
+		return
+	}
+	if v.head != nil && r.Seq == v.head.Seq {
+		v.headSeen = true
+		if h != v.head.Hash {
+			v.fail(at, "record differs from the one the last recorded checkpoint (head) signed")
+			return
+		}
+	}
+	v.expect = r.Seq + 1
+	v.prevHash = h
+	v.prevLoc = at
+}
+
+// link checks that record r (hash h) at at follows the record before it:
+// its seq is the next one and its prev that record's hash, or, for the
+// first record, it starts the chain. It reports whether r is to be
+// counted; a prev mismatch is held until the record after r tells which
+// of the two was altered.
+func (v *verifier) link(at loc, r Record, h string) bool {
 	if m := v.mismatch; m != nil {
 		if r.Seq == m[1].seq+1 && r.Prev == v.mismatchHash {
 			v.fail(m[0], fmt.Sprintf("record %d was altered: its hash is not the prev that record %d holds", m[0].seq, m[1].seq))
 		} else {
 			v.fail(m[1], fmt.Sprintf("record %d was altered: its prev is not the hash of record %d, and its hash not the prev of the record after it", m[1].seq, m[0].seq))
 		}
-		return
+		return false
 	}
 	switch {
 	case v.expect == 0:
@@ -180,7 +206,7 @@ func (v *verifier) record(at loc, l []byte) {
 		if r.Seq == 1 {
 			if r.Prev != genesis {
 				v.fail(at, "the first record's prev is not the genesis (zeros)")
-				return
+				return false
 			}
 		} else {
 			v.start = &struct {
@@ -190,34 +216,27 @@ func (v *verifier) record(at loc, l []byte) {
 		}
 	case r.Seq > v.expect:
 		v.fail(loc{at.seg, at.line, v.expect}, fmt.Sprintf("records %d to %d are missing here (deleted, or moved): found seq %d", v.expect, r.Seq-1, r.Seq))
-		return
+		return false
 	case r.Seq < v.expect:
 		v.fail(at, fmt.Sprintf("seq %d where %d was expected: records were reordered or duplicated", r.Seq, v.expect))
-		return
+		return false
 	case r.Prev != v.prevHash:
 		v.mismatch = &[2]loc{v.prevLoc, at}
 		v.mismatchHash = h
-		return
+		return false
 	}
-	v.rep.Records++
-	v.rep.LastSeq = r.Seq
+	return true
+}
+
+// typed checks what record r's type says (checkpoints, prunes, a cut-back
+// log) and counts what it reports (recoveries, drops, suppressions); it
+// reports false when r breaks the log.
+func (v *verifier) typed(at loc, r Record) bool {
 	switch r.Type {
 	case TypeCheckpoint:
 		v.checkpoint(at, r)
 	case TypePrune:
-		var d struct {
-			Segment   string `json:"segment"`
-			FirstKept uint64 `json:"first_kept"`
-			Prev      string `json:"prev"`
-		}
-		if json.Unmarshal(r.Data, &d) == nil && v.start != nil && d.FirstKept == v.start.at.seq && d.Prev == v.start.prev {
-			if why := v.pruneDisagrees(d.Segment, d.FirstKept); why != "" {
-				v.fail(at, "the prune record does not agree with the segment names: "+why)
-				return
-			}
-			// Accepted once a later checkpoint signs it (see checkpoint).
-			v.pruneAt = &at
-		}
+		return v.prune(at, r)
 	case TypeTruncated:
 		var d struct {
 			HeadSeq uint64 `json:"head_seq"`
@@ -225,21 +244,9 @@ func (v *verifier) record(at loc, l []byte) {
 		}
 		json.Unmarshal(r.Data, &d)
 		v.fail(at, fmt.Sprintf("the daemon found the log cut back when it started: it ended at seq %d, but seq %d had been signed (records were removed)", d.LastSeq, d.HeadSeq))
-		return
+		return false
 	case TypeRecovered:
-		var d struct {
-			UnsignedPrune uint64 `json:"unsigned_prune"`
-		}
-		if json.Unmarshal(r.Data, &d) == nil && d.UnsignedPrune != 0 && v.pruneAt != nil && v.pruneAt.seq == d.UnsignedPrune {
-			// Not the daemon's (or cut short by a crash, and then the
-			// daemon's next prune of the same segment accounts for it).
-			v.revoked, v.pruneAt = v.pruneAt, nil
-		}
-		if d.UnsignedPrune != 0 {
-			v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon found a prune record no checkpoint signed (%s)", r.Seq, string(r.Data)))
-			break
-		}
-		v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon cut a torn final line after a crash (%s)", r.Seq, string(r.Data)))
+		v.recovered(r)
 	case TypeDropped:
 		var d struct {
 			Count int64 `json:"count"`
@@ -253,16 +260,45 @@ func (v *verifier) record(at loc, l []byte) {
 		json.Unmarshal(r.Data, &d)
 		v.suppressed += d.Total
 	}
-	if v.head != nil && r.Seq == v.head.Seq {
-		v.headSeen = true
-		if h != v.head.Hash {
-			v.fail(at, "record differs from the one the last recorded checkpoint (head) signed")
-			return
-		}
+	return true
+}
+
+// prune notes a prune record that accounts for the log's start after seq
+// 1, to be accepted once a later checkpoint signs it; it reports false
+// when the record does not agree with the segment names.
+func (v *verifier) prune(at loc, r Record) bool {
+	var d struct {
+		Segment   string `json:"segment"`
+		FirstKept uint64 `json:"first_kept"`
+		Prev      string `json:"prev"`
 	}
-	v.expect = r.Seq + 1
-	v.prevHash = h
-	v.prevLoc = at
+	if json.Unmarshal(r.Data, &d) == nil && v.start != nil && d.FirstKept == v.start.at.seq && d.Prev == v.start.prev {
+		if why := v.pruneDisagrees(d.Segment, d.FirstKept); why != "" {
+			v.fail(at, "the prune record does not agree with the segment names: "+why)
+			return false
+		}
+		// Accepted once a later checkpoint signs it (see checkpoint).
+		v.pruneAt = &at
+	}
+	return true
+}
+
+// recovered warns of what the daemon repaired at its start, and revokes
+// the pending prune record when it is one the daemon found unsigned.
+func (v *verifier) recovered(r Record) {
+	var d struct {
+		UnsignedPrune uint64 `json:"unsigned_prune"`
+	}
+	if json.Unmarshal(r.Data, &d) == nil && d.UnsignedPrune != 0 && v.pruneAt != nil && v.pruneAt.seq == d.UnsignedPrune {
+		// Not the daemon's (or cut short by a crash, and then the
+		// daemon's next prune of the same segment accounts for it).
+		v.revoked, v.pruneAt = v.pruneAt, nil
+	}
+	if d.UnsignedPrune != 0 {
+		v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon found a prune record no checkpoint signed (%s)", r.Seq, string(r.Data)))
+		return
+	}
+	v.rep.Warnings = append(v.rep.Warnings, fmt.Sprintf("seq %d: the daemon cut a torn final line after a crash (%s)", r.Seq, string(r.Data)))
 }
 
 func (v *verifier) checkpoint(at loc, r Record) {

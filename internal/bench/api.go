@@ -108,15 +108,71 @@ const densityPeerRuns = 20
 // of the slowdown that is the host kernel's, which every runtime pays.
 func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(context.Context) error, out io.Writer) error {
 	c := client.New(d.URL, d.APIKey)
-	peerRun := func() Result {
-		return measure("peer", densityPeerRuns, func(int) error { return peer(ctx) })
-	}
-	var peer0 Result
+	var peerRun func() Result
 	if peer != nil {
-		peer0 = peerRun()
+		peerRun = func() Result {
+			return measure("peer", densityPeerRuns, func(int) error { return peer(ctx) })
+		}
 	}
-	pivot0 := kernelPivots(pivotRuns)
-	tasks0 := hostTasks()
+	before, err := readBeforeDensity(ctx, peerRun)
+	if err != nil {
+		return err
+	}
+	cr := createIdle(ctx, c, tmpl, n)
+	defer func() {
+		kctx := context.WithoutCancel(ctx)
+		kstart := time.Now()
+		forEach(cr.sbs, func(sb *client.Sandbox) { sb.Kill(kctx) })
+		fmt.Fprintf(out, "  killing all %d: %s\n", len(cr.sbs), ms(time.Since(kstart)))
+	}()
+	// A create that failed is reported, and the figures are still given
+	// for the sandboxes that were created.
+	var createErr error
+	if cr.first != nil {
+		createErr = fmt.Errorf("density: %d of %d created, first error: %w", len(cr.sbs), n, cr.first)
+		fmt.Fprintf(out, "  %v\n", createErr)
+		if len(cr.sbs) == 0 {
+			return createErr
+		}
+		n = len(cr.sbs)
+	}
+	if before.peer.Err != nil {
+		peerRun = nil // no comparison to make
+	}
+	idle, err := readIdleDensity(ctx, peerRun, before.pivot.Err == nil, out)
+	if err != nil {
+		return err
+	}
+	createRatio := cr.report(out, tmpl, n)
+	idle.reportCPU(out, before.quietCPU, n)
+	reportDensityCosts(out, before, idle, n)
+	reportDensityPeer(out, peer != nil, before, idle, n, createRatio)
+	if err := answerAll(ctx, cr.sbs, out); err != nil {
+		return errors.Join(createErr, err)
+	}
+	return createErr
+}
+
+// densityBefore is what density reads before the creates.
+type densityBefore struct {
+	peer, pivot Result
+	tasks       int           // threads on the host
+	quietCPU    time.Duration // the machine's over densityQuiet
+	rss         int64
+	fds, gr, th int // this process's descriptors, goroutines and threads
+}
+
+// readBeforeDensity reads the host and this process with no sandbox
+// alive: the peer's starts (with peerRun), the kernel's pivot_root, and
+// the machine's CPU time over densityQuiet, then this process's memory
+// and resources after a GC.
+func readBeforeDensity(ctx context.Context, peerRun func() Result) (densityBefore, error) {
+	var b densityBefore
+	if peerRun != nil {
+		b.peer = peerRun()
+	}
+	b.pivot = kernelPivots(pivotRuns)
+	b.tasks = hostTasks()
 	// The whole machine's CPU time with none alive, to set beside its
 	// time with the n idle: what idle sandboxes cost the host, the
 	// daemon's share and everything else's (the agents, the kernel's
@@ -125,19 +181,30 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	select {
 	case <-time.After(densityQuiet):
 	case <-ctx.Done():
-		return ctx.Err()
+		return b, ctx.Err()
 	}
-	quietCPU := busySince(quiet0)
+	b.quietCPU = busySince(quiet0)
 	runtime.GC()
 	debug.FreeOSMemory()
-	rss0, fds0, gr0, th0 := rss(), openFDs(), runtime.NumGoroutine(), threads()
-	var (
-		mu    sync.Mutex
-		sbs   []*client.Sandbox
-		stamp []time.Time               // when each create finished, in order
-		cpuAt = map[int]time.Duration{} // this process's CPU time when the k-th create finished
-		first error
-	)
+	b.rss, b.fds, b.gr, b.th = rss(), openFDs(), runtime.NumGoroutine(), threads()
+	return b, nil
+}
+
+// densityCreates is what the creates of density made and when.
+type densityCreates struct {
+	sbs   []*client.Sandbox
+	stamp []time.Time           // when each create finished, in order
+	cpuAt map[int]time.Duration // this process's CPU time when the k-th create finished
+	first error                 // the first create's error
+	start time.Time
+	took  time.Duration
+}
+
+// createIdle creates n sandboxes of tmpl, densityClients at a time, and
+// records when each one was made.
+func createIdle(ctx context.Context, c *client.Client, tmpl string, n int) *densityCreates {
+	cr := &densityCreates{cpuAt: map[int]time.Duration{}}
+	var mu sync.Mutex
 	next := make(chan struct{})
 	go func() {
 		defer close(next)
@@ -149,7 +216,7 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 			}
 		}
 	}()
-	start := time.Now()
+	cr.start = time.Now()
 	var wg sync.WaitGroup
 	for range densityClients {
 		wg.Go(func() {
@@ -158,148 +225,171 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 				sb, err := c.Create(ctx, api.NewSandbox{TemplateID: tmpl, Timeout: &timeout})
 				mu.Lock()
 				if err != nil {
-					if first == nil {
-						first = err
+					if cr.first == nil {
+						cr.first = err
 					}
 					mu.Unlock()
 					continue
 				}
-				sbs = append(sbs, sb)
-				stamp = append(stamp, time.Now())
-				if k := len(stamp); k == 10 || k == 10+densityWindow || k == n-densityWindow || k == n {
-					cpuAt[k] = cpuTime()
+				cr.sbs = append(cr.sbs, sb)
+				cr.stamp = append(cr.stamp, time.Now())
+				if k := len(cr.stamp); k == 10 || k == 10+densityWindow || k == n-densityWindow || k == n {
+					cr.cpuAt[k] = cpuTime()
 				}
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	created := time.Since(start)
-	defer func() {
-		kctx := context.WithoutCancel(ctx)
-		kstart := time.Now()
-		forEach(sbs, func(sb *client.Sandbox) { sb.Kill(kctx) })
-		fmt.Fprintf(out, "  killing all %d: %s\n", len(sbs), ms(time.Since(kstart)))
-	}()
-	// A create that failed is reported, and the figures are still given
-	// for the sandboxes that were created.
-	var createErr error
-	if first != nil {
-		createErr = fmt.Errorf("density: %d of %d created, first error: %w", len(sbs), n, first)
-		fmt.Fprintf(out, "  %v\n", createErr)
-		if len(sbs) == 0 {
-			return createErr
-		}
-		n = len(sbs)
-	}
-	// Settle, then read what the idle sandboxes cost the daemon: its CPU
-	// time over densityIdle (readings of every sandbox's use, its
-	// network stacks' timers), then its memory.
+	cr.took = time.Since(cr.start)
+	return cr
+}
+
+// densityIdleReadings is what density reads with the sandboxes idle.
+type densityIdleReadings struct {
+	procs0, procsN      procTimes     // every process's CPU time around the window
+	idleCPU, machineCPU time.Duration // the daemon's and the machine's over densityIdle
+	tasks               int
+	peer, pivot         Result
+	rssLive, rss        int64 // before and after a GC
+	mstat               runtime.MemStats
+}
+
+// readIdleDensity lets the sandboxes settle, then reads what they cost
+// idle: the daemon's and the machine's CPU time over densityIdle, the
+// host's threads, the peer's starts (with peerRun) and the kernel's
+// pivot_root (with pivot), and last the daemon's memory (and its heap
+// profile, to FENCE_BENCH_HEAP_PROFILE).
+func readIdleDensity(ctx context.Context, peerRun func() Result, pivot bool, out io.Writer) (*densityIdleReadings, error) {
 	select {
 	case <-time.After(2 * time.Second):
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
+	r := &densityIdleReadings{}
 	// Every process's CPU time is read around the window too (outside
 	// it: the reading is this process's work), to name where the
 	// machine's time goes besides the daemon.
-	procs0 := sampleProcs()
+	r.procs0 = sampleProcs()
 	idle0, machine0 := cpuTime(), machineBusy()
 	select {
 	case <-time.After(densityIdle):
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
-	idleCPU, machineCPU := cpuTime()-idle0, busySince(machine0)
-	procsN := sampleProcs()
-	tasksN := hostTasks()
-	var peerN Result
-	if peer != nil && peer0.Err == nil {
-		peerN = peerRun()
+	r.idleCPU, r.machineCPU = cpuTime()-idle0, busySince(machine0)
+	r.procsN = sampleProcs()
+	r.tasks = hostTasks()
+	if peerRun != nil {
+		r.peer = peerRun()
 	}
-	var pivotN Result
-	if pivot0.Err == nil {
-		pivotN = kernelPivots(pivotRuns)
+	if pivot {
+		r.pivot = kernelPivots(pivotRuns)
 	}
-	rssLive := rss() // as the host sees the daemon, garbage included
+	r.rssLive = rss() // as the host sees the daemon, garbage included
 	runtime.GC()
 	debug.FreeOSMemory()
-	rssN := rss()
+	r.rss = rss()
 	if path := os.Getenv("FENCE_BENCH_HEAP_PROFILE"); path != "" {
 		// What the idle sandboxes hold in the daemon's heap, for pprof.
 		if err := writeHeapProfile(path); err != nil {
 			fmt.Fprintf(out, "  heap profile: %v\n", err)
 		}
 	}
-	var mstat runtime.MemStats
-	runtime.ReadMemStats(&mstat)
+	runtime.ReadMemStats(&r.mstat)
+	return r, nil
+}
+
+// report writes the create rates: early against late, and at 10 alive
+// against n alive (the ratio it gives, 0 when there were too few to
+// measure), with the daemon's CPU time per create at both.
+func (cr *densityCreates) report(out io.Writer, tmpl string, n int) (createRatio float64) {
+	stamp, start := cr.stamp, cr.start
 	w := max(10, n/10)
 	early, late := rate(stamp, start, 0, min(w, len(stamp))), rate(stamp, start, max(0, len(stamp)-w), len(stamp))
-	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, created.Seconds())
+	fmt.Fprintf(out, "density: %d idle %s sandboxes through the API, %d clients, in %.1f s\n", n, tmpl, densityClients, cr.took.Seconds())
 	fmt.Fprintf(out, "  creates per second: first %d %.1f, last %d %.1f (ratio %.2f)\n", w, early, w, late, late/early)
-	var createRatio float64 // at n alive against 10, when measured
-	if len(stamp) >= 2*densityWindow+10 {
-		// With about 10 sandboxes alive (past the clients' ramp-up) and
-		// with all but the last few alive.
-		at10 := rate(stamp, start, 10, 10+densityWindow)
-		atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
-		createRatio = atN / at10
-		fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
-			at10, len(stamp)-densityWindow, atN, createRatio, densityWindow)
-		// The daemon's CPU time per create over the same windows: its
-		// own work for the creates, the programs it ran and waited for
-		// (mkfs.ext4), and its background work for the sandboxes alive
-		// meanwhile, which per create grows when the machine's other load
-		// slows the creates (the idle figure below is that work alone).
-		if c0, ok := cpuAt[10]; ok && n == len(stamp) {
-			c1, c2, c3 := cpuAt[10+densityWindow], cpuAt[n-densityWindow], cpuAt[n]
-			fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
-				ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
-		}
+	if len(stamp) < 2*densityWindow+10 {
+		return 0
 	}
+	// With about 10 sandboxes alive (past the clients' ramp-up) and
+	// with all but the last few alive.
+	at10 := rate(stamp, start, 10, 10+densityWindow)
+	atN := rate(stamp, start, len(stamp)-densityWindow, len(stamp))
+	createRatio = atN / at10
+	fmt.Fprintf(out, "  creates per second at 10 alive %.1f, at %d alive %.1f (ratio %.2f; windows of %d creates)\n",
+		at10, len(stamp)-densityWindow, atN, createRatio, densityWindow)
+	// The daemon's CPU time per create over the same windows: its
+	// own work for the creates, the programs it ran and waited for
+	// (mkfs.ext4), and its background work for the sandboxes alive
+	// meanwhile, which per create grows when the machine's other load
+	// slows the creates (the idle figure below is that work alone).
+	if c0, ok := cr.cpuAt[10]; ok && n == len(stamp) {
+		c1, c2, c3 := cr.cpuAt[10+densityWindow], cr.cpuAt[n-densityWindow], cr.cpuAt[n]
+		fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
+			ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
+	}
+	return createRatio
+}
+
+// reportCPU writes the CPU time the n idle sandboxes cost: the daemon's,
+// the machine's against none alive, and the busiest other commands.
+func (r *densityIdleReadings) reportCPU(out io.Writer, quietCPU time.Duration, n int) {
 	fmt.Fprintf(out, "  daemon CPU time with %d idle sandboxes: %.1f ms per second (over %s)\n",
-		n, perSecond(idleCPU, densityIdle), densityIdle)
-	if quietCPU >= 0 && machineCPU >= 0 {
-		busy, share := perSecond(machineCPU, densityIdle), ""
-		if cpus := machineCPUs(); cpus > 0 {
-			// What the creates at n alive no longer have, whatever a
-			// create itself costs.
-			share = fmt.Sprintf(" (%.0f%% of its %d CPUs)", busy/10/float64(cpus), cpus)
-		}
-		fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second%s, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
-			n, busy, share, perSecond(quietCPU, densityQuiet))
-		if procs0 != nil && procsN != nil {
-			// Each process's time is counted to the tick, so over
-			// thousands of processes the parts do not add up to the
-			// machine's to the millisecond.
-			busiest := describeBusiest(byCommand(procs0, procsN, os.Getpid()), 5, densityIdle)
-			fmt.Fprintf(out, "    of which the daemon %.1f; the busiest other commands %s\n",
-				perSecond(idleCPU, densityIdle), busiest)
-		}
+		n, perSecond(r.idleCPU, densityIdle), densityIdle)
+	if quietCPU < 0 || r.machineCPU < 0 {
+		return
 	}
+	busy, share := perSecond(r.machineCPU, densityIdle), ""
+	if cpus := machineCPUs(); cpus > 0 {
+		// What the creates at n alive no longer have, whatever a
+		// create itself costs.
+		share = fmt.Sprintf(" (%.0f%% of its %d CPUs)", busy/10/float64(cpus), cpus)
+	}
+	fmt.Fprintf(out, "  machine CPU time with the %d idle: %.1f ms per second%s, with none %.1f (every process and the kernel's threads, from /proc/stat)\n",
+		n, busy, share, perSecond(quietCPU, densityQuiet))
+	if r.procs0 != nil && r.procsN != nil {
+		// Each process's time is counted to the tick, so over
+		// thousands of processes the parts do not add up to the
+		// machine's to the millisecond.
+		busiest := describeBusiest(byCommand(r.procs0, r.procsN, os.Getpid()), 5, densityIdle)
+		fmt.Fprintf(out, "    of which the daemon %.1f; the busiest other commands %s\n",
+			perSecond(r.idleCPU, densityIdle), busiest)
+	}
+}
+
+// reportDensityCosts writes what each of the n idle sandboxes costs the
+// daemon (memory, descriptors, goroutines, threads) and the host (its
+// threads, and so the kernel's pivot_root).
+func reportDensityCosts(out io.Writer, b densityBefore, r *densityIdleReadings, n int) {
 	fmt.Fprintf(out, "  daemon resident memory: %.1f MiB more, %.3f MiB per idle sandbox after a GC (%.3f before it; Go heap in use %.1f MiB)\n",
-		mib(rssN-rss0), mib(rssN-rss0)/float64(n), mib(rssLive-rss0)/float64(n), mib(int64(mstat.HeapInuse)))
+		mib(r.rss-b.rss), mib(r.rss-b.rss)/float64(n), mib(r.rssLive-b.rss)/float64(n), mib(int64(r.mstat.HeapInuse)))
 	fmt.Fprintf(out, "  daemon per idle sandbox: %.1f descriptors, %.1f goroutines, %.2f threads\n",
-		float64(openFDs()-fds0)/float64(n), float64(runtime.NumGoroutine()-gr0)/float64(n), float64(threads()-th0)/float64(n))
-	if tasks0 > 0 && tasksN > 0 {
+		float64(openFDs()-b.fds)/float64(n), float64(runtime.NumGoroutine()-b.gr)/float64(n), float64(threads()-b.th)/float64(n))
+	if b.tasks > 0 && r.tasks > 0 {
 		fmt.Fprintf(out, "  threads on the host: %d before, %d with the sandboxes idle (%.1f per sandbox)\n",
-			tasks0, tasksN, float64(tasksN-tasks0)/float64(n))
+			b.tasks, r.tasks, float64(r.tasks-b.tasks)/float64(n))
 	}
-	if err := errors.Join(pivot0.Err, pivotN.Err); err != nil {
+	if err := errors.Join(b.pivot.Err, r.pivot.Err); err != nil {
 		fmt.Fprintf(out, "  the kernel's pivot_root: %v\n", err)
 	} else {
 		// Part of every start's cost that grows with the threads on the
 		// host, whichever runtime starts (kernelPivot).
 		fmt.Fprintf(out, "  the kernel's pivot_root with none alive %s, with the %d idle %s (medians of %d; it walks every thread on the host, once per start of fence or runc, twice of bwrap)\n",
-			ms(pivot0.quantile(0.5)), n, ms(pivotN.quantile(0.5)), pivotRuns)
+			ms(b.pivot.quantile(0.5)), n, ms(r.pivot.quantile(0.5)), pivotRuns)
 	}
+}
+
+// reportDensityPeer writes, with a peer, how much slower it starts with
+// the n idle than with none, and fence's create-rate ratio against it.
+func reportDensityPeer(out io.Writer, peer bool, b densityBefore, r *densityIdleReadings, n int, createRatio float64) {
 	switch {
-	case peer == nil:
-	case peer0.Err != nil || peerN.Err != nil:
-		fmt.Fprintf(out, "  bwrap /bin/true: failed: %v\n", errors.Join(peer0.Err, peerN.Err))
+	case !peer:
+	case b.peer.Err != nil || r.peer.Err != nil:
+		fmt.Fprintf(out, "  bwrap /bin/true: failed: %v\n", errors.Join(b.peer.Err, r.peer.Err))
 	default:
 		// As a rate, comparable with the creates per second above.
-		b0, bN := peer0.quantile(0.5), peerN.quantile(0.5)
+		b0, bN := b.peer.quantile(0.5), r.peer.quantile(0.5)
 		peerRatio := float64(b0) / float64(bN)
 		fmt.Fprintf(out, "  bwrap /bin/true with none alive %s, with the %d idle %s (as a rate, ratio %.2f; medians of %d)\n",
 			ms(b0), n, ms(bN), peerRatio, densityPeerRuns)
@@ -309,9 +399,15 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 			fmt.Fprintf(out, "  fence's create-rate ratio against bwrap's: %.2f\n", createRatio/peerRatio)
 		}
 	}
-	// Every sandbox still answers.
+}
+
+// answerAll checks that every sandbox still answers (runs /bin/true).
+func answerAll(ctx context.Context, sbs []*client.Sandbox, out io.Writer) error {
 	astart := time.Now()
-	var bad []string
+	var (
+		mu  sync.Mutex
+		bad []string
+	)
 	forEach(sbs, func(sb *client.Sandbox) {
 		st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/true"})
 		if err != nil || st.ExitCode != 0 {
@@ -323,9 +419,9 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 	fmt.Fprintf(out, "  exec true in every sandbox: %d of %d answered (%s)\n", len(sbs)-len(bad), len(sbs), ms2(time.Since(astart)))
 	if len(bad) > 0 {
 		slices.Sort(bad)
-		return errors.Join(createErr, fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0]))
+		return fmt.Errorf("density: %d sandboxes did not answer, e.g. %s", len(bad), bad[0])
 	}
-	return createErr
+	return nil
 }
 
 // forEach calls f with every sandbox, densityClients at a time.

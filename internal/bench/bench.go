@@ -112,87 +112,20 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		opts.WorkDir = d
 	}
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
-	var results []Result
-	var phases coldPhases
-	rt, _ := opts.Backend.(releaseTimer)
-	var rt0 native.ReleaseTimes
-	if rt != nil {
-		rt0 = rt.ReleaseTimes()
-	}
-	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
-		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
-	})
-	var teardown string
-	if rt != nil && cold.Err == nil {
-		t := rt.ReleaseTimes()
-		if n := t.N - rt0.N; n > 0 {
-			per := func(a, b time.Duration) string { return ms((a - b) / time.Duration(n)) }
-			teardown = fmt.Sprintf("teardown of a cold cycle's sandbox (after kill answered), mean of %d: exits and the kernel's namespace teardown %s, cgroup removal %s, layer archive %s, layer, socket and state release %s\n",
-				n, per(t.Exit, rt0.Exit), per(t.Cgroup, rt0.Cgroup), per(t.Archive, rt0.Archive), per(t.Rest, rt0.Rest))
-		}
-	}
-	if cold.Err == nil {
-		cold.Samples = phases.cycle()
-	}
-	results = append(results, cold)
-	results = append(results, phases.results()...)
+	results, teardown := coldCycle(ctx, opts)
 	results = append(results, fenceWarm(ctx, opts))
 	execs := fenceExec(ctx, opts)
 	results = append(results, execs[0])
 	results = append(results, fencePause(ctx, opts)...)
 	if opts.Peers {
-		results = append(results, measure("bwrap /bin/true", opts.Iterations, func(int) error {
-			return bwrapTrue(ctx, opts)
-		}))
-		results = append(results, runcMeasure(ctx, opts))
-		npeers := 2
-		if runsc := runscBinary(); runsc != "" {
-			results = append(results, runscMeasure(ctx, opts, runsc))
-			npeers++
-		} else {
-			fmt.Fprintf(out, "runsc: not installed (%s, FENCE_RUNSC or PATH), skipped\n", RunscPath)
-		}
-		for i := len(results) - npeers; i < len(results); i++ {
-			results[i].peer = true
-		}
+		results = append(results, peers(ctx, opts, out)...)
 		results = append(results, execs[1:]...)
 	}
 	// The idle memory is read before the API measures start daemons in
 	// this process.
 	perSandbox, daemonSide, idleErr := idleMemory(ctx, opts)
-	var dmn *Daemon
-	if opts.Daemon != nil {
-		d, err := opts.Daemon(ctx, 2)
-		if err != nil {
-			results = append(results, Result{Name: "api round trip", Err: err})
-		} else {
-			dmn = d
-			var cold []string
-			for _, t := range opts.Templates {
-				results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
-				if !slices.Contains(d.Pooled, t) {
-					cold = append(cold, t)
-				}
-			}
-			if err := d.Stop(); err != nil {
-				fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
-			}
-			// The templates measured cold, again from a warm pool of
-			// their own, as `fence serve --warm-template NAME=2` keeps.
-			if len(cold) > 0 {
-				if d, err := opts.Daemon(ctx, 2, cold...); err != nil {
-					results = append(results, Result{Name: "api round trip, warm templates", Err: err})
-				} else {
-					for _, t := range cold {
-						results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
-					}
-					if err := d.Stop(); err != nil {
-						fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
-					}
-				}
-			}
-		}
-	}
+	roundTrips, daemonRan := apiRoundTrips(ctx, opts, out)
+	results = append(results, roundTrips...)
 	writeTable(out, results)
 	fmt.Fprint(out, teardown)
 	writeRatios(out, results)
@@ -219,13 +152,99 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if idleErr != nil {
 		errs = append(errs, fmt.Errorf("idle sandbox memory: %w", idleErr))
 	}
-	if dmn != nil && opts.Density > 0 {
+	if daemonRan && opts.Density > 0 {
 		if err := runDensity(ctx, opts, out); err != nil {
 			fmt.Fprintf(out, "density: failed: %v\n", err)
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// coldCycle measures fence's cold cycle (create, exec true, kill) and its
+// phases, and describes the teardown of its sandboxes after kill answered
+// when the backend times it ("" otherwise).
+func coldCycle(ctx context.Context, opts Options) (results []Result, teardown string) {
+	var phases coldPhases
+	rt, _ := opts.Backend.(releaseTimer)
+	var rt0 native.ReleaseTimes
+	if rt != nil {
+		rt0 = rt.ReleaseTimes()
+	}
+	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
+		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
+	})
+	if rt != nil && cold.Err == nil {
+		t := rt.ReleaseTimes()
+		if n := t.N - rt0.N; n > 0 {
+			per := func(a, b time.Duration) string { return ms((a - b) / time.Duration(n)) }
+			teardown = fmt.Sprintf("teardown of a cold cycle's sandbox (after kill answered), mean of %d: exits and the kernel's namespace teardown %s, cgroup removal %s, layer archive %s, layer, socket and state release %s\n",
+				n, per(t.Exit, rt0.Exit), per(t.Cgroup, rt0.Cgroup), per(t.Archive, rt0.Archive), per(t.Rest, rt0.Rest))
+		}
+	}
+	if cold.Err == nil {
+		cold.Samples = phases.cycle()
+	}
+	results = append(results, cold)
+	results = append(results, phases.results()...)
+	return results, teardown
+}
+
+// peers measures the peer runtimes' one-shot runs: bwrap, runc, and runsc
+// when it is installed.
+func peers(ctx context.Context, opts Options, out io.Writer) []Result {
+	results := []Result{measure("bwrap /bin/true", opts.Iterations, func(int) error {
+		return bwrapTrue(ctx, opts)
+	})}
+	results = append(results, runcMeasure(ctx, opts))
+	if runsc := runscBinary(); runsc != "" {
+		results = append(results, runscMeasure(ctx, opts, runsc))
+	} else {
+		fmt.Fprintf(out, "runsc: not installed (%s, FENCE_RUNSC or PATH), skipped\n", RunscPath)
+	}
+	for i := range results {
+		results[i].peer = true
+	}
+	return results
+}
+
+// apiRoundTrips measures the SDK round trip of every template through a
+// daemon (with a warm pool of 2 for its default template), then again
+// those it measured cold from a warm pool of their own; ran reports that
+// the daemon started.
+func apiRoundTrips(ctx context.Context, opts Options, out io.Writer) (results []Result, ran bool) {
+	if opts.Daemon == nil {
+		return nil, false
+	}
+	d, err := opts.Daemon(ctx, 2)
+	if err != nil {
+		return []Result{{Name: "api round trip", Err: err}}, false
+	}
+	var cold []string
+	for _, t := range opts.Templates {
+		results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+		if !slices.Contains(d.Pooled, t) {
+			cold = append(cold, t)
+		}
+	}
+	if err := d.Stop(); err != nil {
+		fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
+	}
+	// The templates measured cold, again from a warm pool of
+	// their own, as `fence serve --warm-template NAME=2` keeps.
+	if len(cold) > 0 {
+		if d, err := opts.Daemon(ctx, 2, cold...); err != nil {
+			results = append(results, Result{Name: "api round trip, warm templates", Err: err})
+		} else {
+			for _, t := range cold {
+				results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+			}
+			if err := d.Stop(); err != nil {
+				fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
+			}
+		}
+	}
+	return results, true
 }
 
 // writeTable prints every result with its ratio to bwrap's one-shot run,

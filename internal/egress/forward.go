@@ -37,13 +37,8 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	start := time.Now()
 	src, dst := flowAddrs(r.ID())
 	ev := FlowEvent{Proto: "tcp", Src: src, Dst: dst, Start: start}
-	deny := func(reason, rule string) {
-		r.Complete(true)
-		ev.Reason, ev.Rule = reason, rule
-		st.record(ev)
-	}
 	if st.hostAddr[dst.Addr().Unmap()] {
-		deny(ReasonHostAddr, "")
+		st.refuseTCP(r, &ev, ReasonHostAddr, "")
 		return
 	}
 	pol := st.policy.Load()
@@ -51,40 +46,17 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	d := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names})
 	ev.Name = d.Name
 	if !d.Allow {
-		deny(d.Reason, d.Rule)
+		st.refuseTCP(r, &ev, d.Reason, d.Rule)
 		return
 	}
 	fl, ok := st.acquireFlow()
 	if !ok {
-		deny(ReasonLimit, "")
+		st.refuseTCP(r, &ev, ReasonLimit, "")
 		return
 	}
 	defer fl.release()
-
-	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
-	up, err := st.dialUpstream(ctx, dst, d)
-	cancel()
-	if err != nil {
-		ev.Err = err.Error()
-		deny(ReasonDialFailed, d.Rule)
-		return
-	}
-	var wq waiter.Queue
-	ep, terr := r.CreateEndpoint(&wq)
-	if terr != nil {
-		r.Complete(true)
-		up.Close()
-		ev.Allowed, ev.Reason, ev.Rule, ev.Err = true, d.Reason, d.Rule, terr.String()
-		st.record(ev)
-		return
-	}
-	r.Complete(false)
-	fl.size(ep)
-	ep.SocketOptions().SetKeepAlive(true)
-	down := gonet.NewTCPConn(&wq, ep)
-	if !st.track(down) {
-		down.Close()
-		up.Close()
+	up, down, ep, ok := st.connectTCP(r, &ev, d, fl)
+	if !ok {
 		return
 	}
 	defer st.untrack(down)
@@ -108,53 +80,8 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		go func() { upDone <- copyHalf(st.ctx, spoke, held, st.downLimit, downSize, grow) }()
 		var res sniff.Result
 		var serr error
-		// The upstream spoke first if it sent anything before the
-		// client's first bytes (nothing of the client's has left yet).
-		spokeFirst := func() bool { return spoke.n.Load() > 0 }
-		byName := d.Reason == policy.ReasonAllowName
-		loose := func() bool { return byName && !spokeFirst() }
-		peeked, res, serr = peek(down, st.opts.PeekTimeout, loose)
-		serverFirst = spokeFirst()
-		if !d.VerifyName {
-			// Peeked only for the gateway: whatever the bytes are, the
-			// flow was allowed without them.
-			serr = nil
-			if serverFirst {
-				res = sniff.Result{}
-			}
-		}
-		if d.VerifyName && serr == nil && len(peeked) == 0 {
-			// The client said nothing in time. Only a server-first
-			// protocol (the upstream spoke: SSH, SMTP) may go on, and
-			// its first client bytes are still checked; a silent
-			// upstream means a client waiting to get past the check.
-			if spoke.n.Load() == 0 {
-				serr = sniff.ErrMalformed
-			} else {
-				serverFirst = true
-				peeked, res, serr = peek(down, 0, loose)
-			}
-		}
-		ev.Observed = res.Name
-		switch {
-		case serr != nil:
-			ev.Allowed, ev.Reason = false, ReasonSniff
-		case res.Kind == sniff.TLS && d.VerifyName:
-			// A TLS ClientHello without SNI names nothing: refused, or
-			// it would reach every name the address serves.
-			d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names, Observed: res.Name})
-			ev.Allowed, ev.Reason, ev.Rule, ev.Name = d2.Allow, d2.Reason, d2.Rule, d2.Name
-			if res.Name == "" {
-				ev.Allowed, ev.Reason = false, ReasonNoName
-			}
-		case res.Kind == sniff.HTTP:
-			// Every request's Host is checked as it goes (relayHTTP).
-			checkHTTP = d.VerifyName
-		case byName && !serverFirst:
-			// Admitted for a name, the client spoke first, and it is
-			// neither TLS nor HTTP/1.x: nothing names what it reaches.
-			ev.Allowed, ev.Reason = false, ReasonNotHTTP
-		}
+		peeked, res, serverFirst, serr = st.peekStart(down, spoke, d)
+		checkHTTP = judgeStart(&ev, pol, d, names, res, serr, serverFirst)
 		if !ev.Allowed {
 			abort(ep)
 			down.Close()
@@ -176,10 +103,127 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	if checkHTTP {
 		st.forwardHTTP(&ev, d, pol, names, up, down, ep, peeked, first, serverFirst)
 		ev.BytesIn = <-upDone
-		ev.Duration = time.Since(start)
-		st.record(ev)
-		return
+	} else {
+		ev.BytesOut = st.relayUp(&ev, up, down, peeked)
+		ev.BytesIn = <-upDone
+		down.Close()
+		up.Close()
 	}
+	ev.Duration = time.Since(start)
+	st.record(ev)
+}
+
+// refuseTCP resets the sandbox's connection and records the flow as
+// refused for reason.
+func (st *Stack) refuseTCP(r *tcp.ForwarderRequest, ev *FlowEvent, reason, rule string) {
+	r.Complete(true)
+	ev.Reason, ev.Rule = reason, rule
+	st.record(*ev)
+}
+
+// connectTCP dials the flow's upstream and only then completes the
+// sandbox's handshake (down, on endpoint ep), sized for the flow fl. ok
+// is false when the flow ended here: the dial or the endpoint failed
+// (recorded), or the stack is closing.
+func (st *Stack) connectTCP(r *tcp.ForwarderRequest, ev *FlowEvent, d policy.Decision, fl *flow) (up net.Conn, down *gonet.TCPConn, ep tcpip.Endpoint, ok bool) {
+	ctx, cancel := context.WithTimeout(st.ctx, st.opts.ConnectTimeout)
+	up, err := st.dialUpstream(ctx, ev.Dst, d)
+	cancel()
+	if err != nil {
+		ev.Err = err.Error()
+		st.refuseTCP(r, ev, ReasonDialFailed, d.Rule)
+		return nil, nil, nil, false
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		up.Close()
+		ev.Allowed, ev.Reason, ev.Rule, ev.Err = true, d.Reason, d.Rule, terr.String()
+		st.record(*ev)
+		return nil, nil, nil, false
+	}
+	r.Complete(false)
+	fl.size(ep)
+	ep.SocketOptions().SetKeepAlive(true)
+	down = gonet.NewTCPConn(&wq, ep)
+	if !st.track(down) {
+		down.Close()
+		up.Close()
+		return nil, nil, nil, false
+	}
+	return up, down, ep, true
+}
+
+// peekStart reads the client's first bytes from down while the upstream
+// may speak first (spoke counts what it sent the client); serverFirst
+// reports that it did, before the client's first bytes. A flow that was
+// peeked only for the gateway (no name to verify) is not refused for what
+// its bytes are.
+func (st *Stack) peekStart(down *gonet.TCPConn, spoke *countingConn, d policy.Decision) (peeked []byte, res sniff.Result, serverFirst bool, serr error) {
+	// The upstream spoke first if it sent anything before the
+	// client's first bytes (nothing of the client's has left yet).
+	spokeFirst := func() bool { return spoke.n.Load() > 0 }
+	byName := d.Reason == policy.ReasonAllowName
+	loose := func() bool { return byName && !spokeFirst() }
+	peeked, res, serr = peek(down, st.opts.PeekTimeout, loose)
+	serverFirst = spokeFirst()
+	if !d.VerifyName {
+		// Peeked only for the gateway: whatever the bytes are, the
+		// flow was allowed without them.
+		serr = nil
+		if serverFirst {
+			res = sniff.Result{}
+		}
+	}
+	if d.VerifyName && serr == nil && len(peeked) == 0 {
+		// The client said nothing in time. Only a server-first
+		// protocol (the upstream spoke: SSH, SMTP) may go on, and
+		// its first client bytes are still checked; a silent
+		// upstream means a client waiting to get past the check.
+		if spoke.n.Load() == 0 {
+			serr = sniff.ErrMalformed
+		} else {
+			serverFirst = true
+			peeked, res, serr = peek(down, 0, loose)
+		}
+	}
+	return peeked, res, serverFirst, serr
+}
+
+// judgeStart decides an admitted flow (d) again from its client's first
+// bytes (res, or serr when they could not be read) and records the
+// verdict in ev; checkHTTP is set for an HTTP/1.x client on a flow whose
+// name is to be verified.
+func judgeStart(ev *FlowEvent, pol *policy.Policy, d policy.Decision, names []string, res sniff.Result, serr error, serverFirst bool) (checkHTTP bool) {
+	byName := d.Reason == policy.ReasonAllowName
+	ev.Observed = res.Name
+	switch {
+	case serr != nil:
+		ev.Allowed, ev.Reason = false, ReasonSniff
+	case res.Kind == sniff.TLS && d.VerifyName:
+		// A TLS ClientHello without SNI names nothing: refused, or
+		// it would reach every name the address serves.
+		d2 := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: ev.Dst, Names: names, Observed: res.Name})
+		ev.Allowed, ev.Reason, ev.Rule, ev.Name = d2.Allow, d2.Reason, d2.Rule, d2.Name
+		if res.Name == "" {
+			ev.Allowed, ev.Reason = false, ReasonNoName
+		}
+	case res.Kind == sniff.HTTP:
+		// Every request's Host is checked as it goes (relayHTTP).
+		checkHTTP = d.VerifyName
+	case byName && !serverFirst:
+		// Admitted for a name, the client spoke first, and it is
+		// neither TLS nor HTTP/1.x: nothing names what it reaches.
+		ev.Allowed, ev.Reason = false, ReasonNotHTTP
+	}
+	return checkHTTP
+}
+
+// relayUp sends the client's peeked bytes and then the rest of what it
+// sends upstream, and gives the bytes sent; a failed write of the peeked
+// bytes is recorded in ev.
+func (st *Stack) relayUp(ev *FlowEvent, up, down net.Conn, peeked []byte) int64 {
 	var out int64
 	if len(peeked) > 0 {
 		n, err := up.Write(peeked)
@@ -189,12 +233,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		}
 	}
 	out += copyHalf(st.ctx, up, down, st.upLimit, upRelay, nil)
-	ev.BytesOut = out
-	ev.BytesIn = <-upDone
-	down.Close()
-	up.Close()
-	ev.Duration = time.Since(start)
-	st.record(ev)
+	return out
 }
 
 // forwardHTTP relays a flow whose client speaks HTTP/1.x, checking the

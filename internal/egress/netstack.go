@@ -217,57 +217,12 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.Shared == nil {
 		opts.Shared = NewShared(SharedOptions{})
 	}
-	dcfg := dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache}
-	if nc, ok := opts.Interceptor.(NameChecker); ok {
-		dcfg.Refuse = nc.RefuseName
-	}
-	res, err := dns.New(dcfg)
+	res, err := newResolver(opts)
 	if err != nil {
 		closeFD()
 		return nil, fmt.Errorf("creating resolver: %w", err)
 	}
-	if opts.MTU == 0 {
-		opts.MTU = DefaultMTU
-	}
-	if opts.MaxConns <= 0 {
-		opts.MaxConns = 256
-	}
-	if opts.MaxIngress <= 0 {
-		opts.MaxIngress = 64
-	}
-	if opts.NewFlowRate <= 0 {
-		opts.NewFlowRate = 200
-	}
-	if opts.RefusedRate <= 0 {
-		opts.RefusedRate = 50
-	}
-	if opts.PacketRate <= 0 {
-		opts.PacketRate = 10000
-	}
-	if opts.DNSRate <= 0 {
-		opts.DNSRate = 100
-	}
-	if opts.MaxPending <= 0 {
-		opts.MaxPending = 256
-	}
-	if opts.ConnectTimeout <= 0 {
-		opts.ConnectTimeout = 10 * time.Second
-	}
-	if opts.PeekTimeout <= 0 {
-		opts.PeekTimeout = 10 * time.Second
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.Recorder == nil {
-		opts.Recorder = nopRecorder{}
-	}
-	dial := opts.Dial
-	if dial == nil {
-		d := &net.Dialer{}
-		dial = d.DialContext
-	}
-
+	opts.setDefaults()
 	link := opts.Link
 	if opts.FD > 0 {
 		// The link owns the fd from here on (it closes it on error too).
@@ -276,7 +231,73 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 			return nil, fmt.Errorf("creating TUN link endpoint: %w", err)
 		}
 	}
+	st := newStack(ctx, opts, link, res)
+	if err := st.build(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}
 
+// newResolver makes the stack's DNS resolver, which refuses the names
+// the interceptor refuses when it checks names.
+func newResolver(opts Options) (*dns.Resolver, error) {
+	dcfg := dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache}
+	if nc, ok := opts.Interceptor.(NameChecker); ok {
+		dcfg.Refuse = nc.RefuseName
+	}
+	return dns.New(dcfg)
+}
+
+// setDefaults fills in the zero (or negative) limits, timeouts, logger
+// and recorder of o with their documented defaults.
+func (o *Options) setDefaults() {
+	if o.MTU == 0 {
+		o.MTU = DefaultMTU
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 256
+	}
+	if o.MaxIngress <= 0 {
+		o.MaxIngress = 64
+	}
+	if o.NewFlowRate <= 0 {
+		o.NewFlowRate = 200
+	}
+	if o.RefusedRate <= 0 {
+		o.RefusedRate = 50
+	}
+	if o.PacketRate <= 0 {
+		o.PacketRate = 10000
+	}
+	if o.DNSRate <= 0 {
+		o.DNSRate = 100
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = 256
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.PeekTimeout <= 0 {
+		o.PeekTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Recorder == nil {
+		o.Recorder = nopRecorder{}
+	}
+}
+
+// newStack makes the Stack of opts (defaults set) on link, with its
+// limits, before its network stack is built.
+func newStack(ctx context.Context, opts Options, link stack.LinkEndpoint, res *dns.Resolver) *Stack {
+	dial := opts.Dial
+	if dial == nil {
+		d := &net.Dialer{}
+		dial = d.DialContext
+	}
 	st := &Stack{
 		opts:       opts,
 		log:        opts.Logger.With("sandbox", opts.SandboxID),
@@ -305,12 +326,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	st.policy.Store(opts.Policy)
 	st.proxy.Store(opts.Proxy)
 	st.ctx, st.cancel = context.WithCancel(ctx)
-
-	if err := st.build(); err != nil {
-		st.Close()
-		return nil, err
-	}
-	return st, nil
+	return st
 }
 
 func (st *Stack) build() error {

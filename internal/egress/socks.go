@@ -161,11 +161,30 @@ func (p *Proxy) connect(ctx context.Context, dial DialFunc) (net.Conn, error) {
 	return nil, proxyErr("connecting to %s: %v", p.Address, errors.Join(errs...))
 }
 
+// handshake has the SOCKS5 proxy on c connect to dst (by name when there
+// is one), authenticating when p has a username.
 func (p *Proxy) handshake(c net.Conn, name string, dst netip.AddrPort) error {
 	method := byte(socksNoAuth)
 	if p.Username != "" {
 		method = socksUserPass
 	}
+	if err := p.greet(c, method); err != nil {
+		return err
+	}
+	if method == socksUserPass {
+		if err := p.authenticate(c); err != nil {
+			return err
+		}
+	}
+	if _, err := c.Write(connectRequest(name, dst)); err != nil {
+		return proxyErr("connect: %v", err)
+	}
+	return p.readConnectReply(c)
+}
+
+// greet offers the one authentication method and checks that the proxy
+// chose it.
+func (p *Proxy) greet(c net.Conn, method byte) error {
 	if _, err := c.Write([]byte{socksVersion, 1, method}); err != nil {
 		return proxyErr("greeting: %v", err)
 	}
@@ -181,28 +200,38 @@ func (p *Proxy) handshake(c net.Conn, name string, dst netip.AddrPort) error {
 	case b[1] != method:
 		return proxyErr("%s chose authentication method %d, which was not offered", p.Address, b[1])
 	}
-	if method == socksUserPass {
-		if len(p.Username) > 255 || len(p.Password) > 255 {
-			return proxyErr("credentials longer than 255 bytes")
-		}
-		msg := make([]byte, 0, 3+len(p.Username)+len(p.Password))
-		msg = append(msg, socksAuthVersion, byte(len(p.Username)))
-		msg = append(msg, p.Username...)
-		msg = append(msg, byte(len(p.Password)))
-		msg = append(msg, p.Password...)
-		_, err := c.Write(msg)
-		clear(msg)
-		if err != nil {
-			return proxyErr("authentication: %v", err)
-		}
-		if _, err := io.ReadFull(c, b[:]); err != nil {
-			return proxyErr("authentication: %v", err)
-		}
-		if b[0] != socksAuthVersion || b[1] != 0 {
-			return proxyErr("%s refused the credentials of user %q", p.Address, p.Username)
-		}
-	}
+	return nil
+}
 
+// authenticate sends the username and password (RFC 1929), clearing its
+// copy of them, and checks that the proxy accepted them.
+func (p *Proxy) authenticate(c net.Conn) error {
+	if len(p.Username) > 255 || len(p.Password) > 255 {
+		return proxyErr("credentials longer than 255 bytes")
+	}
+	msg := make([]byte, 0, 3+len(p.Username)+len(p.Password))
+	msg = append(msg, socksAuthVersion, byte(len(p.Username)))
+	msg = append(msg, p.Username...)
+	msg = append(msg, byte(len(p.Password)))
+	msg = append(msg, p.Password...)
+	_, err := c.Write(msg)
+	clear(msg)
+	if err != nil {
+		return proxyErr("authentication: %v", err)
+	}
+	var b [2]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return proxyErr("authentication: %v", err)
+	}
+	if b[0] != socksAuthVersion || b[1] != 0 {
+		return proxyErr("%s refused the credentials of user %q", p.Address, p.Username)
+	}
+	return nil
+}
+
+// connectRequest is the CONNECT to dst: by name when there is one, so
+// that the proxy resolves it, else by address.
+func connectRequest(name string, dst netip.AddrPort) []byte {
 	req := []byte{socksVersion, socksConnect, 0}
 	switch a := dst.Addr().Unmap(); {
 	case name != "":
@@ -217,10 +246,12 @@ func (p *Proxy) handshake(c net.Conn, name string, dst netip.AddrPort) error {
 		req = append(req, socksATYPv6)
 		req = append(req, v[:]...)
 	}
-	req = binary.BigEndian.AppendUint16(req, dst.Port())
-	if _, err := c.Write(req); err != nil {
-		return proxyErr("connect: %v", err)
-	}
+	return binary.BigEndian.AppendUint16(req, dst.Port())
+}
+
+// readConnectReply reads the reply to the CONNECT, to its end, and gives
+// the proxy's refusal as an error.
+func (p *Proxy) readConnectReply(c net.Conn) error {
 	var head [4]byte
 	if _, err := io.ReadFull(c, head[:]); err != nil {
 		return proxyErr("connect reply: %v", err)

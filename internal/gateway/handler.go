@@ -119,95 +119,103 @@ func refuse(w http.ResponseWriter, status int, reason string) {
 }
 
 // decide checks a request and plans what to put into it; a non-zero
-// status refuses it (st.ev says why).
+// status refuses it (st.ev says why). The checks run in this order: the
+// sandbox's configuration, the request's host, method and flow, every
+// binding's placeholder, then the header rules.
 func (fc *flowConn) decide(r *http.Request, st *reqState) int {
-	fail := func(status int, reason string, secrets ...string) int {
-		st.ev.Reason, st.ev.Secrets = reason, secrets
-		return status
-	}
 	cfg := fc.sb.cfg()
 	if cfg == nil || cfg.Policy == nil {
-		return fail(http.StatusForbidden, ReasonNoConfig)
+		return st.fail(http.StatusForbidden, ReasonNoConfig)
 	}
+	if status := fc.admit(r, cfg.Policy, st); status != 0 {
+		return status
+	}
+	tlsFlow := fc.sni != ""
+
+	// Bindings: find every placeholder, replace those in allowed places of
+	// bound hosts, refuse the others.
+	st.rawQuery = r.URL.RawQuery
+	used, status := fc.scanBindings(r, cfg.Bindings, st)
+	if status != 0 {
+		return status
+	}
+	if status := fc.putBindings(r.Context(), used, tlsFlow, st); status != 0 {
+		return status
+	}
+	return fc.planRules(r.Context(), cfg.Rules, tlsFlow, st)
+}
+
+// fail records why a request is refused and gives its status.
+func (st *reqState) fail(status int, reason string, secrets ...string) int {
+	st.ev.Reason, st.ev.Secrets = reason, secrets
+	return status
+}
+
+// admit checks the request's host (Host, else the TLS server name), its
+// method and Upgrade, that the host is the flow's server name, and that
+// the policy allows the host; it sets st.host.
+func (fc *flowConn) admit(r *http.Request, pol *policy.Policy, st *reqState) int {
 	hostport := r.Host
 	if hostport == "" && fc.sni != "" {
 		hostport = fc.sni
 	}
 	host, isIP, ok := splitHost(hostport)
 	if !ok {
-		return fail(http.StatusBadRequest, ReasonBadHost)
+		return st.fail(http.StatusBadRequest, ReasonBadHost)
 	}
 	st.host, st.ev.Host = host, host
 	if r.Method == http.MethodConnect {
-		return fail(http.StatusMethodNotAllowed, ReasonMethod)
+		return st.fail(http.StatusMethodNotAllowed, ReasonMethod)
 	}
 	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
-		return fail(http.StatusForbidden, ReasonUpgrade)
+		return st.fail(http.StatusForbidden, ReasonUpgrade)
 	}
 	tlsFlow := fc.sni != ""
 	if tlsFlow && host != fc.sni {
-		return fail(http.StatusMisdirectedRequest, ReasonHostMismatch)
+		return st.fail(http.StatusMisdirectedRequest, ReasonHostMismatch)
 	}
-	d := cfg.Policy.Decide(policy.Flow{Proto: policy.TCP, Dst: fc.flow.Dst, Names: fc.flow.Names, Observed: host})
+	d := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: fc.flow.Dst, Names: fc.flow.Names, Observed: host})
 	if !d.Allow {
-		return fail(http.StatusForbidden, ReasonPolicy+":"+d.Reason)
+		return st.fail(http.StatusForbidden, ReasonPolicy+":"+d.Reason)
 	}
 	if isIP && d.Reason == policy.ReasonAllowName {
-		return fail(http.StatusForbidden, ReasonIPLiteral)
+		return st.fail(http.StatusForbidden, ReasonIPLiteral)
 	}
+	return 0
+}
 
-	// Bindings: find every placeholder, replace those in allowed places of
-	// bound hosts, refuse the others.
-	st.rawQuery = r.URL.RawQuery
+// usedBinding is a binding whose placeholder a request carries, and where.
+type usedBinding struct {
+	Binding
+	places Place
+}
+
+// scanBindings finds each binding's placeholder in the request: it
+// refuses one outside its binding's hosts and places, gives back the
+// bindings to put in, masks the values of those the host was named for
+// but that this request does not carry, and has the body scanned for
+// every placeholder.
+func (fc *flowConn) scanBindings(r *http.Request, bindings []Binding, st *reqState) ([]usedBinding, int) {
 	defPort := uint16(80)
-	if tlsFlow {
+	if fc.sni != "" {
 		defPort = 443
 	}
-	var used []Binding
-	var usedPlace []Place
-	for _, b := range cfg.Bindings {
+	var used []usedBinding
+	for _, b := range bindings {
 		if b.Placeholder == "" {
 			continue
 		}
-		p := b.Placeholder
 		// bound: this request's host and port may carry the value;
 		// named: the host (on any port, in either scheme) may have been
 		// given it, so what it answers is masked.
-		bound := boundTo(b.Hosts, host, fc.flow.Dst.Port(), defPort)
-		named := boundName(b.Hosts, host)
-		var places Place
-		if strings.Contains(r.URL.EscapedPath(), p) || strings.Contains(r.URL.Path, p) || strings.Contains(r.RequestURI, p) && !strings.Contains(r.URL.RawQuery, p) {
-			return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
-		}
-		if found, leak := scanQuery(r.URL.RawQuery, p, bound && b.Places&PlaceQuery != 0); leak {
-			return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
-		} else if found {
-			places |= PlaceQuery
-		}
-		for k, vs := range r.Header {
-			if strings.Contains(k, p) {
-				return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
-			}
-			for _, v := range vs {
-				if strings.Contains(v, p) {
-					if !bound || b.Places&PlaceHeader == 0 {
-						return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
-					}
-					places |= PlaceHeader
-				}
-				if k == "Authorization" || k == "Proxy-Authorization" {
-					if cred, ok := basicCred(v); ok && strings.Contains(cred, p) {
-						if !bound || b.Places&PlaceBasicAuth == 0 || k != "Authorization" {
-							return fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
-						}
-						places |= PlaceBasicAuth
-					}
-				}
-			}
+		bound := boundTo(b.Hosts, st.host, fc.flow.Dst.Port(), defPort)
+		named := boundName(b.Hosts, st.host)
+		places, leak := placesOf(r, b, bound)
+		if leak {
+			return nil, st.fail(http.StatusForbidden, ReasonPlaceholderLeak, b.Secret)
 		}
 		if places != 0 {
-			used = append(used, b)
-			usedPlace = append(usedPlace, places)
+			used = append(used, usedBinding{b, places})
 		} else if named {
 			// Not put in this time, but the host may hand back a value
 			// it kept from an earlier request (on another port, or over
@@ -217,58 +225,110 @@ func (fc *flowConn) decide(r *http.Request, st *reqState) int {
 				st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
 			}
 		}
-		st.bodyScan = append(st.bodyScan, needle{find: []byte(p), secret: b.Secret})
+		st.bodyScan = append(st.bodyScan, needle{find: []byte(b.Placeholder), secret: b.Secret})
 	}
+	return used, 0
+}
+
+// placesOf reports where the request carries b's placeholder, or leak when
+// it carries it in its path, in a header's name, or in a place that b does
+// not allow or on a host and port b is not bound to (bound false).
+func placesOf(r *http.Request, b Binding, bound bool) (places Place, leak bool) {
+	p := b.Placeholder
+	if strings.Contains(r.URL.EscapedPath(), p) || strings.Contains(r.URL.Path, p) || strings.Contains(r.RequestURI, p) && !strings.Contains(r.URL.RawQuery, p) {
+		return 0, true
+	}
+	if found, leak := scanQuery(r.URL.RawQuery, p, bound && b.Places&PlaceQuery != 0); leak {
+		return 0, true
+	} else if found {
+		places |= PlaceQuery
+	}
+	for k, vs := range r.Header {
+		if strings.Contains(k, p) {
+			return 0, true
+		}
+		for _, v := range vs {
+			if strings.Contains(v, p) {
+				if !bound || b.Places&PlaceHeader == 0 {
+					return 0, true
+				}
+				places |= PlaceHeader
+			}
+			if k == "Authorization" || k == "Proxy-Authorization" {
+				if cred, ok := basicCred(v); ok && strings.Contains(cred, p) {
+					if !bound || b.Places&PlaceBasicAuth == 0 || k != "Authorization" {
+						return 0, true
+					}
+					places |= PlaceBasicAuth
+				}
+			}
+		}
+	}
+	return places, false
+}
+
+// putBindings plans the values of the used bindings into their places
+// and masks them in what comes back; it refuses them over plain HTTP and
+// when the store does not give a secret.
+func (fc *flowConn) putBindings(ctx context.Context, used []usedBinding, tlsFlow bool, st *reqState) int {
 	if len(used) > 0 && !tlsFlow {
 		names := make([]string, len(used))
 		for i, b := range used {
 			names[i] = b.Secret
 		}
-		return fail(http.StatusForbidden, ReasonSecretPlainHTTP, names...)
+		return st.fail(http.StatusForbidden, ReasonSecretPlainHTTP, names...)
 	}
-	for i, b := range used {
-		v, err := fc.sb.secret(r.Context(), b.Secret)
+	for _, b := range used {
+		v, err := fc.sb.secret(ctx, b.Secret)
 		if err != nil {
-			return fail(http.StatusBadGateway, ReasonSecretMissing, b.Secret)
+			return st.fail(http.StatusBadGateway, ReasonSecretMissing, b.Secret)
 		}
 		st.ev.Secrets = appendUnique(st.ev.Secrets, b.Secret)
 		nd := needle{find: []byte(b.Placeholder), replace: []byte(v)}
-		if usedPlace[i]&PlaceHeader != 0 {
+		if b.places&PlaceHeader != 0 {
 			st.hdrRepl = append(st.hdrRepl, nd)
 		}
-		if usedPlace[i]&PlaceBasicAuth != 0 {
+		if b.places&PlaceBasicAuth != 0 {
 			st.basic = append(st.basic, nd)
 		}
-		if usedPlace[i]&PlaceQuery != 0 {
+		if b.places&PlaceQuery != 0 {
 			st.rawQuery = replaceQuery(st.rawQuery, b.Placeholder, v)
 			st.masks = append(st.masks, maskOf(url.QueryEscape(v), url.QueryEscape(b.Placeholder))...)
 		}
 		st.masks = append(st.masks, maskOf(v, b.Placeholder)...)
 	}
+	return 0
+}
 
-	// Header rules.
-	if rs := ruleFor(cfg.Rules, host); rs != nil {
-		st.rules = make(map[string]string, len(rs))
-		for name, tmpl := range rs {
-			if http.CanonicalHeaderKey(name) == "Host" {
-				continue
-			}
-			refs := secretRefs(tmpl)
-			if len(refs) > 0 && !tlsFlow {
-				return fail(http.StatusForbidden, ReasonSecretPlainHTTP, refs...)
-			}
-			val := tmpl
-			for _, ref := range refs {
-				v, err := fc.sb.secret(r.Context(), ref)
-				if err != nil {
-					return fail(http.StatusBadGateway, ReasonSecretMissing, ref)
-				}
-				val = strings.ReplaceAll(val, secretRef(ref), v)
-				st.ev.Secrets = appendUnique(st.ev.Secrets, ref)
-				st.masks = append(st.masks, maskOf(v, secretRef(ref))...)
-			}
-			st.rules[http.CanonicalHeaderKey(name)] = val
+// planRules fills in the header rules for the request's host (all but
+// Host), with their secrets put in and masked in what comes back; it
+// refuses a rule with secrets over plain HTTP and one whose secret the
+// store does not give.
+func (fc *flowConn) planRules(ctx context.Context, rules map[string]map[string]string, tlsFlow bool, st *reqState) int {
+	rs := ruleFor(rules, st.host)
+	if rs == nil {
+		return 0
+	}
+	st.rules = make(map[string]string, len(rs))
+	for name, tmpl := range rs {
+		if http.CanonicalHeaderKey(name) == "Host" {
+			continue
 		}
+		refs := secretRefs(tmpl)
+		if len(refs) > 0 && !tlsFlow {
+			return st.fail(http.StatusForbidden, ReasonSecretPlainHTTP, refs...)
+		}
+		val := tmpl
+		for _, ref := range refs {
+			v, err := fc.sb.secret(ctx, ref)
+			if err != nil {
+				return st.fail(http.StatusBadGateway, ReasonSecretMissing, ref)
+			}
+			val = strings.ReplaceAll(val, secretRef(ref), v)
+			st.ev.Secrets = appendUnique(st.ev.Secrets, ref)
+			st.masks = append(st.masks, maskOf(v, secretRef(ref))...)
+		}
+		st.rules[http.CanonicalHeaderKey(name)] = val
 	}
 	return 0
 }

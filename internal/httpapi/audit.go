@@ -95,15 +95,25 @@ func (h *handler) auditFilter(r *http.Request) (audit.Filter, error) {
 	return f, nil
 }
 
-// auditQuery is GET /audit: the matching records, oldest first.
-func (h *handler) auditQuery(w http.ResponseWriter, r *http.Request) {
-	al, ok := h.auditOr(w, r)
+// auditRequest gives the audit log and the filter a GET /audit or
+// /audit/stream asks for; it has answered the request when ok is false.
+func (h *handler) auditRequest(w http.ResponseWriter, r *http.Request) (al AuditLog, f audit.Filter, ok bool) {
+	al, ok = h.auditOr(w, r)
 	if !ok {
-		return
+		return nil, f, false
 	}
 	f, err := h.auditFilter(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
+		return nil, f, false
+	}
+	return al, f, true
+}
+
+// auditQuery is GET /audit: the matching records, oldest first.
+func (h *handler) auditQuery(w http.ResponseWriter, r *http.Request) {
+	al, f, ok := h.auditRequest(w, r)
+	if !ok {
 		return
 	}
 	recs, err := al.Query(r.Context(), f)
@@ -122,13 +132,8 @@ func (h *handler) auditQuery(w http.ResponseWriter, r *http.Request) {
 // then live. A client that falls behind is disconnected; it resumes with
 // Last-Event-ID.
 func (h *handler) auditStream(w http.ResponseWriter, r *http.Request) {
-	al, ok := h.auditOr(w, r)
+	al, f, ok := h.auditRequest(w, r)
 	if !ok {
-		return
-	}
-	f, err := h.auditFilter(r)
-	if err != nil {
-		writeError(w, r, h.log, err)
 		return
 	}
 	if v := r.Header.Get("Last-Event-ID"); v != "" {
@@ -142,48 +147,77 @@ func (h *handler) auditStream(w http.ResponseWriter, r *http.Request) {
 	f.Limit = 0
 	sub := al.Subscribe(f, streamBuffer)
 	defer sub.Close()
-	rc := http.NewResponseController(w)
+	s := startEventStream(w, f.After)
+	if s.backlog(r.Context(), al, f, sub.From) != nil {
+		return
+	}
+	s.live(r.Context(), sub)
+}
+
+// eventStream writes audit records to a client as server-sent events,
+// each write bounded by streamWriteTimeout.
+type eventStream struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	last uint64 // the seq of the last record sent
+}
+
+// startEventStream answers 200 with an event stream that starts after
+// seq after.
+func startEventStream(w http.ResponseWriter, after uint64) *eventStream {
+	s := &eventStream{w: w, rc: http.NewResponseController(w), last: after}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	last := f.After
-	send := func(rec *audit.Record) error {
-		b, err := json.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-		if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", rec.Seq, b); err != nil {
-			return err
-		}
-		last = rec.Seq
-		return nil
+	return s
+}
+
+func (s *eventStream) send(rec *audit.Record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
 	}
-	flush := func() error {
-		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-		return rc.Flush()
+	s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if _, err := fmt.Fprintf(s.w, "id: %d\ndata: %s\n\n", rec.Seq, b); err != nil {
+		return err
 	}
-	// The backlog, from the files, up to where the subscription starts.
-	for last < sub.From {
+	s.last = rec.Seq
+	return nil
+}
+
+func (s *eventStream) flush() error {
+	s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	return s.rc.Flush()
+}
+
+// backlog sends the records of f from the files, a page at a time, up to
+// from, where the subscription starts; a failed read ends the backlog
+// early. Its error is the client's.
+func (s *eventStream) backlog(ctx context.Context, al AuditLog, f audit.Filter, from uint64) error {
+	for s.last < from {
 		page := f
-		page.After, page.Limit = last, 500
-		recs, err := al.Query(r.Context(), page)
+		page.After, page.Limit = s.last, 500
+		recs, err := al.Query(ctx, page)
 		if err != nil || len(recs) == 0 {
 			break
 		}
 		for i := range recs {
-			if err := send(&recs[i]); err != nil {
-				return
+			if err := s.send(&recs[i]); err != nil {
+				return err
 			}
 		}
-		if flush() != nil {
-			return
+		if err := s.flush(); err != nil {
+			return err
 		}
 	}
-	if flush() != nil {
-		return
-	}
+	return s.flush()
+}
+
+// live sends sub's records as they come, with a keep-alive comment when
+// idle, until the client is gone or the subscription ends (a client too
+// slow for it is told so).
+func (s *eventStream) live(ctx context.Context, sub *audit.Subscription) {
 	beat := time.NewTicker(streamHeartbeat)
 	defer beat.Stop()
 	for {
@@ -191,42 +225,44 @@ func (h *handler) auditStream(w http.ResponseWriter, r *http.Request) {
 		case rec, ok := <-sub.C:
 			if !ok {
 				if errors.Is(sub.Err(), audit.ErrSlow) {
-					fmt.Fprintf(w, "event: error\ndata: %s\n\n", `{"message":"too slow: reconnect with Last-Event-ID"}`)
-					rc.Flush()
+					fmt.Fprintf(s.w, "event: error\ndata: %s\n\n", `{"message":"too slow: reconnect with Last-Event-ID"}`)
+					s.rc.Flush()
 				}
 				return
 			}
-			if rec.Seq <= last {
+			if rec.Seq <= s.last {
 				continue
 			}
-			if send(&rec) != nil {
-				return
-			}
-			// Send what else is ready before flushing.
-			for more := true; more; {
-				select {
-				case rec, ok := <-sub.C:
-					if !ok {
-						more = false
-						break
-					}
-					if rec.Seq > last && send(&rec) != nil {
-						return
-					}
-				default:
-					more = false
-				}
-			}
-			if flush() != nil {
+			if s.send(&rec) != nil || s.sendReady(sub.C) != nil || s.flush() != nil {
 				return
 			}
 		case <-beat.C:
-			rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil || flush() != nil {
+			s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+			if _, err := fmt.Fprint(s.w, ": keep-alive\n\n"); err != nil || s.flush() != nil {
 				return
 			}
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// sendReady sends the records already waiting on c, so that one flush
+// carries them all.
+func (s *eventStream) sendReady(c <-chan audit.Record) error {
+	for {
+		select {
+		case rec, ok := <-c:
+			if !ok {
+				return nil
+			}
+			if rec.Seq > s.last {
+				if err := s.send(&rec); err != nil {
+					return err
+				}
+			}
+		default:
+			return nil
 		}
 	}
 }

@@ -205,43 +205,11 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 			emptyDir(dst)
 		}
 	}()
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%s: %s: %w", src.ref, fmt.Sprintf(format, a...), ErrInvalidImage)
-	}
-
-	cf, err := src.img.ConfigFile()
+	cf, layers, err := src.check(opts)
 	if err != nil {
-		return Image{}, bad("reading the image configuration: %v", err)
-	}
-	layers, err := src.img.Layers()
-	if err != nil {
-		return Image{}, bad("reading the image manifest: %v", err)
+		return Image{}, err
 	}
 	diffIDs := cf.RootFS.DiffIDs
-	if len(diffIDs) != len(layers) {
-		return Image{}, bad("%d layers but %d diff_ids in the configuration", len(layers), len(diffIDs))
-	}
-	if len(layers) > opts.MaxLayers {
-		return Image{}, bad("%d layers, more than the limit of %d", len(layers), opts.MaxLayers)
-	}
-	for _, d := range diffIDs {
-		if d.Algorithm != "sha256" || len(d.Hex) != 64 {
-			return Image{}, bad("layer digest %q is not sha256", d.String())
-		}
-	}
-	if src.manifest {
-		m, err := src.img.Manifest()
-		if err != nil {
-			return Image{}, bad("reading the image manifest: %v", err)
-		}
-		var total int64
-		for _, l := range m.Layers {
-			total += l.Size
-		}
-		if total > opts.MaxBytes {
-			return Image{}, bad("layers of %s compressed, more than the limit of %s", humanSize(total), humanSize(opts.MaxBytes))
-		}
-	}
 
 	unlock, err := c.lock(ctx, unix.LOCK_SH)
 	if err != nil {
@@ -253,36 +221,14 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 		Env: cf.Config.Env, WorkingDir: cf.Config.WorkingDir, User: cf.Config.User,
 		Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd,
 	}}
+	for _, id := range diffIDs {
+		img.Layers = append(img.Layers, id.String())
+	}
 	p.linef("%s: %s, %d layers", src.ref, src.digest, len(layers))
 	start := time.Now()
-	metas := make([]layerMeta, len(layers))
-	budget := limits{bytes: opts.MaxBytes, files: opts.MaxFiles}
-	for i, l := range layers {
-		if err := ctx.Err(); err != nil {
-			return Image{}, err
-		}
-		id := diffIDs[i]
-		img.Layers = append(img.Layers, id.String())
-		t0 := time.Now()
-		m, cached, err := c.readMeta(id)
-		if err != nil {
-			return Image{}, err
-		}
-		if !cached {
-			m, err = c.extract(ctx, l, id, &budget, p, fmt.Sprintf("layer %d/%d %s", i+1, len(layers), short(id)))
-			if err != nil {
-				return Image{}, fmt.Errorf("%s: layer %d/%d %s: %w", src.ref, i+1, len(layers), short(id), err)
-			}
-		} else if err := budget.take(m.Bytes, m.Files); err != nil {
-			return Image{}, fmt.Errorf("%s: layer %d/%d %s: %w", src.ref, i+1, len(layers), short(id), err)
-		}
-		metas[i] = m
-		how := "extracted"
-		if cached {
-			how = "cached"
-		}
-		p.linef("layer %d/%d %s: %s, %d files, %s in %s", i+1, len(layers), short(id), humanSize(m.Bytes), m.Files, how,
-			time.Since(t0).Round(time.Millisecond))
+	metas, err := c.cacheLayers(ctx, src.ref, layers, diffIDs, opts, p)
+	if err != nil {
+		return Image{}, err
 	}
 	t1 := time.Now()
 	root, err := os.OpenRoot(dst)
@@ -303,6 +249,85 @@ func (c *Cache) unpack(ctx context.Context, src source, dst string, opts Options
 	p.linef("%s: root filesystem of %s in %s (layers %s, linking %s)", src.ref, humanSize(img.Bytes),
 		time.Since(start).Round(time.Millisecond), t1.Sub(start).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
 	return img, nil
+}
+
+// check reads the image's configuration and layers and checks them
+// against opts' limits before anything is downloaded: one sha256 diff_id
+// a layer, no more layers than MaxLayers, and (with a manifest) no more
+// compressed bytes than MaxBytes.
+func (src source) check(opts Options) (*v1.ConfigFile, []v1.Layer, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%s: %s: %w", src.ref, fmt.Sprintf(format, a...), ErrInvalidImage)
+	}
+	cf, err := src.img.ConfigFile()
+	if err != nil {
+		return nil, nil, bad("reading the image configuration: %v", err)
+	}
+	layers, err := src.img.Layers()
+	if err != nil {
+		return nil, nil, bad("reading the image manifest: %v", err)
+	}
+	diffIDs := cf.RootFS.DiffIDs
+	if len(diffIDs) != len(layers) {
+		return nil, nil, bad("%d layers but %d diff_ids in the configuration", len(layers), len(diffIDs))
+	}
+	if len(layers) > opts.MaxLayers {
+		return nil, nil, bad("%d layers, more than the limit of %d", len(layers), opts.MaxLayers)
+	}
+	for _, d := range diffIDs {
+		if d.Algorithm != "sha256" || len(d.Hex) != 64 {
+			return nil, nil, bad("layer digest %q is not sha256", d.String())
+		}
+	}
+	if src.manifest {
+		m, err := src.img.Manifest()
+		if err != nil {
+			return nil, nil, bad("reading the image manifest: %v", err)
+		}
+		var total int64
+		for _, l := range m.Layers {
+			total += l.Size
+		}
+		if total > opts.MaxBytes {
+			return nil, nil, bad("layers of %s compressed, more than the limit of %s", humanSize(total), humanSize(opts.MaxBytes))
+		}
+	}
+	return cf, layers, nil
+}
+
+// cacheLayers extracts into the cache each layer of image ref that is not
+// there yet, within opts' size and file budgets (which cached layers
+// count against too), and gives every layer's description.
+func (c *Cache) cacheLayers(ctx context.Context, ref string, layers []v1.Layer, diffIDs []v1.Hash, opts Options, p *progress) ([]layerMeta, error) {
+	metas := make([]layerMeta, len(layers))
+	budget := limits{bytes: opts.MaxBytes, files: opts.MaxFiles}
+	for i, l := range layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		id := diffIDs[i]
+		t0 := time.Now()
+		m, cached, err := c.readMeta(id)
+		if err != nil {
+			return nil, err
+		}
+		if !cached {
+			m, err = c.extract(ctx, l, id, &budget, p, fmt.Sprintf("layer %d/%d %s", i+1, len(layers), short(id)))
+			if err != nil {
+				return nil, fmt.Errorf("%s: layer %d/%d %s: %w", ref, i+1, len(layers), short(id), err)
+			}
+		} else if err := budget.take(m.Bytes, m.Files); err != nil {
+			return nil, fmt.Errorf("%s: layer %d/%d %s: %w", ref, i+1, len(layers), short(id), err)
+		}
+		metas[i] = m
+		how := "extracted"
+		if cached {
+			how = "cached"
+		}
+		p.linef("layer %d/%d %s: %s, %d files, %s in %s", i+1, len(layers), short(id), humanSize(m.Bytes), m.Files, how,
+			time.Since(t0).Round(time.Millisecond))
+	}
+	return metas, nil
 }
 
 // readMeta returns a cached layer's description, and whether it is cached.

@@ -241,28 +241,14 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 		if err != nil {
 			return m, err
 		}
-		// The content itself is taken from the budget as it is read
-		// (budgetReader); a size above what is left fails before.
-		if hdr.Size > budget.bytes {
-			return m, budget.take(hdr.Size, 0)
-		}
-		if err := budget.take(0, 1); err != nil {
+		if err := takeEntry(hdr, budget); err != nil {
 			return m, err
 		}
 		m.Files++
 		base, parent := path.Base(name), path.Dir(name)
 		if strings.HasPrefix(base, whiteoutPrefix) {
-			switch {
-			case base == opaqueMarker:
-				m.Opaque = append(m.Opaque, parent)
-			case strings.HasPrefix(base, whiteoutPrefix+whiteoutPrefix):
-				// Other AUFS metadata (.wh..wh.plnk): ignored.
-			default:
-				w := path.Join(parent, strings.TrimPrefix(base, whiteoutPrefix))
-				if _, err := cleanName(w); err != nil || w == parent {
-					return m, fmt.Errorf("whiteout %q: %w", hdr.Name, ErrInvalidImage)
-				}
-				m.Whiteouts = append(m.Whiteouts, w)
+			if err := m.whiteout(hdr.Name, base, parent); err != nil {
+				return m, err
 			}
 			continue
 		}
@@ -277,23 +263,8 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if name != "." {
-				if fi, err := root.Lstat(name); err == nil && !fi.IsDir() {
-					if err := root.Remove(name); err != nil {
-						return m, err
-					}
-				}
-				if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-					return m, fmt.Errorf("creating %s: %w", name, err)
-				}
-			}
-			dirs[name] = true
-			delete(implicit, name)
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return m, fmt.Errorf("chown %s: %w", name, err)
-			}
-			if err := root.Chmod(name, mode); err != nil {
-				return m, fmt.Errorf("chmod %s: %w", name, err)
+			if err := untarDir(root, name, hdr, mode, dirs, implicit); err != nil {
+				return m, err
 			}
 		case tar.TypeReg: // the reader turns TypeRegA into TypeReg or TypeDir
 			if err := replace(root, name, dirs); err != nil {
@@ -304,44 +275,12 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 			}
 			m.Bytes += hdr.Size
 		case tar.TypeSymlink:
-			if len(hdr.Linkname) > maxPathLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
-				return m, fmt.Errorf("symlink %s: target of %d bytes: %w", name, len(hdr.Linkname), ErrInvalidImage)
-			}
-			if err := replace(root, name, dirs); err != nil {
+			if err := untarSymlink(root, name, hdr, dirs); err != nil {
 				return m, err
-			}
-			// The target is data: it is stored as is and never followed
-			// here (every path is resolved inside root).
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return m, fmt.Errorf("symlink %s: %w", name, err)
-			}
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return m, fmt.Errorf("chown %s: %w", name, err)
 			}
 		case tar.TypeLink:
-			target, err := cleanName(hdr.Linkname)
-			if err != nil {
-				return m, fmt.Errorf("hard link %s: %w", name, err)
-			}
-			if target == name || target == "." {
-				return m, fmt.Errorf("hard link %s to %q: %w", name, hdr.Linkname, ErrInvalidImage)
-			}
-			if err := replace(root, name, dirs); err != nil {
+			if err := m.untarLink(root, name, hdr, dirs); err != nil {
 				return m, err
-			}
-			fi, err := root.Lstat(target)
-			switch {
-			case errors.Is(err, fs.ErrNotExist):
-				// A file of a lower layer: linked when applied.
-				m.Links = append(m.Links, hardLink{Name: name, Target: target})
-			case err != nil:
-				return m, fmt.Errorf("hard link %s to %s: %w: %w", name, target, err, ErrInvalidImage)
-			case fi.IsDir():
-				return m, fmt.Errorf("hard link %s to directory %s: %w", name, target, ErrInvalidImage)
-			default:
-				if err := root.Link(target, name); err != nil {
-					return m, fmt.Errorf("hard link %s to %s: %w: %w", name, target, err, ErrInvalidImage)
-				}
 			}
 		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 			m.Dropped++
@@ -354,6 +293,109 @@ func untar(ctx context.Context, r io.Reader, dir string, budget *limits) (layerM
 		m.Implicit = append(m.Implicit, d)
 	}
 	return m, nil
+}
+
+// takeEntry takes one file from the budget for hdr. The content itself is
+// taken from the budget as it is read (budgetReader); a size above what
+// is left fails before.
+func takeEntry(hdr *tar.Header, budget *limits) error {
+	if hdr.Size > budget.bytes {
+		return budget.take(hdr.Size, 0)
+	}
+	return budget.take(0, 1)
+}
+
+// whiteout records the whiteout entry hdrName (base in directory parent):
+// an opaque directory, or a path the layer removes; other AUFS metadata
+// is ignored.
+func (m *layerMeta) whiteout(hdrName, base, parent string) error {
+	switch {
+	case base == opaqueMarker:
+		m.Opaque = append(m.Opaque, parent)
+	case strings.HasPrefix(base, whiteoutPrefix+whiteoutPrefix):
+		// Other AUFS metadata (.wh..wh.plnk): ignored.
+	default:
+		w := path.Join(parent, strings.TrimPrefix(base, whiteoutPrefix))
+		if _, err := cleanName(w); err != nil || w == parent {
+			return fmt.Errorf("whiteout %q: %w", hdrName, ErrInvalidImage)
+		}
+		m.Whiteouts = append(m.Whiteouts, w)
+	}
+	return nil
+}
+
+// untarDir makes directory name (in place of a non-directory there), no
+// longer implicit, with hdr's owner and mode.
+func untarDir(root *os.Root, name string, hdr *tar.Header, mode fs.FileMode, dirs, implicit map[string]bool) error {
+	if name != "." {
+		if fi, err := root.Lstat(name); err == nil && !fi.IsDir() {
+			if err := root.Remove(name); err != nil {
+				return err
+			}
+		}
+		if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("creating %s: %w", name, err)
+		}
+	}
+	dirs[name] = true
+	delete(implicit, name)
+	if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+		return fmt.Errorf("chown %s: %w", name, err)
+	}
+	if err := root.Chmod(name, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", name, err)
+	}
+	return nil
+}
+
+// untarSymlink makes symlink name to hdr's target, with hdr's owner.
+func untarSymlink(root *os.Root, name string, hdr *tar.Header, dirs map[string]bool) error {
+	if len(hdr.Linkname) > maxPathLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
+		return fmt.Errorf("symlink %s: target of %d bytes: %w", name, len(hdr.Linkname), ErrInvalidImage)
+	}
+	if err := replace(root, name, dirs); err != nil {
+		return err
+	}
+	// The target is data: it is stored as is and never followed
+	// here (every path is resolved inside root).
+	if err := root.Symlink(hdr.Linkname, name); err != nil {
+		return fmt.Errorf("symlink %s: %w", name, err)
+	}
+	if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+		return fmt.Errorf("chown %s: %w", name, err)
+	}
+	return nil
+}
+
+// untarLink makes hard link name to a file of this layer, or records it
+// to be linked when the layer is applied when its target is in a lower
+// layer; a link to a directory, to itself or out of the layer is refused.
+func (m *layerMeta) untarLink(root *os.Root, name string, hdr *tar.Header, dirs map[string]bool) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil {
+		return fmt.Errorf("hard link %s: %w", name, err)
+	}
+	if target == name || target == "." {
+		return fmt.Errorf("hard link %s to %q: %w", name, hdr.Linkname, ErrInvalidImage)
+	}
+	if err := replace(root, name, dirs); err != nil {
+		return err
+	}
+	fi, err := root.Lstat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A file of a lower layer: linked when applied.
+		m.Links = append(m.Links, hardLink{Name: name, Target: target})
+	case err != nil:
+		return fmt.Errorf("hard link %s to %s: %w: %w", name, target, err, ErrInvalidImage)
+	case fi.IsDir():
+		return fmt.Errorf("hard link %s to directory %s: %w", name, target, ErrInvalidImage)
+	default:
+		if err := root.Link(target, name); err != nil {
+			return fmt.Errorf("hard link %s to %s: %w: %w", name, target, err, ErrInvalidImage)
+		}
+	}
+	return nil
 }
 
 // mkdirs makes the directories of p that do not exist (each one recorded

@@ -67,100 +67,130 @@ func (a *assembler) assemble() ([]unix.SockFilter, error) {
 		if err != nil {
 			return nil, err
 		}
-		dist := func(from int, l string) (int, error) {
-			if l == "" {
-				return 0, nil
-			}
-			to, ok := labels[l]
-			if !ok {
-				return 0, fmt.Errorf("undefined label %q", l)
-			}
-			d := to - pos[from] - 1
-			if d < 0 {
-				return 0, fmt.Errorf("backward jump to %q", l)
-			}
-			return d, nil
-		}
-		var out []insn
-		grew := false
-		for i, in := range ins {
-			if !in.isCond() {
-				out = append(out, in)
-				continue
-			}
-			dt, err := dist(i, in.jt)
-			if err != nil {
-				return nil, err
-			}
-			df, err := dist(i, in.jf)
-			if err != nil {
-				return nil, err
-			}
-			if dt <= 255 && df <= 255 {
-				out = append(out, in)
-				continue
-			}
-			// Too far for an 8-bit offset: go through trampolines placed
-			// right after the jump.
-			grew = true
-			var tramp []insn
-			if dt > 255 {
-				l := a.newLabel("far")
-				tramp = append(tramp, insn{label: l}, insn{op: unix.BPF_JMP | unix.BPF_JA, target: in.jt})
-				in.jt = l
-			}
-			if df > 255 {
-				l := a.newLabel("far")
-				tramp = append(tramp, insn{label: l}, insn{op: unix.BPF_JMP | unix.BPF_JA, target: in.jf})
-				in.jf = l
-			}
-			// The trampolines are not reached by falling through: a
-			// conditional jump always jumps, so neither path is "next"
-			// unless its offset stays 0, which only a near target has.
-			// A near "" target must skip the trampolines.
-			if in.jt == "" || in.jf == "" {
-				l := a.newLabel("near")
-				if in.jt == "" {
-					in.jt = l
-				}
-				if in.jf == "" {
-					in.jf = l
-				}
-				tramp = append(tramp, insn{label: l})
-			}
-			out = append(out, in)
-			out = append(out, tramp...)
+		at := placement{pos: pos, labels: labels}
+		out, grew, err := a.widen(ins, at)
+		if err != nil {
+			return nil, err
 		}
 		ins = out
-		if grew {
+		if !grew {
+			// Every jump fits: emit.
+			return emit(ins, at)
+		}
+	}
+}
+
+// placement is where a layout puts each entry and each label.
+type placement struct {
+	pos    []int          // each entry's instruction index
+	labels map[string]int // each label's instruction index
+}
+
+// dist is the offset of a jump from entry from to label l (0 for "", the
+// next instruction).
+func (at placement) dist(from int, l string) (int, error) {
+	if l == "" {
+		return 0, nil
+	}
+	to, ok := at.labels[l]
+	if !ok {
+		return 0, fmt.Errorf("undefined label %q", l)
+	}
+	d := to - at.pos[from] - 1
+	if d < 0 {
+		return 0, fmt.Errorf("backward jump to %q", l)
+	}
+	return d, nil
+}
+
+// widen sends each conditional jump of ins (laid out at at) that is too
+// far for an 8-bit offset through trampolines, and reports whether it
+// added any (the layout then changes).
+func (a *assembler) widen(ins []insn, at placement) (out []insn, grew bool, err error) {
+	for i, in := range ins {
+		if !in.isCond() {
+			out = append(out, in)
 			continue
 		}
-		// Every jump fits: emit.
-		prog := make([]unix.SockFilter, 0, len(pos))
-		for i, in := range ins {
-			if in.label != "" {
-				continue
-			}
-			f := unix.SockFilter{Code: in.op, K: in.k}
-			switch {
-			case in.isCond():
-				dt, _ := dist(i, in.jt)
-				df, _ := dist(i, in.jf)
-				f.Jt, f.Jf = uint8(dt), uint8(df)
-			case in.isJA():
-				d, err := dist(i, in.target)
-				if err != nil {
-					return nil, err
-				}
-				f.K = uint32(d)
-			}
-			prog = append(prog, f)
+		dt, err := at.dist(i, in.jt)
+		if err != nil {
+			return nil, false, err
 		}
-		if len(prog) > maxInsns {
-			return nil, fmt.Errorf("program has %d instructions, the kernel allows %d", len(prog), maxInsns)
+		df, err := at.dist(i, in.jf)
+		if err != nil {
+			return nil, false, err
 		}
-		return prog, nil
+		if dt <= 255 && df <= 255 {
+			out = append(out, in)
+			continue
+		}
+		grew = true
+		far, tramp := a.trampolines(in, dt, df)
+		out = append(out, far)
+		out = append(out, tramp...)
 	}
+	return out, grew, nil
+}
+
+// trampolines rewrites conditional jump in, whose offsets are dt and df,
+// to go through trampolines placed right after it for each target too
+// far for an 8-bit offset.
+func (a *assembler) trampolines(in insn, dt, df int) (insn, []insn) {
+	var tramp []insn
+	if dt > 255 {
+		l := a.newLabel("far")
+		tramp = append(tramp, insn{label: l}, insn{op: unix.BPF_JMP | unix.BPF_JA, target: in.jt})
+		in.jt = l
+	}
+	if df > 255 {
+		l := a.newLabel("far")
+		tramp = append(tramp, insn{label: l}, insn{op: unix.BPF_JMP | unix.BPF_JA, target: in.jf})
+		in.jf = l
+	}
+	// The trampolines are not reached by falling through: a
+	// conditional jump always jumps, so neither path is "next"
+	// unless its offset stays 0, which only a near target has.
+	// A near "" target must skip the trampolines.
+	if in.jt == "" || in.jf == "" {
+		l := a.newLabel("near")
+		if in.jt == "" {
+			in.jt = l
+		}
+		if in.jf == "" {
+			in.jf = l
+		}
+		tramp = append(tramp, insn{label: l})
+	}
+	return in, tramp
+}
+
+// emit encodes ins (laid out at at, every jump within reach), without its
+// labels.
+func emit(ins []insn, at placement) ([]unix.SockFilter, error) {
+	prog := make([]unix.SockFilter, 0, len(at.pos))
+	for i, in := range ins {
+		if in.label != "" {
+			continue
+		}
+		f := unix.SockFilter{Code: in.op, K: in.k}
+		switch {
+		case in.isCond():
+			dt, _ := at.dist(i, in.jt)
+			df, _ := at.dist(i, in.jf)
+			f.Jt, f.Jf = uint8(dt), uint8(df)
+		case in.isJA():
+			d, err := at.dist(i, in.target)
+			if err != nil {
+				return nil, err
+			}
+			f.K = uint32(d)
+		}
+		prog = append(prog, f)
+	}
+	if len(prog) > maxInsns {
+		return nil, fmt.Errorf("program has %d instructions, the kernel allows %d", len(prog), maxInsns)
+	}
+	return prog, nil
 }
 
 // layout returns each entry's instruction index (labels take the index of

@@ -54,16 +54,38 @@ func compile(p *policy, arch archInfo) ([]unix.SockFilter, error) {
 		a.label(notX32)
 	}
 
-	// Per syscall number: where the dispatch jumps.
-	targets := map[uint32]string{}
-	bodies := map[uint32][]rule{}
+	targets, bodies, err := c.targets(p, arch)
+	if err != nil {
+		return nil, err
+	}
+	c.tree(sortedKeys(targets), targets, def)
+	for _, nr := range sortedKeys(bodies) {
+		a.label(targets[nr])
+		if err := c.body(bodies[nr]); err != nil {
+			return nil, fmt.Errorf("syscall %d: %w", nr, err)
+		}
+		a.ja(def)
+	}
+	for _, act := range sortedKeys(c.rets) {
+		a.label(c.rets[act])
+		a.ret(act)
+	}
+	return a.assemble()
+}
+
+// targets gives, per syscall number of arch that p has rules for, where
+// the dispatch jumps: straight to an action's ret when one rule without
+// conditions decides, else to the number's body, whose rules it gives.
+func (c *compiler) targets(p *policy, arch archInfo) (targets map[uint32]string, bodies map[uint32][]rule, err error) {
+	targets = map[uint32]string{}
+	bodies = map[uint32][]rule{}
 	for name, rules := range p.rules {
 		nr, ok := arch.sysnum[name]
 		if !ok {
 			continue
 		}
 		if _, dup := targets[nr]; dup {
-			return nil, fmt.Errorf("syscall %s: number %d listed twice", name, nr)
+			return nil, nil, fmt.Errorf("syscall %s: number %d listed twice", name, nr)
 		}
 		rules = simplify(rules, p.defaultAct)
 		switch {
@@ -76,53 +98,45 @@ func compile(p *policy, arch archInfo) ([]unix.SockFilter, error) {
 			bodies[nr] = rules
 		}
 	}
-	nrs := make([]uint32, 0, len(targets))
-	for nr := range targets {
-		nrs = append(nrs, nr)
-	}
-	slices.Sort(nrs)
-	c.tree(nrs, targets, def)
+	return targets, bodies, nil
+}
 
-	bodyNrs := make([]uint32, 0, len(bodies))
-	for nr := range bodies {
-		bodyNrs = append(bodyNrs, nr)
-	}
-	slices.Sort(bodyNrs)
-	for _, nr := range bodyNrs {
-		a.label(targets[nr])
-		for _, r := range bodies[nr] {
-			if len(r.conds) == 0 {
-				a.ja(c.retLabel(r.act))
-				break
-			}
-			next := a.newLabel("rule")
-			for i, cd := range r.conds {
-				t := c.retLabel(r.act)
-				if i < len(r.conds)-1 {
-					t = a.newLabel("cond")
-				}
-				if err := c.cond(cd, t, next); err != nil {
-					return nil, fmt.Errorf("syscall %d: %w", nr, err)
-				}
-				if i < len(r.conds)-1 {
-					a.label(t)
-				}
-			}
-			a.label(next)
+// body emits one syscall's rules in order: the first whose conditions all
+// hold jumps to its action's ret; when none does, control falls through
+// past the body.
+func (c *compiler) body(rules []rule) error {
+	a := &c.a
+	for _, r := range rules {
+		if len(r.conds) == 0 {
+			a.ja(c.retLabel(r.act))
+			break
 		}
-		a.ja(def)
+		next := a.newLabel("rule")
+		for i, cd := range r.conds {
+			t := c.retLabel(r.act)
+			if i < len(r.conds)-1 {
+				t = a.newLabel("cond")
+			}
+			if err := c.cond(cd, t, next); err != nil {
+				return err
+			}
+			if i < len(r.conds)-1 {
+				a.label(t)
+			}
+		}
+		a.label(next)
 	}
+	return nil
+}
 
-	acts := make([]uint32, 0, len(c.rets))
-	for act := range c.rets {
-		acts = append(acts, act)
+// sortedKeys gives m's keys in increasing order.
+func sortedKeys[V any](m map[uint32]V) []uint32 {
+	keys := make([]uint32, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	slices.Sort(acts)
-	for _, act := range acts {
-		a.label(c.rets[act])
-		a.ret(act)
-	}
-	return a.assemble()
+	slices.Sort(keys)
+	return keys
 }
 
 // simplify drops rules that can never decide: those after an

@@ -191,19 +191,11 @@ func (s *Service) upload(r *http.Request) ([]WriteResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	body := io.Reader(r.Body)
-	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(r.Body)
-		if err != nil {
-			return nil, badRequest("reading gzip body: %v", err)
-		}
-		defer zr.Close()
-		body = zr
-	default:
-		return nil, &httpErr{http.StatusUnsupportedMediaType, fmt.Sprintf("unsupported Content-Encoding %q", enc)}
+	body, err := decodedBody(r)
+	if err != nil {
+		return nil, err
 	}
+	defer body.Close()
 	q := r.URL.Query()
 	queryPath, hasPath := q.Get("path"), q.Has("path") && q.Get("path") != ""
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -221,7 +213,30 @@ func (s *Service) upload(r *http.Request) ([]WriteResult, error) {
 	if params["boundary"] == "" {
 		return nil, badRequest("multipart body without boundary")
 	}
-	mr := multipart.NewReader(body, params["boundary"])
+	return s.uploadParts(multipart.NewReader(body, params["boundary"]), queryPath, u, md)
+}
+
+// decodedBody is the request's body with its Content-Encoding (none, or
+// gzip) taken off.
+func decodedBody(r *http.Request) (io.ReadCloser, error) {
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+		return io.NopCloser(r.Body), nil
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			return nil, badRequest("reading gzip body: %v", err)
+		}
+		return zr, nil
+	default:
+		return nil, &httpErr{http.StatusUnsupportedMediaType, fmt.Sprintf("unsupported Content-Encoding %q", enc)}
+	}
+}
+
+// uploadParts writes each part named "file" of a multipart body as u, to
+// queryPath when it is set, else to the part's filename (resolved for u);
+// two parts to one path, and more than maxParts files, are refused.
+func (s *Service) uploadParts(mr *multipart.Reader, queryPath string, u *users.User, md map[string]string) ([]WriteResult, error) {
 	seen := map[string]bool{}
 	var out []WriteResult
 	for {
@@ -241,7 +256,7 @@ func (s *Service) upload(r *http.Request) ([]WriteResult, error) {
 			return nil, badRequest("too many files in one request (max %d)", maxParts)
 		}
 		name := dparams["filename"] // raw: Part.FileName() would strip directories
-		if hasPath {
+		if queryPath != "" {
 			name = queryPath
 		}
 		if name == "" {

@@ -64,6 +64,8 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) {
 	}
 }
 
+// handle serves one client on c: its request and stdio, who it is, the
+// command it may run, and then the command's signals and end.
 func (s *Server) handle(c *net.UnixConn) {
 	defer c.Close()
 	cred, err := peerCred(c)
@@ -101,25 +103,52 @@ func (s *Server) handle(c *net.UnixConn) {
 		writeError(c, "sudo: "+err.Error())
 		return
 	}
-	caller, err := users.LookupID(cred.Uid)
+	caller, tu, err := s.authorize(cred, req)
 	if err != nil {
-		writeError(c, fmt.Sprintf("sudo: you do not exist in the passwd database (uid %d)", cred.Uid))
+		writeError(c, err.Error())
 		return
+	}
+	argv, dir := command(req, tu)
+	env := commandEnv(caller, cred, argv, req.Env)
+	pid, exited, err := s.Procs.Spawn(process.SpawnSpec{User: tu, Argv: argv, Env: env, Dir: dir, Stdio: stdio})
+	if err != nil {
+		writeError(c, "sudo: "+err.Error())
+		return
+	}
+	for i, f := range stdio {
+		f.Close()
+		stdio[i] = nil
+	}
+	s.Log.Info("sudo", "caller", caller.Name, "user", tu.Name, "argv", argv)
+	relay(c, extra, pid, exited)
+}
+
+// authorize looks up the caller (the peer's uid) and the user the
+// request runs as (root by default); the error, for the client, says who
+// is missing or that the caller may not use sudo.
+func (s *Server) authorize(cred *unix.Ucred, req *request) (caller, target *users.User, err error) {
+	caller, err = users.LookupID(cred.Uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sudo: you do not exist in the passwd database (uid %d)", cred.Uid)
 	}
 	if !s.allowed(caller) {
-		writeError(c, fmt.Sprintf("sudo: %s is not in the sudoers file", caller.Name))
-		return
+		return nil, nil, fmt.Errorf("sudo: %s is not in the sudoers file", caller.Name)
 	}
-	target := req.User
-	if target == "" {
-		target = "root"
+	name := req.User
+	if name == "" {
+		name = "root"
 	}
-	tu, err := users.Lookup(target)
+	target, err = users.Lookup(name)
 	if err != nil {
-		writeError(c, fmt.Sprintf("sudo: unknown user %s", target))
-		return
+		return nil, nil, fmt.Errorf("sudo: unknown user %s", name)
 	}
-	argv, dir := req.Argv, req.Dir
+	return caller, target, nil
+}
+
+// command is the argv and directory a request runs as user tu: its own,
+// or with -s or -i through tu's shell (-i: a login shell in tu's home).
+func command(req *request, tu *users.User) (argv []string, dir string) {
+	argv, dir = req.Argv, req.Dir
 	if req.Login || req.Shell {
 		sh := tu.Shell
 		if sh == "" {
@@ -135,11 +164,18 @@ func (s *Server) handle(c *net.UnixConn) {
 		}
 		argv = shArgv
 	}
+	return argv, dir
+}
+
+// commandEnv is the environment of the command: sudo's SUDO_* variables,
+// then the client's, but for the loader's and those naming the user and
+// its paths (LD_*, PATH, HOME, USER, LOGNAME).
+func commandEnv(caller *users.User, cred *unix.Ucred, argv []string, reqEnv map[string]string) map[string]string {
 	env := map[string]string{
 		"SUDO_USER": caller.Name, "SUDO_UID": fmt.Sprint(cred.Uid), "SUDO_GID": fmt.Sprint(cred.Gid),
 		"SUDO_COMMAND": strings.Join(argv, " "),
 	}
-	for k, v := range req.Env {
+	for k, v := range reqEnv {
 		if strings.HasPrefix(k, "LD_") || k == "PATH" || k == "HOME" || k == "USER" || k == "LOGNAME" {
 			continue // as sudo's env_reset keeps them the target's
 		}
@@ -147,19 +183,14 @@ func (s *Server) handle(c *net.UnixConn) {
 			env[k] = v
 		}
 	}
-	pid, exited, err := s.Procs.Spawn(process.SpawnSpec{User: tu, Argv: argv, Env: env, Dir: dir, Stdio: stdio})
-	if err != nil {
-		writeError(c, "sudo: "+err.Error())
-		return
-	}
-	for i, f := range stdio {
-		f.Close()
-		stdio[i] = nil
-	}
-	s.Log.Info("sudo", "caller", caller.Name, "user", tu.Name, "argv", argv)
+	return env
+}
 
-	// Signals from the client go to the command's process group; a client
-	// that goes away takes the command with it.
+// relay sends the client's signals (those already read, in extra, then
+// the rest of c) to the command's process group pid until the command
+// exits, and then tells the client how it ended; a client that goes away
+// takes the command with it.
+func relay(c *net.UnixConn, extra []byte, pid int, exited <-chan unix.WaitStatus) {
 	gone := make(chan struct{})
 	go func() {
 		defer close(gone)

@@ -44,33 +44,9 @@ func Main(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ask := func(n int64) (int64, error) {
-		c, err := net.DialTimeout("tcp", *addr, 10*time.Second)
-		if err != nil {
-			return 0, err
-		}
-		defer c.Close()
-		var hdr [8]byte
-		binary.BigEndian.PutUint64(hdr[:], uint64(n))
-		if _, err := c.Write(hdr[:]); err != nil {
-			return 0, err
-		}
-		buf := make([]byte, 256<<10)
-		var got int64
-		for {
-			k, err := c.Read(buf)
-			got += int64(k)
-			if err == io.EOF {
-				return got, nil
-			}
-			if err != nil {
-				return got, err
-			}
-		}
-	}
 	var r Result
 	start := time.Now()
-	got, err := ask(*size)
+	got, err := ask(*addr, *size)
 	if err != nil {
 		return fmt.Errorf("download: %w", err)
 	}
@@ -78,42 +54,83 @@ func Main(args []string, out io.Writer) error {
 	var lat []time.Duration
 	for range *connects {
 		t := time.Now()
-		if _, err := ask(1); err != nil {
+		if _, err := ask(*addr, 1); err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
 		lat = append(lat, time.Since(t))
 	}
 	if len(lat) > 0 {
-		slices.Sort(lat)
-		r.ConnectP50Sec, r.Connects = lat[len(lat)/2].Seconds(), len(lat)
+		r.ConnectP50Sec, r.Connects = median(lat).Seconds(), len(lat)
 	}
 	if *dnsName != "" {
-		res := &net.Resolver{PreferGo: true}
-		if *dnsServer != "" {
-			res.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, network, *dnsServer)
-			}
-		}
-		var dl []time.Duration
-		for i := -1; i < *lookups; i++ {
-			t := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := res.LookupNetIP(ctx, "ip4", *dnsName)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("resolving %s: %w", *dnsName, err)
-			}
-			if i < 0 {
-				r.DNSFirstSec = time.Since(t).Seconds()
-			} else {
-				dl = append(dl, time.Since(t))
-			}
-		}
-		if len(dl) > 0 {
-			slices.Sort(dl)
-			r.DNSP50Sec = dl[len(dl)/2].Seconds()
+		if err := timeLookups(&r, *dnsName, *dnsServer, *lookups); err != nil {
+			return err
 		}
 	}
 	return json.NewEncoder(out).Encode(r)
+}
+
+// ask connects to the server at addr, asks it for n bytes and reads them
+// to the end, giving how many came.
+func ask(addr string, n int64) (int64, error) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	var hdr [8]byte
+	binary.BigEndian.PutUint64(hdr[:], uint64(n))
+	if _, err := c.Write(hdr[:]); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 256<<10)
+	var got int64
+	for {
+		k, err := c.Read(buf)
+		got += int64(k)
+		if err == io.EOF {
+			return got, nil
+		}
+		if err != nil {
+			return got, err
+		}
+	}
+}
+
+// timeLookups resolves name (A) once and then lookups times more, through
+// server when it is set (else the system's resolver), and records the
+// first lookup's time and the median of the others in r.
+func timeLookups(r *Result, name, server string, lookups int) error {
+	res := &net.Resolver{PreferGo: true}
+	if server != "" {
+		res.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, server)
+		}
+	}
+	var dl []time.Duration
+	for i := -1; i < lookups; i++ {
+		t := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := res.LookupNetIP(ctx, "ip4", name)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("resolving %s: %w", name, err)
+		}
+		if i < 0 {
+			r.DNSFirstSec = time.Since(t).Seconds()
+		} else {
+			dl = append(dl, time.Since(t))
+		}
+	}
+	if len(dl) > 0 {
+		r.DNSP50Sec = median(dl).Seconds()
+	}
+	return nil
+}
+
+// median sorts d (not empty) and gives its middle value.
+func median(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)/2]
 }

@@ -243,11 +243,34 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 	}
 
 	// Follow the CNAME chain from the question name.
-	target := mdns.Fqdn(name)
-	ttl := uint32(r.cfg.MaxTTL / time.Second)
+	target, ttl := cnameTarget(resp.Answer, mdns.Fqdn(name), uint32(r.cfg.MaxTTL/time.Second))
+	addrs, ttl := reachableAddrs(resp.Answer, target, qs.Qtype, p, ttl, res)
+	if len(addrs) == 0 {
+		if len(res.Dropped) > 0 {
+			res.Reason = ReasonUnreachable
+		}
+		return m
+	}
+	res.Answers = addrs
+	r.remember(name, addrs, time.Duration(ttl)*time.Second)
+	for _, a := range addrs {
+		hdr := mdns.RR_Header{Name: qs.Name, Rrtype: qs.Qtype, Class: mdns.ClassINET, Ttl: ttl}
+		if a.Is4() {
+			m.Answer = append(m.Answer, &mdns.A{Hdr: hdr, A: a.AsSlice()})
+		} else {
+			m.Answer = append(m.Answer, &mdns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
+		}
+	}
+	return m
+}
+
+// cnameTarget follows the CNAME chain in answer from target (16 links at
+// most) to the name that holds the addresses, and lowers ttl to that of
+// each link.
+func cnameTarget(answer []mdns.RR, target string, ttl uint32) (string, uint32) {
 	for range 16 {
 		next := ""
-		for _, rr := range resp.Answer {
+		for _, rr := range answer {
 			if c, ok := rr.(*mdns.CNAME); ok && strings.EqualFold(c.Hdr.Name, target) {
 				next = c.Target
 				ttl = min(ttl, c.Hdr.Ttl)
@@ -258,9 +281,16 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 		}
 		target = next
 	}
+	return target, ttl
+}
+
+// reachableAddrs gives the addresses of type qtype that answer holds for
+// target and that the policy p lets the sandbox reach, and lowers ttl to
+// theirs; the others are recorded in res.Dropped.
+func reachableAddrs(answer []mdns.RR, target string, qtype uint16, p *policy.Policy, ttl uint32, res *Result) ([]netip.Addr, uint32) {
 	var addrs []netip.Addr
-	for _, rr := range resp.Answer {
-		if !strings.EqualFold(rr.Header().Name, target) || rr.Header().Rrtype != qs.Qtype {
+	for _, rr := range answer {
+		if !strings.EqualFold(rr.Header().Name, target) || rr.Header().Rrtype != qtype {
 			continue
 		}
 		var a netip.Addr
@@ -280,23 +310,7 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 		ttl = min(ttl, rr.Header().Ttl)
 		addrs = append(addrs, a)
 	}
-	if len(addrs) == 0 {
-		if len(res.Dropped) > 0 {
-			res.Reason = ReasonUnreachable
-		}
-		return m
-	}
-	res.Answers = addrs
-	r.remember(name, addrs, time.Duration(ttl)*time.Second)
-	for _, a := range addrs {
-		hdr := mdns.RR_Header{Name: qs.Name, Rrtype: qs.Qtype, Class: mdns.ClassINET, Ttl: ttl}
-		if a.Is4() {
-			m.Answer = append(m.Answer, &mdns.A{Hdr: hdr, A: a.AsSlice()})
-		} else {
-			m.Answer = append(m.Answer, &mdns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
-		}
-	}
-	return m
+	return addrs, ttl
 }
 
 // exchange asks the upstream resolver, through the cache if there is one.

@@ -379,40 +379,11 @@ func ParseRequestHead(h []byte) (Request, error) {
 	if err != nil {
 		return req, err
 	}
-	var (
-		hosts, cls, tes, ups int
-		te, up               string
-	)
-	req.ContentLength = -1
-	err = eachField(rest, func(name, value string) error {
-		switch strings.ToLower(name) {
-		case "host":
-			hosts++
-			h, err := authorityHost(value)
-			if err != nil {
-				return err
-			}
-			req.Host = h
-		case "content-length":
-			cls++
-			n, ok := parseLength(value)
-			if !ok || (req.ContentLength >= 0 && req.ContentLength != n) {
-				return ErrMalformed
-			}
-			req.ContentLength = n
-		case "transfer-encoding":
-			tes++
-			te = value
-		case "upgrade":
-			ups++
-			up = value
-		}
-		return nil
-	})
+	f, err := readFields(rest, &req)
 	if err != nil {
 		return req, err
 	}
-	if hosts != 1 || req.Host == "" {
+	if f.hosts != 1 || req.Host == "" {
 		return req, ErrNoHost
 	}
 	if targetHost != "" && !sameHost(targetHost, req.Host) {
@@ -421,28 +392,79 @@ func ParseRequestHead(h []byte) (Request, error) {
 	if req.ContentLength < 0 {
 		req.ContentLength = 0
 	}
-	if tes > 0 {
-		if tes > 1 || cls > 0 || version == "HTTP/1.0" || !strings.EqualFold(te, "chunked") {
+	if f.tes > 0 {
+		if f.tes > 1 || f.cls > 0 || version == "HTTP/1.0" || !strings.EqualFold(f.te, "chunked") {
 			return req, ErrMalformed
 		}
 		req.Chunked = true
 	}
-	if ups > 0 {
-		if ups > 1 {
-			return req, ErrMalformed
-		}
-		for _, p := range strings.Split(up, ",") {
-			proto, _, _ := strings.Cut(strings.TrimSpace(p), "/")
-			if strings.EqualFold(proto, "h2c") {
-				return req, ErrHTTP2
-			}
-		}
-		if !strings.EqualFold(up, "websocket") {
-			return req, ErrUpgrade
+	if f.ups > 0 {
+		if err := checkUpgrade(f.ups, f.up); err != nil {
+			return req, err
 		}
 		req.Upgrade = true
 	}
 	return req, nil
+}
+
+// headFields counts the fields of a request head that must not repeat,
+// and holds the last Transfer-Encoding and Upgrade.
+type headFields struct {
+	hosts, cls, tes, ups int
+	te, up               string
+}
+
+// readFields reads the header fields of a request head into req (Host,
+// and Content-Length: -1 when there is none) and counts those that must
+// not repeat; a Host that is not one and Content-Lengths that disagree
+// are malformed.
+func readFields(fields []byte, req *Request) (headFields, error) {
+	var f headFields
+	req.ContentLength = -1
+	err := eachField(fields, func(name, value string) error {
+		switch strings.ToLower(name) {
+		case "host":
+			f.hosts++
+			h, err := authorityHost(value)
+			if err != nil {
+				return err
+			}
+			req.Host = h
+		case "content-length":
+			f.cls++
+			n, ok := parseLength(value)
+			if !ok || (req.ContentLength >= 0 && req.ContentLength != n) {
+				return ErrMalformed
+			}
+			req.ContentLength = n
+		case "transfer-encoding":
+			f.tes++
+			f.te = value
+		case "upgrade":
+			f.ups++
+			f.up = value
+		}
+		return nil
+	})
+	return f, err
+}
+
+// checkUpgrade allows one Upgrade field (n of them) that asks for a
+// websocket: h2c would hide the requests after it.
+func checkUpgrade(n int, up string) error {
+	if n > 1 {
+		return ErrMalformed
+	}
+	for _, p := range strings.Split(up, ",") {
+		proto, _, _ := strings.Cut(strings.TrimSpace(p), "/")
+		if strings.EqualFold(proto, "h2c") {
+			return ErrHTTP2
+		}
+	}
+	if !strings.EqualFold(up, "websocket") {
+		return ErrUpgrade
+	}
+	return nil
 }
 
 // requestLine splits "method SP target SP version".

@@ -125,89 +125,111 @@ func configure(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	seq := uint32(0)
-	req := func(typ uint16, flags uint16, body []byte, attrs ...[]byte) error {
-		seq++
-		msg := make([]byte, unix.NLMSG_HDRLEN, 256)
-		msg = append(msg, body...)
-		for _, a := range attrs {
-			msg = append(msg, a...)
-		}
-		binary.NativeEndian.PutUint32(msg[0:], uint32(len(msg)))
-		binary.NativeEndian.PutUint16(msg[4:], typ)
-		binary.NativeEndian.PutUint16(msg[6:], flags|unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-		binary.NativeEndian.PutUint32(msg[8:], seq)
-		if err := unix.Sendto(nl, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-			return err
-		}
-		buf := make([]byte, 4096)
-		for {
-			n, _, err := unix.Recvfrom(nl, buf, 0)
-			if err != nil {
-				return err
-			}
-			msgs, err := syscallParse(buf[:n])
-			if err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				if m.Header.Seq != seq || m.Header.Type != unix.NLMSG_ERROR {
-					continue
-				}
-				if errno := int32(binary.NativeEndian.Uint32(m.Data[:4])); errno != 0 {
-					return unix.Errno(-errno)
-				}
-				return nil
-			}
-		}
-	}
-	link := func(index int, up bool, mtu uint32) error {
-		body := make([]byte, unix.SizeofIfInfomsg)
-		ifi := (*unix.IfInfomsg)(unsafe.Pointer(&body[0]))
-		ifi.Family = unix.AF_UNSPEC
-		ifi.Index = int32(index)
-		ifi.Flags = unix.IFF_UP
-		ifi.Change = unix.IFF_UP
-		var attrs [][]byte
-		if mtu != 0 {
-			attrs = append(attrs, attr(unix.IFLA_MTU, binary.NativeEndian.AppendUint32(nil, mtu)))
-		}
-		return req(unix.RTM_NEWLINK, 0, body, attrs...)
-	}
-	if err := link(lo, true, 0); err != nil {
+	rt := &rtnl{fd: nl}
+	if err := rt.linkUp(lo, 0); err != nil {
 		return fmt.Errorf("bringing up lo: %w", err)
 	}
-	if err := link(idx, true, cfg.MTU); err != nil {
+	if err := rt.linkUp(idx, cfg.MTU); err != nil {
 		return fmt.Errorf("bringing up %s: %w", cfg.Name, err)
 	}
 	for _, p := range cfg.Addr {
-		body := make([]byte, unix.SizeofIfAddrmsg)
-		ifa := (*unix.IfAddrmsg)(unsafe.Pointer(&body[0]))
-		ifa.Family = family(p.Addr())
-		ifa.Prefixlen = uint8(p.Bits())
-		ifa.Index = uint32(idx)
-		attrs := [][]byte{attr(unix.IFA_LOCAL, p.Addr().AsSlice()), attr(unix.IFA_ADDRESS, p.Addr().AsSlice())}
-		if p.Addr().Is6() {
-			ifa.Flags = unix.IFA_F_NODAD
-			attrs = append(attrs, attr(unix.IFA_FLAGS, binary.NativeEndian.AppendUint32(nil, unix.IFA_F_NODAD)))
-		}
-		if err := req(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, body, attrs...); err != nil {
+		if err := rt.addAddr(idx, p); err != nil {
 			return fmt.Errorf("adding address %v: %w", p, err)
 		}
-		// Default route for the family through the device.
-		rb := make([]byte, unix.SizeofRtMsg)
-		rt := (*unix.RtMsg)(unsafe.Pointer(&rb[0]))
-		rt.Family = family(p.Addr())
-		rt.Table = unix.RT_TABLE_MAIN
-		rt.Protocol = unix.RTPROT_BOOT
-		rt.Scope = unix.RT_SCOPE_UNIVERSE
-		rt.Type = unix.RTN_UNICAST
-		if err := req(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, rb,
-			attr(unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(idx)))); err != nil {
+		if err := rt.defaultRoute(idx, family(p.Addr())); err != nil {
 			return fmt.Errorf("adding default route for %v: %w", p, err)
 		}
 	}
 	return nil
+}
+
+// rtnl is a bound rtnetlink socket that sends one request at a time.
+type rtnl struct {
+	fd  int
+	seq uint32
+}
+
+// request sends a message of type typ (body, then attrs) and waits for
+// its acknowledgement, giving the kernel's error.
+func (r *rtnl) request(typ uint16, flags uint16, body []byte, attrs ...[]byte) error {
+	r.seq++
+	msg := make([]byte, unix.NLMSG_HDRLEN, 256)
+	msg = append(msg, body...)
+	for _, a := range attrs {
+		msg = append(msg, a...)
+	}
+	binary.NativeEndian.PutUint32(msg[0:], uint32(len(msg)))
+	binary.NativeEndian.PutUint16(msg[4:], typ)
+	binary.NativeEndian.PutUint16(msg[6:], flags|unix.NLM_F_REQUEST|unix.NLM_F_ACK)
+	binary.NativeEndian.PutUint32(msg[8:], r.seq)
+	if err := unix.Sendto(r.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	buf := make([]byte, 4096)
+	for {
+		n, _, err := unix.Recvfrom(r.fd, buf, 0)
+		if err != nil {
+			return err
+		}
+		msgs, err := syscallParse(buf[:n])
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != r.seq || m.Header.Type != unix.NLMSG_ERROR {
+				continue
+			}
+			if errno := int32(binary.NativeEndian.Uint32(m.Data[:4])); errno != 0 {
+				return unix.Errno(-errno)
+			}
+			return nil
+		}
+	}
+}
+
+// linkUp brings interface index up, setting its MTU when mtu is not 0.
+func (r *rtnl) linkUp(index int, mtu uint32) error {
+	body := make([]byte, unix.SizeofIfInfomsg)
+	ifi := (*unix.IfInfomsg)(unsafe.Pointer(&body[0]))
+	ifi.Family = unix.AF_UNSPEC
+	ifi.Index = int32(index)
+	ifi.Flags = unix.IFF_UP
+	ifi.Change = unix.IFF_UP
+	var attrs [][]byte
+	if mtu != 0 {
+		attrs = append(attrs, attr(unix.IFLA_MTU, binary.NativeEndian.AppendUint32(nil, mtu)))
+	}
+	return r.request(unix.RTM_NEWLINK, 0, body, attrs...)
+}
+
+// addAddr gives interface index the address p (an IPv6 one without
+// duplicate address detection).
+func (r *rtnl) addAddr(index int, p netip.Prefix) error {
+	body := make([]byte, unix.SizeofIfAddrmsg)
+	ifa := (*unix.IfAddrmsg)(unsafe.Pointer(&body[0]))
+	ifa.Family = family(p.Addr())
+	ifa.Prefixlen = uint8(p.Bits())
+	ifa.Index = uint32(index)
+	attrs := [][]byte{attr(unix.IFA_LOCAL, p.Addr().AsSlice()), attr(unix.IFA_ADDRESS, p.Addr().AsSlice())}
+	if p.Addr().Is6() {
+		ifa.Flags = unix.IFA_F_NODAD
+		attrs = append(attrs, attr(unix.IFA_FLAGS, binary.NativeEndian.AppendUint32(nil, unix.IFA_F_NODAD)))
+	}
+	return r.request(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, body, attrs...)
+}
+
+// defaultRoute sets the default route of family fam through interface
+// index.
+func (r *rtnl) defaultRoute(index int, fam uint8) error {
+	rb := make([]byte, unix.SizeofRtMsg)
+	rt := (*unix.RtMsg)(unsafe.Pointer(&rb[0]))
+	rt.Family = fam
+	rt.Table = unix.RT_TABLE_MAIN
+	rt.Protocol = unix.RTPROT_BOOT
+	rt.Scope = unix.RT_SCOPE_UNIVERSE
+	rt.Type = unix.RTN_UNICAST
+	return r.request(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, rb,
+		attr(unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(index))))
 }
 
 func family(a netip.Addr) uint8 {

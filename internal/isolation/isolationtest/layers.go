@@ -47,20 +47,7 @@ func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, ro
 	if got := sh(src, `cat /data/a`); got != "later\n" {
 		t.Errorf("the source reads %q", got)
 	}
-	switch changes, err := l.LayerChanges(t.Context(), first.ID); {
-	case errors.Is(err, isolation.ErrUnsupported):
-		t.Logf("LayerChanges: %v (not supported by %s)", err, h.name)
-	case err != nil:
-		t.Fatal(err)
-	default:
-		found := map[string]string{}
-		for _, ch := range changes {
-			found[ch.Path] = ch.Kind
-		}
-		if found["/data/a"] != "file" || found["/bin/true"] != "removed" {
-			t.Errorf("LayerChanges: %+v", changes)
-		}
-	}
+	h.checkChanges(first.ID)
 	acp, _ := isolation.As[isolation.Checkpointer](a)
 	second, err := acp.Checkpoint(t.Context())
 	if err != nil {
@@ -90,18 +77,47 @@ func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, ro
 		h.checkDeleted(second.ID)
 		return
 	}
-	// A layer under a live sandbox cannot be deleted; once the sandbox is
-	// gone, it can.
-	if err := l.DeleteLayer(t.Context(), second.ID); !errors.Is(err, isolation.ErrLayerInUse) {
+	h.checkDeleteInUse(d, second.ID)
+}
+
+// checkChanges checks the changed files LayerChanges lists for the first
+// checkpoint of RunLayers (/data/a written, /bin/true removed), when the
+// backend can list them.
+func (h *layerHarness) checkChanges(id string) {
+	t := h.t
+	t.Helper()
+	switch changes, err := h.l.LayerChanges(t.Context(), id); {
+	case errors.Is(err, isolation.ErrUnsupported):
+		t.Logf("LayerChanges: %v (not supported by %s)", err, h.name)
+	case err != nil:
+		t.Fatal(err)
+	default:
+		found := map[string]string{}
+		for _, ch := range changes {
+			found[ch.Path] = ch.Kind
+		}
+		if found["/data/a"] != "file" || found["/bin/true"] != "removed" {
+			t.Errorf("LayerChanges: %+v", changes)
+		}
+	}
+}
+
+// checkDeleteInUse checks that layer id, under the live sandbox d (which
+// reads "mine" in /data/a), cannot be deleted, and that once d is killed
+// it can.
+func (h *layerHarness) checkDeleteInUse(d isolation.Sandbox, id string) {
+	t := h.t
+	t.Helper()
+	if err := h.l.DeleteLayer(t.Context(), id); !errors.Is(err, isolation.ErrLayerInUse) {
 		t.Errorf("DeleteLayer of a layer in use = %v, want ErrLayerInUse", err)
 	}
-	if got := sh(d, `cat /data/a`); got != "mine\n" {
+	if got := h.sh(d, `cat /data/a`); got != "mine\n" {
 		t.Errorf("after a refused delete, a sandbox on the layer reads %q", got)
 	}
 	d.Kill(t.Context())
 	deleted := false
 	for range 500 {
-		if err := l.DeleteLayer(t.Context(), second.ID); err == nil {
+		if err := h.l.DeleteLayer(t.Context(), id); err == nil {
 			deleted = true
 			break
 		} else if !errors.Is(err, isolation.ErrLayerInUse) {
@@ -112,7 +128,7 @@ func RunLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backend, ro
 	if !deleted {
 		t.Fatalf("the layer of a killed sandbox stays in use")
 	}
-	h.checkDeleted(second.ID)
+	h.checkDeleted(id)
 }
 
 // layerHarness is what RunLayers and RunMemoryLayers share: a backend's

@@ -35,24 +35,7 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 	waitAdvance(t, src, before)
 	sh(src, `echo later > /data/a`)
 
-	const n = 3
-	forks := make([]isolation.Sandbox, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range forks {
-		wg.Go(func() {
-			spec := isolation.Spec{ID: NewID(), RootFS: rootfs,
-				Agent: isolation.AgentConfig{EnvVars: map[string]string{"FORK": strconv.Itoa(i)}}}
-			forks[i], errs[i] = l.CreateOn(t.Context(), spec, info.ID)
-		})
-	}
-	wg.Wait()
-	for i, s := range forks {
-		if errs[i] != nil {
-			t.Fatalf("CreateOn(%s) #%d = %v", info.ID, i, errs[i])
-		}
-		t.Cleanup(func() { s.Kill(context.WithoutCancel(t.Context())) })
-	}
+	forks := h.forks(info.ID, 3)
 	for i, s := range forks {
 		// The loop was restored: it counts on from at least where it was.
 		c := readCounter(t, s)
@@ -70,19 +53,7 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 			t.Logf("fork %d: hostname %q (its ID %s)", i, got, s.ID())
 		}
 	}
-	// Independent: a file and a process of one fork are nowhere else.
-	sh(forks[0], `echo mine > /data/a && (sleep 3003 </dev/null >/dev/null 2>&1 &)`)
-	for i, s := range append([]isolation.Sandbox{src}, forks[1:]...) {
-		if got := sh(s, `cat /data/a`); got == "mine\n" {
-			t.Errorf("sandbox %d sees fork 0's write", i)
-		}
-		if got := sh(s, `ps -o args 2>/dev/null || ps`); strings.Contains(got, "sleep 3003") {
-			t.Errorf("sandbox %d sees fork 0's process:\n%s", i, got)
-		}
-	}
-	if got := sh(forks[0], `ps -o args 2>/dev/null || ps`); !strings.Contains(got, "sleep 3003") {
-		t.Errorf("fork 0 does not see its own process:\n%s", got)
-	}
+	h.checkIndependent(src, forks)
 	// Deleting the layer and killing the source leave the forks running.
 	if err := l.DeleteLayer(t.Context(), info.ID); err != nil {
 		t.Fatalf("DeleteLayer(%s) = %v", info.ID, err)
@@ -98,4 +69,48 @@ func RunMemoryLayers(t *testing.T, newBackend func(t *testing.T) isolation.Backe
 		}
 	}
 	h.checkDeleted(info.ID)
+}
+
+// forks boots n sandboxes on layer at once, each with FORK set to its
+// index in its agent's environment, killed at the test's end.
+func (h *layerHarness) forks(layer string, n int) []isolation.Sandbox {
+	t := h.t
+	t.Helper()
+	forks := make([]isolation.Sandbox, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range forks {
+		wg.Go(func() {
+			spec := isolation.Spec{ID: NewID(), RootFS: h.rootfs,
+				Agent: isolation.AgentConfig{EnvVars: map[string]string{"FORK": strconv.Itoa(i)}}}
+			forks[i], errs[i] = h.l.CreateOn(t.Context(), spec, layer)
+		})
+	}
+	wg.Wait()
+	for i, s := range forks {
+		if errs[i] != nil {
+			t.Fatalf("CreateOn(%s) #%d = %v", layer, i, errs[i])
+		}
+		t.Cleanup(func() { s.Kill(context.WithoutCancel(t.Context())) })
+	}
+	return forks
+}
+
+// checkIndependent checks that a file and a process of the first fork
+// are nowhere else: not in the source, not in the other forks.
+func (h *layerHarness) checkIndependent(src isolation.Sandbox, forks []isolation.Sandbox) {
+	t, sh := h.t, h.sh
+	t.Helper()
+	sh(forks[0], `echo mine > /data/a && (sleep 3003 </dev/null >/dev/null 2>&1 &)`)
+	for i, s := range append([]isolation.Sandbox{src}, forks[1:]...) {
+		if got := sh(s, `cat /data/a`); got == "mine\n" {
+			t.Errorf("sandbox %d sees fork 0's write", i)
+		}
+		if got := sh(s, `ps -o args 2>/dev/null || ps`); strings.Contains(got, "sleep 3003") {
+			t.Errorf("sandbox %d sees fork 0's process:\n%s", i, got)
+		}
+	}
+	if got := sh(forks[0], `ps -o args 2>/dev/null || ps`); !strings.Contains(got, "sleep 3003") {
+		t.Errorf("fork 0 does not see its own process:\n%s", got)
+	}
 }

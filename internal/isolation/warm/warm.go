@@ -473,7 +473,32 @@ func (p *Pool) fill(t Target, start time.Time) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sb, err := p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true,
+	sb, prepareFailed, err := p.startOne(ctx, t)
+	if err != nil {
+		p.log.Warn("starting a pooled sandbox", "root", t.RootFS, "err", err)
+	}
+	p.mu.Lock()
+	p.noteFillLocked(start, began, prepareFailed, err)
+	keep := err == nil && !p.closed
+	if keep {
+		p.ready = append(p.ready, sb)
+	}
+	budget := p.budget
+	p.signalLocked()
+	p.mu.Unlock()
+	if err == nil && !keep { // closed meanwhile
+		sb.Kill(ctx)
+	}
+	if !keep {
+		budget.Release()
+	}
+}
+
+// startOne starts a sandbox for t, waits until it serves and runs t's
+// Prepare on it; a sandbox that fails is killed, and prepareFailed
+// reports that it was Prepare that failed.
+func (p *Pool) startOne(ctx context.Context, t Target) (sb isolation.Sandbox, prepareFailed bool, err error) {
+	sb, err = p.opts.Backend.Create(ctx, isolation.Spec{RootFS: t.RootFS, Limits: t.Limits, Agent: t.Agent, Background: true,
 		Network: t.Network})
 	if err == nil {
 		// Ready means serving: a backend's Create returns once the agent
@@ -483,28 +508,37 @@ func (p *Pool) fill(t Target, start time.Time) {
 			sb.Kill(context.WithoutCancel(ctx))
 		}
 	}
-	prepareFailed := false
 	if err == nil && t.Prepare != nil {
-		// Prepare ends with the pool's Close too.
-		pctx, pcancel := context.WithTimeout(context.Background(), prepareTimeout)
-		go func() {
-			select {
-			case <-p.stop:
-				pcancel()
-			case <-pctx.Done():
-			}
-		}()
-		err = t.Prepare(pctx, sb)
-		pcancel()
-		if err != nil {
+		if err = p.prepare(t, sb); err != nil {
 			prepareFailed = true
 			sb.Kill(context.WithoutCancel(ctx))
 		}
 	}
-	if err != nil {
-		p.log.Warn("starting a pooled sandbox", "root", t.RootFS, "err", err)
-	}
-	p.mu.Lock()
+	return sb, prepareFailed, err
+}
+
+// prepare runs t's Prepare on sb, for prepareTimeout at most; it ends
+// with the pool's Close too.
+func (p *Pool) prepare(t Target, sb isolation.Sandbox) error {
+	pctx, pcancel := context.WithTimeout(context.Background(), prepareTimeout)
+	go func() {
+		select {
+		case <-p.stop:
+			pcancel()
+		case <-pctx.Done():
+		}
+	}()
+	err := t.Prepare(pctx, sb)
+	pcancel()
+	return err
+}
+
+// noteFillLocked records how the fill that was to begin at start (and
+// began at began) ended: a failed Prepare backs the next fills off, a
+// success resets that and updates the fill times.
+//
+// +checklocks:p.mu
+func (p *Pool) noteFillLocked(start, began time.Time, prepareFailed bool, err error) {
 	if prepareFailed {
 		p.failures++
 		p.notBefore = time.Now().Add(min(time.Second<<min(p.failures, 20), maxPrepareBackoff))
@@ -524,19 +558,6 @@ func (p *Pool) fill(t Target, start time.Time) {
 			// follows slower starts only slowly.
 			p.quickFill = min(d, (7*p.quickFill+d)/8)
 		}
-	}
-	keep := err == nil && !p.closed
-	if keep {
-		p.ready = append(p.ready, sb)
-	}
-	budget := p.budget
-	p.signalLocked()
-	p.mu.Unlock()
-	if err == nil && !keep { // closed meanwhile
-		sb.Kill(ctx)
-	}
-	if !keep {
-		budget.Release()
 	}
 }
 

@@ -97,86 +97,26 @@ func (x *Exporter) Export(ctx context.Context, id string) (*forensics.Bundle, er
 	q, _ := x.audit.(auditQuerier)
 	b := &forensics.Bundle{}
 	if q != nil {
-		b.Audit = func(ctx context.Context, w io.Writer) error {
-			recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Limit: maxExportRecords})
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(w)
-			for i := range recs {
-				if err := enc.Encode(&recs[i]); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+		b.Audit = auditRecords(q, id)
 	}
 	if info, box, err := x.live.Live(id); err == nil {
-		if x.usage != nil {
-			rep, _ := x.usage.Usage(ctx, usage.Filter{Sandbox: id})
-			if rep != nil && len(rep.Sandboxes) == 1 {
-				b.Usage = rep.Sandboxes[0]
-			}
-		}
-		md := map[string]any{"id": id, "state": info.State, "sandbox": metadataOf(info)}
-		if lr, ok := isolation.As[isolation.LayerReader](box); ok {
-			size, err := lr.LayerSize(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
-			}
-			if size > Cap {
-				return nil, fmt.Errorf("exporting sandbox %s: its filesystem changes take %d bytes, over the export cap of %d: %w",
-					id, size, Cap, api.ErrInvalidArgument)
-			}
-			b.Layer = func(ctx context.Context, w io.Writer) error { return lr.ExportLayer(ctx, w, Cap) }
-		} else {
-			md["changes"] = "the " + x.backend + " backend cannot read a sandbox's layer"
-		}
-		b.Metadata = md
-		return b, nil
+		return x.exportLive(ctx, b, id, info, box)
 	}
 	// Killed (or never known): what the audit trail and the archive kept.
 	md := map[string]any{"state": "killed"}
 	known := false
 	if q != nil {
-		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, usage.TypeUsage}})
-		if err != nil {
+		var err error
+		if known, err = killedRecords(ctx, q, id, md, b); err != nil {
 			return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
-		}
-		for _, r := range recs {
-			known = true
-			var d map[string]any
-			_ = json.Unmarshal(r.Data, &d)
-			switch r.Type {
-			case audit.TypeCreate:
-				md["created_at"], md["created_by"], md["sandbox"] = r.Time, r.Actor, d
-			case audit.TypeKill:
-				md["killed_at"], md["kill_reason"] = r.Time, d["reason"]
-			case usage.TypeUsage:
-				b.Usage = d
-			}
 		}
 	}
 	if x.archive != nil {
-		rc, err := x.archive.Open(id)
-		switch {
-		case err == nil:
-			rc.Close()
-			known = true
-			b.Layer = func(ctx context.Context, w io.Writer) error {
-				rc, err := x.archive.Open(id)
-				if err != nil {
-					return err
-				}
-				defer rc.Close()
-				_, err = io.Copy(w, rc)
-				return err
-			}
-		case errors.Is(err, api.ErrNotFound):
-			md["changes"] = "not kept: the sandbox's layer was not archived, or its archive expired or was dropped for the budget"
-		default:
+		archived, err := x.archivedLayer(id, md, b)
+		if err != nil {
 			return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
 		}
+		known = known || archived
 	} else {
 		md["changes"] = "not kept: fence serve runs with --forensics-retention 0"
 	}
@@ -186,6 +126,100 @@ func (x *Exporter) Export(ctx context.Context, id string) (*forensics.Bundle, er
 	md["id"] = id
 	b.Metadata = md
 	return b, nil
+}
+
+// auditRecords writes sandbox id's audit records, one JSON object a line.
+func auditRecords(q auditQuerier, id string) func(ctx context.Context, w io.Writer) error {
+	return func(ctx context.Context, w io.Writer) error {
+		recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Limit: maxExportRecords})
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(w)
+		for i := range recs {
+			if err := enc.Encode(&recs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// exportLive fills in b for live sandbox id (record info, backend sandbox
+// box): its usage, its record, and its layer when the backend can read it
+// and it is within Cap.
+func (x *Exporter) exportLive(ctx context.Context, b *forensics.Bundle, id string, info *sandbox.Sandbox, box isolation.Sandbox) (*forensics.Bundle, error) {
+	if x.usage != nil {
+		rep, _ := x.usage.Usage(ctx, usage.Filter{Sandbox: id})
+		if rep != nil && len(rep.Sandboxes) == 1 {
+			b.Usage = rep.Sandboxes[0]
+		}
+	}
+	md := map[string]any{"id": id, "state": info.State, "sandbox": metadataOf(info)}
+	if lr, ok := isolation.As[isolation.LayerReader](box); ok {
+		size, err := lr.LayerSize(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("exporting sandbox %s: %w", id, err)
+		}
+		if size > Cap {
+			return nil, fmt.Errorf("exporting sandbox %s: its filesystem changes take %d bytes, over the export cap of %d: %w",
+				id, size, Cap, api.ErrInvalidArgument)
+		}
+		b.Layer = func(ctx context.Context, w io.Writer) error { return lr.ExportLayer(ctx, w, Cap) }
+	} else {
+		md["changes"] = "the " + x.backend + " backend cannot read a sandbox's layer"
+	}
+	b.Metadata = md
+	return b, nil
+}
+
+// killedRecords puts into md and b what the audit trail kept of killed
+// sandbox id (its create, kill and usage records), and reports whether it
+// kept any.
+func killedRecords(ctx context.Context, q auditQuerier, id string, md map[string]any, b *forensics.Bundle) (known bool, err error) {
+	recs, err := q.Query(ctx, audit.Filter{Sandbox: id, Types: []string{audit.TypeCreate, audit.TypeKill, usage.TypeUsage}})
+	if err != nil {
+		return false, err
+	}
+	for _, r := range recs {
+		known = true
+		var d map[string]any
+		_ = json.Unmarshal(r.Data, &d)
+		switch r.Type {
+		case audit.TypeCreate:
+			md["created_at"], md["created_by"], md["sandbox"] = r.Time, r.Actor, d
+		case audit.TypeKill:
+			md["killed_at"], md["kill_reason"] = r.Time, d["reason"]
+		case usage.TypeUsage:
+			b.Usage = d
+		}
+	}
+	return known, nil
+}
+
+// archivedLayer gives b the archived layer of killed sandbox id, or says
+// in md why there is none, and reports whether there is one.
+func (x *Exporter) archivedLayer(id string, md map[string]any, b *forensics.Bundle) (archived bool, err error) {
+	rc, err := x.archive.Open(id)
+	switch {
+	case err == nil:
+		rc.Close()
+		b.Layer = func(ctx context.Context, w io.Writer) error {
+			rc, err := x.archive.Open(id)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			_, err = io.Copy(w, rc)
+			return err
+		}
+		return true, nil
+	case errors.Is(err, api.ErrNotFound):
+		md["changes"] = "not kept: the sandbox's layer was not archived, or its archive expired or was dropped for the budget"
+		return false, nil
+	default:
+		return false, err
+	}
 }
 
 // metadataOf is the record of a live sandbox as an export shows it: never

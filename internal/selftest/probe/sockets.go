@@ -15,14 +15,30 @@ import (
 // invalid type (15, past SOCK_MAX) the kernel itself would answer EINVAL,
 // the filter answers EAFNOSUPPORT or EPROTONOSUPPORT.
 func checkSockets([]string) error {
-	try := func(domain, typ, proto int) error {
-		fd, err := unix.Socket(domain, typ|unix.SOCK_CLOEXEC, proto)
-		if err == nil {
-			unix.Close(fd)
+	for _, check := range []func() error{refusedFamilies, refusedNetlink, refusedIPProtocols, neededSockets} {
+		if err := check(); err != nil {
+			return err
 		}
-		return err
 	}
-	const badType = 15
+	return nil
+}
+
+// badType is an invalid socket type (past SOCK_MAX): the kernel itself
+// answers EINVAL for it, so another error comes from the filter.
+const badType = 15
+
+// trySocket creates a socket and closes it at once.
+func trySocket(domain, typ, proto int) error {
+	fd, err := unix.Socket(domain, typ|unix.SOCK_CLOEXEC, proto)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err
+}
+
+// refusedFamilies checks that the families a sandbox has no use for are
+// refused, by the filter, for every type and for socketpair.
+func refusedFamilies() error {
 	families := map[string]int{
 		"AF_TIPC": unix.AF_TIPC, "AF_RDS": unix.AF_RDS, "AF_CAN": unix.AF_CAN,
 		"AF_BLUETOOTH": unix.AF_BLUETOOTH, "AF_KCM": unix.AF_KCM, "AF_SMC": unix.AF_SMC,
@@ -34,17 +50,23 @@ func checkSockets([]string) error {
 	}
 	for name, fam := range families {
 		for _, typ := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM, unix.SOCK_SEQPACKET, unix.SOCK_RAW} {
-			if err := try(fam, typ, 0); err == nil {
+			if err := trySocket(fam, typ, 0); err == nil {
 				return escapef("socket(%s, %d) succeeded", name, typ)
 			}
 		}
-		if err := try(fam, badType, 0); err != unix.EAFNOSUPPORT {
+		if err := trySocket(fam, badType, 0); err != unix.EAFNOSUPPORT {
 			return escapef("socket(%s) reached the kernel: %v, want EAFNOSUPPORT from the filter", name, err)
 		}
 		if _, err := unix.Socketpair(fam, badType, 0); err != unix.EAFNOSUPPORT {
 			return escapef("socketpair(%s) reached the kernel: %v, want EAFNOSUPPORT from the filter", name, err)
 		}
 	}
+	return nil
+}
+
+// refusedNetlink checks that the netlink protocols but route and
+// sock_diag are refused.
+func refusedNetlink() error {
 	netlink := map[string]int{
 		"XFRM": unix.NETLINK_XFRM, "AUDIT": unix.NETLINK_AUDIT, "NETFILTER": unix.NETLINK_NETFILTER,
 		"CONNECTOR": unix.NETLINK_CONNECTOR, "KOBJECT_UEVENT": unix.NETLINK_KOBJECT_UEVENT,
@@ -56,29 +78,37 @@ func checkSockets([]string) error {
 	}
 	for name, proto := range netlink {
 		for _, typ := range []int{unix.SOCK_RAW, unix.SOCK_DGRAM} {
-			if err := try(unix.AF_NETLINK, typ, proto); err != unix.EPROTONOSUPPORT {
+			if err := trySocket(unix.AF_NETLINK, typ, proto); err != unix.EPROTONOSUPPORT {
 				return escapef("socket(AF_NETLINK, %d, NETLINK_%s): %v, want EPROTONOSUPPORT", typ, name, err)
 			}
 		}
 	}
-	// IP with a protocol the kernel may have as a module (sctp, dccp,
-	// l2tp_ip): refused by the filter (with the invalid type the kernel
-	// itself would answer EINVAL).
+	return nil
+}
+
+// refusedIPProtocols checks that IP with a protocol the kernel may have
+// as a module (sctp, dccp, l2tp_ip, udplite) is refused by the filter.
+func refusedIPProtocols() error {
 	for name, p := range map[string][2]int{
 		"AF_INET SCTP": {unix.AF_INET, unix.IPPROTO_SCTP}, "AF_INET6 SCTP": {unix.AF_INET6, unix.IPPROTO_SCTP},
 		"AF_INET DCCP": {unix.AF_INET, unix.IPPROTO_DCCP}, "AF_INET L2TP": {unix.AF_INET, unix.IPPROTO_L2TP},
 		"AF_INET6 L2TP": {unix.AF_INET6, unix.IPPROTO_L2TP}, "AF_INET UDPLITE": {unix.AF_INET, unix.IPPROTO_UDPLITE},
 	} {
-		if err := try(p[0], badType, p[1]); err != unix.EPROTONOSUPPORT {
+		if err := trySocket(p[0], badType, p[1]); err != unix.EPROTONOSUPPORT {
 			return escapef("socket(%s) reached the kernel: %v, want EPROTONOSUPPORT from the filter", name, err)
 		}
 		for _, typ := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM, unix.SOCK_SEQPACKET} {
-			if err := try(p[0], typ, p[1]); err == nil {
+			if err := trySocket(p[0], typ, p[1]); err == nil {
 				return escapef("socket(%s, %d) succeeded", name, typ)
 			}
 		}
 	}
-	// What a sandbox needs keeps working.
+	return nil
+}
+
+// neededSockets checks that what a sandbox needs keeps working: unix and
+// IP sockets, netlink route and sock_diag, and listing interfaces.
+func neededSockets() error {
 	for _, c := range []struct {
 		name              string
 		domain, typ, prot int
@@ -95,7 +125,7 @@ func checkSockets([]string) error {
 		{"NETLINK_ROUTE dgram", unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_ROUTE},
 		{"NETLINK_SOCK_DIAG", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG},
 	} {
-		if err := try(c.domain, c.typ, c.prot); err != nil {
+		if err := trySocket(c.domain, c.typ, c.prot); err != nil {
 			return fmt.Errorf("socket(%s) refused: %v (the filter is too strict)", c.name, err)
 		}
 	}
