@@ -390,6 +390,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
 		Layers:                 d.layers,
+		Agent:                  connectAgent,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)

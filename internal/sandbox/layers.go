@@ -290,7 +290,7 @@ func (m *Manager) gc(ctx context.Context) error {
 	for _, c := range cps {
 		keep[c.Layer] = true
 	}
-	for _, l := range m.runImages.layers() {
+	for _, l := range m.runImages.Layers() {
 		keep[l] = true
 	}
 	for _, l := range m.layerMu.pinned() {

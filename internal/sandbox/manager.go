@@ -20,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/netfence"
+	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -156,6 +157,10 @@ type Options struct {
 	// creates in flight; sandboxes started ahead of demand (warm pools,
 	// standbys) leave capacity.PoolReserve creates' worth of headroom.
 	Capacity *capacity.Gate
+	// Agent reaches a sandbox's agent to run its template's start and
+	// ready commands (the daemon's envd client); nil fails the creates of
+	// templates that have one.
+	Agent startup.Connect
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -180,13 +185,10 @@ type Manager struct {
 	audit                  audit.Sink
 	layers                 isolation.Layers
 	layerMu                layerLock     // see layerLock and gc
-	runImages              runImages     // templates' run images (runimage.go)
 	gcWake                 chan struct{} // nudges the layer collector; buffered 1
 	secrets                gateway.Secrets
 	sealer                 Sealer
 	caEnv                  map[string]string
-	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
-	warmTemplates sync.Map // string → bool
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
 	gateways  sync.Map
 	hostAddrs []netip.Addr
@@ -238,6 +240,9 @@ type Manager struct {
 	standbyBoot chan struct{} // one standby boots at a time
 
 	usage *usage.Meter // usage accounting (usage.go)
+
+	runImages *startup.Images  // templates' run images (runimage.go)
+	starts    *startup.Starter // templates' start and ready commands
 }
 
 // New returns a Manager. Call Start before using it.
@@ -298,6 +303,8 @@ func New(opts Options) (*Manager, error) {
 	if m.defaults.Timeout > m.maxTimeout {
 		return nil, fmt.Errorf("sandbox.New: default timeout %v exceeds MaxTimeout %v", m.defaults.Timeout, m.maxTimeout)
 	}
+	m.runImages = startup.NewImages(imageLayers(m), m.log)
+	m.starts = startup.NewStarter(opts.Agent, m.log)
 	return m, nil
 }
 
@@ -503,7 +510,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
 		}
 		box, err = m.bootOn(ctx, spec, nc, from.layer)
-	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
+	} else if box = m.runImages.Boot(ctx, imageKey, spec, nc); box != nil {
 		restored = true
 	} else {
 		spec.Network = m.fences.network(nc.Policy, nc.Proxy)
@@ -541,7 +548,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	// start command run already.
 	resumed := from != nil && from.memory
 	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
-		if err := m.waitReady(ctx, id, func(ctx context.Context, port uint16) (net.Conn, error) {
+		if err := startup.WaitPorts(ctx, m.log, id, func(ctx context.Context, port uint16) (net.Conn, error) {
 			return m.fences.dial(ctx, id, port)
 		}, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
@@ -557,11 +564,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	// Start and ready commands run once the sandbox's egress gateway knows
 	// it; a sandbox restored from a run image has them running already.
 	if !restored && !resumed {
-		if err := m.startRuntime(ctx, box, tmplName, rt); err != nil {
+		if err := m.starts.Start(ctx, box, tmplName, rt); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
-		m.keepRunImage(ctx, imageKey, box)
+		m.runImages.Keep(ctx, imageKey, box)
 	}
 	clock := m.now()
 	now := clock.UTC()
