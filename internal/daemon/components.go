@@ -532,6 +532,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
 		Templates:       d.builds,
+		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
 	})

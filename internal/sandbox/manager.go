@@ -280,7 +280,7 @@ func New(opts Options) (*Manager, error) {
 		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:                map[string]*entry{},
 	}
-	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
+	m.usage = usage.NewMeter(opts.Audit, liveUsage{m}, opts.Now)
 	if m.max <= 0 {
 		m.max = 1000
 	}
@@ -360,7 +360,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.wg.Go(m.reaper)
-	m.wg.Go(m.sampler)
+	m.wg.Go(func() { m.usage.Sample(m.stop, m.sampleEvery) })
 	if m.layers != nil {
 		m.wg.Go(m.layerCollector)
 	}
@@ -700,7 +700,7 @@ func (m *Manager) watch(e *entry) {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.sb().ID())
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
-		m.finishUsage(ctx, e)
+		e.finishUsage(ctx, m.usage, m.now())
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
 		m.releaseStandby(e)
 		m.markKilled(ctx, e.sb().ID())
@@ -743,7 +743,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 				continue
 			}
 			wg.Go(func() {
-				m.finishUsage(ctx, e)
+				e.finishUsage(ctx, m.usage, m.now())
 				m.killBox(ctx, e.sb())
 				m.markKilled(ctx, e.sb().ID())
 			})
