@@ -243,6 +243,8 @@ type Manager struct {
 
 	runImages *startup.Images  // templates' run images (runimage.go)
 	starts    *startup.Starter // templates' start and ready commands
+	cold      *coldKeeper      // pauses' records and resume data (cold.go)
+	adopter   *adopter         // takes over a previous daemon's paused sandboxes (adopt.go)
 }
 
 // New returns a Manager. Call Start before using it.
@@ -305,6 +307,8 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.runImages = startup.NewImages(imageLayers(m), m.log)
 	m.starts = startup.NewStarter(opts.Agent, m.log)
+	m.cold = newColdKeeper(m.store, m.sealer, m.log, gatewayBindings(m))
+	m.adopter = newAdopter(m)
 	return m, nil
 }
 
@@ -329,7 +333,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
-		if m.adopt(ctx, s) || m.adoptCold(ctx, s) {
+		if m.adopter.adopt(ctx, s) || m.adopter.adoptCold(ctx, s) {
 			continue
 		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
