@@ -16,11 +16,12 @@ import (
 // paused record, what its resume boots with (coldRecord), sealed (it holds
 // the sandbox's environment, secret placeholders and egress proxy
 // password), and the next Start takes the sandbox over, paused, from it
-// (adopter.adoptCold). The coldKeeper writes and reads that record. A pause with memory on a backend that keeps paused
+// (adopter.adoptCold). A pause with memory on a backend that keeps paused
 // sandboxes on disk (isolation.Keeper: gvisor) keeps the same record, with
 // no layer, so that the sandbox its backend adopts at Start comes back
-// with its configuration too (adopt). Its layer is kept by the adopted entry like any paused
-// sandbox's. A crash before the record is written leaves a running record
+// with its configuration too (adopter.adopt). Its layer is kept by the
+// adopted entry like any paused sandbox's. The coldKeeper writes and reads
+// that record. A crash before the record is written leaves a running record
 // (marked killed at Start; the new layer goes with the gc); after, a
 // paused record with its data and a complete layer. A record whose data
 // does not open, or whose layer or template is gone, is marked killed and
