@@ -38,8 +38,8 @@ func TestImportDirection(t *testing.T) {
 		// the daemon or its API.
 		{pkg: "internal/cluster", banned: []string{mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/router"}},
 		// The domain core is below its HTTP API and knows no backend by
-		// name. It reaches a sandbox's agent through the wire contract
-		// (api/envd): the Go SDK is a client of the daemon, not a part of it.
+		// name. It reaches a sandbox's agent only through startup.Agent,
+		// which the daemon wires: the Go SDK is not a part of the core.
 		{pkg: "internal/sandbox", banned: []string{mod + "internal/httpapi", mod + "internal/daemon", mod + "internal/isolation/native",
 			mod + "client", mod + "internal/router"}},
 		// A create walks down, never back up into the lifecycle core: the
@@ -48,6 +48,10 @@ func TestImportDirection(t *testing.T) {
 		// only through the interface it declares.
 		{pkg: "internal/isolation/...", banned: []string{mod + "internal/sandbox", mod + "internal/daemon", mod + "internal/httpapi"}},
 		{pkg: "internal/sandbox/fences", banned: []string{mod + "internal/sandbox$", mod + "internal/daemon", mod + "internal/httpapi"}},
+		// A template's start (internal/sandbox/startup) is walked by every
+		// create: it never calls back up into the core.
+		{pkg: "internal/sandbox/startup", banned: []string{mod + "internal/sandbox$", mod + "internal/httpapi", mod + "internal/daemon",
+			mod + "client"}},
 		// The daemon's HTTP API does not know whether a router stands in
 		// front of it.
 		{pkg: "internal/httpapi", banned: []string{mod + "internal/daemon", mod + "internal/isolation/native", mod + "internal/router"}},

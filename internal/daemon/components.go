@@ -392,6 +392,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Sealer:  d.secrets,
 		CAEnv:   native.CAEnv(),
 		Layers:  d.layers,
+		Agent:   connectAgent,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
@@ -531,6 +532,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
 		Templates:       d.buildRunner,
+		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
 	})

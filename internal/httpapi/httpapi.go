@@ -56,7 +56,6 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
 	Extend(ctx context.Context, id string, d time.Duration) error
 	Kill(ctx context.Context, id string) error
-	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Sample, error)
 	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
@@ -120,6 +119,9 @@ type Options struct {
 	Templates Templates
 	// Exporter serves GET /sandboxes/{id}/export; nil answers 501.
 	Exporter Exporter
+	// Usage serves GET /usage and the sandboxes' metrics routes; nil
+	// answers 501 there.
+	Usage Usage
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -151,6 +153,7 @@ type handler struct {
 	scans      chan struct{} // a slot per signature scan in progress
 	templates  Templates
 	exporter   Exporter
+	meter      Usage
 	warming    sync.WaitGroup // warmAgent calls in flight
 }
 
@@ -174,6 +177,7 @@ func New(opts Options) http.Handler {
 		scans:       make(chan struct{}, maxSignatureScans()),
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,
+		meter:       opts.Usage,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

@@ -84,7 +84,7 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(New(Options{Manager: m, Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
-		Secrets: sec, Downloads: dl}))
+		Secrets: sec, Downloads: dl, Usage: m.Meter()}))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())

@@ -379,7 +379,10 @@ func (h *handler) sandboxMetrics(ctx context.Context, id string, start, end time
 	if err != nil {
 		return nil, err
 	}
-	samples, err := h.m.Metrics(ctx, id, start, end)
+	if h.meter == nil {
+		return nil, errorf(api.ErrUnimplemented, "this daemon keeps no resource readings")
+	}
+	samples, err := h.meter.Metrics(ctx, id, start, end)
 	if err != nil {
 		return nil, err
 	}

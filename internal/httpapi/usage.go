@@ -3,18 +3,19 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/forensics"
-	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
-// UsageManager is implemented by managers that account usage
-// (*sandbox.Manager).
-type UsageManager interface {
-	Meter() *usage.Meter
+// Usage is the owner of usage accounting and of the sandboxes' resource
+// readings (*usage.Meter).
+type Usage interface {
+	Usage(ctx context.Context, f usage.Filter) (*usage.Report, error)
+	Metrics(ctx context.Context, id string, start, end time.Time) ([]usage.Sample, error)
 }
 
 // Exporter gathers a sandbox's forensics bundle (*export.Exporter).
@@ -22,13 +23,12 @@ type Exporter interface {
 	Export(ctx context.Context, id string) (*forensics.Bundle, error)
 }
 
-var _ UsageManager = (*sandbox.Manager)(nil)
+var _ Usage = (*usage.Meter)(nil)
 
 // usage is GET /usage?sandbox=&since=&until=: per-sandbox usage rows and
 // totals per API key.
 func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
-	um, ok := h.m.(UsageManager)
-	if !ok {
+	if h.meter == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon accounts no usage"))
 		return
 	}
@@ -41,7 +41,7 @@ func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "invalid sandbox id %q", id))
 		return
 	}
-	rep, err := um.Meter().Usage(r.Context(), usage.Filter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
+	rep, err := h.meter.Usage(r.Context(), usage.Filter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return

@@ -38,7 +38,7 @@ type entry struct {
 	// +checklocks:mu
 	info *Sandbox
 	// +checklocks:mu
-	samples sampleRing // resource history, at most maxSamples
+	samples usage.Ring // resource history (usage.go)
 	// +checklocks:mu
 	net *netconf.Config // the compiled network in force
 	// +checklocks:mu

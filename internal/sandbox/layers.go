@@ -161,7 +161,7 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	clock := m.now()
 	now := clock.UTC()
-	if err := m.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
+	if err := m.cold.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = m.layers.DeleteLayer(ctx, info.ID)
 		reopen()
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
@@ -290,7 +290,7 @@ func (m *Manager) gc(ctx context.Context) error {
 	for _, c := range cps {
 		keep[c.Layer] = true
 	}
-	for _, l := range m.runImages.layers() {
+	for _, l := range m.runImages.Layers() {
 		keep[l] = true
 	}
 	for _, l := range m.layerMu.pinned() {

@@ -18,6 +18,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -134,6 +135,10 @@ type Options struct {
 	// creates in flight; sandboxes started ahead of demand (warm pools,
 	// standbys) leave capacity.PoolReserve creates' worth of headroom.
 	Capacity *capacity.Gate
+	// Agent reaches a sandbox's agent to run its template's start and
+	// ready commands (the daemon's envd client); nil fails the creates of
+	// templates that have one.
+	Agent startup.Connect
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -156,12 +161,9 @@ type Manager struct {
 	events    // lifecycle events to the audit trail (audit.go)
 	layers    isolation.Layers
 	layerMu   layerLock     // see layerLock and gc
-	runImages runImages     // templates' run images (runimage.go)
 	gcWake    chan struct{} // nudges the layer collector; buffered 1
 	sealer    Sealer
 	caEnv     map[string]string
-	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
-	warmTemplates sync.Map // string → bool
 	max           int
 	capacity      *capacity.Gate // nil admits anything the count allows
 	// admitMu serialises admissions, so that each sees the creates
@@ -207,6 +209,11 @@ type Manager struct {
 	standbyBoot chan struct{} // one standby boots at a time
 
 	usage *usage.Meter // usage accounting (usage.go)
+
+	runImages *startup.Images  // templates' run images (runimage.go)
+	starts    *startup.Starter // templates' start and ready commands
+	cold      *coldKeeper      // pauses' records and resume data (cold.go)
+	adopter   *adopter         // takes over a previous daemon's paused sandboxes (adopt.go)
 }
 
 // New returns a Manager. Call Start before using it.
@@ -238,7 +245,7 @@ func New(opts Options) (*Manager, error) {
 		sampleEvery: cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:     map[string]*entry{},
 	}
-	m.usage = usage.NewMeter(opts.Audit, liveUsage{m})
+	m.usage = usage.NewMeter(opts.Audit, liveUsage{m}, opts.Now)
 	if m.fences == nil {
 		m.fences = fences.New(fences.Options{Logger: opts.Logger})
 	}
@@ -265,6 +272,10 @@ func New(opts Options) (*Manager, error) {
 	if m.defaults.Timeout > m.maxTimeout {
 		return nil, fmt.Errorf("sandbox.New: default timeout %v exceeds MaxTimeout %v", m.defaults.Timeout, m.maxTimeout)
 	}
+	m.runImages = startup.NewImages(imageLayers(m), m.log)
+	m.starts = startup.NewStarter(opts.Agent, m.log)
+	m.cold = newColdKeeper(m.store, m.sealer, m.log, m.fences.Bindings)
+	m.adopter = newAdopter(m)
 	return m, nil
 }
 
@@ -289,7 +300,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return fmt.Errorf("recovering sandboxes: %w", err)
 	}
 	for _, s := range stale {
-		if m.adopt(ctx, s) || m.adoptCold(ctx, s) {
+		if m.adopter.adopt(ctx, s) || m.adopter.adoptCold(ctx, s) {
 			continue
 		}
 		if err := m.store.SetState(ctx, s.ID, store.StateKilled); err != nil {
@@ -320,7 +331,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.wg.Go(m.reaper)
-	m.wg.Go(m.sampler)
+	m.wg.Go(func() { m.usage.Sample(m.stop, m.sampleEvery) })
 	if m.layers != nil {
 		m.wg.Go(m.layerCollector)
 	}
@@ -466,7 +477,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
 		}
 		box, err = m.bootOn(ctx, spec, nc, from.layer)
-	} else if box = m.bootRunImage(ctx, imageKey, spec, nc); box != nil {
+	} else if box = m.runImages.Boot(ctx, imageKey, spec, nc); box != nil {
 		restored = true
 	} else {
 		spec.Network = m.fences.Network(nc.Policy, nc.Proxy)
@@ -504,7 +515,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	// start command run already.
 	resumed := from != nil && from.memory
 	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
-		if err := m.waitReady(ctx, id, func(ctx context.Context, port uint16) (net.Conn, error) {
+		if err := startup.WaitPorts(ctx, m.log, id, func(ctx context.Context, port uint16) (net.Conn, error) {
 			return m.fences.Dial(ctx, id, port)
 		}, tmplName, rp.ReadyPorts(tmplName)); err != nil {
 			m.killBox(ctx, box)
@@ -515,11 +526,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	// Start and ready commands run once the sandbox's egress gateway knows
 	// it; a sandbox restored from a run image has them running already.
 	if !restored && !resumed {
-		if err := m.startRuntime(ctx, box, tmplName, rt); err != nil {
+		if err := m.starts.Start(ctx, box, tmplName, rt); err != nil {
 			m.killBox(ctx, box)
 			return nil, fmt.Errorf("creating sandbox: %w", err)
 		}
-		m.keepRunImage(ctx, imageKey, box)
+		m.runImages.Keep(ctx, imageKey, box)
 	}
 	clock := m.now()
 	now := clock.UTC()
@@ -650,7 +661,7 @@ func (m *Manager) watch(e *entry) {
 		ctx := context.Background()
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.sb().ID())
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
-		m.finishUsage(ctx, e)
+		e.finishUsage(ctx, m.usage, m.now())
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
 		m.releaseStandby(e)
 		m.markKilled(ctx, e.sb().ID())
@@ -692,7 +703,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 				continue
 			}
 			wg.Go(func() {
-				m.finishUsage(ctx, e)
+				e.finishUsage(ctx, m.usage, m.now())
 				m.killBox(ctx, e.sb())
 				m.markKilled(ctx, e.sb().ID())
 			})

@@ -105,7 +105,7 @@ func TestCreateGetKill(t *testing.T) {
 	if box, info, ok := e.m.Lookup(s.ID); !ok || box.ID() != s.ID || info.EnvdAccessToken != s.EnvdAccessToken {
 		t.Errorf("Lookup(%s) = %v, %+v, %v", s.ID, box, info, ok)
 	}
-	if ms, err := e.m.Metrics(ctx, s.ID, time.Time{}, time.Time{}); err != nil || len(ms) == 0 {
+	if ms, err := e.m.Meter().Metrics(ctx, s.ID, time.Time{}, time.Time{}); err != nil || len(ms) == 0 {
 		t.Errorf("Metrics(%s) = %d readings, %v; want at least one", s.ID, len(ms), err)
 	}
 	if err := e.m.Kill(ctx, s.ID); err != nil {
@@ -562,7 +562,7 @@ func TestMetricsHistory(t *testing.T) {
 		s := e.mustCreate(t, CreateRequest{Timeout: time.Hour})
 		time.Sleep(10*time.Second + time.Millisecond)
 		synctest.Wait()
-		all, err := e.m.Metrics(ctx, s.ID, time.Time{}, time.Time{})
+		all, err := e.m.Meter().Metrics(ctx, s.ID, time.Time{}, time.Time{})
 		if err != nil || len(all) < 9 || len(all) > 11 {
 			t.Fatalf("Metrics(all) = %d samples, %v; want about 10", len(all), err)
 		}
@@ -571,11 +571,11 @@ func TestMetricsHistory(t *testing.T) {
 				t.Errorf("samples out of order at %d: %v then %v", i, all[i-1].At, all[i].At)
 			}
 		}
-		some, err := e.m.Metrics(ctx, s.ID, all[2].At, all[4].At)
+		some, err := e.m.Meter().Metrics(ctx, s.ID, all[2].At, all[4].At)
 		if err != nil || len(some) != 3 {
 			t.Errorf("Metrics(range of 3) = %d samples, %v", len(some), err)
 		}
-		if _, err := e.m.Metrics(ctx, "unknown", time.Time{}, time.Time{}); !errors.Is(err, api.ErrNotFound) {
+		if _, err := e.m.Meter().Metrics(ctx, "unknown", time.Time{}, time.Time{}); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("Metrics(unknown) = %v, want ErrNotFound", err)
 		}
 		e.m.Shutdown(ctx)

@@ -216,7 +216,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	if !ok {
 		return notFound(id)
 	}
-	m.finishUsage(ctx, e)
+	e.finishUsage(ctx, m.usage, m.now())
 	m.killRemoved(ctx, e.sb())
 	m.releaseStandby(e)
 	m.markKilled(ctx, id)

@@ -60,7 +60,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	}
 	clock := m.now()
 	now := clock.UTC()
-	if err := m.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
+	if err := m.cold.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
 		rerr := p.Resume(ctx)
 		reopen()
@@ -249,7 +249,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		e.mu.Unlock()
 		// Paused again as it was (on the same layer, if without memory),
 		// with what its resume needs.
-		if terr := m.recordPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused); terr != nil {
+		if terr := m.cold.recordPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused); terr != nil {
 			m.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
 		}
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)

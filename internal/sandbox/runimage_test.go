@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -46,26 +45,5 @@ func TestRunImageKey(t *testing.T) {
 	}
 	if k := runImageKey(spec, rt, CreateRequest{}, map[string]string{"TOKEN": "placeholder"}); k != "" {
 		t.Errorf("runImageKey with bound secrets = %q, want none", k)
-	}
-}
-
-// TestRunImagesBounded checks that at most maxRunImages images are kept,
-// the oldest dropped first, and that a second image for a key is not kept.
-func TestRunImagesBounded(t *testing.T) {
-	var r runImages
-	for i := range maxRunImages + 3 {
-		dropped := r.put(fmt.Sprint("k", i), fmt.Sprint("l", i))
-		if want := i >= maxRunImages; dropped != want {
-			t.Errorf("put #%d dropped %v, want %v", i, dropped, want)
-		}
-	}
-	if got := len(r.layers()); got != maxRunImages {
-		t.Errorf("%d images kept, want %d", got, maxRunImages)
-	}
-	if r.get("k0") != "" || r.get(fmt.Sprint("k", maxRunImages+2)) == "" {
-		t.Errorf("the oldest image was not the one dropped")
-	}
-	if !r.put("k5", "other") || r.get("k5") != "l5" {
-		t.Errorf("a second image for a key replaced the first")
 	}
 }

@@ -2,20 +2,22 @@ package sandbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 )
 
-// The Manager feeds each entry's usage.Acc (create, readings, pause,
-// resume, kill) and answers, through liveUsage, the usage.Meter's
-// questions about live sandboxes; the Meter owns the rest of usage
-// accounting.
+// Usage accounting and resource readings are the usage.Meter's: the
+// Manager feeds each entry's usage.Acc and usage.Ring (create, readings,
+// pause, resume, kill) and answers, through liveUsage, the Meter's
+// questions about live sandboxes; the Meter owns the rest, the sampling
+// loop (which Start runs) and the metrics over a time range included.
 var _ usage.Live = liveUsage{}
 
 // liveUsage is the Manager as its usage.Meter reads it.
 type liveUsage struct{ m *Manager }
 
-// Meter returns the Manager's usage accounting.
+// Meter returns the Manager's usage accounting and resource readings.
 func (m *Manager) Meter() *usage.Meter { return m.usage }
 
 // AddLiveEgress adds the bytes of one ended flow to live sandbox id's
@@ -50,7 +52,7 @@ func (l liveUsage) LiveUsage(id string) []usage.Usage {
 	out := make([]usage.Usage, 0, len(live))
 	for _, e := range live {
 		if id != "" {
-			e.sample(clock) // one sandbox asked for: its figures as of now
+			e.Read(clock) // one sandbox asked for: its figures as of now
 		}
 		e.mu.Lock()
 		u := e.use.Snapshot(clock)
@@ -61,16 +63,61 @@ func (l liveUsage) LiveUsage(id string) []usage.Usage {
 	return out
 }
 
-// finishUsage takes a last reading of a sandbox being killed (its cgroup
-// still there) and records its usage.
-func (m *Manager) finishUsage(ctx context.Context, e *entry) {
-	clock := m.now()
-	e.sample(clock)
+// Readers returns the live sandboxes' entries.
+func (l liveUsage) Readers() []usage.Reader {
+	m := l.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]usage.Reader, 0, len(m.running))
+	for _, e := range m.running {
+		out = append(out, e)
+	}
+	return out
+}
+
+// Reader returns live sandbox id's entry.
+func (l liveUsage) Reader(id string) (usage.Reader, error) {
+	e, err := l.m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+var _ usage.Reader = (*entry)(nil)
+
+// Read records one reading of e's resource use at now.
+func (e *entry) Read(now time.Time) (usage.Sample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := e.sb().Stats(ctx)
+	if err != nil {
+		return usage.Sample{}, err
+	}
+	s := usage.Sample{At: now.UTC(), Stats: st}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.samples.Add(s)
+	e.use.Add(now, st.CPUUsage, st.MemoryBytes)
+	return s, nil
+}
+
+// Each calls f with e's readings, oldest first.
+func (e *entry) Each(f func(usage.Sample)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.samples.Each(f)
+}
+
+// finishUsage takes a last reading of e, being killed (its cgroup still
+// there), at clock and records its usage with meter.
+func (e *entry) finishUsage(ctx context.Context, meter *usage.Meter, clock time.Time) {
+	e.Read(clock)
 	now := clock.UTC()
 	e.mu.Lock()
 	u := e.use.Snapshot(clock)
 	u.SandboxID, u.Template, u.State = e.info.ID, e.info.TemplateID, "killed"
 	e.mu.Unlock()
 	u.EndedAt = &now
-	m.usage.Finish(ctx, u)
+	meter.Finish(ctx, u)
 }

@@ -1,6 +1,7 @@
 // Package usage accounts what fence's sandboxes use: CPU, memory over
 // time, idle, running and paused time, and egress bytes, per sandbox and
-// per API key.
+// per API key; and keeps each live sandbox's recent resource readings
+// (E2B's metrics).
 //
 // Guarantees:
 //   - A live sandbox's figures are its Acc's, which the lifecycle core
@@ -14,6 +15,9 @@
 //     bytes of flows that end after their sandbox was killed are still
 //     counted for its key (the last maxRecent killed sandboxes' keys are
 //     remembered).
+//   - A live sandbox's resource readings are its Ring's, the last
+//     maxSamples of them; Metrics of a range that holds none and does
+//     not end in the past takes one afresh.
 //
 // The Meter reaches the core only through Live; it never reads the
 // core's records itself.
@@ -98,13 +102,20 @@ type Live interface {
 	// AddLiveEgress adds the bytes of one ended flow to live sandbox id's
 	// usage and returns its actor; false when id is not live.
 	AddLiveEgress(id string, out, in int64) (actor string, ok bool)
+	// Readers returns the live sandboxes' resource readers.
+	Readers() []Reader
+	// Reader returns live sandbox id's resource reader, or an error
+	// wrapping api.ErrNotFound when it is not live.
+	Reader(id string) (Reader, error)
 }
 
 // Meter keeps the per-key counters and the usage records of killed
-// sandboxes, and reports usage.
+// sandboxes, reports usage, and reads the live sandboxes' resource use
+// (Sample, Metrics).
 type Meter struct {
 	sink audit.Sink
 	live Live
+	now  func() time.Time
 	keys keyTotals
 
 	recentMu sync.Mutex
@@ -114,9 +125,13 @@ type Meter struct {
 
 // NewMeter returns a Meter over live that records killed sandboxes'
 // usage in sink (nil: not recorded; Usage then reports live sandboxes
-// only, as it does when sink cannot be queried).
-func NewMeter(sink audit.Sink, live Live) *Meter {
-	return &Meter{sink: sink, live: live}
+// only, as it does when sink cannot be queried) and dates readings with
+// now (nil: time.Now).
+func NewMeter(sink audit.Sink, live Live, now func() time.Time) *Meter {
+	if now == nil {
+		now = time.Now
+	}
+	return &Meter{sink: sink, live: live, now: now}
 }
 
 // Start starts the accounting of a sandbox created (or taken over) by

@@ -1,4 +1,4 @@
-package sandbox
+package usage
 
 import (
 	"testing"
@@ -10,17 +10,17 @@ import (
 // The ring keeps the newest maxSamples readings, oldest first, and gives
 // them back as they were recorded.
 func TestSampleRing(t *testing.T) {
-	var r sampleRing
+	var r Ring
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	const n = maxSamples + 37
 	for i := range n {
-		r.add(Sample{At: t0.Add(time.Duration(i) * time.Second), Stats: isolation.Stats{
+		r.Add(Sample{At: t0.Add(time.Duration(i) * time.Second), Stats: isolation.Stats{
 			CPUUsage: time.Duration(i) * time.Millisecond, MemoryBytes: int64(i) << 10, MemoryLimit: 512 << 20,
 			DiskBytes: int64(i), DiskLimit: 1 << 30, Pids: int64(i % 100),
 		}})
 	}
 	var got []Sample
-	r.each(func(s Sample) { got = append(got, s) })
+	r.Each(func(s Sample) { got = append(got, s) })
 	if len(got) != maxSamples {
 		t.Fatalf("%d samples kept, want %d", len(got), maxSamples)
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package usage
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 )
 
@@ -19,10 +20,23 @@ type Sample struct {
 	Stats isolation.Stats
 }
 
-// sampleRing keeps the last maxSamples readings compactly: the limits are
-// the sandbox's and do not change, so only what varies is stored (36 bytes
-// a reading instead of 80), and the oldest is overwritten in place.
-type sampleRing struct {
+// Reader reads one live sandbox's resource use; the core implements it
+// for each live sandbox, which keeps its readings in a Ring.
+type Reader interface {
+	// Read takes a reading as of now, keeps it and counts it in the
+	// sandbox's Acc. An error wrapping isolation.ErrNotFound means the
+	// sandbox is gone.
+	Read(now time.Time) (Sample, error)
+	// Each calls f with every reading kept, oldest first.
+	Each(f func(Sample))
+}
+
+// Ring keeps a sandbox's last maxSamples readings compactly: the limits
+// are the sandbox's and do not change, so only what varies is stored (36
+// bytes a reading instead of 80), and the oldest is overwritten in place.
+// It is not safe for concurrent use: its owner (the core's record of the
+// sandbox) guards it, as it does the sandbox's Acc.
+type Ring struct {
 	buf              []compactSample
 	next             int // where the next reading goes once buf is full
 	memLimit, dskLim int64
@@ -35,7 +49,8 @@ type compactSample struct {
 	pids      int32
 }
 
-func (r *sampleRing) add(s Sample) {
+// Add keeps s, dropping the oldest reading when the ring is full.
+func (r *Ring) Add(s Sample) {
 	c := compactSample{at: s.At.UnixNano(), cpu: int64(s.Stats.CPUUsage), mem: s.Stats.MemoryBytes,
 		disk: s.Stats.DiskBytes, pids: int32(min(s.Stats.Pids, 1<<31-1))}
 	r.memLimit, r.dskLim = s.Stats.MemoryLimit, s.Stats.DiskLimit
@@ -47,8 +62,8 @@ func (r *sampleRing) add(s Sample) {
 	r.next = (r.next + 1) % maxSamples
 }
 
-// each calls f with every reading, oldest first.
-func (r *sampleRing) each(f func(Sample)) {
+// Each calls f with every reading, oldest first.
+func (r *Ring) Each(f func(Sample)) {
 	for i := range r.buf {
 		c := r.buf[(r.next+i)%len(r.buf)]
 		f(Sample{At: time.Unix(0, c.at).UTC(), Stats: isolation.Stats{
@@ -58,66 +73,44 @@ func (r *sampleRing) each(f func(Sample)) {
 	}
 }
 
-// sampler reads every running sandbox's resource use each interval, for
-// E2B's metrics over a time range.
-func (m *Manager) sampler() {
-	t := time.NewTicker(m.sampleEvery)
+// Sample reads every live sandbox's resource use each interval, for
+// E2B's metrics over a time range (Metrics) and the usage figures, until
+// stop is closed.
+func (m *Meter) Sample(stop <-chan struct{}, every time.Duration) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
-		case <-m.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
-		m.mu.Lock()
-		entries := make([]*entry, 0, len(m.running))
-		for _, e := range m.running {
-			entries = append(entries, e)
-		}
-		m.mu.Unlock()
-		for _, e := range entries {
-			e.sample(m.now())
+		for _, r := range m.live.Readers() {
+			r.Read(m.now())
 		}
 	}
 }
 
-// sample records one reading of e's resource use at now.
-func (e *entry) sample(now time.Time) (Sample, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	st, err := e.sb().Stats(ctx)
-	if err != nil {
-		return Sample{}, err
-	}
-	s := Sample{At: now.UTC(), Stats: st}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.samples.add(s)
-	e.use.Add(now, st.CPUUsage, st.MemoryBytes)
-	return s, nil
-}
-
-// Metrics returns the resource readings of a running sandbox taken in
+// Metrics returns the resource readings of live sandbox id taken in
 // [start, end] (zero times leave that side open), oldest first. When none
 // was taken in the range and end is open or not past, a reading taken
-// now is returned.
-func (m *Manager) Metrics(ctx context.Context, id string, start, end time.Time) ([]Sample, error) {
-	e, err := m.lookup(id)
+// now is returned. A sandbox that is not live is an error wrapping
+// api.ErrNotFound.
+func (m *Meter) Metrics(ctx context.Context, id string, start, end time.Time) ([]Sample, error) {
+	r, err := m.live.Reader(id)
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
 	var out []Sample
-	e.samples.each(func(s Sample) {
+	r.Each(func(s Sample) {
 		if (start.IsZero() || !s.At.Before(start)) && (end.IsZero() || !s.At.After(end)) {
 			out = append(out, s)
 		}
 	})
-	e.mu.Unlock()
 	if len(out) == 0 && (end.IsZero() || !m.now().After(end)) {
-		s, err := e.sample(m.now())
+		s, err := r.Read(m.now())
 		if errors.Is(err, isolation.ErrNotFound) {
-			return nil, notFound(id)
+			return nil, fmt.Errorf("sandbox %q not found: %w", id, api.ErrNotFound)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reading stats of sandbox %s: %w", id, err)

@@ -1,4 +1,4 @@
-package sandbox
+package startup
 
 import (
 	"context"
@@ -30,32 +30,29 @@ func (b *dialBox) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 	return c1, nil
 }
 
-func TestWaitReadyWaitsForThePort(t *testing.T) {
-	m := &Manager{log: slog.New(slog.DiscardHandler)}
+func TestWaitPortsWaitsForThePort(t *testing.T) {
 	box := &dialBox{refuse: 5}
-	if err := m.waitReady(t.Context(), box.ID(), box.DialPort, "code-interpreter", []uint16{49999}); err != nil {
-		t.Fatalf("waitReady = %v", err)
+	if err := WaitPorts(t.Context(), slog.New(slog.DiscardHandler), box.ID(), box.DialPort, "code-interpreter", []uint16{49999}); err != nil {
+		t.Fatalf("WaitPorts = %v", err)
 	}
 	if n := box.dials.Load(); n != 6 {
 		t.Errorf("dials = %d, want 6 (5 refused, then open)", n)
 	}
 }
 
-func TestWaitReadyEndsWithTheContext(t *testing.T) {
-	m := &Manager{log: slog.New(slog.DiscardHandler)}
+func TestWaitPortsEndsWithTheContext(t *testing.T) {
 	box := &dialBox{refuse: 1 << 30}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	err := m.waitReady(ctx, box.ID(), box.DialPort, "code-interpreter", []uint16{49999})
+	err := WaitPorts(ctx, slog.New(slog.DiscardHandler), box.ID(), box.DialPort, "code-interpreter", []uint16{49999})
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("waitReady with an ending ctx = %v, want DeadlineExceeded", err)
+		t.Errorf("WaitPorts with an ending ctx = %v, want DeadlineExceeded", err)
 	}
 }
 
-func TestWaitReadyWithoutPorts(t *testing.T) {
-	m := &Manager{log: slog.New(slog.DiscardHandler)}
+func TestWaitPortsWithoutPorts(t *testing.T) {
 	box := &dialBox{refuse: 1 << 30}
-	if err := m.waitReady(t.Context(), box.ID(), box.DialPort, "base", nil); err != nil || box.dials.Load() != 0 {
-		t.Errorf("waitReady(no ports) = %v after %d dials, want nil at once", err, box.dials.Load())
+	if err := WaitPorts(t.Context(), slog.New(slog.DiscardHandler), box.ID(), box.DialPort, "base", nil); err != nil || box.dials.Load() != 0 {
+		t.Errorf("WaitPorts(no ports) = %v after %d dials, want nil at once", err, box.dials.Load())
 	}
 }
