@@ -75,8 +75,6 @@ type node struct {
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
-
-	buildRunner *tbuild.Runner // runs the builds in mgr's sandboxes
 }
 
 // components are the daemon's parts, listed in an order their
@@ -398,10 +396,10 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
 	d.mgr = mgr
-	// The builds resolve templates for the manager; their runner, made
-	// after it, runs their steps in its sandboxes and collects the layers
-	// no live sandbox uses.
-	d.buildRunner = tbuild.NewRunner(context.WithoutCancel(ctx), d.builds, mgr)
+	// The builds resolve templates for the manager and run their steps in
+	// its sandboxes; they get it here, and collect the layers no live
+	// sandbox uses, which needs the manager's sandboxes.
+	d.builds.SetSandboxes(mgr)
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
@@ -531,7 +529,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Downloads:       d.downloads,
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
-		Templates:       d.buildRunner,
+		Templates:       d.builds,
 		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),

@@ -9,7 +9,7 @@ import (
 	"github.com/fencesandbox/fence/internal/template"
 )
 
-var _ httpapi.Templates = (*tbuild.Runner)(nil)
+var _ httpapi.Templates = (*tbuild.Service)(nil)
 
 // templateSet is what sandbox creation resolves template names with:
 // built templates (name[:tag] or ID, and the layers of builds in

@@ -13,7 +13,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild"
 )
 
-// Templates is the template build service (*tbuild.Runner).
+// Templates is the template build service (*tbuild.Service).
 type Templates interface {
 	Register(ctx context.Context, name string, tags []string, cpus, memoryMB int) (*tbuild.Registered, error)
 	FileStatus(templateID, hash string) (present bool, token string, err error)

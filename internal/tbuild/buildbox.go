@@ -21,7 +21,6 @@ import (
 // buildBox is a sandbox a build runs steps in.
 type buildBox struct {
 	s      *Service
-	sbs    Sandboxes
 	id     string
 	handle string
 	envd   *client.Envd
@@ -39,7 +38,7 @@ const buildBackend = "native"
 // With rt, the sandbox is started as the template's will be: its start
 // command started and its ready command passed (the sandbox manager runs
 // them at create).
-func (s *Service) startBox(ctx context.Context, sbs Sandboxes, buildID, tree string, rt *Runtime) (*buildBox, error) {
+func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
 	s.layers[handle] = s.treePath(tree)
@@ -59,7 +58,7 @@ func (s *Service) startBox(ctx context.Context, sbs Sandboxes, buildID, tree str
 		s.mu.Unlock()
 	}
 	f := false
-	sb, err := sbs.Create(ctx, sandbox.CreateRequest{
+	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
 		TemplateID: handle, Timeout: maxBuildTime,
 		// The build reads the sandbox's layer (isolation.LayerReader),
 		// which native sandboxes give and gVisor's, whose writable layer
@@ -75,10 +74,10 @@ func (s *Service) startBox(ctx context.Context, sbs Sandboxes, buildID, tree str
 		forget()
 		return nil, err
 	}
-	box, _, ok := sbs.Lookup(sb.ID)
+	box, _, ok := s.opts.Sandboxes.Lookup(sb.ID)
 	lr, isLR := isolation.As[isolation.LayerReader](box)
 	if !ok || !isLR {
-		_ = sbs.Kill(context.WithoutCancel(ctx), sb.ID)
+		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), sb.ID)
 		forget()
 		return nil, errors.New("the sandbox backend cannot read a sandbox's layer")
 	}
@@ -88,13 +87,13 @@ func (s *Service) startBox(ctx context.Context, sbs Sandboxes, buildID, tree str
 	}
 	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil).WithUser("root")
 	s.logf(buildID, "debug", "", "build sandbox %s started", sb.ID)
-	return &buildBox{s: s, sbs: sbs, id: sb.ID, handle: handle, envd: e, layers: lr, tr: tr}, nil
+	return &buildBox{s: s, id: sb.ID, handle: handle, envd: e, layers: lr, tr: tr}, nil
 }
 
 func (b *buildBox) kill() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := b.sbs.Kill(ctx, b.id); err != nil {
+	if err := b.s.opts.Sandboxes.Kill(ctx, b.id); err != nil {
 		b.s.log.Warn("killing a build sandbox", "sandbox_id", b.id, "err", err)
 	}
 	b.tr.CloseIdleConnections()

@@ -116,13 +116,16 @@ func treesOf(b *Build) []string {
 	return out
 }
 
-// collect runs one mark and sweep (see above) against the live sandboxes
-// of sbs. Without sbs (nil) tombstones are all kept.
-func (s *Service) collect(ctx context.Context, sbs Sandboxes) {
+// collect runs one mark and sweep (see above). Without the sandbox
+// manager (not wired yet) tombstones are all kept.
+func (s *Service) collect(ctx context.Context) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	s.sweepArchives()
 	tombs := s.readTombstones()
+	s.mu.Lock()
+	sbs := s.opts.Sandboxes
+	s.mu.Unlock()
 	var live []*sandbox.Sandbox
 	listed, inFlight := false, true
 	if sbs != nil {

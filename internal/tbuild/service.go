@@ -160,9 +160,11 @@ type Images interface {
 // Options configure a Service.
 type Options struct {
 	// Dir holds the layer trees and uploaded files. Required.
-	Dir     string
-	Store   DocStore // required
-	Parents Parents  // required
+	Dir   string
+	Store DocStore // required
+	// Sandboxes makes the build sandboxes; without it, builds fail.
+	Sandboxes Sandboxes
+	Parents   Parents // required
 	// Images unpacks fromImage bases; nil fails such builds clearly.
 	Images Images
 	// Allow is the egress allowlist of build steps (allowOut entries:
@@ -184,8 +186,8 @@ type Options struct {
 // registries' presets.
 var DefaultAllow = []string{"@pypi", "@npm", "@debian", "@go", "@crates", "@github"}
 
-// Service keeps E2B's template records and resolves their layers; its
-// Runner runs the builds. It is safe for concurrent use.
+// Service keeps E2B's template records and runs builds. It is safe for
+// concurrent use.
 type Service struct {
 	opts Options
 	log  *slog.Logger
@@ -507,11 +509,11 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 }
 
 // Delete removes a template (any tag in the name is ignored) and its
-// builds' records, unless a live sandbox of the Runner's uses it.
-func (r *Runner) Delete(ctx context.Context, idOrName string) error {
-	s, sbs := r.Service, r.sandboxes
+// builds' records.
+func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	s.mu.Lock()
 	t, err := s.templateLocked(idOrName)
+	sbs := s.opts.Sandboxes
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -567,7 +569,7 @@ func (r *Runner) Delete(ctx context.Context, idOrName string) error {
 	if err := s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID); err != nil {
 		return err
 	}
-	s.collect(context.WithoutCancel(ctx), sbs)
+	s.collect(context.WithoutCancel(ctx))
 	return nil
 }
 
@@ -691,4 +693,14 @@ func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]str
 		s.saveTemplate(ctx, t)
 	}
 	return names, nil
+}
+
+// SetSandboxes gives the service the sandbox manager its builds run in
+// (made after the service, which resolves its templates).
+func (s *Service) SetSandboxes(sb Sandboxes) {
+	s.mu.Lock()
+	s.opts.Sandboxes = sb
+	s.mu.Unlock()
+	// The collection at start: it needs the live sandboxes.
+	s.collect(context.Background())
 }
