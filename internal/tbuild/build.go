@@ -238,66 +238,81 @@ func (b *builder) dropBox() {
 // base makes (or finds) the base layer: a parent template's tree or an
 // unpacked image.
 func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
-	s := b.s
-	fail := func(format string, args ...any) (layer, string, Runtime, error) {
-		return layer{}, "", Runtime{}, &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
-	}
 	if t := imageTemplate(b.spec.FromImage); t != "" {
-		s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
+		b.s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
 		b.spec.FromImage, b.spec.FromTemplate = "", t
 	}
-	if ref := b.spec.FromTemplate; ref != "" {
-		n, err := ParseName(ref)
-		if err != nil {
-			return fail("fromTemplate %q: %v", ref, err)
-		}
-		s.mu.Lock()
-		_, pb, rerr := s.resolveLocked(n)
-		if rerr == nil {
-			tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
-			s.pinLocked(b.id, tree)
-			s.mu.Unlock()
-			key := hashKeys("v2", "template:"+pid)
-			s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
-			parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.treePath(tree))}}
-			return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
-		}
+	if b.spec.FromTemplate != "" {
+		return b.fromTemplate(b.spec.FromTemplate)
+	}
+	l, key, err := b.fromImage(ctx, b.spec.FromImage)
+	return l, key, Runtime{}, err
+}
+
+// baseError fails a build at its base step.
+func baseError(format string, args ...any) error {
+	return &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
+}
+
+// fromTemplate is the base layer of a parent template: a built
+// template's tree (its start and ready commands inherited) or, for a
+// bare name that is none, a fence template's, used in place.
+func (b *builder) fromTemplate(ref string) (layer, string, Runtime, error) {
+	s := b.s
+	n, err := ParseName(ref)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, err)
+	}
+	s.mu.Lock()
+	_, pb, rerr := s.resolveLocked(n)
+	if rerr == nil {
+		tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
+		s.pinLocked(b.id, tree)
 		s.mu.Unlock()
-		if n.Namespace != "" || n.Tag != "" {
-			return fail("fromTemplate %q: %v", ref, rerr)
-		}
-		rootfs, err := s.opts.Parents.Resolve(n.Alias)
-		if err != nil {
-			return fail("fromTemplate %q: template not found", ref)
-		}
-		fi, err := os.Stat(rootfs)
-		if err != nil {
-			return fail("fromTemplate %q: %v", ref, err)
-		}
-		key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
-		s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
-		if l, ok := s.cached(b.id, key); ok {
-			return l, key, Runtime{}, nil
-		}
-		l := layer{Tree: "", Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
-		// The built-in tree is used in place: it is as immutable as a layer.
-		l.Tree = rootfs
-		if err := s.keep(key, l); err != nil {
-			return layer{}, "", Runtime{}, err
-		}
+		key := hashKeys("v2", "template:"+pid)
+		s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
+		parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.treePath(tree))}}
+		return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
+	}
+	s.mu.Unlock()
+	if n.Namespace != "" || n.Tag != "" {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, rerr)
+	}
+	rootfs, err := s.opts.Parents.Resolve(n.Alias)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: template not found", ref)
+	}
+	fi, err := os.Stat(rootfs)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, err)
+	}
+	key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
+	s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
+	if l, ok := s.cached(b.id, key); ok {
 		return l, key, Runtime{}, nil
 	}
-	img := b.spec.FromImage
+	// The built-in tree is used in place: it is as immutable as a layer.
+	l := layer{Tree: rootfs, Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
+	if err := s.keep(key, l); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	return l, key, Runtime{}, nil
+}
+
+// fromImage is the base layer of an image: cached, or pulled and
+// unpacked into a new tree.
+func (b *builder) fromImage(ctx context.Context, img string) (layer, string, error) {
+	s := b.s
 	key := hashKeys("v2", img)
 	s.logf(b.id, "info", "base", "FROM %s", img)
 	if !b.spec.Force {
 		if l, ok := s.cached(b.id, key); ok {
 			s.logf(b.id, "info", "base", "CACHED [base] FROM %s [%s]", img, key[:12])
-			return l, key, Runtime{}, nil
+			return l, key, nil
 		}
 	}
 	if s.opts.Images == nil {
-		return fail("fromImage %q: pulling images is not available on this server", img)
+		return layer{}, "", baseError("fromImage %q: pulling images is not available on this server", img)
 	}
 	opts := oci.Options{Progress: &lineWriter{fn: func(line string) { s.logf(b.id, "info", "base", "%s", line) }}}
 	s.mu.Lock()
@@ -306,21 +321,41 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 	if rc != nil {
 		auth, err := registryAuth(rc)
 		if err != nil {
-			return fail("fromImageRegistry: %v", err)
+			return layer{}, "", baseError("fromImageRegistry: %v", err)
 		}
 		opts.Auth = auth
 	}
 	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
 	if err != nil {
-		return layer{}, "", Runtime{}, err
+		return layer{}, "", err
 	}
 	defer os.RemoveAll(tmp)
 	if err := os.Chmod(tmp, 0o755); err != nil {
-		return layer{}, "", Runtime{}, err
+		return layer{}, "", err
 	}
-	image, err := s.opts.Images.Unpack(ctx, img, tmp, opts)
+	c, err := b.unpack(ctx, img, tmp, opts)
 	if err != nil {
-		return fail("pulling image %q: %v", img, err)
+		return layer{}, "", err
+	}
+	tree := "img-" + key[:32]
+	s.pin(b.id, tree)
+	if err := s.commitTree(tmp, tree); err != nil {
+		return layer{}, "", err
+	}
+	l := layer{Tree: tree, Ctx: c}
+	if err := s.keep(key, l); err != nil {
+		return layer{}, "", err
+	}
+	return l, key, nil
+}
+
+// unpack unpacks img into dir, records its digest in the build and
+// returns the build context its configuration gives (workdir, env).
+func (b *builder) unpack(ctx context.Context, img, dir string, opts oci.Options) (buildCtx, error) {
+	s := b.s
+	image, err := s.opts.Images.Unpack(ctx, img, dir, opts)
+	if err != nil {
+		return buildCtx{}, baseError("pulling image %q: %v", img, err)
 	}
 	s.logf(b.id, "info", "base", "image %s (%s)", image.Ref, image.Digest)
 	s.mu.Lock()
@@ -328,25 +363,16 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		rec.ImageDigest = image.Digest
 	}
 	s.mu.Unlock()
-	if err := template.Finalize(tmp); err != nil {
-		return layer{}, "", Runtime{}, err
+	if err := template.Finalize(dir); err != nil {
+		return buildCtx{}, err
 	}
-	c := buildCtx{User: "root", Workdir: image.Config.WorkingDir, Env: map[string]string{}, Shell: shellOf(tmp)}
+	c := buildCtx{User: "root", Workdir: image.Config.WorkingDir, Env: map[string]string{}, Shell: shellOf(dir)}
 	for _, kv := range image.Config.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			c.Env[k] = v
 		}
 	}
-	tree := "img-" + key[:32]
-	s.pin(b.id, tree)
-	if err := s.commitTree(tmp, tree); err != nil {
-		return layer{}, "", Runtime{}, err
-	}
-	l := layer{Tree: tree, Ctx: c}
-	if err := s.keep(key, l); err != nil {
-		return layer{}, "", Runtime{}, err
-	}
-	return l, key, Runtime{}, nil
+	return c, nil
 }
 
 // imageTemplate is the fence template standing for E2B's own images

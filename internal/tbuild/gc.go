@@ -123,6 +123,39 @@ func (s *Service) collect(ctx context.Context) {
 	defer s.gcMu.Unlock()
 	s.sweepArchives()
 	tombs := s.readTombstones()
+	keepTombs, inFlight := s.liveTombstones(ctx, tombs)
+	s.mu.Lock()
+	keep := s.markLocked(keepTombs, inFlight)
+	doomed := s.sweepLocked(keep)
+	s.mu.Unlock()
+	if len(tombs) != len(keepTombs) {
+		if err := s.writeTombstones(keepTombs); err != nil {
+			s.log.Warn("template layer collection: updating the deleted templates", "err", err)
+		}
+	}
+	if len(doomed) == 0 {
+		return
+	}
+	// The removal runs in the background (a tree is thousands of entries):
+	// the trees are out of every path already, and a crash leaves .tmp-
+	// names the next start removes.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t0 := time.Now()
+		for _, p := range doomed {
+			if err := os.RemoveAll(p); err != nil {
+				s.log.Warn("template layer collection: removing a tree", "path", p, "err", err)
+			}
+		}
+		s.log.Info("template layers collected", "trees", len(doomed), "took", time.Since(t0).Round(time.Millisecond))
+	}()
+}
+
+// liveTombstones returns the tombstones a live sandbox still names (all
+// of them when the sandboxes cannot be listed) and whether creates are in
+// flight.
+func (s *Service) liveTombstones(ctx context.Context, tombs []tombstone) (keep []tombstone, inFlight bool) {
 	s.mu.Lock()
 	sbs := s.opts.Sandboxes
 	s.mu.Unlock()
@@ -137,14 +170,19 @@ func (s *Service) collect(ctx context.Context) {
 			listed = true
 		}
 	}
-	var keepTombs []tombstone
 	for _, t := range tombs {
 		if !listed || slices.ContainsFunc(live, func(sb *sandbox.Sandbox) bool { return usesTemplate(sb.TemplateID, t.ID, t.Alias) }) {
-			keepTombs = append(keepTombs, t)
+			keep = append(keep, t)
 		}
 	}
+	return keep, inFlight
+}
 
-	s.mu.Lock()
+// markLocked returns the trees kept: named by a build record, a build in
+// progress, a recent lease while creates are in flight, or a kept
+// tombstone. Expired leases are dropped.
+// +checklocks:s.mu
+func (s *Service) markLocked(tombs []tombstone, inFlight bool) map[string]bool {
 	keep := map[string]bool{}
 	for _, b := range s.builds {
 		for _, t := range treesOf(b) {
@@ -164,12 +202,19 @@ func (s *Service) collect(ctx context.Context) {
 			delete(s.leases, t)
 		}
 	}
-	for _, t := range keepTombs {
+	for _, t := range tombs {
 		for _, tr := range t.Trees {
 			keep[tr] = true
 		}
 	}
-	// Cache entries first, then their trees.
+	return keep
+}
+
+// sweepLocked removes the cache entries whose tree is not kept, then
+// renames every tree not kept out of the way and returns the new paths,
+// for removal.
+// +checklocks:s.mu
+func (s *Service) sweepLocked(keep map[string]bool) []string {
 	keys, _ := os.ReadDir(s.keysDir())
 	for _, e := range keys {
 		name := e.Name()
@@ -199,29 +244,7 @@ func (s *Service) collect(ctx context.Context) {
 		}
 		doomed = append(doomed, gone)
 	}
-	s.mu.Unlock()
-	if len(tombs) != len(keepTombs) {
-		if err := s.writeTombstones(keepTombs); err != nil {
-			s.log.Warn("template layer collection: updating the deleted templates", "err", err)
-		}
-	}
-	if len(doomed) == 0 {
-		return
-	}
-	// The removal runs in the background (a tree is thousands of entries):
-	// the trees are out of every path already, and a crash leaves .tmp-
-	// names the next start removes.
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t0 := time.Now()
-		for _, p := range doomed {
-			if err := os.RemoveAll(p); err != nil {
-				s.log.Warn("template layer collection: removing a tree", "path", p, "err", err)
-			}
-		}
-		s.log.Info("template layers collected", "trees", len(doomed), "took", time.Since(t0).Round(time.Millisecond))
-	}()
+	return doomed
 }
 
 // usesTemplate reports whether a sandbox's template name names the

@@ -125,15 +125,42 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 	}
 	defer f.Close()
 	// Pass 1: the whiteout list (the archive's last entry).
-	var deleted, opaque []string
+	deleted, opaque, err := readWhiteouts(f)
+	if err != nil {
+		return err
+	}
+	for _, p := range deleted {
+		if err := removeAt(rootFD, cleanRel(p)); err != nil {
+			return fmt.Errorf("applying deletion of %s: %w", p, err)
+		}
+	}
+	for _, p := range opaque {
+		rel := cleanRel(strings.TrimSuffix(p, "/"))
+		if rel == "" {
+			continue
+		}
+		if err := emptyAt(rootFD, rel); err != nil {
+			return fmt.Errorf("applying opaque directory %s: %w", p, err)
+		}
+	}
+	// Pass 2: the entries.
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return applyEntries(ctx, rootFD, f)
+}
+
+// readWhiteouts reads the layer's whiteout list (changes/.whiteouts): the
+// paths deleted and the directories made opaque.
+func readWhiteouts(f io.Reader) (deleted, opaque []string, err error) {
 	tr := tar.NewReader(bufio.NewReader(f))
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return deleted, opaque, nil
 		}
 		if err != nil {
-			return fmt.Errorf("reading layer: %w", err)
+			return nil, nil, fmt.Errorf("reading layer: %w", err)
 		}
 		if hdr.Name != "changes/.whiteouts" {
 			continue
@@ -164,28 +191,15 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 			}
 		}
 		if err := sc.Err(); err != nil {
-			return fmt.Errorf("reading layer whiteouts: %w", err)
+			return nil, nil, fmt.Errorf("reading layer whiteouts: %w", err)
 		}
 	}
-	for _, p := range deleted {
-		if err := removeAt(rootFD, cleanRel(p)); err != nil {
-			return fmt.Errorf("applying deletion of %s: %w", p, err)
-		}
-	}
-	for _, p := range opaque {
-		rel := cleanRel(strings.TrimSuffix(p, "/"))
-		if rel == "" {
-			continue
-		}
-		if err := emptyAt(rootFD, rel); err != nil {
-			return fmt.Errorf("applying opaque directory %s: %w", p, err)
-		}
-	}
-	// Pass 2: the entries.
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	tr = tar.NewReader(bufio.NewReader(f))
+}
+
+// applyEntries applies every entry under changes/ of the layer read from
+// f to the tree rootFD.
+func applyEntries(ctx context.Context, rootFD int, f io.Reader) error {
+	tr := tar.NewReader(bufio.NewReader(f))
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
