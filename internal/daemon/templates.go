@@ -1,9 +1,13 @@
 package daemon
 
 import (
+	"context"
+	"fmt"
 	"strings"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
@@ -71,3 +75,48 @@ func (t templateSet) ownRuntime(name string) (sandbox.Runtime, bool) {
 	}
 	return rt, true
 }
+
+// buildSandboxes is the sandbox manager as the template builds see it:
+// they create their build sandboxes through it and ask which sandboxes
+// live (a deleted template's trees wait for its last sandbox).
+type buildSandboxes struct{ m *sandbox.Manager }
+
+var _ tbuild.Sandboxes = buildSandboxes{}
+
+func (b buildSandboxes) CreateBox(ctx context.Context, s tbuild.BoxSpec) (string, isolation.Sandbox, error) {
+	allow := s.AllowInternet
+	sb, err := b.m.Create(ctx, sandbox.CreateRequest{
+		TemplateID:          s.Template,
+		Timeout:             s.Timeout,
+		Metadata:            map[string]string{sandbox.BuildMetadataKey: s.BuildID, sandbox.BackendMetadataKey: s.Backend},
+		CPUs:                s.CPUs,
+		MemoryMB:            s.MemoryMB,
+		AllowInternetAccess: &allow,
+		Network:             s.Network,
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	box, _, ok := b.m.Lookup(sb.ID)
+	if !ok {
+		_ = b.m.Kill(context.WithoutCancel(ctx), sb.ID)
+		return "", nil, fmt.Errorf("build sandbox %s is gone: %w", sb.ID, api.ErrNotFound)
+	}
+	return sb.ID, box, nil
+}
+
+func (b buildSandboxes) Kill(ctx context.Context, id string) error { return b.m.Kill(ctx, id) }
+
+func (b buildSandboxes) Live(ctx context.Context) ([]tbuild.LiveSandbox, error) {
+	all, err := b.m.List(ctx, sandbox.ListFilter{})
+	if err != nil {
+		return nil, err
+	}
+	live := make([]tbuild.LiveSandbox, 0, len(all))
+	for _, sb := range all {
+		live = append(live, tbuild.LiveSandbox{Template: sb.TemplateID, Paused: sb.State == sandbox.StatePaused})
+	}
+	return live, nil
+}
+
+func (b buildSandboxes) CreatesInFlight() int { return b.m.CreatesInFlight() }

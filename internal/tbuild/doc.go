@@ -9,7 +9,7 @@
 // package unpacks (fromImage, fromImageRegistry). Then E2B's default-user
 // phase (user "user" with passwordless sudo), then the steps, in order.
 // Every step that touches files (RUN, COPY, WORKDIR, USER) runs inside a
-// sandbox made by the sandbox manager from the tree built so far, with the
+// sandbox made through Sandboxes from the tree built so far, with the
 // same isolation and limits as any sandbox and egress limited to the
 // build's allowlist (default: the package registries' presets). ENV only
 // changes the build context. After each step the sandbox's writable layer
@@ -53,6 +53,8 @@
 //     or live sandbox of a deleted template uses are collected at start
 //     and after every deletion (gc.go), crash-safely.
 //
-// Build sandboxes carry metadata sandbox.BuildMetadataKey; the API's
-// sandbox lists leave them out.
+// Build sandboxes are made through the Sandboxes interface declared here
+// (the daemon implements it over the sandbox manager, which marks them
+// with sandbox.BuildMetadataKey; the API's sandbox lists leave them out):
+// this package does not import internal/sandbox, nor it this one.
 package tbuild

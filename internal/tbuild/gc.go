@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // Layer trees are collected by mark and sweep, at start and after every
@@ -159,19 +157,19 @@ func (s *Service) liveTombstones(ctx context.Context, tombs []tombstone) (keep [
 	s.mu.Lock()
 	sbs := s.opts.Sandboxes
 	s.mu.Unlock()
-	var live []*sandbox.Sandbox
+	var live []LiveSandbox
 	listed, inFlight := false, true
 	if sbs != nil {
 		inFlight = sbs.CreatesInFlight() > 0
 		var err error
-		if live, err = sbs.List(ctx, sandbox.ListFilter{}); err != nil {
+		if live, err = sbs.Live(ctx); err != nil {
 			s.log.Warn("template layer collection: listing sandboxes", "err", err)
 		} else {
 			listed = true
 		}
 	}
 	for _, t := range tombs {
-		if !listed || slices.ContainsFunc(live, func(sb *sandbox.Sandbox) bool { return usesTemplate(sb.TemplateID, t.ID, t.Alias) }) {
+		if !listed || slices.ContainsFunc(live, func(sb LiveSandbox) bool { return usesTemplate(sb.Template, t.ID, t.Alias) }) {
 			keep = append(keep, t)
 		}
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/oci"
-	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -137,12 +136,37 @@ type DocStore interface {
 	BuildDocs(ctx context.Context) ([]store.Doc, error)
 }
 
-// Sandboxes makes the build sandboxes; *sandbox.Manager implements it.
+// BoxSpec is what a build asks of a build sandbox: a sandbox of the
+// template Template (a handle Resolve answers with a layer tree), on the
+// backend Backend, marked as a sandbox of build BuildID, with these limits
+// and this network (AllowInternet false: Network's allowlist only).
+type BoxSpec struct {
+	Template      string
+	BuildID       string
+	Backend       string
+	Timeout       time.Duration
+	CPUs          float64
+	MemoryMB      int64
+	AllowInternet bool
+	Network       *api.NetworkConfig
+}
+
+// LiveSandbox is a sandbox, running or paused, as the builds see it: the
+// template name its create gave.
+type LiveSandbox struct {
+	Template string
+	Paused   bool
+}
+
+// Sandboxes makes the build sandboxes and tells which sandboxes live; the
+// daemon implements it over the sandbox manager.
 type Sandboxes interface {
-	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	// CreateBox creates a sandbox and returns its ID and the backend's
+	// handle of it.
+	CreateBox(ctx context.Context, spec BoxSpec) (id string, box isolation.Sandbox, err error)
 	Kill(ctx context.Context, id string) error
-	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
-	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+	// Live lists the sandboxes running or paused.
+	Live(ctx context.Context) ([]LiveSandbox, error)
 	// CreatesInFlight counts the creates not recorded yet.
 	CreatesInFlight() int
 }
@@ -519,17 +543,16 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 		return err
 	}
 	if sbs != nil {
-		live, err := sbs.List(ctx, sandbox.ListFilter{})
+		live, err := sbs.Live(ctx)
 		if err != nil {
 			return err
 		}
 		for _, sb := range live {
-			n, err := ParseName(sb.TemplateID)
-			if err != nil || n.Alias != t.Alias && n.Alias != t.ID {
+			if !usesTemplate(sb.Template, t.ID, t.Alias) {
 				continue
 			}
 			what := "running"
-			if sb.State == sandbox.StatePaused {
+			if sb.Paused {
 				what = "paused"
 			}
 			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
