@@ -1,23 +1,20 @@
 package tbuild
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -64,18 +61,18 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	now := s.now().UTC()
 	s.mu.Lock()
 	rec := s.builds[buildID]
-	pinned := s.pins[buildID]
-	delete(s.pins, buildID)
 	if rec == nil { // deleted meanwhile: its trees go
+		s.content.Unpin(buildID)
 		s.mu.Unlock()
 		s.collect(context.WithoutCancel(ctx))
 		return
 	}
-	for t := range maps.Keys(pinned) {
-		if !slices.Contains(rec.Layers, t) {
-			rec.Layers = append(rec.Layers, t)
-		}
+	// Recorded, then unpinned, under s.mu: a collection sees the trees
+	// in one or the other.
+	for _, t := range s.content.Pinned(buildID) {
+		s.recordLayerLocked(buildID, t)
 	}
+	s.content.Unpin(buildID)
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
 		rec.Status, rec.Tree, rec.Runtime = StatusReady, tree, rt
@@ -153,7 +150,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 	for i, st := range plan {
 		digest := ""
 		if st.typ == "COPY" {
-			st.files, digest, st.filesErr = s.openFiles(ctx, st.hash)
+			st.files, digest, st.filesErr = s.content.OpenArchive(ctx, st.hash)
 		}
 		key = stepKey(key, st.typ, st.args, st.hash, digest)
 		if i == 0 {
@@ -271,7 +268,7 @@ func (b *builder) fromTemplate(ref string) (layer, string, Runtime, error) {
 		s.mu.Unlock()
 		key := hashKeys("v2", "template:"+pid)
 		s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
-		parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.treePath(tree))}}
+		parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.content.TreePath(tree))}}
 		return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
 	}
 	s.mu.Unlock()
@@ -325,21 +322,18 @@ func (b *builder) fromImage(ctx context.Context, img string) (layer, string, err
 		}
 		opts.Auth = auth
 	}
-	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	tmp, err := s.content.TempDir()
 	if err != nil {
 		return layer{}, "", err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return layer{}, "", err
-	}
 	c, err := b.unpack(ctx, img, tmp, opts)
 	if err != nil {
 		return layer{}, "", err
 	}
 	tree := "img-" + key[:32]
 	s.pin(b.id, tree)
-	if err := s.commitTree(tmp, tree); err != nil {
+	if err := s.content.Commit(tmp, tree); err != nil {
 		return layer{}, "", err
 	}
 	l := layer{Tree: tree, Ctx: c}
@@ -419,24 +413,6 @@ func shellOf(tree string) string {
 		}
 	}
 	return "/bin/sh"
-}
-
-// treePath is the absolute path of a layer tree (a built-in template's
-// tree is named by its absolute path).
-func (s *Service) treePath(tree string) string {
-	if filepath.IsAbs(tree) {
-		return tree
-	}
-	return filepath.Join(s.treesDir(), tree)
-}
-
-// commitTree renames a finished tree into place under its name.
-func (s *Service) commitTree(tmp, name string) error {
-	dst := filepath.Join(s.treesDir(), name)
-	if _, err := os.Lstat(dst); err == nil {
-		return nil // the same content is there already; tmp is removed by the caller
-	}
-	return os.Rename(tmp, dst)
 }
 
 // step runs one step from layer cur.
@@ -544,7 +520,7 @@ func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (stri
 	if st.filesErr != nil {
 		return "", fmt.Errorf("COPY %s: the files with hash %s: %v", st.args[0], st.hash, st.filesErr)
 	}
-	b.s.touchArchive(st.hash)
+	b.s.content.TouchArchive(st.hash)
 	staging := "/tmp/.fence-copy-" + st.hash[:16]
 	if err := b.box.envd.WriteFile(ctx, staging+".tar", f); err != nil {
 		return "", fmt.Errorf("COPY %s: putting the files in the build sandbox: %v", st.args[0], err)
@@ -560,7 +536,7 @@ func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (stri
 			prefix = "."
 		}
 	}
-	prefix = cleanRel(prefix)
+	prefix = content.CleanRel(prefix)
 	if prefix == "" {
 		prefix = "."
 	}
@@ -599,24 +575,6 @@ rm -rf "$u" "$u.tar"
 	return sb.String(), nil
 }
 
-// openFiles opens the COPY archive kept under a files hash and returns it
-// with its files digest, read back to its start.
-func (s *Service) openFiles(ctx context.Context, hash string) (*os.File, string, error) {
-	f, err := os.Open(filepath.Join(s.filesDir(), hash+".tar"))
-	if err != nil {
-		return nil, "", err
-	}
-	digest, err := filesDigest(ctx, bufio.NewReaderSize(f, 256<<10), false)
-	if err == nil {
-		_, err = f.Seek(0, io.SeekStart)
-	}
-	if err != nil {
-		f.Close()
-		return nil, "", err
-	}
-	return f, digest, nil
-}
-
 // closeFiles closes the step's archive, if it has one.
 func (st *stepPlan) closeFiles() {
 	if st.files != nil {
@@ -628,12 +586,12 @@ func (st *stepPlan) closeFiles() {
 // snapshot makes a tree of the box's start tree plus its writable layer.
 func (b *builder) snapshot(ctx context.Context) (string, error) {
 	s := b.s
-	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	tmp, err := s.content.TempDir()
 	if err != nil {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	spool, err := os.CreateTemp(s.treesDir(), ".tmp-layer-")
+	spool, err := s.content.TempFile()
 	if err != nil {
 		return "", err
 	}
@@ -643,10 +601,10 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("reading the build sandbox's layer: %w", err)
 	}
 	root := filepath.Join(tmp, "rootfs")
-	if err := cloneTree(ctx, s.treePath(b.boxTree), root); err != nil {
+	if err := content.CloneTree(ctx, s.content.TreePath(b.boxTree), root); err != nil {
 		return "", fmt.Errorf("copying the layer below: %w", err)
 	}
-	if err := applyLayer(ctx, root, spool.Name()); err != nil {
+	if err := content.ApplyLayer(ctx, root, spool.Name()); err != nil {
 		return "", fmt.Errorf("applying the step's changes: %w", err)
 	}
 	if err := template.Finalize(root); err != nil {
@@ -654,7 +612,7 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 	}
 	name := "l-" + newID(24)
 	s.pin(b.id, name)
-	if err := os.Rename(root, filepath.Join(s.treesDir(), name)); err != nil {
+	if err := s.content.Place(root, name); err != nil {
 		return "", err
 	}
 	return name, nil

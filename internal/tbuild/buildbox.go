@@ -40,7 +40,7 @@ const buildBackend = "native"
 func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
-	s.layers[handle] = s.treePath(tree)
+	s.layers[handle] = s.content.TreePath(tree)
 	if rt != nil {
 		s.boxRuntimes[handle] = *rt
 	}

@@ -51,7 +51,9 @@
 //     files it copies, read from the archive the step then copies.
 //   - Layer trees no build record, build in progress, create in flight
 //     or live sandbox of a deleted template uses are collected at start
-//     and after every deletion (gc.go), crash-safely.
+//     and after every deletion, crash-safely: the trees, the cache and
+//     the archives are package content's; this package tells it what the
+//     records name and which sandboxes live (gc.go), under its lock.
 //
 // Build sandboxes are made through the Sandboxes interface declared here
 // (the daemon implements it over the sandbox manager, which marks them

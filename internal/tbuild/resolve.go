@@ -87,8 +87,8 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 	if err != nil {
 		return "", true, err
 	}
-	s.leases[b.Tree] = s.now()
-	return s.treePath(b.Tree), true, nil
+	s.content.Lease(b.Tree)
+	return s.content.TreePath(b.Tree), true, nil
 }
 
 // Identity returns the ID and alias of the built template a sandbox

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
 )
 
 // Status is a build's state.
@@ -232,12 +231,10 @@ type Service struct {
 	boxRuntimes map[string]Runtime // handle → start and ready commands of a finalize sandbox
 	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
-	// +checklocks:mu
-	pins map[string]map[string]bool // build ID → trees a build in progress uses
-	// +checklocks:mu
-	leases map[string]time.Time // tree → when a sandbox create last resolved it
 
-	gcMu sync.Mutex // one collection at a time
+	content *content.Store // the trees, the layer cache, the COPY archives
+
+	gcMu sync.Mutex // one collection, or tombstone, at a time
 	wg   sync.WaitGroup
 	// +checklocks:mu
 	archivesSwept time.Time // the last sweep of COPY archives (files_gc.go)
@@ -268,22 +265,18 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
 		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]*upload{},
 		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
-		pins: map[string]map[string]bool{}, leases: map[string]time.Time{}, boxRuntimes: map[string]Runtime{}}
+		boxRuntimes: map[string]Runtime{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
-	for _, d := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", d, err)
-		}
-	}
-	if err := os.Chmod(s.treesDir(), 0o755); err != nil {
+	c, err := content.Open(content.Options{Dir: opts.Dir, Logger: s.log, Now: s.now})
+	if err != nil {
 		return nil, err
 	}
-	s.removeTemp()
+	s.content = c
 	tdocs, err := opts.Store.TemplateDocs(ctx)
 	if err != nil {
 		return nil, err
@@ -332,26 +325,7 @@ func (s *Service) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-}
-
-func (s *Service) treesDir() string { return filepath.Join(s.opts.Dir, "trees") }
-func (s *Service) filesDir() string { return filepath.Join(s.opts.Dir, "files") }
-func (s *Service) keysDir() string  { return filepath.Join(s.opts.Dir, "layers") }
-
-// removeTemp removes the half-made trees and uploads of a crashed daemon.
-func (s *Service) removeTemp() {
-	for _, dir := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), ".tmp-") {
-				p := filepath.Join(dir, e.Name())
-				s.log.Info("removing an unfinished template layer", "path", p)
-				if err := os.RemoveAll(p); err != nil {
-					s.log.Warn("removing an unfinished template layer", "path", p, "err", err)
-				}
-			}
-		}
-	}
+	s.content.Close()
 }
 
 func newID(n int) string {
@@ -562,14 +536,14 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	// next collection, which keeps them while a sandbox names the template.
 	s.gcMu.Lock()
 	s.mu.Lock()
-	tomb := tombstone{ID: t.ID, Alias: t.Alias}
+	tomb := content.Tombstone{ID: t.ID, Alias: t.Alias}
 	for _, b := range s.builds {
 		if b.TemplateID == t.ID {
 			tomb.Trees = append(tomb.Trees, treesOf(b)...)
 		}
 	}
 	s.mu.Unlock()
-	err = s.writeTombstones(append(s.readTombstones(), tomb))
+	err = s.content.Bury(tomb)
 	s.gcMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("deleting template %s: %w", t.Alias, err)

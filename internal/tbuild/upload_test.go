@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
 )
 
 // tarFiles is a tar of regular files (name → content), entries in the
@@ -53,42 +54,6 @@ func newTestService(t *testing.T) *Service {
 	return s
 }
 
-// An archive kept under a files hash is written once: the same files
-// again (other order, times and owners) are accepted and change nothing;
-// other files under that hash are refused and the kept archive stays.
-func TestStoreArchiveWriteOnce(t *testing.T) {
-	dir := t.TempDir()
-	hash := strings.Repeat("cd", 32)
-	final := filepath.Join(dir, hash+".tar")
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	first := tarFiles(t, t0, "app/a", "A", "app/b", "B")
-	d1, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(first), 1<<20)
-	if err != nil || !created {
-		t.Fatalf("first upload: created %v, %v", created, err)
-	}
-	same := tarFiles(t, t0.Add(time.Hour), "app/b", "B", "app/a", "A")
-	d2, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(same), 1<<20)
-	if err != nil || created || d2 != d1 {
-		t.Errorf("the same files again: created %v, digest %.12s (first %.12s), %v; want accepted, nothing written", created, d2, d1, err)
-	}
-	for name, body := range map[string][]byte{
-		"other content":  tarFiles(t, t0, "app/a", "A", "app/b", "evil"),
-		"one more file":  tarFiles(t, t0, "app/a", "A", "app/b", "B", "app/c", "C"),
-		"one file fewer": tarFiles(t, t0, "app/a", "A"),
-	} {
-		_, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(body), 1<<20)
-		if !errors.Is(err, api.ErrConflict) || created {
-			t.Errorf("%s: created %v, %v; want ErrConflict", name, created, err)
-		}
-	}
-	if got, _ := os.ReadFile(final); !bytes.Equal(got, first) {
-		t.Error("the kept archive changed")
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("%d files in the files directory, want only the kept archive", len(entries))
-	}
-}
-
 // An upload link takes one PUT: a second one is refused and drops what
 // the first one kept (one of the two came from someone other than the
 // client the link was given to); an upload for a hash already kept with
@@ -100,7 +65,7 @@ func TestUploadLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	hash := strings.Repeat("ef", 32)
-	final := filepath.Join(s.filesDir(), hash+".tar")
+	final := s.content.ArchivePath(hash)
 	link := func() string {
 		t.Helper()
 		_, token, err := s.FileStatus(reg.TemplateID, hash)
@@ -160,12 +125,12 @@ func TestUploadLinks(t *testing.T) {
 	if err := s.Upload(t.Context(), link(), bytes.NewReader(good)); err != nil {
 		t.Errorf("the same files again (forceUpload) = %v, want accepted", err)
 	}
-	f, digest, err := s.openFiles(t.Context(), hash)
+	f, digest, err := s.content.OpenArchive(t.Context(), hash)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	want, _ := filesDigest(t.Context(), bytes.NewReader(good), false)
+	want, _ := content.FilesDigest(t.Context(), bytes.NewReader(good), false)
 	if digest != want {
 		t.Error("a later COPY would not get the files first kept under the hash")
 	}

@@ -1,4 +1,4 @@
-package tbuild
+package content
 
 import (
 	"archive/tar"
@@ -18,10 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cloneTree makes dst (which must not exist) a copy of src in which every
+// CloneTree makes dst (which must not exist) a copy of src in which every
 // non-directory is a hard link to src's (a copy where a link cannot be
 // made: another filesystem, too many links). Nothing is followed.
-func cloneTree(ctx context.Context, src, dst string) error {
+func CloneTree(ctx context.Context, src, dst string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -106,14 +106,14 @@ func unshift(id int) int {
 	return id
 }
 
-// applyLayer applies a sandbox's writable layer, as
+// ApplyLayer applies a sandbox's writable layer, as
 // isolation.LayerReader.ExportLayer writes it (the tar at layerPath), to
 // the tree root: deletions and opaque directories first, then every entry,
 // each replacing what was there (a file is always made anew, never written
 // in place: the tree's files are hard links shared with other trees).
 // Paths are resolved from root's descriptor without following any
 // symlink, so a link made by a build step never leads outside the tree.
-func applyLayer(ctx context.Context, root, layerPath string) error {
+func ApplyLayer(ctx context.Context, root, layerPath string) error {
 	rootFD, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opening layer tree: %w", err)
@@ -130,12 +130,12 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 		return err
 	}
 	for _, p := range deleted {
-		if err := removeAt(rootFD, cleanRel(p)); err != nil {
+		if err := removeAt(rootFD, CleanRel(p)); err != nil {
 			return fmt.Errorf("applying deletion of %s: %w", p, err)
 		}
 	}
 	for _, p := range opaque {
-		rel := cleanRel(strings.TrimSuffix(p, "/"))
+		rel := CleanRel(strings.TrimSuffix(p, "/"))
 		if rel == "" {
 			continue
 		}
@@ -215,7 +215,7 @@ func applyEntries(ctx context.Context, rootFD int, f io.Reader) error {
 		if !ok || name == ".whiteouts" {
 			continue
 		}
-		rel := cleanRel(name)
+		rel := CleanRel(name)
 		if rel == "" {
 			continue
 		}
@@ -225,9 +225,9 @@ func applyEntries(ctx context.Context, rootFD int, f io.Reader) error {
 	}
 }
 
-// cleanRel makes p a clean relative path ("" for the root); ".." cannot
+// CleanRel makes p a clean relative path ("" for the root); ".." cannot
 // survive path.Clean of an absolute path.
-func cleanRel(p string) string {
+func CleanRel(p string) string {
 	return strings.TrimPrefix(path.Clean("/"+p), "/")
 }
 
