@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/names"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -76,13 +77,10 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
 		rec.Status, rec.Tree, rec.Runtime = StatusReady, tree, rt
-		if t := s.templates[rec.TemplateID]; t != nil {
-			for _, tag := range rec.Tags {
-				t.Tags[tag] = TagRef{BuildID: rec.ID, CreatedAt: now}
-			}
-			t.UpdatedAt = now
-			defer s.saveTemplate(ctx, t)
-		}
+		// Published under s.mu: the build is ready and its tags name it at
+		// once for whoever reads either.
+		s.names.Publish(rec.TemplateID, rec.ID, rec.Tags)
+		defer s.names.Save(ctx, rec.TemplateID)
 	} else {
 		var se *stepError
 		reason := &Reason{Step: "base"}
@@ -256,7 +254,7 @@ func baseError(format string, args ...any) error {
 // bare name that is none, a fence template's, used in place.
 func (b *builder) fromTemplate(ref string) (layer, string, Runtime, error) {
 	s := b.s
-	n, err := ParseName(ref)
+	n, err := names.ParseName(ref)
 	if err != nil {
 		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, err)
 	}

@@ -1,7 +1,24 @@
 // Package tbuild builds templates from E2B build requests (the SDK's
 // Template builder, `fence template build -f Dockerfile`): it keeps the
-// templates, builds and tags of E2B's template API, runs every build step
-// fenced, and serves the result to sandbox creation.
+// builds of E2B's template API, runs every build step fenced, and serves
+// the result to sandbox creation.
+//
+// # Parts
+//
+// Templates have three owners, each a package with its tests:
+//
+//   - package content, the content store: layer trees, the layer cache,
+//     COPY archives and their collection;
+//   - package names, the names service: templates, aliases, tags,
+//     visibility, and which builds a name may select;
+//   - this package, the builds: build records, logs, uploads, and the
+//     runs, which use the two above and create their sandboxes through
+//     Sandboxes, an interface of this package's own types that the daemon
+//     implements over the sandbox manager.
+//
+// Service is the one face the HTTP API and the daemon see. Lock order:
+// the Service's lock, then the registry's or the store's; neither of
+// those calls out while it holds its own.
 //
 // # How a build runs
 //

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/names"
 )
 
 // collect runs one collection of the content store (content.Collect):
@@ -66,6 +67,6 @@ func (s *Service) sweepArchives() {
 // usesTemplate reports whether a sandbox's template name names the
 // template id (alias alias), with or without a tag or namespace.
 func usesTemplate(name, id, alias string) bool {
-	n, err := ParseName(name)
+	n, err := names.ParseName(name)
 	return err == nil && (n.Alias == alias || n.Alias == id)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/names"
 )
 
 // Status is a build's state.
@@ -108,22 +109,6 @@ type Build struct {
 	Layers      []string `json:"layers,omitempty"`
 	Runtime     Runtime  `json:"runtime"`
 	ImageDigest string   `json:"imageDigest,omitempty"`
-}
-
-// TagRef is where a tag points.
-type TagRef struct {
-	BuildID   string    `json:"buildID"`
-	CreatedAt time.Time `json:"createdAt"`
-}
-
-// Template is a built template's record.
-type Template struct {
-	ID        string            `json:"id"`
-	Alias     string            `json:"alias"`
-	CreatedAt time.Time         `json:"createdAt"`
-	UpdatedAt time.Time         `json:"updatedAt"`
-	Public    bool              `json:"public"`
-	Tags      map[string]TagRef `json:"tags"`
 }
 
 // DocStore persists the records; *store.Store implements it.
@@ -218,8 +203,6 @@ type Service struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	templates map[string]*Template
-	// +checklocks:mu
 	builds map[string]*Build
 	// +checklocks:mu
 	uploads map[string]*upload // token → link
@@ -232,7 +215,8 @@ type Service struct {
 	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
 
-	content *content.Store // the trees, the layer cache, the COPY archives
+	content *content.Store  // the trees, the layer cache, the COPY archives
+	names   *names.Registry // the templates' names, tags and visibility
 
 	gcMu sync.Mutex // one collection, or tombstone, at a time
 	wg   sync.WaitGroup
@@ -263,7 +247,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		opts.MaxUploadBytes = 1 << 30
 	}
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
-		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]*upload{},
+		builds: map[string]*Build{}, uploads: map[string]*upload{},
 		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
 		boxRuntimes: map[string]Runtime{}}
 	if s.log == nil {
@@ -277,20 +261,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		return nil, err
 	}
 	s.content = c
-	tdocs, err := opts.Store.TemplateDocs(ctx)
-	if err != nil {
+	if s.names, err = names.Open(ctx, names.Options{Store: opts.Store, Namespace: opts.Namespace, Logger: s.log, Now: s.now}); err != nil {
 		return nil, err
-	}
-	for _, d := range tdocs {
-		var t Template
-		if err := json.Unmarshal(d.JSON, &t); err != nil {
-			s.log.Warn("skipping a corrupt template record", "id", d.ID, "err", err)
-			continue
-		}
-		if t.Tags == nil {
-			t.Tags = map[string]TagRef{}
-		}
-		s.templates[t.ID] = &t
 	}
 	bdocs, err := opts.Store.BuildDocs(ctx)
 	if err != nil {
@@ -313,6 +285,9 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 			continue
 		}
 		s.builds[b.ID] = &b
+		if b.Status == StatusReady {
+			s.names.Ready(b.TemplateID, b.ID)
+		}
 	}
 	return s, nil
 }
@@ -347,19 +322,6 @@ func newUUID() string {
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-func (s *Service) saveTemplate(ctx context.Context, t *Template) {
-	s.mu.Lock()
-	b, err := json.Marshal(t)
-	id, alias := t.ID, t.Alias
-	s.mu.Unlock()
-	if err == nil {
-		err = s.opts.Store.PutTemplateDoc(context.WithoutCancel(ctx), store.Doc{ID: id, Key: alias, JSON: b})
-	}
-	if err != nil {
-		s.log.Error("recording a template", "id", id, "err", err)
-	}
-}
-
 func (s *Service) saveBuild(ctx context.Context, b *Build) {
 	s.mu.Lock()
 	j, err := json.Marshal(b)
@@ -387,22 +349,23 @@ type Registered struct {
 // new), in state waiting.
 func (s *Service) Register(ctx context.Context, name string, tags []string, cpus, memoryMB int) (*Registered, error) {
 	if strings.TrimSpace(name) == "" {
+		//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 		return nil, fmt.Errorf("Name is required: %w", api.ErrInvalidArgument)
 	}
-	n, err := ParseName(name)
+	n, err := names.ParseName(name)
 	if err != nil {
 		return nil, err
 	}
-	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
-		return nil, fmt.Errorf("namespace %q is not this server's (%q): %w", n.Namespace, s.opts.Namespace, api.ErrInvalidArgument)
+	if n.Namespace != "" && n.Namespace != s.names.Namespace() {
+		return nil, fmt.Errorf("namespace %q is not this server's (%q): %w", n.Namespace, s.names.Namespace(), api.ErrInvalidArgument)
 	}
 	var all []string
 	if n.Tag != "" {
 		all = append(all, n.Tag)
 	}
 	for _, t := range tags {
-		t = strings.ToLower(strings.TrimSpace(t))
-		if !tagRE.MatchString(t) || uuidRE.MatchString(t) {
+		t, ok := names.CleanTag(t)
+		if !ok {
 			return nil, fmt.Errorf("invalid tag %q (want [a-z0-9_.-]+, not a UUID): %w", t, api.ErrInvalidArgument)
 		}
 		if !slices.Contains(all, t) {
@@ -410,7 +373,7 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 		}
 	}
 	if len(all) == 0 {
-		all = []string{DefaultTag}
+		all = []string{names.DefaultTag}
 	}
 	if cpus == 0 {
 		cpus = 2
@@ -426,16 +389,13 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	}
 	now := s.now().UTC()
 	s.mu.Lock()
-	if _, taken := s.templates[n.Alias]; taken {
+	// Claimed under s.mu: a deletion of the template takes its builds
+	// with it, this one included.
+	t, err := s.names.Claim(n)
+	if err != nil {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("Alias '%s' is already used: %w", n.Alias, api.ErrConflict)
+		return nil, err
 	}
-	t := s.byAliasLocked(n.Alias)
-	if t == nil {
-		t = &Template{ID: newID(20), Alias: n.Alias, CreatedAt: now, Tags: map[string]TagRef{}}
-		s.templates[t.ID] = t
-	}
-	t.UpdatedAt = now
 	b := &Build{ID: newUUID(), TemplateID: t.ID, Status: StatusWaiting, CreatedAt: now, UpdatedAt: now,
 		CPUs: cpus, MemoryMB: memoryMB, Tags: all}
 	var superseded []*Build
@@ -448,54 +408,22 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	}
 	s.builds[b.ID] = b
 	s.mu.Unlock()
-	s.saveTemplate(ctx, t)
+	s.names.Save(ctx, t.ID)
 	s.saveBuild(ctx, b)
 	for _, old := range superseded {
 		s.saveBuild(ctx, old)
 	}
-	return &Registered{TemplateID: t.ID, BuildID: b.ID, Names: []string{s.opts.Namespace + "/" + n.Alias},
+	return &Registered{TemplateID: t.ID, BuildID: b.ID, Names: s.names.Names(n.Alias),
 		Aliases: []string{n.Alias}, Tags: all}, nil
-}
-
-// +checklocks:s.mu
-func (s *Service) byAliasLocked(alias string) *Template {
-	for _, t := range s.templates {
-		if t.Alias == alias {
-			return t
-		}
-	}
-	return nil
-}
-
-// template finds a template by ID or name (a tag is ignored).
-// +checklocks:s.mu
-func (s *Service) templateLocked(idOrName string) (*Template, error) {
-	if t, ok := s.templates[idOrName]; ok {
-		return t, nil
-	}
-	n, err := ParseName(idOrName)
-	if err != nil {
-		return nil, err
-	}
-	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
-		return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
-	}
-	if t := s.byAliasLocked(n.Alias); t != nil {
-		return t, nil
-	}
-	if t, ok := s.templates[n.Alias]; ok {
-		return t, nil
-	}
-	return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
 }
 
 // buildLocked finds a build of a template.
 // +checklocks:s.mu
 func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
-	if !uuidRE.MatchString(buildID) {
+	if !names.IsUUID(buildID) {
 		return nil, fmt.Errorf("invalid build ID %q: %w", buildID, api.ErrInvalidArgument)
 	}
-	t, err := s.templateLocked(templateID)
+	t, err := s.names.Lookup(templateID)
 	if err != nil {
 		return nil, err
 	}
@@ -509,8 +437,8 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 // Delete removes a template (any tag in the name is ignored) and its
 // builds' records.
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
+	t, err := s.names.Lookup(idOrName)
 	s.mu.Lock()
-	t, err := s.templateLocked(idOrName)
 	sbs := s.opts.Sandboxes
 	s.mu.Unlock()
 	if err != nil {
@@ -549,7 +477,7 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 		return fmt.Errorf("deleting template %s: %w", t.Alias, err)
 	}
 	s.mu.Lock()
-	if s.templates[t.ID] != t {
+	if _, ok := s.names.Get(t.ID); !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
 	}
@@ -561,9 +489,9 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 			delete(s.builds, id)
 		}
 	}
-	delete(s.templates, t.ID)
+	s.names.Forget(t.ID)
 	s.mu.Unlock()
-	if err := s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID); err != nil {
+	if err := s.names.Erase(ctx, t.ID); err != nil {
 		return err
 	}
 	s.collect(context.WithoutCancel(ctx))
@@ -598,9 +526,9 @@ func (s *Service) List() []Listed {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []Listed{}
-	for _, t := range s.templates {
+	for _, t := range s.names.All() {
 		l := Listed{TemplateID: t.ID, BuildID: "00000000-0000-0000-0000-000000000000", CPUCount: 2, MemoryMB: 1024,
-			Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
+			Public: t.Public, Aliases: []string{t.Alias}, Names: s.names.Names(t.Alias),
 			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, BuildStatus: StatusWaiting, EnvdVersion: EnvdVersion}
 		var latest *Build
 		for _, b := range s.builds {
@@ -615,7 +543,7 @@ func (s *Service) List() []Listed {
 		if latest != nil {
 			l.BuildStatus = latest.Status
 		}
-		if r, ok := t.Tags[DefaultTag]; ok {
+		if r, ok := t.Tags[names.DefaultTag]; ok {
 			if b := s.builds[r.BuildID]; b != nil {
 				l.BuildID, l.CPUCount, l.MemoryMB = b.ID, b.CPUs, b.MemoryMB
 			}
@@ -653,13 +581,13 @@ type Detail struct {
 
 // Get returns a template's detail, builds newest first.
 func (s *Service) Get(id string) (*Detail, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.templates[id]
+	t, ok := s.names.Get(id)
 	if !ok {
 		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
 	}
-	d := &Detail{TemplateID: t.ID, Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := &Detail{TemplateID: t.ID, Public: t.Public, Aliases: []string{t.Alias}, Names: s.names.Names(t.Alias),
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Builds: []BuildSummary{}}
 	for _, b := range s.builds {
 		if b.TemplateID == t.ID {
@@ -674,22 +602,7 @@ func (s *Service) Get(id string) (*Detail, error) {
 // SetPublic sets (when public is not nil) whether a template is public
 // and returns its names.
 func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]string, error) {
-	s.mu.Lock()
-	t, ok := s.templates[id]
-	if !ok {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
-	}
-	if public != nil {
-		t.Public = *public
-		t.UpdatedAt = s.now().UTC()
-	}
-	names := []string{s.opts.Namespace + "/" + t.Alias}
-	s.mu.Unlock()
-	if public != nil {
-		s.saveTemplate(ctx, t)
-	}
-	return names, nil
+	return s.names.SetPublic(ctx, id, public)
 }
 
 // SetSandboxes gives the service the sandbox manager its builds run in

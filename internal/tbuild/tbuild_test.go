@@ -8,35 +8,6 @@ import (
 	"github.com/fencesandbox/fence/api"
 )
 
-func TestParseName(t *testing.T) {
-	for _, c := range []struct {
-		in        string
-		ns, alias string
-		tag       string
-		bad       bool
-	}{
-		{in: "app", alias: "app"},
-		{in: " App:V1 ", alias: "app", tag: "v1"},
-		{in: "team/app:default", ns: "team", alias: "app"},
-		{in: "app:1.2.3", alias: "app", tag: "1.2.3"},
-		{in: "", bad: true},
-		{in: "a/b/c", bad: true},
-		{in: "app:bad tag", bad: true},
-		{in: "../etc", bad: true},
-	} {
-		n, err := ParseName(c.in)
-		if c.bad {
-			if !errors.Is(err, api.ErrInvalidArgument) {
-				t.Errorf("ParseName(%q) = %+v, %v; want ErrInvalidArgument", c.in, n, err)
-			}
-			continue
-		}
-		if err != nil || n.Namespace != c.ns || n.Alias != c.alias || n.Tag != c.tag {
-			t.Errorf("ParseName(%q) = %+v, %v", c.in, n, err)
-		}
-	}
-}
-
 func TestParseDockerfile(t *testing.T) {
 	df, err := ParseDockerfile(`# a comment
 ARG VERSION=3

@@ -32,7 +32,7 @@ func (s *Service) FileStatus(templateID, hash string) (present bool, token strin
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.templateLocked(templateID); err != nil {
+	if _, err := s.names.Lookup(templateID); err != nil {
 		return false, "", err
 	}
 	_, statErr := os.Stat(s.content.ArchivePath(hash))
