@@ -374,7 +374,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
-		Templates:    templateSet{own: d.templates, built: d.builds},
+		Templates:    templateSet{d.builds.Catalog()},
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
 		Logger:       d.log,

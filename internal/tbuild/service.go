@@ -19,6 +19,7 @@ import (
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
 	"github.com/fencesandbox/fence/internal/tbuild/names"
+	"github.com/fencesandbox/fence/internal/template"
 )
 
 // Status is a build's state.
@@ -155,9 +156,13 @@ type Sandboxes interface {
 	CreatesInFlight() int
 }
 
-// Parents resolves the templates fence builds itself (minimal, base, …).
+// Parents are the templates fence builds itself (minimal, base, …), the
+// parents a build may start from and the rest of the Catalog;
+// *template.Store implements it.
 type Parents interface {
 	Resolve(name string) (rootfs string, err error)
+	ReadyPorts(name string) []uint16
+	Info(name string) (template.Info, error)
 }
 
 // Images unpacks OCI images; *oci.Cache implements it.

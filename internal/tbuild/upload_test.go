@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
 )
 
@@ -36,6 +37,12 @@ type noParents struct{}
 
 func (noParents) Resolve(name string) (string, error) {
 	return "", errors.New("no parent templates in this test")
+}
+
+func (noParents) ReadyPorts(name string) []uint16 { return nil }
+
+func (noParents) Info(name string) (template.Info, error) {
+	return template.Info{}, errors.New("no parent templates in this test")
 }
 
 func newTestService(t *testing.T) *Service {
