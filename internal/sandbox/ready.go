@@ -8,8 +8,8 @@ import (
 )
 
 // ReadyPorter is implemented by Templates that know which ports a sandbox
-// of a template serves once started (template.Store: the code-interpreter
-// template's server). Create waits for them.
+// of a template serves once started (the daemon's, over tbuild.Catalog:
+// the code-interpreter template's server). Create waits for them.
 type ReadyPorter interface {
 	ReadyPorts(name string) []uint16
 }

@@ -32,7 +32,8 @@ type Runtime struct {
 }
 
 // Runtimer is implemented by Templates that know a template's Runtime
-// (internal/tbuild's built templates).
+// (the daemon's, over tbuild.Catalog: built templates and fence's own
+// made from an image).
 type Runtimer interface {
 	Runtime(name string) (Runtime, bool)
 }
