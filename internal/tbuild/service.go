@@ -226,7 +226,7 @@ type Service struct {
 	gcMu sync.Mutex // one collection, or tombstone, at a time
 	wg   sync.WaitGroup
 	// +checklocks:mu
-	archivesSwept time.Time // the last sweep of COPY archives (files_gc.go)
+	archivesSwept time.Time // the last sweep of COPY archives (content.ArchiveSweepEvery)
 }
 
 // New opens the service: it reads the records, marks the builds that a
