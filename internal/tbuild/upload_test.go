@@ -1,7 +1,6 @@
 package tbuild
 
 import (
-	"archive/tar"
 	"bytes"
 	"errors"
 	"os"
@@ -14,24 +13,8 @@ import (
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/content/contenttest"
 )
-
-// tarFiles is a tar of regular files (name → content), entries in the
-// order given, with mtime t.
-func tarFiles(t *testing.T, mtime time.Time, files ...string) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	for i := 0; i+1 < len(files); i += 2 {
-		tw.WriteHeader(&tar.Header{Name: files[i], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[i+1])), ModTime: mtime, Uid: i})
-		tw.Write([]byte(files[i+1]))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 type noParents struct{}
 
@@ -81,8 +64,8 @@ func TestUploadLinks(t *testing.T) {
 		}
 		return token
 	}
-	good := tarFiles(t, time.Unix(0, 0), "app/a", "good")
-	evil := tarFiles(t, time.Unix(0, 0), "app/a", "evil")
+	good := contenttest.TarFiles(t, time.Unix(0, 0), "app/a", "good")
+	evil := contenttest.TarFiles(t, time.Unix(0, 0), "app/a", "evil")
 
 	// The client's PUT, then someone who saw the link.
 	tok := link()

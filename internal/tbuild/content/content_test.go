@@ -14,24 +14,8 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/tbuild/content/contenttest"
 )
-
-// tarFiles is a tar of regular files (name → content), entries in the
-// order given, with mtime t.
-func tarFiles(t *testing.T, mtime time.Time, files ...string) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	for i := 0; i+1 < len(files); i += 2 {
-		tw.WriteHeader(&tar.Header{Name: files[i], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[i+1])), ModTime: mtime, Uid: i})
-		tw.Write([]byte(files[i+1]))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 // A layer is applied to a clone without writing the parent's files (they
 // are shared hard links) and without following a symlink of the tree to
@@ -184,20 +168,20 @@ func TestStoreArchiveWriteOnce(t *testing.T) {
 	hash := strings.Repeat("cd", 32)
 	final := filepath.Join(dir, hash+".tar")
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	first := tarFiles(t, t0, "app/a", "A", "app/b", "B")
+	first := contenttest.TarFiles(t, t0, "app/a", "A", "app/b", "B")
 	d1, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(first), 1<<20)
 	if err != nil || !created {
 		t.Fatalf("first upload: created %v, %v", created, err)
 	}
-	same := tarFiles(t, t0.Add(time.Hour), "app/b", "B", "app/a", "A")
+	same := contenttest.TarFiles(t, t0.Add(time.Hour), "app/b", "B", "app/a", "A")
 	d2, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(same), 1<<20)
 	if err != nil || created || d2 != d1 {
 		t.Errorf("the same files again: created %v, digest %.12s (first %.12s), %v; want accepted, nothing written", created, d2, d1, err)
 	}
 	for name, body := range map[string][]byte{
-		"other content":  tarFiles(t, t0, "app/a", "A", "app/b", "evil"),
-		"one more file":  tarFiles(t, t0, "app/a", "A", "app/b", "B", "app/c", "C"),
-		"one file fewer": tarFiles(t, t0, "app/a", "A"),
+		"other content":  contenttest.TarFiles(t, t0, "app/a", "A", "app/b", "evil"),
+		"one more file":  contenttest.TarFiles(t, t0, "app/a", "A", "app/b", "B", "app/c", "C"),
+		"one file fewer": contenttest.TarFiles(t, t0, "app/a", "A"),
 	} {
 		_, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(body), 1<<20)
 		if !errors.Is(err, api.ErrConflict) || created {
