@@ -11,9 +11,9 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
-	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tbuild/content"
 	"github.com/fencesandbox/fence/internal/tbuild/content/contenttest"
+	"github.com/fencesandbox/fence/internal/template"
 )
 
 type noParents struct{}
