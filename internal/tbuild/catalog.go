@@ -29,7 +29,7 @@ type Launch struct {
 // Resolve returns the root filesystem of the template name; an unknown
 // name is an error wrapping api.ErrNotFound.
 func (c Catalog) Resolve(name string) (string, error) {
-	if p, ok, err := c.s.Resolve(name); ok {
+	if p, ok, err := c.s.resolveBuilt(name); ok {
 		return p, err
 	}
 	return c.s.opts.Parents.Resolve(name)
@@ -42,7 +42,7 @@ func (c Catalog) ReadyPorts(name string) []uint16 { return c.s.opts.Parents.Read
 // Identity gives a built template's ID and alias; fence's own templates
 // are their name, which is both.
 func (c Catalog) Identity(name string) (id, alias string, ok bool) {
-	if id, alias, ok := c.s.Identity(name); ok {
+	if id, alias, ok := c.s.identity(name); ok {
 		return id, alias, true
 	}
 	if _, err := c.s.opts.Parents.Resolve(name); err == nil {
@@ -54,7 +54,7 @@ func (c Catalog) Identity(name string) (id, alias string, ok bool) {
 // Launch gives what a built template's build left for its sandboxes, or
 // what the image a fence template was made from sets.
 func (c Catalog) Launch(name string) (Launch, bool) {
-	rt, ok := c.s.Runtime(name)
+	rt, ok := c.s.runtime(name)
 	if !ok {
 		return c.ownLaunch(name)
 	}

@@ -42,10 +42,10 @@ func (s *Service) resolveLocked(n names.Name) (names.Template, *Build, error) {
 	return t, b, nil
 }
 
-// Resolve returns the root filesystem of the template a sandbox create
+// resolveBuilt returns the root filesystem of the template a sandbox create
 // names (a built template's name[:tag] or ID, or a build sandbox's
 // layer); ok is false when the name is none of these.
-func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
+func (s *Service) resolveBuilt(name string) (rootfs string, ok bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p, found := s.layers[name]; found {
@@ -63,10 +63,10 @@ func (s *Service) Resolve(name string) (rootfs string, ok bool, err error) {
 	return s.content.TreePath(b.Tree), true, nil
 }
 
-// Identity returns the ID and alias of the built template a sandbox
+// identity returns the ID and alias of the built template a sandbox
 // create names (alias[:tag], namespace/alias or ID); ok is false when it
 // names no ready build of one.
-func (s *Service) Identity(name string) (id, alias string, ok bool) {
+func (s *Service) identity(name string) (id, alias string, ok bool) {
 	n, err := names.ParseName(name)
 	if err != nil {
 		return "", "", false
@@ -78,9 +78,9 @@ func (s *Service) Identity(name string) (id, alias string, ok bool) {
 	return t.ID, t.Alias, true
 }
 
-// Runtime returns the start command, ready command, default user and
+// runtime returns the start command, ready command, default user and
 // workdir of the built template a sandbox create names.
-func (s *Service) Runtime(name string) (Runtime, bool) {
+func (s *Service) runtime(name string) (Runtime, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rt, ok := s.boxRuntimes[name]; ok {

@@ -122,7 +122,7 @@ type DocStore interface {
 }
 
 // BoxSpec is what a build asks of a build sandbox: a sandbox of the
-// template Template (a handle Resolve answers with a layer tree), on the
+// template Template (a handle the Catalog resolves to a layer tree), on the
 // backend Backend, marked as a sandbox of build BuildID, with these limits
 // and this network (AllowInternet false: Network's allowlist only).
 type BoxSpec struct {
