@@ -380,7 +380,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
-		Templates:    templateSet{own: d.templates, built: d.builds},
+		Templates:    templateSet{d.builds.Catalog()},
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
 		Logger:       d.log,
@@ -399,7 +399,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The builds resolve templates for the manager and run their steps in
 	// its sandboxes; they get it here, and collect the layers no live
 	// sandbox uses, which needs the manager's sandboxes.
-	d.builds.SetSandboxes(mgr)
+	d.builds.SetSandboxes(buildSandboxes{mgr})
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })

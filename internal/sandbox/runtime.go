@@ -15,7 +15,8 @@ import (
 type Runtime = startup.Runtime
 
 // Runtimer is implemented by Templates that know a template's Runtime
-// (internal/tbuild's built templates).
+// (the daemon's, over tbuild.Catalog: built templates and fence's own
+// made from an image).
 type Runtimer interface {
 	Runtime(name string) (Runtime, bool)
 }
@@ -53,8 +54,9 @@ func (m *Manager) WarmTarget(name string) (warm.Target, error) {
 }
 
 // ReadyPorter is implemented by Templates that know which ports a sandbox
-// of a template serves once started (template.Store: the code-interpreter
-// template's server). Create waits for them (startup.WaitPorts).
+// of a template serves once started (the daemon's, over tbuild.Catalog:
+// the code-interpreter template's server). Create waits for them
+// (startup.WaitPorts).
 type ReadyPorter interface {
 	ReadyPorts(name string) []uint16
 }

@@ -1,23 +1,21 @@
 package tbuild
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/names"
 	"github.com/fencesandbox/fence/internal/template"
 )
 
@@ -64,28 +62,25 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	now := s.now().UTC()
 	s.mu.Lock()
 	rec := s.builds[buildID]
-	pinned := s.pins[buildID]
-	delete(s.pins, buildID)
 	if rec == nil { // deleted meanwhile: its trees go
+		s.content.Unpin(buildID)
 		s.mu.Unlock()
 		s.collect(context.WithoutCancel(ctx))
 		return
 	}
-	for t := range maps.Keys(pinned) {
-		if !slices.Contains(rec.Layers, t) {
-			rec.Layers = append(rec.Layers, t)
-		}
+	// Recorded, then unpinned, under s.mu: a collection sees the trees
+	// in one or the other.
+	for _, t := range s.content.Pinned(buildID) {
+		s.recordLayerLocked(buildID, t)
 	}
+	s.content.Unpin(buildID)
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
 		rec.Status, rec.Tree, rec.Runtime = StatusReady, tree, rt
-		if t := s.templates[rec.TemplateID]; t != nil {
-			for _, tag := range rec.Tags {
-				t.Tags[tag] = TagRef{BuildID: rec.ID, CreatedAt: now}
-			}
-			t.UpdatedAt = now
-			defer s.saveTemplate(ctx, t)
-		}
+		// Published under s.mu: the build is ready and its tags name it at
+		// once for whoever reads either.
+		s.names.Publish(rec.TemplateID, rec.ID, rec.Tags)
+		defer s.names.Save(ctx, rec.TemplateID)
 	} else {
 		var se *stepError
 		reason := &Reason{Step: "base"}
@@ -153,7 +148,7 @@ func (b *builder) build(ctx context.Context) (Runtime, string, error) {
 	for i, st := range plan {
 		digest := ""
 		if st.typ == "COPY" {
-			st.files, digest, st.filesErr = s.openFiles(ctx, st.hash)
+			st.files, digest, st.filesErr = s.content.OpenArchive(ctx, st.hash)
 		}
 		key = stepKey(key, st.typ, st.args, st.hash, digest)
 		if i == 0 {
@@ -238,66 +233,81 @@ func (b *builder) dropBox() {
 // base makes (or finds) the base layer: a parent template's tree or an
 // unpacked image.
 func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
-	s := b.s
-	fail := func(format string, args ...any) (layer, string, Runtime, error) {
-		return layer{}, "", Runtime{}, &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
-	}
 	if t := imageTemplate(b.spec.FromImage); t != "" {
-		s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
+		b.s.logf(b.id, "info", "base", "FROM %s: fence's %s template", b.spec.FromImage, t)
 		b.spec.FromImage, b.spec.FromTemplate = "", t
 	}
-	if ref := b.spec.FromTemplate; ref != "" {
-		n, err := ParseName(ref)
-		if err != nil {
-			return fail("fromTemplate %q: %v", ref, err)
-		}
-		s.mu.Lock()
-		_, pb, rerr := s.resolveLocked(n)
-		if rerr == nil {
-			tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
-			s.pinLocked(b.id, tree)
-			s.mu.Unlock()
-			key := hashKeys("v2", "template:"+pid)
-			s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
-			parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.treePath(tree))}}
-			return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
-		}
+	if b.spec.FromTemplate != "" {
+		return b.fromTemplate(b.spec.FromTemplate)
+	}
+	l, key, err := b.fromImage(ctx, b.spec.FromImage)
+	return l, key, Runtime{}, err
+}
+
+// baseError fails a build at its base step.
+func baseError(format string, args ...any) error {
+	return &stepError{step: "base", msg: fmt.Sprintf(format, args...)}
+}
+
+// fromTemplate is the base layer of a parent template: a built
+// template's tree (its start and ready commands inherited) or, for a
+// bare name that is none, a fence template's, used in place.
+func (b *builder) fromTemplate(ref string) (layer, string, Runtime, error) {
+	s := b.s
+	n, err := names.ParseName(ref)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, err)
+	}
+	s.mu.Lock()
+	_, pb, rerr := s.resolveLocked(n)
+	if rerr == nil {
+		tree, prt, pid := pb.Tree, pb.Runtime, pb.ID
+		s.pinLocked(b.id, tree)
 		s.mu.Unlock()
-		if n.Namespace != "" || n.Tag != "" {
-			return fail("fromTemplate %q: %v", ref, rerr)
-		}
-		rootfs, err := s.opts.Parents.Resolve(n.Alias)
-		if err != nil {
-			return fail("fromTemplate %q: template not found", ref)
-		}
-		fi, err := os.Stat(rootfs)
-		if err != nil {
-			return fail("fromTemplate %q: %v", ref, err)
-		}
-		key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
-		s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
-		if l, ok := s.cached(b.id, key); ok {
-			return l, key, Runtime{}, nil
-		}
-		l := layer{Tree: "", Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
-		// The built-in tree is used in place: it is as immutable as a layer.
-		l.Tree = rootfs
-		if err := s.keep(key, l); err != nil {
-			return layer{}, "", Runtime{}, err
-		}
+		key := hashKeys("v2", "template:"+pid)
+		s.logf(b.id, "info", "base", "FROM template %s (build %s)", ref, pid)
+		parent := layer{Tree: tree, Ctx: buildCtx{User: "root", Shell: shellOf(s.content.TreePath(tree))}}
+		return parent, key, Runtime{StartCmd: prt.StartCmd, ReadyCmd: prt.ReadyCmd}, nil
+	}
+	s.mu.Unlock()
+	if n.Namespace != "" || n.Tag != "" {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, rerr)
+	}
+	rootfs, err := s.opts.Parents.Resolve(n.Alias)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: template not found", ref)
+	}
+	fi, err := os.Stat(rootfs)
+	if err != nil {
+		return layer{}, "", Runtime{}, baseError("fromTemplate %q: %v", ref, err)
+	}
+	key := hashKeys("v2", "template:"+n.Alias, rootfs, fi.ModTime().UTC().Format(time.RFC3339Nano))
+	s.logf(b.id, "info", "base", "FROM fence template %s", n.Alias)
+	if l, ok := s.cached(b.id, key); ok {
 		return l, key, Runtime{}, nil
 	}
-	img := b.spec.FromImage
+	// The built-in tree is used in place: it is as immutable as a layer.
+	l := layer{Tree: rootfs, Ctx: buildCtx{User: "root", Shell: shellOf(rootfs)}}
+	if err := s.keep(key, l); err != nil {
+		return layer{}, "", Runtime{}, err
+	}
+	return l, key, Runtime{}, nil
+}
+
+// fromImage is the base layer of an image: cached, or pulled and
+// unpacked into a new tree.
+func (b *builder) fromImage(ctx context.Context, img string) (layer, string, error) {
+	s := b.s
 	key := hashKeys("v2", img)
 	s.logf(b.id, "info", "base", "FROM %s", img)
 	if !b.spec.Force {
 		if l, ok := s.cached(b.id, key); ok {
 			s.logf(b.id, "info", "base", "CACHED [base] FROM %s [%s]", img, key[:12])
-			return l, key, Runtime{}, nil
+			return l, key, nil
 		}
 	}
 	if s.opts.Images == nil {
-		return fail("fromImage %q: pulling images is not available on this server", img)
+		return layer{}, "", baseError("fromImage %q: pulling images is not available on this server", img)
 	}
 	opts := oci.Options{Progress: &lineWriter{fn: func(line string) { s.logf(b.id, "info", "base", "%s", line) }}}
 	s.mu.Lock()
@@ -306,21 +316,38 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 	if rc != nil {
 		auth, err := registryAuth(rc)
 		if err != nil {
-			return fail("fromImageRegistry: %v", err)
+			return layer{}, "", baseError("fromImageRegistry: %v", err)
 		}
 		opts.Auth = auth
 	}
-	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	tmp, err := s.content.TempDir()
 	if err != nil {
-		return layer{}, "", Runtime{}, err
+		return layer{}, "", err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return layer{}, "", Runtime{}, err
-	}
-	image, err := s.opts.Images.Unpack(ctx, img, tmp, opts)
+	c, err := b.unpack(ctx, img, tmp, opts)
 	if err != nil {
-		return fail("pulling image %q: %v", img, err)
+		return layer{}, "", err
+	}
+	tree := "img-" + key[:32]
+	s.pin(b.id, tree)
+	if err := s.content.Commit(tmp, tree); err != nil {
+		return layer{}, "", err
+	}
+	l := layer{Tree: tree, Ctx: c}
+	if err := s.keep(key, l); err != nil {
+		return layer{}, "", err
+	}
+	return l, key, nil
+}
+
+// unpack unpacks img into dir, records its digest in the build and
+// returns the build context its configuration gives (workdir, env).
+func (b *builder) unpack(ctx context.Context, img, dir string, opts oci.Options) (buildCtx, error) {
+	s := b.s
+	image, err := s.opts.Images.Unpack(ctx, img, dir, opts)
+	if err != nil {
+		return buildCtx{}, baseError("pulling image %q: %v", img, err)
 	}
 	s.logf(b.id, "info", "base", "image %s (%s)", image.Ref, image.Digest)
 	s.mu.Lock()
@@ -328,25 +355,16 @@ func (b *builder) base(ctx context.Context) (layer, string, Runtime, error) {
 		rec.ImageDigest = image.Digest
 	}
 	s.mu.Unlock()
-	if err := template.Finalize(tmp); err != nil {
-		return layer{}, "", Runtime{}, err
+	if err := template.Finalize(dir); err != nil {
+		return buildCtx{}, err
 	}
-	c := buildCtx{User: "root", Workdir: image.Config.WorkingDir, Env: map[string]string{}, Shell: shellOf(tmp)}
+	c := buildCtx{User: "root", Workdir: image.Config.WorkingDir, Env: map[string]string{}, Shell: shellOf(dir)}
 	for _, kv := range image.Config.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			c.Env[k] = v
 		}
 	}
-	tree := "img-" + key[:32]
-	s.pin(b.id, tree)
-	if err := s.commitTree(tmp, tree); err != nil {
-		return layer{}, "", Runtime{}, err
-	}
-	l := layer{Tree: tree, Ctx: c}
-	if err := s.keep(key, l); err != nil {
-		return layer{}, "", Runtime{}, err
-	}
-	return l, key, Runtime{}, nil
+	return c, nil
 }
 
 // imageTemplate is the fence template standing for E2B's own images
@@ -393,24 +411,6 @@ func shellOf(tree string) string {
 		}
 	}
 	return "/bin/sh"
-}
-
-// treePath is the absolute path of a layer tree (a built-in template's
-// tree is named by its absolute path).
-func (s *Service) treePath(tree string) string {
-	if filepath.IsAbs(tree) {
-		return tree
-	}
-	return filepath.Join(s.treesDir(), tree)
-}
-
-// commitTree renames a finished tree into place under its name.
-func (s *Service) commitTree(tmp, name string) error {
-	dst := filepath.Join(s.treesDir(), name)
-	if _, err := os.Lstat(dst); err == nil {
-		return nil // the same content is there already; tmp is removed by the caller
-	}
-	return os.Rename(tmp, dst)
 }
 
 // step runs one step from layer cur.
@@ -518,7 +518,7 @@ func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (stri
 	if st.filesErr != nil {
 		return "", fmt.Errorf("COPY %s: the files with hash %s: %v", st.args[0], st.hash, st.filesErr)
 	}
-	b.s.touchArchive(st.hash)
+	b.s.content.TouchArchive(st.hash)
 	staging := "/tmp/.fence-copy-" + st.hash[:16]
 	if err := b.box.envd.WriteFile(ctx, staging+".tar", f); err != nil {
 		return "", fmt.Errorf("COPY %s: putting the files in the build sandbox: %v", st.args[0], err)
@@ -534,7 +534,7 @@ func (b *builder) copyScript(ctx context.Context, st stepPlan, c buildCtx) (stri
 			prefix = "."
 		}
 	}
-	prefix = cleanRel(prefix)
+	prefix = content.CleanRel(prefix)
 	if prefix == "" {
 		prefix = "."
 	}
@@ -573,24 +573,6 @@ rm -rf "$u" "$u.tar"
 	return sb.String(), nil
 }
 
-// openFiles opens the COPY archive kept under a files hash and returns it
-// with its files digest, read back to its start.
-func (s *Service) openFiles(ctx context.Context, hash string) (*os.File, string, error) {
-	f, err := os.Open(filepath.Join(s.filesDir(), hash+".tar"))
-	if err != nil {
-		return nil, "", err
-	}
-	digest, err := filesDigest(ctx, bufio.NewReaderSize(f, 256<<10), false)
-	if err == nil {
-		_, err = f.Seek(0, io.SeekStart)
-	}
-	if err != nil {
-		f.Close()
-		return nil, "", err
-	}
-	return f, digest, nil
-}
-
 // closeFiles closes the step's archive, if it has one.
 func (st *stepPlan) closeFiles() {
 	if st.files != nil {
@@ -602,12 +584,12 @@ func (st *stepPlan) closeFiles() {
 // snapshot makes a tree of the box's start tree plus its writable layer.
 func (b *builder) snapshot(ctx context.Context) (string, error) {
 	s := b.s
-	tmp, err := os.MkdirTemp(s.treesDir(), ".tmp-")
+	tmp, err := s.content.TempDir()
 	if err != nil {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	spool, err := os.CreateTemp(s.treesDir(), ".tmp-layer-")
+	spool, err := s.content.TempFile()
 	if err != nil {
 		return "", err
 	}
@@ -617,10 +599,10 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("reading the build sandbox's layer: %w", err)
 	}
 	root := filepath.Join(tmp, "rootfs")
-	if err := cloneTree(ctx, s.treePath(b.boxTree), root); err != nil {
+	if err := content.CloneTree(ctx, s.content.TreePath(b.boxTree), root); err != nil {
 		return "", fmt.Errorf("copying the layer below: %w", err)
 	}
-	if err := applyLayer(ctx, root, spool.Name()); err != nil {
+	if err := content.ApplyLayer(ctx, root, spool.Name()); err != nil {
 		return "", fmt.Errorf("applying the step's changes: %w", err)
 	}
 	if err := template.Finalize(root); err != nil {
@@ -628,7 +610,7 @@ func (b *builder) snapshot(ctx context.Context) (string, error) {
 	}
 	name := "l-" + newID(24)
 	s.pin(b.id, name)
-	if err := os.Rename(root, filepath.Join(s.treesDir(), name)); err != nil {
+	if err := s.content.Place(root, name); err != nil {
 		return "", err
 	}
 	return name, nil

@@ -15,7 +15,6 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // buildBox is a sandbox a build runs steps in.
@@ -41,7 +40,7 @@ const buildBackend = "native"
 func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
-	s.layers[handle] = s.treePath(tree)
+	s.layers[handle] = s.content.TreePath(tree)
 	if rt != nil {
 		s.boxRuntimes[handle] = *rt
 	}
@@ -57,27 +56,24 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 		delete(s.boxRuntimes, handle)
 		s.mu.Unlock()
 	}
-	f := false
-	sb, err := s.opts.Sandboxes.Create(ctx, sandbox.CreateRequest{
-		TemplateID: handle, Timeout: maxBuildTime,
+	id, box, err := s.opts.Sandboxes.CreateBox(ctx, BoxSpec{
+		Template: handle, BuildID: buildID, Timeout: maxBuildTime,
 		// The build reads the sandbox's layer (isolation.LayerReader),
 		// which native sandboxes give and gVisor's, whose writable layer
 		// is gVisor's own overlay file, do not: a build runs on native
 		// whatever the daemon's default backend.
-		Metadata:            map[string]string{sandbox.BuildMetadataKey: buildID, sandbox.BackendMetadataKey: buildBackend},
-		CPUs:                float64(cpus),
-		MemoryMB:            int64(mem),
-		AllowInternetAccess: &f,
-		Network:             &api.NetworkConfig{AllowOut: slices.Clone(s.opts.Allow), DenyOut: []string{"0.0.0.0/0"}},
+		Backend:  buildBackend,
+		CPUs:     float64(cpus),
+		MemoryMB: int64(mem),
+		Network:  &api.NetworkConfig{AllowOut: slices.Clone(s.opts.Allow), DenyOut: []string{"0.0.0.0/0"}},
 	})
 	if err != nil {
 		forget()
 		return nil, err
 	}
-	box, _, ok := s.opts.Sandboxes.Lookup(sb.ID)
 	lr, isLR := isolation.As[isolation.LayerReader](box)
-	if !ok || !isLR {
-		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), sb.ID)
+	if !isLR {
+		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), id)
 		forget()
 		return nil, errors.New("the sandbox backend cannot read a sandbox's layer")
 	}
@@ -86,8 +82,8 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 		DisableCompression: true,
 	}
 	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil).WithUser("root")
-	s.logf(buildID, "debug", "", "build sandbox %s started", sb.ID)
-	return &buildBox{s: s, id: sb.ID, handle: handle, envd: e, layers: lr, tr: tr}, nil
+	s.logf(buildID, "debug", "", "build sandbox %s started", id)
+	return &buildBox{s: s, id: id, handle: handle, envd: e, layers: lr, tr: tr}, nil
 }
 
 func (b *buildBox) kill() {

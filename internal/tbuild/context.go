@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -31,12 +32,37 @@ func ContextArchive(dir, src, dest string, w io.Writer) (string, error) {
 		return "", fmt.Errorf("opening the build context: %w", err)
 	}
 	defer root.Close()
+	entries, err := contextEntries(root, dir, src)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "COPY %s %s", src, dest)
+	zw := gzip.NewWriter(w)
+	tw := tar.NewWriter(zw)
+	for _, p := range entries {
+		if err := archiveEntry(root, tw, h, src, p); err != nil {
+			return "", err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return "", err
+	}
+	if err := zw.Close(); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// contextEntries lists, sorted, the paths the COPY of src takes from the
+// build context: each match of its glob and everything under it.
+func contextEntries(root *os.Root, dir, src string) ([]string, error) {
 	matches, err := fs.Glob(root.FS(), path.Clean(filepath.ToSlash(src)))
 	if err != nil {
-		return "", fmt.Errorf("COPY %s: %w", src, err)
+		return nil, fmt.Errorf("COPY %s: %w", src, err)
 	}
 	if len(matches) == 0 {
-		return "", fmt.Errorf("COPY %s: no files found in the build context %s", src, dir)
+		return nil, fmt.Errorf("COPY %s: no files found in the build context %s", src, dir)
 	}
 	seen := map[string]bool{}
 	var entries []string
@@ -52,66 +78,52 @@ func ContextArchive(dir, src, dest string, w io.Writer) (string, error) {
 			return nil
 		})
 		if err != nil {
-			return "", fmt.Errorf("COPY %s: %w", src, err)
+			return nil, fmt.Errorf("COPY %s: %w", src, err)
 		}
 	}
 	slices.Sort(entries)
-	h := sha256.New()
-	fmt.Fprintf(h, "COPY %s %s", src, dest)
-	zw := gzip.NewWriter(w)
-	tw := tar.NewWriter(zw)
-	for _, p := range entries {
-		fi, err := root.Lstat(p)
+	return entries, nil
+}
+
+// archiveEntry writes the context's entry p to tw and hashes it into h:
+// its path and mode, then a symlink's target or a file's size and
+// content.
+func archiveEntry(root *os.Root, tw *tar.Writer, h hash.Hash, src, p string) error {
+	fi, err := root.Lstat(p)
+	if err != nil {
+		return err
+	}
+	hdr, err := tar.FileInfoHeader(fi, "")
+	if err != nil {
+		return fmt.Errorf("COPY %s: %s: %w", src, p, err)
+	}
+	hdr.Name = p
+	hdr.Uname, hdr.Gname = "", ""
+	h.Write([]byte(p + strconv.FormatUint(uint64(fi.Mode()), 10)))
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		t, err := root.Readlink(p)
 		if err != nil {
-			return "", err
+			return err
 		}
-		hdr, err := tar.FileInfoHeader(fi, "")
+		hdr.Linkname = t
+		h.Write([]byte(t))
+		return tw.WriteHeader(hdr)
+	case fi.IsDir():
+		hdr.Name += "/"
+		return tw.WriteHeader(hdr)
+	case fi.Mode().IsRegular():
+		h.Write([]byte(strconv.FormatInt(fi.Size(), 10)))
+		f, err := root.Open(p)
 		if err != nil {
-			return "", fmt.Errorf("COPY %s: %s: %w", src, p, err)
+			return err
 		}
-		hdr.Name = p
-		hdr.Uname, hdr.Gname = "", ""
-		h.Write([]byte(p + strconv.FormatUint(uint64(fi.Mode()), 10)))
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			t, err := root.Readlink(p)
-			if err != nil {
-				return "", err
-			}
-			hdr.Linkname = t
-			h.Write([]byte(t))
-			if err := tw.WriteHeader(hdr); err != nil {
-				return "", err
-			}
-		case fi.IsDir():
-			hdr.Name += "/"
-			if err := tw.WriteHeader(hdr); err != nil {
-				return "", err
-			}
-		case fi.Mode().IsRegular():
-			h.Write([]byte(strconv.FormatInt(fi.Size(), 10)))
-			f, err := root.Open(p)
-			if err != nil {
-				return "", err
-			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				f.Close()
-				return "", err
-			}
-			_, err = io.Copy(io.MultiWriter(tw, h), io.LimitReader(f, fi.Size()))
-			f.Close()
-			if err != nil {
-				return "", err
-			}
-		default:
-			return "", fmt.Errorf("COPY %s: %s is not a file, directory or symlink", src, p)
+		defer f.Close()
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
 		}
+		_, err = io.Copy(io.MultiWriter(tw, h), io.LimitReader(f, fi.Size()))
+		return err
 	}
-	if err := tw.Close(); err != nil {
-		return "", err
-	}
-	if err := zw.Close(); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return fmt.Errorf("COPY %s: %s is not a file, directory or symlink", src, p)
 }

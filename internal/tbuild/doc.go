@@ -1,7 +1,24 @@
 // Package tbuild builds templates from E2B build requests (the SDK's
 // Template builder, `fence template build -f Dockerfile`): it keeps the
-// templates, builds and tags of E2B's template API, runs every build step
-// fenced, and serves the result to sandbox creation.
+// builds of E2B's template API, runs every build step fenced, and serves
+// the result to sandbox creation.
+//
+// # Parts
+//
+// Templates have three owners, each a package with its tests:
+//
+//   - package content, the content store: layer trees, the layer cache,
+//     COPY archives and their collection;
+//   - package names, the names service: templates, aliases, tags,
+//     visibility, and which builds a name may select;
+//   - this package, the builds: build records, logs, uploads, and the
+//     runs, which use the two above and create their sandboxes through
+//     Sandboxes, an interface of this package's own types that the daemon
+//     implements over the sandbox manager.
+//
+// Service is the one face the HTTP API and the daemon see. Lock order:
+// the Service's lock, then the registry's or the store's; neither of
+// those calls out while it holds its own.
 //
 // # How a build runs
 //
@@ -9,7 +26,7 @@
 // package unpacks (fromImage, fromImageRegistry). Then E2B's default-user
 // phase (user "user" with passwordless sudo), then the steps, in order.
 // Every step that touches files (RUN, COPY, WORKDIR, USER) runs inside a
-// sandbox made by the sandbox manager from the tree built so far, with the
+// sandbox made through Sandboxes from the tree built so far, with the
 // same isolation and limits as any sandbox and egress limited to the
 // build's allowlist (default: the package registries' presets). ENV only
 // changes the build context. After each step the sandbox's writable layer
@@ -51,8 +68,12 @@
 //     files it copies, read from the archive the step then copies.
 //   - Layer trees no build record, build in progress, create in flight
 //     or live sandbox of a deleted template uses are collected at start
-//     and after every deletion (gc.go), crash-safely.
+//     and after every deletion, crash-safely: the trees, the cache and
+//     the archives are package content's; this package tells it what the
+//     records name and which sandboxes live (gc.go), under its lock.
 //
-// Build sandboxes carry metadata sandbox.BuildMetadataKey; the API's
-// sandbox lists leave them out.
+// Build sandboxes are made through the Sandboxes interface declared here
+// (the daemon implements it over the sandbox manager, which marks them
+// with sandbox.BuildMetadataKey; the API's sandbox lists leave them out):
+// this package does not import internal/sandbox, nor it this one.
 package tbuild

@@ -25,130 +25,164 @@ type Dockerfile struct {
 // /home/user when the file set none. Anything else is an error naming
 // the instruction and its line, wrapping api.ErrInvalidArgument.
 func ParseDockerfile(content string) (*Dockerfile, error) {
-	df := &Dockerfile{}
-	steps := []Step{{Type: "USER", Args: []string{"root"}}, {Type: "WORKDIR", Args: []string{"/"}}}
-	sawUser, sawWorkdir, froms := false, false, 0
-	lines := logicalLines(content)
-	for _, ll := range lines {
-		bad := func(format string, args ...any) error {
-			return fmt.Errorf("Dockerfile line %d: %s: %w", ll.n, fmt.Sprintf(format, args...), api.ErrInvalidArgument)
-		}
-		instr, rest, _ := strings.Cut(strings.TrimSpace(ll.text), " ")
-		rest = strings.TrimSpace(rest)
-		instr = strings.ToUpper(instr)
-		if strings.HasPrefix(rest, "<<") {
-			return nil, bad("%s with a heredoc is not supported", instr)
-		}
-		if froms == 0 && instr != "FROM" && instr != "ARG" {
-			return nil, bad("%s before FROM", instr)
-		}
-		switch instr {
-		case "FROM":
-			froms++
-			if froms > 1 {
-				return nil, bad("multi-stage builds (a second FROM) are not supported")
-			}
-			f := strings.Fields(rest)
-			for len(f) > 0 && strings.HasPrefix(f[0], "--") {
-				return nil, bad("FROM %s is not supported", f[0])
-			}
-			if len(f) == 0 {
-				return nil, bad("FROM needs an image")
-			}
-			if len(f) != 1 && !(len(f) == 3 && strings.EqualFold(f[1], "AS")) {
-				return nil, bad("FROM takes an image and an optional AS name")
-			}
-			df.FromImage = f[0]
-		case "RUN":
-			if rest == "" {
-				return nil, bad("RUN needs a command")
-			}
-			if strings.HasPrefix(rest, "--") {
-				return nil, bad("RUN %s is not supported", strings.Fields(rest)[0])
-			}
-			steps = append(steps, Step{Type: "RUN", Args: []string{execForm(rest)}})
-		case "COPY", "ADD":
-			f := strings.Fields(rest)
-			user, mode := "", ""
-			for len(f) > 0 && strings.HasPrefix(f[0], "--") {
-				k, v, _ := strings.Cut(f[0], "=")
-				switch k {
-				case "--chown":
-					user, _, _ = strings.Cut(v, ":")
-				case "--chmod":
-					if !octalRE.MatchString(v) {
-						return nil, bad("%s --chmod=%s: want an octal mode", instr, v)
-					}
-					mode = fmt.Sprintf("%04s", v)
-				default:
-					return nil, bad("%s %s is not supported", instr, k)
-				}
-				f = f[1:]
-			}
-			if strings.HasPrefix(strings.TrimSpace(strings.Join(f, " ")), "[") {
-				var arr []string
-				if err := json.Unmarshal([]byte(strings.Join(f, " ")), &arr); err != nil {
-					return nil, bad("%s: malformed JSON form", instr)
-				}
-				f = arr
-			}
-			if len(f) < 2 {
-				return nil, bad("%s needs a source and a destination", instr)
-			}
-			dest := f[len(f)-1]
-			for _, src := range f[:len(f)-1] {
-				if strings.Contains(src, "://") {
-					return nil, bad("%s from a URL is not supported", instr)
-				}
-				steps = append(steps, Step{Type: "COPY", Args: []string{src, dest, user, mode}})
-			}
-		case "WORKDIR":
-			if rest == "" {
-				return nil, bad("WORKDIR needs a path")
-			}
-			sawWorkdir = true
-			steps = append(steps, Step{Type: "WORKDIR", Args: []string{rest}})
-		case "USER":
-			if rest == "" {
-				return nil, bad("USER needs a user")
-			}
-			u, _, _ := strings.Cut(rest, ":")
-			if !userRE.MatchString(u) {
-				return nil, bad("USER %q is not a valid user name", u)
-			}
-			sawUser = true
-			steps = append(steps, Step{Type: "USER", Args: []string{u}})
-		case "ENV", "ARG":
-			kv, err := parseEnv(instr, rest)
-			if err != nil {
-				return nil, bad("%v", err)
-			}
-			if froms == 0 {
-				continue // an ARG before FROM only parameterises FROM
-			}
-			steps = append(steps, Step{Type: "ENV", Args: kv})
-		case "CMD", "ENTRYPOINT":
-			if rest == "" {
-				return nil, bad("%s needs a command", instr)
-			}
-			df.StartCmd, df.ReadyCmd = execForm(rest), "sleep 20"
-		case "EXPOSE", "VOLUME":
-			// Ignored, as E2B's builder does.
-		default:
-			return nil, bad("unsupported instruction %s (fence builds RUN, COPY, ADD, WORKDIR, USER, ENV, ARG, CMD and ENTRYPOINT; EXPOSE and VOLUME are ignored)", instr)
+	p := &dfParser{df: &Dockerfile{}, steps: []Step{{Type: "USER", Args: []string{"root"}}, {Type: "WORKDIR", Args: []string{"/"}}}}
+	for _, ll := range logicalLines(content) {
+		if err := p.line(ll); err != nil {
+			return nil, err
 		}
 	}
-	if froms == 0 {
+	if p.froms == 0 {
 		return nil, fmt.Errorf("Dockerfile has no FROM: %w", api.ErrInvalidArgument)
 	}
-	if !sawUser {
-		steps = append(steps, Step{Type: "USER", Args: []string{"user"}})
+	if !p.sawUser {
+		p.steps = append(p.steps, Step{Type: "USER", Args: []string{"user"}})
 	}
-	if !sawWorkdir {
-		steps = append(steps, Step{Type: "WORKDIR", Args: []string{"/home/user"}})
+	if !p.sawWorkdir {
+		p.steps = append(p.steps, Step{Type: "WORKDIR", Args: []string{"/home/user"}})
 	}
-	df.Steps = steps
-	return df, nil
+	p.df.Steps = p.steps
+	return p.df, nil
+}
+
+// dfParser is ParseDockerfile's state between lines.
+type dfParser struct {
+	df                  *Dockerfile
+	steps               []Step
+	sawUser, sawWorkdir bool
+	froms               int
+}
+
+// badLine makes the error of a line ParseDockerfile refuses.
+type badLine func(format string, args ...any) error
+
+// line parses one logical line.
+func (p *dfParser) line(ll logicalLine) error {
+	bad := badLine(func(format string, args ...any) error {
+		return fmt.Errorf("Dockerfile line %d: %s: %w", ll.n, fmt.Sprintf(format, args...), api.ErrInvalidArgument)
+	})
+	instr, rest, _ := strings.Cut(strings.TrimSpace(ll.text), " ")
+	rest = strings.TrimSpace(rest)
+	instr = strings.ToUpper(instr)
+	if strings.HasPrefix(rest, "<<") {
+		return bad("%s with a heredoc is not supported", instr)
+	}
+	if p.froms == 0 && instr != "FROM" && instr != "ARG" {
+		return bad("%s before FROM", instr)
+	}
+	switch instr {
+	case "FROM":
+		return p.from(rest, bad)
+	case "RUN":
+		if rest == "" {
+			return bad("RUN needs a command")
+		}
+		if strings.HasPrefix(rest, "--") {
+			return bad("RUN %s is not supported", strings.Fields(rest)[0])
+		}
+		p.steps = append(p.steps, Step{Type: "RUN", Args: []string{execForm(rest)}})
+	case "COPY", "ADD":
+		return p.copy(instr, rest, bad)
+	case "WORKDIR":
+		if rest == "" {
+			return bad("WORKDIR needs a path")
+		}
+		p.sawWorkdir = true
+		p.steps = append(p.steps, Step{Type: "WORKDIR", Args: []string{rest}})
+	case "USER":
+		return p.user(rest, bad)
+	case "ENV", "ARG":
+		kv, err := parseEnv(instr, rest)
+		if err != nil {
+			return bad("%v", err)
+		}
+		if p.froms > 0 { // an ARG before FROM only parameterises FROM
+			p.steps = append(p.steps, Step{Type: "ENV", Args: kv})
+		}
+	case "CMD", "ENTRYPOINT":
+		if rest == "" {
+			return bad("%s needs a command", instr)
+		}
+		p.df.StartCmd, p.df.ReadyCmd = execForm(rest), "sleep 20"
+	case "EXPOSE", "VOLUME":
+		// Ignored, as E2B's builder does.
+	default:
+		return bad("unsupported instruction %s (fence builds RUN, COPY, ADD, WORKDIR, USER, ENV, ARG, CMD and ENTRYPOINT; EXPOSE and VOLUME are ignored)", instr)
+	}
+	return nil
+}
+
+// from parses FROM: one stage, an image and an optional AS name.
+func (p *dfParser) from(rest string, bad badLine) error {
+	p.froms++
+	if p.froms > 1 {
+		return bad("multi-stage builds (a second FROM) are not supported")
+	}
+	f := strings.Fields(rest)
+	for len(f) > 0 && strings.HasPrefix(f[0], "--") {
+		return bad("FROM %s is not supported", f[0])
+	}
+	if len(f) == 0 {
+		return bad("FROM needs an image")
+	}
+	if len(f) != 1 && !(len(f) == 3 && strings.EqualFold(f[1], "AS")) {
+		return bad("FROM takes an image and an optional AS name")
+	}
+	p.df.FromImage = f[0]
+	return nil
+}
+
+// copy parses COPY and ADD (--chown, --chmod, the JSON form): one step
+// per source.
+func (p *dfParser) copy(instr, rest string, bad badLine) error {
+	f := strings.Fields(rest)
+	user, mode := "", ""
+	for len(f) > 0 && strings.HasPrefix(f[0], "--") {
+		k, v, _ := strings.Cut(f[0], "=")
+		switch k {
+		case "--chown":
+			user, _, _ = strings.Cut(v, ":")
+		case "--chmod":
+			if !octalRE.MatchString(v) {
+				return bad("%s --chmod=%s: want an octal mode", instr, v)
+			}
+			mode = fmt.Sprintf("%04s", v)
+		default:
+			return bad("%s %s is not supported", instr, k)
+		}
+		f = f[1:]
+	}
+	if strings.HasPrefix(strings.TrimSpace(strings.Join(f, " ")), "[") {
+		var arr []string
+		if err := json.Unmarshal([]byte(strings.Join(f, " ")), &arr); err != nil {
+			return bad("%s: malformed JSON form", instr)
+		}
+		f = arr
+	}
+	if len(f) < 2 {
+		return bad("%s needs a source and a destination", instr)
+	}
+	dest := f[len(f)-1]
+	for _, src := range f[:len(f)-1] {
+		if strings.Contains(src, "://") {
+			return bad("%s from a URL is not supported", instr)
+		}
+		p.steps = append(p.steps, Step{Type: "COPY", Args: []string{src, dest, user, mode}})
+	}
+	return nil
+}
+
+// user parses USER: a user name (a group after ':' is dropped).
+func (p *dfParser) user(rest string, bad badLine) error {
+	if rest == "" {
+		return bad("USER needs a user")
+	}
+	u, _, _ := strings.Cut(rest, ":")
+	if !userRE.MatchString(u) {
+		return bad("USER %q is not a valid user name", u)
+	}
+	p.sawUser = true
+	p.steps = append(p.steps, Step{Type: "USER", Args: []string{u}})
+	return nil
 }
 
 type logicalLine struct {

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,8 +16,10 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/oci"
-	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/names"
+	"github.com/fencesandbox/fence/internal/template"
 )
 
 // Status is a build's state.
@@ -112,22 +112,6 @@ type Build struct {
 	ImageDigest string   `json:"imageDigest,omitempty"`
 }
 
-// TagRef is where a tag points.
-type TagRef struct {
-	BuildID   string    `json:"buildID"`
-	CreatedAt time.Time `json:"createdAt"`
-}
-
-// Template is a built template's record.
-type Template struct {
-	ID        string            `json:"id"`
-	Alias     string            `json:"alias"`
-	CreatedAt time.Time         `json:"createdAt"`
-	UpdatedAt time.Time         `json:"updatedAt"`
-	Public    bool              `json:"public"`
-	Tags      map[string]TagRef `json:"tags"`
-}
-
 // DocStore persists the records; *store.Store implements it.
 type DocStore interface {
 	PutTemplateDoc(ctx context.Context, d store.Doc) error
@@ -137,19 +121,48 @@ type DocStore interface {
 	BuildDocs(ctx context.Context) ([]store.Doc, error)
 }
 
-// Sandboxes makes the build sandboxes; *sandbox.Manager implements it.
+// BoxSpec is what a build asks of a build sandbox: a sandbox of the
+// template Template (a handle the Catalog resolves to a layer tree), on the
+// backend Backend, marked as a sandbox of build BuildID, with these limits
+// and this network (AllowInternet false: Network's allowlist only).
+type BoxSpec struct {
+	Template      string
+	BuildID       string
+	Backend       string
+	Timeout       time.Duration
+	CPUs          float64
+	MemoryMB      int64
+	AllowInternet bool
+	Network       *api.NetworkConfig
+}
+
+// LiveSandbox is a sandbox, running or paused, as the builds see it: the
+// template name its create gave.
+type LiveSandbox struct {
+	Template string
+	Paused   bool
+}
+
+// Sandboxes makes the build sandboxes and tells which sandboxes live; the
+// daemon implements it over the sandbox manager.
 type Sandboxes interface {
-	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	// CreateBox creates a sandbox and returns its ID and the backend's
+	// handle of it.
+	CreateBox(ctx context.Context, spec BoxSpec) (id string, box isolation.Sandbox, err error)
 	Kill(ctx context.Context, id string) error
-	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
-	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+	// Live lists the sandboxes running or paused.
+	Live(ctx context.Context) ([]LiveSandbox, error)
 	// CreatesInFlight counts the creates not recorded yet.
 	CreatesInFlight() int
 }
 
-// Parents resolves the templates fence builds itself (minimal, base, …).
+// Parents are the templates fence builds itself (minimal, base, …), the
+// parents a build may start from and the rest of the Catalog;
+// *template.Store implements it.
 type Parents interface {
 	Resolve(name string) (rootfs string, err error)
+	ReadyPorts(name string) []uint16
+	Info(name string) (template.Info, error)
 }
 
 // Images unpacks OCI images; *oci.Cache implements it.
@@ -195,8 +208,6 @@ type Service struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	templates map[string]*Template
-	// +checklocks:mu
 	builds map[string]*Build
 	// +checklocks:mu
 	uploads map[string]*upload // token → link
@@ -208,15 +219,14 @@ type Service struct {
 	boxRuntimes map[string]Runtime // handle → start and ready commands of a finalize sandbox
 	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
-	// +checklocks:mu
-	pins map[string]map[string]bool // build ID → trees a build in progress uses
-	// +checklocks:mu
-	leases map[string]time.Time // tree → when a sandbox create last resolved it
 
-	gcMu sync.Mutex // one collection at a time
+	content *content.Store  // the trees, the layer cache, the COPY archives
+	names   *names.Registry // the templates' names, tags and visibility
+
+	gcMu sync.Mutex // one collection, or tombstone, at a time
 	wg   sync.WaitGroup
 	// +checklocks:mu
-	archivesSwept time.Time // the last sweep of COPY archives (files_gc.go)
+	archivesSwept time.Time // the last sweep of COPY archives (content.ArchiveSweepEvery)
 }
 
 // New opens the service: it reads the records, marks the builds that a
@@ -242,38 +252,22 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		opts.MaxUploadBytes = 1 << 30
 	}
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
-		templates: map[string]*Template{}, builds: map[string]*Build{}, uploads: map[string]*upload{},
+		builds: map[string]*Build{}, uploads: map[string]*upload{},
 		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
-		pins: map[string]map[string]bool{}, leases: map[string]time.Time{}, boxRuntimes: map[string]Runtime{}}
+		boxRuntimes: map[string]Runtime{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
-	for _, d := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", d, err)
-		}
-	}
-	if err := os.Chmod(s.treesDir(), 0o755); err != nil {
-		return nil, err
-	}
-	s.removeTemp()
-	tdocs, err := opts.Store.TemplateDocs(ctx)
+	c, err := content.Open(content.Options{Dir: opts.Dir, Logger: s.log, Now: s.now})
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range tdocs {
-		var t Template
-		if err := json.Unmarshal(d.JSON, &t); err != nil {
-			s.log.Warn("skipping a corrupt template record", "id", d.ID, "err", err)
-			continue
-		}
-		if t.Tags == nil {
-			t.Tags = map[string]TagRef{}
-		}
-		s.templates[t.ID] = &t
+	s.content = c
+	if s.names, err = names.Open(ctx, names.Options{Store: opts.Store, Namespace: opts.Namespace, Logger: s.log, Now: s.now}); err != nil {
+		return nil, err
 	}
 	bdocs, err := opts.Store.BuildDocs(ctx)
 	if err != nil {
@@ -296,6 +290,9 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 			continue
 		}
 		s.builds[b.ID] = &b
+		if b.Status == StatusReady {
+			s.names.Ready(b.TemplateID, b.ID)
+		}
 	}
 	return s, nil
 }
@@ -308,26 +305,7 @@ func (s *Service) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-}
-
-func (s *Service) treesDir() string { return filepath.Join(s.opts.Dir, "trees") }
-func (s *Service) filesDir() string { return filepath.Join(s.opts.Dir, "files") }
-func (s *Service) keysDir() string  { return filepath.Join(s.opts.Dir, "layers") }
-
-// removeTemp removes the half-made trees and uploads of a crashed daemon.
-func (s *Service) removeTemp() {
-	for _, dir := range []string{s.treesDir(), s.filesDir(), s.keysDir()} {
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), ".tmp-") {
-				p := filepath.Join(dir, e.Name())
-				s.log.Info("removing an unfinished template layer", "path", p)
-				if err := os.RemoveAll(p); err != nil {
-					s.log.Warn("removing an unfinished template layer", "path", p, "err", err)
-				}
-			}
-		}
-	}
+	s.content.Close()
 }
 
 func newID(n int) string {
@@ -347,19 +325,6 @@ func newUUID() string {
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
-func (s *Service) saveTemplate(ctx context.Context, t *Template) {
-	s.mu.Lock()
-	b, err := json.Marshal(t)
-	id, alias := t.ID, t.Alias
-	s.mu.Unlock()
-	if err == nil {
-		err = s.opts.Store.PutTemplateDoc(context.WithoutCancel(ctx), store.Doc{ID: id, Key: alias, JSON: b})
-	}
-	if err != nil {
-		s.log.Error("recording a template", "id", id, "err", err)
-	}
 }
 
 func (s *Service) saveBuild(ctx context.Context, b *Build) {
@@ -389,22 +354,23 @@ type Registered struct {
 // new), in state waiting.
 func (s *Service) Register(ctx context.Context, name string, tags []string, cpus, memoryMB int) (*Registered, error) {
 	if strings.TrimSpace(name) == "" {
+		//lint:ignore ST1005 E2B's wording, which the e2b SDKs show as it is.
 		return nil, fmt.Errorf("Name is required: %w", api.ErrInvalidArgument)
 	}
-	n, err := ParseName(name)
+	n, err := names.ParseName(name)
 	if err != nil {
 		return nil, err
 	}
-	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
-		return nil, fmt.Errorf("namespace %q is not this server's (%q): %w", n.Namespace, s.opts.Namespace, api.ErrInvalidArgument)
+	if n.Namespace != "" && n.Namespace != s.names.Namespace() {
+		return nil, fmt.Errorf("namespace %q is not this server's (%q): %w", n.Namespace, s.names.Namespace(), api.ErrInvalidArgument)
 	}
 	var all []string
 	if n.Tag != "" {
 		all = append(all, n.Tag)
 	}
 	for _, t := range tags {
-		t = strings.ToLower(strings.TrimSpace(t))
-		if !tagRE.MatchString(t) || uuidRE.MatchString(t) {
+		t, ok := names.CleanTag(t)
+		if !ok {
 			return nil, fmt.Errorf("invalid tag %q (want [a-z0-9_.-]+, not a UUID): %w", t, api.ErrInvalidArgument)
 		}
 		if !slices.Contains(all, t) {
@@ -412,7 +378,7 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 		}
 	}
 	if len(all) == 0 {
-		all = []string{DefaultTag}
+		all = []string{names.DefaultTag}
 	}
 	if cpus == 0 {
 		cpus = 2
@@ -428,16 +394,13 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	}
 	now := s.now().UTC()
 	s.mu.Lock()
-	if _, taken := s.templates[n.Alias]; taken {
+	// Claimed under s.mu: a deletion of the template takes its builds
+	// with it, this one included.
+	t, err := s.names.Claim(n)
+	if err != nil {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("Alias '%s' is already used: %w", n.Alias, api.ErrConflict)
+		return nil, err
 	}
-	t := s.byAliasLocked(n.Alias)
-	if t == nil {
-		t = &Template{ID: newID(20), Alias: n.Alias, CreatedAt: now, Tags: map[string]TagRef{}}
-		s.templates[t.ID] = t
-	}
-	t.UpdatedAt = now
 	b := &Build{ID: newUUID(), TemplateID: t.ID, Status: StatusWaiting, CreatedAt: now, UpdatedAt: now,
 		CPUs: cpus, MemoryMB: memoryMB, Tags: all}
 	var superseded []*Build
@@ -450,54 +413,22 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	}
 	s.builds[b.ID] = b
 	s.mu.Unlock()
-	s.saveTemplate(ctx, t)
+	s.names.Save(ctx, t.ID)
 	s.saveBuild(ctx, b)
 	for _, old := range superseded {
 		s.saveBuild(ctx, old)
 	}
-	return &Registered{TemplateID: t.ID, BuildID: b.ID, Names: []string{s.opts.Namespace + "/" + n.Alias},
+	return &Registered{TemplateID: t.ID, BuildID: b.ID, Names: s.names.Names(n.Alias),
 		Aliases: []string{n.Alias}, Tags: all}, nil
-}
-
-// +checklocks:s.mu
-func (s *Service) byAliasLocked(alias string) *Template {
-	for _, t := range s.templates {
-		if t.Alias == alias {
-			return t
-		}
-	}
-	return nil
-}
-
-// template finds a template by ID or name (a tag is ignored).
-// +checklocks:s.mu
-func (s *Service) templateLocked(idOrName string) (*Template, error) {
-	if t, ok := s.templates[idOrName]; ok {
-		return t, nil
-	}
-	n, err := ParseName(idOrName)
-	if err != nil {
-		return nil, err
-	}
-	if n.Namespace != "" && n.Namespace != s.opts.Namespace {
-		return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
-	}
-	if t := s.byAliasLocked(n.Alias); t != nil {
-		return t, nil
-	}
-	if t, ok := s.templates[n.Alias]; ok {
-		return t, nil
-	}
-	return nil, fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
 }
 
 // buildLocked finds a build of a template.
 // +checklocks:s.mu
 func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
-	if !uuidRE.MatchString(buildID) {
+	if !names.IsUUID(buildID) {
 		return nil, fmt.Errorf("invalid build ID %q: %w", buildID, api.ErrInvalidArgument)
 	}
-	t, err := s.templateLocked(templateID)
+	t, err := s.names.Lookup(templateID)
 	if err != nil {
 		return nil, err
 	}
@@ -511,25 +442,24 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 // Delete removes a template (any tag in the name is ignored) and its
 // builds' records.
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
+	t, err := s.names.Lookup(idOrName)
 	s.mu.Lock()
-	t, err := s.templateLocked(idOrName)
 	sbs := s.opts.Sandboxes
 	s.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	if sbs != nil {
-		live, err := sbs.List(ctx, sandbox.ListFilter{})
+		live, err := sbs.Live(ctx)
 		if err != nil {
 			return err
 		}
 		for _, sb := range live {
-			n, err := ParseName(sb.TemplateID)
-			if err != nil || n.Alias != t.Alias && n.Alias != t.ID {
+			if !usesTemplate(sb.Template, t.ID, t.Alias) {
 				continue
 			}
 			what := "running"
-			if sb.State == sandbox.StatePaused {
+			if sb.Paused {
 				what = "paused"
 			}
 			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
@@ -539,20 +469,20 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	// next collection, which keeps them while a sandbox names the template.
 	s.gcMu.Lock()
 	s.mu.Lock()
-	tomb := tombstone{ID: t.ID, Alias: t.Alias}
+	tomb := content.Tombstone{ID: t.ID, Alias: t.Alias}
 	for _, b := range s.builds {
 		if b.TemplateID == t.ID {
 			tomb.Trees = append(tomb.Trees, treesOf(b)...)
 		}
 	}
 	s.mu.Unlock()
-	err = s.writeTombstones(append(s.readTombstones(), tomb))
+	err = s.content.Bury(tomb)
 	s.gcMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("deleting template %s: %w", t.Alias, err)
 	}
 	s.mu.Lock()
-	if s.templates[t.ID] != t {
+	if _, ok := s.names.Get(t.ID); !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
 	}
@@ -564,135 +494,19 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 			delete(s.builds, id)
 		}
 	}
-	delete(s.templates, t.ID)
+	s.names.Forget(t.ID)
 	s.mu.Unlock()
-	if err := s.opts.Store.DeleteTemplateDoc(context.WithoutCancel(ctx), t.ID); err != nil {
+	if err := s.names.Erase(ctx, t.ID); err != nil {
 		return err
 	}
 	s.collect(context.WithoutCancel(ctx))
 	return nil
 }
 
-// Listed is one template in a list (E2B's Template).
-type Listed struct {
-	TemplateID    string     `json:"templateID"`
-	BuildID       string     `json:"buildID"`
-	CPUCount      int        `json:"cpuCount"`
-	MemoryMB      int        `json:"memoryMB"`
-	DiskSizeMB    int        `json:"diskSizeMB"`
-	Public        bool       `json:"public"`
-	Aliases       []string   `json:"aliases"`
-	Names         []string   `json:"names"`
-	CreatedAt     time.Time  `json:"createdAt"`
-	UpdatedAt     time.Time  `json:"updatedAt"`
-	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
-	SpawnCount    int64      `json:"spawnCount"`
-	BuildCount    int        `json:"buildCount"`
-	BuildStatus   Status     `json:"buildStatus"`
-	CreatedBy     *struct{}  `json:"createdBy"`
-	EnvdVersion   string     `json:"envdVersion"`
-}
-
-// EnvdVersion is the envd version fence's agent reports.
-const EnvdVersion = "0.2.0"
-
-// List returns the templates, newest first.
-func (s *Service) List() []Listed {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := []Listed{}
-	for _, t := range s.templates {
-		l := Listed{TemplateID: t.ID, BuildID: "00000000-0000-0000-0000-000000000000", CPUCount: 2, MemoryMB: 1024,
-			Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
-			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, BuildStatus: StatusWaiting, EnvdVersion: EnvdVersion}
-		var latest *Build
-		for _, b := range s.builds {
-			if b.TemplateID != t.ID {
-				continue
-			}
-			l.BuildCount++
-			if latest == nil || b.CreatedAt.After(latest.CreatedAt) {
-				latest = b
-			}
-		}
-		if latest != nil {
-			l.BuildStatus = latest.Status
-		}
-		if r, ok := t.Tags[DefaultTag]; ok {
-			if b := s.builds[r.BuildID]; b != nil {
-				l.BuildID, l.CPUCount, l.MemoryMB = b.ID, b.CPUs, b.MemoryMB
-			}
-		}
-		out = append(out, l)
-	}
-	slices.SortFunc(out, func(a, b Listed) int { return b.CreatedAt.Compare(a.CreatedAt) })
-	return out
-}
-
-// BuildSummary is one build in a template's detail.
-type BuildSummary struct {
-	BuildID     string     `json:"buildID"`
-	Status      Status     `json:"status"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	UpdatedAt   time.Time  `json:"updatedAt"`
-	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
-	CPUCount    int        `json:"cpuCount"`
-	MemoryMB    int        `json:"memoryMB"`
-	EnvdVersion string     `json:"envdVersion,omitempty"`
-}
-
-// Detail is E2B's TemplateWithBuilds.
-type Detail struct {
-	TemplateID    string         `json:"templateID"`
-	Public        bool           `json:"public"`
-	Aliases       []string       `json:"aliases"`
-	Names         []string       `json:"names"`
-	CreatedAt     time.Time      `json:"createdAt"`
-	UpdatedAt     time.Time      `json:"updatedAt"`
-	LastSpawnedAt *time.Time     `json:"lastSpawnedAt"`
-	SpawnCount    int64          `json:"spawnCount"`
-	Builds        []BuildSummary `json:"builds"`
-}
-
-// Get returns a template's detail, builds newest first.
-func (s *Service) Get(id string) (*Detail, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.templates[id]
-	if !ok {
-		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
-	}
-	d := &Detail{TemplateID: t.ID, Public: t.Public, Aliases: []string{t.Alias}, Names: []string{s.opts.Namespace + "/" + t.Alias},
-		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Builds: []BuildSummary{}}
-	for _, b := range s.builds {
-		if b.TemplateID == t.ID {
-			d.Builds = append(d.Builds, BuildSummary{BuildID: b.ID, Status: b.Status, CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
-				FinishedAt: b.FinishedAt, CPUCount: b.CPUs, MemoryMB: b.MemoryMB, EnvdVersion: EnvdVersion})
-		}
-	}
-	slices.SortFunc(d.Builds, func(a, b BuildSummary) int { return b.CreatedAt.Compare(a.CreatedAt) })
-	return d, nil
-}
-
 // SetPublic sets (when public is not nil) whether a template is public
 // and returns its names.
 func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]string, error) {
-	s.mu.Lock()
-	t, ok := s.templates[id]
-	if !ok {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("template %q not found: %w", id, api.ErrNotFound)
-	}
-	if public != nil {
-		t.Public = *public
-		t.UpdatedAt = s.now().UTC()
-	}
-	names := []string{s.opts.Namespace + "/" + t.Alias}
-	s.mu.Unlock()
-	if public != nil {
-		s.saveTemplate(ctx, t)
-	}
-	return names, nil
+	return s.names.SetPublic(ctx, id, public)
 }
 
 // SetSandboxes gives the service the sandbox manager its builds run in

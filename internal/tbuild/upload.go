@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
 )
 
 // upload is an upload link. A link takes one PUT: the first one spends
@@ -32,14 +32,14 @@ func (s *Service) FileStatus(templateID, hash string) (present bool, token strin
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.templateLocked(templateID); err != nil {
+	if _, err := s.names.Lookup(templateID); err != nil {
 		return false, "", err
 	}
-	_, statErr := os.Stat(filepath.Join(s.filesDir(), hash+".tar"))
+	_, statErr := os.Stat(s.content.ArchivePath(hash))
 	if statErr == nil {
-		s.touchArchive(hash)
+		s.content.TouchArchive(hash)
 	}
-	if s.now().Sub(s.archivesSwept) >= archiveSweepEvery {
+	if s.now().Sub(s.archivesSwept) >= content.ArchiveSweepEvery {
 		s.archivesSwept = s.now()
 		s.wg.Go(s.sweepArchives)
 	}
@@ -63,7 +63,7 @@ func (s *Service) FileStatus(templateID, hash string) (present bool, token strin
 // cannot be recomputed from an archive (it covers the directories' inode
 // sizes, which a tar does not carry), so the archive kept under a hash
 // is written once: a later upload for the hash must hold the same files
-// (storeArchive), and a second upload through one token is refused and
+// (content.Store.StoreArchive), and a second upload through one token is refused and
 // drops the archive the first one kept.
 func (s *Service) Upload(ctx context.Context, token string, body io.Reader) error {
 	s.mu.Lock()
@@ -85,14 +85,14 @@ func (s *Service) Upload(ctx context.Context, token string, body io.Reader) erro
 	if !ok {
 		return fmt.Errorf("unknown or expired upload link: %w", api.ErrNotFound)
 	}
-	_, created, err := storeArchive(ctx, s.filesDir(), u.hash, body, s.opts.MaxUploadBytes)
+	_, created, err := s.content.StoreArchive(ctx, u.hash, body, s.opts.MaxUploadBytes)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if created {
-		u.kept, err = os.Lstat(filepath.Join(s.filesDir(), u.hash+".tar"))
+		u.kept, err = os.Lstat(s.content.ArchivePath(u.hash))
 		if err != nil {
 			return fmt.Errorf("keeping upload: %w", err)
 		}
@@ -111,7 +111,7 @@ func (s *Service) dropKeptLocked(u *upload) {
 	if u.kept == nil {
 		return
 	}
-	name := filepath.Join(s.filesDir(), u.hash+".tar")
+	name := s.content.ArchivePath(u.hash)
 	if fi, err := os.Lstat(name); err == nil && os.SameFile(fi, u.kept) {
 		if err := os.Remove(name); err == nil {
 			s.log.Warn("template files dropped: their upload link was used twice", "hash", u.hash)

@@ -1,7 +1,6 @@
 package tbuild
 
 import (
-	"archive/tar"
 	"bytes"
 	"errors"
 	"os"
@@ -12,29 +11,21 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tbuild/content"
+	"github.com/fencesandbox/fence/internal/tbuild/content/contenttest"
+	"github.com/fencesandbox/fence/internal/template"
 )
-
-// tarFiles is a tar of regular files (name → content), entries in the
-// order given, with mtime t.
-func tarFiles(t *testing.T, mtime time.Time, files ...string) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	for i := 0; i+1 < len(files); i += 2 {
-		tw.WriteHeader(&tar.Header{Name: files[i], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[i+1])), ModTime: mtime, Uid: i})
-		tw.Write([]byte(files[i+1]))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 type noParents struct{}
 
 func (noParents) Resolve(name string) (string, error) {
 	return "", errors.New("no parent templates in this test")
+}
+
+func (noParents) ReadyPorts(name string) []uint16 { return nil }
+
+func (noParents) Info(name string) (template.Info, error) {
+	return template.Info{}, errors.New("no parent templates in this test")
 }
 
 func newTestService(t *testing.T) *Service {
@@ -53,42 +44,6 @@ func newTestService(t *testing.T) *Service {
 	return s
 }
 
-// An archive kept under a files hash is written once: the same files
-// again (other order, times and owners) are accepted and change nothing;
-// other files under that hash are refused and the kept archive stays.
-func TestStoreArchiveWriteOnce(t *testing.T) {
-	dir := t.TempDir()
-	hash := strings.Repeat("cd", 32)
-	final := filepath.Join(dir, hash+".tar")
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	first := tarFiles(t, t0, "app/a", "A", "app/b", "B")
-	d1, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(first), 1<<20)
-	if err != nil || !created {
-		t.Fatalf("first upload: created %v, %v", created, err)
-	}
-	same := tarFiles(t, t0.Add(time.Hour), "app/b", "B", "app/a", "A")
-	d2, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(same), 1<<20)
-	if err != nil || created || d2 != d1 {
-		t.Errorf("the same files again: created %v, digest %.12s (first %.12s), %v; want accepted, nothing written", created, d2, d1, err)
-	}
-	for name, body := range map[string][]byte{
-		"other content":  tarFiles(t, t0, "app/a", "A", "app/b", "evil"),
-		"one more file":  tarFiles(t, t0, "app/a", "A", "app/b", "B", "app/c", "C"),
-		"one file fewer": tarFiles(t, t0, "app/a", "A"),
-	} {
-		_, created, err := storeArchive(t.Context(), dir, hash, bytes.NewReader(body), 1<<20)
-		if !errors.Is(err, api.ErrConflict) || created {
-			t.Errorf("%s: created %v, %v; want ErrConflict", name, created, err)
-		}
-	}
-	if got, _ := os.ReadFile(final); !bytes.Equal(got, first) {
-		t.Error("the kept archive changed")
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("%d files in the files directory, want only the kept archive", len(entries))
-	}
-}
-
 // An upload link takes one PUT: a second one is refused and drops what
 // the first one kept (one of the two came from someone other than the
 // client the link was given to); an upload for a hash already kept with
@@ -100,7 +55,7 @@ func TestUploadLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	hash := strings.Repeat("ef", 32)
-	final := filepath.Join(s.filesDir(), hash+".tar")
+	final := s.content.ArchivePath(hash)
 	link := func() string {
 		t.Helper()
 		_, token, err := s.FileStatus(reg.TemplateID, hash)
@@ -109,8 +64,8 @@ func TestUploadLinks(t *testing.T) {
 		}
 		return token
 	}
-	good := tarFiles(t, time.Unix(0, 0), "app/a", "good")
-	evil := tarFiles(t, time.Unix(0, 0), "app/a", "evil")
+	good := contenttest.TarFiles(t, time.Unix(0, 0), "app/a", "good")
+	evil := contenttest.TarFiles(t, time.Unix(0, 0), "app/a", "evil")
 
 	// The client's PUT, then someone who saw the link.
 	tok := link()
@@ -160,12 +115,12 @@ func TestUploadLinks(t *testing.T) {
 	if err := s.Upload(t.Context(), link(), bytes.NewReader(good)); err != nil {
 		t.Errorf("the same files again (forceUpload) = %v, want accepted", err)
 	}
-	f, digest, err := s.openFiles(t.Context(), hash)
+	f, digest, err := s.content.OpenArchive(t.Context(), hash)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	want, _ := filesDigest(t.Context(), bytes.NewReader(good), false)
+	want, _ := content.FilesDigest(t.Context(), bytes.NewReader(good), false)
 	if digest != want {
 		t.Error("a later COPY would not get the files first kept under the hash")
 	}

@@ -1,4 +1,4 @@
-package tbuild
+package content
 
 import (
 	"archive/tar"
@@ -27,7 +27,7 @@ const maxArchiveEntries = 200000
 
 // storeArchive checks an uploaded COPY archive (a tar, gzipped or not:
 // the gzip magic decides) and keeps it, uncompressed, as dir/hash.tar,
-// returning its files digest (filesDigest). An archive is written once: if
+// returning its files digest (FilesDigest). An archive is written once: if
 // dir/hash.tar exists, the upload is accepted only when it holds the same
 // files (the same files digest), and the kept archive stays as it is. A
 // malformed archive, or other files under a kept hash, keeps nothing.
@@ -52,7 +52,7 @@ func storeArchive(ctx context.Context, dir, hash string, body io.Reader, limit i
 	}()
 	counted := &countWriter{w: tmp, limit: limit}
 	in := io.TeeReader(r, counted)
-	digest, err = filesDigest(ctx, in, true)
+	digest, err = FilesDigest(ctx, in, true)
 	if errors.Is(err, errTooLarge) || errors.Is(err, io.ErrUnexpectedEOF) && counted.n > limit {
 		return "", false, fmt.Errorf("upload is larger than %d bytes: %w", limit, api.ErrInvalidArgument)
 	}
@@ -94,16 +94,16 @@ func storedDigest(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	return filesDigest(ctx, bufio.NewReaderSize(f, 256<<10), false)
+	return FilesDigest(ctx, bufio.NewReaderSize(f, 256<<10), false)
 }
 
-// filesDigest reads a tar stream to its end-of-archive marker and returns
+// FilesDigest reads a tar stream to its end-of-archive marker and returns
 // the digest of the files it holds: sha256 over its entries sorted by
 // name, each one its name, type, permission bits, link target, size and
 // content. Owners, times and extended attributes are left out: two
 // archives of the same files made at different times have one digest.
 // With check set, the entries are checked (checkEntry) and counted.
-func filesDigest(ctx context.Context, r io.Reader, check bool) (string, error) {
+func FilesDigest(ctx context.Context, r io.Reader, check bool) (string, error) {
 	type entry struct {
 		name string
 		sum  [sha256.Size]byte

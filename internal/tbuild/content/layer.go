@@ -1,4 +1,4 @@
-package tbuild
+package content
 
 import (
 	"archive/tar"
@@ -18,10 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cloneTree makes dst (which must not exist) a copy of src in which every
+// CloneTree makes dst (which must not exist) a copy of src in which every
 // non-directory is a hard link to src's (a copy where a link cannot be
 // made: another filesystem, too many links). Nothing is followed.
-func cloneTree(ctx context.Context, src, dst string) error {
+func CloneTree(ctx context.Context, src, dst string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -106,14 +106,14 @@ func unshift(id int) int {
 	return id
 }
 
-// applyLayer applies a sandbox's writable layer, as
+// ApplyLayer applies a sandbox's writable layer, as
 // isolation.LayerReader.ExportLayer writes it (the tar at layerPath), to
 // the tree root: deletions and opaque directories first, then every entry,
 // each replacing what was there (a file is always made anew, never written
 // in place: the tree's files are hard links shared with other trees).
 // Paths are resolved from root's descriptor without following any
 // symlink, so a link made by a build step never leads outside the tree.
-func applyLayer(ctx context.Context, root, layerPath string) error {
+func ApplyLayer(ctx context.Context, root, layerPath string) error {
 	rootFD, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opening layer tree: %w", err)
@@ -125,15 +125,42 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 	}
 	defer f.Close()
 	// Pass 1: the whiteout list (the archive's last entry).
-	var deleted, opaque []string
+	deleted, opaque, err := readWhiteouts(f)
+	if err != nil {
+		return err
+	}
+	for _, p := range deleted {
+		if err := removeAt(rootFD, CleanRel(p)); err != nil {
+			return fmt.Errorf("applying deletion of %s: %w", p, err)
+		}
+	}
+	for _, p := range opaque {
+		rel := CleanRel(strings.TrimSuffix(p, "/"))
+		if rel == "" {
+			continue
+		}
+		if err := emptyAt(rootFD, rel); err != nil {
+			return fmt.Errorf("applying opaque directory %s: %w", p, err)
+		}
+	}
+	// Pass 2: the entries.
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return applyEntries(ctx, rootFD, f)
+}
+
+// readWhiteouts reads the layer's whiteout list (changes/.whiteouts): the
+// paths deleted and the directories made opaque.
+func readWhiteouts(f io.Reader) (deleted, opaque []string, err error) {
 	tr := tar.NewReader(bufio.NewReader(f))
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return deleted, opaque, nil
 		}
 		if err != nil {
-			return fmt.Errorf("reading layer: %w", err)
+			return nil, nil, fmt.Errorf("reading layer: %w", err)
 		}
 		if hdr.Name != "changes/.whiteouts" {
 			continue
@@ -164,28 +191,15 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 			}
 		}
 		if err := sc.Err(); err != nil {
-			return fmt.Errorf("reading layer whiteouts: %w", err)
+			return nil, nil, fmt.Errorf("reading layer whiteouts: %w", err)
 		}
 	}
-	for _, p := range deleted {
-		if err := removeAt(rootFD, cleanRel(p)); err != nil {
-			return fmt.Errorf("applying deletion of %s: %w", p, err)
-		}
-	}
-	for _, p := range opaque {
-		rel := cleanRel(strings.TrimSuffix(p, "/"))
-		if rel == "" {
-			continue
-		}
-		if err := emptyAt(rootFD, rel); err != nil {
-			return fmt.Errorf("applying opaque directory %s: %w", p, err)
-		}
-	}
-	// Pass 2: the entries.
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	tr = tar.NewReader(bufio.NewReader(f))
+}
+
+// applyEntries applies every entry under changes/ of the layer read from
+// f to the tree rootFD.
+func applyEntries(ctx context.Context, rootFD int, f io.Reader) error {
+	tr := tar.NewReader(bufio.NewReader(f))
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -201,7 +215,7 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 		if !ok || name == ".whiteouts" {
 			continue
 		}
-		rel := cleanRel(name)
+		rel := CleanRel(name)
 		if rel == "" {
 			continue
 		}
@@ -211,9 +225,9 @@ func applyLayer(ctx context.Context, root, layerPath string) error {
 	}
 }
 
-// cleanRel makes p a clean relative path ("" for the root); ".." cannot
+// CleanRel makes p a clean relative path ("" for the root); ".." cannot
 // survive path.Clean of an absolute path.
-func cleanRel(p string) string {
+func CleanRel(p string) string {
 	return strings.TrimPrefix(path.Clean("/"+p), "/")
 }
 
