@@ -405,7 +405,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if req.MemoryMB == 0 {
 		req.MemoryMB = rt.MemoryMB
 	}
-	timeout, limits, err := m.validate(req)
+	timeout, limits, err := validate(req, m.defaults, m.maxTimeout)
 	if err != nil {
 		return nil, err
 	}

@@ -167,7 +167,7 @@ func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) error 
 }
 
 func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyExtend bool) error {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return err
 	}
 	e, err := m.lookup(id)

@@ -117,7 +117,7 @@ func (m *Manager) ResumeWithoutMemory(ctx context.Context, id string, d time.Dur
 }
 
 func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration, autoPause *bool, cold bool) (*Sandbox, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return nil, err
 	}
 	e, err := m.lookup(id)
@@ -152,7 +152,7 @@ func (m *Manager) ConnectWithoutMemory(ctx context.Context, id string, d time.Du
 }
 
 func (m *Manager) connect(ctx context.Context, id string, d time.Duration, cold bool) (*Sandbox, bool, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return nil, false, err
 	}
 	e, err := m.lookup(id)
