@@ -205,15 +205,8 @@ type Manager struct {
 	netMu  sync.Mutex // serialises UpdateNetwork
 	fences *fences    // each sandbox's network fence, by ID (fence.go)
 
-	wake chan struct{} // nudges the reaper; buffered 1
-	stop chan struct{} // closed by Shutdown
-	// wakeMu guards what a nudge tells the reaper: a deadline set since
-	// it last looked (the earliest), or that it must look at them all.
-	wakeMu sync.Mutex
-	// +checklocks:wakeMu
-	wakeAt time.Time
-	// +checklocks:wakeMu
-	wakeRescan bool
+	reaper *reaper       // kills sandboxes at their deadline (reaper.go)
+	stop   chan struct{} // closed by Shutdown
 
 	sampleEvery time.Duration
 	wg          sync.WaitGroup
@@ -269,7 +262,7 @@ func New(opts Options) (*Manager, error) {
 		retention:              opts.KilledRetention,
 		log:                    opts.Logger,
 		now:                    opts.Now,
-		wake:                   make(chan struct{}, 1),
+		reaper:                 newReaper(),
 		fences:                 newFences(opts.Fence, opts.Logger),
 		stop:                   make(chan struct{}),
 		sampleEvery:            cmp.Or(opts.SampleEvery, 5*time.Second),
@@ -352,7 +345,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return ErrClosed
 	}
 	m.started = true
-	m.wg.Go(m.reaper)
+	m.wg.Go(func() { m.reaper.run(m.stop, m.now, m) })
 	m.wg.Go(m.sampler)
 	if m.layers != nil {
 		m.wg.Go(m.layerCollector)
@@ -641,7 +634,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	m.running[id] = e
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
-	m.nudgeAt(info.EndAt)
+	m.reaper.nudgeAt(info.EndAt)
 
 	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
 	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", info.TemplateID,

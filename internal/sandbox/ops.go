@@ -190,7 +190,7 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 		return fmt.Errorf("setting timeout of sandbox %s: %w", id, err)
 	}
 	e.info.EndAt = end
-	m.nudgeAt(end)
+	m.reaper.nudgeAt(end)
 	return nil
 }
 

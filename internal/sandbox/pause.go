@@ -95,7 +95,7 @@ func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func()
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
 		e.mu.Unlock()
-		m.nudge() // its deadline is back
+		m.reaper.nudge() // its deadline is back
 	}
 	return started, reopen, nil
 }
@@ -261,7 +261,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
-	m.nudgeAt(end)
+	m.reaper.nudgeAt(end)
 	m.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
 	m.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
 	return nil
