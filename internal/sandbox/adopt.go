@@ -99,6 +99,7 @@ func (m *Manager) takeOver(ctx context.Context, id string, e *entry, box isolati
 	e.setBox(box)
 	m.mu.Lock()
 	m.running[id] = e
+	m.adm.adopt()
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
 	m.log.InfoContext(ctx, msg, "sandbox_id", id)

@@ -188,15 +188,12 @@ type Manager struct {
 	// warmTemplates holds the templates a warm pool prepares (WarmTarget).
 	warmTemplates sync.Map // string → bool
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
-	gateways  sync.Map
-	hostAddrs []netip.Addr
-	hosts     policy.HostSet
-	never     []netip.Prefix
-	max       int
-	capacity  *capacity.Gate // nil admits anything the count allows
-	// admitMu serialises admissions, so that each sees the creates
-	// admitted before it in pending.
-	admitMu    sync.Mutex
+	gateways   sync.Map
+	hostAddrs  []netip.Addr
+	hosts      policy.HostSet
+	never      []netip.Prefix
+	max        int
+	adm        *admission // counts and admits sandboxes (admission.go)
 	maxTimeout time.Duration
 	retention  time.Duration
 	log        *slog.Logger
@@ -218,12 +215,6 @@ type Manager struct {
 	closed bool
 	// +checklocks:mu
 	running map[string]*entry
-	// +checklocks:mu
-	pending int // creates between the capacity check and registration
-	// +checklocks:mu
-	pooled int // sandboxes started ahead of demand (PoolBudget units)
-	// +checklocks:mu
-	dying int // sandboxes out of running whose kill has not returned yet
 	// +checklocks:mu
 	standbys int // entries with a standby (standby.go)
 
@@ -257,7 +248,6 @@ func New(opts Options) (*Manager, error) {
 		hosts:                  opts.Hosts,
 		never:                  opts.NeverCIDRs,
 		max:                    opts.MaxSandboxes,
-		capacity:               opts.Capacity,
 		maxTimeout:             opts.MaxTimeout,
 		retention:              opts.KilledRetention,
 		log:                    opts.Logger,
@@ -272,6 +262,7 @@ func New(opts Options) (*Manager, error) {
 	if m.max <= 0 {
 		m.max = 1000
 	}
+	m.adm = newAdmission(m.max, opts.Capacity, opts.Backend)
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
@@ -345,6 +336,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return ErrClosed
 	}
 	m.started = true
+	m.adm.start()
 	m.wg.Go(func() { m.reaper.run(m.stop, m.now, m) })
 	m.wg.Go(m.sampler)
 	if m.layers != nil {
@@ -437,15 +429,13 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if err != nil {
 		return nil, fmt.Errorf("resolving template %q: %w", tmpl, err)
 	}
-	if err := m.reserve(ctx); err != nil {
+	if err := m.adm.reserve(ctx); err != nil {
 		return nil, err
 	}
 	registered := false
 	defer func() {
 		if !registered {
-			m.mu.Lock()
-			m.pending--
-			m.mu.Unlock()
+			m.adm.cancel()
 		}
 	}()
 
@@ -623,15 +613,16 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		e.layer, e.createdLayer = from.layer, from.layer // +checklocksignore: e is not shared yet
 	}
 	m.mu.Lock()
-	m.pending--
 	registered = true
 	if m.closed {
+		m.adm.cancel()
 		m.mu.Unlock()
 		m.killBox(ctx, box)
 		m.markKilled(ctx, id)
 		return nil, ErrClosed
 	}
 	m.running[id] = e
+	m.adm.register()
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
 	m.reaper.nudgeAt(info.EndAt)
@@ -679,7 +670,7 @@ func (m *Manager) watch(e *entry) {
 		delete(m.running, e.sb().ID())
 		m.gateways.Delete(e.sb().ID())
 		m.fences.drop(e.sb().ID())
-		m.dying++
+		m.adm.remove()
 	}
 	m.mu.Unlock()
 	if ok && cur == e {
@@ -687,7 +678,8 @@ func (m *Manager) watch(e *entry) {
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.sb().ID())
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		m.finishUsage(ctx, e)
-		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
+		m.killBox(ctx, e.sb()) // release host resources the backend may still hold
+		m.adm.released()
 		m.releaseStandby(e)
 		m.markKilled(ctx, e.sb().ID())
 		if e.usesLayers() {
@@ -707,6 +699,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	m.closed = true
+	m.adm.close()
 	all := make([]*entry, 0, len(m.running))
 	for id, e := range m.running {
 		all = append(all, e)

@@ -181,9 +181,7 @@ func TestCreateBackendFailureLeavesNothing(t *testing.T) {
 		t.Errorf("failed create left %d records", len(recs))
 	}
 	// The capacity reservation was released.
-	e.m.mu.Lock()
-	pending := e.m.pending
-	e.m.mu.Unlock()
+	pending := e.m.adm.inFlight()
 	if pending != 0 {
 		t.Errorf("pending = %d after failed create, want 0", pending)
 	}

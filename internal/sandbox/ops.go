@@ -211,14 +211,15 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		delete(m.running, id)
 		m.gateways.Delete(id)
 		m.fences.drop(id)
-		m.dying++
+		m.adm.remove()
 	}
 	m.mu.Unlock()
 	if !ok {
 		return notFound(id)
 	}
 	m.finishUsage(ctx, e)
-	m.killRemoved(ctx, e.sb())
+	m.killBox(ctx, e.sb())
+	m.adm.released()
 	m.releaseStandby(e)
 	m.markKilled(ctx, id)
 	if e.usesLayers() {

@@ -222,7 +222,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	// A filesystem-only pause freed its processes: its resume boots them
 	// again and needs the headroom of a create (a memory pause kept them).
 	if cold {
-		if err := m.admitBoot(); err != nil {
+		if err := m.adm.admitBoot(); err != nil {
 			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
