@@ -579,3 +579,43 @@ func TestMetricsHistory(t *testing.T) {
 		e.m.Shutdown(ctx)
 	})
 }
+
+// insertFails is a store whose Insert fails, after everything but the
+// record of a create is made.
+type insertFails struct{ *store.Store }
+
+func (insertFails) Insert(context.Context, *store.Sandbox) error { return errors.New("disk full") }
+
+// TestCreateFailingLateLeavesNothing: a create that fails at its last
+// step (the store's record) takes back everything its steps made: the
+// backend sandbox, its fence, its gateway state and its unit of
+// admission.
+func TestCreateFailingLateLeavesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(o *Options) { o.Store = insertFails{o.Store.(*store.Store)} })
+		ctx := t.Context()
+		if _, err := e.m.Create(ctx, CreateRequest{TemplateID: "base"}); err == nil {
+			t.Fatal("Create() with a failing store succeeded")
+		}
+		synctest.Wait()
+		if ids := e.host.Running(); len(ids) != 0 {
+			t.Errorf("backend sandboxes left running: %v", ids)
+		}
+		e.m.fences.mu.Lock()
+		fenced := len(e.m.fences.byID)
+		e.m.fences.mu.Unlock()
+		if fenced != 0 {
+			t.Errorf("%d fences left", fenced)
+		}
+		gateways := 0
+		e.m.gateways.Range(func(any, any) bool { gateways++; return true })
+		if gateways != 0 {
+			t.Errorf("%d gateway states left", gateways)
+		}
+		if n := e.m.CreatesInFlight(); n != 0 {
+			t.Errorf("CreatesInFlight() = %d after the failed create, want 0", n)
+		}
+		e.m.Shutdown(ctx)
+		e.store.Close()
+	})
+}
