@@ -53,7 +53,6 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
 	ctx = context.WithoutCancel(ctx)
-	m.releaseStandby(e) // nothing to rewind while paused
 	if err := p.Pause(ctx); err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
@@ -75,10 +74,11 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// stopRun moves a running sandbox to paused: from here Lookup refuses its
-// traffic, and what is in flight is cut. It returns when the run started
-// and reopen, which moves the sandbox back to running should the pause
-// fail; a sandbox that is not running gives an error wrapping
+// stopRun moves a running sandbox to paused, for every kind of pause:
+// from here Lookup refuses its traffic, what is in flight is cut, and its
+// standby goes (nothing is rewound while paused). It returns when the run
+// started and reopen, which moves the sandbox back to running should the
+// pause fail; a sandbox that is not running gives an error wrapping
 // errNotRunning. The caller holds e.life.
 func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
 	e.mu.Lock()
@@ -90,6 +90,7 @@ func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func()
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
+	m.releaseStandby(e)
 	reopen = func() {
 		e.mu.Lock()
 		e.info.State = StateRunning
