@@ -361,6 +361,13 @@ func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
 	}
 }
 
+// killRemoved kills a sandbox just removed from running; its unit of
+// admission is held (dying) until the backend has released it.
+func (m *Manager) killRemoved(ctx context.Context, box isolation.Sandbox) {
+	defer m.adm.released()
+	m.killBox(ctx, box)
+}
+
 func (m *Manager) markKilled(ctx context.Context, id string) {
 	if err := m.store.SetState(context.WithoutCancel(ctx), id, store.StateKilled); err != nil {
 		m.log.ErrorContext(ctx, "marking sandbox killed", "sandbox_id", id, "err", err)
@@ -397,8 +404,7 @@ func (m *Manager) watch(e *entry) {
 		m.log.WarnContext(ctx, "sandbox stopped unexpectedly", "sandbox_id", e.sb().ID())
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		m.finishUsage(ctx, e)
-		m.killBox(ctx, e.sb()) // release host resources the backend may still hold
-		m.adm.released()
+		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
 		m.releaseStandby(e)
 		m.markKilled(ctx, e.sb().ID())
 		if e.usesLayers() {

@@ -218,8 +218,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		return notFound(id)
 	}
 	m.finishUsage(ctx, e)
-	m.killBox(ctx, e.sb())
-	m.adm.released()
+	m.killRemoved(ctx, e.sb())
 	m.releaseStandby(e)
 	m.markKilled(ctx, id)
 	if e.usesLayers() {
