@@ -165,7 +165,13 @@ var ErrClosed = fmt.Errorf("sandbox manager is shut down: %w", api.ErrUnavailabl
 
 var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnavailable)
 
-// Manager owns the lifecycle of sandboxes.
+// Manager owns the lifecycle of sandboxes: the registry of live ones
+// (running or paused), their state machine and their store record. Its
+// lifecycle surface is Start and Shutdown; Create (create.go); Get,
+// Lookup, Live, MatchToken, List, SetTimeout, Extend and Kill (ops.go);
+// Pause, Resume, Connect and WakeOnTraffic (pause.go). Capacity,
+// CreatesInFlight and PoolBudget report on and lend the units its
+// admission counts (admission.go).
 type Manager struct {
 	backend   isolation.Backend
 	store     Store
