@@ -204,6 +204,7 @@ func (h adoptHost) takeOver(ctx context.Context, id string, e *entry, box isolat
 	e.setBox(box)
 	m.mu.Lock()
 	m.running[id] = e
+	m.adm.adopt()
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
 }

@@ -151,7 +151,6 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
-	m.releaseStandby(e) // nothing to rewind while paused
 	m.layerMu.RLock()
 	defer m.layerMu.RUnlock()
 	info, err := m.checkpointFiles(ctx, e)

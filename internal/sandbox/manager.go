@@ -6,17 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"net"
 	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/capacity"
-	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
@@ -151,24 +147,27 @@ var ErrClosed = fmt.Errorf("sandbox manager is shut down: %w", api.ErrUnavailabl
 
 var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnavailable)
 
-// Manager owns the lifecycle of sandboxes.
+// Manager owns the lifecycle of sandboxes: the registry of live ones
+// (running or paused), their state machine and their store record. Its
+// lifecycle surface is Start and Shutdown; Create (create.go); Get,
+// Lookup, Live, MatchToken, List, SetTimeout, Extend and Kill (ops.go);
+// Pause, Resume, Connect and WakeOnTraffic (pause.go). Capacity,
+// CreatesInFlight and PoolBudget report on and lend the units its
+// admission counts (admission.go).
 type Manager struct {
 	backend   isolation.Backend
 	store     Store
 	templates Templates
 	defaults  Defaults
 
-	events    // lifecycle events to the audit trail (audit.go)
-	layers    isolation.Layers
-	layerMu   layerLock     // see layerLock and gc
-	gcWake    chan struct{} // nudges the layer collector; buffered 1
-	sealer    Sealer
-	caEnv     map[string]string
-	max           int
-	capacity      *capacity.Gate // nil admits anything the count allows
-	// admitMu serialises admissions, so that each sees the creates
-	// admitted before it in pending.
-	admitMu    sync.Mutex
+	events     // lifecycle events to the audit trail (audit.go)
+	layers     isolation.Layers
+	layerMu    layerLock     // see layerLock and gc
+	gcWake     chan struct{} // nudges the layer collector; buffered 1
+	sealer     Sealer
+	caEnv      map[string]string
+	max        int
+	adm        *admission // counts and admits sandboxes (admission.go)
 	maxTimeout time.Duration
 	retention  time.Duration
 	log        *slog.Logger
@@ -176,15 +175,8 @@ type Manager struct {
 
 	fences *fences.Set // the sandboxes' network side (network.go)
 
-	wake chan struct{} // nudges the reaper; buffered 1
-	stop chan struct{} // closed by Shutdown
-	// wakeMu guards what a nudge tells the reaper: a deadline set since
-	// it last looked (the earliest), or that it must look at them all.
-	wakeMu sync.Mutex
-	// +checklocks:wakeMu
-	wakeAt time.Time
-	// +checklocks:wakeMu
-	wakeRescan bool
+	reaper *reaper       // kills sandboxes at their deadline (reaper.go)
+	stop   chan struct{} // closed by Shutdown
 
 	sampleEvery time.Duration
 	wg          sync.WaitGroup
@@ -196,12 +188,6 @@ type Manager struct {
 	closed bool
 	// +checklocks:mu
 	running map[string]*entry
-	// +checklocks:mu
-	pending int // creates between the capacity check and registration
-	// +checklocks:mu
-	pooled int // sandboxes started ahead of demand (PoolBudget units)
-	// +checklocks:mu
-	dying int // sandboxes out of running whose kill has not returned yet
 	// +checklocks:mu
 	standbys int // entries with a standby (standby.go)
 
@@ -234,12 +220,11 @@ func New(opts Options) (*Manager, error) {
 		sealer:      opts.Sealer,
 		caEnv:       opts.CAEnv,
 		max:         opts.MaxSandboxes,
-		capacity:    opts.Capacity,
 		maxTimeout:  opts.MaxTimeout,
 		retention:   opts.KilledRetention,
 		log:         opts.Logger,
 		now:         opts.Now,
-		wake:        make(chan struct{}, 1),
+		reaper:      newReaper(),
 		fences:      opts.Network,
 		stop:        make(chan struct{}),
 		sampleEvery: cmp.Or(opts.SampleEvery, 5*time.Second),
@@ -253,6 +238,7 @@ func New(opts Options) (*Manager, error) {
 	if m.max <= 0 {
 		m.max = 1000
 	}
+	m.adm = newAdmission(m.max, opts.Capacity, opts.Backend)
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
@@ -330,7 +316,8 @@ func (m *Manager) Start(ctx context.Context) error {
 		return ErrClosed
 	}
 	m.started = true
-	m.wg.Go(m.reaper)
+	m.adm.start()
+	m.wg.Go(func() { m.reaper.run(m.stop, m.now, m) })
 	m.wg.Go(func() { m.usage.Sample(m.stop, m.sampleEvery) })
 	if m.layers != nil {
 		m.wg.Go(m.layerCollector)
@@ -348,276 +335,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	return m.create(ctx, req, from)
 }
 
-// origin is where a sandbox that does not boot on its template alone
-// comes from: a snapshot or a fork's checkpoint.
-type origin struct {
-	layer    string
-	template string // the template under the layer
-	shown    string // the TemplateID the sandbox shows, if not the request's
-	alias    string // the Alias it shows with shown
-	// memory is set for a layer that keeps memory (LayerInfo.Memory): the
-	// template's start command runs in it already.
-	memory  bool
-	backend string // a snapshot's source's metadata fence.backend
-	// env is a snapshot's source's agent environment: the new sandbox's
-	// environment is the create's on top of it.
-	env map[string]string
-	// parent, for a fork: its environment and secret bindings are kept
-	// (the placeholders its files may hold stay valid).
-	parent *entry
-}
-
-func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (*Sandbox, error) {
-	tmplName := req.TemplateID
-	if from != nil {
-		tmplName = from.template
-	}
-	var rt Runtime
-	if r, ok := m.templates.(Runtimer); ok {
-		rt, _ = r.Runtime(tmplName)
-	}
-	// A built template's size is its sandboxes' unless the request says.
-	if req.CPUs == 0 {
-		req.CPUs = rt.CPUs
-	}
-	if req.MemoryMB == 0 {
-		req.MemoryMB = rt.MemoryMB
-	}
-	timeout, limits, err := m.validate(req)
-	if err != nil {
-		return nil, err
-	}
-	if from != nil && from.backend != "" && req.Metadata[BackendMetadataKey] == "" {
-		// A sandbox made from a snapshot runs on the snapshot's backend:
-		// its metadata says so, as its source's did.
-		req.Metadata = maps.Clone(req.Metadata)
-		if req.Metadata == nil {
-			req.Metadata = map[string]string{}
-		}
-		req.Metadata[BackendMetadataKey] = from.backend
-	}
-	backendName, err := backendFor(m.backend, req)
-	if err != nil {
-		return nil, err
-	}
-	if req.AutoPauseNoMemory && m.layers == nil {
-		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
-	}
-	var nc *netconf.Config
-	if from != nil && from.parent != nil {
-		// A fork keeps its parent's network exactly as it is now (updates
-		// included) and its secret bindings.
-		from.parent.mu.Lock()
-		nc = from.parent.net
-		from.parent.mu.Unlock()
-	} else if nc, err = m.fences.Compile(ctx, netconf.Request{AllowInternetAccess: req.AllowInternetAccess,
-		Network: req.Network, Secrets: req.Secrets, EnvVars: req.EnvVars}); err != nil {
-		return nil, err
-	}
-	tmpl := req.TemplateID
-	if from != nil {
-		tmpl = from.template
-	}
-	rootfs, err := m.templates.Resolve(tmpl)
-	if err != nil {
-		return nil, fmt.Errorf("resolving template %q: %w", tmpl, err)
-	}
-	if err := m.reserve(ctx); err != nil {
-		return nil, err
-	}
-	registered := false
-	defer func() {
-		if !registered {
-			m.mu.Lock()
-			m.pending--
-			m.mu.Unlock()
-		}
-	}()
-
-	// The backend names the sandbox (a pool in front of it may hand out
-	// one started earlier, named then).
-	var (
-		phEnv    map[string]string
-		bindings []gateway.Binding
-	)
-	if from != nil && from.parent != nil {
-		bindings = m.fences.Bindings(from.parent.sb().ID())
-	} else if phEnv, bindings, err = m.fences.BindSecrets(ctx, nc.Bindings); err != nil {
-		return nil, err
-	}
-	env := req.EnvVars
-	var base map[string]string // a snapshot's environment, under the request's
-	if from != nil {
-		base = from.env
-	}
-	if len(base)+len(m.caEnv)+len(phEnv)+len(rt.Env) > 0 {
-		env = maps.Clone(base)
-		if env == nil {
-			env = map[string]string{}
-		}
-		maps.Copy(env, m.caEnv)
-		maps.Copy(env, rt.Env) // the template's defaults; the request wins
-		maps.Copy(env, req.EnvVars)
-		maps.Copy(env, phEnv)
-	}
-	spec := isolation.Spec{
-		Backend: backendName,
-		RootFS:  rootfs,
-		Limits:  limits,
-		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
-	}
-	var box isolation.Sandbox
-	imageKey := ""
-	if from == nil {
-		imageKey = runImageKey(spec, rt, req, phEnv)
-	}
-	restored := false // booted on a template's run image (runimage.go)
-	if from != nil {
-		if from.parent != nil {
-			spec.Agent.EnvVars = from.parent.spec.Agent.EnvVars
-		}
-		box, err = m.bootOn(ctx, spec, nc, from.layer)
-	} else if box = m.runImages.Boot(ctx, imageKey, spec, nc); box != nil {
-		restored = true
-	} else {
-		spec.Network = m.fences.Network(nc.Policy, nc.Proxy)
-		box, err = m.backend.Create(ctx, spec)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("creating sandbox: %w", err)
-	}
-	id := box.ID()
-	if !api.ValidSandboxID(id) {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("creating sandbox: backend named it %q", id)
-	}
-	if _, ok := isolation.As[isolation.Checkpointer](box); req.AutoPauseNoMemory && (!ok || m.layers == nil) {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("autoPauseMemory false: the %s backend cannot pause without memory: %w", m.backend.Name(), api.ErrUnimplemented)
-	}
-	if _, ok := isolation.As[isolation.Pauser](box); req.AutoPause && !ok {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("autoPause: the %s backend cannot pause sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
-	}
-	// The Manager holds the sandbox's fence from here. Its Net was made
-	// with nc at the Attach, unless a warm pool made it (deny-all) for a
-	// sandbox started ahead: that one takes nc now, before anything of
-	// the request runs.
-	if nw := m.fences.Own(id, nc.Policy, nc.Proxy); nw.Policy() != nc.Policy || nw.Proxy() != nc.Proxy {
-		m.fences.Apply(nw, nc, nw.Proxy() != nc.Proxy)
-	}
-	defer func() {
-		if !registered {
-			m.fences.Drop(id)
-		}
-	}()
-	// A layer with memory goes on where its source was: its services and
-	// start command run already.
-	resumed := from != nil && from.memory
-	if rp, ok := m.templates.(ReadyPorter); ok && !resumed {
-		if err := startup.WaitPorts(ctx, m.log, id, func(ctx context.Context, port uint16) (net.Conn, error) {
-			return m.fences.Dial(ctx, id, port)
-		}, tmplName, rp.ReadyPorts(tmplName)); err != nil {
-			m.killBox(ctx, box)
-			return nil, fmt.Errorf("creating sandbox: %w", err)
-		}
-	}
-	m.fences.SetGateway(id, nc, bindings)
-	// Start and ready commands run once the sandbox's egress gateway knows
-	// it; a sandbox restored from a run image has them running already.
-	if !restored && !resumed {
-		if err := m.starts.Start(ctx, box, tmplName, rt); err != nil {
-			m.killBox(ctx, box)
-			return nil, fmt.Errorf("creating sandbox: %w", err)
-		}
-		m.runImages.Keep(ctx, imageKey, box)
-	}
-	clock := m.now()
-	now := clock.UTC()
-	info := &Sandbox{
-		ID:                  id,
-		TemplateID:          req.TemplateID, // the template's ID, a snapshot's, or a fork's source's: below
-		State:               StateRunning,
-		StartedAt:           now,
-		EndAt:               now.Add(timeout),
-		Metadata:            req.Metadata,
-		CPUs:                limits.CPUs,
-		MemoryMB:            limits.MemoryBytes >> 20,
-		DiskMB:              limits.DiskBytes >> 20,
-		EnvdAccessToken:     newToken(),
-		AllowInternetAccess: req.AllowInternetAccess,
-		Network:             nc.Shown,
-		AutoPause:           req.AutoPause,
-		AutoResume:          req.AutoResume,
-		AutoPauseNoMemory:   req.AutoPauseNoMemory,
-		AutoCheckpoint:      req.AutoCheckpoint,
-	}
-	if n := req.Network; n != nil {
-		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
-			info.TrafficAccessToken = newToken()
-		}
-		info.MaskRequestHost = n.MaskRequestHost
-	}
-	if info.Metadata == nil {
-		info.Metadata = map[string]string{}
-	}
-	switch {
-	case from != nil && from.shown != "":
-		info.TemplateID, info.Alias = from.shown, from.alias
-	case from == nil:
-		if idr, ok := m.templates.(Identifier); ok {
-			if tid, alias, ok := idr.Identity(req.TemplateID); ok {
-				info.TemplateID, info.Alias = tid, alias
-			}
-		}
-	}
-	if from != nil && from.parent != nil {
-		info.Network = req.Network // the parent's, as it shows it
-	}
-	slot := 0
-	if s, ok := isolation.As[interface{ Slot() int }](box); ok {
-		slot = s.Slot()
-	}
-	rec := &store.Sandbox{
-		ID: id, Template: info.TemplateID, Alias: info.Alias, State: store.StateRunning,
-		CreatedAt: info.StartedAt, EndAt: info.EndAt, Metadata: info.Metadata,
-		CPUs: info.CPUs, MemoryMB: info.MemoryMB, DiskMB: info.DiskMB,
-		EnvdAccessToken: info.EnvdAccessToken, AllowInternetAccess: info.AllowInternetAccess,
-		Network: info.Network, Slot: slot,
-	}
-	// The store write must not be abandoned half-way because the client left.
-	if err := m.store.Insert(context.WithoutCancel(ctx), rec); err != nil {
-		m.killBox(ctx, box)
-		return nil, fmt.Errorf("recording sandbox %s: %w", id, err)
-	}
-
-	e := &entry{info: info, net: nc, timeout: timeout, runDone: make(chan struct{}),
-		use: m.usage.Start(audit.ActorFrom(ctx), clock, false), spec: spec, autoCheckpoint: req.AutoCheckpoint}
-	e.setBox(box)
-	e.baseTemplate = tmpl
-	if from != nil {
-		e.layer, e.createdLayer = from.layer, from.layer // +checklocksignore: e is not shared yet
-	}
-	m.mu.Lock()
-	m.pending--
-	registered = true
-	if m.closed {
-		m.mu.Unlock()
-		m.killBox(ctx, box)
-		m.markKilled(ctx, id)
-		return nil, ErrClosed
-	}
-	m.running[id] = e
-	m.wg.Go(func() { m.watch(e) })
-	m.mu.Unlock()
-	m.nudgeAt(info.EndAt)
-
-	m.record(ctx, audit.TypeCreate, id, createRecord(req, info))
-	m.log.InfoContext(ctx, "sandbox created", "sandbox_id", id, "template", info.TemplateID,
-		"end_at", info.EndAt)
-	return info.clone(), nil
-}
-
 // killBox kills a backend sandbox, even if ctx is already canceled.
 func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -625,6 +342,13 @@ func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
 	if err := box.Kill(kctx); err != nil {
 		m.log.ErrorContext(ctx, "killing sandbox", "sandbox_id", box.ID(), "err", err)
 	}
+}
+
+// killRemoved kills a sandbox just removed from running; its unit of
+// admission is held (dying) until the backend has released it.
+func (m *Manager) killRemoved(ctx context.Context, box isolation.Sandbox) {
+	defer m.adm.released()
+	m.killBox(ctx, box)
 }
 
 func (m *Manager) markKilled(ctx context.Context, id string) {
@@ -654,7 +378,7 @@ func (m *Manager) watch(e *entry) {
 	if ok && cur == e {
 		delete(m.running, e.sb().ID())
 		m.fences.Drop(e.sb().ID())
-		m.dying++
+		m.adm.remove()
 	}
 	m.mu.Unlock()
 	if ok && cur == e {
@@ -682,6 +406,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	m.closed = true
+	m.adm.close()
 	all := make([]*entry, 0, len(m.running))
 	for id, e := range m.running {
 		all = append(all, e)

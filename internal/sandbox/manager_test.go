@@ -181,9 +181,7 @@ func TestCreateBackendFailureLeavesNothing(t *testing.T) {
 		t.Errorf("failed create left %d records", len(recs))
 	}
 	// The capacity reservation was released.
-	e.m.mu.Lock()
-	pending := e.m.pending
-	e.m.mu.Unlock()
+	pending := e.m.adm.inFlight()
 	if pending != 0 {
 		t.Errorf("pending = %d after failed create, want 0", pending)
 	}
@@ -579,5 +577,38 @@ func TestMetricsHistory(t *testing.T) {
 			t.Errorf("Metrics(unknown) = %v, want ErrNotFound", err)
 		}
 		e.m.Shutdown(ctx)
+	})
+}
+
+// insertFails is a store whose Insert fails, after everything but the
+// record of a create is made.
+type insertFails struct{ *store.Store }
+
+func (insertFails) Insert(context.Context, *store.Sandbox) error { return errors.New("disk full") }
+
+// TestCreateFailingLateLeavesNothing: a create that fails at its last
+// step (the store's record) takes back everything its steps made: the
+// backend sandbox, its fence, its gateway state and its unit of
+// admission.
+func TestCreateFailingLateLeavesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(o *Options) { o.Store = insertFails{o.Store.(*store.Store)} })
+		ctx := t.Context()
+		if _, err := e.m.Create(ctx, CreateRequest{TemplateID: "base"}); err == nil {
+			t.Fatal("Create() with a failing store succeeded")
+		}
+		synctest.Wait()
+		if ids := e.host.Running(); len(ids) != 0 {
+			t.Errorf("backend sandboxes left running: %v", ids)
+		}
+		// Drop forgets a sandbox's gateway state with its fence.
+		if n := e.m.fences.Len(); n != 0 {
+			t.Errorf("%d fences left", n)
+		}
+		if n := e.m.CreatesInFlight(); n != 0 {
+			t.Errorf("CreatesInFlight() = %d after the failed create, want 0", n)
+		}
+		e.m.Shutdown(ctx)
+		e.store.Close()
 	})
 }

@@ -167,7 +167,7 @@ func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) error 
 }
 
 func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyExtend bool) error {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return err
 	}
 	e, err := m.lookup(id)
@@ -190,7 +190,7 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 		return fmt.Errorf("setting timeout of sandbox %s: %w", id, err)
 	}
 	e.info.EndAt = end
-	m.nudgeAt(end)
+	m.reaper.nudgeAt(end)
 	return nil
 }
 
@@ -210,7 +210,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	if ok {
 		delete(m.running, id)
 		m.fences.Drop(id)
-		m.dying++
+		m.adm.remove()
 	}
 	m.mu.Unlock()
 	if !ok {

@@ -53,7 +53,6 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
 	ctx = context.WithoutCancel(ctx)
-	m.releaseStandby(e) // nothing to rewind while paused
 	if err := p.Pause(ctx); err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
@@ -75,10 +74,11 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// stopRun moves a running sandbox to paused: from here Lookup refuses its
-// traffic, and what is in flight is cut. It returns when the run started
-// and reopen, which moves the sandbox back to running should the pause
-// fail; a sandbox that is not running gives an error wrapping
+// stopRun moves a running sandbox to paused, for every kind of pause:
+// from here Lookup refuses its traffic, what is in flight is cut, and its
+// standby goes (nothing is rewound while paused). It returns when the run
+// started and reopen, which moves the sandbox back to running should the
+// pause fail; a sandbox that is not running gives an error wrapping
 // errNotRunning. The caller holds e.life.
 func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
 	e.mu.Lock()
@@ -90,12 +90,13 @@ func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func()
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
+	m.releaseStandby(e)
 	reopen = func() {
 		e.mu.Lock()
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
 		e.mu.Unlock()
-		m.nudge() // its deadline is back
+		m.reaper.nudge() // its deadline is back
 	}
 	return started, reopen, nil
 }
@@ -117,7 +118,7 @@ func (m *Manager) ResumeWithoutMemory(ctx context.Context, id string, d time.Dur
 }
 
 func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration, autoPause *bool, cold bool) (*Sandbox, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return nil, err
 	}
 	e, err := m.lookup(id)
@@ -152,7 +153,7 @@ func (m *Manager) ConnectWithoutMemory(ctx context.Context, id string, d time.Du
 }
 
 func (m *Manager) connect(ctx context.Context, id string, d time.Duration, cold bool) (*Sandbox, bool, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return nil, false, err
 	}
 	e, err := m.lookup(id)
@@ -222,7 +223,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	// A filesystem-only pause freed its processes: its resume boots them
 	// again and needs the headroom of a create (a memory pause kept them).
 	if cold {
-		if err := m.admitBoot(); err != nil {
+		if err := m.adm.admitBoot(); err != nil {
 			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
@@ -261,7 +262,7 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
-	m.nudgeAt(end)
+	m.reaper.nudgeAt(end)
 	m.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
 	m.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
 	return nil

@@ -4,89 +4,116 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 )
 
+// reaper kills sandboxes at their deadline, through the Manager
+// (expirer). It owns what it is told between its rounds: the earliest
+// deadline set since it last looked, or that it must look at them all.
+// Its methods are safe for concurrent use; run runs once.
+type reaper struct {
+	wake chan struct{} // nudges run; buffered 1
+
+	mu sync.Mutex
+	// +checklocks:mu
+	at time.Time
+	// +checklocks:mu
+	rescan bool
+}
+
+// expirer is what the reaper needs of the sandboxes it watches.
+type expirer interface {
+	// nextDeadline returns the earliest deadline of a running sandbox,
+	// false if none has one.
+	nextDeadline() (time.Time, bool)
+	// reap kills or pauses every sandbox whose deadline has passed.
+	reap(ctx context.Context)
+}
+
+func newReaper() *reaper { return &reaper{wake: make(chan struct{}, 1)} }
+
 // nudge makes the reaper look at every sandbox's deadline again: after a
 // change that may have made one earlier than it knew without saying which
 // (a pause undone). Deadlines that go away or move later need no nudge:
 // the reaper, woken early, finds nothing due and looks again.
-func (m *Manager) nudge() {
-	m.wakeMu.Lock()
-	m.wakeRescan = true
-	m.wakeMu.Unlock()
-	m.signalReaper()
+func (r *reaper) nudge() {
+	r.mu.Lock()
+	r.rescan = true
+	r.mu.Unlock()
+	r.signal()
 }
 
 // nudgeAt tells the reaper of a running sandbox's new deadline at. The
 // reaper does not go over the others for it, so that a create costs the
 // same with thousands of sandboxes alive as with none.
-func (m *Manager) nudgeAt(at time.Time) {
-	m.wakeMu.Lock()
-	if m.wakeAt.IsZero() || at.Before(m.wakeAt) {
-		m.wakeAt = at
+func (r *reaper) nudgeAt(at time.Time) {
+	r.mu.Lock()
+	if r.at.IsZero() || at.Before(r.at) {
+		r.at = at
 	}
-	m.wakeMu.Unlock()
-	m.signalReaper()
+	r.mu.Unlock()
+	r.signal()
 }
 
-func (m *Manager) signalReaper() {
+func (r *reaper) signal() {
 	select {
-	case m.wake <- struct{}{}:
+	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// takeWake returns and clears what the nudges since the last call said.
-func (m *Manager) takeWake() (at time.Time, rescan bool) {
-	m.wakeMu.Lock()
-	defer m.wakeMu.Unlock()
-	at, rescan = m.wakeAt, m.wakeRescan
-	m.wakeAt, m.wakeRescan = time.Time{}, false
+// take returns and clears what the nudges since the last call said.
+func (r *reaper) take() (at time.Time, rescan bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, rescan = r.at, r.rescan
+	r.at, r.rescan = time.Time{}, false
 	return at, rescan
 }
 
-// reaper kills sandboxes at their deadline. It sleeps until the earliest
-// deadline it knows: it goes over all the sandboxes when it starts, after
-// each wake-up at a deadline and when nudged to; a deadline given with
-// nudgeAt only moves its wake-up earlier.
-func (m *Manager) reaper() {
-	next, ok := m.nextDeadline()
+// run has x reap sandboxes at their deadlines until stop is closed. It
+// sleeps until the earliest deadline it knows: it asks x for it when it
+// starts, after each wake-up at a deadline and when nudged to; a deadline
+// given with nudgeAt only moves its wake-up earlier.
+func (r *reaper) run(stop <-chan struct{}, now func() time.Time, x expirer) {
+	next, ok := x.nextDeadline()
 	for {
 		var (
 			timer  *time.Timer
 			timerC <-chan time.Time
 		)
 		if ok {
-			timer = time.NewTimer(max(next.Sub(m.now()), 0))
+			timer = time.NewTimer(max(next.Sub(now()), 0))
 			timerC = timer.C
 		}
 		select {
-		case <-m.stop:
-		case <-m.wake:
-			at, rescan := m.takeWake()
+		case <-stop:
+		case <-r.wake:
+			at, rescan := r.take()
 			if rescan {
-				next, ok = m.nextDeadline()
+				next, ok = x.nextDeadline()
 			} else if !at.IsZero() && (!ok || at.Before(next)) {
 				next, ok = at, true
 			}
 		case <-timerC:
-			m.reap(context.Background())
-			next, ok = m.nextDeadline()
+			x.reap(context.Background())
+			next, ok = x.nextDeadline()
 		}
 		if timer != nil {
 			timer.Stop()
 		}
 		select {
-		case <-m.stop:
+		case <-stop:
 			return
 		default:
 		}
 	}
 }
 
+// nextDeadline implements expirer.
 func (m *Manager) nextDeadline() (time.Time, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -100,8 +127,9 @@ func (m *Manager) nextDeadline() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
-// reap kills every running sandbox whose deadline has passed, or pauses it
-// if it was created with AutoPause (and kills it if the pause fails).
+// reap implements expirer: it kills every running sandbox whose deadline
+// has passed, or pauses it if it was created with AutoPause (and kills it
+// if the pause fails).
 func (m *Manager) reap(ctx context.Context) {
 	now := m.now()
 	m.mu.Lock()

@@ -39,7 +39,7 @@ func (m *Manager) WarmTarget(name string) (warm.Target, error) {
 	if r, ok := m.templates.(Runtimer); ok {
 		rt, _ = r.Runtime(name)
 	}
-	_, limits, err := m.validate(CreateRequest{TemplateID: name, CPUs: rt.CPUs, MemoryMB: rt.MemoryMB})
+	_, limits, err := validate(CreateRequest{TemplateID: name, CPUs: rt.CPUs, MemoryMB: rt.MemoryMB}, m.defaults, m.maxTimeout)
 	if err != nil {
 		return warm.Target{}, err
 	}

@@ -1,21 +1,41 @@
 // Package sandbox is fence's domain core: the Manager owns the lifecycle of
-// every sandbox (create, deadlines, kill, crash recovery) on top of an
-// isolation.Backend and the persistent store.
+// every sandbox (create, deadlines, pause and resume, kill, crash
+// recovery) on top of an isolation.Backend and the persistent store.
+//
+// # The core
+//
+// The lifecycle core is the registry of live sandboxes (the Manager's
+// running map, an entry per sandbox, running or paused), their state
+// machine (running ⇄ paused, then killed), their store record, and two
+// types it uses that own their state and never call back into it:
+// admission (admission.go), which counts the units of
+// Options.MaxSandboxes in use and asks the host for headroom, and the
+// reaper (reaper.go), which sleeps until the earliest deadline it knows
+// and has the Manager kill or pause what is due. A create (create.go)
+// runs in steps, each on what the ones before it left: plan (checks,
+// changes nothing), admission, configure, boot, ready, record, register.
 //
 // # Guarantees
 //
 //   - Create validates its input before touching anything: bad input gets an
 //     error wrapping api.ErrInvalidArgument (or api.ErrNotFound for an
 //     unknown template) and changes nothing. If the backend or the store
-//     fails half-way, whatever was made is killed and no record remains in
-//     state running.
-//   - At most Options.MaxSandboxes sandboxes run, are being created, or
-//     are held ahead of demand by a warm pool (PoolBudget) at once. At the
+//     fails half-way, whatever was made is taken back (the backend
+//     sandbox killed, its fence, gateway state and unit of admission
+//     released) and no record remains in state running.
+//   - At most Options.MaxSandboxes sandboxes are live (running or paused),
+//     being created, being killed (until the backend has released them),
+//     or held ahead of demand by a warm pool (PoolBudget) at once. At the
 //     cap, Create takes a unit back from the pool (which kills one of its
 //     sandboxes first); beyond that it fails with api.ErrResourceExhausted.
+//     With Options.Capacity, a create (and the resume of a
+//     filesystem-only pause) is admitted only with the host's headroom
+//     for it beside every create in flight; a refusal names the limit.
 //   - A sandbox is killed at its deadline (EndAt) by the reaper, or paused
 //     there if it was created with AutoPause, and marked killed when its
-//     Done channel closes on its own (the agent died).
+//     Done channel closes on its own (the agent died). The reaper learns of
+//     a new or moved deadline without going over the others, so a create
+//     costs the same however many sandboxes are alive.
 //   - A paused sandbox (Pause, on a backend whose sandboxes implement
 //     isolation.Pauser) keeps its memory, files, processes, ID and envd
 //     access token; it has no deadline while paused (its EndAt is the time
@@ -55,8 +75,11 @@
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. Creates run in parallel; only the
-// capacity check and the registration take the manager's lock.
+// All methods are safe for concurrent use. Creates run in parallel; only
+// their admission (one at a time, so that each counts those before it)
+// and their registration take a lock shared by all sandboxes. Pauses
+// and resumes of one sandbox are serialised; they and kills of different
+// sandboxes run in parallel.
 package sandbox
 
 import (

@@ -237,7 +237,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duratio
 	if count > maxForks || count >= m.max {
 		return nil, invalid("Count must be at most %d and less than the limit of %d concurrent sandboxes", maxForks, m.max)
 	}
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return nil, err
 	}
 	e, err := m.runningEntry(id, fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict))

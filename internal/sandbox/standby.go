@@ -66,7 +66,7 @@ func (m *Manager) prepareStandby(e *entry, layer string) {
 	e.mu.Lock()
 	old := e.standby
 	// Without headroom to spare for it, a rewind boots instead.
-	if old == nil && (m.standbys >= maxStandbys || !m.admitAhead(m.aheadLocked())) {
+	if old == nil && (m.standbys >= maxStandbys || !m.adm.admitAhead()) {
 		e.mu.Unlock()
 		m.mu.Unlock()
 		return

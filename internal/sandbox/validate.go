@@ -28,17 +28,19 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), api.ErrInvalidArgument)
 }
 
-func (m *Manager) checkTimeout(d time.Duration) error {
-	if d <= 0 || d > m.maxTimeout {
-		return invalid("timeout %v is out of range: it must be more than 0s and at most %v", d, m.maxTimeout)
+// checkTimeout checks a timeout a request asks for against the longest
+// one allowed.
+func checkTimeout(d, maxTimeout time.Duration) error {
+	if d <= 0 || d > maxTimeout {
+		return invalid("timeout %v is out of range: it must be more than 0s and at most %v", d, maxTimeout)
 	}
 	return nil
 }
 
-// validate checks req and returns the effective timeout and limits.
-func (m *Manager) validate(req CreateRequest) (time.Duration, isolation.Limits, error) {
+// validate checks req and returns the effective timeout and limits: the
+// request's, or d's where it names none, within maxTimeout.
+func validate(req CreateRequest, d Defaults, maxTimeout time.Duration) (time.Duration, isolation.Limits, error) {
 	var lim isolation.Limits
-	d := m.defaults
 	if req.TemplateID == "" {
 		return 0, lim, invalid("templateID is required")
 	}
@@ -49,7 +51,7 @@ func (m *Manager) validate(req CreateRequest) (time.Duration, isolation.Limits, 
 	if timeout == 0 {
 		timeout = d.Timeout
 	}
-	if err := m.checkTimeout(timeout); err != nil {
+	if err := checkTimeout(timeout, maxTimeout); err != nil {
 		return 0, lim, err
 	}
 	cpus := req.CPUs

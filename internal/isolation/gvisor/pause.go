@@ -27,11 +27,8 @@ func (s *sandbox) imageDir() string { return filepath.Join(s.dir, "image") }
 func (s *sandbox) Pause(ctx context.Context) error {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
-	if err := s.liveLocked(); err != nil {
+	if change, err := isolation.PauseChange(s.id, s.done, s.killed, s.paused.Load(), true); !change {
 		return err
-	}
-	if s.paused.Load() {
-		return nil
 	}
 	s.settle(ctx)
 	s.paused.Store(true)
@@ -99,15 +96,11 @@ func (s *sandbox) checkpointLocked(ctx context.Context, dir string, leaveRunning
 // returns once its agent answers. The image is removed once restored.
 func (s *sandbox) Resume(ctx context.Context) error {
 	s.pmu.Lock()
-	if err := s.liveLocked(); err != nil {
-		s.pmu.Unlock()
+	change, err := isolation.PauseChange(s.id, s.done, s.killed, s.paused.Load(), false)
+	s.pmu.Unlock()
+	if !change {
 		return err
 	}
-	if !s.paused.Load() {
-		s.pmu.Unlock()
-		return nil
-	}
-	s.pmu.Unlock()
 	// Pause, Resume and Kill of one sandbox are serialised by the caller
 	// (sandbox.Manager); a Kill meanwhile makes the restore fail.
 	ctx = context.WithoutCancel(ctx)

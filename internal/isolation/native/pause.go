@@ -13,11 +13,8 @@ import (
 func (s *sandbox) Pause(ctx context.Context) error {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
-	if err := s.liveLocked(); err != nil {
+	if change, err := isolation.PauseChange(s.id, s.done, s.killed, s.paused.Load(), true); !change {
 		return err
-	}
-	if s.paused.Load() {
-		return nil
 	}
 	// A command started just before the pause gets past its start first
 	// (see cgroup.Group.SettleStarts), so that what it then waits for (a sleep,
@@ -43,11 +40,8 @@ func (s *sandbox) Pause(ctx context.Context) error {
 func (s *sandbox) Resume(ctx context.Context) error {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
-	if err := s.liveLocked(); err != nil {
+	if change, err := isolation.PauseChange(s.id, s.done, s.killed, s.paused.Load(), false); !change {
 		return err
-	}
-	if !s.paused.Load() {
-		return nil
 	}
 	if err := s.cg.Thaw(); err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", s.id, err)
