@@ -33,6 +33,7 @@ import (
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/export"
+	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
@@ -72,7 +73,8 @@ type node struct {
 	builds    *tbuild.Service
 	gate      *capacity.Gate
 	mgr       *sandbox.Manager
-	mgrRef    managerRef // mgr, for the parts made before it
+	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
+	mgrRef    managerRef         // mgr, for the parts made before it
 }
 
 // component is one step of the daemon's start: it builds one subsystem
@@ -370,11 +372,17 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	}
 	d.gate = gate
 	registerCapacityMetrics(d.reg, gate)
+	templates := templateSet{own: d.templates, built: d.builds}
+	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
+	// diffs) serves the manager and is served by it: bound once the
+	// manager is made, started once it has started.
+	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
+		Audit: d.sources.sink, Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
-		Templates:    templateSet{own: d.templates, built: d.builds},
+		Templates:    templates,
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
 		Logger:       d.log,
@@ -390,11 +398,14 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
 		Layers:                 d.layers,
+		Keeper:                 keeper,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
+	keeper.Bind(sandbox.NewLayerPort(mgr))
 	d.mgr = mgr
+	d.keeper = keeper
 	d.mgrRef.bind(mgr)
 	// The builds resolve templates for the manager and run their steps in
 	// its sandboxes; they get it here, and collect the layers no live
@@ -407,6 +418,9 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
 	d.closers.push(func() { d.stopSandboxes(ctx) }) // idempotent; covers the early returns
+	if err := keeper.Start(ctx); err != nil {
+		return fmt.Errorf("starting sandbox manager: %w", err)
+	}
 	return nil
 }
 
@@ -424,6 +438,7 @@ func (d *node) stopSandboxes(ctx context.Context) {
 	if err := d.mgr.Shutdown(sctx); err != nil {
 		d.log.Error("shutting down sandboxes", "err", err)
 	}
+	d.keeper.Close()
 }
 
 // startWarmPools starts the warm pools: the default template's, with the
@@ -521,6 +536,7 @@ func (d *node) newServer() (*http.Server, error) {
 	timeouts := o.HTTP.withDefaults()
 	var handler http.Handler = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
+		Layers:          d.keeper,
 		APIKey:          d.key,
 		Domain:          o.Domain,
 		Logger:          d.log,

@@ -62,6 +62,7 @@ type Manager interface {
 	DefaultTimeout() time.Duration
 	UpdateNetwork(ctx context.Context, id string, allowInternet *bool, n *api.NetworkConfig) error
 	Pause(ctx context.Context, id string) error
+	PauseWithoutMemory(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	Connect(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
@@ -75,6 +76,10 @@ var _ Manager = (*sandbox.Manager)(nil)
 type Options struct {
 	// Manager runs the sandboxes. Required.
 	Manager Manager
+	// Layers serves the snapshot, fork, checkpoint, rewind and diff
+	// routes, and checkpoints the sandboxes created with autoCheckpoint
+	// before each command; nil answers 501 there.
+	Layers Layers
 	// APIKey is required in X-API-Key on control-plane routes. If empty,
 	// every authenticated route answers 401: the API fails closed.
 	APIKey string
@@ -116,6 +121,7 @@ const maxBodyBytes = 1 << 20
 
 type handler struct {
 	m      Manager
+	layers Layers // nil: no snapshots, forks, checkpoints
 	apiKey []byte
 	domain string
 	log    *slog.Logger
@@ -147,6 +153,7 @@ type handler struct {
 func New(opts Options) http.Handler {
 	h := &handler{
 		m:           opts.Manager,
+		layers:      opts.Layers,
 		apiKey:      []byte(opts.APIKey),
 		domain:      opts.Domain,
 		log:         opts.Logger,

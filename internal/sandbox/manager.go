@@ -141,11 +141,10 @@ type Options struct {
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
-	// NoStandbys turns off the sandboxes booted ahead on a sandbox's
-	// last checkpoint, which make a rewind to it a hand-over instead of a
-	// boot (standby.go), at the cost of one idle sandbox per checkpointed
-	// one.
-	NoStandbys bool
+	// Keeper, if set, keeps snapshots, forks, checkpoints, rewinds and
+	// the collection of layers (internal/sandbox/timetravel); without it
+	// no create names a snapshot and no filesystem-only pause is made.
+	Keeper LayerKeeper
 	// Fence is the sandboxes' network fence (resolver, host addresses,
 	// flow records, bandwidth, gateway); zero fields take netfence's
 	// defaults. The Manager owns each sandbox's fence: backends attach
@@ -179,9 +178,8 @@ type Manager struct {
 	inspectByDefault       bool
 	audit                  audit.Sink
 	layers                 isolation.Layers
-	layerMu                layerLock     // see layerLock and gc
-	runImages              runImages     // templates' run images (runimage.go)
-	gcWake                 chan struct{} // nudges the layer collector; buffered 1
+	keeper                 LayerKeeper // snapshots, checkpoints, layer collection (layers.go)
+	runImages              runImages   // templates' run images (runimage.go)
 	secrets                gateway.Secrets
 	sealer                 Sealer
 	caEnv                  map[string]string
@@ -231,11 +229,6 @@ type Manager struct {
 	pooled int // sandboxes started ahead of demand (PoolBudget units)
 	// +checklocks:mu
 	dying int // sandboxes out of running whose kill has not returned yet
-	// +checklocks:mu
-	standbys int // entries with a standby (standby.go)
-
-	noStandbys  bool
-	standbyBoot chan struct{} // one standby boots at a time
 
 	usage *usage.Meter // usage accounting (usage.go)
 }
@@ -246,8 +239,6 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
 	}
 	m := &Manager{
-		noStandbys:             opts.NoStandbys,
-		standbyBoot:            make(chan struct{}, 1),
 		backend:                opts.Backend,
 		store:                  opts.Store,
 		templates:              opts.Templates,
@@ -256,7 +247,7 @@ func New(opts Options) (*Manager, error) {
 		inspectByDefault:       opts.InspectByDefault,
 		audit:                  opts.Audit,
 		layers:                 opts.Layers,
-		gcWake:                 make(chan struct{}, 1),
+		keeper:                 opts.Keeper,
 		secrets:                opts.Secrets,
 		sealer:                 opts.Sealer,
 		caEnv:                  opts.CAEnv,
@@ -282,7 +273,9 @@ func New(opts Options) (*Manager, error) {
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
-	m.layerMu.wake = m.nudgeGC
+	if m.keeper == nil {
+		m.keeper = noKeeper{}
+	}
 	if m.maxTimeout <= 0 {
 		m.maxTimeout = 24 * time.Hour
 	}
@@ -340,11 +333,6 @@ func (m *Manager) Start(ctx context.Context) error {
 	if _, err := m.store.DeleteKilledBefore(ctx, m.now().Add(-m.retention)); err != nil {
 		return fmt.Errorf("pruning old records: %w", err)
 	}
-	// Layers no snapshot keeps (checkpoints of the previous daemon's
-	// sandboxes, forks' and pauses' layers, half-recorded ones) go.
-	if err := m.gc(ctx); err != nil && !errors.Is(err, errLayersBusy) {
-		return fmt.Errorf("collecting unused layers: %w", err)
-	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -354,16 +342,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.started = true
 	m.wg.Go(m.reaper)
 	m.wg.Go(m.sampler)
-	if m.layers != nil {
-		m.wg.Go(m.layerCollector)
-	}
 	return nil
 }
 
 // Create starts a sandbox. See the package doc for its guarantees.
 // A TemplateID naming a snapshot boots the sandbox on it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	from, err := m.snapshotOrigin(ctx, req.TemplateID)
+	from, err := originOf(ctx, m.keeper, req.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -695,10 +680,10 @@ func (m *Manager) watch(e *entry) {
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		m.finishUsage(ctx, e)
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
-		m.releaseStandby(e)
+		m.keeper.Release(e.sb().ID())
 		m.markKilled(ctx, e.sb().ID())
 		if e.usesLayers() {
-			m.nudgeGC()
+			m.keeper.Collect()
 		}
 	}
 }
@@ -729,7 +714,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
-			m.releaseStandby(e)
+			m.keeper.Release(e.sb().ID())
 			if k, ok := isolation.As[isolation.Keeper](e.sb()); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())

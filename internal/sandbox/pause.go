@@ -53,7 +53,7 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
 	ctx = context.WithoutCancel(ctx)
-	m.releaseStandby(e) // nothing to rewind while paused
+	m.keeper.Release(id) // nothing to rewind while paused
 	if err := p.Pause(ctx); err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)

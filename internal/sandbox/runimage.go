@@ -108,8 +108,7 @@ func (m *Manager) bootRunImage(ctx context.Context, key string, spec isolation.S
 	if key == "" || m.layers == nil {
 		return nil
 	}
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
+	defer m.keeper.Hold()()
 	layer := m.runImages.get(key)
 	if layer == "" {
 		return nil
@@ -118,7 +117,7 @@ func (m *Manager) bootRunImage(ctx context.Context, key string, spec isolation.S
 	if err != nil {
 		m.log.WarnContext(ctx, "booting a template's run image failed; starting anew", "layer", layer, "err", err)
 		m.runImages.drop(key)
-		m.nudgeGC()
+		m.keeper.Collect()
 		return nil
 	}
 	return box
@@ -136,8 +135,7 @@ func (m *Manager) keepRunImage(ctx context.Context, key string, box isolation.Sa
 	if _, mem := isolation.As[isolation.FileCheckpointer](box); !ok || !mem {
 		return
 	}
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
+	defer m.keeper.Hold()()
 	info, err := cp.Checkpoint(context.WithoutCancel(ctx))
 	if err != nil {
 		m.log.WarnContext(ctx, "keeping a template's run image failed", "sandbox_id", box.ID(), "err", err)
@@ -148,7 +146,7 @@ func (m *Manager) keepRunImage(ctx context.Context, key string, box isolation.Sa
 		return
 	}
 	if m.runImages.put(key, info.ID) {
-		m.nudgeGC()
+		m.keeper.Collect()
 	}
 	m.log.InfoContext(ctx, "template run image kept", "sandbox_id", box.ID(), "layer", info.ID, "took", info.Took)
 }
