@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,6 +92,11 @@ type layerBackend struct {
 	layers map[string]isolation.LayerInfo
 	// deleted receives each deleted layer's ID (buffered).
 	deleted chan string
+	// bootsStandbys makes the sandboxes created from here boot standbys
+	// (isolation.StandbyBooter); standbys receives each standby booted
+	// (buffered).
+	bootsStandbys atomic.Bool
+	standbys      chan *standbyBox
 }
 
 var (
@@ -99,7 +106,7 @@ var (
 
 func newLayerBackend(b *fake.Backend) *layerBackend {
 	return &layerBackend{Backend: b, layers: map[string]isolation.LayerInfo{}, deleted: make(chan string, 100),
-		onRead: func(context.Context, string) {}}
+		standbys: make(chan *standbyBox, 100), onRead: func(context.Context, string) {}}
 }
 
 func (b *layerBackend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
@@ -110,11 +117,20 @@ func (b *layerBackend) CreateOn(ctx context.Context, spec isolation.Spec, layer 
 	if layer != "" && !b.has(layer) {
 		return nil, fmt.Errorf("layer %s: %w", layer, isolation.ErrNotFound)
 	}
+	if spec.Standby {
+		sb := &standbyBox{id: spec.ID, done: make(chan struct{})}
+		b.standbys <- sb
+		return sb, nil
+	}
 	s, err := b.Backend.Create(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return &layerBox{Sandbox: s, b: b, base: layer}, nil
+	box := &layerBox{Sandbox: s, b: b, base: layer}
+	if b.bootsStandbys.Load() {
+		return &standbyBooterBox{box}, nil
+	}
+	return box, nil
 }
 
 func (b *layerBackend) has(id string) bool {
@@ -176,6 +192,36 @@ func (s *layerBox) Changes(ctx context.Context) ([]isolation.FileChange, error) 
 }
 
 func (s *layerBox) Base() string { return s.base }
+
+// Unwrap gives the fake sandbox's capabilities (pause) through the box.
+func (s *layerBox) Unwrap() isolation.Sandbox { return s.Sandbox }
+
+// standbyBooterBox is a layerBox whose backend boots standbys.
+type standbyBooterBox struct{ *layerBox }
+
+func (standbyBooterBox) BootsStandby() {}
+
+// standbyBox is a standby the layerBackend booted: it runs nothing, and
+// Done is closed once it is killed.
+type standbyBox struct {
+	id   string
+	once sync.Once
+	done chan struct{}
+}
+
+func (s *standbyBox) ID() string { return s.id }
+func (s *standbyBox) DialAgent(context.Context) (net.Conn, error) {
+	return nil, errors.New("a standby is not dialed")
+}
+func (s *standbyBox) DialPort(context.Context, uint16) (net.Conn, error) {
+	return nil, errors.New("a standby is not dialed")
+}
+func (s *standbyBox) Stats(context.Context) (isolation.Stats, error) { return isolation.Stats{}, nil }
+func (s *standbyBox) Kill(context.Context) error {
+	s.once.Do(func() { close(s.done) })
+	return nil
+}
+func (s *standbyBox) Done() <-chan struct{} { return s.done }
 
 // TestDiffReadsWithoutLayerLock: a diff reads the files of its layers
 // without the layer lock, so that, while one diff is in the middle of
