@@ -26,7 +26,7 @@ go vet -vettool="$(go tool -n checklocks)" -inferred=false -wrappers=false \
 echo "==> go test (unit, privileged and end-to-end)"
 go test -count=1 -timeout 30m ./... "$@"
 echo "==> go test -race (the concurrent packages that need no sandbox)"
-go test -race -count=1 ./internal/agent/... ./internal/egress/... ./internal/sandbox ./internal/httpapi \
+go test -race -count=1 ./internal/agent/... ./internal/egress/... ./internal/sandbox ./internal/sandbox/timetravel ./internal/httpapi \
   ./internal/store ./internal/metrics ./internal/isolation/warm ./client/... ./internal/cli \
   ./internal/audit ./internal/capacity ./internal/gateway ./internal/daemon
 echo "==> fuzz smoke: each parser of sandbox-controlled bytes for a few seconds"

@@ -34,6 +34,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/export"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
@@ -75,6 +76,7 @@ type node struct {
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
+	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
 }
 
 // components are the daemon's parts, listed in an order their
@@ -376,11 +378,17 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		NeverCIDRs:             o.DenyCIDRs,
 		Logger:                 d.log,
 	})
+	templates := templateSet{d.builds.Catalog()}
+	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
+	// diffs) serves the manager and is served by it: bound once the
+	// manager is made, started once it has started.
+	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
+		Audit: d.sources.sink, Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
-		Templates:    templateSet{d.builds.Catalog()},
+		Templates:    templates,
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
 		Logger:       d.log,
@@ -391,11 +399,14 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		CAEnv:   native.CAEnv(),
 		Layers:  d.layers,
 		Agent:   connectAgent,
+		Keeper:  keeper,
 	})
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
+	keeper.Bind(sandbox.NewLayerPort(mgr))
 	d.mgr = mgr
+	d.keeper = keeper
 	// The builds resolve templates for the manager and run their steps in
 	// its sandboxes; they get it here, and collect the layers no live
 	// sandbox uses, which needs the manager's sandboxes.
@@ -407,6 +418,9 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
 	d.closers.push(func() { d.stopSandboxes(ctx) }) // idempotent; covers the early returns
+	if err := keeper.Start(ctx); err != nil {
+		return fmt.Errorf("starting sandbox manager: %w", err)
+	}
 	return nil
 }
 
@@ -424,6 +438,7 @@ func (d *node) stopSandboxes(ctx context.Context) {
 	if err := d.mgr.Shutdown(sctx); err != nil {
 		d.log.Error("shutting down sandboxes", "err", err)
 	}
+	d.keeper.Close()
 }
 
 // startWarmPools starts the warm pools: the default template's, with the
@@ -520,6 +535,7 @@ func (d *node) newServer() (*http.Server, error) {
 	var handler http.Handler = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
 		Network:         d.nets,
+		Layers:          d.keeper,
 		APIKey:          d.key,
 		Domain:          o.Domain,
 		Logger:          d.log,

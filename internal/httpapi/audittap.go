@@ -51,8 +51,8 @@ func (h *handler) tapEnvd(w http.ResponseWriter, r *http.Request, st *proxyState
 	// A sandbox created with autoCheckpoint is checkpointed before each
 	// command starts (a no-op for the others).
 	if r.Method == http.MethodPost && st.path == "/process.Process/Start" && st.port == 0 {
-		if l, ok := h.m.(Layers); ok {
-			l.AutoCheckpoint(r.Context(), st.id)
+		if h.layers != nil {
+			h.layers.AutoCheckpoint(r.Context(), st.id)
 		}
 	}
 	if h.sink == nil || r.Method != http.MethodPost {

@@ -60,6 +60,7 @@ type Manager interface {
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	DefaultTimeout() time.Duration
 	Pause(ctx context.Context, id string) error
+	PauseWithoutMemory(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
 	Connect(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
@@ -85,6 +86,10 @@ type Options struct {
 	// Network reaches the sandboxes' ports and updates their network.
 	// Required with Manager.
 	Network Network
+	// Layers serves the snapshot, fork, checkpoint, rewind and diff
+	// routes, and checkpoints the sandboxes created with autoCheckpoint
+	// before each command; nil answers 501 there.
+	Layers Layers
 	// APIKey is required in X-API-Key on control-plane routes. If empty,
 	// every authenticated route answers 401: the API fails closed.
 	APIKey string
@@ -130,6 +135,7 @@ const maxBodyBytes = 1 << 20
 type handler struct {
 	m      Manager
 	net    Network
+	layers Layers // nil: no snapshots, forks, checkpoints
 	apiKey []byte
 	domain string
 	log    *slog.Logger
@@ -163,6 +169,7 @@ func New(opts Options) http.Handler {
 	h := &handler{
 		m:           opts.Manager,
 		net:         opts.Network,
+		layers:      opts.Layers,
 		apiKey:      []byte(opts.APIKey),
 		domain:      opts.Domain,
 		log:         opts.Logger,

@@ -9,37 +9,36 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 )
 
-// Layers is what the snapshot, fork and checkpoint routes need of the
-// manager; *sandbox.Manager implements it.
+// Layers is what the snapshot, fork, checkpoint, rewind and diff routes
+// need; *timetravel.Keeper implements it.
 type Layers interface {
-	PauseWithoutMemory(ctx context.Context, id string) error
-	CreateSnapshot(ctx context.Context, id, name string) (*sandbox.SnapshotInfo, error)
-	ListSnapshots(ctx context.Context, sandboxID, name string) ([]*sandbox.SnapshotInfo, error)
+	CreateSnapshot(ctx context.Context, id, name string) (*timetravel.SnapshotInfo, error)
+	ListSnapshots(ctx context.Context, sandboxID, name string) ([]*timetravel.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, ref string) error
 	IsSnapshot(ctx context.Context, ref string) bool
 	HasTemplate(name string) bool
-	Fork(ctx context.Context, id string, count int, d time.Duration) ([]sandbox.ForkResult, error)
-	CreateCheckpoint(ctx context.Context, id, name string, auto bool) (*sandbox.Checkpoint, error)
-	Checkpoints(ctx context.Context, id string) ([]*sandbox.Checkpoint, error)
+	Fork(ctx context.Context, id string, count int, d time.Duration) ([]timetravel.ForkResult, error)
+	CreateCheckpoint(ctx context.Context, id, name string, auto bool) (*timetravel.Checkpoint, error)
+	Checkpoints(ctx context.Context, id string) ([]*timetravel.Checkpoint, error)
 	Rewind(ctx context.Context, id, ref string) (*sandbox.Sandbox, error)
-	Diff(ctx context.Context, id, from, to string) ([]sandbox.FileDiff, error)
+	Diff(ctx context.Context, id, from, to string) ([]timetravel.FileDiff, error)
 	AutoCheckpoint(ctx context.Context, id string)
 }
 
-var _ Layers = (*sandbox.Manager)(nil)
+var _ Layers = (*timetravel.Keeper)(nil)
 
-// layersOr returns the manager's Layers, or a 501.
+// layersOr returns Options.Layers, or a 501.
 func (h *handler) layersOr() (Layers, error) {
-	l, ok := h.m.(Layers)
-	if !ok {
+	if h.layers == nil {
 		return nil, errorf(api.ErrUnimplemented, "snapshots, forks and checkpoints are not supported by this daemon")
 	}
-	return l, nil
+	return h.layers, nil
 }
 
-// layersOf opens a handler on one sandbox's layers: the manager's Layers
+// layersOf opens a handler on one sandbox's layers: Options.Layers
 // (or a 501), the sandbox ID from the path and, where req is not nil, the
 // request body decoded into req (an empty one allowed as decodeJSON's
 // allowEmpty says).
@@ -184,7 +183,7 @@ func (h *handler) fork(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
-func toAPICheckpoint(c *sandbox.Checkpoint) api.Checkpoint {
+func toAPICheckpoint(c *timetravel.Checkpoint) api.Checkpoint {
 	return api.Checkpoint{CheckpointID: c.ID, SandboxID: c.SandboxID, Name: c.Name, Auto: c.Auto, Files: c.Files,
 		Bytes: c.Bytes, CreatedAt: c.CreatedAt, FrozenMs: float64(c.Frozen.Microseconds()) / 1000}
 }

@@ -204,11 +204,7 @@ func lifecycle(s *sandbox.Sandbox) *api.Lifecycle {
 func (h *handler) pause(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.PauseRequest) error {
 		if req.Memory != nil && !*req.Memory {
-			l, err := h.layersOr()
-			if err != nil {
-				return err
-			}
-			return l.PauseWithoutMemory(ctx, id)
+			return h.m.PauseWithoutMemory(ctx, id)
 		}
 		return h.m.Pause(ctx, id)
 	})

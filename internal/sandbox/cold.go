@@ -164,4 +164,3 @@ func (k *coldKeeper) recordPause(ctx context.Context, e *entry, layer string, fr
 	e.mu.Unlock()
 	return nil
 }
-

@@ -51,8 +51,6 @@ type entry struct {
 	cold string // the layer of a filesystem-only pause, "" otherwise
 	// +checklocks:mu
 	coldKept bool // the store keeps what the resume of that pause needs
-	// +checklocks:mu
-	standby *standby // booted ahead for a rewind (standby.go), or nil
 }
 
 // boxRef is one backend sandbox of an entry; replaced is closed when

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -11,52 +10,306 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
-// What snapshots (snapshots.go), forks, checkpoints and rewinds
-// (checkpoints.go), diffs (diff.go) and filesystem-only pauses share: the
-// layer store, the boot of a sandbox on a layer, and the layer collector.
-// All rest on the backend's layers (isolation.Layers, isolation.Checkpointer).
-//
-// Ownership of layers: the store's snapshot and checkpoint records, and
-// every live sandbox (the layer it booted on, or the layer of its
-// filesystem-only pause), keep a layer and, through it, its parents. gc
-// deletes every other layer; it runs after the records or sandboxes that
-// kept a layer go, and at Start (when no sandbox is live and every
-// checkpoint of a previous daemon's sandboxes is dropped), so a crash at
-// any point leaves layers that the next start keeps (recorded) or deletes.
+// What the lifecycle keeps of filesystem layers: the boot of a sandbox
+// on a layer (a snapshot's, a fork's checkpoint, a rewind's, a
+// filesystem-only pause's), the filesystem-only pause itself, and the
+// seam to the keeper of layers (internal/sandbox/timetravel), which owns
+// snapshots, forks, checkpoints, rewinds, diffs, standbys, the layer lock
+// and the layer collector. The keeper reaches the lifecycle through
+// LayerPort and Live; the lifecycle reaches the keeper through
+// LayerKeeper (Options.Keeper).
 
-// LayerStore is the persistence of snapshots and checkpoints;
-// *store.Store implements it.
-type LayerStore interface {
-	PutSnapshot(ctx context.Context, sn *store.Snapshot) (string, error)
-	FindSnapshot(ctx context.Context, ref string) (*store.Snapshot, error)
-	ListSnapshots(ctx context.Context, sandboxID, name string) ([]*store.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, id string) error
-	InsertCheckpoint(ctx context.Context, c *store.Checkpoint) error
-	Checkpoints(ctx context.Context, sandboxID string) ([]*store.Checkpoint, error)
-	DeleteCheckpoints(ctx context.Context, sandboxID, id string) error
-	DeleteOrphanCheckpoints(ctx context.Context) error
+// LayerKeeper is what the lifecycle asks of the keeper of layers
+// (*timetravel.Keeper). The Manager never calls it holding its own lock.
+type LayerKeeper interface {
+	// Origin resolves a create's template to the snapshot it names, nil
+	// when it names none (ordinary templates first).
+	Origin(ctx context.Context, ref string) (*Origin, error)
+	// Hold takes the layer lock for reading: no layer is collected until
+	// release is called. Whatever makes, records or boots on a layer
+	// holds it until the layer is recorded or used.
+	Hold() (release func())
+	// CheckpointFiles freezes box's filesystem alone into a new layer
+	// (a filesystem-only pause). The caller holds the layer lock.
+	CheckpointFiles(ctx context.Context, box isolation.Sandbox) (isolation.LayerInfo, error)
+	// Release tells the keeper that sandbox id is paused, killed or gone:
+	// nothing will rewind it meanwhile (its standby is killed).
+	Release(id string)
+	// Collect asks for a collection of the layers that nothing keeps.
+	Collect()
 }
 
-var _ LayerStore = (*store.Store)(nil)
+// noKeeper is the LayerKeeper of a Manager without one: no snapshots,
+// no collection (nothing makes layers but filesystem-only pauses, which
+// it refuses).
+type noKeeper struct{}
 
-// Budgets.
-const (
-	maxForks             = 100
-	maxCheckpoints       = 64 // per sandbox; the oldest automatic ones go first
-	forkParallel         = 4
-	defaultForkTimeout   = 15 * time.Second
-	maxSnapshotNameBytes = 128
-)
+func (noKeeper) Origin(context.Context, string) (*Origin, error) { return nil, nil }
+func (noKeeper) Hold() func()                                    { return func() {} }
+func (noKeeper) Release(string)                                  {}
+func (noKeeper) Collect()                                        {}
+func (noKeeper) CheckpointFiles(context.Context, isolation.Sandbox) (isolation.LayerInfo, error) {
+	return isolation.LayerInfo{}, fmt.Errorf("filesystem-only pauses need a keeper of layers, which this daemon has not: %w", api.ErrUnimplemented)
+}
 
-func (m *Manager) layerStore() (LayerStore, error) {
-	ls, ok := m.store.(LayerStore)
-	if !ok || m.layers == nil {
-		return nil, fmt.Errorf("snapshots, forks, checkpoints and filesystem-only pauses need filesystem layers, which the %s backend does not keep: %w", m.backend.Name(), api.ErrUnimplemented)
+// NoLayers is the error of a layer operation on a backend that keeps no
+// filesystem layers; it wraps api.ErrUnimplemented.
+func NoLayers(backend string) error {
+	return fmt.Errorf("snapshots, forks, checkpoints and filesystem-only pauses need filesystem layers, which the %s backend does not keep: %w", backend, api.ErrUnimplemented)
+}
+
+// Origin is the layer a sandbox boots on instead of its template alone:
+// a snapshot's, or a fork's checkpoint.
+type Origin struct {
+	Layer    string
+	Template string // the template under the layer
+	Shown    string // the TemplateID the sandbox shows, if not the request's
+	Alias    string // the Alias it shows with Shown
+	// Memory is set for a layer that keeps memory (LayerInfo.Memory):
+	// the template's start command runs in it already.
+	Memory  bool
+	Backend string // a snapshot's source's metadata fence.backend
+	// Env is a snapshot's source's agent environment: the new sandbox's
+	// environment is the create's on top of it.
+	Env map[string]string
+	// Parent, for a fork: its network, environment and secret bindings
+	// are kept (the placeholders its files may hold stay valid).
+	Parent *Live
+}
+
+func (o *Origin) origin() *origin {
+	if o == nil {
+		return nil
 	}
-	return ls, nil
+	from := &origin{layer: o.Layer, template: o.Template, shown: o.Shown, alias: o.Alias, memory: o.Memory,
+		backend: o.Backend, env: o.Env}
+	if o.Parent != nil {
+		from.parent = o.Parent.e
+	}
+	return from
+}
+
+// originOf resolves a create's template through k.
+func originOf(ctx context.Context, k LayerKeeper, ref string) (*origin, error) {
+	o, err := k.Origin(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return o.origin(), nil
+}
+
+// LayerPort is the lifecycle as the keeper of layers reaches it: the live
+// sandboxes, the creates on a layer, the admission of a standby and the
+// layers the lifecycle keeps. It holds no state of its own.
+type LayerPort struct{ m *Manager }
+
+// NewLayerPort returns m's LayerPort.
+func NewLayerPort(m *Manager) *LayerPort { return &LayerPort{m} }
+
+// Backend is the backend's name (for errors).
+func (p *LayerPort) Backend() string { return p.m.backend.Name() }
+
+// Layers are the filesystem layers sandboxes boot on; nil when the
+// backend keeps none (Options.Layers).
+func (p *LayerPort) Layers() isolation.Layers { return p.m.layers }
+
+// MaxSandboxes is the cap on sandboxes running or being created.
+func (p *LayerPort) MaxSandboxes() int { return p.m.max }
+
+// CheckTimeout checks a requested timeout as a create does.
+func (p *LayerPort) CheckTimeout(d time.Duration) error { return checkTimeout(d, p.m.maxTimeout) }
+
+// Live returns live (running or paused) sandbox id; unknown and killed
+// ones give an error wrapping api.ErrNotFound, and any after Shutdown
+// ErrClosed.
+func (p *LayerPort) Live(id string) (*Live, error) {
+	e, err := p.m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return &Live{p.m, e}, nil
+}
+
+// Create starts a sandbox on from's layer, as Create does on a template.
+func (p *LayerPort) Create(ctx context.Context, req CreateRequest, from *Origin) (*Sandbox, error) {
+	return p.m.create(ctx, req, from.origin())
+}
+
+// AdmitAhead reports whether one more sandbox started ahead of demand (a
+// standby) leaves the headroom Options.Capacity keeps for creates.
+func (p *LayerPort) AdmitAhead() bool {
+	return p.m.adm.admitAhead()
+}
+
+// KeptLayers lists the layers the lifecycle keeps: each live sandbox's
+// boot layer and filesystem-only pause, and the templates' run images.
+func (p *LayerPort) KeptLayers() []string {
+	m := p.m
+	keep := m.runImages.Layers()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.running {
+		e.mu.Lock()
+		keep = append(keep, e.layer, e.cold)
+		e.mu.Unlock()
+	}
+	return keep
+}
+
+// Live is one live sandbox as the keeper of layers sees it.
+type Live struct {
+	m *Manager
+	e *entry
+}
+
+// ID is the sandbox's ID.
+func (l *Live) ID() string { return l.e.sb().ID() }
+
+// Box is its current backend sandbox.
+func (l *Live) Box() isolation.Sandbox { return l.e.sb() }
+
+// Info returns a copy of its record.
+func (l *Live) Info() *Sandbox { return l.e.snapshot() }
+
+// Running reports whether it runs (is not paused).
+func (l *Live) Running() bool { return l.e.state() == StateRunning }
+
+// Lock serialises the caller with the sandbox's pause, resume, rewind and
+// other layer operations; Unlock ends it.
+//
+// +checklocksignore: a wrapper of e.life, which guards no field.
+func (l *Live) Lock() { l.e.life.Lock() }
+
+// Unlock releases Lock.
+//
+// +checklocksignore: a wrapper of e.life, which guards no field.
+func (l *Live) Unlock() { l.e.life.Unlock() }
+
+// Current reports whether it is still live under a Manager not shut down
+// (not killed since it was found).
+func (l *Live) Current() bool {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return !l.m.closed && l.m.running[l.ID()] == l.e
+}
+
+// Spec is what its backend sandbox was made with (the agent's final
+// environment included).
+func (l *Live) Spec() isolation.Spec { return l.e.spec }
+
+// BaseTemplate is the template under its layers.
+func (l *Live) BaseTemplate() string { return l.e.baseTemplate }
+
+// AutoCheckpoint reports whether it is checkpointed before every command.
+func (l *Live) AutoCheckpoint() bool { return l.e.autoCheckpoint }
+
+// Layers are the layers of its filesystem: as created (created, "" for a
+// template), the one its backend sandbox booted on (boot), and that of
+// its filesystem-only pause (cold, "" unless paused so).
+func (l *Live) Layers() (created, boot, cold string) {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	return l.e.createdLayer, l.e.layer, l.e.cold
+}
+
+// MarkCheckpointed records that a checkpoint or snapshot of it keeps a
+// layer (its kill then asks for a collection).
+func (l *Live) MarkCheckpointed() { l.e.checkpointed.Store(true) }
+
+// StandbySpec is the spec of a standby of it: its own, in the background,
+// with a network that denies everything until the standby is handed
+// over (under key).
+func (l *Live) StandbySpec(key string) isolation.Spec {
+	spec := l.e.spec
+	spec.ID = l.ID()
+	spec.Background, spec.Standby = true, true
+	spec.Network = l.m.fences.Standby(key) // deny-all until the hand-over
+	return spec
+}
+
+// Reboot replaces its backend sandbox by a new one, under the same ID, on
+// layer: the one standby returns (a standby booted ahead on layer, with
+// its fence's key), handed over (reporting true), else one booted now.
+// Traffic meanwhile finds it paused (the proxy's 502). If the new one
+// cannot start, the sandbox is killed. The caller holds Lock and the
+// layer lock.
+func (l *Live) Reboot(ctx context.Context, layer string, standby func(context.Context) (isolation.Sandbox, string)) (bool, error) {
+	m, e := l.m, l.e
+	id := e.sb().ID()
+	old := e.sb()
+	e.setBox(parkedBox{id})
+	e.mu.Lock()
+	nc := e.net
+	running := e.info.State == StateRunning
+	if running {
+		close(e.runDone)
+		e.runDone = make(chan struct{})
+	}
+	e.mu.Unlock()
+	if _, ok := old.(parkedBox); !ok {
+		m.killBox(ctx, old)
+	}
+	spec := e.spec
+	spec.ID = id
+	var err error
+	box, key := standby(ctx)
+	handed := box != nil
+	if box != nil {
+		if err = handOver(m.fences, box, key, nc); err != nil {
+			m.log.WarnContext(ctx, "handing a standby over; booting anew", "sandbox_id", id, "err", err)
+			m.killBox(ctx, box)
+			box, handed = nil, false
+		}
+	}
+	if box == nil {
+		box, err = m.bootOn(ctx, spec, nc, layer)
+	}
+	if err != nil {
+		m.log.ErrorContext(ctx, "rebooting sandbox failed; killing it", "sandbox_id", id, "err", err)
+		_ = m.kill(ctx, id, "reboot failed")
+		return false, fmt.Errorf("rebooting sandbox %s: %w", id, err)
+	}
+	e.mu.Lock()
+	e.layer = layer
+	e.mu.Unlock()
+	e.setBox(box)
+	return handed, l.stillLive(ctx, box)
+}
+
+// handOver makes a standby the sandbox: its fence becomes the sandbox's,
+// with the network nc (its proxy first, then its policy), and it gets the
+// ordinary CPU weight.
+func handOver(fs *fences.Set, box isolation.Sandbox, key string, nc *netconf.Config) error {
+	nw := fs.HandOver(box.ID(), key)
+	if nw == nil {
+		return fmt.Errorf("standby of %s has no network attached", box.ID())
+	}
+	fs.Apply(nw, nc, true)
+	if f, ok := isolation.As[isolation.Foregrounder](box); ok {
+		if err := f.Foreground(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stillLive kills box, just set as the sandbox's, if the sandbox was
+// killed meanwhile (Kill does not wait for a reboot): whichever comes
+// second kills it.
+func (l *Live) stillLive(ctx context.Context, box isolation.Sandbox) error {
+	m := l.m
+	m.mu.Lock()
+	cur := m.running[box.ID()]
+	m.mu.Unlock()
+	if cur != l.e {
+		m.killBox(ctx, box)
+		return notFound(box.ID())
+	}
+	return nil
 }
 
 // bootOn starts a backend sandbox for spec on layer, with the compiled
@@ -67,78 +320,12 @@ func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.C
 	return m.layers.CreateOn(ctx, spec, layer)
 }
 
-// checkpointBox freezes e's filesystem into a new layer. The caller holds
-// m.layerMu for reading until the layer is recorded or used.
-func (m *Manager) checkpointBox(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
-	cp, ok := isolation.As[isolation.Checkpointer](e.sb())
-	if !ok {
-		return isolation.LayerInfo{}, fmt.Errorf("the %s backend cannot checkpoint sandboxes: %w", m.backend.Name(), api.ErrUnimplemented)
-	}
-	info, err := cp.Checkpoint(context.WithoutCancel(ctx))
-	if errors.Is(err, isolation.ErrLayerBudget) {
-		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
-	}
-	if errors.Is(err, isolation.ErrNotFound) {
-		return info, notFound(e.sb().ID())
-	}
-	return info, err
-}
-
-// checkpointFiles freezes e's filesystem alone into a new layer, on which
-// the sandbox boots anew: a backend whose checkpoints keep memory makes it
-// with isolation.FileCheckpointer. The caller holds m.layerMu for reading.
-func (m *Manager) checkpointFiles(ctx context.Context, e *entry) (isolation.LayerInfo, error) {
-	fc, ok := isolation.As[isolation.FileCheckpointer](e.sb())
-	if !ok {
-		info, err := m.checkpointBox(ctx, e)
-		if err == nil && info.Memory {
-			_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
-			return isolation.LayerInfo{}, fmt.Errorf("this backend cannot checkpoint a filesystem without memory: %w", api.ErrUnimplemented)
-		}
-		return info, err
-	}
-	info, err := fc.CheckpointFiles(context.WithoutCancel(ctx))
-	if errors.Is(err, isolation.ErrLayerBudget) {
-		return info, fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
-	}
-	if errors.Is(err, isolation.ErrNotFound) {
-		return info, notFound(e.sb().ID())
-	}
-	return info, err
-}
-
-// running returns the entry of a running sandbox: unknown ones give
-// api.ErrNotFound, paused ones pausedErr.
-func (m *Manager) runningEntry(id string, pausedErr error) (*entry, error) {
-	e, err := m.lookup(id)
-	if err != nil {
-		return nil, err
-	}
-	if e.state() != StateRunning {
-		return nil, pausedErr
-	}
-	return e, nil
-}
-
-// stillLive kills box, just set as e's, if e was killed meanwhile (Kill
-// does not wait for a reboot): whichever comes second kills it.
-func (m *Manager) stillLive(ctx context.Context, e *entry, box isolation.Sandbox) error {
-	m.mu.Lock()
-	cur := m.running[box.ID()]
-	m.mu.Unlock()
-	if cur != e {
-		m.killBox(ctx, box)
-		return notFound(box.ID())
-	}
-	return nil
-}
-
 // pauseCold is the filesystem-only pause: the filesystem is checkpointed,
 // every process is killed (the memory is freed), and the resume boots the
 // sandbox anew on the checkpoint.
 func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
-	if _, err := m.layerStore(); err != nil {
-		return err
+	if m.layers == nil {
+		return NoLayers(m.backend.Name())
 	}
 	e, err := m.lookup(id)
 	if err != nil {
@@ -151,9 +338,8 @@ func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
-	info, err := m.checkpointFiles(ctx, e)
+	defer m.keeper.Hold()()
+	info, err := m.keeper.CheckpointFiles(ctx, e.sb())
 	if err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
@@ -184,8 +370,7 @@ func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
 	e.mu.Lock()
 	layer := e.cold
 	e.mu.Unlock()
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
+	defer m.keeper.Hold()()
 	spec := e.spec
 	spec.ID = e.sb().ID()
 	e.mu.Lock()
@@ -199,8 +384,8 @@ func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
 	e.cold, e.layer, e.coldKept = "", layer, false
 	e.mu.Unlock()
 	e.setBox(box)
-	m.nudgeGC()
-	return m.stillLive(ctx, e, box)
+	m.keeper.Collect()
+	return (&Live{m, e}).stillLive(ctx, box)
 }
 
 // usesLayers reports whether e kept layers (its records or its boot).
@@ -222,110 +407,6 @@ func (e *entry) isCold() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.cold != ""
-}
-
-// nudgeGC asks the layer collector to run.
-func (m *Manager) nudgeGC() {
-	if m.layers == nil {
-		return
-	}
-	select {
-	case m.gcWake <- struct{}{}:
-	default:
-	}
-}
-
-// layerCollector runs gc when nudged, until Shutdown.
-func (m *Manager) layerCollector() {
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-m.gcWake:
-			err := m.gc(context.Background())
-			if errors.Is(err, errLayersBusy) {
-				continue // the last reader out wakes it
-			}
-			if errors.Is(err, isolation.ErrLayerInUse) {
-				// A killed sandbox still releasing: try again shortly.
-				time.AfterFunc(time.Second, m.nudgeGC)
-			} else if err != nil {
-				m.log.Error("collecting unused layers", "err", err)
-			}
-		}
-	}
-}
-
-// errLayersBusy is gc's when the layer lock is held: it runs again when
-// the lock is released (see layerLock).
-var errLayersBusy = errors.New("layers busy: collecting once they are not")
-
-// gc deletes the layers that no record, no live sandbox and no pin keeps.
-// It never waits for the layer lock (see layerLock).
-func (m *Manager) gc(ctx context.Context) error {
-	ls, ok := m.store.(LayerStore)
-	if !ok || m.layers == nil {
-		return nil
-	}
-	if !m.layerMu.TryLock() {
-		return errLayersBusy
-	}
-	defer m.layerMu.Unlock()
-	if err := ls.DeleteOrphanCheckpoints(ctx); err != nil {
-		return err
-	}
-	keep := map[string]bool{}
-	sns, err := ls.ListSnapshots(ctx, "", "")
-	if err != nil {
-		return err
-	}
-	for _, sn := range sns {
-		keep[sn.Layer] = true
-	}
-	cps, err := ls.Checkpoints(ctx, "")
-	if err != nil {
-		return err
-	}
-	for _, c := range cps {
-		keep[c.Layer] = true
-	}
-	for _, l := range m.runImages.Layers() {
-		keep[l] = true
-	}
-	for _, l := range m.layerMu.pinned() {
-		keep[l] = true
-	}
-	m.mu.Lock()
-	for _, e := range m.running {
-		e.mu.Lock()
-		keep[e.layer], keep[e.cold] = true, true
-		if e.standby != nil {
-			keep[e.standby.layer] = true
-		}
-		e.mu.Unlock()
-	}
-	m.mu.Unlock()
-	all, err := m.layers.ListLayers(ctx)
-	if err != nil {
-		return err
-	}
-	parent := map[string]string{}
-	for _, l := range all {
-		parent[l.ID] = l.Parent
-	}
-	marked := map[string]bool{}
-	for id := range keep {
-		for ; id != "" && !marked[id]; id = parent[id] {
-			marked[id] = true
-		}
-	}
-	var errs []error
-	for _, l := range all {
-		if !marked[l.ID] {
-			errs = append(errs, m.layers.DeleteLayer(ctx, l.ID))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // parkedBox stands for a sandbox with no backend sandbox: paused without

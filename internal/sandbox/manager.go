@@ -116,11 +116,10 @@ type Options struct {
 	// SampleEvery is how often each sandbox's resource use is recorded
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
-	// NoStandbys turns off the sandboxes booted ahead on a sandbox's
-	// last checkpoint, which make a rewind to it a hand-over instead of a
-	// boot (standby.go), at the cost of one idle sandbox per checkpointed
-	// one.
-	NoStandbys bool
+	// Keeper, if set, keeps snapshots, forks, checkpoints, rewinds and
+	// the collection of layers (internal/sandbox/timetravel); without it
+	// no create names a snapshot and no filesystem-only pause is made.
+	Keeper LayerKeeper
 	// Network is the sandboxes' network side (their fences, gateway
 	// configurations and policy updates), which New binds to the
 	// Manager (one Manager per Set); nil means one with fences.Options'
@@ -162,8 +161,7 @@ type Manager struct {
 
 	events     // lifecycle events to the audit trail (audit.go)
 	layers     isolation.Layers
-	layerMu    layerLock     // see layerLock and gc
-	gcWake     chan struct{} // nudges the layer collector; buffered 1
+	keeper     LayerKeeper // snapshots, checkpoints, layer collection (timetravel)
 	sealer     Sealer
 	caEnv      map[string]string
 	max        int
@@ -189,10 +187,6 @@ type Manager struct {
 	// +checklocks:mu
 	running map[string]*entry
 	// +checklocks:mu
-	standbys int // entries with a standby (standby.go)
-
-	noStandbys  bool
-	standbyBoot chan struct{} // one standby boots at a time
 
 	usage *usage.Meter // usage accounting (usage.go)
 
@@ -208,15 +202,13 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("sandbox.New: Backend, Store and Templates are required")
 	}
 	m := &Manager{
-		noStandbys:  opts.NoStandbys,
-		standbyBoot: make(chan struct{}, 1),
 		backend:     opts.Backend,
 		store:       opts.Store,
 		templates:   opts.Templates,
 		defaults:    opts.Defaults.withBuiltins(),
 		events:      events{opts.Audit},
 		layers:      opts.Layers,
-		gcWake:      make(chan struct{}, 1),
+		keeper:      opts.Keeper,
 		sealer:      opts.Sealer,
 		caEnv:       opts.CAEnv,
 		max:         opts.MaxSandboxes,
@@ -242,7 +234,9 @@ func New(opts Options) (*Manager, error) {
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
-	m.layerMu.wake = m.nudgeGC
+	if m.keeper == nil {
+		m.keeper = noKeeper{}
+	}
 	if m.maxTimeout <= 0 {
 		m.maxTimeout = 24 * time.Hour
 	}
@@ -304,11 +298,6 @@ func (m *Manager) Start(ctx context.Context) error {
 	if _, err := m.store.DeleteKilledBefore(ctx, m.now().Add(-m.retention)); err != nil {
 		return fmt.Errorf("pruning old records: %w", err)
 	}
-	// Layers no snapshot keeps (checkpoints of the previous daemon's
-	// sandboxes, forks' and pauses' layers, half-recorded ones) go.
-	if err := m.gc(ctx); err != nil && !errors.Is(err, errLayersBusy) {
-		return fmt.Errorf("collecting unused layers: %w", err)
-	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -319,16 +308,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.adm.start()
 	m.wg.Go(func() { m.reaper.run(m.stop, m.now, m) })
 	m.wg.Go(func() { m.usage.Sample(m.stop, m.sampleEvery) })
-	if m.layers != nil {
-		m.wg.Go(m.layerCollector)
-	}
 	return nil
 }
 
 // Create starts a sandbox. See the package doc for its guarantees.
 // A TemplateID naming a snapshot boots the sandbox on it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	from, err := m.snapshotOrigin(ctx, req.TemplateID)
+	from, err := originOf(ctx, m.keeper, req.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -387,10 +373,10 @@ func (m *Manager) watch(e *entry) {
 		m.record(ctx, audit.TypeKill, e.sb().ID(), map[string]any{"reason": "exited"})
 		e.finishUsage(ctx, m.usage, m.now())
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
-		m.releaseStandby(e)
+		m.keeper.Release(e.sb().ID())
 		m.markKilled(ctx, e.sb().ID())
 		if e.usesLayers() {
-			m.nudgeGC()
+			m.keeper.Collect()
 		}
 	}
 }
@@ -421,7 +407,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, e := range all {
-			m.releaseStandby(e)
+			m.keeper.Release(e.sb().ID())
 			if k, ok := isolation.As[isolation.Keeper](e.sb()); (ok && e.state() == StatePaused && k.Kept()) || e.coldKeptPaused() {
 				// Its state is on disk: the next daemon adopts it.
 				m.log.InfoContext(ctx, "paused sandbox kept for the next start", "sandbox_id", e.sb().ID())

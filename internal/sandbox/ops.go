@@ -218,10 +218,10 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	}
 	e.finishUsage(ctx, m.usage, m.now())
 	m.killRemoved(ctx, e.sb())
-	m.releaseStandby(e)
+	m.keeper.Release(id)
 	m.markKilled(ctx, id)
 	if e.usesLayers() {
-		m.nudgeGC()
+		m.keeper.Collect()
 	}
 	m.record(ctx, audit.TypeKill, id, map[string]any{"reason": reason})
 	m.log.InfoContext(ctx, "sandbox killed", "sandbox_id", id, "reason", reason)

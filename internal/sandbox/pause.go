@@ -90,7 +90,7 @@ func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func()
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
-	m.releaseStandby(e)
+	m.keeper.Release(id)
 	reopen = func() {
 		e.mu.Lock()
 		e.info.State = StateRunning

@@ -54,9 +54,6 @@ func (l runImageLayers) DeleteLayer(ctx context.Context, id string) error {
 	return l.m.layers.DeleteLayer(ctx, id)
 }
 
-func (l runImageLayers) Hold() func() {
-	l.m.layerMu.RLock()
-	return l.m.layerMu.RUnlock
-}
+func (l runImageLayers) Hold() func() { return l.m.keeper.Hold() }
 
-func (l runImageLayers) Collect() { l.m.nudgeGC() }
+func (l runImageLayers) Collect() { l.m.keeper.Collect() }

@@ -1,4 +1,4 @@
-package sandbox
+package timetravel
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 // FileDiff is one path that differs between two states of a sandbox.
@@ -28,12 +29,12 @@ type FileDiff struct {
 // ("" or "create": as it was created) and to ("" or "now": as it is; a
 // running sandbox's files are hashed for it), each else a checkpoint's ID
 // or name.
-func (m *Manager) Diff(ctx context.Context, id, from, to string) ([]FileDiff, error) {
-	ls, err := m.layerStore()
+func (k *Keeper) Diff(ctx context.Context, id, from, to string) ([]FileDiff, error) {
+	ls, err := k.layerStore()
 	if err != nil {
 		return nil, err
 	}
-	e, err := m.lookup(id)
+	l, err := k.core.Live(id)
 	if err != nil {
 		return nil, err
 	}
@@ -41,26 +42,26 @@ func (m *Manager) Diff(ctx context.Context, id, from, to string) ([]FileDiff, er
 	// pinned, under the layer lock; their files are read after it is
 	// released (they cost what they weigh), so that nothing waits for
 	// them but this request.
-	m.layerMu.RLock()
-	a, err := m.diffSide(ctx, ls, id, e, from, true)
+	k.lock.RLock()
+	a, err := k.diffSide(ctx, ls, l, from, true)
 	var b diffSide
 	if err == nil {
-		b, err = m.diffSide(ctx, ls, id, e, to, false)
+		b, err = k.diffSide(ctx, ls, l, to, false)
 	}
 	pins := []string{a.layer, b.layer, a.base, b.base}
 	if err == nil {
-		m.layerMu.Pin(pins...)
+		k.lock.Pin(pins...)
 	}
-	m.layerMu.RUnlock()
+	k.lock.RUnlock()
 	if err != nil {
 		return nil, err
 	}
-	defer m.layerMu.Unpin(pins...)
-	ca, err := a.changes(ctx, m.layers)
+	defer k.lock.Unpin(pins...)
+	ca, err := a.changes(ctx, k.layers)
 	if err != nil {
 		return nil, err
 	}
-	cb, err := b.changes(ctx, m.layers)
+	cb, err := b.changes(ctx, k.layers)
 	if err != nil {
 		return nil, err
 	}
@@ -77,25 +78,23 @@ type diffSide struct {
 
 // diffSide resolves ref ("" or "create" on the from side: as created;
 // "" or "now": as the sandbox is; else a checkpoint's ID or name) for
-// e. The caller holds m.layerMu for reading.
-func (m *Manager) diffSide(ctx context.Context, ls LayerStore, id string, e *entry, ref string, isFrom bool) (diffSide, error) {
+// l. The caller holds the layer lock for reading.
+func (k *Keeper) diffSide(ctx context.Context, ls LayerStore, l *sandbox.Live, ref string, isFrom bool) (diffSide, error) {
+	created, base, cold := l.Layers()
 	switch {
 	case ref == "create" || (ref == "" && isFrom):
-		return diffSide{layer: e.createdLayer}, nil
+		return diffSide{layer: created}, nil
 	case ref == "now" || ref == "":
-		e.mu.Lock()
-		cold, base := e.cold, e.layer
-		e.mu.Unlock()
 		if cold != "" {
 			return diffSide{layer: cold}, nil
 		}
-		cp, ok := isolation.As[isolation.Checkpointer](e.sb())
+		cp, ok := isolation.As[isolation.Checkpointer](l.Box())
 		if !ok {
-			return diffSide{}, fmt.Errorf("the %s backend cannot list changes: %w", m.backend.Name(), api.ErrUnimplemented)
+			return diffSide{}, fmt.Errorf("the %s backend cannot list changes: %w", k.core.Backend(), api.ErrUnimplemented)
 		}
 		return diffSide{live: cp, base: base}, nil
 	}
-	c, err := m.findCheckpoint(ctx, ls, id, ref)
+	c, err := k.findCheckpoint(ctx, ls, l.ID(), ref)
 	if err != nil {
 		return diffSide{}, err
 	}
@@ -103,8 +102,8 @@ func (m *Manager) diffSide(ctx context.Context, ls LayerStore, id string, e *ent
 }
 
 // changes lists the side's changes against the template, reading (and
-// hashing) files: it is called without m.layerMu, the side's layers
-// pinned.
+// hashing) files: it is called without the layer lock, the side's
+// layers pinned.
 func (d diffSide) changes(ctx context.Context, l isolation.Layers) ([]isolation.FileChange, error) {
 	switch {
 	case d.live != nil:

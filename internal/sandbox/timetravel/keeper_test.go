@@ -1,17 +1,83 @@
-package sandbox
+package timetravel
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/store"
 )
+
+type templates map[string]string
+
+func (ts templates) Resolve(name string) (string, error) {
+	if p, ok := ts[name]; ok {
+		return p, nil
+	}
+	return "", fmt.Errorf("template %q: %w", name, api.ErrNotFound)
+}
+
+// env is a sandbox manager on a fake backend with in-memory layers
+// (layerBackend), with a Keeper bound to it and started.
+type env struct {
+	m     *sandbox.Manager
+	k     *Keeper
+	lb    *layerBackend
+	store *store.Store
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "fence.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	tmpls := templates{"base": "/rootfs/base", "minimal": "/rootfs/minimal"}
+	lb := newLayerBackend(fake.New(fake.Options{Host: fake.NewHost()}))
+	k := New(Options{Store: st, Templates: tmpls, Logger: log})
+	m, err := sandbox.New(sandbox.Options{Backend: lb, Store: st, Templates: tmpls, Logger: log, Keeper: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Bind(sandbox.NewLayerPort(m))
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatalf("Start() = %v", err)
+	}
+	if err := k.Start(t.Context()); err != nil {
+		t.Fatalf("Keeper.Start() = %v", err)
+	}
+	t.Cleanup(func() {
+		m.Shutdown(context.Background())
+		k.Close()
+		st.Close()
+	})
+	return &env{m: m, k: k, lb: lb, store: st}
+}
+
+func (e *env) mustCreate(t *testing.T, req sandbox.CreateRequest) *sandbox.Sandbox {
+	t.Helper()
+	if req.TemplateID == "" {
+		req.TemplateID = "base"
+	}
+	s, err := e.m.Create(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Create(%+v) = %v", req, err)
+	}
+	return s
+}
 
 // layerBackend is the fake backend with in-memory layers: a checkpoint
 // is a layer with no files, and listing a sandbox's or a layer's changes
@@ -26,6 +92,11 @@ type layerBackend struct {
 	layers map[string]isolation.LayerInfo
 	// deleted receives each deleted layer's ID (buffered).
 	deleted chan string
+	// bootsStandbys makes the sandboxes created from here boot standbys
+	// (isolation.StandbyBooter); standbys receives each standby booted
+	// (buffered).
+	bootsStandbys atomic.Bool
+	standbys      chan *standbyBox
 }
 
 var (
@@ -35,7 +106,7 @@ var (
 
 func newLayerBackend(b *fake.Backend) *layerBackend {
 	return &layerBackend{Backend: b, layers: map[string]isolation.LayerInfo{}, deleted: make(chan string, 100),
-		onRead: func(context.Context, string) {}}
+		standbys: make(chan *standbyBox, 100), onRead: func(context.Context, string) {}}
 }
 
 func (b *layerBackend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sandbox, error) {
@@ -46,11 +117,20 @@ func (b *layerBackend) CreateOn(ctx context.Context, spec isolation.Spec, layer 
 	if layer != "" && !b.has(layer) {
 		return nil, fmt.Errorf("layer %s: %w", layer, isolation.ErrNotFound)
 	}
+	if spec.Standby {
+		sb := &standbyBox{id: spec.ID, done: make(chan struct{})}
+		b.standbys <- sb
+		return sb, nil
+	}
 	s, err := b.Backend.Create(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return &layerBox{Sandbox: s, b: b, base: layer}, nil
+	box := &layerBox{Sandbox: s, b: b, base: layer}
+	if b.bootsStandbys.Load() {
+		return &standbyBooterBox{box}, nil
+	}
+	return box, nil
 }
 
 func (b *layerBackend) has(id string) bool {
@@ -113,6 +193,36 @@ func (s *layerBox) Changes(ctx context.Context) ([]isolation.FileChange, error) 
 
 func (s *layerBox) Base() string { return s.base }
 
+// Unwrap gives the fake sandbox's capabilities (pause) through the box.
+func (s *layerBox) Unwrap() isolation.Sandbox { return s.Sandbox }
+
+// standbyBooterBox is a layerBox whose backend boots standbys.
+type standbyBooterBox struct{ *layerBox }
+
+func (standbyBooterBox) BootsStandby() {}
+
+// standbyBox is a standby the layerBackend booted: it runs nothing, and
+// Done is closed once it is killed.
+type standbyBox struct {
+	id   string
+	once sync.Once
+	done chan struct{}
+}
+
+func (s *standbyBox) ID() string { return s.id }
+func (s *standbyBox) DialAgent(context.Context) (net.Conn, error) {
+	return nil, errors.New("a standby is not dialed")
+}
+func (s *standbyBox) DialPort(context.Context, uint16) (net.Conn, error) {
+	return nil, errors.New("a standby is not dialed")
+}
+func (s *standbyBox) Stats(context.Context) (isolation.Stats, error) { return isolation.Stats{}, nil }
+func (s *standbyBox) Kill(context.Context) error {
+	s.once.Do(func() { close(s.done) })
+	return nil
+}
+func (s *standbyBox) Done() <-chan struct{} { return s.done }
+
 // TestDiffReadsWithoutLayerLock: a diff reads the files of its layers
 // without the layer lock, so that, while one diff is in the middle of
 // its reading (held in the backend's LayerChanges), the layer collector
@@ -121,14 +231,11 @@ func (s *layerBox) Base() string { return s.base }
 // layer the diff reads, its record deleted meanwhile, is kept until the
 // diff is done, and collected then.
 func TestDiffReadsWithoutLayerLock(t *testing.T) {
-	var lb *layerBackend
-	e := newEnv(t, func(o *Options) {
-		lb = newLayerBackend(o.Backend.(*fake.Backend))
-		o.Backend = lb
-	})
+	e := newEnv(t)
+	lb := e.lb
 	ctx := t.Context()
-	a, b := e.mustCreate(t, CreateRequest{}), e.mustCreate(t, CreateRequest{})
-	cp, err := e.m.CreateCheckpoint(ctx, a.ID, "one", false)
+	a, b := e.mustCreate(t, sandbox.CreateRequest{}), e.mustCreate(t, sandbox.CreateRequest{})
+	cp, err := e.k.CreateCheckpoint(ctx, a.ID, "one", false)
 	if err != nil {
 		t.Fatalf("CreateCheckpoint(%s) = %v", a.ID, err)
 	}
@@ -151,28 +258,28 @@ func TestDiffReadsWithoutLayerLock(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		d, err := e.m.Diff(ctx, a.ID, cp.ID, "now")
+		d, err := e.k.Diff(ctx, a.ID, cp.ID, "now")
 		done <- result{d, err}
 	}()
 	<-reading
-	if !e.m.layerMu.mu.TryLock() {
+	if !e.k.lock.mu.TryLock() {
 		close(release)
 		<-done
 		t.Fatalf("a diff holds the layer lock while it reads its layers")
 	}
-	e.m.layerMu.mu.Unlock() // +checklocksignore: taken by TryLock above
+	e.k.lock.mu.Unlock() // +checklocksignore: taken by TryLock above
 	// The checkpoint's record goes; the collector keeps its layer while
 	// the diff reads it.
 	if err := e.store.DeleteCheckpoints(ctx, a.ID, cp.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := collect(ctx, e.m); err != nil {
+	if err := collect(ctx, e.k); err != nil {
 		t.Errorf("gc while a diff reads = %v", err)
 	}
 	if !lb.has(layer) {
 		t.Errorf("gc deleted layer %s while a diff read it", layer)
 	}
-	if _, err := e.m.CreateCheckpoint(ctx, b.ID, "", false); err != nil {
+	if _, err := e.k.CreateCheckpoint(ctx, b.ID, "", false); err != nil {
 		t.Errorf("CreateCheckpoint(%s) while another sandbox's diff reads = %v", b.ID, err)
 	}
 	close(release)
@@ -190,9 +297,9 @@ func TestDiffReadsWithoutLayerLock(t *testing.T) {
 }
 
 // collect runs gc, again while the collector's own run holds the lock.
-func collect(ctx context.Context, m *Manager) error {
+func collect(ctx context.Context, k *Keeper) error {
 	for {
-		err := m.gc(ctx)
+		err := k.gc(ctx)
 		if !errors.Is(err, errLayersBusy) {
 			return err
 		}
@@ -204,28 +311,25 @@ func collect(ctx context.Context, m *Manager) error {
 // layer lock held for reading (by a long checkpoint, say), which would
 // hold every later reader back; it runs once the last reader is done.
 func TestLayerCollectorNeverWaits(t *testing.T) {
-	var lb *layerBackend
-	e := newEnv(t, func(o *Options) {
-		lb = newLayerBackend(o.Backend.(*fake.Backend))
-		o.Backend = lb
-	})
+	e := newEnv(t)
+	lb := e.lb
 	ctx := t.Context()
 	orphan := isolation.NewID()
 	lb.mu.Lock()
 	lb.layers[orphan] = isolation.LayerInfo{ID: orphan, Depth: 1}
 	lb.mu.Unlock()
 
-	e.m.layerMu.RLock() // a checkpoint being made
-	if err := e.m.gc(ctx); !errors.Is(err, errLayersBusy) {
+	e.k.lock.RLock() // a checkpoint being made
+	if err := e.k.gc(ctx); !errors.Is(err, errLayersBusy) {
 		t.Errorf("gc under a reader = %v, want errLayersBusy", err)
 	}
-	e.m.layerMu.RLock() // another reader comes and goes
+	e.k.lock.RLock() // another reader comes and goes
 	//lint:ignore SA2001 a reader that comes and goes, holding nothing
-	e.m.layerMu.RUnlock()
+	e.k.lock.RUnlock()
 	if !lb.has(orphan) {
 		t.Errorf("the orphan layer went while the lock was held")
 	}
-	e.m.layerMu.RUnlock()
+	e.k.lock.RUnlock()
 	for id := range lb.deleted {
 		if id == orphan {
 			break

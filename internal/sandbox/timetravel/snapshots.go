@@ -1,4 +1,4 @@
-package sandbox
+package timetravel
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -27,18 +28,18 @@ type SnapshotInfo struct {
 
 // ForkResult is one fork: a sandbox or the error that prevented it.
 type ForkResult struct {
-	Sandbox *Sandbox
+	Sandbox *sandbox.Sandbox
 	Err     error
 }
 
-// snapshotOrigin resolves a create's template to a snapshot, or nil for a
+// Origin resolves a create's template to a snapshot, or nil for a
 // template (ordinary templates first).
-func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, error) {
-	ls, ok := m.store.(LayerStore)
-	if !ok || m.layers == nil || ref == "" {
+func (k *Keeper) Origin(ctx context.Context, ref string) (*sandbox.Origin, error) {
+	ls, err := k.layerStore()
+	if err != nil || ref == "" {
 		return nil, nil
 	}
-	if _, err := m.templates.Resolve(ref); err == nil {
+	if k.HasTemplate(ref) {
 		return nil, nil
 	}
 	sn, err := ls.FindSnapshot(ctx, ref)
@@ -51,18 +52,18 @@ func (m *Manager) snapshotOrigin(ctx context.Context, ref string) (*origin, erro
 	var spec snapshotSpec
 	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
 	var env map[string]string
-	if len(spec.Env) > 0 && m.sealer != nil {
-		raw, err := m.sealer.Unseal(ctx, snapshotEnvPurpose(sn.Layer), spec.Env)
+	if len(spec.Env) > 0 && k.sealer != nil {
+		raw, err := k.sealer.Unseal(ctx, snapshotEnvPurpose(sn.Layer), spec.Env)
 		if err == nil {
 			err = json.Unmarshal(raw, &env)
 		}
 		if err != nil { // a lost key: the create's environment alone
-			m.log.WarnContext(ctx, "opening the environment of a snapshot", "snapshot", sn.ID, "err", err)
+			k.log.WarnContext(ctx, "opening the environment of a snapshot", "snapshot", sn.ID, "err", err)
 			env = nil
 		}
 	}
-	return &origin{layer: sn.Layer, template: sn.Template, shown: sn.ID, alias: sn.Name, backend: spec.Backend, env: env,
-		memory: spec.Memory}, nil
+	return &sandbox.Origin{Layer: sn.Layer, Template: sn.Template, Shown: sn.ID, Alias: sn.Name, Backend: spec.Backend, Env: env,
+		Memory: spec.Memory}, nil
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
@@ -95,8 +96,8 @@ var snapshotName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-
 // createSnapshot): its filesystem, as a layer that sandboxes are created
 // from by the snapshot's ID or name. A paused or unknown sandbox gives
 // api.ErrNotFound (E2B's paused sandboxes are not live).
-func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*SnapshotInfo, error) {
-	ls, err := m.layerStore()
+func (k *Keeper) CreateSnapshot(ctx context.Context, id, name string) (*SnapshotInfo, error) {
+	ls, err := k.layerStore()
 	if err != nil {
 		return nil, err
 	}
@@ -108,49 +109,48 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, name string) (*Snapsho
 		if n, t, ok := strings.Cut(name, ":"); ok {
 			name, tag = n, t
 		}
-		if _, err := m.templates.Resolve(name); err == nil {
+		if k.HasTemplate(name) {
 			return nil, invalid("snapshot name %q is a template's", name)
 		}
 	}
-	e, err := m.runningEntry(id, fmt.Errorf("sandbox %q is paused: %w", id, api.ErrNotFound))
+	l, err := k.running(id, fmt.Errorf("sandbox %q is paused: %w", id, api.ErrNotFound))
 	if err != nil {
 		return nil, err
 	}
-	e.life.Lock()
-	defer e.life.Unlock()
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
-	info, err := m.checkpointBox(ctx, e)
+	l.Lock()
+	defer l.Unlock()
+	k.lock.RLock()
+	defer k.lock.RUnlock()
+	info, err := k.checkpointBox(ctx, l.Box())
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
 	snID := strings.ToLower(isolation.NewID())
 	var env []byte
-	if m.sealer != nil && len(e.spec.Agent.EnvVars) > 0 {
-		raw, _ := json.Marshal(e.spec.Agent.EnvVars)
-		if env, err = m.sealer.Seal(ctx, snapshotEnvPurpose(info.ID), raw); err != nil {
+	if vars := l.Spec().Agent.EnvVars; k.sealer != nil && len(vars) > 0 {
+		raw, _ := json.Marshal(vars)
+		if env, err = k.sealer.Seal(ctx, snapshotEnvPurpose(info.ID), raw); err != nil {
 			// The snapshot is still good; sandboxes made from it get their
 			// create's environment alone.
-			m.log.WarnContext(ctx, "sealing the environment of a snapshot", "sandbox_id", id, "err", err)
+			k.log.WarnContext(ctx, "sealing the environment of a snapshot", "sandbox_id", id, "err", err)
 			env = nil
 		}
 	}
-	e.mu.Lock()
-	spec, _ := json.Marshal(snapshotSpec{CPUs: e.info.CPUs, MemoryMB: e.info.MemoryMB, DiskMB: e.info.DiskMB, Template: e.info.TemplateID,
-		Backend: e.info.Metadata[BackendMetadataKey], Env: env, Memory: info.Memory})
-	e.mu.Unlock()
+	src := l.Info()
+	spec, _ := json.Marshal(snapshotSpec{CPUs: src.CPUs, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Template: src.TemplateID,
+		Backend: src.Metadata[sandbox.BackendMetadataKey], Env: env, Memory: info.Memory})
 	sn := &store.Snapshot{ID: snID, Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
-		Template: e.baseTemplate, CreatedAt: m.now().UTC(), Spec: string(spec)}
-	e.checkpointed.Store(true)
+		Template: l.BaseTemplate(), CreatedAt: k.now().UTC(), Spec: string(spec)}
+	l.MarkCheckpointed()
 	replaced, err := ls.PutSnapshot(context.WithoutCancel(ctx), sn)
 	if err != nil {
-		_ = m.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+		_ = k.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
 		return nil, err
 	}
 	if replaced != "" {
-		m.nudgeGC()
+		k.Collect()
 	}
-	m.record(ctx, audit.TypeSnapshot, id, map[string]any{"snapshot": sn.ID, "name": name, "files": info.Files, "bytes": info.Bytes})
+	k.record(ctx, audit.TypeSnapshot, id, map[string]any{"snapshot": sn.ID, "name": name, "files": info.Files, "bytes": info.Bytes})
 	return snapshotInfo(sn), nil
 }
 
@@ -167,8 +167,8 @@ func snapshotInfo(sn *store.Snapshot) *SnapshotInfo {
 
 // ListSnapshots lists snapshots, newest first, filtered by the sandbox
 // they were taken from and by name (an unknown name gives none).
-func (m *Manager) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*SnapshotInfo, error) {
-	ls, err := m.layerStore()
+func (k *Keeper) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*SnapshotInfo, error) {
+	ls, err := k.layerStore()
 	if err != nil {
 		return nil, err
 	}
@@ -188,8 +188,8 @@ func (m *Manager) ListSnapshots(ctx context.Context, sandboxID, name string) ([]
 
 // DeleteSnapshot deletes a snapshot by ID or name (a tag is ignored).
 // Sandboxes made from it run on; its layer goes with the last of them.
-func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
-	ls, err := m.layerStore()
+func (k *Keeper) DeleteSnapshot(ctx context.Context, ref string) error {
+	ls, err := k.layerStore()
 	if err != nil {
 		return err
 	}
@@ -200,21 +200,24 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 	if err := ls.DeleteSnapshot(ctx, sn.ID); err != nil {
 		return err
 	}
-	m.nudgeGC()
-	m.record(ctx, audit.TypeSnapshotDelete, sn.SandboxID, map[string]any{"snapshot": sn.ID})
+	k.Collect()
+	k.record(ctx, audit.TypeSnapshotDelete, sn.SandboxID, map[string]any{"snapshot": sn.ID})
 	return nil
 }
 
 // HasTemplate reports whether name is an ordinary template's.
-func (m *Manager) HasTemplate(name string) bool {
-	_, err := m.templates.Resolve(name)
+func (k *Keeper) HasTemplate(name string) bool {
+	if k.templates == nil {
+		return false
+	}
+	_, err := k.templates.Resolve(name)
 	return err == nil
 }
 
 // IsSnapshot reports whether ref names a snapshot.
-func (m *Manager) IsSnapshot(ctx context.Context, ref string) bool {
-	ls, ok := m.store.(LayerStore)
-	if !ok {
+func (k *Keeper) IsSnapshot(ctx context.Context, ref string) bool {
+	ls := k.store
+	if ls == nil {
 		return false
 	}
 	_, err := ls.FindSnapshot(ctx, ref)
@@ -227,37 +230,39 @@ func (m *Manager) IsSnapshot(ctx context.Context, ref string) bool {
 // lifecycle and resources, and the timeout d. The source runs on. A
 // request-level error (unknown 404, paused 409, bad count 400) returns
 // error; otherwise one result per fork, in order.
-func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duration) ([]ForkResult, error) {
-	if _, err := m.layerStore(); err != nil {
+func (k *Keeper) Fork(ctx context.Context, id string, count int, d time.Duration) ([]ForkResult, error) {
+	if _, err := k.layerStore(); err != nil {
 		return nil, err
 	}
 	if count < 1 {
 		return nil, invalid("Count must be at least 1")
 	}
-	if count > maxForks || count >= m.max {
-		return nil, invalid("Count must be at most %d and less than the limit of %d concurrent sandboxes", maxForks, m.max)
+	if most := k.core.MaxSandboxes(); count > maxForks || count >= most {
+		return nil, invalid("Count must be at most %d and less than the limit of %d concurrent sandboxes", maxForks, most)
 	}
-	if err := checkTimeout(d, m.maxTimeout); err != nil {
+	if err := k.core.CheckTimeout(d); err != nil {
 		return nil, err
 	}
-	e, err := m.runningEntry(id, fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict))
+	//lint:ignore ST1005 E2B's wording of the error
+	paused := fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict)
+	l, err := k.running(id, paused)
 	if err != nil {
 		return nil, err
 	}
-	e.life.Lock()
-	if e.state() != StateRunning {
-		e.life.Unlock()
-		return nil, fmt.Errorf("Sandbox '%s' is paused and cannot be forked; resume it first: %w", id, api.ErrConflict)
+	l.Lock()
+	if !l.Running() {
+		l.Unlock()
+		return nil, paused
 	}
-	m.layerMu.RLock()
-	defer m.layerMu.RUnlock()
-	info, err := m.checkpointBox(ctx, e)
-	e.life.Unlock()
+	k.lock.RLock()
+	defer k.lock.RUnlock()
+	info, err := k.checkpointBox(ctx, l.Box())
+	l.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("forking sandbox %s: %w", id, err)
 	}
-	src := e.snapshot()
-	req := CreateRequest{
+	src := l.Info()
+	req := sandbox.CreateRequest{
 		TemplateID: src.TemplateID, Timeout: d, Metadata: maps.Clone(src.Metadata),
 		CPUs: src.CPUs, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
 		AllowInternetAccess: src.AllowInternetAccess,
@@ -272,13 +277,13 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, d time.Duratio
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s, err := m.create(ctx, req, &origin{layer: info.ID, template: e.baseTemplate, parent: e,
-				shown: src.TemplateID, alias: src.Alias, memory: info.Memory})
+			s, err := k.core.Create(ctx, req, &sandbox.Origin{Layer: info.ID, Template: l.BaseTemplate(), Parent: l,
+				Shown: src.TemplateID, Alias: src.Alias, Memory: info.Memory})
 			out[i] = ForkResult{Sandbox: s, Err: err}
 		})
 	}
 	wg.Wait()
-	m.nudgeGC() // the checkpoint, if no fork started
-	m.record(ctx, audit.TypeFork, id, map[string]any{"count": count, "layer": info.ID})
+	k.Collect() // the checkpoint, if no fork started
+	k.record(ctx, audit.TypeFork, id, map[string]any{"count": count, "layer": info.ID})
 	return out, nil
 }
