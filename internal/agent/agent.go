@@ -14,8 +14,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/agent/fs"
 	"github.com/fencesandbox/fence/internal/agent/process"
@@ -160,8 +162,18 @@ func logger(opts Options) *slog.Logger {
 // enables each signal through a hand-off between two threads, eighteen of
 // them, which Serve would otherwise make beside a sandbox's first command.
 // Serve then leaves the signals as they are.
+//
+// A PID 1 instead gives the signals their default action back: the kernel
+// drops every signal a PID 1 has left at its default unless it is sent
+// from an ancestor namespace (the host) as SIGKILL or SIGSTOP, or raised
+// by the process's own fault. This does the same as catching them, without
+// the two OS threads os/signal keeps for good once a signal is caught.
 func CatchSignals(log *slog.Logger) {
 	catchOnce.Do(func() {
+		if os.Getpid() == 1 && defaultSignals() == nil {
+			signalsCaught.Store(true)
+			return
+		}
 		sigs := make(chan os.Signal, 8)
 		signal.Notify(sigs, ignoredSignals...)
 		go ignoreSignals(sigs, log)
@@ -178,6 +190,19 @@ func ignoreSignals(sigs <-chan os.Signal, log *slog.Logger) {
 	for sig := range sigs {
 		log.Debug("ignoring signal", "signal", sig)
 	}
+}
+
+// defaultSignals sets the action of every ignored signal to the
+// default (SIG_DFL), bypassing os/signal. A process the Go runtime forks
+// gets the default back anyway before it executes.
+func defaultSignals() error {
+	for _, s := range ignoredSignals {
+		var act [4]uint64 // the kernel's struct sigaction, SIG_DFL: all zero
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s.(syscall.Signal)), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+			return e
+		}
+	}
+	return nil
 }
 
 // ignoredSignals are the signals whose Go default would end the agent.
@@ -284,7 +309,7 @@ func Prepare() {
 // spareThreadCount is how many idle OS threads the agent keeps beyond what
 // it has started with. Each costs one task of the sandbox's pids budget
 // and about 40 KB of host memory.
-const spareThreadCount = 4
+const spareThreadCount = 0
 
 // spareThreads makes the Go runtime start n more OS threads now and keep
 // them idle. The agent's threads count against the sandbox's pids limit: a

@@ -127,6 +127,11 @@ func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *age
 		// A backend that hands the agent a listener also hands it a
 		// lifeline (see package boot).
 		unix.CloseOnExec(boot.LifelineFD)
+		// Non-blocking, the lifeline is read in the poller: a blocking
+		// read would keep an OS thread for the sandbox's whole life.
+		if err := unix.SetNonblock(boot.LifelineFD, true); err != nil {
+			return fmt.Errorf("reading the lifeline: %w", err)
+		}
 		life := os.NewFile(boot.LifelineFD, "lifeline")
 		go func() {
 			var b [1]byte

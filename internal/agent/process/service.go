@@ -24,11 +24,14 @@
 //     own), so killing a command leaves nothing it started running.
 //   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
 //     same arguments (the SDKs always ask for bash; busybox templates lack it).
-//   - The agent's reaper alone reaps children: one goroutine on SIGCHLD
-//     (wait4), including orphans reparented to the agent as PID 1, and, for
-//     a process started here, the goroutine that publishes its end as soon
-//     as its pidfd reports the exit; both under one lock, each child once.
-//     Nothing else may wait for children in the agent's process.
+//   - The agent's reaper alone reaps children, including orphans
+//     reparented to the agent as PID 1: on Linux 6.15 and later the kernel
+//     reaps them at their exit and a process started here has its status
+//     read from its pidfd, in the poller; elsewhere one goroutine on
+//     SIGCHLD (wait4), and, for a process started here, the goroutine that
+//     publishes its end as soon as its pidfd reports the exit; both under
+//     one lock, each child once. Nothing else may wait for children in the
+//     agent's process.
 //   - A child gets exactly three descriptors (0-2), blocking; everything
 //     the agent opens is close-on-exec.
 package process

@@ -147,6 +147,16 @@ func BoundSpawner() error {
 // capabilities (setup).
 var InitEnv = []string{boot.DefaultPath, "GOMAXPROCS=1"}
 
+// agentProcs bounds the agent's GOMAXPROCS. The Go runtime never ends an
+// OS thread it has made (unless a locked goroutine exits), and each P
+// can take one more when the agent is busy: with one P an idle agent
+// holds four threads (sysmon, the template thread locked goroutines
+// need, the thread that runs the P and one spare the runtime made while
+// its start blocked the first), with two a fifth. A sandbox's CPU
+// bandwidth is one core unless its create asks for more, which the agent
+// shares with the sandbox's workload: a second P would buy it little.
+const agentProcs = 1
+
 var maskedFiles = []string{
 	"/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
@@ -207,11 +217,10 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err := boundCapabilities(); err != nil {
 		return nil, err
 	}
-	// The agent gets the machine's CPUs, as a program started inside the
-	// sandbox (where no cgroup filesystem is mounted) would. A GOMAXPROCS
+	// The agent gets at most agentProcs of the machine's CPUs. A GOMAXPROCS
 	// set explicitly (here, and by the environment before) is never
 	// updated from the cgroup the init started in.
-	runtime.GOMAXPROCS(runtime.NumCPU())
+	runtime.GOMAXPROCS(min(runtime.NumCPU(), agentProcs))
 	// The runtime's monitor thread polls less (package sysmon). This needs
 	// CAP_SYS_NICE in the init's user namespace (to set another thread's
 	// timer slack) and reads /proc: it ends before the descriptors are
