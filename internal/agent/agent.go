@@ -43,6 +43,9 @@ type Options struct {
 	// ServicesFile, if set, names the template's services file (see
 	// ServicesFile), whose services Serve starts and keeps running.
 	ServicesFile string
+	// IdleThreads, when above zero, is how many OS threads the agent keeps
+	// once no process it started is running (process.Options.IdleThreads).
+	IdleThreads int
 	// Built, if set, is the agent's handler and services made ahead by
 	// Build (with these options but any Config): Serve gives them this
 	// Config, as POST /init does, instead of making them.
@@ -241,7 +244,8 @@ const compressMinBytes = 8 << 10
 func build(opts Options) *built {
 	log := logger(opts)
 	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
-	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars, Logger: log.With("svc", "process")})
+	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars,
+		Logger: log.With("svc", "process"), IdleThreads: opts.IdleThreads})
 	files := fs.NewService(fs.Options{Users: resolver, Logger: log.With("svc", "filesystem")})
 
 	// Small messages (most process events) go uncompressed even to clients

@@ -82,6 +82,7 @@ func RunInit() error {
 		defer close(prepared)
 		agent.Prepare()
 		opts := agentOptions(boot.Config{}, nil)
+		opts.IdleThreads = idleThreads
 		agent.CatchSignals(opts.Logger)
 		built = agent.Build(opts)
 	})
@@ -94,6 +95,13 @@ func RunInit() error {
 	}
 	return nil
 }
+
+// idleThreads is how many OS threads the native backend's agent keeps
+// when no command runs: the Go runtime's monitor (sysmon), its template
+// thread (which starts threads for locked goroutines), the thread that
+// runs the agent's one P (package nsinit) and one that takes the P over
+// while the first is blocked in a system call.
+const idleThreads = 4
 
 // agentOptions are the agent's options for cfg, with its handler and
 // services made ahead when built is set.

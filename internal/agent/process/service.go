@@ -89,6 +89,10 @@ type Options struct {
 	// at once for all its streams (DefaultOutputBudget). Past it, the
 	// agent stops reading until streams have sent what they hold.
 	OutputBudget int64
+	// IdleThreads, when above zero, is how many OS threads the agent
+	// keeps once no process it started is running: the Go runtime's
+	// threads beyond it are ended then (TrimThreads).
+	IdleThreads int
 }
 
 // Service is the process.Process handler.
@@ -103,6 +107,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	procs   map[int]*proc
+	running int // processes started and not yet ended
 	closed  bool
 	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
 	// held, while open, keeps every fork waiting (HoldForks).
@@ -640,6 +645,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	p.info.Pid = uint32(pid)
 	s.mu.Lock()
 	s.procs[pid] = p
+	s.running++
 	s.mu.Unlock()
 	s.log.Debug("process started", "pid", pid, "cmd", cfg.GetCmd(), "user", u.Name)
 
@@ -650,6 +656,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	}
 	go p.finish(outputsFor(master, outputs), &wg, s.opts.DrainGrace, func() {
 		s.log.Debug("process ended", "pid", pid, "status", p.end.GetEnd().GetStatus())
+		s.ended()
 		time.AfterFunc(s.opts.Retention, func() {
 			s.mu.Lock()
 			if s.procs[pid] == p {
@@ -659,6 +666,18 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		})
 	})
 	return p, sub, nil
+}
+
+// ended counts a process's end; the last one running trims the agent's
+// threads to Options.IdleThreads.
+func (s *Service) ended() {
+	s.mu.Lock()
+	s.running--
+	idle := s.running == 0
+	s.mu.Unlock()
+	if idle && s.opts.IdleThreads > 0 {
+		TrimThreads(s.opts.IdleThreads)
+	}
 }
 
 // outputsFor returns the files finish may close to stop readers: the pipe

@@ -1,0 +1,46 @@
+package process
+
+import (
+	"runtime"
+	"runtime/metrics"
+	"time"
+)
+
+// TrimThreads ends idle OS threads of the Go runtime until at most want
+// are left, and reports how many are left. The runtime keeps every thread
+// it has made for good, each one a task of the sandbox's pids budget; a
+// busy moment (an init's setup, a command's start) leaves one or two more
+// than an idle agent needs. A goroutine that exits locked to its thread
+// ends the thread; the runtime starts a new one when it needs more. A few
+// tries at most: the process's main thread is parked, not ended.
+func TrimThreads(want int) int {
+	sample := []metrics.Sample{{Name: "/sched/threads/total:threads"}}
+	threads := func() int {
+		metrics.Read(sample)
+		if sample[0].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return int(sample[0].Value.Uint64())
+	}
+	n := threads()
+	for range 4 {
+		if n <= want {
+			return n
+		}
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			close(done)
+		}()
+		<-done
+		// The thread ends once the goroutine has returned.
+		for range 100 {
+			if m := threads(); m < n {
+				n = m
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	return n
+}
