@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TrimThreads ends idle OS threads of the Go runtime until at most want
@@ -11,8 +13,9 @@ import (
 // it has made for good, each one a task of the sandbox's pids budget; a
 // busy moment (an init's setup, a command's start) leaves one or two more
 // than an idle agent needs. A goroutine that exits locked to its thread
-// ends the thread; the runtime starts a new one when it needs more. A few
-// tries at most: the process's main thread is parked, not ended.
+// ends the thread; the runtime starts a new one when it needs more. The
+// process's main thread is never ended (the runtime would park it for
+// good instead), and a few tries at most are made.
 func TrimThreads(want int) int {
 	sample := []metrics.Sample{{Name: "/sched/threads/total:threads"}}
 	threads := func() int {
@@ -23,16 +26,30 @@ func TrimThreads(want int) int {
 		return int(sample[0].Value.Uint64())
 	}
 	n := threads()
+	if n <= want {
+		return n
+	}
+	// Locked, this goroutine keeps its own thread while it waits: the
+	// goroutine below runs on another.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for range 4 {
 		if n <= want {
 			return n
 		}
-		done := make(chan struct{})
+		ended := make(chan bool, 1)
 		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			close(done)
+			runtime.LockOSThread()
+			if unix.Gettid() == unix.Getpid() {
+				runtime.UnlockOSThread()
+				ended <- false
+				return
+			}
+			ended <- true // never unlocked: the thread ends with the goroutine
 		}()
-		<-done
+		if !<-ended {
+			continue
+		}
 		// The thread ends once the goroutine has returned.
 		for range 100 {
 			if m := threads(); m < n {

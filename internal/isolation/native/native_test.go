@@ -511,6 +511,33 @@ func testCrashCleanup(t *testing.T, opts native.Options) {
 // checks the CPU time its cgroup was charged. The bound is from above
 // (CFS cannot hand out more than the quota, plus one period of slack), so
 // a slow machine cannot make it fail.
+// TestIdleAgentTasks: once a command has run and ended, an idle sandbox
+// holds at most four tasks of the host's (its agent's threads: the Go
+// runtime's monitor and template thread, and two for its one P), so that
+// thousands of idle sandboxes do not cost the host ten threads each.
+func TestIdleAgentTasks(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+		t.Fatalf("true: %+v", r)
+	}
+	// The agent trims its threads once the command's end is sent.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := sb.Stats(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pids <= 4 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle sandbox holds %d tasks, want at most 4", st.Pids)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestCPUQuota(t *testing.T) {
 	b := newBackend(t)
 	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{CPUs: 0.5}})
