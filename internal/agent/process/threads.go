@@ -33,7 +33,7 @@ func TrimThreads(want int) int {
 	// goroutine below runs on another.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	for range 4 {
+	for range 8 {
 		if n <= want {
 			return n
 		}
