@@ -306,14 +306,25 @@ var prepared sync.Once
 func Prepare() {
 	prepared.Do(func() {
 		go process.WarmCodecs()
-		spareThreads(spareThreadCount)
+		if !noSpares.Load() {
+			spareThreads(spareThreadCount)
+		}
 	})
 }
+
+// noSpares is set by NoSpareThreads.
+var noSpares atomic.Bool
+
+// NoSpareThreads makes Prepare start no spare threads: for an agent that
+// never waits on a blocked thread and runs on one P (the native backend's
+// init), whose runtime needs no more threads than it keeps idle. Call it
+// before Prepare.
+func NoSpareThreads() { noSpares.Store(true) }
 
 // spareThreadCount is how many idle OS threads the agent keeps beyond what
 // it has started with. Each costs one task of the sandbox's pids budget
 // and about 40 KB of host memory.
-const spareThreadCount = 0
+const spareThreadCount = 4
 
 // spareThreads makes the Go runtime start n more OS threads now and keep
 // them idle. The agent's threads count against the sandbox's pids limit: a

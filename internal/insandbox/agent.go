@@ -80,6 +80,7 @@ func RunInit() error {
 	prepared := make(chan struct{})
 	cfg, err := nsinit.Init(func() {
 		defer close(prepared)
+		agent.NoSpareThreads()
 		agent.Prepare()
 		opts := agentOptions(boot.Config{}, nil)
 		opts.IdleThreads = idleThreads
