@@ -668,16 +668,31 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	return p, sub, nil
 }
 
+// retrimAfter is how long after the last process's end the agent's
+// threads are trimmed once more, if no process has started since: the
+// end's stream and the client's next requests can make a thread after
+// the first trim.
+const retrimAfter = time.Second
+
 // ended counts a process's end; the last one running trims the agent's
-// threads to Options.IdleThreads.
+// threads to Options.IdleThreads, now and once more retrimAfter later.
 func (s *Service) ended() {
 	s.mu.Lock()
 	s.running--
 	idle := s.running == 0
 	s.mu.Unlock()
-	if idle && s.opts.IdleThreads > 0 {
-		TrimThreads(s.opts.IdleThreads)
+	if !idle || s.opts.IdleThreads <= 0 {
+		return
 	}
+	TrimThreads(s.opts.IdleThreads)
+	time.AfterFunc(retrimAfter, func() {
+		s.mu.Lock()
+		idle := s.running == 0
+		s.mu.Unlock()
+		if idle {
+			TrimThreads(s.opts.IdleThreads)
+		}
+	})
 }
 
 // outputsFor returns the files finish may close to stop readers: the pipe
