@@ -43,6 +43,9 @@ type Options struct {
 	// ServicesFile, if set, names the template's services file (see
 	// ServicesFile), whose services Serve starts and keeps running.
 	ServicesFile string
+	// Serving, if set, is called once the agent serves: it answers
+	// requests and may start processes.
+	Serving func()
 	// IdleThreads, when above zero, is how many OS threads the agent keeps
 	// once no process it started is running (process.Options.IdleThreads).
 	IdleThreads int
@@ -134,6 +137,9 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	// The spare threads exist before anything of the sandbox runs.
 	<-threads
 	close(ready)
+	if opts.Serving != nil {
+		opts.Serving()
+	}
 	if opts.ServicesFile != "" {
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()

@@ -43,7 +43,7 @@ func RunAgent(ctx context.Context) error {
 		}
 		tcp = &t
 	}
-	return serveAgent(ctx, cfg, tcp, nil)
+	return serveAgent(ctx, cfg, tcp, nil, nil)
 }
 
 // tcpListen is a TCP listener's address and the one peer it serves.
@@ -91,7 +91,15 @@ func RunInit() error {
 		return err
 	}
 	<-prepared
-	if err := serveAgent(context.Background(), cfg, nil, built); err != nil {
+	// The daemon counts the sandbox started once the agent serves: an
+	// agent that dies before (a Go runtime that cannot make a thread it
+	// needs under the sandbox's pids limit) fails the create.
+	serving := func() {
+		if err := nsinit.Serving(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	if err := serveAgent(context.Background(), cfg, nil, built, serving); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
@@ -115,8 +123,8 @@ func agentOptions(cfg boot.Config, built *agent.Built) agent.Options {
 // serveAgent serves as the sandbox's agent with cfg (and the handler and
 // services built ahead, if not nil), on a TCP listener for tcp's peer
 // alone when tcp is set, else on the listener and lifeline of package
-// boot.
-func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *agent.Built) error {
+// boot. serving, if not nil, is called once the agent serves.
+func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *agent.Built, serving func()) error {
 	ln, err := agentListener(tcp)
 	if err != nil {
 		return err
@@ -157,7 +165,9 @@ func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *age
 	// harder before the agent grows, so a sandbox near its memory limit
 	// loses garbage, not workers.
 	debug.SetMemoryLimit(agentMemoryLimit)
-	return agent.Serve(ctx, ln, agentOptions(cfg, built))
+	opts := agentOptions(cfg, built)
+	opts.Serving = serving
+	return agent.Serve(ctx, ln, opts)
 }
 
 // agentListener returns the inherited listener, or, when tcp is set, a

@@ -538,6 +538,52 @@ func TestIdleAgentTasks(t *testing.T) {
 	}
 }
 
+// TestAgentWithoutThreads: under a pids limit too small for the agent's
+// threads, a sandbox whose init or agent dies for want of a thread (the
+// Go runtime's pthread_create fails with EAGAIN) fails its create; one
+// whose agent made its threads before the limit applied serves, and its
+// commands fail to start. No sandbox is left half-alive (created but not
+// answering), and the other sandboxes keep answering.
+func TestAgentWithoutThreads(t *testing.T) {
+	b := newBackend(t)
+	other := create(t, b, isolation.Spec{})
+	health := func(sb isolation.Sandbox) error {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+		}}
+		resp, err := hc.Get("http://agent/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	failed := 0
+	for i := range 6 {
+		spec := isolation.Spec{ID: fmt.Sprintf("t%dnothreads%d", time.Now().UnixNano(), i),
+			RootFS: testutil.RootFS(t, "minimal"), Limits: isolation.Limits{Pids: 1}}
+		sb, err := b.Create(t.Context(), spec)
+		if err != nil {
+			failed++
+			t.Logf("create %d under pids.max 1: %v", i, err)
+			continue
+		}
+		if err := health(sb); err != nil {
+			t.Errorf("create %d under pids.max 1 succeeded, but its agent does not answer: %v", i, err)
+		}
+		if err := sb.Kill(context.Background()); err != nil {
+			t.Errorf("Kill: %v", err)
+		}
+	}
+	t.Logf("%d of 6 creates failed", failed)
+	if err := health(other); err != nil {
+		t.Errorf("another sandbox stopped answering: %v", err)
+	}
+	if r := run(t, other, "root", "/bin/echo", "alive"); strings.TrimSpace(r.stdout) != "alive" {
+		t.Errorf("another sandbox: %+v", r)
+	}
+}
+
 func TestCPUQuota(t *testing.T) {
 	b := newBackend(t)
 	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{CPUs: 0.5}})

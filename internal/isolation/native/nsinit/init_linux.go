@@ -24,7 +24,10 @@
 //     holds no descriptor but its standard streams, the agent's listener
 //     and lifeline (and the Go runtime's own poller).
 //   - On failure, the error is written to the sync socket and Init returns
-//     it; the daemon tears the sandbox down.
+//     it; the daemon tears the sandbox down. The daemon counts the sandbox
+//     started only once the agent says it serves (Serving): an init or
+//     agent that dies before, e.g. for want of a thread under a small pids
+//     limit, fails the create.
 package nsinit
 
 import (
@@ -54,7 +57,8 @@ import (
 const (
 	// SyncFD is the init's end of a SOCK_SEQPACKET pair: it receives the
 	// Config (with the mounts' descriptors), then the go-ahead, and
-	// answers with an error message, or EOF once the process becomes the agent.
+	// answers with an error message, or Serving once the process serves
+	// as the agent. EOF alone means the process died on the way.
 	SyncFD     = 3
 	listenerFD = boot.ListenerFD
 	lifelineFD = boot.LifelineFD
@@ -62,6 +66,10 @@ const (
 
 // GoAhead is the byte the daemon sends once the sandbox is in its cgroups.
 const GoAhead = 'g'
+
+// Started is the byte the init sends once it serves as the agent
+// (Serving).
+const Started = 's'
 
 // agentPath is where the in-sandbox binary is bind-mounted.
 const agentPath = boot.Path
@@ -179,7 +187,8 @@ var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // agent's, its privileges on every thread are those every process of the
 // sandbox has, the daemon has been told, and the caller serves the agent
 // with the returned configuration on boot.ListenerFD and boot.LifelineFD.
-// On failure the error has been reported to the daemon.
+// On failure the error has been reported to the daemon. On success the
+// caller calls Serving once the agent serves.
 //
 // meanwhile, if not nil, is started in a goroutine once nothing it does
 // can escape the sandbox's capability bounds, while the init waits for its
@@ -191,10 +200,25 @@ func Init(meanwhile func()) (boot.Config, error) {
 		_, _ = sync.Write([]byte(err.Error()))
 		return boot.Config{}, err
 	}
-	// EOF on the sync socket tells the daemon the agent is starting.
-	sync.Close()
 	runtime.UnlockOSThread()
+	syncFile = sync
 	return cfg.Agent, nil
+}
+
+// syncFile is the sync socket from Init's success to Serving.
+var syncFile *os.File
+
+// Serving tells the daemon that the init serves as the sandbox's agent,
+// and closes the sync socket. Call it once, after Init succeeded.
+func Serving() error {
+	if syncFile == nil {
+		return errors.New("telling the daemon the agent serves: no sync socket")
+	}
+	defer syncFile.Close()
+	if _, err := syncFile.Write([]byte{Started}); err != nil {
+		return fmt.Errorf("telling the daemon the agent serves: %w", err)
+	}
+	return nil
 }
 
 func setup(sync *os.File, meanwhile func()) (*Config, error) {
