@@ -33,6 +33,11 @@ func TrimThreads(want int) int {
 	// goroutine below runs on another.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// A goroutine that finds itself on the main thread keeps it, locked,
+	// until the trim is done: the runtime hands idle threads out last
+	// idled first, and would give the next try the main thread again.
+	release := make(chan struct{})
+	defer close(release)
 	for range 8 {
 		if n <= want {
 			return n
@@ -41,8 +46,9 @@ func TrimThreads(want int) int {
 		go func() {
 			runtime.LockOSThread()
 			if unix.Gettid() == unix.Getpid() {
-				runtime.UnlockOSThread()
 				ended <- false
+				<-release
+				runtime.UnlockOSThread()
 				return
 			}
 			ended <- true // never unlocked: the thread ends with the goroutine
