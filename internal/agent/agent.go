@@ -14,8 +14,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/agent/fs"
 	"github.com/fencesandbox/fence/internal/agent/process"
@@ -41,6 +43,12 @@ type Options struct {
 	// ServicesFile, if set, names the template's services file (see
 	// ServicesFile), whose services Serve starts and keeps running.
 	ServicesFile string
+	// Serving, if set, is called once the agent serves: it answers
+	// requests and may start processes.
+	Serving func()
+	// IdleThreads, when above zero, is how many OS threads the agent keeps
+	// once no process it started is running (process.Options.IdleThreads).
+	IdleThreads int
 	// Built, if set, is the agent's handler and services made ahead by
 	// Build (with these options but any Config): Serve gives them this
 	// Config, as POST /init does, instead of making them.
@@ -129,6 +137,9 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	// The spare threads exist before anything of the sandbox runs.
 	<-threads
 	close(ready)
+	if opts.Serving != nil {
+		opts.Serving()
+	}
 	if opts.ServicesFile != "" {
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -160,8 +171,18 @@ func logger(opts Options) *slog.Logger {
 // enables each signal through a hand-off between two threads, eighteen of
 // them, which Serve would otherwise make beside a sandbox's first command.
 // Serve then leaves the signals as they are.
+//
+// A PID 1 instead gives the signals their default action back: the kernel
+// drops every signal a PID 1 has left at its default unless it is sent
+// from an ancestor namespace (the host) as SIGKILL or SIGSTOP, or raised
+// by the process's own fault. This does the same as catching them, without
+// the two OS threads os/signal keeps for good once a signal is caught.
 func CatchSignals(log *slog.Logger) {
 	catchOnce.Do(func() {
+		if os.Getpid() == 1 && defaultSignals() == nil {
+			signalsCaught.Store(true)
+			return
+		}
 		sigs := make(chan os.Signal, 8)
 		signal.Notify(sigs, ignoredSignals...)
 		go ignoreSignals(sigs, log)
@@ -178,6 +199,19 @@ func ignoreSignals(sigs <-chan os.Signal, log *slog.Logger) {
 	for sig := range sigs {
 		log.Debug("ignoring signal", "signal", sig)
 	}
+}
+
+// defaultSignals sets the action of every ignored signal to the
+// default (SIG_DFL), bypassing os/signal. A process the Go runtime forks
+// gets the default back anyway before it executes.
+func defaultSignals() error {
+	for _, s := range ignoredSignals {
+		var act [4]uint64 // the kernel's struct sigaction, SIG_DFL: all zero
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s.(syscall.Signal)), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+			return e
+		}
+	}
+	return nil
 }
 
 // ignoredSignals are the signals whose Go default would end the agent.
@@ -216,7 +250,8 @@ const compressMinBytes = 8 << 10
 func build(opts Options) *built {
 	log := logger(opts)
 	resolver := &users.Resolver{DefaultUser: opts.Config.DefaultUser, DefaultWorkdir: opts.Config.DefaultWorkdir}
-	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars, Logger: log.With("svc", "process")})
+	procs := process.NewService(process.Options{Users: resolver, EnvVars: opts.Config.EnvVars,
+		Logger: log.With("svc", "process"), IdleThreads: opts.IdleThreads})
 	files := fs.NewService(fs.Options{Users: resolver, Logger: log.With("svc", "filesystem")})
 
 	// Small messages (most process events) go uncompressed even to clients
@@ -277,9 +312,20 @@ var prepared sync.Once
 func Prepare() {
 	prepared.Do(func() {
 		go process.WarmCodecs()
-		spareThreads(spareThreadCount)
+		if !noSpares.Load() {
+			spareThreads(spareThreadCount)
+		}
 	})
 }
+
+// noSpares is set by NoSpareThreads.
+var noSpares atomic.Bool
+
+// NoSpareThreads makes Prepare start no spare threads: for an agent that
+// never waits on a blocked thread and runs on one P (the native backend's
+// init), whose runtime needs no more threads than it keeps idle. Call it
+// before Prepare.
+func NoSpareThreads() { noSpares.Store(true) }
 
 // spareThreadCount is how many idle OS threads the agent keeps beyond what
 // it has started with. Each costs one task of the sandbox's pids budget

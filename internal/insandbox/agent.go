@@ -43,7 +43,7 @@ func RunAgent(ctx context.Context) error {
 		}
 		tcp = &t
 	}
-	return serveAgent(ctx, cfg, tcp, nil)
+	return serveAgent(ctx, cfg, tcp, nil, nil)
 }
 
 // tcpListen is a TCP listener's address and the one peer it serves.
@@ -80,8 +80,10 @@ func RunInit() error {
 	prepared := make(chan struct{})
 	cfg, err := nsinit.Init(func() {
 		defer close(prepared)
+		agent.NoSpareThreads()
 		agent.Prepare()
 		opts := agentOptions(boot.Config{}, nil)
+		opts.IdleThreads = idleThreads
 		agent.CatchSignals(opts.Logger)
 		built = agent.Build(opts)
 	})
@@ -89,11 +91,26 @@ func RunInit() error {
 		return err
 	}
 	<-prepared
-	if err := serveAgent(context.Background(), cfg, nil, built); err != nil {
+	// The daemon counts the sandbox started once the agent serves: an
+	// agent that dies before (a Go runtime that cannot make a thread it
+	// needs under the sandbox's pids limit) fails the create.
+	serving := func() {
+		if err := nsinit.Serving(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	if err := serveAgent(context.Background(), cfg, nil, built, serving); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
 }
+
+// idleThreads is how many OS threads the native backend's agent keeps
+// when no command runs: the Go runtime's monitor (sysmon), its template
+// thread (which starts threads for locked goroutines), the thread that
+// runs the agent's one P (package nsinit) and one that takes the P over
+// while the first is blocked in a system call.
+const idleThreads = 4
 
 // agentOptions are the agent's options for cfg, with its handler and
 // services made ahead when built is set.
@@ -106,8 +123,8 @@ func agentOptions(cfg boot.Config, built *agent.Built) agent.Options {
 // serveAgent serves as the sandbox's agent with cfg (and the handler and
 // services built ahead, if not nil), on a TCP listener for tcp's peer
 // alone when tcp is set, else on the listener and lifeline of package
-// boot.
-func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *agent.Built) error {
+// boot. serving, if not nil, is called once the agent serves.
+func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *agent.Built, serving func()) error {
 	ln, err := agentListener(tcp)
 	if err != nil {
 		return err
@@ -127,6 +144,11 @@ func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *age
 		// A backend that hands the agent a listener also hands it a
 		// lifeline (see package boot).
 		unix.CloseOnExec(boot.LifelineFD)
+		// Non-blocking, the lifeline is read in the poller: a blocking
+		// read would keep an OS thread for the sandbox's whole life.
+		if err := unix.SetNonblock(boot.LifelineFD, true); err != nil {
+			return fmt.Errorf("reading the lifeline: %w", err)
+		}
 		life := os.NewFile(boot.LifelineFD, "lifeline")
 		go func() {
 			var b [1]byte
@@ -143,7 +165,9 @@ func serveAgent(ctx context.Context, cfg boot.Config, tcp *tcpListen, built *age
 	// harder before the agent grows, so a sandbox near its memory limit
 	// loses garbage, not workers.
 	debug.SetMemoryLimit(agentMemoryLimit)
-	return agent.Serve(ctx, ln, agentOptions(cfg, built))
+	opts := agentOptions(cfg, built)
+	opts.Serving = serving
+	return agent.Serve(ctx, ln, opts)
 }
 
 // agentListener returns the inherited listener, or, when tcp is set, a

@@ -24,11 +24,14 @@
 //     own), so killing a command leaves nothing it started running.
 //   - A Start of /bin/bash in a sandbox without bash runs /bin/sh with the
 //     same arguments (the SDKs always ask for bash; busybox templates lack it).
-//   - The agent's reaper alone reaps children: one goroutine on SIGCHLD
-//     (wait4), including orphans reparented to the agent as PID 1, and, for
-//     a process started here, the goroutine that publishes its end as soon
-//     as its pidfd reports the exit; both under one lock, each child once.
-//     Nothing else may wait for children in the agent's process.
+//   - The agent's reaper alone reaps children, including orphans
+//     reparented to the agent as PID 1: on Linux 6.15 and later the kernel
+//     reaps them at their exit and a process started here has its status
+//     read from its pidfd, in the poller; elsewhere one goroutine on
+//     SIGCHLD (wait4), and, for a process started here, the goroutine that
+//     publishes its end as soon as its pidfd reports the exit; both under
+//     one lock, each child once. Nothing else may wait for children in the
+//     agent's process.
 //   - A child gets exactly three descriptors (0-2), blocking; everything
 //     the agent opens is close-on-exec.
 package process
@@ -86,6 +89,10 @@ type Options struct {
 	// at once for all its streams (DefaultOutputBudget). Past it, the
 	// agent stops reading until streams have sent what they hold.
 	OutputBudget int64
+	// IdleThreads, when above zero, is how many OS threads the agent
+	// keeps once no process it started is running: the Go runtime's
+	// threads beyond it are ended then (TrimThreads).
+	IdleThreads int
 }
 
 // Service is the process.Process handler.
@@ -100,6 +107,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	procs   map[int]*proc
+	running int // processes started and not yet ended
 	closed  bool
 	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
 	// held, while open, keeps every fork waiting (HoldForks).
@@ -474,17 +482,88 @@ func (s *Service) Update(ctx context.Context, req *connect.Request[pb.UpdateRequ
 // subscriber that sees all of its output.
 func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber, error) {
 	cfg := msg.GetProcess()
+	cmd, err := s.resolve(u, cfg)
+	if err != nil {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	io, err := openStdio(u, msg)
+	if err != nil {
+		return nil, nil, connect.NewError(connect.CodeInternal, err)
+	}
+	attr := s.procAttr(u, cmd, io)
+	p := &proc{
+		info:    &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},
+		stall:   s.opts.Stall,
+		budget:  s.budget,
+		onStall: s.dropStalled,
+		reaper:  s.reaper,
+		stop:    make(chan struct{}),
+		master:  io.master,
+		stdin:   io.stdinW,
+		exited:  make(chan struct{}),
+		done:    make(chan struct{}),
+		subs:    make(map[*subscriber]struct{}),
+	}
+	sub := newSubscriber(s.budget)
+	p.subs[sub] = struct{}{}
+
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		io.closeChild()
+		io.closeOurs()
+		return nil, nil, connect.NewError(connect.CodeInternal, errors.New("agent is shutting down"))
+	}
+	pidfd := -1
+	attr.Sys.PidFD = &pidfd
+	s.waitForks()
+	pid, err := s.reaper.start(func() (int, error) {
+		return syscall.ForkExec(cmd.path, cmd.argv, attr)
+	}, func(ws unix.WaitStatus) {
+		p.status = ws
+		close(p.exited)
+	})
+	io.closeChild()
+	if err != nil {
+		io.closeOurs()
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting %s: %w", cfg.GetCmd(), err))
+	}
+	p.pid = pid
+	p.pidfd = pidfdFile(pidfd)
+	p.info.Pid = uint32(pid)
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.running++
+	s.mu.Unlock()
+	s.log.Debug("process started", "pid", pid, "cmd", cfg.GetCmd(), "user", u.Name)
+	s.follow(p, io)
+	return p, sub, nil
+}
+
+// command is a process's program, arguments, working directory and
+// environment, resolved for its user.
+type command struct {
+	path string
+	argv []string
+	dir  string
+	env  []string
+}
+
+// resolve checks cfg's command and working directory and resolves them
+// for u.
+func (s *Service) resolve(u *users.User, cfg *pb.ProcessConfig) (command, error) {
 	if cfg.GetCmd() == "" {
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+		return command{}, errors.New("process.cmd is required")
 	}
 	dir := s.opts.Users.Workdir(u)
 	if cfg.Cwd != nil && *cfg.Cwd != "" {
 		dir = s.opts.Users.ResolvePath(*cfg.Cwd, u)
 	}
 	if fi, err := os.Stat(dir); err != nil {
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: %w", dir, err))
+		return command{}, fmt.Errorf("cwd %q: %w", dir, err)
 	} else if !fi.IsDir() {
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q is not a directory", dir))
+		return command{}, fmt.Errorf("cwd %q is not a directory", dir)
 	}
 	env := buildEnv(u, s.GlobalEnv(), cfg.GetEnvs())
 	argv0 := cfg.GetCmd()
@@ -497,156 +576,150 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 		}
 	}
 	if err != nil {
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return command{}, err
 	}
+	return command{path: path, argv: append([]string{argv0}, cfg.GetArgs()...), dir: dir, env: env}, nil
+}
 
-	var (
-		child    [3]int // the child's stdin, stdout, stderr
-		closeAft []int  // raw descriptors closed in the parent after the fork
-		slave    *os.File
-		outputs  []*os.File // our read ends
-		kinds    []int
-		master   *os.File
-		stdinW   *os.File
-	)
-	cleanup := func() {
-		for _, fd := range closeAft {
-			unix.Close(fd)
-		}
-		if slave != nil {
-			slave.Close()
-		}
+// stdio is a process's standard streams: the child's ends and the
+// agent's.
+type stdio struct {
+	child    [3]int // the child's stdin, stdout, stderr
+	closeAft []int  // raw descriptors closed in the parent after the fork
+	slave    *os.File
+	outputs  []*os.File // our read ends
+	kinds    []int
+	master   *os.File
+	stdinW   *os.File
+}
+
+// closeChild closes the child's ends in the agent (after the fork).
+func (io *stdio) closeChild() {
+	for _, fd := range io.closeAft {
+		unix.Close(fd)
 	}
-	closeOurs := func() {
-		for _, f := range outputs {
-			f.Close()
-		}
-		if master != nil {
-			master.Close()
-		}
-		if stdinW != nil {
-			stdinW.Close()
-		}
+	if io.slave != nil {
+		io.slave.Close()
 	}
-	fail := func(err error) (*proc, *subscriber, error) {
-		cleanup()
-		closeOurs()
-		return nil, nil, connect.NewError(connect.CodeInternal, err)
+}
+
+// closeOurs closes the agent's ends (when no process started).
+func (io *stdio) closeOurs() {
+	for _, f := range io.outputs {
+		f.Close()
 	}
-	if size := msg.GetPty().GetSize(); msg.GetPty() != nil {
-		m, sl, err := openPTY()
-		if err != nil {
-			return fail(err)
-		}
-		master, slave = m, sl
-		cols, rows := size.GetCols(), size.GetRows()
-		if cols == 0 {
-			cols = 80
-		}
-		if rows == 0 {
-			rows = 24
-		}
-		if err := setSize(master, cols, rows); err != nil {
-			return fail(fmt.Errorf("sizing pty: %w", err))
-		}
-		_ = os.Chown(slave.Name(), int(u.UID), int(u.GID))
-		fd := int(slave.Fd())
-		child = [3]int{fd, fd, fd}
-		outputs, kinds = []*os.File{master}, []int{3}
+	if io.master != nil {
+		io.master.Close()
+	}
+	if io.stdinW != nil {
+		io.stdinW.Close()
+	}
+}
+
+// openStdio opens a process's standard streams as msg asks: a PTY, or
+// pipes (stdin from /dev/null unless asked for). On error it has closed
+// what it opened.
+func openStdio(u *users.User, msg *pb.StartRequest) (*stdio, error) {
+	io := &stdio{}
+	var err error
+	if msg.GetPty() != nil {
+		err = io.openPTY(u, msg.GetPty().GetSize())
 	} else {
-		if msg.Stdin == nil || msg.GetStdin() {
-			w, r, err := childPipe(true, "stdin")
-			if err != nil {
-				return fail(err)
-			}
-			stdinW = w
-			closeAft = append(closeAft, r)
-			child[0] = r
-		} else {
-			null, err := devNull()
-			if err != nil {
-				return fail(err)
-			}
-			child[0] = null // the agent's own: not closed
-		}
-		for i := 1; i <= 2; i++ {
-			r, w, err := childPipe(false, "output")
-			if err != nil {
-				return fail(err)
-			}
-			closeAft = append(closeAft, w)
-			outputs, kinds = append(outputs, r), append(kinds, i)
-			child[i] = w
-		}
+		err = io.openPipes(msg.Stdin == nil || msg.GetStdin())
 	}
+	if err != nil {
+		io.closeChild()
+		io.closeOurs()
+		return nil, err
+	}
+	return io, nil
+}
 
+// openPTY gives the child a PTY of size (80x24 where unset), owned by u.
+func (io *stdio) openPTY(u *users.User, size *pb.PTY_Size) error {
+	m, sl, err := openPTY()
+	if err != nil {
+		return err
+	}
+	io.master, io.slave = m, sl
+	cols, rows := size.GetCols(), size.GetRows()
+	if cols == 0 {
+		cols = 80
+	}
+	if rows == 0 {
+		rows = 24
+	}
+	if err := setSize(io.master, cols, rows); err != nil {
+		return fmt.Errorf("sizing pty: %w", err)
+	}
+	_ = os.Chown(io.slave.Name(), int(u.UID), int(u.GID))
+	fd := int(io.slave.Fd())
+	io.child = [3]int{fd, fd, fd}
+	io.outputs, io.kinds = []*os.File{io.master}, []int{3}
+	return nil
+}
+
+// openPipes gives the child pipes for stdout and stderr, and for stdin
+// when withStdin (else /dev/null).
+func (io *stdio) openPipes(withStdin bool) error {
+	if withStdin {
+		w, r, err := childPipe(true, "stdin")
+		if err != nil {
+			return err
+		}
+		io.stdinW = w
+		io.closeAft = append(io.closeAft, r)
+		io.child[0] = r
+	} else {
+		null, err := devNull()
+		if err != nil {
+			return err
+		}
+		io.child[0] = null // the agent's own: not closed
+	}
+	for i := 1; i <= 2; i++ {
+		r, w, err := childPipe(false, "output")
+		if err != nil {
+			return err
+		}
+		io.closeAft = append(io.closeAft, w)
+		io.outputs, io.kinds = append(io.outputs, r), append(io.kinds, i)
+		io.child[i] = w
+	}
+	return nil
+}
+
+// procAttr is how cmd starts as u with io: a session of its own, the
+// PTY its controlling terminal if it has one.
+func (s *Service) procAttr(u *users.User, cmd command, io *stdio) *syscall.ProcAttr {
 	attr := &syscall.ProcAttr{
-		Dir:   dir,
-		Env:   env,
-		Files: []uintptr{uintptr(child[0]), uintptr(child[1]), uintptr(child[2])},
+		Dir:   cmd.dir,
+		Env:   cmd.env,
+		Files: []uintptr{uintptr(io.child[0]), uintptr(io.child[1]), uintptr(io.child[2])},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
-	if master != nil {
+	if io.master != nil {
 		attr.Sys.Setctty = true
 		attr.Sys.Ctty = 0
 	}
 	if u.UID != s.euid || u.GID != s.egid {
 		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	argv := append([]string{argv0}, cfg.GetArgs()...)
+	return attr
+}
 
-	p := &proc{
-		info:    &pb.ProcessInfo{Config: cfg, Tag: msg.Tag},
-		stall:   s.opts.Stall,
-		budget:  s.budget,
-		onStall: s.dropStalled,
-		reaper:  s.reaper,
-		stop:    make(chan struct{}),
-		master:  master,
-		stdin:   stdinW,
-		exited:  make(chan struct{}),
-		done:    make(chan struct{}),
-		subs:    make(map[*subscriber]struct{}),
-	}
-	sub := newSubscriber(s.budget)
-	p.subs[sub] = struct{}{}
-
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		return fail(errors.New("agent is shutting down"))
-	}
-	pidfd := -1
-	attr.Sys.PidFD = &pidfd
-	s.waitForks()
-	pid, err := s.reaper.start(func() (int, error) {
-		return syscall.ForkExec(path, argv, attr)
-	}, func(ws unix.WaitStatus) {
-		p.status = ws
-		close(p.exited)
-	})
-	if err != nil {
-		cleanup()
-		closeOurs()
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting %s: %w", cfg.GetCmd(), err))
-	}
-	cleanup()
-	p.pid = pid
-	p.pidfd = pidfdFile(pidfd)
-	p.info.Pid = uint32(pid)
-	s.mu.Lock()
-	s.procs[pid] = p
-	s.mu.Unlock()
-	s.log.Debug("process started", "pid", pid, "cmd", cfg.GetCmd(), "user", u.Name)
-
+// follow reads p's output and publishes its end; the process is
+// forgotten the retention time after.
+func (s *Service) follow(p *proc, io *stdio) {
 	var wg sync.WaitGroup
-	for i, f := range outputs {
+	for i, f := range io.outputs {
 		wg.Add(1)
-		go p.readOutput(f, kinds[i], master == nil, &wg)
+		go p.readOutput(f, io.kinds[i], io.master == nil, &wg)
 	}
-	go p.finish(outputsFor(master, outputs), &wg, s.opts.DrainGrace, func() {
+	pid := p.pid
+	go p.finish(outputsFor(io.master, io.outputs), &wg, s.opts.DrainGrace, func() {
 		s.log.Debug("process ended", "pid", pid, "status", p.end.GetEnd().GetStatus())
+		s.ended()
 		time.AfterFunc(s.opts.Retention, func() {
 			s.mu.Lock()
 			if s.procs[pid] == p {
@@ -655,7 +728,33 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 			s.mu.Unlock()
 		})
 	})
-	return p, sub, nil
+}
+
+// retrimAfter is how long after the last process's end the agent's
+// threads are trimmed once more, if no process has started since: the
+// end's stream and the client's next requests can make a thread after
+// the first trim.
+const retrimAfter = time.Second
+
+// ended counts a process's end; the last one running trims the agent's
+// threads to Options.IdleThreads, now and once more retrimAfter later.
+func (s *Service) ended() {
+	s.mu.Lock()
+	s.running--
+	idle := s.running == 0
+	s.mu.Unlock()
+	if !idle || s.opts.IdleThreads <= 0 {
+		return
+	}
+	TrimThreads(s.opts.IdleThreads)
+	time.AfterFunc(retrimAfter, func() {
+		s.mu.Lock()
+		idle := s.running == 0
+		s.mu.Unlock()
+		if idle {
+			TrimThreads(s.opts.IdleThreads)
+		}
+	})
 }
 
 // outputsFor returns the files finish may close to stop readers: the pipe

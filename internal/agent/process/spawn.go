@@ -54,12 +54,20 @@ func (s *Service) Spawn(spec SpawnSpec) (int, <-chan unix.WaitStatus, error) {
 		return 0, nil, errors.New("agent is shutting down")
 	}
 	exited := make(chan unix.WaitStatus, 1)
+	pidfd := -1
+	attr.Sys.PidFD = &pidfd
 	s.waitForks()
 	pid, err := s.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, spec.Argv, attr)
 	}, func(ws unix.WaitStatus) { exited <- ws })
 	if err != nil {
 		return 0, nil, fmt.Errorf("starting %s: %w", spec.Argv[0], err)
+	}
+	if f := pidfdFile(pidfd); f != nil {
+		go func() {
+			s.reaper.awaitExit(pid, f)
+			f.Close()
+		}()
 	}
 	return pid, exited, nil
 }

@@ -511,6 +511,79 @@ func testCrashCleanup(t *testing.T, opts native.Options) {
 // checks the CPU time its cgroup was charged. The bound is from above
 // (CFS cannot hand out more than the quota, plus one period of slack), so
 // a slow machine cannot make it fail.
+// TestIdleAgentTasks: once a command has run and ended, an idle sandbox
+// holds at most four tasks of the host's (its agent's threads: the Go
+// runtime's monitor and template thread, and two for its one P), so that
+// thousands of idle sandboxes do not cost the host ten threads each.
+func TestIdleAgentTasks(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+		t.Fatalf("true: %+v", r)
+	}
+	// The agent trims its threads once the command's end is sent.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := sb.Stats(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pids <= 4 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle sandbox holds %d tasks, want at most 4", st.Pids)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAgentWithoutThreads: under a pids limit too small for the agent's
+// threads, a sandbox whose init or agent dies for want of a thread (the
+// Go runtime's pthread_create fails with EAGAIN) fails its create; one
+// whose agent made its threads before the limit applied serves, and its
+// commands fail to start. No sandbox is left half-alive (created but not
+// answering), and the other sandboxes keep answering.
+func TestAgentWithoutThreads(t *testing.T) {
+	b := newBackend(t)
+	other := create(t, b, isolation.Spec{})
+	health := func(sb isolation.Sandbox) error {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return sb.DialAgent(ctx) },
+		}}
+		resp, err := hc.Get("http://agent/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	failed := 0
+	for i := range 6 {
+		spec := isolation.Spec{ID: fmt.Sprintf("t%dnothreads%d", time.Now().UnixNano(), i),
+			RootFS: testutil.RootFS(t, "minimal"), Limits: isolation.Limits{Pids: 1}}
+		sb, err := b.Create(t.Context(), spec)
+		if err != nil {
+			failed++
+			t.Logf("create %d under pids.max 1: %v", i, err)
+			continue
+		}
+		if err := health(sb); err != nil {
+			t.Errorf("create %d under pids.max 1 succeeded, but its agent does not answer: %v", i, err)
+		}
+		if err := sb.Kill(context.Background()); err != nil {
+			t.Errorf("Kill: %v", err)
+		}
+	}
+	t.Logf("%d of 6 creates failed", failed)
+	if err := health(other); err != nil {
+		t.Errorf("another sandbox stopped answering: %v", err)
+	}
+	if r := run(t, other, "root", "/bin/echo", "alive"); strings.TrimSpace(r.stdout) != "alive" {
+		t.Errorf("another sandbox: %+v", r)
+	}
+}
+
 func TestCPUQuota(t *testing.T) {
 	b := newBackend(t)
 	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{CPUs: 0.5}})

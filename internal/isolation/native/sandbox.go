@@ -484,8 +484,9 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if _, err := syncSock.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
-	// The child answers with an error message, or closes its end on
-	// success, as it becomes the agent.
+	// The child answers with an error message, or nsinit.Started once it
+	// serves as the agent. EOF alone means it died on the way (an agent
+	// that cannot make a thread under the sandbox's pids limit).
 	reply := make(chan []byte, 1)
 	go func() {
 		buf := make([]byte, 4096)
@@ -494,7 +495,10 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	}()
 	select {
 	case r := <-reply:
-		if len(r) > 0 {
+		switch {
+		case len(r) == 0:
+			return errors.New("setting up sandbox: the agent exited before it served")
+		case len(r) != 1 || r[0] != nsinit.Started:
 			return fmt.Errorf("setting up sandbox: %s", bytes.TrimSpace(r))
 		}
 	case <-ctx.Done():

@@ -24,7 +24,10 @@
 //     holds no descriptor but its standard streams, the agent's listener
 //     and lifeline (and the Go runtime's own poller).
 //   - On failure, the error is written to the sync socket and Init returns
-//     it; the daemon tears the sandbox down.
+//     it; the daemon tears the sandbox down. The daemon counts the sandbox
+//     started only once the agent says it serves (Serving): an init or
+//     agent that dies before, e.g. for want of a thread under a small pids
+//     limit, fails the create.
 package nsinit
 
 import (
@@ -54,7 +57,8 @@ import (
 const (
 	// SyncFD is the init's end of a SOCK_SEQPACKET pair: it receives the
 	// Config (with the mounts' descriptors), then the go-ahead, and
-	// answers with an error message, or EOF once the process becomes the agent.
+	// answers with an error message, or Serving once the process serves
+	// as the agent. EOF alone means the process died on the way.
 	SyncFD     = 3
 	listenerFD = boot.ListenerFD
 	lifelineFD = boot.LifelineFD
@@ -62,6 +66,10 @@ const (
 
 // GoAhead is the byte the daemon sends once the sandbox is in its cgroups.
 const GoAhead = 'g'
+
+// Started is the byte the init sends once it serves as the agent
+// (Serving).
+const Started = 's'
 
 // agentPath is where the in-sandbox binary is bind-mounted.
 const agentPath = boot.Path
@@ -147,6 +155,16 @@ func BoundSpawner() error {
 // capabilities (setup).
 var InitEnv = []string{boot.DefaultPath, "GOMAXPROCS=1"}
 
+// agentProcs bounds the agent's GOMAXPROCS. The Go runtime never ends an
+// OS thread it has made (unless a locked goroutine exits), and each P
+// can take one more when the agent is busy: with one P an idle agent
+// holds four threads (sysmon, the template thread locked goroutines
+// need, the thread that runs the P and one spare the runtime made while
+// its start blocked the first), with two a fifth. A sandbox's CPU
+// bandwidth is one core unless its create asks for more, which the agent
+// shares with the sandbox's workload: a second P would buy it little.
+const agentProcs = 1
+
 var maskedFiles = []string{
 	"/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
@@ -169,7 +187,8 @@ var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // agent's, its privileges on every thread are those every process of the
 // sandbox has, the daemon has been told, and the caller serves the agent
 // with the returned configuration on boot.ListenerFD and boot.LifelineFD.
-// On failure the error has been reported to the daemon.
+// On failure the error has been reported to the daemon. On success the
+// caller calls Serving once the agent serves.
 //
 // meanwhile, if not nil, is started in a goroutine once nothing it does
 // can escape the sandbox's capability bounds, while the init waits for its
@@ -181,37 +200,31 @@ func Init(meanwhile func()) (boot.Config, error) {
 		_, _ = sync.Write([]byte(err.Error()))
 		return boot.Config{}, err
 	}
-	// EOF on the sync socket tells the daemon the agent is starting.
-	sync.Close()
 	runtime.UnlockOSThread()
+	syncFile = sync
 	return cfg.Agent, nil
 }
 
-func setup(sync *os.File, meanwhile func()) (*Config, error) {
-	// First of all, before the wait for a Config (an init may be started
-	// long before its sandbox): no mount or unmount on the host reaches
-	// this namespace any more, so another sandbox's writable layer
-	// mounted meanwhile is never copied in here and pinned.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return nil, fmt.Errorf("making mounts private: %w", err)
+// syncFile is the sync socket from Init's success to Serving.
+var syncFile *os.File
+
+// Serving tells the daemon that the init serves as the sandbox's agent,
+// and closes the sync socket. Call it once, after Init succeeded.
+func Serving() error {
+	if syncFile == nil {
+		return errors.New("telling the daemon the agent serves: no sync socket")
 	}
-	// Then, while the process has the fewest threads (each change is made
-	// on every one), the capability bounding set is bounded. This keeps
-	// the effective capabilities the setup needs; it bounds what any exec
-	// or capset can gain later. The spawner starts the init with
-	// GOMAXPROCS=1 (InitEnv), so that the runtime has started no thread
-	// for a second P by now: each of the thirty-odd drops stops and
-	// signals every thread, and waits for each to run it. (The in-sandbox
-	// binary's entry point has usually made them already, on its one
-	// thread: see boundCapabilities.)
-	if err := boundCapabilities(); err != nil {
+	defer syncFile.Close()
+	if _, err := syncFile.Write([]byte{Started}); err != nil {
+		return fmt.Errorf("telling the daemon the agent serves: %w", err)
+	}
+	return nil
+}
+
+func setup(sync *os.File, meanwhile func()) (*Config, error) {
+	if err := prepare(); err != nil {
 		return nil, err
 	}
-	// The agent gets the machine's CPUs, as a program started inside the
-	// sandbox (where no cgroup filesystem is mounted) would. A GOMAXPROCS
-	// set explicitly (here, and by the environment before) is never
-	// updated from the cgroup the init started in.
-	runtime.GOMAXPROCS(runtime.NumCPU())
 	// The runtime's monitor thread polls less (package sysmon). This needs
 	// CAP_SYS_NICE in the init's user namespace (to set another thread's
 	// timer slack) and reads /proc: it ends before the descriptors are
@@ -227,6 +240,58 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if meanwhile != nil {
 		go meanwhile()
 	}
+	kit := ahead()
+	cfg, fds, err := receiveConfig(sync)
+	if err != nil {
+		return nil, err
+	}
+	if err := attachMounts(cfg, fds); err != nil {
+		return nil, err
+	}
+	if err := mountRoot(cfg, fds, kit); err != nil {
+		return nil, err
+	}
+	if err := enterRoot(cfg); err != nil {
+		return nil, err
+	}
+	stopRelax()
+	if err := becomeSandboxed(sync, cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// prepare is the first of the setup, before the wait for a Config.
+func prepare() error {
+	// First of all, before the wait for a Config (an init may be started
+	// long before its sandbox): no mount or unmount on the host reaches
+	// this namespace any more, so another sandbox's writable layer
+	// mounted meanwhile is never copied in here and pinned.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	// Then, while the process has the fewest threads (each change is made
+	// on every one), the capability bounding set is bounded. This keeps
+	// the effective capabilities the setup needs; it bounds what any exec
+	// or capset can gain later. The spawner starts the init with
+	// GOMAXPROCS=1 (InitEnv), so that the runtime has started no thread
+	// for a second P by now: each of the thirty-odd drops stops and
+	// signals every thread, and waits for each to run it. (The in-sandbox
+	// binary's entry point has usually made them already, on its one
+	// thread: see boundCapabilities.)
+	if err := boundCapabilities(); err != nil {
+		return err
+	}
+	// The agent gets at most agentProcs of the machine's CPUs. A GOMAXPROCS
+	// set explicitly (here, and by the environment before) is never
+	// updated from the cgroup the init started in.
+	runtime.GOMAXPROCS(min(runtime.NumCPU(), agentProcs))
+	return nil
+}
+
+// ahead is what the init does while it waits for its Config, on the
+// thread it keeps locked; it returns the trees built ahead.
+func ahead() trees {
 	// The namespace and mount calls below act on this thread (unshare)
 	// or are checked against it; it stays the one until every thread has
 	// dropped its privileges.
@@ -240,12 +305,14 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	// A kernel that cannot build them detached gets them at attachTrees.
 	kit, err := buildTrees()
 	if err != nil {
-		kit = noTrees
+		return noTrees
 	}
-	cfg, fds, err := receiveConfig(sync)
-	if err != nil {
-		return nil, err
-	}
+	return kit
+}
+
+// attachMounts places the agent's listener and attaches the template, the
+// frozen layers and the writable layer received with cfg.
+func attachMounts(cfg *Config, fds []int) error {
 	lower := fds[0]
 	unix.CloseOnExec(SyncFD)
 	// The agent's listener travels last; it takes the place kept for it
@@ -253,12 +320,12 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if cfg.Listener {
 		ln := fds[len(fds)-1]
 		if err := unix.Dup3(ln, listenerFD, 0); err != nil {
-			return nil, fmt.Errorf("placing the agent's listener: %w", err)
+			return fmt.Errorf("placing the agent's listener: %w", err)
 		}
 		unix.Close(ln)
 	}
 	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, cfg.LowerDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return nil, fmt.Errorf("attaching template: %w", err)
+		return fmt.Errorf("attaching template: %w", err)
 	}
 	unix.Close(lower)
 	// Frozen layers the sandbox boots on (checkpoints, snapshots) travel
@@ -266,17 +333,23 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	for i, d := range cfg.LayerDirs {
 		fd := fds[1+len(cfg.Binds)+i]
 		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, d, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return nil, fmt.Errorf("attaching layer: %w", err)
+			return fmt.Errorf("attaching layer: %w", err)
 		}
 		unix.Close(fd)
 	}
 	if cfg.DiskDir != "" {
 		fd := fds[1+len(cfg.Binds)+len(cfg.LayerDirs)]
 		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, cfg.DiskDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return nil, fmt.Errorf("attaching writable layer: %w", err)
+			return fmt.Errorf("attaching writable layer: %w", err)
 		}
 		unix.Close(fd)
 	}
+	return nil
+}
+
+// mountRoot mounts the sandbox's root overlay over its layers, with its
+// /proc, /sys, /dev, binds and /tmp.
+func mountRoot(cfg *Config, fds []int, kit trees) error {
 	// The layers are named through descriptors, so the sandbox's
 	// mountinfo shows /proc/self/fd/N rather than the host's state paths.
 	openLayer := func(d string) (string, error) {
@@ -290,75 +363,87 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	for _, d := range append(slices.Clone(cfg.LayerDirs), cfg.LowerDir) {
 		p, err := openLayer(d)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		lowers = append(lowers, p)
 	}
 	upper, err := openLayer(cfg.UpperDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	work, err := openLayer(cfg.WorkDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", strings.Join(lowers, ":"), upper, work)
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return nil, fmt.Errorf("mounting root overlay: %w", err)
+		return fmt.Errorf("mounting root overlay: %w", err)
 	}
 	root := cfg.RootDir
 	if err := attachTrees(root, kit, cfg.ShmBytes); err != nil {
-		return nil, err
+		return err
 	}
 	for i, b := range cfg.Binds {
 		if err := attachBind(root, fds[i+1], b); err != nil {
-			return nil, fmt.Errorf("binding %s: %w", b.Path, err)
+			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
 	}
 	if err := ensureTmp(root); err != nil {
-		return nil, err
+		return err
 	}
+	return nil
+}
+
+// enterRoot names the sandbox's host, brings its loopback up, pivots into
+// its root and sets its limits.
+func enterRoot(cfg *Config) error {
 	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
-		return nil, fmt.Errorf("setting hostname: %w", err)
+		return fmt.Errorf("setting hostname: %w", err)
 	}
 	if err := loopbackUp(); err != nil {
-		return nil, err
+		return err
 	}
-	if err := pivot(root); err != nil {
-		return nil, err
+	if err := pivot(cfg.RootDir); err != nil {
+		return err
 	}
 	if err := setRlimits(cfg.NoFile); err != nil {
-		return nil, err
+		return err
 	}
-	stopRelax()
+	return nil
+}
+
+// becomeSandboxed closes the host's descriptors, waits for the daemon's
+// go-ahead and leaves the process with what every process of the sandbox
+// has: its cgroup namespace, its privileges and the agent's environment.
+func becomeSandboxed(sync *os.File, cfg *Config) error {
 	// Every descriptor the setup received or opened names something of
 	// the host's (the layers' directories, the template's tree): none
 	// may outlive it in a process of the sandbox's.
 	if err := closeDescriptors(); err != nil {
-		return nil, err
+		return err
 	}
 	// Nothing of the sandbox's runs before the daemon has placed this
 	// process in the sandbox's cgroups.
 	buf := make([]byte, 1)
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
-		return nil, fmt.Errorf("waiting for the daemon: %v", err)
+		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
 	// Now in its cgroups on every hierarchy: a cgroup namespace entered
 	// here is rooted there, so /proc/self/cgroup reads / everywhere and
 	// names no host path.
 	if err := enterCgroupNamespace(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := dropPrivileges(cfg.Seccomp, cfg.NoSetFCap); err != nil {
-		return nil, err
+		return err
 	}
 	// The agent's environment, as a program started with it would have
 	// it: it passes no part of its own on to the commands it runs.
 	os.Clearenv()
 	if err := os.Setenv("PATH", strings.TrimPrefix(boot.DefaultPath, "PATH=")); err != nil {
-		return nil, fmt.Errorf("setting the agent's environment: %w", err)
+		return fmt.Errorf("setting the agent's environment: %w", err)
 	}
-	return cfg, nil
+	return nil
 }
 
 // warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
