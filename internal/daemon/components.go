@@ -72,11 +72,12 @@ type node struct {
 	pool      *warm.Pool   // the default template's
 	tmplPools []*warm.Pool // --warm-template's, in its order
 	layers    isolation.Layers
-	builds    *tbuild.Service
+	builds    *tbuild.Service // template records and the catalog the manager resolves with
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
+	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 }
 
 // components are the daemon's parts, listed in an order their
@@ -407,10 +408,10 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	keeper.Bind(sandbox.NewLayerPort(mgr))
 	d.mgr = mgr
 	d.keeper = keeper
-	// The builds resolve templates for the manager and run their steps in
-	// its sandboxes; they get it here, and collect the layers no live
-	// sandbox uses, which needs the manager's sandboxes.
-	d.builds.SetSandboxes(buildSandboxes{mgr})
+	// The builds resolve templates for the manager; their runner, made
+	// after it, runs their steps in its sandboxes and collects the layers
+	// no live sandbox uses.
+	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{mgr})
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
@@ -545,7 +546,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Downloads:       d.downloads,
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
-		Templates:       d.builds,
+		Templates:       d.runner,
 		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
