@@ -381,8 +381,8 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	})
 	templates := templateSet{d.builds.Catalog()}
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
-	// diffs) serves the manager and is served by it: bound once the
-	// manager is made, started once it has started.
+	// diffs) serves the manager and is served by it: sandbox.New binds
+	// it to the manager it makes; it starts once the manager has.
 	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
 		Audit: d.sources.sink, Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
@@ -405,7 +405,6 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
-	keeper.Bind(sandbox.NewLayerPort(mgr))
 	d.mgr = mgr
 	d.keeper = keeper
 	// The builds resolve templates for the manager; their runner, made
