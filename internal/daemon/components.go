@@ -72,11 +72,12 @@ type node struct {
 	pool      *warm.Pool   // the default template's
 	tmplPools []*warm.Pool // --warm-template's, in its order
 	layers    isolation.Layers
-	builds    *tbuild.Service
+	builds    *tbuild.Service // template records and the catalog the manager resolves with
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
+	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 }
 
 // components are the daemon's parts, listed in an order their
@@ -380,8 +381,8 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	})
 	templates := templateSet{d.builds.Catalog()}
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
-	// diffs) serves the manager and is served by it: bound once the
-	// manager is made, started once it has started.
+	// diffs) serves the manager and is served by it: sandbox.New binds
+	// it to the manager it makes; it starts once the manager has.
 	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
 		Audit: d.sources.sink, Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
@@ -404,13 +405,12 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox manager: %w", err)
 	}
-	keeper.Bind(sandbox.NewLayerPort(mgr))
 	d.mgr = mgr
 	d.keeper = keeper
-	// The builds resolve templates for the manager and run their steps in
-	// its sandboxes; they get it here, and collect the layers no live
-	// sandbox uses, which needs the manager's sandboxes.
-	d.builds.SetSandboxes(buildSandboxes{mgr})
+	// The builds resolve templates for the manager; their runner, made
+	// after it, runs their steps in its sandboxes and collects the layers
+	// no live sandbox uses.
+	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{mgr})
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
@@ -545,7 +545,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Downloads:       d.downloads,
 		Audit:           d.sources.log,
 		Outputs:         d.sources.outputs,
-		Templates:       d.builds,
+		Templates:       d.runner,
 		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),

@@ -11,7 +11,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild"
 )
 
-var _ httpapi.Templates = (*tbuild.Service)(nil)
+var _ httpapi.Templates = (*tbuild.Runner)(nil)
 
 // templateSet is the template catalog (built templates, then fence's
 // own) as sandbox creation asks for it.

@@ -13,7 +13,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild"
 )
 
-// Templates is the template build service (*tbuild.Service).
+// Templates is the template build service (*tbuild.Runner).
 type Templates interface {
 	Register(ctx context.Context, name string, tags []string, cpus, memoryMB int) (*tbuild.Registered, error)
 	FileStatus(templateID, hash string) (present bool, token string, err error)
@@ -33,7 +33,7 @@ type Templates interface {
 
 // uploadPrefix is where the upload links of COPY archives point: no API
 // key, the link's token is the credential, good for one PUT
-// (tbuild.Service.Upload).
+// (tbuild.Service.Upload, which the Runner has).
 const uploadPrefix = "/_fence/template-files/"
 
 func (h *handler) templatesOr(w http.ResponseWriter, r *http.Request) (Templates, bool) {

@@ -20,12 +20,15 @@ import (
 // seam to the keeper of layers (internal/sandbox/timetravel), which owns
 // snapshots, forks, checkpoints, rewinds, diffs, standbys, the layer lock
 // and the layer collector. The keeper reaches the lifecycle through
-// LayerPort and Live; the lifecycle reaches the keeper through
-// LayerKeeper (Options.Keeper).
+// LayerPort and Live, which New hands it (LayerKeeper.Bind); the
+// lifecycle reaches the keeper through LayerKeeper (Options.Keeper).
 
 // LayerKeeper is what the lifecycle asks of the keeper of layers
 // (*timetravel.Keeper). The Manager never calls it holding its own lock.
 type LayerKeeper interface {
+	// Bind gives the keeper the lifecycle it serves. New calls it once,
+	// before the Manager is returned; a keeper serves one Manager.
+	Bind(p *LayerPort)
 	// Origin resolves a create's template to the snapshot it names, nil
 	// when it names none (ordinary templates first).
 	Origin(ctx context.Context, ref string) (*Origin, error)
@@ -48,6 +51,7 @@ type LayerKeeper interface {
 // it refuses).
 type noKeeper struct{}
 
+func (noKeeper) Bind(*LayerPort)                                 {}
 func (noKeeper) Origin(context.Context, string) (*Origin, error) { return nil, nil }
 func (noKeeper) Hold() func()                                    { return func() {} }
 func (noKeeper) Release(string)                                  {}
@@ -104,11 +108,9 @@ func originOf(ctx context.Context, k LayerKeeper, ref string) (*origin, error) {
 
 // LayerPort is the lifecycle as the keeper of layers reaches it: the live
 // sandboxes, the creates on a layer, the admission of a standby and the
-// layers the lifecycle keeps. It holds no state of its own.
+// layers the lifecycle keeps. It holds no state of its own; New makes
+// the Manager's and binds its keeper to it (LayerKeeper.Bind).
 type LayerPort struct{ m *Manager }
-
-// NewLayerPort returns m's LayerPort.
-func NewLayerPort(m *Manager) *LayerPort { return &LayerPort{m} }
 
 // Backend is the backend's name (for errors).
 func (p *LayerPort) Backend() string { return p.m.backend.Name() }

@@ -117,8 +117,9 @@ type Options struct {
 	// for metrics over a time range; 0 means 5 seconds.
 	SampleEvery time.Duration
 	// Keeper, if set, keeps snapshots, forks, checkpoints, rewinds and
-	// the collection of layers (internal/sandbox/timetravel); without it
-	// no create names a snapshot and no filesystem-only pause is made.
+	// the collection of layers (internal/sandbox/timetravel), which New
+	// binds to the Manager (one Manager per Keeper); without it no create
+	// names a snapshot and no filesystem-only pause is made.
 	Keeper LayerKeeper
 	// Network is the sandboxes' network side (their fences, gateway
 	// configurations and policy updates), which New binds to the
@@ -256,6 +257,8 @@ func New(opts Options) (*Manager, error) {
 	m.starts = startup.NewStarter(opts.Agent, m.log)
 	m.cold = newColdKeeper(m.store, m.sealer, m.log, m.fences.Bindings)
 	m.adopter = newAdopter(m)
+	// Bound last, to the Manager as made: the keeper reads its layers.
+	m.keeper.Bind(&LayerPort{m})
 	return m, nil
 }
 

@@ -51,10 +51,10 @@ type stepError struct {
 
 func (e *stepError) Error() string { return e.msg }
 
-func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
+func (s *Service) run(ctx context.Context, sbs Sandboxes, buildID string, spec Spec) {
 	start := time.Now()
 	s.logf(buildID, "info", "base", "Building template %s", buildID)
-	b := &builder{s: s, id: buildID, spec: spec}
+	b := &builder{s: s, sbs: sbs, id: buildID, spec: spec}
 	rt, tree, err := b.build(ctx)
 	if b.box != nil {
 		b.box.kill()
@@ -65,7 +65,7 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 	if rec == nil { // deleted meanwhile: its trees go
 		s.content.Unpin(buildID)
 		s.mu.Unlock()
-		s.collect(context.WithoutCancel(ctx))
+		s.collect(context.WithoutCancel(ctx), sbs)
 		return
 	}
 	// Recorded, then unpinned, under s.mu: a collection sees the trees
@@ -114,6 +114,7 @@ func (s *Service) run(ctx context.Context, buildID string, spec Spec) {
 // builder runs one build.
 type builder struct {
 	s    *Service
+	sbs  Sandboxes // where the build's sandboxes run
 	id   string
 	spec Spec
 	box  *buildBox // the sandbox of the current run of uncached steps
@@ -205,7 +206,7 @@ func (b *builder) finalize(ctx context.Context, tree string, rt Runtime) error {
 	s := b.s
 	t0 := time.Now()
 	s.logf(b.id, "info", "finalize", "[finalize] start command: %q, ready command: %q (run once now and at every sandbox start)", rt.StartCmd, rt.ReadyCmd)
-	box, err := s.startBox(ctx, b.id, tree, &rt)
+	box, err := s.startBox(ctx, b.sbs, b.id, tree, &rt)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -431,7 +432,7 @@ func (b *builder) step(ctx context.Context, cur layer, st stepPlan) (layer, erro
 		return layer{Tree: cur.Tree, Ctx: c}, nil
 	}
 	if b.box == nil {
-		box, err := s.startBox(ctx, b.id, cur.Tree, nil)
+		box, err := s.startBox(ctx, b.sbs, b.id, cur.Tree, nil)
 		if err != nil {
 			return fail("starting the build sandbox: %v", err)
 		}

@@ -20,6 +20,7 @@ import (
 // buildBox is a sandbox a build runs steps in.
 type buildBox struct {
 	s      *Service
+	sbs    Sandboxes // where it runs
 	id     string
 	handle string
 	envd   *client.Envd
@@ -30,14 +31,14 @@ type buildBox struct {
 // buildBackend is the isolation backend of build sandboxes.
 const buildBackend = "native"
 
-// startBox creates a sandbox of tree through the sandbox manager: the
+// startBox creates a sandbox of tree in sbs (the sandbox manager): the
 // same isolation and limits as any sandbox, egress limited to the build
 // allowlist.
 //
 // With rt, the sandbox is started as the template's will be: its start
 // command started and its ready command passed (the sandbox manager runs
 // them at create).
-func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtime) (*buildBox, error) {
+func (s *Service) startBox(ctx context.Context, sbs Sandboxes, buildID, tree string, rt *Runtime) (*buildBox, error) {
 	handle := ".build-layer-" + newID(16)
 	s.mu.Lock()
 	s.layers[handle] = s.content.TreePath(tree)
@@ -56,7 +57,7 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 		delete(s.boxRuntimes, handle)
 		s.mu.Unlock()
 	}
-	id, box, err := s.opts.Sandboxes.CreateBox(ctx, BoxSpec{
+	id, box, err := sbs.CreateBox(ctx, BoxSpec{
 		Template: handle, BuildID: buildID, Timeout: maxBuildTime,
 		// The build reads the sandbox's layer (isolation.LayerReader),
 		// which native sandboxes give and gVisor's, whose writable layer
@@ -73,7 +74,7 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 	}
 	lr, isLR := isolation.As[isolation.LayerReader](box)
 	if !isLR {
-		_ = s.opts.Sandboxes.Kill(context.WithoutCancel(ctx), id)
+		_ = sbs.Kill(context.WithoutCancel(ctx), id)
 		forget()
 		return nil, errors.New("the sandbox backend cannot read a sandbox's layer")
 	}
@@ -83,13 +84,13 @@ func (s *Service) startBox(ctx context.Context, buildID, tree string, rt *Runtim
 	}
 	e := client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil).WithUser("root")
 	s.logf(buildID, "debug", "", "build sandbox %s started", id)
-	return &buildBox{s: s, id: id, handle: handle, envd: e, layers: lr, tr: tr}, nil
+	return &buildBox{s: s, sbs: sbs, id: id, handle: handle, envd: e, layers: lr, tr: tr}, nil
 }
 
 func (b *buildBox) kill() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := b.s.opts.Sandboxes.Kill(ctx, b.id); err != nil {
+	if err := b.sbs.Kill(ctx, b.id); err != nil {
 		b.s.log.Warn("killing a build sandbox", "sandbox_id", b.id, "err", err)
 	}
 	b.tr.CloseIdleConnections()

@@ -16,7 +16,14 @@
 //     Sandboxes, an interface of this package's own types that the daemon
 //     implements over the sandbox manager.
 //
-// Service is the one face the HTTP API and the daemon see. Lock order:
+// The daemon makes them in two steps around the sandbox manager, which
+// resolves templates through the builds and whose sandboxes the builds
+// run in: first the Service (records, uploads, logs, and the Catalog the
+// manager resolves templates with), which needs no sandboxes; then, once
+// the manager is made, the Runner (NewRunner): the Service with the
+// manager's Sandboxes, which runs builds (Trigger), deletes templates
+// (Delete) and collects the layers no live sandbox uses. The Runner is
+// the face the HTTP API sees. Lock order:
 // the Service's lock, then the registry's or the store's; neither of
 // those calls out while it holds its own.
 //

@@ -10,15 +10,12 @@ import (
 
 // collect runs one collection of the content store (content.Collect):
 // the records' trees, the archives of builds in progress, the tombstones
-// a live sandbox names. Without Sandboxes (not wired yet) tombstones are
-// all kept. It runs under s.mu, so no build changes its record or pins
+// a live sandbox of sbs names. Without sbs (nil) tombstones are all
+// kept. It runs under s.mu, so no build changes its record or pins
 // meanwhile.
-func (s *Service) collect(ctx context.Context) {
+func (s *Service) collect(ctx context.Context, sbs Sandboxes) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
-	s.mu.Lock()
-	sbs := s.opts.Sandboxes
-	s.mu.Unlock()
 	c := content.Collection{InFlight: true}
 	if sbs != nil {
 		c.InFlight = sbs.CreatesInFlight() > 0

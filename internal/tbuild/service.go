@@ -144,7 +144,8 @@ type LiveSandbox struct {
 }
 
 // Sandboxes makes the build sandboxes and tells which sandboxes live; the
-// daemon implements it over the sandbox manager.
+// daemon implements it over the sandbox manager and gives it to the
+// Runner (NewRunner).
 type Sandboxes interface {
 	// CreateBox creates a sandbox and returns its ID and the backend's
 	// handle of it.
@@ -173,11 +174,9 @@ type Images interface {
 // Options configure a Service.
 type Options struct {
 	// Dir holds the layer trees and uploaded files. Required.
-	Dir   string
-	Store DocStore // required
-	// Sandboxes makes the build sandboxes; without it, builds fail.
-	Sandboxes Sandboxes
-	Parents   Parents // required
+	Dir     string
+	Store   DocStore // required
+	Parents Parents  // required
 	// Images unpacks fromImage bases; nil fails such builds clearly.
 	Images Images
 	// Allow is the egress allowlist of build steps (allowOut entries:
@@ -199,7 +198,10 @@ type Options struct {
 // registries' presets.
 var DefaultAllow = []string{"@pypi", "@npm", "@debian", "@go", "@crates", "@github"}
 
-// Service keeps E2B's template records and runs builds. It is safe for
+// Service keeps E2B's template records, their uploads and logs, and
+// resolves their layers (Catalog); it needs no sandboxes, so the sandbox
+// manager that resolves templates through it is made after it. Its
+// Runner, made after the manager, runs the builds. It is safe for
 // concurrent use.
 type Service struct {
 	opts Options
@@ -440,12 +442,10 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 }
 
 // Delete removes a template (any tag in the name is ignored) and its
-// builds' records.
-func (s *Service) Delete(ctx context.Context, idOrName string) error {
+// builds' records, unless a live sandbox of the Runner's uses it.
+func (r *Runner) Delete(ctx context.Context, idOrName string) error {
+	s, sbs := r.Service, r.sandboxes
 	t, err := s.names.Lookup(idOrName)
-	s.mu.Lock()
-	sbs := s.opts.Sandboxes
-	s.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -499,7 +499,7 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	if err := s.names.Erase(ctx, t.ID); err != nil {
 		return err
 	}
-	s.collect(context.WithoutCancel(ctx))
+	s.collect(context.WithoutCancel(ctx), sbs)
 	return nil
 }
 
@@ -507,14 +507,4 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 // and returns its names.
 func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]string, error) {
 	return s.names.SetPublic(ctx, id, public)
-}
-
-// SetSandboxes gives the service the sandbox manager its builds run in
-// (made after the service, which resolves its templates).
-func (s *Service) SetSandboxes(sb Sandboxes) {
-	s.mu.Lock()
-	s.opts.Sandboxes = sb
-	s.mu.Unlock()
-	// The collection at start: it needs the live sandboxes.
-	s.collect(context.Background())
 }

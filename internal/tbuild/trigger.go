@@ -9,9 +9,10 @@ import (
 	"github.com/fencesandbox/fence/api"
 )
 
-// Trigger starts a waiting build with spec. The build is building when
-// Trigger returns.
-func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec Spec) error {
+// Trigger starts a waiting build with spec, its steps run in the
+// Runner's sandboxes. The build is building when Trigger returns.
+func (r *Runner) Trigger(ctx context.Context, templateID, buildID string, spec Spec) error {
+	s := r.Service
 	if err := validateSpec(&spec); err != nil {
 		return err
 	}
@@ -25,7 +26,7 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 		s.mu.Unlock()
 		return fmt.Errorf("build is not in waiting state: %w", api.ErrInvalidArgument)
 	}
-	if s.opts.Sandboxes == nil {
+	if r.sandboxes == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("template builds are not available: %w", api.ErrUnavailable)
 	}
@@ -54,7 +55,7 @@ func (s *Service) Trigger(ctx context.Context, templateID, buildID string, spec 
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
-		s.run(bctx, b.ID, spec)
+		s.run(bctx, r.sandboxes, b.ID, spec)
 		s.mu.Lock()
 		delete(s.running, b.ID)
 		delete(s.creds, b.ID)

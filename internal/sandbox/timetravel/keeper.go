@@ -22,7 +22,9 @@
 // previous daemon's sandboxes is dropped), so a crash at any point leaves
 // layers that the next start keeps (recorded) or deletes.
 //
-// Every method is safe for concurrent use once Bind has been called.
+// A Keeper is made before the Manager, which it is given to
+// (sandbox.Options.Keeper) and which binds it to itself in sandbox.New.
+// Every method is safe for concurrent use once that New has returned.
 package timetravel
 
 import (
@@ -117,11 +119,12 @@ type Options struct {
 }
 
 // Keeper owns snapshots, forks, checkpoints, rewinds, diffs, standbys and
-// the collection of layers. Make it with New, give it the sandbox manager
-// (its sandbox.Options.Keeper) with Bind, Start it once the manager has
-// started, and Close it once the manager is shut down.
+// the collection of layers. Make it with New, give it to the sandbox
+// manager (its sandbox.Options.Keeper, which sandbox.New binds), Start it
+// once the manager has started, and Close it once the manager is shut
+// down.
 type Keeper struct {
-	core      Core
+	core      Core             // set once by Bind
 	layers    isolation.Layers // the core's, set by Bind
 	store     LayerStore
 	templates sandbox.Templates
@@ -145,7 +148,8 @@ type Keeper struct {
 	closed bool
 }
 
-// New returns a Keeper; call Bind before using it.
+// New returns a Keeper, to be given to sandbox.New (Options.Keeper)
+// before it is used.
 func New(opts Options) *Keeper {
 	k := &Keeper{
 		store:       opts.Store,
@@ -170,12 +174,16 @@ func New(opts Options) *Keeper {
 	return k
 }
 
-// Bind gives the Keeper the lifecycle core it serves
-// (sandbox.NewLayerPort of the manager whose Options.Keeper it is). It
-// is called once, before the manager starts.
-func (k *Keeper) Bind(core Core) {
-	k.core = core
-	k.layers = core.Layers()
+// Bind gives the Keeper the lifecycle core it serves: the LayerPort of
+// the manager whose Options.Keeper it is. It is called once, by
+// sandbox.New, before the manager is returned; a second call (the Keeper
+// given to a second manager) panics.
+func (k *Keeper) Bind(p *sandbox.LayerPort) {
+	if k.core != nil {
+		panic("timetravel: Keeper bound to a second manager")
+	}
+	k.core = p
+	k.layers = p.Layers()
 }
 
 // Start deletes the layers that nothing keeps (checkpoints of a previous

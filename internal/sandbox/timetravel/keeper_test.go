@@ -30,7 +30,8 @@ func (ts templates) Resolve(name string) (string, error) {
 }
 
 // env is a sandbox manager on a fake backend with in-memory layers
-// (layerBackend), with a Keeper bound to it and started.
+// (layerBackend), with a Keeper given to it (sandbox.New binds it) and
+// started.
 type env struct {
 	m     *sandbox.Manager
 	k     *Keeper
@@ -52,7 +53,6 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.Bind(sandbox.NewLayerPort(m))
 	if err := m.Start(t.Context()); err != nil {
 		t.Fatalf("Start() = %v", err)
 	}
@@ -65,6 +65,27 @@ func newEnv(t *testing.T) *env {
 		st.Close()
 	})
 	return &env{m: m, k: k, lb: lb, store: st}
+}
+
+// sandbox.New binds the Keeper it is given to the manager it makes, with
+// nothing more to call: the Keeper snapshots that manager's sandboxes.
+// A Keeper serves one manager: given to a second, New panics.
+func TestNewBindsTheKeeper(t *testing.T) {
+	e := newEnv(t)
+	sb := e.mustCreate(t, sandbox.CreateRequest{})
+	sn, err := e.k.CreateSnapshot(t.Context(), sb.ID, "")
+	if err != nil {
+		t.Fatalf("Snapshot of the bound manager's sandbox = %v", err)
+	}
+	if got := e.mustCreate(t, sandbox.CreateRequest{TemplateID: sn.SnapshotID}); got.ID == "" {
+		t.Fatal("no sandbox from the snapshot")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("sandbox.New bound a Keeper to a second manager")
+		}
+	}()
+	_, _ = sandbox.New(sandbox.Options{Backend: e.lb, Store: e.store, Templates: templates{"base": "/rootfs/base"}, Keeper: e.k})
 }
 
 func (e *env) mustCreate(t *testing.T, req sandbox.CreateRequest) *sandbox.Sandbox {
