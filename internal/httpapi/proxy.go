@@ -80,7 +80,7 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		return
 	}
 	box, info, ok := h.m.Lookup(t.id)
-	if !ok && h.m.WakeOnTraffic(r.Context(), t.id) {
+	if !ok && h.pauses.WakeOnTraffic(r.Context(), t.id) {
 		// A paused sandbox created with autoResume runs again for it.
 		box, info, ok = h.m.Lookup(t.id)
 	}

@@ -488,7 +488,7 @@ func TestSignedFilesIndex(t *testing.T) {
 	const n = 200
 	e := newTestEnv(t)
 	cm := &countingManager{Manager: e.m, looked: map[string]bool{}}
-	hd := New(Options{Manager: cm, Network: e.net, APIKey: testKey, Domain: "fence.test"})
+	hd := New(Options{Manager: cm, Pauses: e.m.Pauses(), Network: e.net, APIKey: testKey, Domain: "fence.test"})
 	srv := httptest.NewServer(hd)
 	t.Cleanup(srv.Close)
 	e.srv = srv

@@ -343,12 +343,12 @@ func TestReaperDeadlines(t *testing.T) {
 		if err := e.m.SetTimeout(ctx, d, 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.m.Pause(ctx, p); err != nil {
+		if err := e.m.Pauses().Pause(ctx, p, WithMemory); err != nil {
 			t.Fatal(err)
 		}
 		alive(5*time.Second, map[string]bool{a: true, c: true, d: true, p: true})
 		alive(6*time.Second, map[string]bool{a: true, c: true, d: false, p: true})
-		if _, err := e.m.Resume(ctx, p, 3*time.Second, nil); err != nil {
+		if _, err := e.m.Pauses().Resume(ctx, p, 3*time.Second, nil, WithMemory); err != nil {
 			t.Fatal(err)
 		}
 		alive(8800*time.Millisecond, map[string]bool{a: true, c: true, p: true})

@@ -219,7 +219,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	e.finishUsage(ctx, m.usage, m.now())
 	m.killRemoved(ctx, e.sb())
 	m.keeper.Release(id)
-	m.markKilled(ctx, id)
+	markKilled(ctx, m.store, m.log, id)
 	if e.usesLayers() {
 		m.keeper.Collect()
 	}
@@ -228,23 +228,21 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// DefaultTimeout is the timeout of a sandbox whose request names none.
-func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }
+// Defaults are the resources and timeout of a sandbox whose request
+// names none, the built-in values in place of zero Options.Defaults.
+func (m *Manager) Defaults() Defaults { return m.defaults }
 
-// Running returns the number of running (not paused) sandboxes.
-func (m *Manager) Running() int { return m.count(StateRunning) }
-
-// Paused returns the number of paused sandboxes.
-func (m *Manager) Paused() int { return m.count(StatePaused) }
-
-func (m *Manager) count(st State) int {
+// Counts returns the numbers of running and of paused sandboxes.
+func (m *Manager) Counts() (running, paused int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
 	for _, e := range m.running {
-		if e.state() == st {
-			n++
+		switch e.state() {
+		case StateRunning:
+			running++
+		case StatePaused:
+			paused++
 		}
 	}
-	return n
+	return running, paused
 }
