@@ -56,7 +56,7 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
 	Extend(ctx context.Context, id string, d time.Duration) error
 	Kill(ctx context.Context, id string) error
-	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error)
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	Defaults() sandbox.Defaults
 }

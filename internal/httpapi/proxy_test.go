@@ -444,11 +444,11 @@ type countingManager struct {
 	looked               map[string]bool // IDs looked up
 }
 
-func (c *countingManager) Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool) {
+func (c *countingManager) Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error) {
 	c.mu.Lock()
 	c.looked[id] = true
 	c.mu.Unlock()
-	return c.Manager.Lookup(id)
+	return c.Manager.Live(id)
 }
 
 func (c *countingManager) lookups() int64 {

@@ -149,11 +149,8 @@ var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnav
 
 // Manager owns the lifecycle of sandboxes: the registry of live ones
 // (running or paused), their state machine and their store record. Its
-// lifecycle surface is Start and Shutdown; Create (create.go); Get,
-// Lookup, Live, MatchToken, List, SetTimeout, Extend and Kill (ops.go);
-// Pause, Resume, Connect and WakeOnTraffic (pause.go). Capacity,
-// CreatesInFlight and PoolBudget report on and lend the units its
-// admission counts (admission.go).
+// surface is listed in the package doc ("Surface"); pause and resume are
+// its Pauses' (pause.go).
 type Manager struct {
 	backend   isolation.Backend
 	store     Store

@@ -39,35 +39,24 @@ func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
 	return e.snapshot(), nil
 }
 
-// Lookup returns the backend handle and a copy of a running sandbox, for
-// the traffic proxy. It reports false for unknown, killed and paused
-// sandboxes. The copy's RunDone is closed when the sandbox is paused.
-func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
-	e, err := m.lookup(id)
-	if err != nil {
-		return nil, nil, false
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.info.State != StateRunning {
-		return nil, nil, false
-	}
-	s := e.info.clone()
-	s.RunDone = e.runDone
-	ref := e.boxp.Load()
-	s.Incarnation = ref.inc
-	return ref.Sandbox, s, true
-}
-
 // Live returns a copy of live (running or paused) sandbox id and its
-// current backend sandbox, for an export. Unknown and killed IDs give an
-// error wrapping api.ErrNotFound.
+// current backend sandbox, read together: for the traffic proxy, which
+// serves running ones alone (the copy's RunDone is closed when the run it
+// read ends by a pause, and its Incarnation names that backend sandbox),
+// and for an export. Unknown and killed IDs give an error wrapping
+// api.ErrNotFound.
 func (m *Manager) Live(id string) (*Sandbox, isolation.Sandbox, error) {
 	e, err := m.lookup(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	return e.snapshot(), e.sb(), nil
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.info.clone()
+	s.RunDone = e.runDone
+	ref := e.boxp.Load()
+	s.Incarnation = ref.inc
+	return s, ref.Sandbox, nil
 }
 
 // MatchToken returns the first live sandbox (running or paused: traffic

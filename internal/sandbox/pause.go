@@ -199,7 +199,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 }
 
 // stopRun moves a running sandbox to paused, for every kind of pause:
-// from here Lookup refuses its traffic, what is in flight is cut, and its
+// from here Live shows it paused (the proxy refuses its traffic), what is in flight is cut, and its
 // standby goes (nothing is rewound while paused). It returns when the run
 // started and reopen, which moves the sandbox back to running should the
 // pause fail; a sandbox that is not running gives an error wrapping

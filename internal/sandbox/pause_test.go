@@ -45,8 +45,8 @@ func TestPauseResume(t *testing.T) {
 	if rec.State != store.StatePaused || !rec.EndAt.Equal(pausedAt) || rec.EnvdAccessToken != s.EnvdAccessToken {
 		t.Errorf("record of the paused sandbox = %+v", rec)
 	}
-	if _, _, ok := e.m.Lookup(s.ID); ok {
-		t.Errorf("Lookup(paused) = true, want false (no traffic to a paused sandbox)")
+	if _, _, ok := lookupRunning(e.m, s.ID); ok {
+		t.Errorf("lookupRunning(paused) = true, want false (no traffic to a paused sandbox)")
 	}
 	// A signed URL still names it (the proxy then answers for a paused
 	// sandbox).
@@ -111,8 +111,8 @@ func TestPauseResume(t *testing.T) {
 	if p, n := e.fakeSandbox(t, s.ID).Paused(); p || n != 1 {
 		t.Errorf("backend sandbox paused=%v after %d pauses, want running", p, n)
 	}
-	if _, _, ok := e.m.Lookup(s.ID); !ok {
-		t.Errorf("Lookup(resumed) = false")
+	if _, _, ok := lookupRunning(e.m, s.ID); !ok {
+		t.Errorf("lookupRunning(resumed) = false")
 	}
 	rec, _ = e.store.Get(ctx, s.ID)
 	if rec.State != store.StateRunning || !rec.CreatedAt.Equal(now) || !rec.EndAt.Equal(now.Add(15*time.Second)) {
@@ -129,9 +129,9 @@ func TestPauseResume(t *testing.T) {
 func TestPauseCutsTraffic(t *testing.T) {
 	e := newEnv(t)
 	s := e.mustCreate(t, CreateRequest{})
-	_, info, ok := e.m.Lookup(s.ID)
+	_, info, ok := lookupRunning(e.m, s.ID)
 	if !ok || info.RunDone == nil {
-		t.Fatalf("Lookup() = %+v, %v", info, ok)
+		t.Fatalf("lookupRunning() = %+v, %v", info, ok)
 	}
 	if err := e.m.Pauses().Pause(t.Context(), s.ID, WithMemory); err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func TestPauseCutsTraffic(t *testing.T) {
 	if _, err := e.m.Pauses().Resume(t.Context(), s.ID, time.Minute, nil, WithMemory); err != nil {
 		t.Fatal(err)
 	}
-	_, info2, _ := e.m.Lookup(s.ID)
+	_, info2, _ := lookupRunning(e.m, s.ID)
 	select {
 	case <-info2.RunDone:
 		t.Errorf("RunDone of the new run is closed")
