@@ -89,7 +89,8 @@ func joinCluster(ctx context.Context, c *ClusterOptions, url string, mgr *sandbo
 	reg, err := cluster.Register(ctx, cluster.RegistrarOptions{
 		Client: kube, Namespace: c.Namespace, Name: c.Name, URL: url, Version: version(), Logger: log,
 		Load: func() (int, int, []string) {
-			running := mgr.Running() + mgr.Paused()
+			n, paused := mgr.Counts()
+			running := n + paused
 			st, ok := mgr.Capacity()
 			return leaseCapacity(capacity, running, st, ok), running, builtTemplates(templates)
 		},

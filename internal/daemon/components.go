@@ -412,8 +412,8 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// no live sandbox uses.
 	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{mgr})
 	registerUsageMetrics(d.reg, mgr)
-	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { return int64(mgr.Running()) })
-	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { return int64(mgr.Paused()) })
+	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { n, _ := mgr.Counts(); return int64(n) })
+	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { _, n := mgr.Counts(); return int64(n) })
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("starting sandbox manager: %w", err)
 	}
@@ -447,7 +447,7 @@ func (d *node) stopSandboxes(ctx context.Context) {
 func (d *node) startWarmPools(ctx context.Context) error {
 	for _, name := range []string{"base", "minimal"} {
 		if rootfs, err := d.templates.Resolve(name); err == nil {
-			d.pool.Start(warm.Target{RootFS: rootfs, Limits: d.mgr.DefaultLimits(), Network: d.nets.Pool()}, d.mgr.PoolBudget())
+			d.pool.Start(warm.Target{RootFS: rootfs, Limits: d.mgr.Defaults().Limits(), Network: d.nets.Pool()}, d.mgr.PoolBudget())
 			break
 		}
 	}
@@ -534,6 +534,7 @@ func (d *node) newServer() (*http.Server, error) {
 	timeouts := o.HTTP.withDefaults()
 	var handler http.Handler = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
+		Pauses:          d.mgr.Pauses(),
 		Network:         d.nets,
 		Layers:          d.keeper,
 		APIKey:          d.key,

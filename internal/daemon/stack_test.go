@@ -77,7 +77,7 @@ func TestClusterNodeBackendCapabilities(t *testing.T) {
 	if _, ok := gvHost.Sandbox(s.ID); !ok {
 		t.Fatalf("sandbox %s is not on the gvisor backend (it has %v)", s.ID, gvHost.Running())
 	}
-	if err := m.Pause(ctx, s.ID); err != nil {
+	if err := m.Pauses().Pause(ctx, s.ID, sandbox.WithMemory); err != nil {
 		t.Fatalf("Pause(%s) = %v", s.ID, err)
 	}
 	if err := m.Shutdown(ctx); err != nil {
@@ -95,7 +95,7 @@ func TestClusterNodeBackendCapabilities(t *testing.T) {
 	if err != nil || got.State != sandbox.StatePaused {
 		t.Fatalf("after a restart Get(%s) = %+v, %v; want it adopted, paused", s.ID, got, err)
 	}
-	if _, err := m2.Resume(ctx, s.ID, time.Minute, nil); err != nil {
+	if _, err := m2.Pauses().Resume(ctx, s.ID, time.Minute, nil, sandbox.WithMemory); err != nil {
 		t.Fatalf("Resume(%s) after a restart = %v", s.ID, err)
 	}
 	if fs, ok := gvHost.Sandbox(s.ID); !ok {

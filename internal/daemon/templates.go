@@ -51,8 +51,8 @@ func (b buildSandboxes) CreateBox(ctx context.Context, s tbuild.BoxSpec) (string
 	if err != nil {
 		return "", nil, err
 	}
-	box, _, ok := b.m.Lookup(sb.ID)
-	if !ok {
+	info, box, err := b.m.Live(sb.ID)
+	if err != nil || info.State != sandbox.StateRunning {
 		_ = b.m.Kill(context.WithoutCancel(ctx), sb.ID)
 		return "", nil, fmt.Errorf("build sandbox %s is gone: %w", sb.ID, api.ErrNotFound)
 	}

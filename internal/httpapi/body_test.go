@@ -20,7 +20,7 @@ import (
 func TestBodyIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	e := newTestEnv(t)
-	srv := httptest.NewServer(New(Options{Manager: e.m, Network: e.net, APIKey: testKey, Domain: "fence.test", BodyIdleTimeout: idle}))
+	srv := httptest.NewServer(New(Options{Manager: e.m, Pauses: e.m.Pauses(), Network: e.net, APIKey: testKey, Domain: "fence.test", BodyIdleTimeout: idle}))
 	t.Cleanup(srv.Close)
 	addr := srv.Listener.Addr().String()
 
@@ -45,7 +45,7 @@ func TestBodyIdleTimeout(t *testing.T) {
 			t.Fatalf("reading after a stalled body: %v (got %q); want the server to close the connection", err, rest)
 		}
 		t.Logf("server's answer to a stalled body: %q", firstLine(rest))
-		if e.m.Running() != 0 {
+		if n, _ := e.m.Counts(); n != 0 {
 			t.Errorf("a sandbox was created from a stalled body")
 		}
 	})

@@ -56,19 +56,24 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
 	Extend(ctx context.Context, id string, d time.Duration) error
 	Kill(ctx context.Context, id string) error
-	Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
+	Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error)
 	MatchToken(match func(token string) bool) (id string, ok bool)
-	DefaultTimeout() time.Duration
-	Pause(ctx context.Context, id string) error
-	PauseWithoutMemory(ctx context.Context, id string) error
-	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
-	ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*sandbox.Sandbox, error)
-	Connect(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
-	ConnectWithoutMemory(ctx context.Context, id string, d time.Duration) (s *sandbox.Sandbox, resumed bool, err error)
-	WakeOnTraffic(ctx context.Context, id string) bool
+	Defaults() sandbox.Defaults
 }
 
 var _ Manager = (*sandbox.Manager)(nil)
+
+// Pauser is the part of *sandbox.Pauses (Manager.Pauses) the API uses:
+// the pause, resume and connect routes, and the proxy's resume of a
+// paused sandbox created with autoResume.
+type Pauser interface {
+	Pause(ctx context.Context, id string, mem sandbox.Memory) error
+	Resume(ctx context.Context, id string, d time.Duration, autoPause *bool, mem sandbox.Memory) (*sandbox.Sandbox, error)
+	Connect(ctx context.Context, id string, d time.Duration, mem sandbox.Memory) (s *sandbox.Sandbox, resumed bool, err error)
+	WakeOnTraffic(ctx context.Context, id string) bool
+}
+
+var _ Pauser = (*sandbox.Pauses)(nil)
 
 // Network is the part of the sandboxes' network side (*fences.Set) the API
 // uses: ingress to a sandbox's ports and its policy updates.
@@ -83,6 +88,8 @@ var _ Network = (*fences.Set)(nil)
 type Options struct {
 	// Manager runs the sandboxes. Required.
 	Manager Manager
+	// Pauses pauses and resumes them. Required with Manager.
+	Pauses Pauser
 	// Network reaches the sandboxes' ports and updates their network.
 	// Required with Manager.
 	Network Network
@@ -134,6 +141,7 @@ const maxBodyBytes = 1 << 20
 
 type handler struct {
 	m      Manager
+	pauses Pauser
 	net    Network
 	layers Layers // nil: no snapshots, forks, checkpoints
 	apiKey []byte
@@ -168,6 +176,7 @@ type handler struct {
 func New(opts Options) http.Handler {
 	h := &handler{
 		m:           opts.Manager,
+		pauses:      opts.Pauses,
 		net:         opts.Network,
 		layers:      opts.Layers,
 		apiKey:      []byte(opts.APIKey),

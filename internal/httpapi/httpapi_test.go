@@ -83,7 +83,7 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Manager: m, Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
+	srv := httptest.NewServer(New(Options{Manager: m, Pauses: m.Pauses(), Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
 		Secrets: sec, Downloads: dl, Usage: m.Meter()}))
 	t.Cleanup(func() {
 		srv.Close()
@@ -180,7 +180,7 @@ func TestHealthAndAuth(t *testing.T) {
 
 func TestEmptyAPIKeyFailsClosed(t *testing.T) {
 	e := newTestEnv(t)
-	h := New(Options{Manager: e.m, Network: e.net})
+	h := New(Options{Manager: e.m, Pauses: e.m.Pauses(), Network: e.net})
 	for _, key := range []string{"", "x"} {
 		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
 		if key != "" {

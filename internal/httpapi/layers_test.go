@@ -59,7 +59,7 @@ func TestLayerRoutesGoToTheKeeper(t *testing.T) {
 	if err := k.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Manager: m, Layers: k, APIKey: testKey, Domain: "fence.test"}))
+	srv := httptest.NewServer(New(Options{Manager: m, Pauses: m.Pauses(), Layers: k, APIKey: testKey, Domain: "fence.test"}))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation/fake"
+	"github.com/fencesandbox/fence/internal/sandbox"
 )
 
 func (e *testEnv) info(t *testing.T, id string) api.SandboxDetail {
@@ -190,7 +191,7 @@ func TestLifecycleAtCreate(t *testing.T) {
 		t.Errorf("lifecycle = %+v, want {pause, true}", l)
 	}
 	// Traffic to a paused sandbox with autoResume resumes it.
-	if err := e.m.Pause(t.Context(), s.SandboxID); err != nil {
+	if err := e.m.Pauses().Pause(t.Context(), s.SandboxID, sandbox.WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	resp, b := e.do(t, "GET", "/health", "", "E2b-Sandbox-Id: "+s.SandboxID, "E2b-Sandbox-Port: 49983")
@@ -225,7 +226,7 @@ func TestStreamAbortOnPause(t *testing.T) {
 	if _, err := readEnvelope(br); err != nil {
 		t.Fatalf("first envelope: %v", err)
 	}
-	if err := e.m.Pause(t.Context(), s.SandboxID); err != nil {
+	if err := e.m.Pauses().Pause(t.Context(), s.SandboxID, sandbox.WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -257,7 +258,7 @@ func TestSignedFilesToPaused(t *testing.T) {
 		t.Fatalf("signed read while running = %d %s", resp.StatusCode, b)
 	}
 	for _, s := range []api.Sandbox{plain, auto} {
-		if err := e.m.Pause(t.Context(), s.SandboxID); err != nil {
+		if err := e.m.Pauses().Pause(t.Context(), s.SandboxID, sandbox.WithMemory); err != nil {
 			t.Fatal(err)
 		}
 	}

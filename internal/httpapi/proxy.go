@@ -74,15 +74,26 @@ type proxyState struct {
 	errHandled atomic.Bool     // ErrorHandler answered the request
 }
 
+// running returns the backend handle and a copy of running sandbox id,
+// for its traffic: false for unknown, killed and paused sandboxes. The
+// copy's RunDone is closed when the sandbox is paused.
+func (h *handler) running(id string) (isolation.Sandbox, *sandbox.Sandbox, bool) {
+	info, box, err := h.m.Live(id)
+	if err != nil || info.State != sandbox.StateRunning {
+		return nil, nil, false
+	}
+	return box, info, true
+}
+
 func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target) {
 	if !api.ValidSandboxID(t.id) {
 		writeNotFound(w, t.id, msgSandboxNotFound)
 		return
 	}
-	box, info, ok := h.m.Lookup(t.id)
-	if !ok && h.m.WakeOnTraffic(r.Context(), t.id) {
+	box, info, ok := h.running(t.id)
+	if !ok && h.pauses.WakeOnTraffic(r.Context(), t.id) {
 		// A paused sandbox created with autoResume runs again for it.
-		box, info, ok = h.m.Lookup(t.id)
+		box, info, ok = h.running(t.id)
 	}
 	if !ok {
 		writeNotFound(w, t.id, msgSandboxNotFound)
@@ -235,7 +246,7 @@ const agentWarmTimeout = 5 * time.Second
 // its round trip. The answer is read (a few bytes at most) and dropped;
 // any failure leaves the first request to dial as it would have.
 func (h *handler) warmAgent(id string) {
-	_, info, ok := h.m.Lookup(id)
+	_, info, ok := h.running(id)
 	if !ok {
 		return
 	}
@@ -269,7 +280,7 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 				return nil, err
 			}
 			id, _, _ := strings.Cut(strings.TrimSuffix(host, hostSuffix), "-")
-			box, _, ok := h.m.Lookup(id)
+			box, _, ok := h.running(id)
 			if !ok {
 				return nil, fmt.Errorf("dialing sandbox %s: %w", id, isolation.ErrNotFound)
 			}
@@ -395,7 +406,7 @@ func (h *handler) proxyErrorHandler(unreachable func(http.ResponseWriter, *http.
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		st := r.Context().Value(proxyStateKey{}).(*proxyState)
 		st.errHandled.Store(true)
-		if _, _, ok := h.m.Lookup(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
+		if _, _, ok := h.running(st.id); !ok || st.killed.Load() || errors.Is(err, isolation.ErrNotFound) {
 			writeNotFound(w, st.id, msgSandboxNotFound)
 			return
 		}
@@ -460,7 +471,7 @@ func (h *handler) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	now := h.now()
 	if id, ok := h.signatures.get(sig); ok {
-		if _, info, ok := h.m.Lookup(id); ok && info.EnvdAccessToken != "" {
+		if _, info, ok := h.running(id); ok && info.EnvdAccessToken != "" {
 			switch err := checkSignature(q, op, info.EnvdAccessToken, now); {
 			case err == nil:
 				h.serveSigned(w, r, id)

@@ -444,11 +444,11 @@ type countingManager struct {
 	looked               map[string]bool // IDs looked up
 }
 
-func (c *countingManager) Lookup(id string) (isolation.Sandbox, *sandbox.Sandbox, bool) {
+func (c *countingManager) Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error) {
 	c.mu.Lock()
 	c.looked[id] = true
 	c.mu.Unlock()
-	return c.Manager.Lookup(id)
+	return c.Manager.Live(id)
 }
 
 func (c *countingManager) lookups() int64 {
@@ -488,7 +488,7 @@ func TestSignedFilesIndex(t *testing.T) {
 	const n = 200
 	e := newTestEnv(t)
 	cm := &countingManager{Manager: e.m, looked: map[string]bool{}}
-	hd := New(Options{Manager: cm, Network: e.net, APIKey: testKey, Domain: "fence.test"})
+	hd := New(Options{Manager: cm, Pauses: e.m.Pauses(), Network: e.net, APIKey: testKey, Domain: "fence.test"})
 	srv := httptest.NewServer(hd)
 	t.Cleanup(srv.Close)
 	e.srv = srv

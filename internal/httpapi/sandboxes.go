@@ -203,11 +203,17 @@ func lifecycle(s *sandbox.Sandbox) *api.Lifecycle {
 // pause is POST /sandboxes/{id}/pause: 204, 409 if already paused.
 func (h *handler) pause(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.PauseRequest) error {
-		if req.Memory != nil && !*req.Memory {
-			return h.m.PauseWithoutMemory(ctx, id)
-		}
-		return h.m.Pause(ctx, id)
+		return h.pauses.Pause(ctx, id, memory(req.Memory))
 	})
+}
+
+// memory is the sandbox.Memory of a request's memory field: without it
+// only when the field is false.
+func memory(field *bool) sandbox.Memory {
+	if field != nil && !*field {
+		return sandbox.WithoutMemory
+	}
+	return sandbox.WithMemory
 }
 
 // resumeDefaultTimeout is the timeout of POST /sandboxes/{id}/resume
@@ -227,15 +233,11 @@ func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	resume := h.m.Resume
-	if req.Memory != nil && !*req.Memory {
-		resume = h.m.ResumeWithoutMemory
-	}
 	d := resumeDefaultTimeout
 	if req.Timeout != nil {
 		d = seconds(*req.Timeout)
 	}
-	s, err := resume(r.Context(), id, d, req.AutoPause)
+	s, err := h.pauses.Resume(r.Context(), id, d, req.AutoPause, memory(req.Memory))
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -288,15 +290,11 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	connect := h.m.Connect
-	if req.Memory != nil && !*req.Memory {
-		connect = h.m.ConnectWithoutMemory
-	}
-	d := h.m.DefaultTimeout()
+	d := h.m.Defaults().Timeout
 	if req.Timeout != nil {
 		d = seconds(*req.Timeout)
 	}
-	s, resumed, err := connect(r.Context(), id, d)
+	s, resumed, err := h.pauses.Connect(r.Context(), id, d, memory(req.Memory))
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -310,7 +308,7 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) refresh(w http.ResponseWriter, r *http.Request) {
 	updateSandbox(h, w, r, true, func(ctx context.Context, id string, req *api.RefreshRequest) error {
-		d := h.m.DefaultTimeout()
+		d := h.m.Defaults().Timeout
 		if req.Duration != nil {
 			d = seconds(*req.Duration)
 		}

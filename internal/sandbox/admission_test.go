@@ -75,7 +75,7 @@ func TestAdmissionFollowsTheRegistry(t *testing.T) {
 		a := e.mustCreate(t, CreateRequest{})
 		b := e.mustCreate(t, CreateRequest{})
 		c := e.mustCreate(t, CreateRequest{})
-		if err := e.m.Pause(ctx, c.ID); err != nil {
+		if err := e.m.Pauses().Pause(ctx, c.ID, WithMemory); err != nil {
 			t.Fatal(err)
 		}
 		if err := e.m.Kill(ctx, a.ID); err != nil {

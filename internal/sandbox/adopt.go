@@ -43,7 +43,6 @@ type adoptCore interface {
 	compileNetwork(ctx context.Context, r netconf.Request) (*netconf.Config, error)
 	// setGateway gives sandbox id's egress gateway its configuration.
 	setGateway(id string, nc *netconf.Config, bindings []gateway.Binding)
-	killBox(ctx context.Context, box isolation.Sandbox)
 	// takeOver makes e, the paused sandbox id a previous daemon left
 	// (box, or a parkedBox), one of the Manager's, its fence set to e's
 	// network, and watches it.
@@ -90,7 +89,7 @@ func (a *adopter) adopt(ctx context.Context, rec *store.Sandbox) bool {
 	}
 	if err != nil {
 		a.log.WarnContext(ctx, "adopting a paused sandbox", "sandbox_id", rec.ID, "err", err)
-		a.core.killBox(ctx, box)
+		killBox(ctx, a.log, box)
 		return false
 	}
 	a.core.setGateway(rec.ID, nc, cr.Bindings)
@@ -190,8 +189,6 @@ func (h adoptHost) compileNetwork(ctx context.Context, r netconf.Request) (*netc
 func (h adoptHost) setGateway(id string, nc *netconf.Config, bindings []gateway.Binding) {
 	h.m.fences.SetGateway(id, nc, bindings)
 }
-
-func (h adoptHost) killBox(ctx context.Context, box isolation.Sandbox) { h.m.killBox(ctx, box) }
 
 // takeOver holds the sandbox's fence from here, with e's network: a
 // resume attaches the new namespace to it.

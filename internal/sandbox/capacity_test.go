@@ -62,7 +62,7 @@ func TestCapacityRefusesAndPoolYields(t *testing.T) {
 		m.Shutdown(context.Background())
 		st.Close()
 	})
-	pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.DefaultLimits()}, m.PoolBudget())
+	pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.Defaults().Limits()}, m.PoolBudget())
 	if err := pool.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -107,8 +107,8 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if m.closed {
 		m.adm.cancel()
 		m.mu.Unlock()
-		m.killBox(ctx, c.box)
-		m.markKilled(ctx, c.id)
+		killBox(ctx, m.log, c.box)
+		markKilled(ctx, m.store, m.log, c.id)
 		return nil, ErrClosed
 	}
 	m.running[c.id] = e
@@ -224,7 +224,7 @@ func (c *creating) boot(ctx context.Context) error {
 		if c.from.parent != nil {
 			c.spec.Agent.EnvVars = c.from.parent.spec.Agent.EnvVars
 		}
-		c.box, err = m.bootOn(ctx, c.spec, c.nc, c.from.layer)
+		c.box, err = bootOn(ctx, m.fences, m.layers, c.spec, c.nc, c.from.layer)
 	} else if c.box = m.runImages.Boot(ctx, c.imageKey, c.spec, c.nc); c.box != nil {
 		c.restored = true
 	} else {
@@ -350,7 +350,7 @@ func (c *creating) record(ctx context.Context, info *Sandbox) error {
 // kill kills the sandbox the backend made, for a step that failed with
 // err, and returns err.
 func (c *creating) kill(ctx context.Context, err error) error {
-	c.m.killBox(ctx, c.box)
+	killBox(ctx, c.m.log, c.box)
 	return err
 }
 

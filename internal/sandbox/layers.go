@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
-	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
-	"github.com/fencesandbox/fence/internal/store"
 )
 
 // What the lifecycle keeps of filesystem layers: the boot of a sandbox
@@ -253,7 +251,7 @@ func (l *Live) Reboot(ctx context.Context, layer string, standby func(context.Co
 	}
 	e.mu.Unlock()
 	if _, ok := old.(parkedBox); !ok {
-		m.killBox(ctx, old)
+		killBox(ctx, m.log, old)
 	}
 	spec := e.spec
 	spec.ID = id
@@ -263,12 +261,12 @@ func (l *Live) Reboot(ctx context.Context, layer string, standby func(context.Co
 	if box != nil {
 		if err = handOver(m.fences, box, key, nc); err != nil {
 			m.log.WarnContext(ctx, "handing a standby over; booting anew", "sandbox_id", id, "err", err)
-			m.killBox(ctx, box)
+			killBox(ctx, m.log, box)
 			box, handed = nil, false
 		}
 	}
 	if box == nil {
-		box, err = m.bootOn(ctx, spec, nc, layer)
+		box, err = bootOn(ctx, m.fences, m.layers, spec, nc, layer)
 	}
 	if err != nil {
 		m.log.ErrorContext(ctx, "rebooting sandbox failed; killing it", "sandbox_id", id, "err", err)
@@ -308,86 +306,18 @@ func (l *Live) stillLive(ctx context.Context, box isolation.Sandbox) error {
 	cur := m.running[box.ID()]
 	m.mu.Unlock()
 	if cur != l.e {
-		m.killBox(ctx, box)
+		killBox(ctx, m.log, box)
 		return notFound(box.ID())
 	}
 	return nil
 }
 
-// bootOn starts a backend sandbox for spec on layer, with the compiled
-// network nc (a sandbox already under its ID, a reboot's, keeps the
-// fence it has, and its policy).
-func (m *Manager) bootOn(ctx context.Context, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
-	spec.Network = m.fences.Network(nc.Policy, nc.Proxy)
-	return m.layers.CreateOn(ctx, spec, layer)
-}
-
-// pauseCold is the filesystem-only pause: the filesystem is checkpointed,
-// every process is killed (the memory is freed), and the resume boots the
-// sandbox anew on the checkpoint.
-func (m *Manager) pauseCold(ctx context.Context, id, reason string) error {
-	if m.layers == nil {
-		return NoLayers(m.backend.Name())
-	}
-	e, err := m.lookup(id)
-	if err != nil {
-		return err
-	}
-	e.life.Lock()
-	defer e.life.Unlock()
-	started, reopen, err := m.stopRun(e, id)
-	if err != nil {
-		return err
-	}
-	ctx = context.WithoutCancel(ctx)
-	defer m.keeper.Hold()()
-	info, err := m.keeper.CheckpointFiles(ctx, e.sb())
-	if err != nil {
-		reopen()
-		return fmt.Errorf("pausing sandbox %s: %w", id, err)
-	}
-	clock := m.now()
-	now := clock.UTC()
-	if err := m.cold.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
-		_ = m.layers.DeleteLayer(ctx, info.ID)
-		reopen()
-		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
-	}
-	old := e.sb()
-	e.setBox(parkedBox{id})
-	e.mu.Lock()
-	e.cold = info.ID
-	e.info.EndAt = now
-	e.use.Mark(clock, true)
-	e.mu.Unlock()
-	m.killBox(ctx, old)
-	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})
-	m.log.InfoContext(ctx, "sandbox paused without memory", "sandbox_id", id, "reason", reason)
-	return nil
-}
-
-// resumeCold boots a sandbox paused without memory on its pause's layer.
-// The caller holds e.life and has recorded the resume.
-func (m *Manager) resumeCold(ctx context.Context, e *entry) error {
-	e.mu.Lock()
-	layer := e.cold
-	e.mu.Unlock()
-	defer m.keeper.Hold()()
-	spec := e.spec
-	spec.ID = e.sb().ID()
-	e.mu.Lock()
-	nc := e.net
-	e.mu.Unlock()
-	box, err := m.bootOn(ctx, spec, nc, layer)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	e.cold, e.layer, e.coldKept = "", layer, false
-	e.mu.Unlock()
-	e.setBox(box)
-	m.keeper.Collect()
-	return (&Live{m, e}).stillLive(ctx, box)
+// bootOn starts a backend sandbox for spec on layers' layer, with the
+// compiled network nc on fs (a sandbox already under its ID, a reboot's,
+// keeps the fence it has, and its policy).
+func bootOn(ctx context.Context, fs *fences.Set, layers isolation.Layers, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
+	spec.Network = fs.Network(nc.Policy, nc.Proxy)
+	return layers.CreateOn(ctx, spec, layer)
 }
 
 // usesLayers reports whether e kept layers (its records or its boot).

@@ -149,11 +149,8 @@ var errNotStarted = fmt.Errorf("sandbox manager is not started: %w", api.ErrUnav
 
 // Manager owns the lifecycle of sandboxes: the registry of live ones
 // (running or paused), their state machine and their store record. Its
-// lifecycle surface is Start and Shutdown; Create (create.go); Get,
-// Lookup, Live, MatchToken, List, SetTimeout, Extend and Kill (ops.go);
-// Pause, Resume, Connect and WakeOnTraffic (pause.go). Capacity,
-// CreatesInFlight and PoolBudget report on and lend the units its
-// admission counts (admission.go).
+// surface is listed in the package doc ("Surface"); pause and resume are
+// its Pauses' (pause.go).
 type Manager struct {
 	backend   isolation.Backend
 	store     Store
@@ -194,6 +191,7 @@ type Manager struct {
 	runImages *startup.Images  // templates' run images (runimage.go)
 	starts    *startup.Starter // templates' start and ready commands
 	cold      *coldKeeper      // pauses' records and resume data (cold.go)
+	pauses    *Pauses          // pause and resume (pause.go)
 	adopter   *adopter         // takes over a previous daemon's paused sandboxes (adopt.go)
 }
 
@@ -257,6 +255,7 @@ func New(opts Options) (*Manager, error) {
 	m.starts = startup.NewStarter(opts.Agent, m.log)
 	m.cold = newColdKeeper(m.store, m.sealer, m.log, m.fences.Bindings)
 	m.adopter = newAdopter(m)
+	m.pauses = newPauses(m)
 	// Bound last, to the Manager as made: the keeper reads its layers.
 	m.keeper.Bind(&LayerPort{m})
 	return m, nil
@@ -324,12 +323,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	return m.create(ctx, req, from)
 }
 
-// killBox kills a backend sandbox, even if ctx is already canceled.
-func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
+// killBox kills a backend sandbox, even if ctx is already canceled, and
+// logs a failure to log.
+func killBox(ctx context.Context, log *slog.Logger, box isolation.Sandbox) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if err := box.Kill(kctx); err != nil {
-		m.log.ErrorContext(ctx, "killing sandbox", "sandbox_id", box.ID(), "err", err)
+		log.ErrorContext(ctx, "killing sandbox", "sandbox_id", box.ID(), "err", err)
 	}
 }
 
@@ -337,12 +337,14 @@ func (m *Manager) killBox(ctx context.Context, box isolation.Sandbox) {
 // admission is held (dying) until the backend has released it.
 func (m *Manager) killRemoved(ctx context.Context, box isolation.Sandbox) {
 	defer m.adm.released()
-	m.killBox(ctx, box)
+	killBox(ctx, m.log, box)
 }
 
-func (m *Manager) markKilled(ctx context.Context, id string) {
-	if err := m.store.SetState(context.WithoutCancel(ctx), id, store.StateKilled); err != nil {
-		m.log.ErrorContext(ctx, "marking sandbox killed", "sandbox_id", id, "err", err)
+// markKilled records sandbox id killed in st, even if ctx is already
+// canceled, and logs a failure to log.
+func markKilled(ctx context.Context, st Store, log *slog.Logger, id string) {
+	if err := st.SetState(context.WithoutCancel(ctx), id, store.StateKilled); err != nil {
+		log.ErrorContext(ctx, "marking sandbox killed", "sandbox_id", id, "err", err)
 	}
 }
 
@@ -377,7 +379,7 @@ func (m *Manager) watch(e *entry) {
 		e.finishUsage(ctx, m.usage, m.now())
 		m.killRemoved(ctx, e.sb()) // release host resources the backend may still hold
 		m.keeper.Release(e.sb().ID())
-		m.markKilled(ctx, e.sb().ID())
+		markKilled(ctx, m.store, m.log, e.sb().ID())
 		if e.usesLayers() {
 			m.keeper.Collect()
 		}
@@ -418,8 +420,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 			}
 			wg.Go(func() {
 				e.finishUsage(ctx, m.usage, m.now())
-				m.killBox(ctx, e.sb())
-				m.markKilled(ctx, e.sb().ID())
+				killBox(ctx, m.log, e.sb())
+				markKilled(ctx, m.store, m.log, e.sb().ID())
 			})
 		}
 		wg.Wait()

@@ -102,8 +102,8 @@ func TestCreateGetKill(t *testing.T) {
 	if err != nil || got.ID != s.ID || got.Metadata["k"] != "v" {
 		t.Errorf("Get(%s) = %+v, %v", s.ID, got, err)
 	}
-	if box, info, ok := e.m.Lookup(s.ID); !ok || box.ID() != s.ID || info.EnvdAccessToken != s.EnvdAccessToken {
-		t.Errorf("Lookup(%s) = %v, %+v, %v", s.ID, box, info, ok)
+	if box, info, ok := lookupRunning(e.m, s.ID); !ok || box.ID() != s.ID || info.EnvdAccessToken != s.EnvdAccessToken {
+		t.Errorf("lookupRunning(%s) = %v, %+v, %v", s.ID, box, info, ok)
 	}
 	if ms, err := e.m.Meter().Metrics(ctx, s.ID, time.Time{}, time.Time{}); err != nil || len(ms) == 0 {
 		t.Errorf("Metrics(%s) = %d readings, %v; want at least one", s.ID, len(ms), err)
@@ -117,8 +117,8 @@ func TestCreateGetKill(t *testing.T) {
 	if _, err := e.m.Get(ctx, s.ID); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Get(killed) = %v, want ErrNotFound", err)
 	}
-	if _, _, ok := e.m.Lookup(s.ID); ok {
-		t.Errorf("Lookup(killed) = ok, want false")
+	if _, _, ok := lookupRunning(e.m, s.ID); ok {
+		t.Errorf("lookupRunning(killed) = ok, want false")
 	}
 	if got := e.host.Running(); len(got) != 0 {
 		t.Errorf("backend still runs %v", got)
@@ -343,12 +343,12 @@ func TestReaperDeadlines(t *testing.T) {
 		if err := e.m.SetTimeout(ctx, d, 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.m.Pause(ctx, p); err != nil {
+		if err := e.m.Pauses().Pause(ctx, p, WithMemory); err != nil {
 			t.Fatal(err)
 		}
 		alive(5*time.Second, map[string]bool{a: true, c: true, d: true, p: true})
 		alive(6*time.Second, map[string]bool{a: true, c: true, d: false, p: true})
-		if _, err := e.m.Resume(ctx, p, 3*time.Second, nil); err != nil {
+		if _, err := e.m.Pauses().Resume(ctx, p, 3*time.Second, nil, WithMemory); err != nil {
 			t.Fatal(err)
 		}
 		alive(8800*time.Millisecond, map[string]bool{a: true, c: true, p: true})
@@ -611,4 +611,14 @@ func TestCreateFailingLateLeavesNothing(t *testing.T) {
 		e.m.Shutdown(ctx)
 		e.store.Close()
 	})
+}
+
+// lookupRunning is Live of a running sandbox alone, as the traffic proxy
+// reads it: false for unknown, killed and paused sandboxes.
+func lookupRunning(m *Manager, id string) (isolation.Sandbox, *Sandbox, bool) {
+	info, box, err := m.Live(id)
+	if err != nil || info.State != StateRunning {
+		return nil, nil, false
+	}
+	return box, info, true
 }

@@ -39,35 +39,24 @@ func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
 	return e.snapshot(), nil
 }
 
-// Lookup returns the backend handle and a copy of a running sandbox, for
-// the traffic proxy. It reports false for unknown, killed and paused
-// sandboxes. The copy's RunDone is closed when the sandbox is paused.
-func (m *Manager) Lookup(id string) (isolation.Sandbox, *Sandbox, bool) {
-	e, err := m.lookup(id)
-	if err != nil {
-		return nil, nil, false
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.info.State != StateRunning {
-		return nil, nil, false
-	}
-	s := e.info.clone()
-	s.RunDone = e.runDone
-	ref := e.boxp.Load()
-	s.Incarnation = ref.inc
-	return ref.Sandbox, s, true
-}
-
 // Live returns a copy of live (running or paused) sandbox id and its
-// current backend sandbox, for an export. Unknown and killed IDs give an
-// error wrapping api.ErrNotFound.
+// current backend sandbox, read together: for the traffic proxy, which
+// serves running ones alone (the copy's RunDone is closed when the run it
+// read ends by a pause, and its Incarnation names that backend sandbox),
+// and for an export. Unknown and killed IDs give an error wrapping
+// api.ErrNotFound.
 func (m *Manager) Live(id string) (*Sandbox, isolation.Sandbox, error) {
 	e, err := m.lookup(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	return e.snapshot(), e.sb(), nil
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.info.clone()
+	s.RunDone = e.runDone
+	ref := e.boxp.Load()
+	s.Incarnation = ref.inc
+	return s, ref.Sandbox, nil
 }
 
 // MatchToken returns the first live sandbox (running or paused: traffic
@@ -219,7 +208,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	e.finishUsage(ctx, m.usage, m.now())
 	m.killRemoved(ctx, e.sb())
 	m.keeper.Release(id)
-	m.markKilled(ctx, id)
+	markKilled(ctx, m.store, m.log, id)
 	if e.usesLayers() {
 		m.keeper.Collect()
 	}
@@ -228,23 +217,21 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// DefaultTimeout is the timeout of a sandbox whose request names none.
-func (m *Manager) DefaultTimeout() time.Duration { return m.defaults.Timeout }
+// Defaults are the resources and timeout of a sandbox whose request
+// names none, the built-in values in place of zero Options.Defaults.
+func (m *Manager) Defaults() Defaults { return m.defaults }
 
-// Running returns the number of running (not paused) sandboxes.
-func (m *Manager) Running() int { return m.count(StateRunning) }
-
-// Paused returns the number of paused sandboxes.
-func (m *Manager) Paused() int { return m.count(StatePaused) }
-
-func (m *Manager) count(st State) int {
+// Counts returns the numbers of running and of paused sandboxes.
+func (m *Manager) Counts() (running, paused int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
 	for _, e := range m.running {
-		if e.state() == st {
-			n++
+		switch e.state() {
+		case StateRunning:
+			running++
+		case StatePaused:
+			paused++
 		}
 	}
-	return n
+	return running, paused
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
@@ -18,50 +20,128 @@ var (
 	errNotPaused  = fmt.Errorf("%w", api.ErrConflict)
 )
 
-// Pause pauses a running sandbox in place: its processes stop where they
-// are, with their memory, until Resume or Connect. Traffic to it gets the
-// proxy's 502 meanwhile, and traffic in flight is cut. A paused sandbox
-// gives an error wrapping api.ErrConflict; unknown and killed ones
-// api.ErrNotFound; a backend that cannot pause api.ErrUnimplemented.
-func (m *Manager) Pause(ctx context.Context, id string) error {
-	return m.pause(ctx, id, "request")
+// Memory is what a pause does with a sandbox's memory, and what a resume
+// may restore (E2B's memory field).
+type Memory int
+
+const (
+	// WithMemory pauses a sandbox in place: its processes stop where they
+	// are, with their memory. A resume with it resumes either kind of
+	// pause.
+	WithMemory Memory = iota
+	// WithoutMemory is E2B's filesystem-only pause (memory false): the
+	// sandbox's filesystem is checkpointed and its processes killed (its
+	// memory freed); the resume boots it anew on the checkpoint, with the
+	// same ID, token, environment, network and metadata. A resume with it
+	// asks for such a boot: a sandbox paused with its memory is refused
+	// with an error wrapping api.ErrInvalidArgument, never resumed with
+	// its memory.
+	WithoutMemory
+)
+
+// Pauses owns the pause and resume of live sandboxes, the state machine
+// running ⇄ paused of each (its entry's life lock serialises them), both
+// kinds of pause (in place, with the memory; filesystem-only, on a layer)
+// and their records. It reaches the Manager's registry only through
+// pauseCore. Its methods are safe for concurrent use.
+type Pauses struct {
+	backend    string           // the backend's name, for errors
+	layers     isolation.Layers // nil: no filesystem-only pauses
+	keeper     LayerKeeper
+	fences     *fences.Set
+	store      Store
+	cold       *coldKeeper
+	adm        *admission
+	reaper     *reaper
+	maxTimeout time.Duration
+	events
+	log  *slog.Logger
+	now  func() time.Time
+	core pauseCore
 }
 
-// PauseWithoutMemory is E2B's filesystem-only pause (memory false): the
-// sandbox's filesystem is checkpointed and its processes killed (its
-// memory freed); the resume boots it anew on the checkpoint, with the
-// same ID, token, environment, network and metadata. Errors as Pause.
-func (m *Manager) PauseWithoutMemory(ctx context.Context, id string) error {
-	return m.pauseCold(ctx, id, "request")
+// pauseCore is what pauses need of the Manager's registry of live
+// sandboxes.
+type pauseCore interface {
+	// lookup returns live sandbox id; unknown and killed ones give an
+	// error wrapping api.ErrNotFound, any after Shutdown ErrClosed.
+	lookup(id string) (*entry, error)
+	// extend is Manager.Extend.
+	extend(ctx context.Context, id string, d time.Duration) error
+	// stillLive kills box, just set as e's, if e was killed meanwhile.
+	stillLive(ctx context.Context, e *entry, box isolation.Sandbox) error
 }
 
-func (m *Manager) pause(ctx context.Context, id, reason string) error {
-	e, err := m.lookup(id)
+// pauseHost is the Manager as its Pauses reach it.
+type pauseHost struct{ m *Manager }
+
+var _ pauseCore = pauseHost{}
+
+func (h pauseHost) lookup(id string) (*entry, error) { return h.m.lookup(id) }
+
+func (h pauseHost) extend(ctx context.Context, id string, d time.Duration) error {
+	return h.m.Extend(ctx, id, d)
+}
+
+func (h pauseHost) stillLive(ctx context.Context, e *entry, box isolation.Sandbox) error {
+	return (&Live{h.m, e}).stillLive(ctx, box)
+}
+
+// newPauses returns m's Pauses.
+func newPauses(m *Manager) *Pauses {
+	return &Pauses{backend: m.backend.Name(), layers: m.layers, keeper: m.keeper, fences: m.fences,
+		store: m.store, cold: m.cold, adm: m.adm, reaper: m.reaper, maxTimeout: m.maxTimeout,
+		events: m.events, log: m.log, now: m.now, core: pauseHost{m}}
+}
+
+// Pauses returns the pause and resume of m's sandboxes.
+func (m *Manager) Pauses() *Pauses { return m.pauses }
+
+// Pause pauses a running sandbox, with its memory or without it (see
+// Memory), until Resume or Connect. Traffic to it gets the proxy's 502
+// meanwhile, and traffic in flight is cut. A paused sandbox gives an
+// error wrapping api.ErrConflict; unknown and killed ones
+// api.ErrNotFound; a backend that cannot pause (or, without memory, keeps
+// no layers) api.ErrUnimplemented.
+func (p *Pauses) Pause(ctx context.Context, id string, mem Memory) error {
+	return p.pause(ctx, id, "request", mem)
+}
+
+func (p *Pauses) pause(ctx context.Context, id, reason string, mem Memory) error {
+	if mem == WithoutMemory {
+		return p.pauseCold(ctx, id, reason)
+	}
+	return p.pauseWarm(ctx, id, reason)
+}
+
+// pauseWarm is the pause in place, with the memory.
+func (p *Pauses) pauseWarm(ctx context.Context, id, reason string) error {
+	e, err := p.core.lookup(id)
 	if err != nil {
 		return err
 	}
-	p, ok := isolation.As[isolation.Pauser](e.sb())
+	bp, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok {
-		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, m.backend.Name(), api.ErrUnimplemented)
+		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, p.backend, api.ErrUnimplemented)
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	started, reopen, err := m.stopRun(e, id)
+	started, reopen, err := p.stopRun(e, id)
 	if err != nil {
 		return err
 	}
 	// Neither the pause nor its record may be abandoned half-way because
 	// the client left.
 	ctx = context.WithoutCancel(ctx)
-	if err := p.Pause(ctx); err != nil {
+	if err := bp.Pause(ctx); err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
-	clock := m.now()
+	clock := p.now()
 	now := clock.UTC()
-	if err := m.cold.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
+	if err := p.cold.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
-		rerr := p.Resume(ctx)
+		rerr := bp.Resume(ctx)
 		reopen()
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, errors.Join(err, rerr))
 	}
@@ -69,18 +149,62 @@ func (m *Manager) pause(ctx context.Context, id, reason string) error {
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
-	m.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
-	m.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
+	p.record(ctx, audit.TypePause, id, map[string]any{"reason": reason})
+	p.log.InfoContext(ctx, "sandbox paused", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// pauseCold is the filesystem-only pause: the filesystem is checkpointed,
+// every process is killed (the memory is freed), and the resume boots the
+// sandbox anew on the checkpoint.
+func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
+	if p.layers == nil {
+		return NoLayers(p.backend)
+	}
+	e, err := p.core.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	started, reopen, err := p.stopRun(e, id)
+	if err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	defer p.keeper.Hold()()
+	info, err := p.keeper.CheckpointFiles(ctx, e.sb())
+	if err != nil {
+		reopen()
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	clock := p.now()
+	now := clock.UTC()
+	if err := p.cold.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
+		_ = p.layers.DeleteLayer(ctx, info.ID)
+		reopen()
+		return fmt.Errorf("recording the pause of sandbox %s: %w", id, err)
+	}
+	old := e.sb()
+	e.setBox(parkedBox{id})
+	e.mu.Lock()
+	e.cold = info.ID
+	e.info.EndAt = now
+	e.use.Mark(clock, true)
+	e.mu.Unlock()
+	killBox(ctx, p.log, old)
+	p.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})
+	p.log.InfoContext(ctx, "sandbox paused without memory", "sandbox_id", id, "reason", reason)
 	return nil
 }
 
 // stopRun moves a running sandbox to paused, for every kind of pause:
-// from here Lookup refuses its traffic, what is in flight is cut, and its
+// from here Live shows it paused (the proxy refuses its traffic), what is in flight is cut, and its
 // standby goes (nothing is rewound while paused). It returns when the run
 // started and reopen, which moves the sandbox back to running should the
 // pause fail; a sandbox that is not running gives an error wrapping
 // errNotRunning. The caller holds e.life.
-func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
+func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
 	e.mu.Lock()
 	if e.info.State != StateRunning {
 		e.mu.Unlock()
@@ -90,42 +214,31 @@ func (m *Manager) stopRun(e *entry, id string) (started time.Time, reopen func()
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
-	m.keeper.Release(id)
+	p.keeper.Release(id)
 	reopen = func() {
 		e.mu.Lock()
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
 		e.mu.Unlock()
-		m.reaper.nudge() // its deadline is back
+		p.reaper.nudge() // its deadline is back
 	}
 	return started, reopen, nil
 }
 
 // Resume resumes a paused sandbox with the deadline now+d, as a new run
-// (StartedAt is now); autoPause, if not nil, replaces its AutoPause. A
-// running sandbox gives an error wrapping api.ErrConflict; unknown and
-// killed ones api.ErrNotFound.
-func (m *Manager) Resume(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
-	return m.resumeRequest(ctx, id, d, autoPause, false)
-}
-
-// ResumeWithoutMemory is Resume asking for a cold boot (E2B's memory
-// false): a sandbox paused without its memory is resumed as always (it
-// boots anew); one paused with its memory is refused with an error
-// wrapping api.ErrInvalidArgument, never resumed with its memory.
-func (m *Manager) ResumeWithoutMemory(ctx context.Context, id string, d time.Duration, autoPause *bool) (*Sandbox, error) {
-	return m.resumeRequest(ctx, id, d, autoPause, true)
-}
-
-func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration, autoPause *bool, cold bool) (*Sandbox, error) {
-	if err := checkTimeout(d, m.maxTimeout); err != nil {
+// (StartedAt is now); autoPause, if not nil, replaces its AutoPause. With
+// WithoutMemory it asks for a cold boot (see Memory). A running sandbox
+// gives an error wrapping api.ErrConflict; unknown and killed ones
+// api.ErrNotFound.
+func (p *Pauses) Resume(ctx context.Context, id string, d time.Duration, autoPause *bool, mem Memory) (*Sandbox, error) {
+	if err := checkTimeout(d, p.maxTimeout); err != nil {
 		return nil, err
 	}
-	e, err := m.lookup(id)
+	e, err := p.core.lookup(id)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.resume(ctx, e, d, "request", cold); err != nil {
+	if err := p.resume(ctx, e, d, "request", mem == WithoutMemory); err != nil {
 		return nil, err
 	}
 	if autoPause != nil {
@@ -139,29 +252,19 @@ func (m *Manager) resumeRequest(ctx context.Context, id string, d time.Duration,
 }
 
 // Connect is E2B's connect: a running sandbox's deadline moves to now+d
-// unless it is already later (Extend), and a paused one is resumed with
-// the deadline now+d. It reports whether it resumed the sandbox.
-func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (*Sandbox, bool, error) {
-	return m.connect(ctx, id, d, false)
-}
-
-// ConnectWithoutMemory is Connect asking for a cold boot of a paused
-// sandbox, as ResumeWithoutMemory; a running sandbox is extended as by
-// Connect.
-func (m *Manager) ConnectWithoutMemory(ctx context.Context, id string, d time.Duration) (*Sandbox, bool, error) {
-	return m.connect(ctx, id, d, true)
-}
-
-func (m *Manager) connect(ctx context.Context, id string, d time.Duration, cold bool) (*Sandbox, bool, error) {
-	if err := checkTimeout(d, m.maxTimeout); err != nil {
+// unless it is already later (Manager.Extend), and a paused one is
+// resumed with the deadline now+d (WithoutMemory asks for a cold boot of
+// it, as Resume). It reports whether it resumed the sandbox.
+func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Memory) (*Sandbox, bool, error) {
+	if err := checkTimeout(d, p.maxTimeout); err != nil {
 		return nil, false, err
 	}
-	e, err := m.lookup(id)
+	e, err := p.core.lookup(id)
 	if err != nil {
 		return nil, false, err
 	}
 	if e.state() == StatePaused {
-		err := m.resume(ctx, e, d, "connect", cold)
+		err := p.resume(ctx, e, d, "connect", mem == WithoutMemory)
 		if err == nil {
 			return e.snapshot(), true, nil
 		}
@@ -170,18 +273,21 @@ func (m *Manager) connect(ctx context.Context, id string, d time.Duration, cold 
 		}
 		// Resumed by someone else meanwhile: it runs, so extend it.
 	}
-	if err := m.Extend(ctx, id, d); err != nil {
+	if err := p.core.extend(ctx, id, d); err != nil {
 		return nil, false, err
 	}
-	s, err := m.Get(ctx, id)
-	return s, false, err
+	e, err = p.core.lookup(id)
+	if err != nil {
+		return nil, false, err
+	}
+	return e.snapshot(), false, nil
 }
 
 // WakeOnTraffic resumes a paused sandbox created with AutoResume, with its
 // create timeout, for traffic that arrived for it. It reports whether the
 // sandbox runs now.
-func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
-	e, err := m.lookup(id)
+func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
+	e, err := p.core.lookup(id)
 	if err != nil {
 		return false
 	}
@@ -194,9 +300,9 @@ func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
 	if !auto {
 		return false
 	}
-	err = m.resume(ctx, e, e.timeout, "traffic", false)
+	err = p.resume(ctx, e, e.timeout, "traffic", false)
 	if err != nil && !errors.Is(err, errNotPaused) {
-		m.log.ErrorContext(ctx, "resuming sandbox on traffic", "sandbox_id", id, "err", err)
+		p.log.ErrorContext(ctx, "resuming sandbox on traffic", "sandbox_id", id, "err", err)
 		return false
 	}
 	return true
@@ -205,7 +311,7 @@ func (m *Manager) WakeOnTraffic(ctx context.Context, id string) bool {
 // resume resumes e. With coldOnly it refuses (before anything changes) a
 // sandbox paused with its memory: the caller asked for a cold boot, which
 // fence does not make of a memory pause.
-func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason string, coldOnly bool) error {
+func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason string, coldOnly bool) error {
 	id := e.sb().ID()
 	e.life.Lock()
 	defer e.life.Unlock()
@@ -216,23 +322,23 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	if coldOnly && !cold {
 		return fmt.Errorf("sandbox '%s' was paused with its memory: a resume without it (a cold boot) is not enabled (sandbox_memory_override_disabled): %w", id, api.ErrInvalidArgument)
 	}
-	p, ok := isolation.As[isolation.Pauser](e.sb())
+	bp, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok && !cold { // cannot happen: it was paused through it
 		return fmt.Errorf("resuming sandbox %s: %w", id, api.ErrUnimplemented)
 	}
 	// A filesystem-only pause freed its processes: its resume boots them
 	// again and needs the headroom of a create (a memory pause kept them).
 	if cold {
-		if err := m.adm.admitBoot(); err != nil {
+		if err := p.adm.admitBoot(); err != nil {
 			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
 	ctx = context.WithoutCancel(ctx)
-	clock := m.now()
+	clock := p.now()
 	now := clock.UTC()
 	end := now.Add(d)
 	// The record first: a sandbox killed meanwhile has none to resume.
-	if err := m.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
+	if err := p.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
 		if errors.Is(err, api.ErrNotFound) {
 			return notFound(id)
 		}
@@ -240,9 +346,9 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	}
 	resume := func() error {
 		if cold {
-			return m.resumeCold(ctx, e) // +checklocksignore: a closure made under e.life, released by Resume
+			return p.resumeCold(ctx, e) // +checklocksignore: a closure made under e.life, released by Resume
 		}
-		return p.Resume(ctx) // +checklocksignore: a closure made under e.life, released by Resume
+		return bp.Resume(ctx) // +checklocksignore: a closure made under e.life, released by Resume
 	}
 	if err := resume(); err != nil {
 		e.mu.Lock()
@@ -250,8 +356,8 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 		e.mu.Unlock()
 		// Paused again as it was (on the same layer, if without memory),
 		// with what its resume needs.
-		if terr := m.cold.recordPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused); terr != nil {
-			m.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
+		if terr := p.cold.recordPause(ctx, e, e.coldLayer(), store.StateRunning, e.snapshot().StartedAt, paused); terr != nil {
+			p.log.ErrorContext(ctx, "restoring the record of a sandbox that failed to resume", "sandbox_id", id, "err", terr)
 		}
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
@@ -262,8 +368,32 @@ func (m *Manager) resume(ctx context.Context, e *entry, d time.Duration, reason 
 	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()
-	m.reaper.nudgeAt(end)
-	m.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
-	m.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
+	p.reaper.nudgeAt(end)
+	p.record(ctx, audit.TypeResume, id, map[string]any{"reason": reason, "end_at": end})
+	p.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", id, "reason", reason, "end_at", end)
 	return nil
+}
+
+// resumeCold boots a sandbox paused without memory on its pause's layer.
+// The caller holds e.life and has recorded the resume.
+func (p *Pauses) resumeCold(ctx context.Context, e *entry) error {
+	e.mu.Lock()
+	layer := e.cold
+	e.mu.Unlock()
+	defer p.keeper.Hold()()
+	spec := e.spec
+	spec.ID = e.sb().ID()
+	e.mu.Lock()
+	nc := e.net
+	e.mu.Unlock()
+	box, err := bootOn(ctx, p.fences, p.layers, spec, nc, layer)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.cold, e.layer, e.coldKept = "", layer, false
+	e.mu.Unlock()
+	e.setBox(box)
+	p.keeper.Collect()
+	return p.core.stillLive(ctx, e, box)
 }

@@ -30,7 +30,7 @@ func TestPauseResume(t *testing.T) {
 	clk.Advance(time.Second)
 	other := e.mustCreate(t, CreateRequest{})
 	clk.Advance(10 * time.Second)
-	if err := e.m.Pause(ctx, s.ID); err != nil {
+	if err := e.m.Pauses().Pause(ctx, s.ID, WithMemory); err != nil {
 		t.Fatalf("Pause() = %v", err)
 	}
 	pausedAt := clk.Now()
@@ -45,25 +45,25 @@ func TestPauseResume(t *testing.T) {
 	if rec.State != store.StatePaused || !rec.EndAt.Equal(pausedAt) || rec.EnvdAccessToken != s.EnvdAccessToken {
 		t.Errorf("record of the paused sandbox = %+v", rec)
 	}
-	if _, _, ok := e.m.Lookup(s.ID); ok {
-		t.Errorf("Lookup(paused) = true, want false (no traffic to a paused sandbox)")
+	if _, _, ok := lookupRunning(e.m, s.ID); ok {
+		t.Errorf("lookupRunning(paused) = true, want false (no traffic to a paused sandbox)")
 	}
 	// A signed URL still names it (the proxy then answers for a paused
 	// sandbox).
 	if id, ok := e.m.MatchToken(func(tok string) bool { return tok == s.EnvdAccessToken }); !ok || id != s.ID {
 		t.Errorf("MatchToken(paused's token) = %q, %v; want %s", id, ok, s.ID)
 	}
-	if err := e.m.Pause(ctx, s.ID); !errors.Is(err, api.ErrConflict) {
+	if err := e.m.Pauses().Pause(ctx, s.ID, WithMemory); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("Pause(paused) = %v, want ErrConflict", err)
 	}
-	if _, err := e.m.Resume(ctx, other.ID, time.Minute, nil); !errors.Is(err, api.ErrConflict) {
+	if _, err := e.m.Pauses().Resume(ctx, other.ID, time.Minute, nil, WithMemory); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("Resume(running) = %v, want ErrConflict", err)
 	}
 	for _, id := range []string{"unknown", "Bad/ID"} {
-		if err := e.m.Pause(ctx, id); !errors.Is(err, api.ErrNotFound) {
+		if err := e.m.Pauses().Pause(ctx, id, WithMemory); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("Pause(%q) = %v, want ErrNotFound", id, err)
 		}
-		if _, err := e.m.Resume(ctx, id, time.Minute, nil); !errors.Is(err, api.ErrNotFound) {
+		if _, err := e.m.Pauses().Resume(ctx, id, time.Minute, nil, WithMemory); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("Resume(%q) = %v, want ErrNotFound", id, err)
 		}
 	}
@@ -96,10 +96,10 @@ func TestPauseResume(t *testing.T) {
 	if _, err := e.m.Get(ctx, s.ID); err != nil {
 		t.Fatalf("Get(paused past its old deadline) = %v", err)
 	}
-	if _, err := e.m.Resume(ctx, s.ID, 25*time.Hour, nil); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := e.m.Pauses().Resume(ctx, s.ID, 25*time.Hour, nil, WithMemory); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("Resume(25h) = %v, want ErrInvalidArgument", err)
 	}
-	r, err := e.m.Resume(ctx, s.ID, 15*time.Second, nil)
+	r, err := e.m.Pauses().Resume(ctx, s.ID, 15*time.Second, nil, WithMemory)
 	if err != nil {
 		t.Fatalf("Resume() = %v", err)
 	}
@@ -111,8 +111,8 @@ func TestPauseResume(t *testing.T) {
 	if p, n := e.fakeSandbox(t, s.ID).Paused(); p || n != 1 {
 		t.Errorf("backend sandbox paused=%v after %d pauses, want running", p, n)
 	}
-	if _, _, ok := e.m.Lookup(s.ID); !ok {
-		t.Errorf("Lookup(resumed) = false")
+	if _, _, ok := lookupRunning(e.m, s.ID); !ok {
+		t.Errorf("lookupRunning(resumed) = false")
 	}
 	rec, _ = e.store.Get(ctx, s.ID)
 	if rec.State != store.StateRunning || !rec.CreatedAt.Equal(now) || !rec.EndAt.Equal(now.Add(15*time.Second)) {
@@ -129,11 +129,11 @@ func TestPauseResume(t *testing.T) {
 func TestPauseCutsTraffic(t *testing.T) {
 	e := newEnv(t)
 	s := e.mustCreate(t, CreateRequest{})
-	_, info, ok := e.m.Lookup(s.ID)
+	_, info, ok := lookupRunning(e.m, s.ID)
 	if !ok || info.RunDone == nil {
-		t.Fatalf("Lookup() = %+v, %v", info, ok)
+		t.Fatalf("lookupRunning() = %+v, %v", info, ok)
 	}
-	if err := e.m.Pause(t.Context(), s.ID); err != nil {
+	if err := e.m.Pauses().Pause(t.Context(), s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -141,10 +141,10 @@ func TestPauseCutsTraffic(t *testing.T) {
 	default:
 		t.Errorf("RunDone not closed by the pause")
 	}
-	if _, err := e.m.Resume(t.Context(), s.ID, time.Minute, nil); err != nil {
+	if _, err := e.m.Pauses().Resume(t.Context(), s.ID, time.Minute, nil, WithMemory); err != nil {
 		t.Fatal(err)
 	}
-	_, info2, _ := e.m.Lookup(s.ID)
+	_, info2, _ := lookupRunning(e.m, s.ID)
 	select {
 	case <-info2.RunDone:
 		t.Errorf("RunDone of the new run is closed")
@@ -158,25 +158,25 @@ func TestConnect(t *testing.T) {
 	ctx := t.Context()
 	s := e.mustCreate(t, CreateRequest{Timeout: 5 * time.Minute})
 	// Running: never shortened, and no resume.
-	got, resumed, err := e.m.Connect(ctx, s.ID, 10*time.Second)
+	got, resumed, err := e.m.Pauses().Connect(ctx, s.ID, 10*time.Second, WithMemory)
 	if err != nil || resumed || !got.EndAt.Equal(s.EndAt) {
 		t.Errorf("Connect(running, 10s) = %+v, %v, %v; want EndAt unchanged, not resumed", got, resumed, err)
 	}
-	if err := e.m.Pause(ctx, s.ID); err != nil {
+	if err := e.m.Pauses().Pause(ctx, s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(time.Minute)
-	got, resumed, err = e.m.Connect(ctx, s.ID, 10*time.Second)
+	got, resumed, err = e.m.Pauses().Connect(ctx, s.ID, 10*time.Second, WithMemory)
 	if err != nil || !resumed || got.State != StateRunning || !got.EndAt.Equal(clk.Now().Add(10*time.Second)) {
 		t.Errorf("Connect(paused, 10s) = %+v, %v, %v; want resumed, ending in 10s", got, resumed, err)
 	}
-	if _, _, err := e.m.Connect(ctx, "unknown", time.Minute); !errors.Is(err, api.ErrNotFound) {
+	if _, _, err := e.m.Pauses().Connect(ctx, "unknown", time.Minute, WithMemory); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Connect(unknown) = %v, want ErrNotFound", err)
 	}
 	if err := e.m.Kill(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.m.Connect(ctx, s.ID, time.Minute); !errors.Is(err, api.ErrNotFound) {
+	if _, _, err := e.m.Pauses().Connect(ctx, s.ID, time.Minute, WithMemory); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Connect(killed) = %v, want ErrNotFound", err)
 	}
 }
@@ -200,23 +200,23 @@ func TestAutoPauseAndWake(t *testing.T) {
 		t.Errorf("Get(expired, no AutoPause) = %v, want ErrNotFound", err)
 	}
 	// Traffic wakes only the one with AutoResume, with its create timeout.
-	if e.m.WakeOnTraffic(ctx, ap.ID) {
+	if e.m.Pauses().WakeOnTraffic(ctx, ap.ID) {
 		t.Errorf("WakeOnTraffic(no AutoResume) = true")
 	}
 	if got, _ := e.m.Get(ctx, ap.ID); got.State != StatePaused {
 		t.Errorf("sandbox without AutoResume woke: %+v", got)
 	}
-	if !e.m.WakeOnTraffic(ctx, aw.ID) {
+	if !e.m.Pauses().WakeOnTraffic(ctx, aw.ID) {
 		t.Fatalf("WakeOnTraffic(AutoResume) = false")
 	}
 	got, _ := e.m.Get(ctx, aw.ID)
 	if got.State != StateRunning || !got.EndAt.Equal(clk.Now().Add(2*time.Minute)) {
 		t.Errorf("woken sandbox = %+v; want running, ending in its create timeout (2m)", got)
 	}
-	if !e.m.WakeOnTraffic(ctx, aw.ID) {
+	if !e.m.Pauses().WakeOnTraffic(ctx, aw.ID) {
 		t.Errorf("WakeOnTraffic(running) = false, want true (it runs)")
 	}
-	if e.m.WakeOnTraffic(ctx, "unknown") {
+	if e.m.Pauses().WakeOnTraffic(ctx, "unknown") {
 		t.Errorf("WakeOnTraffic(unknown) = true")
 	}
 }
@@ -225,7 +225,7 @@ func TestKillPaused(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
 	s := e.mustCreate(t, CreateRequest{})
-	if err := e.m.Pause(ctx, s.ID); err != nil {
+	if err := e.m.Pauses().Pause(ctx, s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.Kill(ctx, s.ID); err != nil {
@@ -238,7 +238,7 @@ func TestKillPaused(t *testing.T) {
 	if rec.State != store.StateKilled || rec.EnvdAccessToken != "" {
 		t.Errorf("record = %+v, want killed without token", rec)
 	}
-	if _, err := e.m.Resume(ctx, s.ID, time.Minute, nil); !errors.Is(err, api.ErrNotFound) {
+	if _, err := e.m.Pauses().Resume(ctx, s.ID, time.Minute, nil, WithMemory); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Resume(killed) = %v, want ErrNotFound", err)
 	}
 }
@@ -246,13 +246,13 @@ func TestKillPaused(t *testing.T) {
 func TestPausedCountsAgainstMax(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.MaxSandboxes = 1 })
 	s := e.mustCreate(t, CreateRequest{})
-	if err := e.m.Pause(t.Context(), s.ID); err != nil {
+	if err := e.m.Pauses().Pause(t.Context(), s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, api.ErrResourceExhausted) {
 		t.Errorf("Create() with a paused sandbox at the cap = %v, want ErrResourceExhausted", err)
 	}
-	if n, p := e.m.Running(), e.m.Paused(); n != 0 || p != 1 {
+	if n, p := e.m.Counts(); n != 0 || p != 1 {
 		t.Errorf("Running(), Paused() = %d, %d with one paused sandbox, want 0, 1", n, p)
 	}
 }
@@ -277,7 +277,7 @@ func TestPausedDoesNotSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m1.Pause(ctx, s.ID); err != nil {
+	if err := m1.Pauses().Pause(ctx, s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	// m1 "crashes" with the sandbox paused.
@@ -298,7 +298,7 @@ func TestPausedDoesNotSurviveRestart(t *testing.T) {
 	if len(l) != 0 {
 		t.Errorf("List(paused) after restart = %d sandboxes, want none", len(l))
 	}
-	if _, _, err := m2.Connect(ctx, s.ID, time.Minute); !errors.Is(err, api.ErrNotFound) {
+	if _, _, err := m2.Pauses().Connect(ctx, s.ID, time.Minute, WithMemory); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Connect() after restart = %v, want ErrNotFound", err)
 	}
 }

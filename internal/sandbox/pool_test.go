@@ -52,7 +52,7 @@ func TestWarmPoolCountsAgainstMax(t *testing.T) {
 		m.Shutdown(context.Background())
 		st.Close()
 	})
-	pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.DefaultLimits()}, m.PoolBudget())
+	pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.Defaults().Limits()}, m.PoolBudget())
 	if err := pool.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestWarmPoolCountsAgainstMax(t *testing.T) {
 		if fs == nil {
 			continue
 		}
-		if sp := fs.Spec(); sp.RootFS == "/rootfs/base" && sp.Limits != m.DefaultLimits() && sp.Limits.CPUs != 7 {
+		if sp := fs.Spec(); sp.RootFS == "/rootfs/base" && sp.Limits != m.Defaults().Limits() && sp.Limits.CPUs != 7 {
 			t.Errorf("sandbox %s has limits %+v nobody asked for", sb, sp.Limits)
 		}
 	}
@@ -153,7 +153,7 @@ func TestCapacityHeldUntilKilled(t *testing.T) {
 	a := e.mustCreate(t, CreateRequest{})
 	killed := make(chan error, 1)
 	go func() { killed <- e.m.Kill(context.Background(), a.ID) }()
-	for e.m.Running() != 0 { // Kill has taken it out of the running set
+	for n, _ := e.m.Counts(); n != 0; n, _ = e.m.Counts() { // Kill has taken it out of the running set
 		time.Sleep(time.Millisecond)
 	}
 	if _, err := e.m.Create(t.Context(), CreateRequest{TemplateID: "base"}); !errors.Is(err, api.ErrResourceExhausted) {

@@ -149,11 +149,11 @@ func (m *Manager) reap(ctx context.Context) {
 	slices.Sort(due)
 	for _, id := range due {
 		if pause[id] {
-			pauseFn := m.pause
+			mem := WithMemory
 			if cold[id] {
-				pauseFn = m.pauseCold
+				mem = WithoutMemory
 			}
-			err := pauseFn(ctx, id, "timeout")
+			err := m.pauses.pause(ctx, id, "timeout", mem)
 			if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, ErrClosed) || errors.Is(err, errNotRunning) {
 				continue
 			}

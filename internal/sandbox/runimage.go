@@ -47,7 +47,7 @@ func imageLayers(m *Manager) startup.Layers {
 type runImageLayers struct{ m *Manager }
 
 func (l runImageLayers) BootOn(ctx context.Context, spec isolation.Spec, nc *netconf.Config, layer string) (isolation.Sandbox, error) {
-	return l.m.bootOn(ctx, spec, nc, layer)
+	return bootOn(ctx, l.m.fences, l.m.layers, spec, nc, layer)
 }
 
 func (l runImageLayers) DeleteLayer(ctx context.Context, id string) error {

@@ -14,6 +14,32 @@
 // and has the Manager kill or pause what is due. A create (create.go)
 // runs in steps, each on what the ones before it left: plan (checks,
 // changes nothing), admission, configure, boot, ready, record, register.
+// Pauses (pause.go) owns the pause and resume of live sandboxes, both
+// kinds (in place, with the memory; filesystem-only, on a layer), and
+// reaches the registry through a narrow seam (pauseCore), as adoption
+// (adopt.go) does through adoptCore.
+//
+// # Surface
+//
+// What the Manager answers, all of it safe for concurrent use:
+//
+//   - its own life: Start (crash recovery, adoption, the reaper and the
+//     usage sampler) and Shutdown;
+//   - a sandbox's life: Create (create.go), SetTimeout, Extend and Kill
+//     (ops.go); pause and resume are Pauses' (Pause, Resume, Connect and
+//     WakeOnTraffic, each asking WithMemory or WithoutMemory);
+//   - reads: Get (a live sandbox's record), Live (its record and backend
+//     sandbox read together, for the traffic proxy and an export),
+//     MatchToken (the sandbox whose envd access token a check accepts),
+//     List (the store's records, paged) and Counts (running, paused);
+//   - what the daemon sizes the rest on: Defaults, WarmTarget
+//     (runtime.go), Capacity, CreatesInFlight and PoolBudget
+//     (admission.go), and Meter (usage and metrics, package usage).
+//
+// The other parts of the daemon reach the core only through values it
+// hands them: LayerPort and Live (the keeper of layers, layers.go),
+// fences.Core (the network side, network.go) and usage.Live (the
+// Meter, usage.go).
 //
 // # Guarantees
 //
@@ -39,7 +65,7 @@
 //   - A paused sandbox (Pause, on a backend whose sandboxes implement
 //     isolation.Pauser) keeps its memory, files, processes, ID and envd
 //     access token; it has no deadline while paused (its EndAt is the time
-//     it was paused), takes no traffic (Lookup reports false for it, and
+//     it was paused), takes no traffic (Live shows it paused, and
 //     RunDone of the run it ended is closed), and still counts against
 //     MaxSandboxes. Resume (or Connect) starts a new run: StartedAt is the
 //     resume time and EndAt the resume time plus the timeout given.
@@ -58,8 +84,8 @@
 //     resume of a filesystem-only pause reboot the sandbox under its ID,
 //     keeping its token, deadline, metadata, environment, network and
 //     secret bindings; its processes and memory are not kept.
-//   - A killed sandbox is gone for the API: Get, Kill, SetTimeout and Lookup
-//     report api.ErrNotFound (or false) for it.
+//   - A killed sandbox is gone for the API: Get, Live, Kill and SetTimeout
+//     report api.ErrNotFound for it.
 //   - Every sandbox's network fence is the network side's
 //     (Options.Network, package fences): one netfence.Net per sandbox ID,
 //     made with the sandbox's policy and egress proxy before the backend
@@ -136,12 +162,12 @@ type Sandbox struct {
 	AutoCheckpoint bool
 	// RunDone is closed when the sandbox's current run ends by a pause
 	// (kill and death close the backend's Done): traffic in flight then
-	// is cut. Only set on the copies Lookup returns.
+	// is cut. Only set on the copies Live returns.
 	RunDone <-chan struct{}
 	// Incarnation names the backend sandbox running it now: it changes
 	// each time its processes are replaced (a rewind, a filesystem-only
 	// resume, a restore), so that a connection kept open to the previous
-	// one's agent or ports is never reused. Only set on the copies Lookup
+	// one's agent or ports is never reused. Only set on the copies Live
 	// returns.
 	Incarnation uint64
 }

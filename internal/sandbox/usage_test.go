@@ -31,11 +31,11 @@ func TestUsageClockIsMonotonic(t *testing.T) {
 		}
 	}
 	acc("create")
-	if err := e.m.Pause(t.Context(), s.ID); err != nil {
+	if err := e.m.Pauses().Pause(t.Context(), s.ID, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	acc("pause")
-	if _, err := e.m.Resume(t.Context(), s.ID, time.Minute, nil); err != nil {
+	if _, err := e.m.Pauses().Resume(t.Context(), s.ID, time.Minute, nil, WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	acc("resume")

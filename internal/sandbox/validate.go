@@ -132,6 +132,3 @@ func trunc(s string) string {
 	}
 	return s
 }
-
-// DefaultLimits returns the limits of a sandbox whose request names none.
-func (m *Manager) DefaultLimits() isolation.Limits { return m.defaults.Limits() }

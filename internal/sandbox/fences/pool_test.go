@@ -49,7 +49,7 @@ func fenceManager(t *testing.T, size int) (*fences.Set, *sandbox.Manager, *fake.
 		t.Cleanup(func() { pool.Close(context.Background()) }) // before the manager's shutdown
 	}
 	if pool != nil {
-		pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.DefaultLimits(), Network: nets.Pool()}, m.PoolBudget())
+		pool.Start(warm.Target{RootFS: "/rootfs/base", Limits: m.Defaults().Limits(), Network: nets.Pool()}, m.PoolBudget())
 		if err := pool.WaitReady(t.Context()); err != nil {
 			t.Fatal(err)
 		}

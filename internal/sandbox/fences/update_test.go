@@ -142,7 +142,7 @@ func TestDialPortFollowsTheCore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Pause(t.Context(), s.ID); err != nil {
+	if err := m.Pauses().Pause(t.Context(), s.ID, sandbox.WithMemory); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := nets.DialPort(t.Context(), s.ID, 80); !errors.Is(err, isolation.ErrPaused) {

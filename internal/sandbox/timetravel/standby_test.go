@@ -74,7 +74,7 @@ func TestStandbyGoesWithItsSandbox(t *testing.T) {
 		t.Fatalf("CreateCheckpoint(%s) = %v", b.ID, err)
 	}
 	sb = nextStandby(t, e)
-	if err := e.m.Pause(ctx, b.ID); err != nil {
+	if err := e.m.Pauses().Pause(ctx, b.ID, sandbox.WithMemory); err != nil {
 		t.Fatalf("Pause(%s) = %v", b.ID, err)
 	}
 	gone(t, sb, "its sandbox's pause")
