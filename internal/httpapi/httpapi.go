@@ -117,8 +117,9 @@ type Options struct {
 	Domain string
 	// Logger; nil discards logs.
 	Logger *slog.Logger
-	// Metrics, if set, is served at GET /metrics (API key required, in
-	// X-API-Key or as a Bearer token, so Prometheus can scrape it).
+	// Metrics, if set, is served at GET /metrics to the admin alone (the
+	// bootstrap key, in X-API-Key or as a Bearer token, so Prometheus can
+	// scrape it): its figures span every team.
 	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time

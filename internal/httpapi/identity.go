@@ -29,6 +29,18 @@ func (h *handler) identityCaller(r *http.Request) (caller, error) {
 	return c, nil
 }
 
+// adminOnly serves next to the admin alone: the daemon-wide Prometheus
+// metrics tell of every team.
+func (h *handler) adminOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !callerFrom(r.Context()).p.Admin {
+			writeError(w, r, h.log, errorf(errUnauthenticated, "%s needs the admin key", r.URL.Path))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // adminCaller returns the caller of an admin route, or the error to
 // answer.
 func (h *handler) adminCaller(r *http.Request) (caller, error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +288,27 @@ func TestRevocationEndsRequests(t *testing.T) {
 	// Without a fence credential, sandbox traffic needs only its own token.
 	if r, b := e.do(t, "GET", "/envs", "", sbxHeaders(s.SandboxID, s.EnvdAccessToken)...); r.StatusCode != 200 {
 		t.Fatalf("envd with its token alone = %d %s", r.StatusCode, b)
+	}
+}
+
+// TestMetricsAdminOnly: the daemon-wide Prometheus metrics are the
+// admin's alone; a team's key gets 401.
+func TestMetricsAdminOnly(t *testing.T) {
+	e := newTestEnv(t)
+	srv := httptest.NewServer(New(Options{Manager: e.m, Network: e.net, APIKey: testKey, Identity: e.st,
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "fence_up 1\n") })}))
+	t.Cleanup(srv.Close)
+	e.srv = srv
+	key, _, err := e.st.MintAPIKey(t.Context(), tenancy.DefaultTeamID, "prom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, b := e.do(t, "GET", "/metrics", "", "Authorization: Bearer "+testKey); resp.StatusCode != 200 || string(b) != "fence_up 1\n" {
+		t.Fatalf("/metrics as the admin = %d %s", resp.StatusCode, b)
+	}
+	for _, hdr := range []string{"Authorization: Bearer " + key, "X-API-Key: " + key} {
+		if resp, b := e.do(t, "GET", "/metrics", "", hdr); resp.StatusCode != 401 || strings.Contains(string(b), "fence_up") {
+			t.Errorf("/metrics with a team key (%s) = %d %s", hdr[:14], resp.StatusCode, b)
+		}
 	}
 }

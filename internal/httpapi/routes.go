@@ -51,7 +51,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("PATCH /templates/{id}", h.patchTemplate)
 	mux.HandleFunc("PATCH /v2/templates/{id}", h.patchTemplate)
 	if h.promMetrics != nil {
-		mux.Handle("GET /metrics", h.promMetrics)
+		mux.Handle("GET /metrics", h.adminOnly(h.promMetrics))
 	}
 
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h.fork)
