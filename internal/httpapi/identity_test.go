@@ -312,3 +312,37 @@ func TestMetricsAdminOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestRevocationsWatch: revoke ends every request of that key and no
+// other's; a finished request leaves nothing behind.
+func TestRevocationsWatch(t *testing.T) {
+	var rv revocations
+	a1, stop1 := rv.watch(t.Context(), "a")
+	a2, stop2 := rv.watch(t.Context(), "a")
+	b, stopB := rv.watch(t.Context(), "b")
+	boot, stopBoot := rv.watch(t.Context(), tenancy.BootstrapKeyID)
+	defer stopBoot()
+	if boot != t.Context() {
+		t.Error("the bootstrap key's requests are watched")
+	}
+	rv.revoke("a")
+	for i, ctx := range []context.Context{a1, a2} {
+		select {
+		case <-ctx.Done():
+		default:
+			t.Errorf("request %d of the revoked key still runs", i)
+		}
+	}
+	if b.Err() != nil {
+		t.Error("another key's request ended")
+	}
+	stop1()
+	stop2()
+	stopB()
+	rv.mu.Lock()
+	n := len(rv.waiting)
+	rv.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d keys still watched after their requests ended", n)
+	}
+}
