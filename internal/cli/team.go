@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
 )
 
 // The identity verbs: teams (admin), API keys and access tokens. They act
@@ -242,22 +244,28 @@ func keyRevokeCmd() *cobra.Command {
 		Short:   "Revoke API keys: refused from their next request on",
 		Example: `  fence key revoke 3f0c9a8e-5d1b-4e7a-9c2f-0b6d8e4a1c7f --team $team`,
 		Args:    minArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.RevokeAPIKey(cmd.Context(), team, id); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		RunE:    cf.revokeEach(&team, (*client.Client).RevokeAPIKey),
 	}
 	cmd.Flags().StringVar(&team, "team", "", "the team's ID (admin only; default: the caller's team)")
 	cf.add(cmd.Flags())
 	return cmd
+}
+
+// revokeEach is the body of key and token revoke: revoke every ID given,
+// stopping at the first failure.
+func (f *clientFlags) revokeEach(team *string, revoke func(c *client.Client, ctx context.Context, team, id string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := f.client()
+		if err != nil {
+			return err
+		}
+		for _, id := range args {
+			if err := revoke(c, cmd.Context(), *team, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 func tokenCmd() *cobra.Command {
@@ -350,18 +358,7 @@ func tokenRevokeCmd() *cobra.Command {
 		Use:   "revoke ID...",
 		Short: "Revoke access tokens",
 		Args:  minArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cf.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.RevokeAccessToken(cmd.Context(), team, id); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		RunE:  cf.revokeEach(&team, (*client.Client).RevokeAccessToken),
 	}
 	cmd.Flags().StringVar(&team, "team", "", "the team's ID (admin only; default: the caller's team)")
 	cf.add(cmd.Flags())

@@ -142,6 +142,21 @@ func (h *handler) revoke(w http.ResponseWriter, r *http.Request, team string, k 
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// listCredentials answers team's live credentials of kind k, each as show
+// makes it.
+func listCredentials[T any](h *handler, w http.ResponseWriter, r *http.Request, team string, k store.Kind, show func(*store.Credential) T) {
+	creds, err := h.identity.Credentials(r.Context(), team, k)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	out := make([]T, 0, len(creds))
+	for _, c := range creds {
+		out = append(out, show(c))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 // listAPIKeys answers GET /api-keys: the team's live keys, masked.
 func (h *handler) listAPIKeys(w http.ResponseWriter, r *http.Request) {
 	c, err := h.identityCaller(r)
@@ -149,16 +164,7 @@ func (h *handler) listAPIKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	creds, err := h.identity.Credentials(r.Context(), c.p.Team, store.KindAPIKey)
-	if err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	out := make([]api.TeamAPIKey, 0, len(creds))
-	for _, k := range creds {
-		out = append(out, teamAPIKey(k))
-	}
-	writeJSON(w, http.StatusOK, out)
+	listCredentials(h, w, r, c.p.Team, store.KindAPIKey, teamAPIKey)
 }
 
 // createAPIKey answers POST /api-keys.
@@ -222,16 +228,7 @@ func (h *handler) listAccessTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	creds, err := h.identity.Credentials(r.Context(), c.p.Team, store.KindAccessToken)
-	if err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	out := make([]api.AccessToken, 0, len(creds))
-	for _, k := range creds {
-		out = append(out, accessToken(k))
-	}
-	writeJSON(w, http.StatusOK, out)
+	listCredentials(h, w, r, c.p.Team, store.KindAccessToken, accessToken)
 }
 
 // createAccessToken answers POST /access-tokens.
@@ -348,16 +345,7 @@ func (h *handler) adminListAPIKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	creds, err := h.identity.Credentials(r.Context(), team, store.KindAPIKey)
-	if err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
-	out := make([]api.TeamAPIKey, 0, len(creds))
-	for _, k := range creds {
-		out = append(out, teamAPIKey(k))
-	}
-	writeJSON(w, http.StatusOK, out)
+	listCredentials(h, w, r, team, store.KindAPIKey, teamAPIKey)
 }
 
 // adminCreateAPIKey answers POST /admin/teams/{teamID}/api-keys: a key
