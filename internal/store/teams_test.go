@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +214,27 @@ func readFile(path string) (string, error) {
 		out = append(out, b...)
 	}
 	return string(out), nil
+}
+
+// BenchmarkAuthenticate is the cost every request with a team's key pays.
+func BenchmarkAuthenticate(b *testing.B) {
+	s, err := Open(b.Context(), filepath.Join(b.TempDir(), "fence.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 1000 {
+		if _, _, err := s.MintAPIKey(b.Context(), tenancy.DefaultTeamID, "k"+strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	key, _, err := s.MintAPIKey(b.Context(), tenancy.DefaultTeamID, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := s.Authenticate(b.Context(), KindAPIKey, key); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
