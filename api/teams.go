@@ -75,3 +75,9 @@ type TeamInfo struct {
 type NewTeam struct {
 	Name string `json:"name"`
 }
+
+// KilledSandboxes is the answer of POST /admin/teams/{teamID}/sandboxes/kill.
+type KilledSandboxes struct {
+	KilledCount int `json:"killedCount"`
+	FailedCount int `json:"failedCount"`
+}

@@ -110,6 +110,9 @@ type Options struct {
 	// serves /teams, /api-keys, /access-tokens and the admin routes; nil
 	// admits the bootstrap key alone and answers 501 there.
 	Identity Identity
+	// TeamSandboxes serves the admin routes that count and kill each
+	// team's sandboxes; nil answers 501 there.
+	TeamSandboxes TeamSandboxes
 	// Domain is the sandbox domain: {port}-{id}.{Domain} hosts are sandbox
 	// traffic, and it is returned as `domain` to the SDKs. If empty, only
 	// {port}-{id}.localhost hosts and the routing headers select sandboxes,
@@ -174,6 +177,7 @@ type handler struct {
 	sink       audit.Sink
 	outputs    OutputKeeper
 	identity   Identity // nil: the bootstrap key alone
+	teamBoxes  TeamSandboxes
 	revoked    revocations
 	signatures signatureIndex
 	scans      chan struct{} // a slot per signature scan in progress
@@ -202,6 +206,7 @@ func New(opts Options) http.Handler {
 		audit:       opts.Audit,
 		outputs:     opts.Outputs,
 		identity:    opts.Identity,
+		teamBoxes:   opts.TeamSandboxes,
 		scans:       make(chan struct{}, maxSignatureScans()),
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,

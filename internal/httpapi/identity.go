@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -372,4 +373,64 @@ func (h *handler) adminDeleteAPIKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.revoke(w, r, team, store.KindAPIKey, id, "API key not found")
+}
+
+// TeamSandboxes counts and kills sandboxes by team, for the admin routes.
+type TeamSandboxes interface {
+	// RunningCounts returns the number of running sandboxes of each team
+	// that has any.
+	RunningCounts(ctx context.Context) (map[string]int, error)
+	// KillTeam kills every running sandbox of team and says how many it
+	// killed and how many it failed to.
+	KillTeam(ctx context.Context, team string) (killed, failed int, err error)
+}
+
+// adminRunningCounts answers GET /admin/sandboxes/running-counts:
+// {"<team>": n}, teams with none left out.
+func (h *handler) adminRunningCounts(w http.ResponseWriter, r *http.Request) {
+	if _, err := h.adminCaller(r); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if h.teamBoxes == nil {
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon does not count sandboxes by team"))
+		return
+	}
+	counts, err := h.teamBoxes.RunningCounts(r.Context())
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	out := make(map[string]int, len(counts))
+	for team, n := range counts {
+		if n > 0 {
+			out[team] = n
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// adminKillTeam answers POST /admin/teams/{teamID}/sandboxes/kill: every
+// running sandbox of the team killed; an unknown team has none (zeros),
+// as E2B answers.
+func (h *handler) adminKillTeam(w http.ResponseWriter, r *http.Request) {
+	if _, err := h.adminCaller(r); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	team := r.PathValue("teamID")
+	if !isUUID(team) {
+		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "Invalid team ID"))
+		return
+	}
+	if h.teamBoxes == nil {
+		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon does not kill sandboxes by team"))
+		return
+	}
+	killed, failed, err := h.teamBoxes.KillTeam(r.Context(), team)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.KilledSandboxes{KilledCount: killed, FailedCount: failed})
 }

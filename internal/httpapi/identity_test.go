@@ -346,3 +346,61 @@ func TestRevocationsWatch(t *testing.T) {
 		t.Errorf("%d keys still watched after their requests ended", n)
 	}
 }
+
+// teamBoxes is a TeamSandboxes of fixed counts that records the teams it
+// was asked to kill.
+type teamBoxes struct {
+	counts map[string]int
+	killed []string
+}
+
+func (b *teamBoxes) RunningCounts(context.Context) (map[string]int, error) { return b.counts, nil }
+func (b *teamBoxes) KillTeam(_ context.Context, team string) (int, int, error) {
+	b.killed = append(b.killed, team)
+	return b.counts[team], 0, nil
+}
+
+// TestAdminSandboxRoutes: the running counts (zeros left out) and a
+// team's kill answer the admin alone, in E2B's shapes; bad input kills
+// nothing; without a TeamSandboxes they answer 501.
+func TestAdminSandboxRoutes(t *testing.T) {
+	e := newTestEnv(t)
+	team, tok := teamWithToken(t, e)
+	boxes := &teamBoxes{counts: map[string]int{team: 2, tenancy.DefaultTeamID: 0}}
+	srv := httptest.NewServer(New(Options{Manager: e.m, Network: e.net, APIKey: testKey, Identity: e.st, TeamSandboxes: boxes}))
+	t.Cleanup(srv.Close)
+	plain := e.srv
+	e.srv = srv
+	admin := "X-API-Key: " + testKey
+
+	resp, b := e.do(t, "GET", "/admin/sandboxes/running-counts", "", admin)
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `{"`+team+`":2}` {
+		t.Fatalf("running counts = %d %s", resp.StatusCode, b)
+	}
+	for _, c := range []struct {
+		path, hdr string
+		status    int
+	}{
+		{"/admin/teams/" + team + "/sandboxes/kill", "Authorization: Bearer " + tok, 401},
+		{"/admin/teams/nope/sandboxes/kill", admin, 400},
+	} {
+		if resp, b := e.do(t, "POST", c.path, "", c.hdr); resp.StatusCode != c.status {
+			t.Errorf("POST %s = %d %s, want %d", c.path, resp.StatusCode, b, c.status)
+		}
+	}
+	if resp, _ := e.do(t, "GET", "/admin/sandboxes/running-counts", "", "Authorization: Bearer "+tok); resp.StatusCode != 401 {
+		t.Errorf("running counts with a team's token = %d, want 401", resp.StatusCode)
+	}
+	if len(boxes.killed) != 0 {
+		t.Fatalf("refused requests killed %v", boxes.killed)
+	}
+	resp, b = e.do(t, "POST", "/admin/teams/"+team+"/sandboxes/kill", "", admin)
+	if k := decode[api.KilledSandboxes](t, b); resp.StatusCode != 200 || k.KilledCount != 2 || len(boxes.killed) != 1 || boxes.killed[0] != team {
+		t.Fatalf("kill = %d %s (killed %v)", resp.StatusCode, b, boxes.killed)
+	}
+
+	e.srv = plain
+	if resp, _ := e.do(t, "POST", "/admin/teams/"+team+"/sandboxes/kill", "", admin); resp.StatusCode != 501 {
+		t.Errorf("kill without TeamSandboxes = %d, want 501", resp.StatusCode)
+	}
+}

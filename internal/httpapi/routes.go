@@ -77,5 +77,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /admin/teams/{teamID}/api-keys", h.adminListAPIKeys)
 	mux.HandleFunc("POST /admin/teams/{teamID}/api-keys", h.adminCreateAPIKey)
 	mux.HandleFunc("DELETE /admin/teams/{teamID}/api-keys/{apiKeyID}", h.adminDeleteAPIKey)
+	mux.HandleFunc("POST /admin/teams/{teamID}/sandboxes/kill", h.adminKillTeam)
+	mux.HandleFunc("GET /admin/sandboxes/running-counts", h.adminRunningCounts)
 	return mux
 }
