@@ -334,7 +334,7 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 // a request to a sandbox. Nothing inside a sandbox is trusted, so none of
 // them reaches it.
 var fenceHeaders = []string{api.HeaderAPIKey, api.HeaderAccessToken, api.HeaderTrafficToken,
-	api.HeaderSandboxID, api.HeaderSandboxPort}
+	api.HeaderSandboxID, api.HeaderSandboxPort, headerAdminToken, HeaderTeamID}
 
 // stripCredentials removes fence's credentials from a request about to be
 // forwarded into a sandbox: fenceHeaders, and an Authorization header that
