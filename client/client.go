@@ -62,10 +62,25 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 	return c
 }
 
+// authorize puts the client's credential on req: an access token
+// (sk_e2b_…) as a Bearer token, an API key in X-API-Key.
+func (c *Client) authorize(req *http.Request) {
+	if strings.HasPrefix(c.apiKey, "sk_e2b_") {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+		return
+	}
+	req.Header.Set(api.HeaderAPIKey, c.apiKey)
+}
+
 // do sends a control-plane request with a JSON body (when in is not nil) and
 // decodes a JSON response into out (when out is not nil). A status outside
 // okStatus is turned into *Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any, okStatus ...int) (*http.Response, error) {
+	return c.doWith(ctx, nil, method, path, query, in, out, okStatus...)
+}
+
+// doWith is do with extra request headers.
+func (c *Client) doWith(ctx context.Context, hdr http.Header, method, path string, query url.Values, in, out any, okStatus ...int) (*http.Response, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -82,7 +97,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return nil, fmt.Errorf("building request: %w", err)
 	}
-	req.Header.Set(api.HeaderAPIKey, c.apiKey)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	c.authorize(req)
 	req.Header.Set("User-Agent", userAgent)
 	req.Header.Set("Accept", "application/json")
 	if in != nil {

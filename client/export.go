@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-
-	"github.com/fencesandbox/fence/api"
 )
 
 // Export writes the forensics archive (tar.gz) of a sandbox, running,
@@ -18,7 +16,7 @@ func (c *Client) Export(ctx context.Context, sandboxID string, w io.Writer) (int
 	if err != nil {
 		return 0, fmt.Errorf("building request: %w", err)
 	}
-	req.Header.Set(api.HeaderAPIKey, c.apiKey)
+	c.authorize(req)
 	req.Header.Set("User-Agent", userAgent)
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // TestAuditDaemon runs the audit trail in a real daemon: its files and
@@ -129,8 +130,8 @@ func TestAuditSources(t *testing.T) {
 		s := string(data)
 		switch r.Type {
 		case audit.TypeCreate:
-			if !strings.Contains(s, "GLOBAL_TOKEN") || !strings.HasPrefix(r.Actor, "key:") {
-				t.Errorf("create record %s by %q, want the variable's name and the key's holder", s, r.Actor)
+			if !strings.Contains(s, "GLOBAL_TOKEN") || r.Actor != "team:"+tenancy.DefaultTeamID+" key:"+tenancy.BootstrapKeyID {
+				t.Errorf("create record %s by %q, want the variable's name and the bootstrap key's team and ID", s, r.Actor)
 			}
 		case audit.TypeProcStart:
 			sawStart = strings.Contains(s, `"cmd":"sh"`) && strings.Contains(s, "CMD_TOKEN") && strings.Contains(s, `"user":"root"`)

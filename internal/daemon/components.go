@@ -538,6 +538,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Network:         d.nets,
 		Layers:          d.keeper,
 		APIKey:          d.key,
+		Identity:        d.st,
 		Domain:          o.Domain,
 		Logger:          d.log,
 		Metrics:         d.reg.Handler(),

@@ -23,7 +23,7 @@ func newAuditEnv(t *testing.T) (*testEnv, *audit.Log) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Manager: e.m, Pauses: e.m.Pauses(), Network: e.net, APIKey: testKey, Domain: "fence.test", Audit: al}))
+	srv := httptest.NewServer(New(Options{Manager: e.m, Pauses: e.m.Pauses(), Network: e.net, APIKey: testKey, Domain: "fence.test", Audit: al, Identity: e.st}))
 	t.Cleanup(func() {
 		srv.Close()
 		al.Close()

@@ -11,8 +11,13 @@
 //
 // # Guarantees
 //
-//   - Control-plane routes other than GET /health require the API key in
-//     X-API-Key, compared in constant time.
+//   - Control-plane routes other than GET /health require a credential:
+//     the bootstrap key (compared in constant time), or a team's API key
+//     or access token (looked up by hash on every request, so a revoked
+//     one is refused on its next request, and the requests it has in
+//     flight, open streams included, end). The request's context carries
+//     its tenancy.Principal; the audit trail names it as
+//     "team:<id> key:<key id>", never the key.
 //   - Every error body is api.Error {"code":N,"message":"…"}; the mapping
 //     from the api.Err* taxonomy to status codes is errors.go's alone.
 //   - Sandbox traffic reaches the agent only with the sandbox's access
@@ -32,7 +37,7 @@ package httpapi
 
 import (
 	"context"
-	"crypto/subtle"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -97,9 +102,17 @@ type Options struct {
 	// routes, and checkpoints the sandboxes created with autoCheckpoint
 	// before each command; nil answers 501 there.
 	Layers Layers
-	// APIKey is required in X-API-Key on control-plane routes. If empty,
-	// every authenticated route answers 401: the API fails closed.
+	// APIKey is the bootstrap key: the admin of the default team (in
+	// X-API-Key). If empty, and no Identity, every authenticated route
+	// answers 401: the API fails closed.
 	APIKey string
+	// Identity keeps the teams and their API keys and access tokens, and
+	// serves /teams, /api-keys, /access-tokens and the admin routes; nil
+	// admits the bootstrap key alone and answers 501 there.
+	Identity Identity
+	// TeamSandboxes serves the admin routes that count and kill each
+	// team's sandboxes; nil answers 501 there.
+	TeamSandboxes TeamSandboxes
 	// Domain is the sandbox domain: {port}-{id}.{Domain} hosts are sandbox
 	// traffic, and it is returned as `domain` to the SDKs. If empty, only
 	// {port}-{id}.localhost hosts and the routing headers select sandboxes,
@@ -107,8 +120,9 @@ type Options struct {
 	Domain string
 	// Logger; nil discards logs.
 	Logger *slog.Logger
-	// Metrics, if set, is served at GET /metrics (API key required, in
-	// X-API-Key or as a Bearer token, so Prometheus can scrape it).
+	// Metrics, if set, is served at GET /metrics to the admin alone (the
+	// bootstrap key, in X-API-Key or as a Bearer token, so Prometheus can
+	// scrape it): its figures span every team.
 	Metrics http.Handler
 	// Now returns the current time (signature expiry); nil means time.Now.
 	Now func() time.Time
@@ -162,7 +176,9 @@ type handler struct {
 	// nothing is recorded.
 	sink       audit.Sink
 	outputs    OutputKeeper
-	keyActor   string
+	identity   Identity // nil: the bootstrap key alone
+	teamBoxes  TeamSandboxes
+	revoked    revocations
 	signatures signatureIndex
 	scans      chan struct{} // a slot per signature scan in progress
 	templates  Templates
@@ -189,7 +205,8 @@ func New(opts Options) http.Handler {
 		downloads:   opts.Downloads,
 		audit:       opts.Audit,
 		outputs:     opts.Outputs,
-		keyActor:    audit.KeyActor(opts.APIKey),
+		identity:    opts.Identity,
+		teamBoxes:   opts.TeamSandboxes,
 		scans:       make(chan struct{}, maxSignatureScans()),
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,
@@ -246,41 +263,35 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		h.serveUnmatched(w, r)
 		return
 	}
-	if pattern != routeHealth && !h.authenticated(r) {
-		if h.sink != nil {
-			h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, Actor: "unauthenticated",
-				Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": http.StatusUnauthorized}})
-		}
-		msg := "invalid API key"
-		if r.Header.Get("X-API-Key") == "" {
-			msg = "missing API key: send it in the X-API-Key header"
-		}
-		writeError(w, r, h.log, errorf(errUnauthenticated, "%s", msg))
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	if h.sink == nil || pattern == routeHealth {
+	if pattern == routeHealth {
 		h.mux.ServeHTTP(w, r)
 		return
 	}
-	r = r.WithContext(audit.WithActor(r.Context(), h.keyActor))
+	c, err := h.authenticate(r)
+	if err != nil {
+		if h.sink != nil && errors.Is(err, errUnauthenticated) {
+			h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, Actor: "unauthenticated",
+				Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": http.StatusUnauthorized}})
+		}
+		writeError(w, r, h.log, err)
+		return
+	}
+	r, stop := h.withCaller(r, c)
+	defer stop()
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	if h.sink == nil {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	who := actor(c.p)
+	r = r.WithContext(audit.WithActor(r.Context(), who))
 	tw := &tapWriter{ResponseWriter: w}
 	h.mux.ServeHTTP(tw, r)
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		return // reads are not actions
 	}
 	h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, SandboxID: r.PathValue("id"),
-		Actor: h.keyActor, Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": tw.status}})
-}
-
-func (h *handler) authenticated(r *http.Request) bool {
-	got := []byte(r.Header.Get("X-API-Key"))
-	if len(got) == 0 && r.URL.Path == "/metrics" {
-		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			got = []byte(tok)
-		}
-	}
-	return len(h.apiKey) > 0 && subtle.ConstantTimeCompare(got, h.apiKey) == 1
+		Actor: who, Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": tw.status}})
 }
 
 // serveUnmatched answers requests no route takes: 405 when the path exists

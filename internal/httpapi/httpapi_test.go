@@ -84,7 +84,7 @@ func newTestEnv(t *testing.T, fopts ...fake.Options) *testEnv {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(New(Options{Manager: m, Pauses: m.Pauses(), Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
-		Secrets: sec, Downloads: dl, Usage: m.Meter()}))
+		Secrets: sec, Downloads: dl, Usage: m.Meter(), Identity: st}))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())

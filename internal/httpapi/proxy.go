@@ -19,6 +19,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/store"
 )
 
 // target is the sandbox and port a request is addressed to.
@@ -86,6 +87,12 @@ func (h *handler) running(id string) (isolation.Sandbox, *sandbox.Sandbox, bool)
 }
 
 func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target) {
+	r, stop, err := h.sandboxCaller(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	defer stop()
 	if !api.ValidSandboxID(t.id) {
 		writeNotFound(w, t.id, msgSandboxNotFound)
 		return
@@ -327,22 +334,57 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 // a request to a sandbox. Nothing inside a sandbox is trusted, so none of
 // them reaches it.
 var fenceHeaders = []string{api.HeaderAPIKey, api.HeaderAccessToken, api.HeaderTrafficToken,
-	api.HeaderSandboxID, api.HeaderSandboxPort}
+	api.HeaderSandboxID, api.HeaderSandboxPort, headerAdminToken, HeaderTeamID}
 
 // stripCredentials removes fence's credentials from a request about to be
 // forwarded into a sandbox: fenceHeaders, and an Authorization header that
-// carries the API key as a Bearer token (as GET /metrics accepts it).
+// carries the bootstrap key, or anything shaped like an API key or access
+// token, as a Bearer token.
 func (h *handler) stripCredentials(hdr http.Header) {
 	for _, k := range fenceHeaders {
 		hdr.Del(k)
 	}
 	for _, v := range hdr.Values("Authorization") {
 		tok, ok := cutPrefixFold(v, "Bearer ")
-		if ok && len(h.apiKey) > 0 && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), h.apiKey) == 1 {
+		tok = strings.TrimSpace(tok)
+		if ok && (h.isBootstrap(tok) || store.WellFormed(store.KindAPIKey, tok) || store.WellFormed(store.KindAccessToken, tok)) {
 			hdr.Del("Authorization")
 			break
 		}
 	}
+}
+
+// sandboxCaller checks the fence credential a request to a sandbox carries,
+// if any (X-API-Key, or a Bearer API key or access token): sandbox traffic
+// needs none (the sandbox's access token, traffic token or a URL signature
+// lets it in), but one that is shown must be live, so a revoked key is
+// refused on its next request here too, and its requests in flight end
+// when it is revoked. The request returned carries the principal.
+func (h *handler) sandboxCaller(r *http.Request) (*http.Request, func(), error) {
+	none := func() {}
+	if r.Header.Get(api.HeaderAPIKey) == "" && r.Header.Get(headerAdminToken) == "" {
+		tok, ok := cutPrefixFold(r.Header.Get("Authorization"), "Bearer ")
+		tok = strings.TrimSpace(tok)
+		k := store.KindAPIKey
+		if strings.HasPrefix(tok, store.KindAccessToken.Prefix()) {
+			k = store.KindAccessToken
+		}
+		if !ok || h.isBootstrap(tok) || !strings.HasPrefix(tok, k.Prefix()) {
+			return r, none, nil
+		}
+		c, err := h.lookup(r.Context(), k, tok)
+		if err != nil {
+			return r, none, err
+		}
+		r, stop := h.withCaller(r, c)
+		return r, stop, nil
+	}
+	c, err := h.credential(r)
+	if err != nil {
+		return r, none, err
+	}
+	r, stop := h.withCaller(r, c)
+	return r, stop, nil
 }
 
 // cutPrefixFold is strings.CutPrefix with an ASCII case-insensitive prefix.

@@ -421,6 +421,9 @@ func TestStripCredentials(t *testing.T) {
 		{"fence headers", http.Header{"X-Api-Key": {testKey}, "X-Access-Token": {"t"}, "E2b-Traffic-Access-Token": {"x"},
 			"E2b-Sandbox-Id": {"s"}, "E2b-Sandbox-Port": {"80"}, "Accept": {"*/*"}}, http.Header{"Accept": {"*/*"}}},
 		{"bearer API key", http.Header{"Authorization": {"bearer " + testKey}}, http.Header{}},
+		{"admin token and team", http.Header{"X-Admin-Token": {testKey}, "X-Team-Id": {"t"}}, http.Header{}},
+		{"a team's bearer key", http.Header{"Authorization": {"Bearer e2b_00ff"}}, http.Header{}},
+		{"a bearer access token", http.Header{"Authorization": {"Bearer sk_e2b_00ff"}}, http.Header{}},
 		{"the app's own bearer", http.Header{"Authorization": {"Bearer app-token"}}, http.Header{"Authorization": {"Bearer app-token"}}},
 		{"the app's basic", http.Header{"Authorization": {"Basic dTpw"}}, http.Header{"Authorization": {"Basic dTpw"}}},
 	}

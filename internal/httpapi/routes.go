@@ -51,7 +51,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("PATCH /templates/{id}", h.patchTemplate)
 	mux.HandleFunc("PATCH /v2/templates/{id}", h.patchTemplate)
 	if h.promMetrics != nil {
-		mux.Handle("GET /metrics", h.promMetrics)
+		mux.Handle("GET /metrics", h.adminOnly(h.promMetrics))
 	}
 
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h.fork)
@@ -62,5 +62,22 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
+
+	// Teams, API keys and access tokens (identity.go).
+	mux.HandleFunc("GET /teams", h.listTeams)
+	mux.HandleFunc("GET /api-keys", h.listAPIKeys)
+	mux.HandleFunc("POST /api-keys", h.createAPIKey)
+	mux.HandleFunc("PATCH /api-keys/{apiKeyID}", h.renameAPIKey)
+	mux.HandleFunc("DELETE /api-keys/{apiKeyID}", h.deleteAPIKey)
+	mux.HandleFunc("GET /access-tokens", h.listAccessTokens)
+	mux.HandleFunc("POST /access-tokens", h.createAccessToken)
+	mux.HandleFunc("DELETE /access-tokens/{accessTokenID}", h.deleteAccessToken)
+	mux.HandleFunc("GET /admin/teams", h.adminListTeams)
+	mux.HandleFunc("POST /admin/teams", h.adminCreateTeam)
+	mux.HandleFunc("GET /admin/teams/{teamID}/api-keys", h.adminListAPIKeys)
+	mux.HandleFunc("POST /admin/teams/{teamID}/api-keys", h.adminCreateAPIKey)
+	mux.HandleFunc("DELETE /admin/teams/{teamID}/api-keys/{apiKeyID}", h.adminDeleteAPIKey)
+	mux.HandleFunc("POST /admin/teams/{teamID}/sandboxes/kill", h.adminKillTeam)
+	mux.HandleFunc("GET /admin/sandboxes/running-counts", h.adminRunningCounts)
 	return mux
 }

@@ -75,6 +75,6 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	if h.sink != nil {
-		h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: "sandbox.export", SandboxID: id, Actor: h.keyActor})
+		h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: "sandbox.export", SandboxID: id, Actor: audit.ActorFrom(r.Context())})
 	}
 }

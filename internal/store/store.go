@@ -19,6 +19,9 @@
 //     it is marked killed.
 //   - A secret's value is stored only as the sealed bytes internal/secrets
 //     gives it; the store never sees a value.
+//   - An API key's or access token's value is never stored: only its
+//     SHA-256 (teams.go), looked up by hash and compared in constant
+//     time; a revoked one never authenticates again.
 //
 // The store holds facts only; the lifecycle rules live in internal/sandbox.
 package store
@@ -199,6 +202,8 @@ var migrations = []string{
 	migrationCold,
 	// A record's template is its ID; the alias it was named by apart.
 	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
+	// Teams, and their API keys and access tokens as hashes (teams.go).
+	migrationTeams,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

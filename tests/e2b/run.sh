@@ -12,6 +12,9 @@
 # the daemon with `--backend gvisor`, so every sandbox the tests make is a
 # gVisor one (runsc from scripts/build-runsc.sh); the default is native.
 # The tests read the backend as FENCE_E2B_BACKEND.
+# FENCE_E2B_TEAM_KEY=1 runs the tests with the API key of a team made for
+# the run (fence team create, fence key create) instead of the daemon's own
+# key, the admin of the default team.
 # Extra arguments go to `node --test` (e.g. a single test file);
 # `run.sh --bench` runs bench.mjs against the daemon instead of the tests,
 # `run.sh --bench-ci` bench-code-interpreter.mjs.
@@ -116,6 +119,11 @@ for _ in $(seq 100); do
 done
 
 export E2B_API_KEY="$key"
+if [[ -n "${FENCE_E2B_TEAM_KEY:-}" ]]; then
+	team="$(FENCE_URL="http://127.0.0.1:$port" FENCE_API_KEY="$key" "$repo/bin/fence" team create e2b-tests)"
+	E2B_API_KEY="$(FENCE_URL="http://127.0.0.1:$port" FENCE_API_KEY="$key" "$repo/bin/fence" key create sdk --team "$team")"
+	echo "run.sh: as team $team" >&2
+fi
 export E2B_API_URL="http://127.0.0.1:$port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$port"
 unset E2B_DEBUG E2B_DOMAIN
