@@ -1,0 +1,70 @@
+package tenancy
+
+import (
+	"math"
+	"time"
+)
+
+// bucket is a token bucket of one key's requests.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// RateDecision is the answer of Allow: whether the request may go, and
+// what the RateLimit-* and Retry-After headers say.
+type RateDecision struct {
+	Allowed bool
+	// Limited is false when the team has no request rate limit: no
+	// headers are due.
+	Limited   bool
+	Limit     int           // the burst
+	Remaining int           // requests left at once after this one
+	Reset     time.Duration // until the bucket is full again
+	// RetryAfter is the wait until one request is allowed (refusals
+	// only), at least one second.
+	RetryAfter time.Duration
+}
+
+// Allow takes one request of p's key from its token bucket (the team's
+// RequestsPerSecond and Burst; a Burst of 0 is one second of requests,
+// at least one), at now. A team without a rate limit is always allowed.
+func (q *Quotas) Allow(p Principal, now time.Time) RateDecision {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := q.limitsLocked(p.Team)
+	if l.RequestsPerSecond <= 0 {
+		return RateDecision{Allowed: true}
+	}
+	burst := l.Burst
+	if burst <= 0 {
+		burst = max(1, int(math.Ceil(l.RequestsPerSecond)))
+	}
+	key := p.Team + "\x00" + p.KeyID
+	b := q.buckets[key]
+	if b == nil {
+		b = &bucket{tokens: float64(burst), at: now}
+		q.buckets[key] = b
+	}
+	if el := now.Sub(b.at).Seconds(); el > 0 {
+		b.tokens = math.Min(float64(burst), b.tokens+el*l.RequestsPerSecond)
+		b.at = now
+	}
+	if b.tokens > float64(burst) {
+		b.tokens = float64(burst) // the limits were lowered meanwhile
+	}
+	d := RateDecision{Limited: true, Limit: burst}
+	if b.tokens >= 1 {
+		b.tokens--
+		d.Allowed = true
+	} else {
+		wait := time.Duration((1 - b.tokens) / l.RequestsPerSecond * float64(time.Second))
+		d.RetryAfter = max(time.Second, wait.Round(time.Second))
+		if d.RetryAfter < wait {
+			d.RetryAfter += time.Second
+		}
+	}
+	d.Remaining = int(b.tokens)
+	d.Reset = time.Duration((float64(burst) - b.tokens) / l.RequestsPerSecond * float64(time.Second))
+	return d
+}
