@@ -240,11 +240,12 @@ func checkSize(l Limits, s Size) error {
 	case l.VCPUs > 0 && s.CPUs > l.VCPUs:
 		return fmt.Errorf("CPU count can't be higher than %v (the team's limit of vCPUs): %w", l.VCPUs, api.ErrInvalidArgument)
 	case l.MemoryMB > 0 && s.MemoryMB > l.MemoryMB:
+		//lint:ignore ST1005 E2B's message, word for word
 		return fmt.Errorf("Memory can't be higher than %d MiB (the team's limit of memory): %w", l.MemoryMB, api.ErrInvalidArgument)
 	case l.DiskMB > 0 && s.DiskMB > l.DiskMB:
-		return fmt.Errorf("Disk size can't be higher than %d MiB (the team's limit per sandbox): %w", l.DiskMB, api.ErrInvalidArgument)
+		return fmt.Errorf("disk size can't be higher than %d MiB (the team's limit per sandbox): %w", l.DiskMB, api.ErrInvalidArgument)
 	case l.MaxLifetimeSeconds > 0 && s.Timeout > l.MaxLifetime():
-		return fmt.Errorf("Timeout can't be longer than %d seconds (the team's maximum sandbox lifetime): %w", l.MaxLifetimeSeconds, api.ErrInvalidArgument)
+		return fmt.Errorf("timeout can't be longer than %d seconds (the team's maximum sandbox lifetime): %w", l.MaxLifetimeSeconds, api.ErrInvalidArgument)
 	}
 	return nil
 }
