@@ -199,6 +199,8 @@ var migrations = []string{
 	migrationCold,
 	// A record's template is its ID; the alias it was named by apart.
 	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
+	// The teams' own limits (limits.go).
+	migrationTeamLimits,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
