@@ -200,6 +200,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		delete(m.running, id)
 		m.fences.Drop(id)
 		m.adm.remove()
+		m.quota.Remove(id)
 	}
 	m.mu.Unlock()
 	if !ok {

@@ -184,8 +184,11 @@ type Hold struct {
 	once sync.Once
 }
 
-// Commit makes the hold sandbox id's.
+// Commit makes the hold sandbox id's. A nil Hold does nothing.
 func (h *Hold) Commit(id string) {
+	if h == nil {
+		return
+	}
 	h.once.Do(func() {
 		h.q.mu.Lock()
 		defer h.q.mu.Unlock()
@@ -193,8 +196,11 @@ func (h *Hold) Commit(id string) {
 	})
 }
 
-// Cancel gives the hold back.
+// Cancel gives the hold back. A nil Hold does nothing.
 func (h *Hold) Cancel() {
+	if h == nil {
+		return
+	}
 	h.once.Do(func() {
 		h.q.mu.Lock()
 		defer h.q.mu.Unlock()
