@@ -46,6 +46,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Manager is the part of *sandbox.Manager the API uses.
@@ -134,6 +135,12 @@ type Options struct {
 	// Usage serves GET /usage and the sandboxes' metrics routes; nil
 	// answers 501 there.
 	Usage Usage
+	// Quotas serves /teams/{teamID}/limits and limits each key's request
+	// rate; nil answers 501 there and limits no rate.
+	Quotas *tenancy.Quotas
+	// Teams says which teams exist, for the limits routes; nil knows the
+	// default team only.
+	Teams Teams
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -169,6 +176,8 @@ type handler struct {
 	exporter   Exporter
 	meter      Usage
 	warming    sync.WaitGroup // warmAgent calls in flight
+	quotas     *tenancy.Quotas
+	teams      Teams
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -194,6 +203,8 @@ func New(opts Options) http.Handler {
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,
 		meter:       opts.Usage,
+		quotas:      opts.Quotas,
+		teams:       opts.Teams,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -257,6 +268,12 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 		}
 		writeError(w, r, h.log, errorf(errUnauthenticated, "%s", msg))
 		return
+	}
+	if pattern != routeHealth {
+		r = r.WithContext(tenancy.NewContext(r.Context(), bootstrapPrincipal))
+		if !h.allowRate(w, r) {
+			return
+		}
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
 	if h.sink == nil || pattern == routeHealth {

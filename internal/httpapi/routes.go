@@ -62,5 +62,8 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
+
+	mux.HandleFunc("GET /teams/{teamID}/limits", h.getTeamLimits)
+	mux.HandleFunc("PUT /teams/{teamID}/limits", h.putTeamLimits)
 	return mux
 }
