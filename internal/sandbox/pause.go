@@ -341,6 +341,9 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
+	if err := p.quota.CheckTimeout(id, d); err != nil {
+		return err
+	}
 	repause, err := p.quota.Resume(id)
 	if err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)

@@ -32,7 +32,12 @@ func quotaSize(s *Sandbox) tenancy.Size {
 }
 
 // admitTeam takes room in the team's quota for the create c planned.
+// A template build's sandboxes are the daemon's, not a team's: builds
+// are limited apart (the API refuses BuildMetadataKey in a create).
 func (c *creating) admitTeam(ctx context.Context) error {
+	if _, ok := c.req.Metadata[BuildMetadataKey]; ok {
+		return nil
+	}
 	size := tenancy.Size{CPUs: c.limits.CPUs, MemoryMB: c.limits.MemoryBytes >> 20,
 		DiskMB: c.limits.DiskBytes >> 20, Timeout: c.timeout}
 	h, err := c.m.quota.Admit(teamOf(ctx), size)

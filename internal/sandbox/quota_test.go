@@ -127,3 +127,42 @@ func TestTeamQuotaFailedCreateGivesBack(t *testing.T) {
 		t.Fatalf("usage %+v", u)
 	}
 }
+
+// A team's maximum lifetime bounds the timeout at create, at a resume and
+// when it is set; a template build's sandboxes are not the team's.
+func TestTeamQuotaLifetimeAndBuilds(t *testing.T) {
+	e, q := quotaEnv(t, tenancy.Limits{ConcurrentSandboxes: 1, MaxLifetimeSeconds: 60})
+	ctx := as(t.Context(), "a")
+	if _, err := e.m.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour}); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Fatalf("Create(1h) = %v, want invalid argument", err)
+	}
+	s, err := e.m.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.SetTimeout(ctx, s.ID, time.Hour); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Fatalf("SetTimeout(1h) = %v, want invalid argument", err)
+	}
+	if err := e.m.Pauses().Pause(ctx, s.ID, WithMemory); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Pauses().Resume(ctx, s.ID, time.Hour, nil, WithMemory); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Fatalf("Resume(1h) = %v, want invalid argument", err)
+	}
+	if _, err := e.m.Pauses().Resume(ctx, s.ID, time.Minute, nil, WithMemory); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.m.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour, Metadata: map[string]string{BuildMetadataKey: "b1"}})
+	if err != nil {
+		t.Fatalf("a build's sandbox: %v", err)
+	}
+	if u := q.Usage("a"); u.Running != 1 {
+		t.Fatalf("usage %+v: the build's sandbox counted", u)
+	}
+	if err := e.m.Kill(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if u := q.Usage("a"); u.Running != 1 {
+		t.Fatalf("usage %+v after the build's kill", u)
+	}
+}

@@ -24,7 +24,8 @@ type Limits struct {
 	MemoryMB int64 `json:"memoryMB"`
 	// DiskMB caps the writable disk (MiB) of each sandbox.
 	DiskMB int64 `json:"diskMB"`
-	// MaxLifetimeSeconds caps a sandbox's timeout at its create.
+	// MaxLifetimeSeconds caps a sandbox's timeout: at its create, and
+	// each time it is set, extended or given to a resume.
 	MaxLifetimeSeconds int64 `json:"maxLifetimeSeconds"`
 	// RequestsPerSecond is the steady rate of control-plane requests each
 	// of the team's keys may make; Burst how many it may make at once.

@@ -34,6 +34,9 @@ type Admission interface {
 	// Resume moves sandbox id from paused to running, refused at the
 	// team's running limits; undo moves it back (the resume failed).
 	Resume(id string) (undo func(), err error)
+	// CheckTimeout refuses a timeout of sandbox id longer than its team's
+	// MaxLifetimeSeconds, with an error wrapping api.ErrInvalidArgument.
+	CheckTimeout(id string, d time.Duration) error
 	// Adopt counts a sandbox no create admitted (one taken over from a
 	// previous daemon), whatever the limits: it exists already.
 	Adopt(id, team string, size Size, paused bool)
@@ -330,6 +333,17 @@ func (q *Quotas) moveLocked(b *box, paused bool) {
 	q.addLocked(b.team, b.size, b.paused, -1)
 	b.paused = paused
 	q.addLocked(b.team, b.size, b.paused, 1)
+}
+
+// CheckTimeout implements Admission.
+func (q *Quotas) CheckTimeout(id string, d time.Duration) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	b := q.boxes[id]
+	if b == nil {
+		return nil
+	}
+	return checkSize(q.limitsLocked(b.team), Size{Timeout: d})
 }
 
 // Adopt implements Admission.
