@@ -79,6 +79,8 @@ type Quotas struct {
 	boxes map[string]*box // by sandbox ID
 	// +checklocks:mu
 	buckets map[string]*bucket // by team and key
+	// +checklocks:mu
+	pruneAt int // the number of buckets the next pruning waits for
 }
 
 type box struct {
@@ -159,6 +161,20 @@ func (q *Quotas) Usage(team string) Usage {
 		return *u
 	}
 	return Usage{}
+}
+
+// RunningCounts returns the number of running sandboxes of each team
+// that has any (E2B's admin running counts: zeros left out).
+func (q *Quotas) RunningCounts() map[string]int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := map[string]int{}
+	for team, u := range q.use {
+		if u.Running > 0 {
+			out[team] = u.Running
+		}
+	}
+	return out
 }
 
 // +checklocks:q.mu

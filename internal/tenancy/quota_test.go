@@ -186,3 +186,39 @@ func TestAllow(t *testing.T) {
 		t.Fatalf("no limit: %+v", d)
 	}
 }
+
+// Buckets full again go once there are many (a bucket made anew is
+// full: nothing changes for their keys); a key in debt keeps its bucket.
+func TestAllowPrunesIdleBuckets(t *testing.T) {
+	q := newQuotas(t, Limits{RequestsPerSecond: 1, Burst: 1})
+	if err := q.Set(t.Context(), "slow", Limits{RequestsPerSecond: 0.001, Burst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	debtor := Principal{Team: "slow", KeyID: "k"}
+	q.Allow(debtor, now)
+	for i := range 3 * minPrune {
+		q.Allow(Principal{Team: "t", KeyID: fmt.Sprint(i)}, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	q.mu.Lock()
+	n := len(q.buckets)
+	q.mu.Unlock()
+	if n >= 2*minPrune {
+		t.Fatalf("%d buckets kept", n)
+	}
+	if d := q.Allow(debtor, now.Add(5*time.Second)); d.Allowed {
+		t.Fatalf("a key in debt lost its bucket: %+v", d)
+	}
+}
+
+func TestRunningCounts(t *testing.T) {
+	q := newQuotas(t, Limits{})
+	for i, team := range []string{"a", "a", "b"} {
+		h, _ := q.Admit(team, Size{})
+		h.Commit(fmt.Sprint(i))
+	}
+	q.Pause("2")
+	if got := q.RunningCounts(); len(got) != 1 || got["a"] != 2 {
+		t.Fatalf("RunningCounts = %v", got)
+	}
+}

@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"math"
+	"strings"
 	"time"
 )
 
@@ -26,6 +27,29 @@ type RateDecision struct {
 	RetryAfter time.Duration
 }
 
+// minPrune is the number of buckets under which none is pruned.
+const minPrune = 1024
+
+// pruneLocked drops, once there are twice as many buckets as after the
+// last pruning, the buckets full again by now: a bucket made anew is
+// full, so nothing changes for their keys, and keys no longer used (a
+// revoked one) hold no memory.
+//
+// +checklocks:q.mu
+func (q *Quotas) pruneLocked(now time.Time) {
+	if len(q.buckets) < max(minPrune, q.pruneAt) {
+		return
+	}
+	for key, b := range q.buckets {
+		team, _, _ := strings.Cut(key, "\x00")
+		l := q.limitsLocked(team)
+		if l.RequestsPerSecond <= 0 || b.tokens+now.Sub(b.at).Seconds()*l.RequestsPerSecond >= float64(max(l.Burst, 1)) {
+			delete(q.buckets, key)
+		}
+	}
+	q.pruneAt = 2 * len(q.buckets)
+}
+
 // Allow takes one request of p's key from its token bucket (the team's
 // RequestsPerSecond and Burst; a Burst of 0 is one second of requests,
 // at least one), at now. A team without a rate limit is always allowed.
@@ -43,6 +67,7 @@ func (q *Quotas) Allow(p Principal, now time.Time) RateDecision {
 	key := p.Team + "\x00" + p.KeyID
 	b := q.buckets[key]
 	if b == nil {
+		q.pruneLocked(now)
 		b = &bucket{tokens: float64(burst), at: now}
 		q.buckets[key] = b
 	}
