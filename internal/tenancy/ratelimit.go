@@ -27,6 +27,15 @@ type RateDecision struct {
 	RetryAfter time.Duration
 }
 
+// burstOf is the size of l's buckets: Burst, else one second of
+// requests, at least one.
+func burstOf(l Limits) int {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return max(1, int(math.Ceil(l.RequestsPerSecond)))
+}
+
 // minPrune is the number of buckets under which none is pruned.
 const minPrune = 1024
 
@@ -43,7 +52,7 @@ func (q *Quotas) pruneLocked(now time.Time) {
 	for key, b := range q.buckets {
 		team, _, _ := strings.Cut(key, "\x00")
 		l := q.limitsLocked(team)
-		if l.RequestsPerSecond <= 0 || b.tokens+now.Sub(b.at).Seconds()*l.RequestsPerSecond >= float64(max(l.Burst, 1)) {
+		if l.RequestsPerSecond <= 0 || b.tokens+now.Sub(b.at).Seconds()*l.RequestsPerSecond >= float64(burstOf(l)) {
 			delete(q.buckets, key)
 		}
 	}
@@ -60,10 +69,7 @@ func (q *Quotas) Allow(p Principal, now time.Time) RateDecision {
 	if l.RequestsPerSecond <= 0 {
 		return RateDecision{Allowed: true}
 	}
-	burst := l.Burst
-	if burst <= 0 {
-		burst = max(1, int(math.Ceil(l.RequestsPerSecond)))
-	}
+	burst := burstOf(l)
 	key := p.Team + "\x00" + p.KeyID
 	b := q.buckets[key]
 	if b == nil {
