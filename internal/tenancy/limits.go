@@ -24,6 +24,8 @@ type Limits struct {
 	MemoryMB int64 `json:"memoryMB"`
 	// DiskMB caps the writable disk (MiB) of each sandbox.
 	DiskMB int64 `json:"diskMB"`
+	// ConcurrentBuilds caps the team's template builds in progress.
+	ConcurrentBuilds int `json:"concurrentBuilds"`
 	// MaxLifetimeSeconds caps a sandbox's timeout: at its create, and
 	// each time it is set, extended or given to a resume.
 	MaxLifetimeSeconds int64 `json:"maxLifetimeSeconds"`
@@ -46,6 +48,7 @@ func (l Limits) Validate() error {
 		{"memoryMB", float64(l.MemoryMB)},
 		{"diskMB", float64(l.DiskMB)},
 		{"maxLifetimeSeconds", float64(l.MaxLifetimeSeconds)},
+		{"concurrentBuilds", float64(l.ConcurrentBuilds)},
 		{"requestsPerSecond", l.RequestsPerSecond},
 		{"burst", float64(l.Burst)},
 	} {

@@ -78,6 +78,8 @@ type Quotas struct {
 	// +checklocks:mu
 	boxes map[string]*box // by sandbox ID
 	// +checklocks:mu
+	builds map[string]int // template builds in progress, by team
+	// +checklocks:mu
 	buckets map[string]*bucket // by team and key
 	// +checklocks:mu
 	pruneAt int // the number of buckets the next pruning waits for
@@ -97,7 +99,7 @@ func NewQuotas(store LimitsStore, defaults Limits) (*Quotas, error) {
 		return nil, fmt.Errorf("default limits: %w", err)
 	}
 	return &Quotas{store: store, defaults: defaults, teams: map[string]Limits{},
-		use: map[string]*Usage{}, boxes: map[string]*box{}, buckets: map[string]*bucket{}}, nil
+		use: map[string]*Usage{}, boxes: map[string]*box{}, builds: map[string]int{}, buckets: map[string]*bucket{}}, nil
 }
 
 // Load reads the teams' limits from the store.
@@ -360,6 +362,29 @@ func (q *Quotas) CheckTimeout(id string, d time.Duration) error {
 		return nil
 	}
 	return checkSize(q.limitsLocked(b.team), Size{Timeout: d})
+}
+
+// AdmitBuild takes room for one more template build of team, or refuses
+// at its ConcurrentBuilds with E2B's message, wrapping
+// api.ErrResourceExhausted. release gives the room back (once).
+func (q *Quotas) AdmitBuild(team string) (release func(), err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l := q.limitsLocked(team); l.ConcurrentBuilds > 0 && q.builds[team] >= l.ConcurrentBuilds {
+		return nil, fmt.Errorf("you have reached the maximum number of concurrent template builds (%d). Please wait for one of them to finish: %w",
+			l.ConcurrentBuilds, api.ErrResourceExhausted)
+	}
+	q.builds[team]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			if q.builds[team]--; q.builds[team] <= 0 {
+				delete(q.builds, team)
+			}
+		})
+	}, nil
 }
 
 // Adopt implements Admission.

@@ -222,3 +222,29 @@ func TestRunningCounts(t *testing.T) {
 		t.Fatalf("RunningCounts = %v", got)
 	}
 }
+
+func TestAdmitBuild(t *testing.T) {
+	q := newQuotas(t, Limits{ConcurrentBuilds: 2})
+	r1, err := q.AdmitBuild("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.AdmitBuild("t"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.AdmitBuild("t"); !errors.Is(err, api.ErrResourceExhausted) ||
+		!strings.HasPrefix(err.Error(), "you have reached the maximum number of concurrent template builds (2)") {
+		t.Fatalf("third build: %v", err)
+	}
+	if _, err := q.AdmitBuild("u"); err != nil {
+		t.Fatalf("another team's build: %v", err)
+	}
+	r1()
+	r1()
+	if _, err := q.AdmitBuild("t"); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	if _, err := q.AdmitBuild("t"); err == nil {
+		t.Fatal("a release given twice counted twice")
+	}
+}
