@@ -18,6 +18,7 @@ func addTeamLimitFlags(fs *pflag.FlagSet, l *tenancy.Limits) {
 	fs.Float64Var(&l.VCPUs, "team-vcpus", 0, "vCPUs each team's running sandboxes may have in all (0: no limit)")
 	fs.Int64Var(&l.MemoryMB, "team-memory-mb", 0, "memory in MiB each team's running sandboxes may have in all (0: no limit)")
 	fs.Int64Var(&l.DiskMB, "team-disk-mb", 0, "writable disk in MiB a team's sandbox may ask for (0: no limit)")
+	fs.IntVar(&l.ConcurrentBuilds, "team-max-builds", 0, "template builds each team may run at once (0: no limit)")
 	fs.Var(&secondsValue{p: &l.MaxLifetimeSeconds}, "team-max-lifetime", "longest timeout a team's sandbox may be created with, e.g. 1h (0: no limit)")
 	fs.Float64Var(&l.RequestsPerSecond, "team-rate", 0, "API requests per second each key may make; over it the API answers 429 with Retry-After (0: no limit)")
 	fs.IntVar(&l.Burst, "team-burst", 0, "API requests each key may make at once under --team-rate (default: one second of them)")

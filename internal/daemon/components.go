@@ -414,7 +414,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The builds resolve templates for the manager; their runner, made
 	// after it, runs their steps in its sandboxes and collects the layers
 	// no live sandbox uses.
-	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{mgr})
+	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{m: mgr, q: d.quotas})
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { n, _ := mgr.Counts(); return int64(n) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { _, n := mgr.Counts(); return int64(n) })
