@@ -14,21 +14,24 @@ import (
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
-// teamLimitsBody is GET/PUT /teams/{teamID}/limits's answer.
-type teamLimitsBody struct {
-	TeamID string         `json:"teamID"`
-	Limits tenancy.Limits `json:"limits"`
-	Usage  tenancy.Usage  `json:"usage"`
-}
-
-func (d *daemon) teamLimits(t *testing.T) teamLimitsBody {
+func (d *daemon) teamLimits(t *testing.T) tenancy.Limits {
 	t.Helper()
 	r := d.do(t, "GET", "/teams/"+tenancy.DefaultTeamID+"/limits", d.Key, nil, nil)
-	var b teamLimitsBody
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &b) != nil {
+	var l tenancy.Limits
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &l) != nil {
 		t.Fatalf("GET limits = %d %s", r.Status, r.Body)
 	}
-	return b
+	return l
+}
+
+func (d *daemon) teamUsage(t *testing.T) tenancy.Usage {
+	t.Helper()
+	r := d.do(t, "GET", "/teams/"+tenancy.DefaultTeamID+"/limits/usage", d.Key, nil, nil)
+	var u tenancy.Usage
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &u) != nil {
+		t.Fatalf("GET limits/usage = %d %s", r.Status, r.Body)
+	}
+	return u
 }
 
 func (d *daemon) putTeamLimits(t *testing.T, team, body string) rawResponse {
@@ -117,15 +120,14 @@ func TestTeamQuotas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if u := d.teamLimits(t).Usage; u.Running != 0 || u.Paused != 3 {
+	if u := d.teamUsage(t); u.Running != 0 || u.Paused != 3 {
 		t.Fatalf("usage before the restart %+v", u)
 	}
 
 	d.Stop()
 	d.Restart()
-	got := d.teamLimits(t)
-	if got.Limits.ConcurrentSandboxes != 10 || got.Limits.PausedSandboxes != 3 || got.Usage.Running != 0 || got.Usage.Paused != 3 {
-		t.Fatalf("after the restart: %+v; want the limits 10/3 and 3 paused", got)
+	if l, u := d.teamLimits(t), d.teamUsage(t); l != (tenancy.Limits{ConcurrentSandboxes: 10, PausedSandboxes: 3}) || u != (tenancy.Usage{Paused: 3}) {
+		t.Fatalf("after the restart: %+v, %+v; want the limits 10/3 and 3 paused", l, u)
 	}
 	if r := d.putTeamLimits(t, tenancy.DefaultTeamID, `{"concurrentSandboxes":1}`); r.Status != http.StatusOK {
 		t.Fatalf("PUT limits = %d %s", r.Status, r.Body)
@@ -152,7 +154,7 @@ func TestTeamQuotas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if u := d.teamLimits(t).Usage; u != (tenancy.Usage{}) {
+	if u := d.teamUsage(t); u != (tenancy.Usage{}) {
 		t.Fatalf("usage after the kills %+v", u)
 	}
 }

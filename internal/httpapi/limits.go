@@ -17,14 +17,6 @@ type Teams interface {
 	TeamExists(ctx context.Context, id string) (bool, error)
 }
 
-// teamLimits is the body of GET and PUT /teams/{teamID}/limits: the
-// team's limits in force and what its sandboxes take now.
-type teamLimits struct {
-	TeamID string         `json:"teamID"`
-	Limits tenancy.Limits `json:"limits"`
-	Usage  tenancy.Usage  `json:"usage"`
-}
-
 var errTeamNotFound = errorf(api.ErrNotFound, "Team not found")
 
 // principalOf is who r acts for; false for no principal (a request that
@@ -58,14 +50,26 @@ func (h *handler) limitsTeam(r *http.Request) (string, error) {
 	return id, nil
 }
 
-// getTeamLimits answers GET /teams/{teamID}/limits.
+// getTeamLimits answers GET /teams/{teamID}/limits: the team's limits
+// in force (tenancy.Limits), the body PUT takes back.
 func (h *handler) getTeamLimits(w http.ResponseWriter, r *http.Request) {
 	team, err := h.limitsTeam(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, teamLimits{TeamID: team, Limits: h.quotas.Limits(team), Usage: h.quotas.Usage(team)})
+	writeJSON(w, http.StatusOK, h.quotas.Limits(team))
+}
+
+// getTeamUsage answers GET /teams/{teamID}/limits/usage: what the team's
+// sandboxes take now of its limits (tenancy.Usage).
+func (h *handler) getTeamUsage(w http.ResponseWriter, r *http.Request) {
+	team, err := h.limitsTeam(r)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.quotas.Usage(team))
 }
 
 // putTeamLimits answers PUT /teams/{teamID}/limits (the admin only): the
@@ -99,7 +103,7 @@ func (h *handler) putTeamLimits(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, teamLimits{TeamID: team, Limits: l, Usage: h.quotas.Usage(team)})
+	writeJSON(w, http.StatusOK, l)
 }
 
 // allowRate takes one request of r's key from its team's request rate

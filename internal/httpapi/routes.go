@@ -65,5 +65,6 @@ func (h *handler) routes() *http.ServeMux {
 
 	mux.HandleFunc("GET /teams/{teamID}/limits", h.getTeamLimits)
 	mux.HandleFunc("PUT /teams/{teamID}/limits", h.putTeamLimits)
+	mux.HandleFunc("GET /teams/{teamID}/limits/usage", h.getTeamUsage)
 	return mux
 }
