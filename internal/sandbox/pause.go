@@ -215,7 +215,7 @@ func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(),
 	requota, err := p.quota.Pause(id)
 	if err != nil {
 		e.mu.Unlock()
-		return time.Time{}, nil, fmt.Errorf("pausing sandbox %s: %w", id, err)
+		return time.Time{}, nil, err // E2B's message, as it is
 	}
 	e.info.State = StatePaused
 	close(e.runDone)
@@ -346,7 +346,7 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 	}
 	repause, err := p.quota.Resume(id)
 	if err != nil {
-		return fmt.Errorf("resuming sandbox %s: %w", id, err)
+		return err // E2B's message, as it is
 	}
 	ctx = context.WithoutCancel(ctx)
 	clock := p.now()
