@@ -120,6 +120,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	addLimitFlags(fs, &c.Defaults)
 	fs.DurationVar(&c.Defaults.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	addTeamLimitFlags(fs, &c.TeamLimits)
 	fs.BoolVar(&c.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
@@ -165,6 +166,9 @@ func auditCap(n int64) (int64, bool) {
 // serve with; the cluster's flags are checked apart (clusterFlags).
 func checkServe(c fencedaemon.Config) error {
 	if err := checkLimits(c.Defaults); err != nil {
+		return err
+	}
+	if err := checkTeamLimits(c.TeamLimits); err != nil {
 		return err
 	}
 	switch {

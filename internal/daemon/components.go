@@ -40,6 +40,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sysmon"
 	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // node is the daemon being assembled: what each component made, for the
@@ -78,6 +79,7 @@ type node struct {
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
+	quotas    *tenancy.Quotas    // the teams' limits and what their sandboxes take
 }
 
 // components are the daemon's parts, listed in an order their
@@ -96,7 +98,8 @@ var components = []component{
 	{"gateway", []string{"store", "audit", "host addresses"}, (*node).startGateway},
 	{"backends", []string{"gateway", "forensics"}, (*node).startBackends},
 	{"builds", []string{"store", "templates"}, (*node).openBuilds},
-	{"sandboxes", []string{"backends", "builds", "templates", "store", "gateway", "audit", "host addresses"}, (*node).startSandboxes},
+	{"quotas", []string{"store"}, (*node).openQuotas},
+	{"sandboxes", []string{"backends", "builds", "templates", "store", "gateway", "audit", "host addresses", "quotas"}, (*node).startSandboxes},
 	{"warm pools", []string{"sandboxes", "templates"}, (*node).startWarmPools},
 }
 
@@ -392,6 +395,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Templates:    templates,
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
+		Quota:        d.quotas,
 		Logger:       d.log,
 
 		Network: d.nets,
@@ -410,7 +414,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The builds resolve templates for the manager; their runner, made
 	// after it, runs their steps in its sandboxes and collects the layers
 	// no live sandbox uses.
-	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{mgr})
+	d.runner = tbuild.NewRunner(ctx, d.builds, buildSandboxes{m: mgr, q: d.quotas})
 	registerUsageMetrics(d.reg, mgr)
 	d.reg.GaugeFunc("fence_sandboxes_running", "Sandboxes running.", func() int64 { n, _ := mgr.Counts(); return int64(n) })
 	d.reg.GaugeFunc("fence_sandboxes_paused", "Sandboxes paused (they hold their memory).", func() int64 { _, n := mgr.Counts(); return int64(n) })
@@ -549,6 +553,8 @@ func (d *node) newServer() (*http.Server, error) {
 		Outputs:         d.sources.outputs,
 		Templates:       d.runner,
 		Usage:           d.mgr.Meter(),
+		Quotas:          d.quotas,
+		Teams:           d.st,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
 	})

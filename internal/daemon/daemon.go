@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // DefaultAuditMaxBytes is the disk the audit segments may take when
@@ -59,6 +60,9 @@ type Config struct {
 	Defaults sandbox.Defaults
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// TeamLimits are the limits of every team without limits of its own
+	// (set through PUT /teams/{teamID}/limits); zero fields limit nothing.
+	TeamLimits tenancy.Limits
 	// TuneKernel raises kernel.pid_max and the inotify limits at start
 	// (capacity.Knobs) where they are below what fence wants.
 	TuneKernel bool

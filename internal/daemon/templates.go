@@ -9,6 +9,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/tbuild"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 var _ httpapi.Templates = (*tbuild.Runner)(nil)
@@ -33,9 +34,25 @@ func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {
 // buildSandboxes is the sandbox manager as the template builds see it:
 // they create their build sandboxes through it and ask which sandboxes
 // live (a deleted template's trees wait for its last sandbox).
-type buildSandboxes struct{ m *sandbox.Manager }
+type buildSandboxes struct {
+	m *sandbox.Manager
+	q *tenancy.Quotas // the teams' limits of builds in progress
+}
 
-var _ tbuild.Sandboxes = buildSandboxes{}
+var (
+	_ tbuild.Sandboxes     = buildSandboxes{}
+	_ tbuild.BuildAdmitter = buildSandboxes{}
+)
+
+// AdmitBuild takes room for one more build of the team ctx acts for (the
+// default team, for none).
+func (b buildSandboxes) AdmitBuild(ctx context.Context) (func(), error) {
+	team := tenancy.DefaultTeamID
+	if p, ok := tenancy.FromContext(ctx); ok {
+		team = p.Team
+	}
+	return b.q.AdmitBuild(team)
+}
 
 func (b buildSandboxes) CreateBox(ctx context.Context, s tbuild.BoxSpec) (string, isolation.Sandbox, error) {
 	allow := s.AllowInternet

@@ -51,6 +51,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Manager is the part of *sandbox.Manager the API uses.
@@ -148,6 +149,12 @@ type Options struct {
 	// Usage serves GET /usage and the sandboxes' metrics routes; nil
 	// answers 501 there.
 	Usage Usage
+	// Quotas serves /teams/{teamID}/limits and limits each key's request
+	// rate; nil answers 501 there and limits no rate.
+	Quotas *tenancy.Quotas
+	// Teams says which teams exist, for the limits routes; nil knows the
+	// default team only.
+	Teams Teams
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -185,6 +192,8 @@ type handler struct {
 	exporter   Exporter
 	meter      Usage
 	warming    sync.WaitGroup // warmAgent calls in flight
+	quotas     *tenancy.Quotas
+	teams      Teams
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -211,6 +220,8 @@ func New(opts Options) http.Handler {
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,
 		meter:       opts.Usage,
+		quotas:      opts.Quotas,
+		teams:       opts.Teams,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -278,6 +289,9 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 	r, stop := h.withCaller(r, c)
 	defer stop()
+	if !h.allowRate(w, r) {
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
 	if h.sink == nil {
 		h.mux.ServeHTTP(w, r)

@@ -79,5 +79,8 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("DELETE /admin/teams/{teamID}/api-keys/{apiKeyID}", h.adminDeleteAPIKey)
 	mux.HandleFunc("POST /admin/teams/{teamID}/sandboxes/kill", h.adminKillTeam)
 	mux.HandleFunc("GET /admin/sandboxes/running-counts", h.adminRunningCounts)
+	mux.HandleFunc("GET /teams/{teamID}/limits", h.getTeamLimits)
+	mux.HandleFunc("PUT /teams/{teamID}/limits", h.putTeamLimits)
+	mux.HandleFunc("GET /teams/{teamID}/limits/usage", h.getTeamUsage)
 	return mux
 }

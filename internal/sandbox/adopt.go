@@ -196,12 +196,14 @@ func (h adoptHost) takeOver(ctx context.Context, id string, e *entry, box isolat
 	m := h.m
 	e.mu.Lock()
 	nc := e.net
+	info := e.info.clone()
 	e.mu.Unlock()
 	m.fences.Apply(m.fences.Own(id, nil, nil), nc, true)
 	e.setBox(box)
 	m.mu.Lock()
 	m.running[id] = e
 	m.adm.adopt()
+	m.quota.Adopt(id, recordTeam(info), quotaSize(info), info.State == StatePaused)
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
 }

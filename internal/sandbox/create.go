@@ -14,6 +14,7 @@ import (
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // origin is where a sandbox that does not boot on its template alone
@@ -59,6 +60,7 @@ type creating struct {
 	restored bool   // booted on that run image: its start command runs
 	box      isolation.Sandbox
 	id       string
+	hold     *tenancy.Hold // its room in its team's quota
 
 	// What undo takes back.
 	fenced bool // the Manager owns its fence (and, once stored, its gateway state)
@@ -72,7 +74,11 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	if err := c.plan(ctx); err != nil {
 		return nil, err
 	}
+	if err := c.admitTeam(ctx); err != nil {
+		return nil, err
+	}
 	if err := m.adm.reserve(ctx); err != nil {
+		c.hold.Cancel()
 		return nil, err
 	}
 	registered := false
@@ -106,6 +112,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	registered = true
 	if m.closed {
 		m.adm.cancel()
+		c.hold.Cancel()
 		m.mu.Unlock()
 		killBox(ctx, m.log, c.box)
 		markKilled(ctx, m.store, m.log, c.id)
@@ -113,6 +120,7 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 	m.running[c.id] = e
 	m.adm.register()
+	c.hold.Commit(c.id)
 	m.wg.Go(func() { m.watch(e) })
 	m.mu.Unlock()
 	m.reaper.nudgeAt(info.EndAt)
@@ -362,4 +370,5 @@ func (c *creating) undo() {
 		c.m.fences.Drop(c.id)
 	}
 	c.m.adm.cancel()
+	c.hold.Cancel()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Store is the persistence the Manager needs; *store.Store implements it.
@@ -92,6 +93,9 @@ type Options struct {
 	Store     Store             // required
 	Templates Templates         // required
 	Defaults  Defaults
+	// Quota holds the teams' limits, checked at each create, pause and
+	// resume (quota.go); nil limits nothing.
+	Quota tenancy.Admission
 	// MaxSandboxes caps sandboxes running or being created; 0 means 1000.
 	MaxSandboxes int
 	// MaxTimeout is the longest timeout a request may ask for; 0 means 24h.
@@ -163,7 +167,8 @@ type Manager struct {
 	sealer     Sealer
 	caEnv      map[string]string
 	max        int
-	adm        *admission // counts and admits sandboxes (admission.go)
+	adm        *admission        // counts and admits sandboxes (admission.go)
+	quota      tenancy.Admission // the teams' quotas (quota.go)
 	maxTimeout time.Duration
 	retention  time.Duration
 	log        *slog.Logger
@@ -230,6 +235,9 @@ func New(opts Options) (*Manager, error) {
 		m.max = 1000
 	}
 	m.adm = newAdmission(m.max, opts.Capacity, opts.Backend)
+	if m.quota = opts.Quota; m.quota == nil {
+		m.quota = noQuota()
+	}
 	if m.layers == nil {
 		m.layers, _ = opts.Backend.(isolation.Layers)
 	}
@@ -370,6 +378,7 @@ func (m *Manager) watch(e *entry) {
 		delete(m.running, e.sb().ID())
 		m.fences.Drop(e.sb().ID())
 		m.adm.remove()
+		m.quota.Remove(e.sb().ID())
 	}
 	m.mu.Unlock()
 	if ok && cur == e {

@@ -159,6 +159,9 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return err
 	}
+	if err := m.quota.CheckTimeout(id, d); err != nil {
+		return err
+	}
 	e, err := m.lookup(id)
 	if err != nil {
 		return err
@@ -200,6 +203,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		delete(m.running, id)
 		m.fences.Drop(id)
 		m.adm.remove()
+		m.quota.Remove(id)
 	}
 	m.mu.Unlock()
 	if !ok {

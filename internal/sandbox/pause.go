@@ -12,6 +12,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Pause and resume conflicts. Both wrap api.ErrConflict.
@@ -52,6 +53,7 @@ type Pauses struct {
 	store      Store
 	cold       *coldKeeper
 	adm        *admission
+	quota      tenancy.Admission // the teams' paused and running limits
 	reaper     *reaper
 	maxTimeout time.Duration
 	events
@@ -90,7 +92,7 @@ func (h pauseHost) stillLive(ctx context.Context, e *entry, box isolation.Sandbo
 // newPauses returns m's Pauses.
 func newPauses(m *Manager) *Pauses {
 	return &Pauses{backend: m.backend.Name(), layers: m.layers, keeper: m.keeper, fences: m.fences,
-		store: m.store, cold: m.cold, adm: m.adm, reaper: m.reaper, maxTimeout: m.maxTimeout,
+		store: m.store, cold: m.cold, adm: m.adm, quota: m.quota, reaper: m.reaper, maxTimeout: m.maxTimeout,
 		events: m.events, log: m.log, now: m.now, core: pauseHost{m}}
 }
 
@@ -210,12 +212,18 @@ func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(),
 		e.mu.Unlock()
 		return time.Time{}, nil, fmt.Errorf("sandbox '%s' is already paused: %w", id, errNotRunning)
 	}
+	requota, err := p.quota.Pause(id)
+	if err != nil {
+		e.mu.Unlock()
+		return time.Time{}, nil, err // E2B's message, as it is
+	}
 	e.info.State = StatePaused
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
 	p.keeper.Release(id)
 	reopen = func() {
+		requota()
 		e.mu.Lock()
 		e.info.State = StateRunning
 		e.runDone = make(chan struct{})
@@ -333,12 +341,20 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
+	if err := p.quota.CheckTimeout(id, d); err != nil {
+		return err
+	}
+	repause, err := p.quota.Resume(id)
+	if err != nil {
+		return err // E2B's message, as it is
+	}
 	ctx = context.WithoutCancel(ctx)
 	clock := p.now()
 	now := clock.UTC()
 	end := now.Add(d)
 	// The record first: a sandbox killed meanwhile has none to resume.
 	if err := p.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
+		repause()
 		if errors.Is(err, api.ErrNotFound) {
 			return notFound(id)
 		}
@@ -351,6 +367,7 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 		return bp.Resume(ctx) // +checklocksignore: a closure made under e.life, released by Resume
 	}
 	if err := resume(); err != nil {
+		repause()
 		e.mu.Lock()
 		paused := e.info.EndAt
 		e.mu.Unlock()

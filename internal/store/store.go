@@ -204,6 +204,8 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
 	// Teams, and their API keys and access tokens as hashes (teams.go).
 	migrationTeams,
+	// The teams' own limits (limits.go).
+	migrationTeamLimits,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

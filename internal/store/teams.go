@@ -389,3 +389,14 @@ func checkCredential(res sql.Result, err error, op string) error {
 	}
 	return nil
 }
+
+// TeamExists reports whether team id exists (the limits routes' check).
+func (s *Store) TeamExists(ctx context.Context, id string) (bool, error) {
+	if _, err := s.Team(ctx, id); err != nil {
+		if errors.Is(err, ErrTeamNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}

@@ -157,6 +157,14 @@ type Sandboxes interface {
 	CreatesInFlight() int
 }
 
+// BuildAdmitter is implemented by Sandboxes that limit the builds a team
+// runs at once: AdmitBuild takes room for one build acting for ctx's
+// principal, or refuses (nothing of the build changes); release gives it
+// back when the build ends.
+type BuildAdmitter interface {
+	AdmitBuild(ctx context.Context) (release func(), err error)
+}
+
 // Parents are the templates fence builds itself (minimal, base, …), the
 // parents a build may start from and the rest of the Catalog;
 // *template.Store implements it.

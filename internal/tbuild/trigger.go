@@ -34,6 +34,13 @@ func (r *Runner) Trigger(ctx context.Context, templateID, buildID string, spec S
 		s.mu.Unlock()
 		return fmt.Errorf("%d template builds are running, at most %d at once: %w", n, maxConcurrentBuilds, api.ErrResourceExhausted)
 	}
+	release := func() {}
+	if a, ok := r.sandboxes.(BuildAdmitter); ok {
+		if release, err = a.AdmitBuild(ctx); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
 	// Other builds of the template in progress are canceled.
 	for id, cancel := range s.running {
 		if o := s.builds[id]; o != nil && o.TemplateID == b.TemplateID {
@@ -55,6 +62,7 @@ func (r *Runner) Trigger(ctx context.Context, templateID, buildID string, spec S
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
+		defer release()
 		s.run(bctx, r.sandboxes, b.ID, spec)
 		s.mu.Lock()
 		delete(s.running, b.ID)
