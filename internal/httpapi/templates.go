@@ -41,6 +41,10 @@ func (h *handler) templatesOr(w http.ResponseWriter, r *http.Request) (Templates
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "template builds are not enabled on this server"))
 		return nil, false
 	}
+	if !buildsTeam(r) {
+		writeError(w, r, h.log, errorf(api.ErrPermissionDenied, "template builds are open to the default team only"))
+		return nil, false
+	}
 	return h.templates, true
 }
 
@@ -292,6 +296,10 @@ func (h *handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) listTemplates(w http.ResponseWriter, r *http.Request) {
+	if h.templates != nil && !buildsTeam(r) {
+		writeJSON(w, http.StatusOK, []tbuild.Listed{}) // no built template is the team's
+		return
+	}
 	t, ok := h.templatesOr(w, r)
 	if !ok {
 		return
