@@ -173,7 +173,12 @@ func (c *creating) plan(ctx context.Context) error {
 		Network: c.req.Network, Secrets: c.req.Secrets, EnvVars: c.req.EnvVars}); err != nil {
 		return err
 	}
-	if c.rootfs, err = m.templates.Resolve(c.tmpl); err != nil {
+	if rf, ok := m.templates.(ResolverFor); ok {
+		c.rootfs, err = rf.ResolveFor(ctx, c.tmpl)
+	} else {
+		c.rootfs, err = m.templates.Resolve(c.tmpl)
+	}
+	if err != nil {
 		return fmt.Errorf("resolving template %q: %w", c.tmpl, err)
 	}
 	return nil

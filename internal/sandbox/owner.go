@@ -58,3 +58,10 @@ func ownedLookup(ctx context.Context, core pauseCore, id string) (*entry, error)
 	}
 	return e, err
 }
+
+// ResolverFor is implemented by Templates some of whose templates only
+// some teams may use: a create resolves its template for the team it
+// acts for, another team's template answering as an unknown one.
+type ResolverFor interface {
+	ResolveFor(ctx context.Context, name string) (rootfs string, err error)
+}
