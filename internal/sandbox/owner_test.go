@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -64,5 +65,33 @@ func TestOwnedByTeam(t *testing.T) {
 	same("Owned(killed)", e.m.Owned(b, s.ID))
 	if err := e.m.Owned(t.Context(), s.ID); err != nil {
 		t.Errorf("Owned(daemon) = %v", err)
+	}
+}
+
+// TestTeamsCountsAndKills: the admin's view counts each team's running
+// sandboxes, and kills one team's alone.
+func TestTeamsCountsAndKills(t *testing.T) {
+	e := newEnv(t)
+	ctxOf := func(team string) context.Context {
+		return tenancy.NewContext(t.Context(), tenancy.Principal{Team: team, KeyID: "k"})
+	}
+	for _, team := range []string{"team-a", "team-a", "team-b"} {
+		if _, err := e.m.Create(ctxOf(team), CreateRequest{TemplateID: "base"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := tenancy.NewContext(t.Context(), tenancy.Principal{Team: tenancy.DefaultTeamID, KeyID: tenancy.BootstrapKeyID, Admin: true})
+	got, err := TeamsOf(e.m).RunningCounts(admin)
+	if err != nil || got["team-a"] != 2 || got["team-b"] != 1 || len(got) != 2 {
+		t.Fatalf("RunningCounts = %v, %v; want team-a 2, team-b 1", got, err)
+	}
+	if k, f, err := TeamsOf(e.m).KillTeam(admin, "team-a"); k != 2 || f != 0 || err != nil {
+		t.Fatalf("KillTeam(team-a) = %d, %d, %v", k, f, err)
+	}
+	if l, _ := e.m.List(ctxOf("team-b"), ListFilter{}); len(l) != 1 {
+		t.Errorf("team-b has %d sandboxes after team-a's were killed, want 1", len(l))
+	}
+	if l, _ := e.m.List(ctxOf("team-a"), ListFilter{}); len(l) != 0 {
+		t.Errorf("team-a has %d sandboxes after KillTeam, want 0", len(l))
 	}
 }
