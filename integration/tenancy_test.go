@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // TestCrossTenantMatrix runs a daemon with two teams: the default team
@@ -222,6 +223,23 @@ func TestCrossTenantMatrix(t *testing.T) {
 	// Team b's own secret of the same name is its own.
 	if r := d.do(t, "POST", "/secrets", keyB, strings.NewReader(`{"name":"tok","value":"value-of-b-0123456789"}`), nil); r.Status != http.StatusCreated {
 		t.Errorf("team b's secret named as the default team's = %d %s, want 201", r.Status, r.Body)
+	}
+
+	// The admin's view by team: counts, and a kill of team b's sandboxes
+	// that leaves the default team's running.
+	var counts map[string]int
+	if r := d.do(t, "GET", "/admin/sandboxes/running-counts", keyA, nil, nil); r.Status != http.StatusOK || json.Unmarshal(r.Body, &counts) != nil ||
+		counts[team.ID] != 1 || counts[tenancy.DefaultTeamID] != 1 {
+		t.Errorf("running counts = %d %s, want one sandbox of each team", r.Status, r.Body)
+	}
+	if r := d.do(t, "POST", "/admin/teams/"+team.ID+"/sandboxes/kill", keyB, nil, nil); r.Status == http.StatusOK {
+		t.Errorf("team b's key killing through the admin route = %d %s, want it refused", r.Status, r.Body)
+	}
+	if r := d.do(t, "POST", "/admin/teams/"+team.ID+"/sandboxes/kill", keyA, nil, nil); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"killedCount":1`) {
+		t.Errorf("kill team b's sandboxes = %d %s, want one killed", r.Status, r.Body)
+	}
+	if r := d.do(t, "GET", "/sandboxes/"+sbB.SandboxID, keyB, nil, nil); r.Status != http.StatusNotFound {
+		t.Errorf("team b's sandbox after the kill = %d %s", r.Status, r.Body)
 	}
 
 	if after := state(); after != before {
