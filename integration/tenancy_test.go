@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
@@ -223,6 +224,33 @@ func TestCrossTenantMatrix(t *testing.T) {
 	// Team b's own secret of the same name is its own.
 	if r := d.do(t, "POST", "/secrets", keyB, strings.NewReader(`{"name":"tok","value":"value-of-b-0123456789"}`), nil); r.Status != http.StatusCreated {
 		t.Errorf("team b's secret named as the default team's = %d %s, want 201", r.Status, r.Body)
+	}
+
+	// Team b's own snapshot, named as the default team's: its own, listed
+	// for team b alone, and the default team's untouched (state, below).
+	r = d.do(t, "POST", "/sandboxes/"+sbB.SandboxID+"/snapshots", keyB, strings.NewReader(`{"name":"snap-a"}`), nil)
+	var snapB api.SnapshotInfo
+	if r.Status != http.StatusCreated && r.Status != http.StatusOK || json.Unmarshal(r.Body, &snapB) != nil {
+		t.Fatalf("team b's snapshot = %d %s", r.Status, r.Body)
+	}
+	t.Cleanup(func() { d.do(t, "DELETE", "/templates/"+snapB.SnapshotID, keyB, nil, nil) })
+	for k, want := range map[string]int{keyA: 1, keyB: 1} {
+		var list []api.SnapshotInfo
+		if r := d.do(t, "GET", "/snapshots", k, nil, nil); r.Status != http.StatusOK || json.Unmarshal(r.Body, &list) != nil || len(list) != want {
+			t.Errorf("GET /snapshots = %d %s, want the team's own snapshot alone", r.Status, r.Body)
+		}
+	}
+	// A create of team b's from "snap-a" boots team b's snapshot, which
+	// has none of the default team's files.
+	fromSnap, err := client.New(d.URL, keyB, client.WithHTTPClient(httpClientFor(d.URL))).Create(ctxT(t), api.NewSandbox{TemplateID: "snap-a"})
+	if err != nil {
+		t.Fatalf("team b's create from its own snap-a: %v", err)
+	}
+	if got := rsh(t, fromSnap.Envd(), `test -e /a && cat /a; true`); got != "" {
+		t.Errorf("team b's sandbox from its snap-a has the default team's /a: %q", got)
+	}
+	if err := fromSnap.Kill(ctxT(t)); err != nil {
+		t.Error(err)
 	}
 
 	// The admin's view by team: counts, and a kill of team b's sandboxes
