@@ -3,12 +3,11 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"strings"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
-	"strings"
-
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
