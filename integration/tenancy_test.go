@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,6 +38,10 @@ func TestCrossTenantMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyB, _, err := db.MintAPIKey(ctxT(t), team.ID, "matrix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenB, _, err := db.Mint(ctxT(t), team.ID, store.KindAccessToken, "matrix", "")
 	db.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -171,24 +176,60 @@ func TestCrossTenantMatrix(t *testing.T) {
 	same(route{"POST", "/sandboxes", `{"templateID":"minimal","secrets":{"T":{"secret":"{id}","hosts":["x.example.com"]}}}`},
 		map[string][2]string{"{id}": {"tok", "nosuchname"}}, http.StatusBadRequest)
 	snapIDs := map[string][2]string{"{id}": {snap.SnapshotID, noSnapshot}}
-	for _, rt := range []route{
-		{"POST", "/sandboxes", `{"templateID":"{id}","timeout":30}`},
-		{"GET", "/templates/{id}", ""},
-		{"DELETE", "/templates/{id}", ""},
-		{"PATCH", "/templates/{id}", `{"public":true}`},
-		{"GET", "/templates/{id}/tags", ""},
-		{"GET", "/templates/{id}/builds/b1/status", ""},
-		{"GET", "/templates/{id}/builds/b1/logs", ""},
-		{"GET", "/templates/{id}/files/0123abcd", ""},
-		{"POST", "/v2/templates/{id}/builds/b1", `{}`},
-		{"POST", "/templates/tags", `{"target":"{id}","tags":["x"]}`},
-		{"DELETE", "/templates/tags", `{"name":"{id}","tags":["x"]}`},
-		{"GET", "/templates/aliases/{id}", ""},
+	for _, rt := range []struct {
+		route
+		want int
+	}{
+		{route{"POST", "/sandboxes", `{"templateID":"{id}","timeout":30}`}, 0},
+		{route{"GET", "/templates/{id}", ""}, http.StatusNotFound},
+		{route{"DELETE", "/templates/{id}", ""}, http.StatusNotFound},
+		{route{"PATCH", "/templates/{id}", `{"public":true}`}, http.StatusNotFound},
+		{route{"GET", "/templates/{id}/tags", ""}, http.StatusNotFound},
+		{route{"GET", "/templates/{id}/builds/b1/status", ""}, http.StatusNotFound},
+		{route{"GET", "/templates/{id}/builds/b1/logs", ""}, http.StatusNotFound},
+		{route{"GET", "/templates/{id}/files/0123abcd", ""}, http.StatusNotFound},
+		{route{"POST", "/v2/templates/{id}/builds/b1", `{}`}, 0},
+		{route{"POST", "/templates/tags", `{"target":"{id}","tags":["x"]}`}, 0},
+		{route{"DELETE", "/templates/tags", `{"name":"{id}","tags":["x"]}`}, 0},
+		{route{"GET", "/templates/aliases/{id}", ""}, http.StatusNotFound},
+		{route{"PATCH", "/v2/templates/{id}", `{"public":true}`}, http.StatusNotFound},
 	} {
-		same(rt, snapIDs, 0)
+		same(rt.route, snapIDs, rt.want)
 	}
 	same(route{"GET", "/templates/aliases/{id}", ""}, map[string][2]string{"{id}": {"snap-a", "nosuchsnap"}}, 0)
 	same(route{"POST", "/sandboxes", `{"templateID":"{id}","timeout":30}`}, map[string][2]string{"{id}": {"snap-a", "nosuchsnap"}}, 0)
+
+	// Another team's API key, by its ID.
+	r = d.do(t, "POST", "/api-keys", keyA, strings.NewReader(`{"name":"second of a"}`), nil)
+	var keyOfA api.CreatedTeamAPIKey
+	if r.Status != http.StatusCreated || json.Unmarshal(r.Body, &keyOfA) != nil {
+		t.Fatalf("POST /api-keys (default team) = %d %s", r.Status, r.Body)
+	}
+	bearer := map[string]string{"Authorization": "Bearer " + tokenB}
+	for _, rt := range []route{{"PATCH", "/api-keys/{id}", `{"name":"renamed by b"}`}, {"DELETE", "/api-keys/{id}", ""}} {
+		var got [2]string
+		var code [2]int
+		for i, id := range []string{keyOfA.ID, "00000000-0000-4000-8000-00000000dead"} {
+			var body io.Reader
+			if rt.body != "" {
+				body = strings.NewReader(rt.body)
+			}
+			r := d.do(t, rt.method, strings.Replace(rt.path, "{id}", id, 1), "", body, bearer)
+			code[i], got[i] = r.Status, strings.ReplaceAll(string(r.Body), id, "{id}")
+		}
+		if code[0] != http.StatusNotFound || code != [2]int{code[1], code[1]} || got[0] != got[1] {
+			t.Errorf("%s %s (team b's token) with the default team's key ID = %d %s; with a missing one = %d %s", rt.method, rt.path, code[0], got[0], code[1], got[1])
+		}
+	}
+	for _, p := range []string{"/api-keys", "/teams", "/access-tokens"} {
+		r := d.do(t, "GET", p, "", nil, bearer)
+		if r.Status != http.StatusOK || strings.Contains(string(r.Body), keyOfA.ID) || strings.Contains(string(r.Body), tenancy.DefaultTeamID) {
+			t.Errorf("GET %s (team b's token) = %d %s", p, r.Status, r.Body)
+		}
+	}
+	if r := d.do(t, "GET", "/sandboxes", keyOfA.Key, nil, nil); r.Status != http.StatusOK {
+		t.Errorf("the default team's second key after team b's attempts = %d %s", r.Status, r.Body)
+	}
 
 	// Lists leave the default team's objects out.
 	for _, p := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused", "/snapshots", "/secrets",
@@ -197,7 +238,7 @@ func TestCrossTenantMatrix(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Errorf("GET %s (team b) = %d %s", p, r.Status, r.Body)
 		}
-		for _, id := range []string{sbA.ID(), snap.SnapshotID, sec.SecretID, cp.CheckpointID} {
+		for _, id := range []string{sbA.ID(), snap.SnapshotID, sec.SecretID, cp.CheckpointID, keyOfA.ID, tenancy.DefaultTeamID} {
 			if strings.Contains(string(r.Body), id) {
 				t.Errorf("GET %s (team b) shows the default team's %s: %s", p, id, r.Body)
 			}

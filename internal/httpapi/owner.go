@@ -18,6 +18,23 @@ func buildsTeam(r *http.Request) bool {
 	return tenancy.TeamOf(r.Context()) == tenancy.DefaultTeamID
 }
 
+// notBuildsTeam is the answer of a template build route to another team
+// than the default one: a route naming a template finds none (the same
+// 404 whether a template of that name exists or not), and the others,
+// which would make one, are refused.
+func notBuildsTeam(r *http.Request) error {
+	name := r.PathValue("id")
+	if a, b := r.PathValue("a"), r.PathValue("b"); a == "aliases" {
+		name = b
+	} else if a != "" {
+		name = a
+	}
+	if name != "" && r.Method != http.MethodPost {
+		return errorf(api.ErrNotFound, "template %q not found", name)
+	}
+	return errorf(api.ErrPermissionDenied, "template builds are open to the default team only")
+}
+
 // ownUsage confines a usage report to what ctx's principal may read (the
 // bootstrap principal reads it all): the rows of its team's sandboxes
 // (made by its team's keys, or else owned by its team) and the totals of

@@ -42,7 +42,7 @@ func (h *handler) templatesOr(w http.ResponseWriter, r *http.Request) (Templates
 		return nil, false
 	}
 	if !buildsTeam(r) {
-		writeError(w, r, h.log, errorf(api.ErrPermissionDenied, "template builds are open to the default team only"))
+		writeError(w, r, h.log, notBuildsTeam(r))
 		return nil, false
 	}
 	return h.templates, true
