@@ -3,38 +3,39 @@ package tbuild
 import (
 	"context"
 
-	"github.com/fencesandbox/fence/internal/tbuild/names"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
-// Built templates belong to the default team: template builds are open
-// to it alone (the API answers other teams' build routes 403, and lists
-// them no built template). Another team sees a built template only when
-// it is public, as E2B's public templates; fence's own templates
-// (Options.Parents) are every team's.
+// A built template belongs to the team that registered it (the default
+// team's for records made before teams). Another team may make sandboxes
+// of it only when it is public, as E2B's public templates; everything
+// else of it (its builds, tags, logs, visibility, deletion) is its team's
+// alone. fence's own templates (Options.Parents) are every team's, and a
+// build sandbox's layer (a name no request can give) its build's.
 
 // ResolveFor is Resolve for a sandbox create acting for ctx: a built
 // template another team may not use answers exactly as an unknown name.
 func (c Catalog) ResolveFor(ctx context.Context, name string) (string, error) {
-	if tenancy.TeamOf(ctx) != tenancy.DefaultTeamID && c.s.hiddenBuilt(name) {
+	if c.s.hiddenFor(ctx, name) {
 		return c.s.opts.Parents.Resolve(name)
 	}
 	return c.Resolve(name)
 }
 
-// hiddenBuilt reports whether name is a built template (or a build
-// sandbox's layer) that is not public.
-func (s *Service) hiddenBuilt(name string) bool {
-	s.mu.Lock()
-	_, layer := s.layers[name]
-	s.mu.Unlock()
-	if layer {
-		return true
+// hiddenFor reports whether name is a built template of another team than
+// ctx's that is not public.
+func (s *Service) hiddenFor(ctx context.Context, name string) bool {
+	team, public, found := s.Owner(name)
+	return found && !public && team != tenancy.TeamOf(ctx)
+}
+
+// Owner returns the team of the built template idOrName names (by ID, or
+// by name with or without a tag) and whether it is public; found is false
+// when it names none.
+func (s *Service) Owner(idOrName string) (team string, public, found bool) {
+	t, err := s.names.Lookup(idOrName)
+	if err != nil {
+		return "", false, false
 	}
-	n, err := names.ParseName(name)
-	if err != nil || !s.names.Knows(n) {
-		return false
-	}
-	t, err := s.names.Lookup(name)
-	return err != nil || !t.Public
+	return tenancy.Owner(t.Team), t.Public, true
 }

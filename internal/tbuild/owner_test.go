@@ -1,17 +1,20 @@
 package tbuild
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
-// A built template is the default team's: another team's create finds it
-// exactly as an unknown name, unless it is public.
+// A built template is the team's that registered it: another team's
+// create finds it exactly as an unknown name, unless it is public, and
+// cannot register a template of its alias.
 func TestCatalogResolveForTeams(t *testing.T) {
 	dir := t.TempDir()
 	own, err := template.New(template.Options{Dir: filepath.Join(dir, "templates")})
@@ -47,6 +50,22 @@ func TestCatalogResolveForTeams(t *testing.T) {
 	}
 	if mine.Error() == strings.ReplaceAll(unknown.Error(), "nosuchtemplate", "app") {
 		t.Fatalf("Resolve(app) = %v: the test cannot tell a hidden template from a known one", mine)
+	}
+	if team, public, found := s.Owner("app"); !found || public || team != tenancy.DefaultTeamID {
+		t.Errorf("Owner(app) = %q, %v, %v", team, public, found)
+	}
+	if _, err := s.Register(other, "app", nil, 0, 0); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("team-b's Register(app), the default team's alias = %v, want a conflict", err)
+	}
+	if _, err := s.Register(other, "bapp", nil, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if team, _, found := s.Owner("bapp"); !found || team != "team-b" {
+		t.Errorf("Owner(bapp) = %q, %v; want team-b's", team, found)
+	}
+	_, unknownB := c.Resolve("nosuchtemplate")
+	if _, err := c.ResolveFor(t.Context(), "bapp"); err == nil || strings.ReplaceAll(err.Error(), "bapp", "N") != strings.ReplaceAll(unknownB.Error(), "nosuchtemplate", "N") {
+		t.Errorf("ResolveFor(default team, team-b's bapp) = %v, want as an unknown name", err)
 	}
 	pub := true
 	if _, err := s.SetPublic(t.Context(), reg.TemplateID, &pub); err != nil {
