@@ -79,12 +79,18 @@ func TestCrossTenantMatrix(t *testing.T) {
 	state := func() string {
 		var b strings.Builder
 		for _, p := range []string{"/sandboxes/" + sbA.ID(), "/sandboxes/" + sbA.ID() + "/checkpoints", "/snapshots",
-			"/secrets/" + sec.SecretID, "/v2/sandboxes"} {
+			"/secrets/" + sec.SecretID, "/v2/sandboxes", "/templates"} {
 			r := d.do(t, "GET", p, keyA, nil, nil)
 			fmt.Fprintf(&b, "%s %d %s\n", p, r.Status, r.Body)
 		}
 		return b.String()
 	}
+	// The default team's built template.
+	tplID, tplBuild := buildTemplate(t, d, "tpl-a", client.TemplateBuildSpec{FromTemplate: "minimal", Steps: steps("echo a > /tpl-a")})
+	if st, lines := waitBuild(t, d, tplID, tplBuild); st.Status != "ready" {
+		t.Fatalf("build of tpl-a = %s:\n%s", st.Status, strings.Join(lines, "\n"))
+	}
+	t.Cleanup(func() { d.do(t, "DELETE", "/templates/"+tplID, keyA, nil, nil) })
 	before := state()
 
 	const (
@@ -197,6 +203,36 @@ func TestCrossTenantMatrix(t *testing.T) {
 		same(rt.route, snapIDs, rt.want)
 	}
 	same(route{"GET", "/templates/aliases/{id}", ""}, map[string][2]string{"{id}": {"snap-a", "nosuchsnap"}}, 0)
+
+	// The default team's built template, by ID and by alias.
+	for _, ids := range []map[string][2]string{
+		{"{id}": {tplID, "zzzzzzzzzzzzzzzzzzzz"}, "{b}": {tplBuild, tplBuild}},
+		{"{id}": {"tpl-a", "nosuchtpl"}, "{b}": {tplBuild, tplBuild}},
+	} {
+		for _, rt := range []struct {
+			route
+			want int
+		}{
+			{route{"POST", "/sandboxes", `{"templateID":"{id}","timeout":30}`}, 0},
+			{route{"GET", "/templates/{id}", ""}, http.StatusNotFound},
+			{route{"DELETE", "/templates/{id}", ""}, http.StatusNotFound},
+			{route{"PATCH", "/templates/{id}", `{"public":true}`}, http.StatusNotFound},
+			{route{"PATCH", "/v2/templates/{id}", `{"public":true}`}, http.StatusNotFound},
+			{route{"GET", "/templates/{id}/tags", ""}, http.StatusNotFound},
+			{route{"GET", "/templates/{id}/builds/{b}/status", ""}, http.StatusNotFound},
+			{route{"GET", "/templates/{id}/builds/{b}/logs", ""}, http.StatusNotFound},
+			{route{"GET", "/templates/{id}/files/0123abcd", ""}, http.StatusNotFound},
+			{route{"POST", "/v2/templates/{id}/builds/{b}", `{"fromTemplate":"minimal"}`}, http.StatusNotFound},
+			{route{"POST", "/templates/tags", `{"target":"{id}:default","tags":["stolen"]}`}, http.StatusNotFound},
+			{route{"DELETE", "/templates/tags", `{"name":"{id}","tags":["default"]}`}, http.StatusNotFound},
+			{route{"GET", "/templates/aliases/{id}", ""}, http.StatusNotFound},
+		} {
+			same(rt.route, ids, rt.want)
+		}
+	}
+	if r := d.do(t, "POST", "/v3/templates", keyB, strings.NewReader(`{"name":"tpl-a"}`), nil); r.Status != http.StatusConflict {
+		t.Errorf("team b registering the default team's alias = %d %s, want 409", r.Status, r.Body)
+	}
 	same(route{"POST", "/sandboxes", `{"templateID":"{id}","timeout":30}`}, map[string][2]string{"{id}": {"snap-a", "nosuchsnap"}}, 0)
 
 	// Another team's API key, by its ID.

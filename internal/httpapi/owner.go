@@ -8,31 +8,45 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
+	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
-// buildsTeam reports whether r acts for the team that owns the built
-// templates, the default team (see tbuild's owner.go): another team's
-// template build routes answer 403 and its template lists are empty.
-func buildsTeam(r *http.Request) bool {
-	return tenancy.TeamOf(r.Context()) == tenancy.DefaultTeamID
+// templateInPath is the template a template route names in its path
+// ("" for none).
+func templateInPath(r *http.Request) string {
+	if a, b := r.PathValue("a"), r.PathValue("b"); a == "aliases" {
+		return b
+	} else if a != "" {
+		return a
+	}
+	return r.PathValue("id")
 }
 
-// notBuildsTeam is the answer of a template build route to another team
-// than the default one: a route naming a template finds none (the same
-// 404 whether a template of that name exists or not), and the others,
-// which would make one, are refused.
-func notBuildsTeam(r *http.Request) error {
-	name := r.PathValue("id")
-	if a, b := r.PathValue("a"), r.PathValue("b"); a == "aliases" {
-		name = b
-	} else if a != "" {
-		name = a
+// ownTemplate checks that name (if any) names a built template of the
+// request's team: an unknown name and another team's template get the
+// same 404, whatever the route would do with it.
+func (h *handler) ownTemplate(r *http.Request, name string) error {
+	if name == "" {
+		return nil
 	}
-	if name != "" && r.Method != http.MethodPost {
+	if team, _, found := h.templates.Owner(name); !found || team != tenancy.TeamOf(r.Context()) {
 		return errorf(api.ErrNotFound, "template %q not found", name)
 	}
-	return errorf(api.ErrPermissionDenied, "template builds are open to the default team only")
+	return nil
+}
+
+// ownTemplates is the part of a template list that is the request's
+// team's.
+func ownTemplates(r *http.Request, all []tbuild.Listed) []tbuild.Listed {
+	team := tenancy.TeamOf(r.Context())
+	out := make([]tbuild.Listed, 0, len(all))
+	for _, l := range all {
+		if l.Team == team {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // ownUsage confines a usage report to what ctx's principal may read (the
