@@ -23,14 +23,15 @@ func templateInPath(r *http.Request) string {
 	return r.PathValue("id")
 }
 
-// ownTemplate checks that name (if any) names a built template of the
-// request's team: an unknown name and another team's template get the
-// same 404, whatever the route would do with it.
+// ownTemplate checks that name (if any) names a template of the
+// request's team or one of fence's own (every team's): an unknown name
+// and another team's built template get the same 404, whatever the route
+// would do with it.
 func (h *handler) ownTemplate(r *http.Request, name string) error {
 	if name == "" {
 		return nil
 	}
-	if team, _, found := h.templates.Owner(name); !found || team != tenancy.TeamOf(r.Context()) {
+	if team, _, found := h.templates.Owner(name); !found || (team != "" && team != tenancy.TeamOf(r.Context())) {
 		return errorf(api.ErrNotFound, "template %q not found", name)
 	}
 	return nil

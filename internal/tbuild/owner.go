@@ -30,11 +30,15 @@ func (s *Service) hiddenFor(ctx context.Context, name string) bool {
 }
 
 // Owner returns the team of the built template idOrName names (by ID, or
-// by name with or without a tag) and whether it is public; found is false
-// when it names none.
+// by name with or without a tag) and whether it is public; fence's own
+// templates are every team's ("" and public). found is false when it
+// names none.
 func (s *Service) Owner(idOrName string) (team string, public, found bool) {
 	t, err := s.names.Lookup(idOrName)
 	if err != nil {
+		if _, err := s.opts.Parents.Resolve(idOrName); err == nil {
+			return "", true, true
+		}
 		return "", false, false
 	}
 	return tenancy.Owner(t.Team), t.Public, true
