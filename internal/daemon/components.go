@@ -539,6 +539,7 @@ func (d *node) newServer() (*http.Server, error) {
 	var handler http.Handler = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
 		Pauses:          d.mgr.Pauses(),
+		TeamSandboxes:   sandbox.TeamsOf(d.mgr),
 		Network:         d.nets,
 		Layers:          d.keeper,
 		APIKey:          d.key,

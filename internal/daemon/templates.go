@@ -23,6 +23,7 @@ var (
 	_ sandbox.Identifier  = templateSet{}
 	_ sandbox.ReadyPorter = templateSet{}
 	_ sandbox.Runtimer    = templateSet{}
+	_ sandbox.ResolverFor = templateSet{}
 )
 
 func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {

@@ -116,6 +116,7 @@ func (h *handler) auditQuery(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	f.Match = both(f.Match, h.auditVisible(r.Context()))
 	recs, err := al.Query(r.Context(), f)
 	if err != nil {
 		writeError(w, r, h.log, err)
@@ -145,9 +146,11 @@ func (h *handler) auditStream(w http.ResponseWriter, r *http.Request) {
 		f.After = max(f.After, n)
 	}
 	f.Limit = 0
-	sub := al.Subscribe(f, streamBuffer)
+	sub := al.Subscribe(f, streamBuffer) // the writer matches: no store lookups there
 	defer sub.Close()
 	s := startEventStream(w, f.After)
+	s.visible = h.auditVisible(r.Context())
+	f.Match = both(f.Match, s.visible)
 	if s.backlog(r.Context(), al, f, sub.From) != nil {
 		return
 	}
@@ -160,6 +163,8 @@ type eventStream struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
 	last uint64 // the seq of the last record sent
+	// visible, if set, selects the live records the client may read.
+	visible func(*audit.Record) bool
 }
 
 // startEventStream answers 200 with an event stream that starts after
@@ -230,7 +235,7 @@ func (s *eventStream) live(ctx context.Context, sub *audit.Subscription) {
 				}
 				return
 			}
-			if rec.Seq <= s.last {
+			if rec.Seq <= s.last || (s.visible != nil && !s.visible(&rec)) {
 				continue
 			}
 			if s.send(&rec) != nil || s.sendReady(sub.C) != nil || s.flush() != nil {

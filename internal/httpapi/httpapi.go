@@ -65,6 +65,9 @@ type Manager interface {
 	Live(id string) (*sandbox.Sandbox, isolation.Sandbox, error)
 	MatchToken(match func(token string) bool) (id string, ok bool)
 	Defaults() sandbox.Defaults
+	// Owned checks that the request's team may see sandbox id (live or
+	// killed); another team's answers as a missing one.
+	Owned(ctx context.Context, id string) error
 }
 
 var _ Manager = (*sandbox.Manager)(nil)
@@ -294,18 +297,27 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
 	if h.sink == nil {
-		h.mux.ServeHTTP(w, r)
+		h.dispatch(w, r, pattern)
 		return
 	}
 	who := actor(c.p)
 	r = r.WithContext(audit.WithActor(r.Context(), who))
 	tw := &tapWriter{ResponseWriter: w}
-	h.mux.ServeHTTP(tw, r)
+	h.dispatch(tw, r, pattern)
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		return // reads are not actions
 	}
 	h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, SandboxID: r.PathValue("id"),
 		Actor: who, Data: map[string]any{"method": r.Method, "route": pattern, "path": r.URL.Path, "status": tw.status}})
+}
+
+// dispatch serves r on its route once the ownership gate passed it.
+func (h *handler) dispatch(w http.ResponseWriter, r *http.Request, pattern string) {
+	if err := h.checkOwner(r, pattern); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
 }
 
 // serveUnmatched answers requests no route takes: 405 when the path exists

@@ -29,6 +29,8 @@ type Templates interface {
 	List() []tbuild.Listed
 	Get(id string) (*tbuild.Detail, error)
 	SetPublic(ctx context.Context, id string, public *bool) ([]string, error)
+	// Owner gives the team of the built template idOrName names.
+	Owner(idOrName string) (team string, public, found bool)
 }
 
 // uploadPrefix is where the upload links of COPY archives point: no API
@@ -39,6 +41,10 @@ const uploadPrefix = "/_fence/template-files/"
 func (h *handler) templatesOr(w http.ResponseWriter, r *http.Request) (Templates, bool) {
 	if h.templates == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "template builds are not enabled on this server"))
+		return nil, false
+	}
+	if err := h.ownTemplate(r, templateInPath(r)); err != nil {
+		writeError(w, r, h.log, err)
 		return nil, false
 	}
 	return h.templates, true
@@ -219,6 +225,10 @@ func (h *handler) assignTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	if err := h.ownTemplate(r, body.Target); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
 	buildID, tags, err := t.AssignTags(r.Context(), body.Target, body.Tags)
 	if err != nil {
 		writeError(w, r, h.log, err)
@@ -237,6 +247,10 @@ func (h *handler) removeTags(w http.ResponseWriter, r *http.Request) {
 		Tags []string `json:"tags"`
 	}
 	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	if err := h.ownTemplate(r, body.Name); err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
@@ -296,7 +310,7 @@ func (h *handler) listTemplates(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	all := t.List()
+	all := ownTemplates(r, t.List())
 	if !strings.HasPrefix(r.URL.Path, "/v2/") {
 		writeJSON(w, http.StatusOK, all)
 		return

@@ -46,7 +46,7 @@ func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rep)
+	writeJSON(w, http.StatusOK, h.ownUsage(r.Context(), rep))
 }
 
 // export is GET /sandboxes/{id}/export: the sandbox's forensics tar.gz.

@@ -148,7 +148,7 @@ func (a *adopter) pausedEntry(ctx context.Context, rec *store.Sandbox, nc *netco
 		StartedAt: rec.CreatedAt, EndAt: rec.EndAt, Metadata: maps.Clone(rec.Metadata),
 		CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB,
 		EnvdAccessToken: rec.EnvdAccessToken, AllowInternetAccess: rec.AllowInternetAccess,
-		Network: rec.Network,
+		Network: rec.Network, Team: rec.Team,
 	}
 	if info.Metadata == nil {
 		info.Metadata = map[string]string{}
@@ -157,6 +157,7 @@ func (a *adopter) pausedEntry(ctx context.Context, rec *store.Sandbox, nc *netco
 	close(runDone) // its run ended with the pause
 	e := &entry{info: info, net: nc, timeout: a.timeout, runDone: runDone,
 		use: a.meter.Start(audit.ActorFrom(ctx), a.now(), true)}
+	e.team = rec.Team
 	if !haveCR {
 		return e
 	}

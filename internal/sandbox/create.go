@@ -98,12 +98,14 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 	}
 	clock := m.now()
 	info := c.sandbox(clock.UTC())
+	info.Team = tenancy.TeamOf(ctx)
 	if err := c.record(ctx, info); err != nil {
 		return nil, err
 	}
 	e := &entry{info: info, net: c.nc, timeout: c.timeout, runDone: make(chan struct{}),
 		use: m.usage.Start(audit.ActorFrom(ctx), clock, false), spec: c.spec, autoCheckpoint: c.req.AutoCheckpoint}
 	e.setBox(c.box)
+	e.team = info.Team
 	e.baseTemplate = c.tmpl
 	if from != nil {
 		e.layer, e.createdLayer = from.layer, from.layer // +checklocksignore: e is not shared yet
@@ -178,7 +180,12 @@ func (c *creating) plan(ctx context.Context) error {
 		Network: c.req.Network, Secrets: c.req.Secrets, EnvVars: c.req.EnvVars}); err != nil {
 		return err
 	}
-	if c.rootfs, err = m.templates.Resolve(c.tmpl); err != nil {
+	if rf, ok := m.templates.(ResolverFor); ok {
+		c.rootfs, err = rf.ResolveFor(ctx, c.tmpl)
+	} else {
+		c.rootfs, err = m.templates.Resolve(c.tmpl)
+	}
+	if err != nil {
 		return fmt.Errorf("resolving template %q: %w", c.tmpl, err)
 	}
 	return nil
@@ -346,7 +353,7 @@ func (c *creating) record(ctx context.Context, info *Sandbox) error {
 		CreatedAt: info.StartedAt, EndAt: info.EndAt, Metadata: info.Metadata,
 		CPUs: info.CPUs, MemoryMB: info.MemoryMB, DiskMB: info.DiskMB,
 		EnvdAccessToken: info.EnvdAccessToken, AllowInternetAccess: info.AllowInternetAccess,
-		Network: info.Network, Slot: slot,
+		Network: info.Network, Slot: slot, Team: info.Team,
 	}
 	// The store write must not be abandoned half-way because the client left.
 	if err := c.m.store.Insert(context.WithoutCancel(ctx), rec); err != nil {

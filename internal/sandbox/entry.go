@@ -30,6 +30,9 @@ type entry struct {
 	checkpointed atomic.Bool
 	// timeout is the create timeout, the new one of an auto-resume.
 	timeout time.Duration
+	// team owns the sandbox (set before the entry is shared, never
+	// changed): a request of another team finds no such sandbox.
+	team string
 
 	// life serialises pause and resume.
 	life sync.Mutex

@@ -10,6 +10,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 func notFound(id string) error {
@@ -32,7 +33,7 @@ func (m *Manager) lookup(id string) (*entry, error) {
 // Get returns a running sandbox. Unknown and killed IDs give an error
 // wrapping api.ErrNotFound.
 func (m *Manager) Get(ctx context.Context, id string) (*Sandbox, error) {
-	e, err := m.lookup(id)
+	e, err := m.owned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]*Sandbox, error) {
 			StartedAt: r.CreatedAt, EndAt: r.EndAt, Metadata: r.Metadata,
 			CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
 			EnvdAccessToken: r.EnvdAccessToken, AllowInternetAccess: r.AllowInternetAccess,
-			Network: r.Network,
+			Network: r.Network, Team: r.Team,
 		})
 	}
 	return out, nil
@@ -159,11 +160,13 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 	if err := checkTimeout(d, m.maxTimeout); err != nil {
 		return err
 	}
-	if err := m.quota.CheckTimeout(id, d); err != nil {
+	e, err := m.owned(ctx, id)
+	if err != nil {
 		return err
 	}
-	e, err := m.lookup(id)
-	if err != nil {
+	// The team's limit is checked once the sandbox is known to be the
+	// caller's: another team's answers as a missing one.
+	if err := m.quota.CheckTimeout(id, d); err != nil {
 		return err
 	}
 	e.mu.Lock()
@@ -199,6 +202,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 		return ErrClosed
 	}
 	e, ok := m.running[id]
+	ok = ok && tenancy.Visible(ctx, e.team)
 	if ok {
 		delete(m.running, id)
 		m.fences.Drop(id)

@@ -118,7 +118,7 @@ func (p *Pauses) pause(ctx context.Context, id, reason string, mem Memory) error
 
 // pauseWarm is the pause in place, with the memory.
 func (p *Pauses) pauseWarm(ctx context.Context, id, reason string) error {
-	e, err := p.core.lookup(id)
+	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	if p.layers == nil {
 		return NoLayers(p.backend)
 	}
-	e, err := p.core.lookup(id)
+	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func (p *Pauses) Resume(ctx context.Context, id string, d time.Duration, autoPau
 	if err := checkTimeout(d, p.maxTimeout); err != nil {
 		return nil, err
 	}
-	e, err := p.core.lookup(id)
+	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +267,7 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 	if err := checkTimeout(d, p.maxTimeout); err != nil {
 		return nil, false, err
 	}
-	e, err := p.core.lookup(id)
+	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return nil, false, err
 	}
@@ -284,7 +284,7 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 	if err := p.core.extend(ctx, id, d); err != nil {
 		return nil, false, err
 	}
-	e, err = p.core.lookup(id)
+	e, err = ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return nil, false, err
 	}
@@ -295,7 +295,7 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 // create timeout, for traffic that arrived for it. It reports whether the
 // sandbox runs now.
 func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
-	e, err := p.core.lookup(id)
+	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return false
 	}

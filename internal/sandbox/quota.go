@@ -22,9 +22,14 @@ func teamOf(ctx context.Context) string {
 	return tenancy.DefaultTeamID
 }
 
-// recordTeam is the team of a sandbox taken over from a previous daemon.
-// Records name no team yet: every one belongs to the default team.
-func recordTeam(*Sandbox) string { return tenancy.DefaultTeamID }
+// recordTeam is the team of a sandbox taken over from a previous daemon:
+// its record's, or the default team for a record made before teams.
+func recordTeam(s *Sandbox) string {
+	if s.Team != "" {
+		return s.Team
+	}
+	return tenancy.DefaultTeamID
+}
 
 // quotaSize is what a sandbox takes of its team's quota.
 func quotaSize(s *Sandbox) tenancy.Size {

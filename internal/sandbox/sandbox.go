@@ -130,6 +130,8 @@ const (
 // the Manager are copies the caller may keep.
 type Sandbox struct {
 	ID string
+	// Team owns the sandbox: the team of the request that created it.
+	Team string
 	// TemplateID is the template's ID (a built template's, also when the
 	// create named it by alias), a snapshot's ID, or a fork's source's.
 	TemplateID string

@@ -256,6 +256,18 @@ func (s *Store) Get(ctx context.Context, sel string) (*Secret, error) {
 	return info(r), nil
 }
 
+// SecretID returns the ID of the secret sel names, for the team ctx acts
+// for: a binding holds the ID, so that the gateway, which reads values
+// for no team, swaps in that team's secret and never another's of the
+// same name.
+func (s *Store) SecretID(ctx context.Context, sel string) (string, error) {
+	r, err := s.lookup(ctx, sel)
+	if err != nil {
+		return "", err
+	}
+	return r.ID, nil
+}
+
 // updateAttempts bounds the retries of an update that lost a race with
 // another update of the same secret.
 const updateAttempts = 5

@@ -45,6 +45,9 @@ type Snapshot struct {
 	Template  string
 	CreatedAt time.Time
 	Spec      string // JSON, the caller's
+	// Team owns the snapshot; PutSnapshot sets the team of its context
+	// when empty. Names are unique within a team.
+	Team string
 }
 
 // PutSnapshot records a snapshot. A named one replaces the snapshot of
@@ -56,11 +59,12 @@ func (s *Store) PutSnapshot(ctx context.Context, sn *Snapshot) (replaced string,
 		return "", err
 	}
 	defer tx.Rollback()
+	sn.Team = ownerOf(ctx, sn.Team)
 	var name any
 	if sn.Name != "" {
 		name = sn.Name
 		var id, layer string
-		err := tx.QueryRowContext(ctx, `SELECT id, layer FROM snapshots WHERE name = ?`, sn.Name).Scan(&id, &layer)
+		err := tx.QueryRowContext(ctx, `SELECT id, layer FROM snapshots WHERE name = ? AND team = ?`, sn.Name, sn.Team).Scan(&id, &layer)
 		switch {
 		case err == nil:
 			sn.ID, replaced = id, layer
@@ -73,19 +77,19 @@ func (s *Store) PutSnapshot(ctx context.Context, sn *Snapshot) (replaced string,
 			return "", fmt.Errorf("reading snapshot: %w", err)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (id, name, tag, layer, sandbox_id, template, created_at, spec) VALUES (?,?,?,?,?,?,?,?)`,
-		sn.ID, name, sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (id, name, tag, layer, sandbox_id, template, created_at, spec, team) VALUES (?,?,?,?,?,?,?,?,?)`,
+		sn.ID, name, sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec, sn.Team); err != nil {
 		return "", fmt.Errorf("inserting snapshot: %w", err)
 	}
 	return "", tx.Commit()
 }
 
-const snapshotCols = `id, COALESCE(name, ''), tag, layer, sandbox_id, template, created_at, spec`
+const snapshotCols = `id, COALESCE(name, ''), tag, layer, sandbox_id, template, created_at, spec, team`
 
 func scanSnapshot(r scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var created int64
-	if err := r.Scan(&sn.ID, &sn.Name, &sn.Tag, &sn.Layer, &sn.SandboxID, &sn.Template, &created, &sn.Spec); err != nil {
+	if err := r.Scan(&sn.ID, &sn.Name, &sn.Tag, &sn.Layer, &sn.SandboxID, &sn.Template, &created, &sn.Spec, &sn.Team); err != nil {
 		return nil, err
 	}
 	sn.CreatedAt = time.Unix(0, created).UTC()
@@ -93,10 +97,14 @@ func scanSnapshot(r scanner) (*Snapshot, error) {
 }
 
 // FindSnapshot returns the snapshot whose ID or name is ref (a tag after
-// a colon is ignored), or an error wrapping api.ErrNotFound.
+// a colon is ignored), or an error wrapping api.ErrNotFound (also for
+// another team's when ctx acts for a principal, as ListSnapshots and
+// DeleteSnapshot).
 func (s *Store) FindSnapshot(ctx context.Context, ref string) (*Snapshot, error) {
 	base, _, _ := strings.Cut(ref, ":")
-	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ? OR name = ?`, base, base))
+	cond, args := scope(ctx, "snapshots")
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE (id = ? OR name = ?) AND `+cond,
+		append([]any{base, base}, args...)...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("snapshot %q: %w", ref, api.ErrNotFound)
 	}
@@ -106,8 +114,8 @@ func (s *Store) FindSnapshot(ctx context.Context, ref string) (*Snapshot, error)
 // ListSnapshots lists snapshots, newest first; sandboxID and name
 // (matched as FindSnapshot does) filter when not empty.
 func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*Snapshot, error) {
-	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE 1=1`
-	var args []any
+	cond, args := scope(ctx, "snapshots")
+	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE ` + cond
 	if sandboxID != "" {
 		q += ` AND sandbox_id = ?`
 		args = append(args, sandboxID)
@@ -136,7 +144,8 @@ func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*S
 // DeleteSnapshot removes a snapshot, or returns an error wrapping
 // api.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	cond, args := scope(ctx, "snapshots")
+	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ? AND `+cond, append([]any{id}, args...)...)
 	return checkOne(res, err, "deleting snapshot "+id)
 }
 

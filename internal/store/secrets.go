@@ -31,6 +31,9 @@ type Secret struct {
 	Sealed    []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Team owns the secret; InsertSecret sets the team of its context
+	// when empty. Names are unique within a team.
+	Team string
 }
 
 // SecretCursor is a position in ListSecrets order (newest first).
@@ -39,7 +42,7 @@ type SecretCursor struct {
 	ID        string
 }
 
-const secretColumns = `id, name, version, metadata, sealed, created_at, updated_at`
+const secretColumns = `id, name, version, metadata, sealed, created_at, updated_at, team`
 
 // InsertSecret adds a secret record unless the store already holds
 // capacity of them (0: no cap). A taken name or ID, and a full store, give an error
@@ -55,8 +58,8 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 		limit = -1
 	}
 	res, err := s.db.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
-		SELECT ?, ?, ?, ?, ?, ?, ? WHERE ? < 0 OR (SELECT COUNT(*) FROM secrets) < ?`,
-		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), limit, limit)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE ? < 0 OR (SELECT COUNT(*) FROM secrets) < ?`,
+		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), ownerOf(ctx, sec.Team), limit, limit)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("inserting secret: name or ID taken: %w", api.ErrConflict)
@@ -72,7 +75,8 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 }
 
 // SecretByID returns the record of id, or an error wrapping
-// ErrSecretNotFound.
+// ErrSecretNotFound (also for another team's when ctx acts for a
+// principal, as every secret lookup, list, update and delete).
 func (s *Store) SecretByID(ctx context.Context, id string) (*Secret, error) {
 	return s.secretWhere(ctx, "id", id)
 }
@@ -84,7 +88,8 @@ func (s *Store) SecretByName(ctx context.Context, name string) (*Secret, error) 
 }
 
 func (s *Store) secretWhere(ctx context.Context, col, v string) (*Secret, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE `+col+` = ?`, v)
+	cond, args := scope(ctx, "secrets")
+	row := s.db.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE `+col+` = ? AND `+cond, append([]any{v}, args...)...)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting secret: %w", ErrSecretNotFound)
@@ -98,11 +103,11 @@ func (s *Store) secretWhere(ctx context.Context, col, v string) (*Secret, error)
 // ListSecrets returns up to limit records (0: all), newest first (created
 // desc, then ID desc), strictly after the cursor when it is not nil.
 func (s *Store) ListSecrets(ctx context.Context, after *SecretCursor, limit int) ([]*Secret, error) {
-	q := `SELECT ` + secretColumns + ` FROM secrets`
-	var args []any
+	cond, args := scope(ctx, "secrets")
+	q := `SELECT ` + secretColumns + ` FROM secrets WHERE ` + cond
 	if after != nil {
 		n := after.CreatedAt.UnixNano()
-		q += ` WHERE (created_at < ? OR (created_at = ? AND id < ?))`
+		q += ` AND (created_at < ? OR (created_at = ? AND id < ?))`
 		args = append(args, n, n, after.ID)
 	}
 	q += ` ORDER BY created_at DESC, id DESC`
@@ -145,8 +150,9 @@ func (s *Store) UpdateSecret(ctx context.Context, id string, from int64, sealed 
 		q += `, metadata = ?`
 		args = append(args, md)
 	}
-	q += ` WHERE id = ? AND version = ?`
-	args = append(args, id, from)
+	cond, scoped := scope(ctx, "secrets")
+	q += ` WHERE id = ? AND version = ? AND ` + cond
+	args = append(append(args, id, from), scoped...)
 	res, err := s.db.ExecContext(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("updating secret: %w", err)
@@ -167,7 +173,8 @@ func (s *Store) UpdateSecret(ctx context.Context, id string, from int64, sealed 
 // DeleteSecret removes a secret record, or returns an error wrapping
 // ErrSecretNotFound.
 func (s *Store) DeleteSecret(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE id = ?`, id)
+	cond, args := scope(ctx, "secrets")
+	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE id = ? AND `+cond, append([]any{id}, args...)...)
 	if err != nil {
 		return fmt.Errorf("deleting secret: %w", err)
 	}
@@ -207,7 +214,7 @@ func scanSecret(r scanner) (*Secret, error) {
 		md               string
 		created, updated int64
 	)
-	if err := r.Scan(&sec.ID, &sec.Name, &sec.Version, &md, &sec.Sealed, &created, &updated); err != nil {
+	if err := r.Scan(&sec.ID, &sec.Name, &sec.Version, &md, &sec.Sealed, &created, &updated, &sec.Team); err != nil {
 		return nil, err
 	}
 	sec.CreatedAt = time.Unix(0, created).UTC()

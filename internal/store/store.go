@@ -75,6 +75,9 @@ type Sandbox struct {
 	AllowInternetAccess *bool
 	Network             *api.NetworkConfig
 	Slot                int // the uid-range slot the backend used (0 if none)
+	// Team owns the sandbox; Insert sets the team of its context when
+	// empty.
+	Team string
 }
 
 // Filter selects sandboxes in List. Zero fields select everything.
@@ -206,6 +209,8 @@ var migrations = []string{
 	migrationTeams,
 	// The teams' own limits (limits.go).
 	migrationTeamLimits,
+	// Every record's team (owner.go).
+	migrationOwners,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
@@ -308,7 +313,7 @@ const columns = `id, template, state, created_at, end_at, metadata, cpu, memory_
 	envd_access_token, allow_internet_access, network, slot`
 
 // recordColumns are a record's columns today (columns is migration 3's).
-const recordColumns = columns + `, alias`
+const recordColumns = columns + `, alias, team`
 
 // Insert adds a new record. An existing ID is an error wrapping api.ErrConflict.
 func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
@@ -336,9 +341,9 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	if state == "" {
 		state = StateRunning
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+recordColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+recordColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, string(state), sb.CreatedAt.UnixNano(), sb.EndAt.UnixNano(), string(mdJSON),
-		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot, sb.Alias)
+		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot, sb.Alias, ownerOf(ctx, sb.Team))
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, api.ErrConflict)
@@ -348,9 +353,11 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 	return nil
 }
 
-// Get returns the record of id, or an error wrapping ErrNotFound.
+// Get returns the record of id, or an error wrapping ErrNotFound (also
+// for another team's record when ctx acts for a principal).
 func (s *Store) Get(ctx context.Context, id string) (*Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+recordColumns+` FROM sandboxes WHERE id = ?`, id)
+	cond, args := scope(ctx, "sandboxes")
+	row := s.db.QueryRowContext(ctx, `SELECT `+recordColumns+` FROM sandboxes WHERE id = ? AND `+cond, append([]any{id}, args...)...)
 	sb, err := scan(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting sandbox %s: %w", id, ErrNotFound)
@@ -362,12 +369,10 @@ func (s *Store) Get(ctx context.Context, id string) (*Sandbox, error) {
 }
 
 // List returns the records matching f, newest first (CreatedAt desc, then
-// ID desc).
+// ID desc): only those of ctx's team when it acts for a principal.
 func (s *Store) List(ctx context.Context, f Filter) ([]*Sandbox, error) {
-	var (
-		where []string
-		args  []any
-	)
+	cond, args := scope(ctx, "sandboxes")
+	where := []string{cond}
 	if f.State != "" {
 		where = append(where, "state = ?")
 		args = append(args, string(f.State))
@@ -505,7 +510,7 @@ func scan(r scanner) (*Sandbox, error) {
 		netJSON       sql.NullString
 	)
 	if err := r.Scan(&sb.ID, &sb.Template, &state, &created, &end, &mdJSON, &sb.CPUs, &sb.MemoryMB,
-		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot, &sb.Alias); err != nil {
+		&sb.DiskMB, &sb.EnvdAccessToken, &allow, &netJSON, &sb.Slot, &sb.Alias, &sb.Team); err != nil {
 		return nil, err
 	}
 	sb.State = State(state)

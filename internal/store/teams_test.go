@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -180,10 +181,12 @@ func TestMintBadInput(t *testing.T) {
 func TestTeamsMigrationKeepsRecords(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fence.db")
 	saved := migrations
-	migrations = saved[:len(saved)-1]
+	migrations = saved[:slices.Index(saved, migrationTeams)]
 	s, err := Open(t.Context(), path)
 	if err == nil {
-		err = s.Insert(t.Context(), rec("old1", 1, nil))
+		// The schema of then: no team column to write.
+		_, err = s.db.ExecContext(t.Context(), `INSERT INTO sandboxes (id, template, state, created_at, end_at, cpu, memory_mb, disk_mb)
+			VALUES ('old1', 'base', 'running', 1, 2, 1, 512, 1024)`)
 		s.Close()
 	}
 	migrations = saved
@@ -195,8 +198,8 @@ func TestTeamsMigrationKeepsRecords(t *testing.T) {
 		t.Fatalf("Open after the upgrade = %v", err)
 	}
 	defer s.Close()
-	if _, err := s.Get(t.Context(), "old1"); err != nil {
-		t.Errorf("Get(old1) after the upgrade = %v", err)
+	if got, err := s.Get(t.Context(), "old1"); err != nil || got.Team != tenancy.DefaultTeamID {
+		t.Errorf("Get(old1) after the upgrade = %+v, %v; want it the default team's", got, err)
 	}
 	if _, err := s.Team(t.Context(), tenancy.DefaultTeamID); err != nil {
 		t.Errorf("the default team after the upgrade: %v", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/tbuild/names"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Listed is one template in a list (E2B's Template).
@@ -27,6 +28,8 @@ type Listed struct {
 	BuildStatus   Status     `json:"buildStatus"`
 	CreatedBy     *struct{}  `json:"createdBy"`
 	EnvdVersion   string     `json:"envdVersion"`
+	// Team owns the template (not shown: a team lists its own alone).
+	Team string `json:"-"`
 }
 
 // EnvdVersion is the envd version fence's agent reports.
@@ -40,7 +43,8 @@ func (s *Service) List() []Listed {
 	for _, t := range s.names.All() {
 		l := Listed{TemplateID: t.ID, BuildID: "00000000-0000-0000-0000-000000000000", CPUCount: 2, MemoryMB: 1024,
 			Public: t.Public, Aliases: []string{t.Alias}, Names: s.names.Names(t.Alias),
-			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, BuildStatus: StatusWaiting, EnvdVersion: EnvdVersion}
+			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, BuildStatus: StatusWaiting, EnvdVersion: EnvdVersion,
+			Team: tenancy.Owner(t.Team)}
 		var latest *Build
 		for _, b := range s.builds {
 			if b.TemplateID != t.ID {

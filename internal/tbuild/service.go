@@ -20,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild/content"
 	"github.com/fencesandbox/fence/internal/tbuild/names"
 	"github.com/fencesandbox/fence/internal/template"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Status is a build's state.
@@ -406,7 +407,7 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	s.mu.Lock()
 	// Claimed under s.mu: a deletion of the template takes its builds
 	// with it, this one included.
-	t, err := s.names.Claim(n)
+	t, err := s.names.ClaimFor(n, tenancy.TeamOf(ctx))
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err

@@ -79,6 +79,14 @@ func (s *Set) BindSecrets(ctx context.Context, in []netconf.Binding) (map[string
 				}
 				return nil, nil, fmt.Errorf("looking up secret for %s: %w", b.Env, err)
 			}
+			// The binding names the secret of the create's team by its ID.
+			if ids, ok := s.secrets.(secretIDs); ok {
+				id, err := ids.SecretID(ctx, b.Secret)
+				if err != nil {
+					return nil, nil, fmt.Errorf("looking up secret for %s: %w", b.Env, err)
+				}
+				b.Secret = id
+			}
 		}
 		ph := newPlaceholder()
 		env[b.Env] = ph
@@ -86,6 +94,12 @@ func (s *Set) BindSecrets(ctx context.Context, in []netconf.Binding) (map[string
 			Hosts: slices.Clone(b.Hosts), Places: b.Places})
 	}
 	return env, out, nil
+}
+
+// secretIDs is implemented by secret stores whose secrets a name can
+// stand for in more than one team (*secrets.Store).
+type secretIDs interface {
+	SecretID(ctx context.Context, sel string) (string, error)
 }
 
 // newPlaceholder returns a value that stands for a secret inside one

@@ -40,6 +40,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // LayerStore is the persistence of snapshots and checkpoints;
@@ -332,6 +333,8 @@ var errLayersBusy = errors.New("layers busy: collecting once they are not")
 // gc deletes the layers that no record, no live sandbox, no standby and
 // no pin keeps. It never waits for the layer lock (see layerLock).
 func (k *Keeper) gc(ctx context.Context) error {
+	// Every team's records keep layers: the collector reads them all.
+	ctx = tenancy.NewContext(ctx, tenancy.Principal{})
 	ls, err := k.layerStore()
 	if err != nil {
 		return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // TagRef is where a tag points.
@@ -30,6 +31,9 @@ type Template struct {
 	UpdatedAt time.Time         `json:"updatedAt"`
 	Public    bool              `json:"public"`
 	Tags      map[string]TagRef `json:"tags"`
+	// Team owns the template ("": the default team, for records made
+	// before teams).
+	Team string `json:"team,omitempty"`
 }
 
 // clone is a copy of t that shares nothing with it.
@@ -139,6 +143,13 @@ func (r *Registry) Save(ctx context.Context, id string) {
 // is none; an alias that is another template's ID is a conflict. The
 // record is in memory until Save.
 func (r *Registry) Claim(n Name) (Template, error) {
+	return r.ClaimFor(n, tenancy.DefaultTeamID)
+}
+
+// ClaimFor is Claim for team: a template made is team's, and an alias
+// another team's template has is taken (aliases are one namespace, as on
+// E2B).
+func (r *Registry) ClaimFor(n Name, team string) (Template, error) {
 	now := r.now().UTC()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -146,8 +157,11 @@ func (r *Registry) Claim(n Name) (Template, error) {
 		return Template{}, fmt.Errorf("Alias '%s' is already used: %w", n.Alias, api.ErrConflict)
 	}
 	t := r.byAliasLocked(n.Alias)
+	if t != nil && tenancy.Owner(t.Team) != team {
+		return Template{}, fmt.Errorf("Alias '%s' is already used: %w", n.Alias, api.ErrConflict)
+	}
 	if t == nil {
-		t = &Template{ID: newID(20), Alias: n.Alias, CreatedAt: now, Tags: map[string]TagRef{}}
+		t = &Template{ID: newID(20), Alias: n.Alias, CreatedAt: now, Tags: map[string]TagRef{}, Team: team}
 		r.templates[t.ID] = t
 	}
 	t.UpdatedAt = now
