@@ -20,7 +20,7 @@ create sandboxes, run commands, read, write and list files, checkpoint, diff
 and rewind, and kill sandboxes, all on the daemon at --url (FENCE_URL) with
 --api-key (FENCE_API_KEY). Nothing but MCP messages is written to stdout.
 See docs/MCP.md.`,
-		Example: `  claude mcp add fence --env FENCE_URL=http://127.0.0.1:3000 --env FENCE_API_KEY=$key -- fence mcp`,
+		Example: `  claude mcp add --transport stdio --env FENCE_URL=http://127.0.0.1:3000 --env FENCE_API_KEY=$key fence -- fence mcp`,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := cf.client()
