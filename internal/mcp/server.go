@@ -71,7 +71,7 @@ func addTool[In, Out any](s *sdk.Server, name, desc string, h func(context.Conte
 			defer func() {
 				if p := recover(); p != nil {
 					var zero Out
-					res, out, err = nil, zero, fmt.Errorf("%s: internal error: %v\n%s", name, p, firstLines(string(debug.Stack()), 12))
+					res, out, err = nil, zero, fmt.Errorf("%s: internal error: %v", name, p)
 				}
 			}()
 			out, err = h(ctx, req, in)
@@ -85,11 +85,6 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "(devel)"
-}
-
-func firstLines(s string, n int) string {
-	lines := strings.SplitN(s, "\n", n+1)
-	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 // envd returns a client of the agent of the sandbox id.
