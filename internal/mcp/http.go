@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
 )
 
@@ -18,12 +20,16 @@ import (
 const SessionIdle = 30 * time.Minute
 
 // NewHTTPHandler serves the tools as MCP's streamable HTTP transport. A
-// session's tools use the client clientFor returns for the request that
-// opened it. Authenticating the requests is the caller's: the handler
-// answers whoever reaches it.
-func NewHTTPHandler(clientFor func(*http.Request) *client.Client) http.Handler {
+// session's tools use the client clientFor returns for the API key
+// (X-API-Key) of the request that opened it, and a later request of the
+// session that carries another key is refused. Authenticating the keys is
+// the caller's: the handler answers whoever reaches it.
+func NewHTTPHandler(clientFor func(apiKey string) *client.Client) http.Handler {
 	return sdk.NewStreamableHTTPHandler(func(r *http.Request) *sdk.Server {
-		return NewServer(clientFor(r))
+		key := r.Header.Get(api.HeaderAPIKey)
+		s := NewServer(clientFor(key))
+		s.AddReceivingMiddleware(sameKey(key))
+		return s
 	}, &sdk.StreamableHTTPOptions{
 		SessionTimeout: SessionIdle,
 		// Every request carries the API key, which a page that rebound a
@@ -33,14 +39,31 @@ func NewHTTPHandler(clientFor func(*http.Request) *client.Client) http.Handler {
 	})
 }
 
+// errOtherKey refuses a request of a session opened with another API key.
+var errOtherKey = errors.New("this MCP session was opened with another API key")
+
+// sameKey refuses the requests and notifications of a session that come
+// with another API key than key, the one that opened it.
+func sameKey(key string) sdk.Middleware {
+	return func(next sdk.MethodHandler) sdk.MethodHandler {
+		return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+			if extra := req.GetExtra(); extra != nil && extra.Header != nil &&
+				subtle.ConstantTimeCompare([]byte(extra.Header.Get(api.HeaderAPIKey)), []byte(key)) != 1 {
+				return nil, errOtherKey
+			}
+			return next(ctx, method, req)
+		}
+	}
+}
+
 // DaemonHandler is the daemon's /mcp handler: sessions reach the API that
-// api returns (read at each connection, so it may be set after this call)
+// h returns (read at each connection, so it may be set after this call)
 // in-process, with the API key of the request that opened them. stop
 // closes the in-process connections.
-func DaemonHandler(api func() http.Handler) (h http.Handler, stop func()) {
-	hc, stop := Loopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { api().ServeHTTP(w, r) }))
-	return NewHTTPHandler(func(r *http.Request) *client.Client {
-		return client.New("http://fence-loopback", r.Header.Get("X-API-Key"), client.WithHTTPClient(hc))
+func DaemonHandler(h func() http.Handler) (handler http.Handler, stop func()) {
+	hc, stop := Loopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h().ServeHTTP(w, r) }))
+	return NewHTTPHandler(func(key string) *client.Client {
+		return client.New("http://fence-loopback", key, client.WithHTTPClient(hc))
 	}), stop
 }
 

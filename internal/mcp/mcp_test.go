@@ -145,3 +145,41 @@ func TestLoopbackStreams(t *testing.T) {
 		t.Errorf("a request after stop succeeded")
 	}
 }
+
+// switchKey sends the API key it currently holds with every request.
+type switchKey struct{ key atomic.Value }
+
+func (s *switchKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-API-Key", s.key.Load().(string))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestHTTPSessionKeepsItsKey checks that an HTTP session's requests must
+// carry the API key that opened it.
+func TestHTTPSessionKeepsItsKey(t *testing.T) {
+	srv := httptest.NewServer(NewHTTPHandler(func(key string) *client.Client {
+		return client.New("http://127.0.0.1:1", key)
+	}))
+	defer srv.Close()
+	tr := &switchKey{}
+	tr.key.Store("key-a")
+	cl := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := cl.Connect(context.Background(), &sdk.StreamableClientTransport{Endpoint: srv.URL,
+		HTTPClient: &http.Client{Transport: tr}, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatalf("with the session's key: %v", err)
+	}
+	tr.key.Store("key-b")
+	if _, err := cs.ListTools(context.Background(), nil); err == nil || !strings.Contains(err.Error(), "another API key") {
+		t.Errorf("with another key: %v, want refused", err)
+	}
+	tr.key.Store("key-a")
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Errorf("with the session's key again: %v", err)
+	}
+}

@@ -37,6 +37,9 @@ func inputErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errInput, fmt.Sprintf(format, args...))
 }
 
+// schemas caches the tools' JSON schemas across servers.
+var schemas = sdk.NewSchemaCache()
+
 // tools is the state the tools share: the daemon's client.
 type tools struct {
 	c *client.Client
@@ -46,6 +49,9 @@ type tools struct {
 // daemon c talks to.
 func NewServer(c *client.Client) *sdk.Server {
 	s := sdk.NewServer(&sdk.Implementation{Name: Name, Title: "fence sandboxes", Version: version()}, &sdk.ServerOptions{
+		// The HTTP handler makes a server per request: the tools'
+		// schemas are inferred once.
+		SchemaCache: schemas,
 		Instructions: "Tools to run code in fence sandboxes: disposable Linux machines with default-deny network egress. " +
 			"Create a sandbox, run commands and edit files in it, checkpoint it before risky steps and rewind when a step went wrong, kill it when done.",
 	})
