@@ -15,8 +15,8 @@ import (
 	"github.com/fencesandbox/fence/client"
 )
 
-// connect returns a client session of s over an in-memory transport.
-func connect(t *testing.T, s *sdk.Server) *sdk.ClientSession {
+// connectTest returns a client session of s over an in-memory transport.
+func connectTest(t *testing.T, s *sdk.Server) *sdk.ClientSession {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -43,7 +43,7 @@ func TestBadInputMakesNoRequest(t *testing.T) {
 		http.Error(w, "unexpected", http.StatusTeapot)
 	}))
 	defer srv.Close()
-	cs := connect(t, NewServer(client.New(srv.URL, "key")))
+	cs := connectTest(t, NewServer(client.New(srv.URL, "key")))
 	for _, c := range []struct {
 		tool string
 		args map[string]any
@@ -90,7 +90,7 @@ func TestPanicIsToolError(t *testing.T) {
 	addTool(s, "boom", "panics", func(context.Context, *sdk.CallToolRequest, struct{}) (struct{}, error) {
 		panic("kaboom")
 	})
-	cs := connect(t, s)
+	cs := connectTest(t, s)
 	for range 2 {
 		res, err := cs.CallTool(context.Background(), &sdk.CallToolParams{Name: "boom"})
 		if err != nil {

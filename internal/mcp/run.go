@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"connectrpc.com/connect"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/fencesandbox/fence/client"
@@ -53,7 +54,9 @@ func (t *tools) run(ctx context.Context, req *sdk.CallToolRequest, in RunInput) 
 	})
 	res := out.result()
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// The deadline is the client's or the agent's, whichever ends
+		// the stream first.
+		if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || connect.CodeOf(err) == connect.CodeDeadlineExceeded) {
 			res.TimedOut, res.ExitCode = true, 124
 			return res, nil
 		}
