@@ -3,11 +3,13 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -76,6 +78,18 @@ func (p *progressLog) text() string {
 	return strings.Join(p.msgs, "")
 }
 
+// await waits until the notifications carried want, in order.
+func (p *progressLog) await(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, 20*time.Second, fmt.Sprintf("progress notifications carrying %q", want), func() bool {
+		got := p.text()
+		if !strings.HasPrefix(want, got) {
+			t.Fatalf("progress notifications carried %q, want %q", got, want)
+		}
+		return got == want
+	})
+}
+
 // TestMCP drives the MCP tools with the go-sdk's client: over an in-memory
 // transport to a server using the daemon's API, and over streamable HTTP
 // to the daemon's /mcp.
@@ -129,9 +143,9 @@ func TestMCP(t *testing.T) {
 	if res.IsError || run.ExitCode != 0 || run.Stdout != "42\n" {
 		t.Fatalf("run_command: error %v (%s), got %+v, want 42 and exit 0", res.IsError, resultText(res), run)
 	}
-	if got := progress.text(); got != "42\n" {
-		t.Errorf("progress notifications carried %q, want the output 42", got)
-	}
+	// The client hands notifications to their handler apart from the
+	// result, which may come first.
+	progress.await(t, "42\n")
 	mcpMust(t, cs, "run_command", map[string]any{"sandbox_id": id, "command": "echo oops >&2; exit 3"}, &run)
 	if run.ExitCode != 3 || run.Stderr != "oops\n" {
 		t.Errorf("failing command: got %+v, want exit 3 and oops on stderr", run)
@@ -268,7 +282,5 @@ func mcpOverHTTP(t *testing.T, d *daemon, id string) {
 	if res.IsError || run.ExitCode != 0 || run.Stdout != "one\ntwo\n" {
 		t.Fatalf("run_command over HTTP: error %v (%s), got %+v", res.IsError, resultText(res), run)
 	}
-	if got := progress.text(); got != "one\ntwo\n" {
-		t.Errorf("progress over HTTP carried %q, want one and two", got)
-	}
+	progress.await(t, "one\ntwo\n")
 }
