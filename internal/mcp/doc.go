@@ -28,5 +28,6 @@
 //   - read_file returns at most its max_bytes (ReadCap by default), as
 //     text when the bytes are UTF-8, else base64.
 //   - Over HTTP, a session acts with the API key of the request that
-//     opened it.
+//     opened it, and refuses a request or notification that carries
+//     another key.
 package mcp
