@@ -128,6 +128,7 @@ the fence client verbs at it:
 		agentCmd(deps),
 		initCmd(deps),
 		probeCmd(),
+		mcpCmd(),
 	)
 	return root
 }

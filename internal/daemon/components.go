@@ -29,6 +29,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
+	"github.com/fencesandbox/fence/internal/mcp"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
@@ -532,7 +533,10 @@ func (d *node) serve(ctx context.Context) error {
 func (d *node) newServer() (*http.Server, error) {
 	o := d.opts
 	timeouts := o.HTTP.withDefaults()
-	var handler http.Handler = httpapi.New(httpapi.Options{
+	var api http.Handler
+	mcpHandler, stopMCP := mcp.DaemonHandler(func() http.Handler { return api })
+	d.closers.push(stopMCP)
+	api = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
 		Pauses:          d.mgr.Pauses(),
 		Network:         d.nets,
@@ -550,7 +554,9 @@ func (d *node) newServer() (*http.Server, error) {
 		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
+		MCP: mcpHandler,
 	})
+	handler := api
 	if o.Cluster != nil {
 		handler = cluster.RequireToken(o.Cluster.Token, handler)
 	}

@@ -134,6 +134,10 @@ type Options struct {
 	// Usage serves GET /usage and the sandboxes' metrics routes; nil
 	// answers 501 there.
 	Usage Usage
+	// MCP serves the Model Context Protocol's streamable HTTP transport at
+	// /mcp, behind the API key like the other control-plane routes; nil
+	// answers 404 there.
+	MCP http.Handler
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -168,6 +172,7 @@ type handler struct {
 	templates  Templates
 	exporter   Exporter
 	meter      Usage
+	mcp        http.Handler   // nil: no /mcp route
 	warming    sync.WaitGroup // warmAgent calls in flight
 }
 
@@ -194,6 +199,7 @@ func New(opts Options) http.Handler {
 		templates:   opts.Templates,
 		exporter:    opts.Exporter,
 		meter:       opts.Usage,
+		mcp:         opts.MCP,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

@@ -62,5 +62,8 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
+	if h.mcp != nil {
+		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
+	}
 	return mux
 }
