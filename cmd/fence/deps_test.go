@@ -25,10 +25,12 @@ func TestImportDirection(t *testing.T) {
 		// the Go SDK, neither of them on fence's internals.
 		{pkg: "api/...", banned: []string{mod + "internal/", mod + "client"}},
 		{pkg: "client/...", banned: []string{mod + "internal/"}},
-		// The agent shares only the isolation package's plain types with
-		// the daemon (which reach egress/policy, pure and I/O-free); the
-		// network stack, resolver and TUN code stay out of it.
+		// The agent shares only its boot contract (internal/agent/boot)
+		// with the backends that start it, and stands below the isolation
+		// seam it runs behind: the seam, the network stack, resolver and
+		// TUN code stay out of it.
 		{pkg: "internal/agent/...", banned: []string{
+			mod + "internal/isolation",
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress/dns", mod + "internal/egress/tun",
 			mod + "internal/egress/sniff", "gvisor.dev/", mod + "client",
