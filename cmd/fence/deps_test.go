@@ -67,6 +67,10 @@ func TestImportDirection(t *testing.T) {
 		// starts: the typed Kubernetes clientset and its informers register
 		// every API group and doubled the cost of a start of fence.
 		{pkg: "cmd/fence", banned: []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"}},
+		// The roles played inside a sandbox stand below what measures or
+		// starts them: the bench client is the in-sandbox binary's part,
+		// and fence bench imports it, not the other way round.
+		{pkg: "internal/insandbox/...", banned: []string{mod + "internal/bench"}},
 		// The in-sandbox binary starts twice on every sandbox's create
 		// (init, then the agent): it links the roles played inside a
 		// sandbox and nothing of the daemon's.

@@ -33,7 +33,7 @@ import (
 	"syscall"
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
-	"github.com/fencesandbox/fence/internal/bench/netclient"
+	"github.com/fencesandbox/fence/internal/insandbox/netclient"
 	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 )
