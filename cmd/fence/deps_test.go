@@ -68,9 +68,10 @@ func TestImportDirection(t *testing.T) {
 		// every API group and doubled the cost of a start of fence.
 		{pkg: "cmd/fence", banned: []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"}},
 		// The roles played inside a sandbox stand below what measures or
-		// starts them: the bench client is the in-sandbox binary's part,
-		// and fence bench imports it, not the other way round.
-		{pkg: "internal/insandbox/...", banned: []string{mod + "internal/bench"}},
+		// starts them: the bench client, the native backend's init and its
+		// spawner are the in-sandbox binary's parts, and fence bench and
+		// the native backend import them, not the other way round.
+		{pkg: "internal/insandbox/...", banned: []string{mod + "internal/bench", mod + "internal/isolation"}},
 		// The in-sandbox binary starts twice on every sandbox's create
 		// (init, then the agent): it links the roles played inside a
 		// sandbox and nothing of the daemon's.
@@ -78,7 +79,7 @@ func TestImportDirection(t *testing.T) {
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress$", mod + "internal/egress/dns",
 			mod + "internal/egress/tun", mod + "internal/egress/sniff", mod + "internal/netfence",
-			mod + "internal/isolation/native$", mod + "internal/isolation/gvisor", mod + "internal/cli",
+			mod + "internal/isolation", mod + "internal/cli",
 			mod + "internal/bench$", mod + "internal/audit", mod + "internal/cluster", mod + "client",
 			"gvisor.dev/", "k8s.io/", "modernc.org/", "github.com/spf13/", "github.com/prometheus/",
 			"github.com/google/go-containerregistry", "github.com/miekg/",
