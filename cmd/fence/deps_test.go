@@ -72,6 +72,12 @@ func TestImportDirection(t *testing.T) {
 		// spawner are the in-sandbox binary's parts, and fence bench and
 		// the native backend import them, not the other way round.
 		{pkg: "internal/insandbox/...", banned: []string{mod + "internal/bench", mod + "internal/isolation"}},
+		// A sandbox's network fence and the backends that attach to it
+		// share only their contract (netattach, on the standard library
+		// alone): the fence knows nothing of the isolation seam, which
+		// imports it through fake, gvisor and the conformance suite.
+		{pkg: "internal/netattach", stdlib: true},
+		{pkg: "internal/netfence", banned: []string{mod + "internal/isolation"}},
 		// The in-sandbox binary starts twice on every sandbox's create
 		// (init, then the agent): it links the roles played inside a
 		// sandbox and nothing of the daemon's.
