@@ -1,9 +1,5 @@
 package process
 
-// A process's start: its command resolved on the user's PATH, its stdio
-// (pipes or a PTY), its attributes (user, groups, directory, environment),
-// and the goroutine that follows it to its end.
-
 import (
 	"errors"
 	"fmt"
