@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"sync"
 	"syscall"
 
 	"github.com/pkg/sftp"
@@ -204,16 +203,26 @@ func sshSignalName(sig syscall.Signal) string {
 	return "KILL"
 }
 
-// sftp serves the sftp subsystem over the sandbox's filesystem API.
+// sftp serves the sftp subsystem over the sandbox's filesystem API, in
+// the template user's home directory.
 func (c *conn) sftp(ctx context.Context, ch ssh.Channel) {
-	fsys := &agentFS{ctx: ctx, c: c, e: c.t.Envd(), max: c.s.cfg.MaxFileBytes, dir: c.s.cfg.SpoolDir}
-	srv := sftp.NewRequestServer(ch, sftp.Handlers{FileGet: fsys, FilePut: fsys, FileCmd: fsys, FileList: fsys})
-	var once sync.Once
-	stop := context.AfterFunc(ctx, func() { once.Do(func() { srv.Close() }) })
-	defer stop()
+	e := c.t.Envd()
+	fsys := &agentFS{ctx: ctx, c: c, e: e, max: c.s.cfg.MaxFileBytes, dir: c.s.cfg.SpoolDir}
+	var opts []sftp.RequestServerOption
+	if home, err := e.Stat(ctx, "."); err == nil && home.Type == client.TypeDir && home.Path != "" {
+		opts = append(opts, sftp.WithStartDirectory(home.Path))
+	}
+	// The server's Close would close ch before its exit status is sent;
+	// the channel ends when the client closes it or the connection ends.
+	srv := sftp.NewRequestServer(keepOpen{ch}, sftp.Handlers{FileGet: fsys, FilePut: fsys, FileCmd: fsys, FileList: fsys}, opts...)
 	if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
 		c.s.log.Debug("sftp session", "sandbox_id", c.id, "err", err)
 	}
-	once.Do(func() { srv.Close() })
+	_ = srv.Close()
 	sendExit(ch, 0)
 }
+
+// keepOpen is a channel whose Close is left to its owner.
+type keepOpen struct{ ssh.Channel }
+
+func (keepOpen) Close() error { return nil }
