@@ -154,6 +154,13 @@ func TestSSHExecAndShell(t *testing.T) {
 		t.Errorf("ssh -tt shell = %q, exit %d; want 42 user, a tty, exit 3", out, code)
 	}
 
+	// fence ssh wraps the system ssh: options and command after --.
+	out, errOut, code = s.fenceCLI(t, nil, append(append([]string{"ssh", "--url", s.URL, "--port", s.port, sb.ID(), "--"},
+		s.opts(s.key)...), "echo via-fence; exit 4")...)
+	if out != "via-fence\n" || code != 4 {
+		t.Errorf("fence ssh = %q, exit %d (%s); want via-fence, exit 4", out, code, errOut)
+	}
+
 	// The command is on the record, with its exit code and who ran it.
 	r := s.do(t, "GET", "/audit?type=ssh.exec&sandbox="+sb.ID(), s.Key, nil, nil)
 	if r.Status != 200 || !strings.Contains(string(r.Body), `"command":"whoami; echo oops`) {
