@@ -10,7 +10,6 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
-	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/sshd"
@@ -85,26 +84,32 @@ func (s *sshSandboxes) Open(ctx context.Context, id string) (sshd.Target, error)
 	if info.State != sandbox.StateRunning {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, info.State, api.ErrNotFound)
 	}
-	return &sshTarget{id: id, box: box, nets: s.nets}, nil
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return box.DialAgent(ctx)
+		},
+		IdleConnTimeout:    30 * time.Second,
+		DisableCompression: true,
+	}
+	return &sshTarget{id: id, nets: s.nets, tr: tr,
+		envd: client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil)}, nil
 }
 
 // sshTarget reaches one sandbox: its agent directly (as the proxy does)
 // and its ports through its fence.
 type sshTarget struct {
 	id   string
-	box  isolation.Sandbox
 	nets *fences.Set
+	tr   *http.Transport
+	envd *client.Envd
 }
 
-func (t *sshTarget) Envd() *client.Envd {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return t.box.DialAgent(ctx)
-		},
-		IdleConnTimeout:    30 * time.Second,
-		DisableCompression: true,
-	}
-	return client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil)
+func (t *sshTarget) Envd() *client.Envd { return t.envd }
+
+// Close drops the connections to the agent the connection left idle.
+func (t *sshTarget) Close() error {
+	t.tr.CloseIdleConnections()
+	return nil
 }
 
 func (t *sshTarget) DialPort(ctx context.Context, port uint16) (net.Conn, error) {

@@ -15,6 +15,8 @@
 //     is spooled through a host temporary file bounded by MaxFileBytes.
 //   - direct-tcpip (ssh -L) reaches the sandbox's ports through its fence,
 //     never anything else.
+//   - At most MaxConns connections are served at once; a client has 30 s
+//     to authenticate.
 //   - Every connection, command, SFTP transfer and forward is an audit
 //     event (who, which sandbox, what).
 package sshd
@@ -61,7 +63,8 @@ type Keys interface {
 	LookupSSHKey(ctx context.Context, fingerprint string) (Key, error)
 }
 
-// Target is a running sandbox as a session reaches it.
+// Target is a running sandbox as a session reaches it. If it is also an
+// io.Closer, it is closed when the connection ends.
 type Target interface {
 	// Envd is a client of the sandbox's agent.
 	Envd() *client.Envd
@@ -94,6 +97,9 @@ type Config struct {
 	MaxFileBytes int64
 	// SpoolDir holds SFTP's temporary files; "" is os.TempDir().
 	SpoolDir string
+	// MaxConns bounds the connections served at once, authenticated or
+	// not; more are closed on accept. Zero means 256.
+	MaxConns int
 }
 
 // Server serves SSH connections.
@@ -104,6 +110,7 @@ type Server struct {
 	log      *slog.Logger
 	sink     audit.Sink
 	keyActor string
+	slots    chan struct{} // a slot per connection served
 	wg       sync.WaitGroup
 }
 
@@ -119,7 +126,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = 1 << 30
 	}
-	s := &Server{cfg: cfg, hostKey: signer, log: cfg.Logger, sink: cfg.Audit, keyActor: audit.KeyActor(cfg.APIKey)}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 256
+	}
+	s := &Server{cfg: cfg, hostKey: signer, log: cfg.Logger, sink: cfg.Audit, keyActor: audit.KeyActor(cfg.APIKey),
+		slots: make(chan struct{}, cfg.MaxConns)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -226,9 +237,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return err
 		}
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			s.log.Warn("ssh connection refused: too many connections", "remote", c.RemoteAddr().String(), "max", cap(s.slots))
+			c.Close()
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer func() { <-s.slots }()
 			s.serveConn(ctx, c)
 		}()
 	}
@@ -274,6 +293,9 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	start := time.Now()
 	s.sink.Append(context.WithoutCancel(ctx), audit.Event{Type: TypeSession, SandboxID: id, Actor: actor, Data: data})
+	if c, ok := t.(io.Closer); ok {
+		defer c.Close()
+	}
 	sess := &conn{s: s, id: id, actor: actor, t: t}
 	var wg sync.WaitGroup
 	for nc := range chans {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
@@ -363,4 +364,45 @@ func TestLocalForward(t *testing.T) {
 	if _, err := c.Dial("tcp", "127.0.0.1:1"); err == nil {
 		t.Error("a forward to a closed port succeeded")
 	}
+}
+
+func TestMaxConns(t *testing.T) {
+	signer := newSigner(t)
+	srv, err := sshd.New(sshd.Config{HostKeyPath: filepath.Join(t.TempDir(), "hk"), MaxConns: 1,
+		Keys: keys{ssh.FingerprintSHA256(signer.PublicKey()): "k"}, Sandboxes: sandboxes{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(done) }()
+	defer func() { cancel(); <-done }()
+	// One client that never authenticates holds the only slot.
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	if _, err := io.ReadFull(idle, buf); err != nil { // the server's version line: it is served
+		t.Fatal(err)
+	}
+	cfg := &ssh.ClientConfig{User: "sb1", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: ssh.FixedHostKey(srv.HostKey())}
+	if c, err := ssh.Dial("tcp", ln.Addr().String(), cfg); err == nil {
+		c.Close()
+		t.Fatal("a connection over MaxConns was served")
+	}
+	idle.Close()
+	var c *ssh.Client
+	for range 500 { // the slot frees once the server sees the close
+		if c, err = ssh.Dial("tcp", ln.Addr().String(), cfg); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("no connection once the slot was free: %v", err)
+	}
+	c.Close()
 }
