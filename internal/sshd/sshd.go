@@ -219,8 +219,8 @@ func (s *Server) checkPassword(meta ssh.ConnMetadata, password []byte) (*ssh.Per
 	return &ssh.Permissions{Extensions: map[string]string{extActor: s.keyActor, extAuth: "password"}}, nil
 }
 
-// Serve accepts connections on ln until ctx ends, then closes ln and
-// waits for the connections to end (they end with ctx).
+// Serve accepts connections on ln until ctx ends, then closes ln and the
+// connections, and waits for their goroutines to end.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
@@ -258,6 +258,9 @@ const handshakeTimeout = 30 * time.Second
 
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	defer c.Close()
+	// The server's end ends every connection, idle ones included.
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	sc, chans, reqs, err := ssh.NewServerConn(c, s.conf)
 	if err != nil {

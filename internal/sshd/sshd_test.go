@@ -406,3 +406,27 @@ func TestMaxConns(t *testing.T) {
 	}
 	c.Close()
 }
+
+func TestServeEndsIdleConnections(t *testing.T) {
+	signer := newSigner(t)
+	srv, err := sshd.New(sshd.Config{HostKeyPath: filepath.Join(t.TempDir(), "hk"),
+		Keys: keys{ssh.FingerprintSHA256(signer.PublicKey()): "k"}, Sandboxes: sandboxes{target{"http://127.0.0.1:1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(done) }()
+	c, err := ssh.Dial("tcp", ln.Addr().String(), &ssh.ClientConfig{User: "sb1",
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(srv.HostKey())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cancel()
+	<-done // Serve returns although the client stays connected and idle
+	if err := c.Wait(); err == nil {
+		t.Error("the connection ended cleanly; want it cut")
+	}
+}
