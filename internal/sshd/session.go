@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"syscall"
+	"time"
 
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
@@ -144,6 +145,14 @@ func (c *conn) run(ctx context.Context, ch ssh.Channel, reqs <-chan *ssh.Request
 	st, err := p.Wait()
 	if err != nil {
 		data["error"] = err.Error()
+		if ctx.Err() != nil {
+			// The client left: what it started does not outlive it.
+			kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			if kerr := p.Signal(kctx, syscall.SIGKILL); kerr == nil {
+				data["killed"] = "disconnected"
+			}
+			kcancel()
+		}
 		c.event(ctx, TypeExec, data)
 		sendExit(ch, 255)
 		return

@@ -81,6 +81,7 @@ func (s *sink) ofType(typ string) []audit.Event {
 }
 
 type fixture struct {
+	url     string // the agent's
 	addr    string
 	signer  ssh.Signer
 	srv     *sshd.Server
@@ -106,7 +107,7 @@ func start(t *testing.T) *fixture {
 	h, closeH := agent.NewHandler(agent.Options{Config: isolation.AgentConfig{DefaultWorkdir: t.TempDir()}})
 	hs := httptest.NewServer(h)
 	t.Cleanup(func() { hs.Close(); closeH() })
-	f := &fixture{signer: newSigner(t), sink: &sink{}, keyPath: filepath.Join(t.TempDir(), "k", "host_key")}
+	f := &fixture{url: hs.URL, signer: newSigner(t), sink: &sink{}, keyPath: filepath.Join(t.TempDir(), "k", "host_key")}
 	srv, err := sshd.New(sshd.Config{
 		HostKeyPath: f.keyPath,
 		Keys:        keys{ssh.FingerprintSHA256(f.signer.PublicKey()): "key1"},
@@ -135,6 +136,8 @@ func start(t *testing.T) *fixture {
 	f.addr = ln.Addr().String()
 	return f
 }
+
+func (f *fixture) envd() *client.Envd { return target{f.url}.Envd() }
 
 func (f *fixture) dial(t *testing.T, user string, auth ...ssh.AuthMethod) (*ssh.Client, error) {
 	t.Helper()
@@ -429,4 +432,54 @@ func TestServeEndsIdleConnections(t *testing.T) {
 	if err := c.Wait(); err == nil {
 		t.Error("the connection ended cleanly; want it cut")
 	}
+}
+
+func TestDisconnectKillsTheCommand(t *testing.T) {
+	f := start(t)
+	c := f.client(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := s.StdoutPipe()
+	if err := s.Start("echo started; exec sleep 1000"); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 8)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatal(err)
+	}
+	e := f.envd()
+	running := func() bool {
+		ps, err := e.ListProcesses(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.Cmd == "/bin/sh" && len(p.Args) == 2 && strings.Contains(p.Args[1], "sleep 1000") {
+				return true
+			}
+		}
+		return false
+	}
+	if !running() {
+		t.Fatal("the command is not among the agent's processes")
+	}
+	c.Close()
+	for range 500 {
+		if !running() {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if running() {
+		t.Error("the command outlived the connection")
+	}
+	for range 500 {
+		if evs := f.sink.ofType(sshd.TypeExec); len(evs) == 1 && evs[0].Data["killed"] == "disconnected" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("exec events = %+v; want one killed on disconnect", f.sink.ofType(sshd.TypeExec))
 }
