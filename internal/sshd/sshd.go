@@ -11,6 +11,7 @@
 //     connect (Sandboxes.Open). An unknown sandbox ends the connection.
 //   - Shells and commands run through the sandbox's agent as the
 //     template's default user; the client gets their exit code (or signal).
+//     One still running when the connection ends is killed.
 //   - SFTP runs in the daemon over the agent's filesystem API; each file
 //     is spooled through a host temporary file bounded by MaxFileBytes.
 //   - direct-tcpip (ssh -L) reaches the sandbox's ports through its fence,
