@@ -129,6 +129,7 @@ the fence client verbs at it:
 		initCmd(deps),
 		probeCmd(),
 		mcpCmd(),
+		sshCmd(),
 	)
 	return root
 }

@@ -505,6 +505,15 @@ func (d *node) serve(ctx context.Context) error {
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
+	sctx, stopSSH := context.WithCancel(ctx)
+	waitSSH, err := d.startSSH(sctx)
+	if err != nil {
+		stopSSH()
+		ln.Close()
+		return err
+	}
+	defer waitSSH()
+	defer stopSSH()
 	if err := httpserve.Serve(ctx, srv, ln); err != nil {
 		return err
 	}
@@ -554,7 +563,8 @@ func (d *node) newServer() (*http.Server, error) {
 		Usage:           d.mgr.Meter(),
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
-		MCP: mcpHandler,
+		MCP:     mcpHandler,
+		SSHKeys: d.st,
 	})
 	handler := api
 	if o.Cluster != nil {

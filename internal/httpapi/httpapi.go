@@ -138,6 +138,8 @@ type Options struct {
 	// /mcp, behind the API key like the other control-plane routes; nil
 	// answers 404 there.
 	MCP http.Handler
+	// SSHKeys serves /ssh-keys; nil answers 501 there.
+	SSHKeys SSHKeyStore
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -174,6 +176,7 @@ type handler struct {
 	meter      Usage
 	mcp        http.Handler   // nil: no /mcp route
 	warming    sync.WaitGroup // warmAgent calls in flight
+	sshKeys    SSHKeyStore    // nil: no /ssh-keys
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -200,6 +203,7 @@ func New(opts Options) http.Handler {
 		exporter:    opts.Exporter,
 		meter:       opts.Usage,
 		mcp:         opts.MCP,
+		sshKeys:     opts.SSHKeys,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

@@ -62,6 +62,9 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
+	mux.HandleFunc("POST /ssh-keys", h.createSSHKey)
+	mux.HandleFunc("GET /ssh-keys", h.listSSHKeys)
+	mux.HandleFunc("DELETE /ssh-keys/{id}", h.deleteSSHKey)
 	if h.mcp != nil {
 		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
 	}

@@ -199,6 +199,8 @@ var migrations = []string{
 	migrationCold,
 	// A record's template is its ID; the alias it was named by apart.
 	`ALTER TABLE sandboxes ADD COLUMN alias TEXT NOT NULL DEFAULT ''`,
+	// Public keys of the SSH server (sshkeys.go).
+	migrationSSHKeys,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
