@@ -32,9 +32,10 @@ fi
 
 # command:package pairs. Serving needs busybox (the minimal template),
 # mmdebstrap (base), mkfs.ext4 (each sandbox's writable layer), mkfs.btrfs
-# (--layer-fs btrfs) and unshare; the tests and benchmarks add bwrap and
+# (--layer-fs btrfs) and unshare; ssh and sftp (openssh-client) are `fence
+# ssh`'s and the SSH server's tests'; the tests and benchmarks add bwrap and
 # runc (peers), node and npm (the e2b SDK), curl, gcc and ip.
-pairs=(busybox:busybox-static mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs mkfs.btrfs:btrfs-progs unshare:util-linux)
+pairs=(busybox:busybox-static mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs mkfs.btrfs:btrfs-progs unshare:util-linux ssh:openssh-client sftp:openssh-client)
 if [ "$mode" = all ]; then
   pairs+=(bwrap:bubblewrap runc:runc node:nodejs npm:npm curl:curl gcc:gcc ip:iproute2)
 fi

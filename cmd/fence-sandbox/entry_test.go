@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 )
 
 // The entry point keeps in an init's bounding set exactly what the init

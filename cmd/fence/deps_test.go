@@ -25,10 +25,12 @@ func TestImportDirection(t *testing.T) {
 		// the Go SDK, neither of them on fence's internals.
 		{pkg: "api/...", banned: []string{mod + "internal/", mod + "client"}},
 		{pkg: "client/...", banned: []string{mod + "internal/"}},
-		// The agent shares only the isolation package's plain types with
-		// the daemon (which reach egress/policy, pure and I/O-free); the
-		// network stack, resolver and TUN code stay out of it.
+		// The agent shares only its boot contract (internal/agent/boot)
+		// with the backends that start it, and stands below the isolation
+		// seam it runs behind: the seam, the network stack, resolver and
+		// TUN code stay out of it.
 		{pkg: "internal/agent/...", banned: []string{
+			mod + "internal/isolation",
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress/dns", mod + "internal/egress/tun",
 			mod + "internal/egress/sniff", "gvisor.dev/", mod + "client",
@@ -65,6 +67,17 @@ func TestImportDirection(t *testing.T) {
 		// starts: the typed Kubernetes clientset and its informers register
 		// every API group and doubled the cost of a start of fence.
 		{pkg: "cmd/fence", banned: []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"}},
+		// The roles played inside a sandbox stand below what measures or
+		// starts them: the bench client, the native backend's init and its
+		// spawner are the in-sandbox binary's parts, and fence bench and
+		// the native backend import them, not the other way round.
+		{pkg: "internal/insandbox/...", banned: []string{mod + "internal/bench", mod + "internal/isolation"}},
+		// A sandbox's network fence and the backends that attach to it
+		// share only their contract (netattach, on the standard library
+		// alone): the fence knows nothing of the isolation seam, which
+		// imports it through fake, gvisor and the conformance suite.
+		{pkg: "internal/netattach", stdlib: true},
+		{pkg: "internal/netfence", banned: []string{mod + "internal/isolation"}},
 		// The in-sandbox binary starts twice on every sandbox's create
 		// (init, then the agent): it links the roles played inside a
 		// sandbox and nothing of the daemon's.
@@ -72,7 +85,7 @@ func TestImportDirection(t *testing.T) {
 			mod + "internal/daemon", mod + "internal/httpapi", mod + "internal/store",
 			mod + "internal/sandbox", mod + "internal/egress$", mod + "internal/egress/dns",
 			mod + "internal/egress/tun", mod + "internal/egress/sniff", mod + "internal/netfence",
-			mod + "internal/isolation/native$", mod + "internal/isolation/gvisor", mod + "internal/cli",
+			mod + "internal/isolation", mod + "internal/cli",
 			mod + "internal/bench$", mod + "internal/audit", mod + "internal/cluster", mod + "client",
 			"gvisor.dev/", "k8s.io/", "modernc.org/", "github.com/spf13/", "github.com/prometheus/",
 			"github.com/google/go-containerregistry", "github.com/miekg/",

@@ -13,12 +13,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fencesandbox/fence/internal/bench/netclient"
 	"github.com/fencesandbox/fence/internal/cli"
 	"github.com/fencesandbox/fence/internal/daemon"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/insandbox"
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
+	"github.com/fencesandbox/fence/internal/insandbox/netclient"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/oci"

@@ -19,11 +19,11 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/agent/fs"
 	"github.com/fencesandbox/fence/internal/agent/process"
 	"github.com/fencesandbox/fence/internal/agent/sudo"
 	"github.com/fencesandbox/fence/internal/agent/users"
-	"github.com/fencesandbox/fence/internal/isolation"
 )
 
 // maxMessageBytes bounds one Connect request message (SendInput carries
@@ -35,7 +35,7 @@ type Options struct {
 	// Config is the sandbox's env vars, default user (empty: "user" if that
 	// account exists, else "root") and default workdir (empty: the user's
 	// home).
-	Config isolation.AgentConfig
+	Config boot.Config
 	Logger *slog.Logger // nil = discard
 	// SudoSocket, if set, is where Serve offers sudo to the sandbox's
 	// users (see package sudo).
@@ -280,7 +280,7 @@ func build(opts Options) *built {
 	// outside; inside, the sandbox may call it, which changes nothing it
 	// could not change itself.
 	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) {
-		var cfg isolation.AgentConfig
+		var cfg boot.Config
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&cfg); err != nil {
 			fs.WriteError(w, http.StatusBadRequest, "decoding config: "+err.Error())
 			return

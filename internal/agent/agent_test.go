@@ -25,7 +25,7 @@ import (
 	"github.com/fencesandbox/fence/api/envd/filesystem/filesystemconnect"
 	pb "github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
-	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 )
 
 func TestMain(m *testing.M) {
@@ -45,7 +45,7 @@ type env struct {
 	dir  string
 }
 
-func newEnv(t *testing.T, cfg isolation.AgentConfig) *env {
+func newEnv(t *testing.T, cfg boot.Config) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("agent tests must run as root")
@@ -155,7 +155,7 @@ func bash(cmd string) *pb.StartRequest {
 }
 
 func TestExitCodesAndOutput(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	tests := []struct {
 		cmd            string
 		code           int32
@@ -192,7 +192,7 @@ func TestExitCodesAndOutput(t *testing.T) {
 // must not be), /dev/null read-only as stdin when it has none, pipes
 // otherwise.
 func TestChildDescriptors(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	// Flags are octal in fdinfo; O_NONBLOCK is 04000, the access mode the
 	// low two bits.
 	script := `for fd in 0 1 2; do echo "$fd $(readlink /proc/$$/fd/$fd | cut -c1-5) $(awk '/^flags/ {print $2}' /proc/$$/fdinfo/$fd)"; done`
@@ -266,7 +266,7 @@ func childFDs(t *testing.T) string {
 // TestManyConcurrentExits: exits reach their own streams, whichever of
 // the pidfd and the SIGCHLD loop reaps them.
 func TestManyConcurrentExits(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	const n = 40
 	errs := make(chan error, n)
 	for i := range n {
@@ -301,7 +301,7 @@ func TestManyConcurrentExits(t *testing.T) {
 }
 
 func TestStartErrors(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	missing := e.dir + "/missing"
 	tests := []struct {
 		name string
@@ -330,7 +330,7 @@ func TestStartErrors(t *testing.T) {
 }
 
 func TestLargeBinaryOutput(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	data := make([]byte, 10<<20+12345)
 	rand.Read(data)
 	path := e.dir + "/big.bin"
@@ -351,7 +351,7 @@ func TestLargeBinaryOutput(t *testing.T) {
 }
 
 func TestStdinAndCloseStdin(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	tr := true
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -420,7 +420,7 @@ func selector(pid uint32) *pb.ProcessSelector {
 }
 
 func TestSignalsListAndReconnect(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx := context.Background()
 	pid1, _, stop1 := e.startBackground(t, bash("sleep 100"), nil)
 	stop1() // the client leaves: the process keeps running
@@ -495,7 +495,7 @@ func TestSignalsListAndReconnect(t *testing.T) {
 }
 
 func TestFanOutToTwoStreams(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	tr := true
 	pid, st, stop := e.startBackground(t, &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/cat"}, Stdin: &tr}, nil)
 	defer stop()
@@ -541,7 +541,7 @@ func TestFanOutToTwoStreams(t *testing.T) {
 }
 
 func TestConnectTimeoutKillsProcess(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	pidFile := e.dir + "/pid"
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
@@ -578,7 +578,7 @@ func waitGone(t *testing.T, pid int) {
 }
 
 func TestOrphansAreReaped(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	r := e.run(t, "", bash("sleep 0.2 >/dev/null 2>&1 & echo $!"))
 	pid, err := strconv.Atoi(strings.TrimSpace(r.stdout.String()))
 	if err != nil {
@@ -588,7 +588,7 @@ func TestOrphansAreReaped(t *testing.T) {
 }
 
 func TestKeepalive(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st, err := e.start(ctx, t, "", bash("sleep 100"), map[string]string{"Keepalive-Ping-Interval": "1"})
@@ -607,7 +607,7 @@ func TestKeepalive(t *testing.T) {
 }
 
 func TestPTYAndResize(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	req := &pb.StartRequest{
 		Process: &pb.ProcessConfig{Cmd: "/bin/sh", Envs: map[string]string{"TERM": "xterm-256color", "PS1": "$ "}},
 		Pty:     &pb.PTY{Size: &pb.PTY_Size{Cols: 91, Rows: 27}},
@@ -655,7 +655,7 @@ func TestPTYAndResize(t *testing.T) {
 }
 
 func TestEnvPrecedenceCwdAndUsers(t *testing.T) {
-	cfg := isolation.AgentConfig{EnvVars: map[string]string{"G": "global", "BOTH": "global"}}
+	cfg := boot.Config{EnvVars: map[string]string{"G": "global", "BOTH": "global"}}
 	e := newEnv(t, cfg)
 	req := bash(`echo "$G $BOTH $R $HOME $USER $LOGNAME $PATH"; pwd`)
 	req.Process.Envs = map[string]string{"BOTH": "request", "R": "r"}
@@ -686,7 +686,7 @@ func TestEnvPrecedenceCwdAndUsers(t *testing.T) {
 }
 
 func TestEnvsRouteAndHealth(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{EnvVars: map[string]string{"A": "b"}})
+	e := newEnv(t, boot.Config{EnvVars: map[string]string{"A": "b"}})
 	resp, err := http.Get(e.url + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -710,7 +710,7 @@ func TestEnvsRouteAndHealth(t *testing.T) {
 // TestInit checks that POST /init replaces the sandbox-wide environment
 // and defaults for processes started afterwards (a warm pool's agent).
 func TestInit(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{EnvVars: map[string]string{"OLD": "1"}})
+	e := newEnv(t, boot.Config{EnvVars: map[string]string{"OLD": "1"}})
 	wd, err := os.MkdirTemp("", "fence-init-")
 	if err != nil {
 		t.Fatal(err)

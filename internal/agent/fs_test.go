@@ -21,7 +21,7 @@ import (
 	"connectrpc.com/connect"
 
 	fspb "github.com/fencesandbox/fence/api/envd/filesystem"
-	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 )
 
 func (e *env) filesURL(path, user string) string {
@@ -71,7 +71,7 @@ func owner(t *testing.T, path string) (uint32, uint32, os.FileMode) {
 }
 
 func TestFilesUploadDownload(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	// Octet-stream upload as nobody into new parents, with metadata.
 	dest := e.dir + "/a/b/c.txt"
 	req, _ := http.NewRequest("POST", e.filesURL(dest, "nobody"), strings.NewReader("hello"))
@@ -206,7 +206,7 @@ func multipartBody(t *testing.T, files map[string]string, order []string) (*byte
 }
 
 func TestFilesMultipart(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	files := map[string]string{
 		e.dir + "/m/one.txt":     "1",
 		e.dir + "/m/sub/two.txt": "22",
@@ -257,7 +257,7 @@ func TestFilesMultipart(t *testing.T) {
 }
 
 func TestListDirMakeDirRemove(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx := context.Background()
 	d := e.dir
 	os.MkdirAll(d+"/x/y/z", 0o755)
@@ -347,7 +347,7 @@ func TestListDirMakeDirRemove(t *testing.T) {
 }
 
 func TestSymlinkEntryInfo(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx := context.Background()
 	os.WriteFile(e.dir+"/target.txt", []byte("abc"), 0o600)
 	os.Mkdir(e.dir+"/tdir", 0o755)
@@ -390,7 +390,7 @@ func TestSymlinkEntryInfo(t *testing.T) {
 }
 
 func TestWatchDirRecursive(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req := connect.NewRequest(&fspb.WatchDirRequest{Path: e.dir, Recursive: true, IncludeEntry: true})
@@ -451,7 +451,7 @@ func TestWatchDirRecursive(t *testing.T) {
 }
 
 func TestPollingWatcher(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	ctx := context.Background()
 	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: e.dir}))
 	if err != nil {
@@ -489,7 +489,7 @@ func TestPollingWatcher(t *testing.T) {
 // read root's files, and nothing of root's changes. Root: the agent test
 // serves as root and asks as nobody.
 func TestFilesActAsUser(t *testing.T) {
-	e := newEnv(t, isolation.AgentConfig{})
+	e := newEnv(t, boot.Config{})
 	secretDir := t.TempDir()
 	os.Chmod(filepath.Dir(secretDir), 0o755)
 	os.Chmod(secretDir, 0o755)

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 )
 
 // A listener restricted to one peer serves that peer and resets every
@@ -17,7 +17,7 @@ func TestOnlyFromServesThePeerAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, closeH := NewHandler(Options{Config: isolation.AgentConfig{DefaultUser: "root", DefaultWorkdir: "/"}})
+	h, closeH := NewHandler(Options{Config: boot.Config{DefaultUser: "root", DefaultWorkdir: "/"}})
 	defer closeH()
 	srv := &http.Server{Handler: h}
 	go srv.Serve(OnlyFrom(ln, netip.MustParseAddr("127.0.0.2")))

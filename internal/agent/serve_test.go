@@ -12,7 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
-	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/agent/boot"
 )
 
 func TestServeUnixSocket(t *testing.T) {
@@ -25,7 +25,7 @@ func TestServeUnixSocket(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Serve(ctx, ln, Options{Config: isolation.AgentConfig{DefaultUser: "root", DefaultWorkdir: "/"}})
+		errc <- Serve(ctx, ln, Options{Config: boot.Config{DefaultUser: "root", DefaultWorkdir: "/"}})
 	}()
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -88,7 +88,7 @@ func TestServeBuiltAhead(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Serve(ctx, ln, Options{Built: built, Config: isolation.AgentConfig{
+		errc <- Serve(ctx, ln, Options{Built: built, Config: boot.Config{
 			EnvVars: map[string]string{"AHEAD": "set at serve"}, DefaultUser: "root", DefaultWorkdir: "/tmp"}})
 	}()
 	defer func() {

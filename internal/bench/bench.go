@@ -10,7 +10,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,23 +17,18 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/api/envd/process"
 	"github.com/fencesandbox/fence/api/envd/process/processconnect"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
-	"github.com/fencesandbox/fence/internal/isolation/warm"
 	"github.com/fencesandbox/fence/internal/netfence"
 )
 
@@ -448,30 +442,6 @@ func fenceExec(ctx context.Context, opts Options) []Result {
 	return []Result{fence, host}
 }
 
-// baselineName is the host's own fork+exec, the peer of an exec in a
-// running sandbox.
-const baselineName = "baseline fork+exec /bin/true"
-
-// nobody is the host user the baseline's /bin/true runs as.
-const nobody = 65534
-
-// hostTrue forks and executes the root filesystem's /bin/true on the
-// host, chrooted there, with its output collected through a pipe as the
-// agent collects a command's: the same binary and the same files as the
-// sandbox's exec, without fence. A template's files are not the host's:
-// the child drops to nobody after the chroot, so what it runs has no
-// privilege on the host (and no way out of the chroot).
-func hostTrue(ctx context.Context, rootfs string) error {
-	cmd := exec.CommandContext(ctx, "/bin/true")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs,
-		Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}}}
-	cmd.Dir = "/"
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("/bin/true in %s: %w: %s", rootfs, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 // pauseFillMiB is the memory a sandbox holds while its pause and resume
 // are timed: a pause freezes its processes and keeps their memory where it
 // is, so the figure shows whether the cost grows with the memory in use.
@@ -578,193 +548,6 @@ func runAsRoot(ctx context.Context, c processconnect.ProcessClient, cmd string, 
 		return nil, err
 	}
 	return nil, errors.New("stream ended without an end event")
-}
-
-func runcMeasure(ctx context.Context, opts Options) Result {
-	name := "runc run /bin/true"
-	bundle, err := ociBundle(ctx, opts)
-	if err != nil {
-		return Result{Name: name, Err: err}
-	}
-	state := filepath.Join(opts.WorkDir, "runc-state")
-	return measure(name, opts.Iterations, func(i int) error {
-		return run(ctx, "runc", "--root", state, "run", "--bundle", bundle, newID("benchrunc"))
-	})
-}
-
-// ociBundle writes (once) an OCI bundle running /bin/true in opts.RootFS,
-// read-only, from runc's default spec, and returns its directory.
-func ociBundle(ctx context.Context, opts Options) (string, error) {
-	bundle := filepath.Join(opts.WorkDir, "bundle")
-	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err == nil {
-		return bundle, nil
-	}
-	if err := os.MkdirAll(bundle, 0o700); err != nil {
-		return "", err
-	}
-	if err := run(ctx, "runc", "spec", "--bundle", bundle); err != nil {
-		return "", err
-	}
-	spec, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		return "", err
-	}
-	var doc map[string]any
-	if err := json.Unmarshal(spec, &doc); err != nil {
-		return "", err
-	}
-	doc["root"] = map[string]any{"path": opts.RootFS, "readonly": true}
-	proc, _ := doc["process"].(map[string]any)
-	if proc == nil {
-		return "", errors.New("runc spec has no process")
-	}
-	proc["terminal"] = false
-	proc["args"] = []string{"/bin/true"}
-	if spec, err = json.Marshal(doc); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600); err != nil {
-		return "", err
-	}
-	return bundle, nil
-}
-
-// RunscPath is where fence's build scripts leave gVisor's runsc; the
-// FENCE_RUNSC environment variable overrides it.
-const RunscPath = "/var/lib/fence/cache/runsc/runsc"
-
-// runscBinary returns the runsc to measure, or "" when there is none.
-func runscBinary() string {
-	for _, p := range []string{os.Getenv("FENCE_RUNSC"), RunscPath} {
-		if p == "" {
-			continue
-		}
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("runsc"); err == nil {
-		return p
-	}
-	return ""
-}
-
-// runscMeasure runs the runc bundle under gVisor's runsc (no network, as
-// bwrap's --unshare-all and fence's default-deny).
-func runscMeasure(ctx context.Context, opts Options, runsc string) Result {
-	name := "runsc run /bin/true"
-	bundle, err := ociBundle(ctx, opts)
-	if err != nil {
-		return Result{Name: name, Err: err}
-	}
-	state := filepath.Join(opts.WorkDir, "runsc-state")
-	// runsc pins an empty network namespace for its gofers by a bind
-	// mount in its state root, and leaves it there: without this, every
-	// run of the benchmark left one mount on the host.
-	defer func() {
-		for unix.Unmount(filepath.Join(state, "null-netns"), unix.MNT_DETACH) == nil {
-		}
-	}()
-	return measure(name, opts.Iterations, func(i int) error {
-		return run(ctx, runsc, "--root", state, "--network=none", "run", "--bundle", bundle, newID("benchrunsc"))
-	})
-}
-
-func mib(n int64) float64 { return float64(n) / (1 << 20) }
-
-// fenceWarm measures create → exec → kill when the create is served by a
-// warm pool (the pool refills between iterations, outside the timing).
-func fenceWarm(ctx context.Context, opts Options) Result {
-	name := "fence create→exec true→kill, warm pool"
-	pool := warm.New(warm.Options{Backend: opts.Backend, Size: 1})
-	defer pool.Close(context.WithoutCancel(ctx))
-	pool.Start(warm.Target{RootFS: opts.RootFS}, nil)
-	r := Result{Name: name}
-	for i := -1; i < opts.Iterations; i++ { // -1: warm-up
-		if err := pool.WaitReady(ctx); err != nil {
-			r.Err = err
-			return r
-		}
-		start := time.Now()
-		sb, err := pool.Create(ctx, isolation.Spec{RootFS: opts.RootFS})
-		if err == nil {
-			err = execTrue(ctx, processClient(sb))
-			if kerr := sb.Kill(context.WithoutCancel(ctx)); err == nil {
-				err = kerr
-			}
-		}
-		if err != nil {
-			r.Err = err
-			return r
-		}
-		if i >= 0 {
-			r.Samples = append(r.Samples, time.Since(start))
-		}
-	}
-	return r
-}
-
-// idleMemory creates opts.Idle sandboxes, lets them settle and returns the
-// mean memory charged to their cgroups and the mean growth of this
-// process's resident memory per sandbox.
-func idleMemory(ctx context.Context, opts Options) (int64, int64, error) {
-	runtime.GC()
-	before := rss()
-	// An agent's start-up memory may be charged to where its process
-	// waited before its sandbox existed (the native backend's ready
-	// inits): counted here too.
-	ready, _ := isolation.As[interface{ ReadyMemory() int64 }](opts.Backend)
-	var readyBefore int64
-	if ready != nil {
-		readyBefore = ready.ReadyMemory()
-	}
-	var sbs []isolation.Sandbox
-	defer func() {
-		for _, sb := range sbs {
-			sb.Kill(context.WithoutCancel(ctx))
-		}
-	}()
-	for range opts.Idle {
-		sb, err := opts.Backend.Create(ctx, isolation.Spec{ID: newID("benchidle"), RootFS: opts.RootFS})
-		if err != nil {
-			return 0, 0, err
-		}
-		sbs = append(sbs, sb)
-	}
-	// Let the agents finish starting before reading their charge.
-	select {
-	case <-time.After(time.Second):
-	case <-ctx.Done():
-		return 0, 0, ctx.Err()
-	}
-	runtime.GC()
-	daemon := (rss() - before) / int64(len(sbs))
-	var total int64
-	for _, sb := range sbs {
-		st, err := sb.Stats(ctx)
-		if err != nil {
-			return 0, 0, err
-		}
-		total += st.MemoryBytes
-	}
-	if ready != nil {
-		total += max(ready.ReadyMemory()-readyBefore, 0)
-	}
-	return total / int64(len(sbs)), max(daemon, 0), nil
-}
-
-// rss returns this process's resident set size in bytes.
-func rss() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
 }
 
 // ratioGoals are fence's targets against its peers: a fence measure, the

@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/agent/boot"
-	"github.com/fencesandbox/fence/internal/bench/netclient"
 	"github.com/fencesandbox/fence/internal/egress/policy"
+	"github.com/fencesandbox/fence/internal/insandbox/netclient"
 	"github.com/fencesandbox/fence/internal/isolation"
 )
 

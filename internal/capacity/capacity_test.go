@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,5 +168,42 @@ func TestTune(t *testing.T) {
 	}
 	if v, _ := readInt(filepath.Join(proc, "sys/kernel/threads-max")); v != 128 {
 		t.Errorf("threads-max changed to %d", v)
+	}
+}
+
+// TestRaiseNoFile: the descriptor limit goes up to what is asked (the
+// soft limit up to the hard one always; past the hard limit when the
+// kernel lets this process, which takes CAP_SYS_RESOURCE), and a limit
+// already there is left alone.
+func TestRaiseNoFile(t *testing.T) {
+	var before unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &before); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &before) })
+	low := unix.Rlimit{Cur: before.Max - 100, Max: before.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := RaiseNoFile(before.Max)
+	var after unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &after)
+	if err != nil || after.Cur != before.Max || changed == "" {
+		t.Errorf("RaiseNoFile(%d) from a soft limit of %d: %+v, changed %q, %v", before.Max, low.Cur, after, changed, err)
+	}
+	if changed, err := RaiseNoFile(before.Max - 10); err != nil || changed != "" {
+		t.Errorf("RaiseNoFile below the limit = %q, %v; want nothing changed", changed, err)
+	}
+	want := before.Max + 1000
+	switch changed, err := RaiseNoFile(want); {
+	case errors.Is(err, unix.EPERM):
+		t.Logf("this process may not raise its hard limit: %v", err)
+	case err != nil:
+		t.Errorf("RaiseNoFile(%d): %v", want, err)
+	default:
+		unix.Getrlimit(unix.RLIMIT_NOFILE, &after)
+		if after.Cur != want || after.Max != want || changed == "" {
+			t.Errorf("after RaiseNoFile(%d): %+v, changed %q", want, after, changed)
+		}
 	}
 }

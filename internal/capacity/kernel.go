@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
 // Knob is a kernel setting that bounds how many sandboxes a node holds.
@@ -90,4 +92,26 @@ func Tune(proc string) ([]string, error) {
 		changed = append(changed, fmt.Sprintf("%s %d → %d", k.Name, v, k.Tuned))
 	}
 	return changed, nil
+}
+
+// RaiseNoFile raises this process's RLIMIT_NOFILE, soft and hard, to n
+// (fs.nr_open is the most the kernel allows; raising the hard limit takes
+// CAP_SYS_RESOURCE), as a service manager's LimitNOFILE does: each idle
+// sandbox holds a few of the daemon's descriptors, and the descriptor
+// limit, not memory, then bounds how many a node holds. A limit already at
+// or above n is left alone. It returns what it changed as "name old → new"
+// ("" if nothing).
+func RaiseNoFile(n uint64) (string, error) {
+	var cur unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+		return "", fmt.Errorf("reading RLIMIT_NOFILE: %w", err)
+	}
+	if cur.Cur >= n && cur.Max >= n {
+		return "", nil
+	}
+	next := unix.Rlimit{Cur: max(cur.Cur, n), Max: max(cur.Max, n)}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &next); err != nil {
+		return "", fmt.Errorf("raising RLIMIT_NOFILE to %d: %w", n, err)
+	}
+	return fmt.Sprintf("RLIMIT_NOFILE %d → %d", cur.Cur, next.Cur), nil
 }

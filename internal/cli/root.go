@@ -131,6 +131,8 @@ the fence client verbs at it:
 		agentCmd(deps),
 		initCmd(deps),
 		probeCmd(),
+		mcpCmd(),
+		sshCmd(),
 	)
 	return root
 }

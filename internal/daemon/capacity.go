@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/fencesandbox/fence/internal/capacity"
@@ -46,6 +48,19 @@ func tuneAndReportKernel(tune bool, maxSandboxes int, out io.Writer, log *slog.L
 		if err != nil {
 			return fmt.Errorf("--tune-kernel: %w", err)
 		}
+		// The daemon's own descriptors bound its sandboxes next: up to
+		// fs.nr_open, as a service's LimitNOFILE=infinity does.
+		if nrOpen, err := readUint("/proc/sys/fs/nr_open"); err == nil {
+			c, err := capacity.RaiseNoFile(nrOpen)
+			if c != "" {
+				log.Info("kernel tuned", "knob", c)
+			}
+			if err != nil {
+				// Without CAP_SYS_RESOURCE (a container, a unit that
+				// drops it) the hard limit stays the service's.
+				log.Warn("--tune-kernel: the daemon's open files stay at its hard limit; raise LimitNOFILE", "err", err)
+			}
+		}
 	}
 	for _, k := range capacity.ReadKnobs("") {
 		attrs := []any{"knob", k.Name, "value", k.Value, "bounds", k.Bounds}
@@ -59,4 +74,13 @@ func tuneAndReportKernel(tune bool, maxSandboxes int, out io.Writer, log *slog.L
 		}
 	}
 	return nil
+}
+
+// readUint reads a number from a /proc file.
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 }

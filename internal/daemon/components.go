@@ -29,6 +29,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/isolation/native"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
+	"github.com/fencesandbox/fence/internal/mcp"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/sandbox"
@@ -508,6 +509,15 @@ func (d *node) serve(ctx context.Context) error {
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
+	sctx, stopSSH := context.WithCancel(ctx)
+	waitSSH, err := d.startSSH(sctx)
+	if err != nil {
+		stopSSH()
+		ln.Close()
+		return err
+	}
+	defer waitSSH()
+	defer stopSSH()
 	if err := httpserve.Serve(ctx, srv, ln); err != nil {
 		return err
 	}
@@ -536,7 +546,10 @@ func (d *node) serve(ctx context.Context) error {
 func (d *node) newServer() (*http.Server, error) {
 	o := d.opts
 	timeouts := o.HTTP.withDefaults()
-	var handler http.Handler = httpapi.New(httpapi.Options{
+	var api http.Handler
+	mcpHandler, stopMCP := mcp.DaemonHandler(func() http.Handler { return api })
+	d.closers.push(stopMCP)
+	api = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
 		Pauses:          d.mgr.Pauses(),
 		TeamSandboxes:   sandbox.TeamsOf(d.mgr),
@@ -558,7 +571,10 @@ func (d *node) newServer() (*http.Server, error) {
 		Teams:           d.st,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
+		MCP:     mcpHandler,
+		SSHKeys: d.st,
 	})
+	handler := api
 	if o.Cluster != nil {
 		handler = cluster.RequireToken(o.Cluster.Token, handler)
 	}

@@ -84,6 +84,9 @@ type Config struct {
 	// TLSCert and TLSKey, when set, make the listener serve HTTPS (and
 	// HTTP/2); both files are PEM.
 	TLSCert, TLSKey string
+	// SSHAddr, when set, is where the SSH server listens (`ssh ID@host`,
+	// see internal/sshd); empty runs none.
+	SSHAddr string
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64

@@ -158,6 +158,12 @@ type Options struct {
 	// Teams says which teams exist, for the limits routes; nil knows the
 	// default team only.
 	Teams Teams
+	// MCP serves the Model Context Protocol's streamable HTTP transport at
+	// /mcp, behind the API key like the other control-plane routes; nil
+	// answers 404 there.
+	MCP http.Handler
+	// SSHKeys serves /ssh-keys; nil answers 501 there.
+	SSHKeys SSHKeyStore
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -194,9 +200,11 @@ type handler struct {
 	templates  Templates
 	exporter   Exporter
 	meter      Usage
+	mcp        http.Handler   // nil: no /mcp route
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
+	sshKeys    SSHKeyStore // nil: no /ssh-keys
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -225,6 +233,8 @@ func New(opts Options) http.Handler {
 		meter:       opts.Usage,
 		quotas:      opts.Quotas,
 		teams:       opts.Teams,
+		mcp:         opts.MCP,
+		sshKeys:     opts.SSHKeys,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

@@ -279,6 +279,12 @@ func (h *handler) warmAgent(id string) {
 // is back in the proxy's pool.
 var agentWarmed func(id string)
 
+// maxIdleConns bounds the idle connections each proxy keeps to all
+// sandboxes together (the least recently used goes first): each is one of
+// the daemon's descriptors, and a node of thousands of idle sandboxes,
+// each exec'd once, must not spend its descriptor limit on them.
+const maxIdleConns = 256
+
 func (h *handler) newProxy() *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -294,6 +300,7 @@ func (h *handler) newProxy() *httputil.ReverseProxy {
 			return box.DialAgent(ctx)
 		},
 		MaxIdleConnsPerHost:   16,
+		MaxIdleConns:          maxIdleConns,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 0, // streams may take their time; the client's context bounds them
 		DisableCompression:    true,
@@ -413,6 +420,7 @@ func (h *handler) newPortProxy() *httputil.ReverseProxy {
 			return h.net.DialPort(ctx, id, uint16(port))
 		},
 		MaxIdleConnsPerHost: 16,
+		MaxIdleConns:        maxIdleConns,
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
 	}

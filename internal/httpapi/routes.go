@@ -82,5 +82,11 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /teams/{teamID}/limits", h.getTeamLimits)
 	mux.HandleFunc("PUT /teams/{teamID}/limits", h.putTeamLimits)
 	mux.HandleFunc("GET /teams/{teamID}/limits/usage", h.getTeamUsage)
+	mux.HandleFunc("POST /ssh-keys", h.createSSHKey)
+	mux.HandleFunc("GET /ssh-keys", h.listSSHKeys)
+	mux.HandleFunc("DELETE /ssh-keys/{id}", h.deleteSSHKey)
+	if h.mcp != nil {
+		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
+	}
 	return mux
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/fencesandbox/fence/internal/agent"
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/agent/sudo"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 )
 
 // agentMemoryLimit is the Go runtime's soft memory limit in the agent.

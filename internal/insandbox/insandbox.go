@@ -21,7 +21,8 @@
 //   - Main handles exactly the roles above, for both binaries, with the
 //     same code.
 //   - This package links nothing of the daemon's (no HTTP API, store,
-//     network stack, Kubernetes client); TestInSandboxImports keeps it so.
+//     network stack, Kubernetes client) nor of the isolation backends that
+//     start it; TestImportDirection (cmd/fence) keeps it so.
 package insandbox
 
 import (
@@ -33,8 +34,8 @@ import (
 	"syscall"
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
-	"github.com/fencesandbox/fence/internal/bench/netclient"
-	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
+	"github.com/fencesandbox/fence/internal/insandbox/netclient"
+	"github.com/fencesandbox/fence/internal/insandbox/spawnrole"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
 )
 

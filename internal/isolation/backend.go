@@ -31,14 +31,17 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/internal/agent/boot"
+	"github.com/fencesandbox/fence/internal/netattach"
 )
 
 // ErrNotFound is returned for an unknown sandbox.
 var ErrNotFound = errors.New("sandbox not found")
 
 // ErrPaused is returned by DialAgent of a paused sandbox, and by a dial
-// of a sandbox port while it is paused: nothing inside could answer.
-var ErrPaused = errors.New("sandbox is paused")
+// of a sandbox port while it is paused: nothing inside could answer. It is
+// the network contract's (package netattach) own value, which the fence's
+// dial of a namespace not attached wraps too.
+var ErrPaused = netattach.ErrPaused
 
 // Limits are the kernel-enforced resource limits of one sandbox.
 // A zero field means "the backend's default", never "unlimited".
@@ -143,30 +146,13 @@ type Foregrounder interface {
 // package boot, the agent's boot contract).
 type AgentConfig = boot.Config
 
-// Network is a sandbox's network fence as its owner keeps it (package
-// netfence's Net). A backend calls Attach with the sandbox's network
-// namespace once the namespace exists and before anything of the sandbox
-// runs in it: at create, and again for each namespace it makes later (a
-// gVisor resume or restore). kernelPeer says the sandbox's own Linux
-// kernel reads and writes the device (the native backend), not a user-space
-// stack (gVisor's runsc). The namespace's only way out is then the fence's
-// device, and whatever decides on its traffic is the owner's.
-type Network interface {
-	Attach(ctx context.Context, id, nsPath string, kernelPeer bool) (Link, error)
-}
-
-// Link is one attached namespace of a Network.
-type Link interface {
-	// DialSandbox connects to TCP port inside the sandbox, through the
-	// fence (how the daemon reaches the agent of a sandbox that has no
-	// other way in, as gVisor's).
-	DialSandbox(ctx context.Context, port uint16) (net.Conn, error)
-	// Close removes the device and stops its stack. The backend calls it
-	// exactly once, once the sandbox can no longer send through the
-	// namespace (killed, or its run ended by a pause), or when a create
-	// fails after the Attach.
-	Close() error
-}
+// Network is a sandbox's network fence as its owner keeps it, and Link
+// one attached namespace of it: the contract of package netattach, which
+// every backend keeps (see the package doc's guarantees).
+type (
+	Network = netattach.Network
+	Link    = netattach.Link
+)
 
 // Pauser is implemented by sandboxes that can be paused in place.
 //

@@ -10,19 +10,19 @@ import (
 
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/egress/policy"
-	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/netattach"
 )
 
 // ErrNotAttached is returned by Net.DialSandbox while no namespace is
 // attached (a gVisor sandbox between runs, or one not yet started); it
-// wraps isolation.ErrPaused.
-var ErrNotAttached = fmt.Errorf("no network attached: %w", isolation.ErrPaused)
+// wraps netattach.ErrPaused (isolation.ErrPaused).
+var ErrNotAttached = fmt.Errorf("no network attached: %w", netattach.ErrPaused)
 
 // Net is one sandbox's fence as its owner keeps it: the policy and egress
 // proxy in force, and the stacks of the namespaces attached to it (one at
 // a time in the steady state; two while a sandbox replaced under the same
 // ID, a rewind's, is still being released). It implements
-// isolation.Network.
+// netattach.Network.
 type Net struct {
 	f *Fence
 
@@ -37,7 +37,7 @@ type Net struct {
 	attaches int
 }
 
-var _ isolation.Network = (*Net)(nil)
+var _ netattach.Network = (*Net)(nil)
 
 // New returns a Net of f with policy pol (nil: deny all until SetPolicy)
 // and no namespace attached. f must have its defaults (WithDefaults).
@@ -45,9 +45,9 @@ func (f *Fence) New(pol *policy.Policy) *Net {
 	return &Net{f: f, pol: pol}
 }
 
-// Attach implements isolation.Network: it attaches nsPath with the policy
+// Attach implements netattach.Network: it attaches nsPath with the policy
 // and proxy in force.
-func (n *Net) Attach(ctx context.Context, id, nsPath string, kernelPeer bool) (isolation.Link, error) {
+func (n *Net) Attach(ctx context.Context, id, nsPath string, kernelPeer bool) (netattach.Link, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock() // the policy cannot change between the stack's start and its listing
 	st, err := n.f.Attach(ctx, id, nsPath, kernelPeer, n.pol)
@@ -133,7 +133,7 @@ type link struct {
 	once sync.Once
 }
 
-// DialSandbox implements isolation.Link.
+// DialSandbox implements netattach.Link.
 func (l *link) DialSandbox(ctx context.Context, port uint16) (net.Conn, error) {
 	return l.st.DialSandbox(ctx, port)
 }
@@ -141,7 +141,7 @@ func (l *link) DialSandbox(ctx context.Context, port uint16) (net.Conn, error) {
 // errClosed is what a second Close of a link returns.
 var errClosed = errors.New("network link already closed")
 
-// Close implements isolation.Link: the stack leaves its Net (no policy
+// Close implements netattach.Link: the stack leaves its Net (no policy
 // change reaches it any more) and closes.
 func (l *link) Close() error {
 	err := errClosed

@@ -237,8 +237,9 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 }
 
 // notThroughRouter are the fence extensions kept per node, which one
-// node's answer would misstate for the cluster.
-var notThroughRouter = []string{"/secrets", "/audit", "/usage"}
+// node's answer would misstate for the cluster. An MCP session (/mcp)
+// lives on the node that opened it, and its tools see that node only.
+var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
 
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path

@@ -114,6 +114,9 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, _ := do("GET", "/secrets", map[string]string{"X-API-Key": "key"}); st != 501 {
 		t.Errorf("/secrets: %d, want 501", st)
 	}
+	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
+		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
+	}
 	rt.SetDraining()
 	if st, _ := do("GET", "/health", nil); st != 503 {
 		t.Errorf("health while draining: %d", st)

@@ -211,6 +211,8 @@ var migrations = []string{
 	migrationTeamLimits,
 	// Every record's team (owner.go).
 	migrationOwners,
+	// Public keys of the SSH server (sshkeys.go).
+	migrationSSHKeys,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // Layers (isolation.Layers) on the native backend.

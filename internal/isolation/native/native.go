@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/fencesandbox/fence/internal/forensics"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,13 +15,15 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fencesandbox/fence/internal/forensics"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 	"github.com/fencesandbox/fence/internal/quiet"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"

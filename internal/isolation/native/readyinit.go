@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencesandbox/fence/internal/cgroup"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
-	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
+	"github.com/fencesandbox/fence/internal/insandbox/spawnrole"
 )
 
 // readyInit is a sandbox's init process before it knows its sandbox: cloned

@@ -21,8 +21,8 @@ import (
 	"github.com/fencesandbox/fence/internal/agent/boot"
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
 )
 
 // sandbox is one running native sandbox.

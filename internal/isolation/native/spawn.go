@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fencesandbox/fence/internal/isolation/native/spawnrole"
+	"github.com/fencesandbox/fence/internal/insandbox/spawnrole"
 )
 
 // spawner is the daemon's side of the spawner (package spawnrole): the

@@ -45,7 +45,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fencesandbox/fence/internal/isolation/native/nsinit"
+	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/sysmon"
 )
 
