@@ -23,6 +23,7 @@
 package sshd
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -42,6 +43,7 @@ import (
 
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Audit event types of the SSH server.
@@ -196,6 +198,8 @@ const (
 	extActor = "fence-actor"
 	extAuth  = "fence-auth"
 	extKeyID = "fence-key-id"
+	extTeam  = "fence-team"
+	extAdmin = "fence-admin"
 )
 
 func (s *Server) checkPublicKey(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
@@ -209,15 +213,20 @@ func (s *Server) checkPublicKey(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.
 	if err != nil {
 		return nil, fmt.Errorf("public key %s is not registered", fp)
 	}
+	team := k.Team
+	if team == "" {
+		team = tenancy.DefaultTeamID
+	}
 	return &ssh.Permissions{Extensions: map[string]string{
-		extActor: "ssh-key:" + k.ID, extAuth: "publickey", extKeyID: k.ID}}, nil
+		extActor: "team:" + team + " ssh-key:" + k.ID, extAuth: "publickey", extKeyID: k.ID, extTeam: team}}, nil
 }
 
 func (s *Server) checkPassword(meta ssh.ConnMetadata, password []byte) (*ssh.Permissions, error) {
 	if s.cfg.APIKey == "" || subtle.ConstantTimeCompare(password, []byte(s.cfg.APIKey)) != 1 {
 		return nil, errors.New("wrong password")
 	}
-	return &ssh.Permissions{Extensions: map[string]string{extActor: s.keyActor, extAuth: "password"}}, nil
+	return &ssh.Permissions{Extensions: map[string]string{extActor: s.keyActor, extAuth: "password",
+		extTeam: tenancy.DefaultTeamID, extAdmin: "1"}}, nil
 }
 
 // Serve accepts connections on ln until ctx ends, then closes ln and the
@@ -283,6 +292,11 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	if k := sc.Permissions.Extensions[extKeyID]; k != "" {
 		data["key_id"] = k
 	}
+	// The connection acts for its key's team: another team's sandbox is
+	// a missing one.
+	ctx = tenancy.NewContext(ctx, tenancy.Principal{Team: sc.Permissions.Extensions[extTeam],
+		KeyID: cmp.Or(sc.Permissions.Extensions[extKeyID], tenancy.BootstrapKeyID),
+		Admin: sc.Permissions.Extensions[extAdmin] == "1"})
 	t, err := s.cfg.Sandboxes.Open(ctx, id)
 	if err != nil {
 		data["error"] = err.Error()

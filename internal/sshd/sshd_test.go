@@ -179,7 +179,7 @@ func TestExecExitCodes(t *testing.T) {
 	}
 	evs := f.sink.ofType(sshd.TypeExec)
 	if len(evs) != 2 || evs[0].Data["command"] != "cat; echo; echo e >&2; exit 5" || evs[0].Data["exit_code"] != 5 ||
-		evs[0].Actor != "ssh-key:key1" || evs[0].SandboxID != "sb1" {
+		evs[0].Actor != "team:t ssh-key:key1" || evs[0].SandboxID != "sb1" {
 		t.Errorf("exec events = %+v", evs)
 	}
 }
