@@ -108,8 +108,8 @@ type Options struct {
 	// the held callers are woken; an error leaves the request pending.
 	Apply func(ctx context.Context, r Request) error
 	// Decided, if set, is called once for every request that ends (decided,
-	// timed out or dropped), after the held callers are woken: the audit
-	// record of the decision.
+	// timed out or dropped), before the held callers are woken: the audit
+	// record of the decision comes before the flow it lets through.
 	Decided func(r Request)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -237,10 +237,10 @@ func (q *Queue) finish(p *pending, d Decision, actor string) bool {
 	}
 	q.publishLocked(Event{Type: "decided", Request: p.req})
 	q.mu.Unlock()
-	close(p.done)
 	if q.opts.Decided != nil {
 		q.opts.Decided(p.req)
 	}
+	close(p.done)
 	return true
 }
 

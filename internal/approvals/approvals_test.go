@@ -29,7 +29,12 @@ func TestDecideWakesHeldAsk(t *testing.T) {
 	var applied, recorded []approvals.Request
 	var mu sync.Mutex
 	q := approvals.New(approvals.Options{
-		Apply:   func(_ context.Context, r approvals.Request) error { mu.Lock(); applied = append(applied, r); mu.Unlock(); return nil },
+		Apply: func(_ context.Context, r approvals.Request) error {
+			mu.Lock()
+			applied = append(applied, r)
+			mu.Unlock()
+			return nil
+		},
 		Decided: func(r approvals.Request) { mu.Lock(); recorded = append(recorded, r); mu.Unlock() },
 	})
 	for i, d := range []approvals.Decision{approvals.Once, approvals.Sandbox, approvals.Deny} {

@@ -138,6 +138,9 @@ type Options struct {
 	// /mcp, behind the API key like the other control-plane routes; nil
 	// answers 404 there.
 	MCP http.Handler
+	// Approvals serves the egress approval routes (/approvals); nil
+	// answers 501 there.
+	Approvals Approvals
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -173,6 +176,7 @@ type handler struct {
 	exporter   Exporter
 	meter      Usage
 	mcp        http.Handler   // nil: no /mcp route
+	approvals  Approvals      // nil: no approval routes
 	warming    sync.WaitGroup // warmAgent calls in flight
 }
 
@@ -200,6 +204,7 @@ func New(opts Options) http.Handler {
 		exporter:    opts.Exporter,
 		meter:       opts.Usage,
 		mcp:         opts.MCP,
+		approvals:   opts.Approvals,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

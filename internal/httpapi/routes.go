@@ -62,6 +62,9 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /sandboxes/{id}/diff", h.diff)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", h.updateNetwork)
 	mux.HandleFunc("GET /snapshots", h.listSnapshots)
+	mux.HandleFunc("GET /approvals", h.listApprovals)
+	mux.HandleFunc("GET /approvals/stream", h.approvalStream)
+	mux.HandleFunc("POST /approvals/{id}", h.decideApproval)
 	if h.mcp != nil {
 		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
 	}
