@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"github.com/fencesandbox/fence/internal/approvals"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/capacity"
