@@ -3,11 +3,15 @@ package fences
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/egress"
+	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/netconf"
 )
 
@@ -41,6 +45,9 @@ func (s *Set) ask(ctx context.Context, id, name string) egress.Approval {
 		s.log.DebugContext(ctx, "approval request refused", "sandbox_id", id, "name", name, "error", err)
 		return egress.Refused
 	case d == approvals.Once:
+		if v, ok := s.gateways.Load(id); ok {
+			v.(*gatewayState).once.grant(name, time.Now().Add(egress.OnceGrant))
+		}
 		return egress.AllowOnce
 	case d.Allows():
 		return egress.AllowPolicy
@@ -95,4 +102,53 @@ func (s *Set) AllowName(ctx context.Context, id, name string) error {
 	})
 	s.log.InfoContext(ctx, "sandbox network allows an approved name", "sandbox_id", id, "name", name)
 	return nil
+}
+
+// onceGrants are the names of one sandbox approved once, with their
+// expiry: its stack allows them for egress.OnceGrant, and so does the
+// gateway's view of its policy, for the flows the gateway intercepts.
+type onceGrants struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	names map[string]time.Time
+}
+
+// grant allows name until t; at most 16 names are kept, the oldest
+// expiry goes first.
+func (g *onceGrants) grant(name string, t time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	maps.DeleteFunc(g.names, func(_ string, e time.Time) bool { return !now.Before(e) })
+	if g.names == nil {
+		g.names = map[string]time.Time{}
+	}
+	if _, ok := g.names[name]; !ok && len(g.names) >= 16 {
+		oldest := ""
+		for n, e := range g.names {
+			if oldest == "" || e.Before(g.names[oldest]) {
+				oldest = n
+			}
+		}
+		delete(g.names, oldest)
+	}
+	g.names[name] = t
+}
+
+// apply returns cfg with the names granted and not expired allowed (cfg
+// itself when there are none).
+func (g *onceGrants) apply(cfg *gateway.Config) *gateway.Config {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if cfg == nil || cfg.Policy == nil || len(g.names) == 0 {
+		return cfg
+	}
+	now := time.Now()
+	maps.DeleteFunc(g.names, func(_ string, e time.Time) bool { return !now.Before(e) })
+	if len(g.names) == 0 {
+		return cfg
+	}
+	c := *cfg
+	c.Policy = cfg.Policy.WithNames(slices.Sorted(maps.Keys(g.names)))
+	return &c
 }
