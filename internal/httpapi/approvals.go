@@ -22,12 +22,6 @@ type Approvals interface {
 
 var _ Approvals = (*approvals.Queue)(nil)
 
-// ApprovalDecision is the body of POST /approvals/{id}.
-type ApprovalDecision struct {
-	// Decision is once, sandbox, team or deny.
-	Decision string `json:"decision"`
-}
-
 func (h *handler) approvalQueue(w http.ResponseWriter, r *http.Request) (Approvals, bool) {
 	if h.approvals == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "egress approvals are not enabled"))
@@ -53,7 +47,7 @@ func (h *handler) decideApproval(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var body ApprovalDecision
+	var body api.ApprovalDecision
 	if err := decodeJSON(r, &body, false); err != nil {
 		writeError(w, r, h.log, err)
 		return
