@@ -120,6 +120,20 @@ func TestApprovals(t *testing.T) {
 			t.Errorf("second decision = %d, want 404", resp.Status)
 		}
 	})
+	t.Run("fence approvals", func(t *testing.T) {
+		// other.test is still granted once: another name.
+		done := held(t, e, heldCurl+"http://files.pythonhosted.org/cli")
+		r := pendingFor(t, d, sb.ID(), "files.pythonhosted.org")
+		if out, errs, code := d.fenceCLI(t, nil, "approvals"); code != 0 || !strings.Contains(out, r.ID) || !strings.Contains(out, "files.pythonhosted.org") {
+			t.Fatalf("fence approvals: exit %d, %q %q", code, out, errs)
+		}
+		if out, errs, code := d.fenceCLI(t, nil, "approvals", r.ID, "--decision", "once"); code != 0 || !strings.Contains(out, "once") {
+			t.Fatalf("fence approvals ID --decision once: exit %d, %q %q", code, out, errs)
+		}
+		if got := <-done; got[1] != "0" || !strings.Contains(got[0], "hello from wan") {
+			t.Fatalf("held curl after fence approvals: %v", got)
+		}
+	})
 	t.Run("deny", func(t *testing.T) {
 		dm := fn.dnsMark()
 		m := fn.mark()
