@@ -98,6 +98,9 @@ func answerApprovals(ctx context.Context, c *client.Client, in io.Reader, out io
 	asked := map[string]bool{}
 	for {
 		items, err := c.ListApprovals(ctx)
+		if ctx.Err() != nil {
+			return nil // interrupted
+		}
 		if err != nil {
 			return err
 		}
@@ -115,7 +118,9 @@ func answerApprovals(ctx context.Context, c *client.Client, in io.Reader, out io
 				fmt.Fprintln(out, "  not an answer: denied")
 				d = "deny"
 			}
-			if _, err := c.DecideApproval(ctx, r.ID, d); err != nil {
+			if _, err := c.DecideApproval(ctx, r.ID, d); ctx.Err() != nil {
+				return nil
+			} else if err != nil {
 				fmt.Fprintf(out, "  %v\n", err)
 				continue
 			}
