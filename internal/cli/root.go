@@ -120,6 +120,7 @@ the fence client verbs at it:
 		sandboxCmd(),
 		secretCmd(),
 		auditCmd(),
+		approvalsCmd(),
 		execCmd(),
 		cpCmd(),
 		benchCmd(deps),

@@ -140,6 +140,9 @@ type Options struct {
 	MCP http.Handler
 	// SSHKeys serves /ssh-keys; nil answers 501 there.
 	SSHKeys SSHKeyStore
+	// Approvals serves the egress approval routes (/approvals); nil
+	// answers 501 there.
+	Approvals Approvals
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -175,6 +178,7 @@ type handler struct {
 	exporter   Exporter
 	meter      Usage
 	mcp        http.Handler   // nil: no /mcp route
+	approvals  Approvals      // nil: no approval routes
 	warming    sync.WaitGroup // warmAgent calls in flight
 	sshKeys    SSHKeyStore    // nil: no /ssh-keys
 }
@@ -204,6 +208,7 @@ func New(opts Options) http.Handler {
 		meter:       opts.Usage,
 		mcp:         opts.MCP,
 		sshKeys:     opts.SSHKeys,
+		approvals:   opts.Approvals,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
