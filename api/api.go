@@ -95,6 +95,10 @@ type NetworkConfig struct {
 	// never intercepts, even under Inspect: certificate pinning and mutual
 	// TLS keep working there, and no rule or secret applies to them.
 	Passthrough []string `json:"passthrough,omitempty"`
+	// Approval "ask" holds a lookup of a name the sandbox may not reach
+	// until a person decides on it (GET /approvals, POST /approvals/{id});
+	// "" (the default) refuses it at once.
+	Approval string `json:"approval,omitempty"`
 }
 
 // NetworkRule is one entry of NetworkConfig.Rules.

@@ -62,6 +62,7 @@ const (
 	TypeGateway           = "gateway.request"
 	TypeDownload          = "gateway.download"
 	TypeSecretUse         = "secret.use"
+	TypeApproval          = "egress.approval" // a decision on a held lookup: name, decision, request id; Actor decided
 )
 
 // Event is one thing the daemon saw. Data holds the type's fields; it is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -107,7 +108,7 @@ const densityPeerRuns = 20
 // starts with the n sandboxes idle on the host than with none: the part
 // of the slowdown that is the host kernel's, which every runtime pays.
 func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(context.Context) error, out io.Writer) error {
-	c := client.New(d.URL, d.APIKey)
+	c := client.New(d.URL, d.APIKey, client.WithHTTPClient(densityHTTP()))
 	var peerRun func() Result
 	if peer != nil {
 		peerRun = func() Result {
@@ -151,6 +152,21 @@ func density(ctx context.Context, d *Daemon, tmpl string, n int, peer func(conte
 		return errors.Join(createErr, err)
 	}
 	return createErr
+}
+
+// densityHTTP is the client of density's creates and execs: it runs in
+// the daemon's process and so spends the daemon's descriptors, which the
+// n idle sandboxes may have brought close to its limit. It holds at most
+// densityClients connections and keeps each for the next request, where
+// a default transport keeps two idle and dials anew for every other one.
+func densityHTTP() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		MaxConnsPerHost:     densityClients,
+		MaxIdleConnsPerHost: densityClients,
+		IdleConnTimeout:     time.Minute,
+		ForceAttemptHTTP2:   false,
+	}}
 }
 
 // densityBefore is what density reads before the creates.

@@ -74,8 +74,9 @@ type Costs map[Limit]int64
 //     Reserved: 12.
 //   - Memory: 12.5 MiB ("minimal") and 6.7 MiB ("base") of MemAvailable.
 //     Reserved: 16 MiB.
-//   - DaemonFiles: 9.1 of the daemon's descriptors (TUN, agent socket,
-//     cgroup dirs, pidfd, layer dirs). Reserved: 16.
+//   - DaemonFiles: 5 of the daemon's descriptors idle (TUN, lifeline,
+//     pidfd, uid slot, writable layer), about twice that while created.
+//     Reserved: 16.
 //   - SystemFiles: the daemon's 9 plus the sandbox's own (its agent's,
 //     under 20); fs.file-nr moves by more than that with the rest of the
 //     host. Reserved: 64.
@@ -94,12 +95,16 @@ var PerSandbox = Costs{
 // SafetyMargin is what stays free of each limit for everything that is
 // not a new sandbox: the running sandboxes' commands, the daemon's own
 // growth (goroutines that lock threads, template builds), sshd and the
-// operator's shell.
+// operator's shell. Of the daemon's descriptors that is the idle
+// connections its agent and port proxies keep (256 each, package
+// httpapi) and the connections of the requests in flight (a client's
+// and the proxy's to the sandbox for each), so that a node full of idle
+// sandboxes still runs a command in every one.
 var SafetyMargin = Costs{
 	Tasks:       1024,
 	GroupTasks:  64,
 	Memory:      512 << 20,
-	DaemonFiles: 256,
+	DaemonFiles: 1024,
 	SystemFiles: 4096,
 	Disk:        1 << 30,
 	Inodes:      16384,

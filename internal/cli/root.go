@@ -123,6 +123,7 @@ the fence client verbs at it:
 		keyCmd(),
 		tokenCmd(),
 		auditCmd(),
+		approvalsCmd(),
 		execCmd(),
 		cpCmd(),
 		benchCmd(deps),

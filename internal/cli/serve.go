@@ -131,6 +131,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.Var(&mbpsValue{p: &c.NetBandwidth}, "net-mbps", "network bandwidth per sandbox and direction, in Mbit/s (0: no limit)")
 	fs.BoolVar(&c.AllowInternet, "allow-internet", false, "let sandboxes that ask nothing about their network reach public addresses (default: deny all egress)")
 	fs.BoolVar(&c.Inspect, "inspect", false, "let the egress gateway decrypt every name-allowed HTTPS flow and check each request's Host (closes domain fronting; pinned clients need network.passthrough)")
+	fs.DurationVar(&c.ApprovalTimeout, "approval-timeout", 0, "how long a lookup of a sandbox with network approval \"ask\" waits for a decision (GET /approvals) before it is refused (default 1m)")
 	fs.StringVar(&c.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
 	fs.Var(&listValue[netip.Prefix]{p: &c.DenyCIDRs, parse: parseDenyCIDR}, "deny-cidr", "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.StringVar(&c.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/capacity"
@@ -77,6 +78,7 @@ type node struct {
 	builds    *tbuild.Service // template records and the catalog the manager resolves with
 	gate      *capacity.Gate
 	nets      *fences.Set // the sandboxes' network side
+	approvals *approvals.Queue
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
@@ -372,7 +374,9 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	}
 	d.gate = gate
 	registerCapacityMetrics(d.reg, gate)
+	d.approvals = newApprovals(o, d.sources.sink, d.reg, func() *fences.Set { return d.nets })
 	d.nets = fences.New(fences.Options{
+		Approvals:              d.approvals,
 		Fence:                  fenceConfig(o, d.flows, d.netShared, d.hostAddrs, d.log),
 		Gateway:                d.gw,
 		AllowInternetByDefault: o.AllowInternet,
@@ -571,8 +575,9 @@ func (d *node) newServer() (*http.Server, error) {
 		Teams:           d.st,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
-		MCP:     mcpHandler,
-		SSHKeys: d.st,
+		MCP:       mcpHandler,
+		SSHKeys:   d.st,
+		Approvals: d.approvals,
 	})
 	handler := api
 	if o.Cluster != nil {

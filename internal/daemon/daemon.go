@@ -102,6 +102,12 @@ type Config struct {
 	// nothing about inspection: true terminates every name-allowed TLS
 	// flow (fence serve --inspect).
 	Inspect bool
+	// ApprovalTimeout is how long a sandbox's lookup waits for a person's
+	// decision under network approval "ask" before it is refused; zero
+	// means 60 s. ApprovalsPerSandbox bounds one sandbox's pending
+	// requests; zero means 16.
+	ApprovalTimeout     time.Duration
+	ApprovalsPerSandbox int
 	// UpstreamCA is a PEM file of the roots the egress gateway verifies
 	// upstream servers with; empty means the host's.
 	UpstreamCA string

@@ -116,6 +116,15 @@
 // (64 KiB a packet) and by [Options.Bandwidth] when set. Counters of what was
 // refused, limited and charged are in [Shared.Stats].
 //
+// With [Options.Ask] set (network approval "ask"), a lookup of a name the
+// policy does not allow for want of an allow rule waits for Ask's
+// [Approval]; at most 32 lookups wait at once, more are refused at once. A
+// name approved once is allowed, as an exact name, for [OnceGrant] on top of
+// whatever policy is set meanwhile; one approved for the sandbox is in the
+// policy Ask set. Connections to an address only ever reach the flow
+// decision with the names the resolver handed out for it, so approval never
+// opens a raw address.
+//
 // # What it does not do
 //
 // It does not create the TUN device or configure the sandbox side (see

@@ -158,6 +158,10 @@ type Options struct {
 	// first client bytes are known, and relays those it wants (the egress
 	// gateway). Nil relays every allowed flow as it is.
 	Interceptor Interceptor
+	// Ask, if set, is asked about a name the sandbox looks up that its
+	// policy does not allow (for want of an allow rule): the lookup waits
+	// for its answer (see Approval). It must return when ctx ends.
+	Ask func(ctx context.Context, name string) Approval
 }
 
 const nicID tcpip.NICID = 1
@@ -193,6 +197,15 @@ type Stack struct {
 	closed bool
 
 	udpDenied recentSet
+
+	held    atomic.Int32 // DNS lookups waiting for Options.Ask
+	grantMu sync.Mutex
+	// base is the policy set last; the one in force adds grants.
+	// +checklocks:grantMu
+	base *policy.Policy
+	// grants are the names approved once, with their expiry.
+	// +checklocks:grantMu
+	grants map[string]time.Time
 }
 
 // New builds the stack on the TUN fd (or link) and starts serving. ctx
@@ -217,7 +230,8 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.Shared == nil {
 		opts.Shared = NewShared(SharedOptions{})
 	}
-	res, err := newResolver(opts)
+	var ref *Stack // the resolver's Ask reaches the stack made below
+	res, err := newResolver(opts, func(ctx context.Context, name string) bool { return ref.ask(ctx, name) })
 	if err != nil {
 		closeFD()
 		return nil, fmt.Errorf("creating resolver: %w", err)
@@ -232,6 +246,7 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 		}
 	}
 	st := newStack(ctx, opts, link, res)
+	ref = st
 	if err := st.build(); err != nil {
 		st.Close()
 		return nil, err
@@ -241,8 +256,11 @@ func New(ctx context.Context, opts Options) (*Stack, error) {
 
 // newResolver makes the stack's DNS resolver, which refuses the names
 // the interceptor refuses when it checks names.
-func newResolver(opts Options) (*dns.Resolver, error) {
+func newResolver(opts Options, ask func(context.Context, string) bool) (*dns.Resolver, error) {
 	dcfg := dns.Config{Upstream: opts.DNSUpstream, Policy: opts.Policy, MaxTTL: opts.DNSMaxTTL, Grace: opts.DNSGrace, Cache: opts.Shared.cache}
+	if opts.Ask != nil {
+		dcfg.Ask = ask
+	}
 	if nc, ok := opts.Interceptor.(NameChecker); ok {
 		dcfg.Refuse = nc.RefuseName
 	}
@@ -324,6 +342,7 @@ func newStack(ctx context.Context, opts Options, link stack.LinkEndpoint, res *d
 		st.hostAddr[a.Unmap().WithZone("")] = true
 	}
 	st.policy.Store(opts.Policy)
+	st.base = opts.Policy
 	st.proxy.Store(opts.Proxy)
 	st.ctx, st.cancel = context.WithCancel(ctx)
 	return st
@@ -408,8 +427,10 @@ func (st *Stack) SetPolicy(p *policy.Policy) {
 	if p == nil {
 		return
 	}
-	st.policy.Store(p)
-	st.resolver.SetPolicy(p)
+	st.grantMu.Lock()
+	defer st.grantMu.Unlock()
+	st.base = p
+	st.applyLocked()
 }
 
 // Policy returns the current policy.

@@ -164,6 +164,9 @@ type Options struct {
 	MCP http.Handler
 	// SSHKeys serves /ssh-keys; nil answers 501 there.
 	SSHKeys SSHKeyStore
+	// Approvals serves the egress approval routes (/approvals); nil
+	// answers 501 there.
+	Approvals Approvals
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -201,6 +204,7 @@ type handler struct {
 	exporter   Exporter
 	meter      Usage
 	mcp        http.Handler   // nil: no /mcp route
+	approvals  Approvals      // nil: no approval routes
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
@@ -235,6 +239,7 @@ func New(opts Options) http.Handler {
 		teams:       opts.Teams,
 		mcp:         opts.MCP,
 		sshKeys:     opts.SSHKeys,
+		approvals:   opts.Approvals,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit

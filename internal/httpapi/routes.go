@@ -85,6 +85,9 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("POST /ssh-keys", h.createSSHKey)
 	mux.HandleFunc("GET /ssh-keys", h.listSSHKeys)
 	mux.HandleFunc("DELETE /ssh-keys/{id}", h.deleteSSHKey)
+	mux.HandleFunc("GET /approvals", h.listApprovals)
+	mux.HandleFunc("GET /approvals/stream", h.approvalStream)
+	mux.HandleFunc("POST /approvals/{id}", h.decideApproval)
 	if h.mcp != nil {
 		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
 	}

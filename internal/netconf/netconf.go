@@ -63,6 +63,10 @@ const (
 	proxyLookupTimeout  = 5 * time.Second
 )
 
+// ApprovalAsk is the network approval that holds a lookup of a name the
+// policy does not allow for a person's decision.
+const ApprovalAsk = "ask"
+
 // Defaults are the daemon's side of the compilation.
 type Defaults struct {
 	// AllowInternet is the egress of a create that says nothing about it.
@@ -116,6 +120,9 @@ type Config struct {
 	Proxy *egress.Proxy
 	// Bindings are the validated secret bindings, sorted by Env.
 	Bindings []Binding
+	// Ask holds a lookup of a name the policy does not allow for a
+	// person's decision (network approval "ask").
+	Ask bool
 	// Shown is what the API shows of the request's network (nil when it
 	// gave none): normalised, without the proxy's password.
 	Shown *api.NetworkConfig
@@ -162,6 +169,13 @@ func Compile(ctx context.Context, d Defaults, r Request) (*Config, error) {
 		if c.Passthrough, err = patterns("passthrough", n.Passthrough, MaxPassthrough); err != nil {
 			return nil, err
 		}
+		switch n.Approval {
+		case "":
+		case ApprovalAsk:
+			c.Ask = true
+		default:
+			return nil, invalid("network approval %q: want %q or nothing", n.Approval, ApprovalAsk)
+		}
 		if n.Inspect != nil {
 			c.Inspect = new(bool)
 			*c.Inspect = *n.Inspect
@@ -188,6 +202,7 @@ func shown(n *api.NetworkConfig, c *Config) *api.NetworkConfig {
 		MaskRequestHost:    n.MaskRequestHost,
 		Inspect:            c.Inspect,
 		Passthrough:        c.Passthrough,
+		Approval:           n.Approval,
 	}
 	if len(n.Rules) > 0 {
 		s.Rules = make(map[string][]api.NetworkRule, len(n.Rules))

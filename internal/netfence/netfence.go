@@ -63,6 +63,8 @@ type Fence struct {
 	Net *egress.Shared
 	// Interceptor, if set, gives each sandbox's stack its egress gateway.
 	Interceptor func(id string) egress.Interceptor
+	// Ask, if set, gives each sandbox's stack its egress.Options.Ask.
+	Ask func(id string) func(ctx context.Context, name string) egress.Approval
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -122,7 +124,12 @@ func (f *Fence) Attach(ctx context.Context, id, nsPath string, kernelPeer bool, 
 	if f.Interceptor != nil {
 		icpt = f.Interceptor(id)
 	}
+	var ask func(context.Context, string) egress.Approval
+	if f.Ask != nil {
+		ask = f.Ask(id)
+	}
 	st, err := egress.New(context.WithoutCancel(ctx), egress.Options{
+		Ask:         ask,
 		SandboxID:   id,
 		FD:          fd,
 		Policy:      pol,

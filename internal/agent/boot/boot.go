@@ -52,8 +52,10 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 const (
 	// ListenerFD is the agent's listening socket when ListenEnv is unset.
 	ListenerFD = 4
-	// LifelineFD is the read end of a pipe whose EOF tells the agent that
-	// the process supervising the sandbox has died.
+	// LifelineFD is the read end of a pipe, or a socket whose peer the
+	// supervisor holds (the native backend's, which also carries the
+	// agent's stderr the other way), whose EOF tells the agent that the
+	// process supervising the sandbox has died.
 	LifelineFD = 5
 )
 

@@ -19,6 +19,9 @@
 //     loopback, link-local, metadata, private, the host) is removed from an
 //     answer and not recorded (DNS-rebinding defence); an answer left empty
 //     becomes NOERROR without data.
+//   - With [Config.Ask] set, a query for a name the policy refuses for
+//     want of an allow rule waits for Ask's answer before any upstream
+//     query; a name a deny rule names is refused without asking.
 //   - [Resolver.NamesFor] returns only names whose record is within its TTL
 //     plus [Config.Grace].
 //
@@ -71,6 +74,11 @@ type Config struct {
 	// a name it refuses gets NXDOMAIN and its reason, and never reaches
 	// the upstream (the egress gateway refuses secret placeholders).
 	Refuse func(name string) (reason string, refused bool)
+	// Ask, if set, is asked about a valid name the policy refuses only for
+	// want of an allow rule (not one a deny rule names): the query waits
+	// for its answer, and a name it allows is resolved as if the policy
+	// allowed it. It must return when ctx ends.
+	Ask func(ctx context.Context, name string) bool
 }
 
 // Reasons in a Result.
@@ -80,6 +88,7 @@ const (
 	ReasonUnreachable = "unreachable-answer" // every answer address was never-reachable
 	ReasonUpstream    = "upstream-error"
 	ReasonMalformed   = "malformed-query"
+	ReasonApproved    = "approved" // the policy did not allow the name; Config.Ask did
 )
 
 // Result describes one query, for the audit record.
@@ -211,6 +220,10 @@ func (r *Resolver) answer(ctx context.Context, q *mdns.Msg, res *Result) *mdns.M
 	}
 	p := r.policy.Load()
 	ok, reason := p.AllowName(name)
+	if !ok && reason == policy.ReasonNameNotAllowed && r.cfg.Ask != nil && r.cfg.Ask(ctx, name) {
+		ok, reason = true, ReasonApproved
+		p = r.policy.Load() // the approval may have changed it
+	}
 	res.Allowed, res.Reason = ok, reason
 	if !ok {
 		m.Rcode = mdns.RcodeNameError

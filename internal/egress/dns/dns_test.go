@@ -175,3 +175,41 @@ func FuzzResolve(f *testing.F) {
 		}
 	})
 }
+
+// A name the policy does not allow waits for Ask: allowed, it resolves;
+// refused, it is NXDOMAIN without an upstream query; a name a deny rule
+// names is never asked about.
+func TestAsk(t *testing.T) {
+	zone := map[string][]string{"ask.test": {"203.0.113.20"}, "no.test": {"203.0.113.21"}, "denied.test": {"203.0.113.22"}}
+	srv := egresstest.NewDNSServer(t, zone)
+	p, err := policy.Compile(policy.Spec{Deny: []policy.Rule{{Name: "denied.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	r, err := dns.New(dns.Config{Upstream: srv.Addr, Policy: p, Ask: func(_ context.Context, name string) bool {
+		asked = append(asked, name)
+		return name == "ask.test"
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, res := query(t, r, "ask.test.", mdns.TypeA); m.Rcode != mdns.RcodeSuccess || !slices.Equal(addrs(m), []string{"203.0.113.20"}) || res.Reason != dns.ReasonApproved {
+		t.Errorf("approved name: %s %v %+v", mdns.RcodeToString[m.Rcode], addrs(m), res)
+	}
+	if m, _ := query(t, r, "no.test.", mdns.TypeA); m.Rcode != mdns.RcodeNameError {
+		t.Errorf("refused name: %s", mdns.RcodeToString[m.Rcode])
+	}
+	if m, _ := query(t, r, "denied.test.", mdns.TypeA); m.Rcode != mdns.RcodeNameError {
+		t.Errorf("denied name: %s", mdns.RcodeToString[m.Rcode])
+	}
+	if !slices.Equal(asked, []string{"ask.test", "no.test"}) {
+		t.Errorf("asked about %v", asked)
+	}
+	if got := srv.Queries(); !slices.Equal(got, []string{"ask.test. A"}) {
+		t.Errorf("upstream queries = %v", got)
+	}
+	if got := r.NamesFor(netip.MustParseAddr("203.0.113.20")); !slices.Equal(got, []string{"ask.test"}) {
+		t.Errorf("NamesFor = %v", got)
+	}
+}

@@ -44,6 +44,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -341,6 +342,21 @@ func Compile(spec Spec) (*Policy, error) {
 	p.hasAllowName = len(p.allowExact)+len(p.allowWild) > 0
 	p.hasDenyN = len(p.denyExact)+len(p.denyWild) > 0
 	return p, nil
+}
+
+// WithNames returns a copy of p that also allows names (exact names, on
+// every port) as if they were allow rules; p is unchanged. Names that are
+// not valid are left out.
+func (p *Policy) WithNames(names []string) *Policy {
+	c := *p
+	c.allowExact = maps.Clone(p.allowExact)
+	for _, n := range names {
+		if n, ok := NormalizeName(n); ok {
+			c.allowExact[n] = append(slices.Clip(c.allowExact[n]), nameRule{rule: n})
+		}
+	}
+	c.hasAllowName = len(c.allowExact)+len(c.allowWild) > 0
+	return &c
 }
 
 // AllowAll reports whether flows no rule matches are allowed.

@@ -491,3 +491,20 @@ func TestLiveHosts(t *testing.T) {
 		}
 	}
 }
+
+func TestWithNames(t *testing.T) {
+	p, err := Compile(Spec{Allow: []Rule{{Name: "a.test"}}, Deny: []Rule{{Name: "*.deny.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.WithNames([]string{"B.test.", "not a name"})
+	for _, tt := range []struct {
+		p    *Policy
+		name string
+		ok   bool
+	}{{p, "a.test", true}, {p, "b.test", false}, {q, "a.test", true}, {q, "b.test", true}, {q, "c.b.test", false}} {
+		if ok, _ := tt.p.AllowName(tt.name); ok != tt.ok {
+			t.Errorf("AllowName(%s) = %v, want %v", tt.name, ok, tt.ok)
+		}
+	}
+}

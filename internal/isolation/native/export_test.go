@@ -70,3 +70,10 @@ func SetInitTaken(f func()) { initTaken = f }
 
 // StateDirOf returns the backend's state directory.
 func StateDirOf(b *Backend) string { return b.opts.StateDir }
+
+// CutLifeline closes the daemon's end of a sandbox's lifeline, as the
+// daemon's death would.
+func CutLifeline(sb interface{ ID() string }) {
+	s := sb.(*sandbox)
+	s.lifeline.Close()
+}

@@ -29,8 +29,7 @@ type readyInit struct {
 	proc   *spawned
 	slot   *slot
 	sync   *os.File      // the daemon's end of the sync socket
-	lifeW  *os.File      // write end of the agent's lifeline
-	errR   *os.File      // read end of its stderr
+	life   *os.File      // the daemon's end of the agent's lifeline, which carries its stderr
 	exited chan struct{} // closed once the process has exited and been waited for
 }
 
@@ -59,24 +58,23 @@ func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
 	r.sync = os.NewFile(uintptr(pair[0]), "sync-parent")
 	child := os.NewFile(uintptr(pair[1]), "sync-child")
 	closers = append(closers, child)
-	// The lifeline: the agent holds its read end and exits (ending the
-	// sandbox) when it reads EOF, i.e. when this process has died. A
-	// sandbox never outlives the daemon (or `fence run`) that supervises
-	// it; the next start removes what is left on the host.
-	lifeR, lifeW, err := os.Pipe()
+	// The lifeline and the stderr of init and agent are one socket pair:
+	// the agent reads its end (its lifeline) and exits, ending the
+	// sandbox, on EOF, i.e. when this process has died (the daemon
+	// never writes to it); init and agent write their stderr to the same
+	// end, read here with a small buffer (an io.Writer would cost a
+	// 32 KiB copy buffer per sandbox in os/exec). One descriptor of the
+	// daemon's per sandbox, where a pipe each way took two. A sandbox
+	// never outlives the daemon (or `fence run`) that supervises it; the
+	// next start removes what is left on the host.
+	life, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating lifeline: %w", err)
 	}
-	r.lifeW = lifeW
-	closers = append(closers, lifeR)
-	// stderr of init and agent: a pipe read with a small buffer (an
-	// io.Writer would cost a 32 KiB copy buffer per sandbox in os/exec).
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating stderr pipe: %w", err)
-	}
-	r.errR = errR
-	closers = append(closers, errW)
+	_ = unix.SetNonblock(life[0], true) // read in the poller
+	r.life = os.NewFile(uintptr(life[0]), "lifeline")
+	lifeChild := os.NewFile(uintptr(life[1]), "lifeline-child")
+	closers = append(closers, lifeChild)
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
@@ -95,7 +93,7 @@ func (b *Backend) spawnInit(cgfd int) (_ *readyInit, err error) {
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
 		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostUID), Size: uidRange}},
 		Setsid:      true,
-	}, []*os.File{devNull, devNull, errW, child, devNull, lifeR}, cgfd)
+	}, []*os.File{devNull, devNull, lifeChild, child, devNull, lifeChild}, cgfd)
 	if err != nil {
 		return nil, fmt.Errorf("starting sandbox init: %w", err)
 	}
@@ -126,7 +124,7 @@ func (r *readyInit) discard() {
 		case <-time.After(10 * time.Second):
 		}
 	}
-	for _, f := range []*os.File{r.sync, r.lifeW, r.errR} {
+	for _, f := range []*os.File{r.sync, r.life} {
 		if f != nil {
 			f.Close()
 		}

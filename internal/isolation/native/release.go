@@ -45,9 +45,6 @@ func (s *sandbox) stop() error {
 // of creation. What the cgroup still holds, if anything, is killed first.
 func (s *sandbox) release(ctx context.Context) error {
 	var errs []error
-	if s.ln != nil {
-		s.ln.Close()
-	}
 	if s.lifeline != nil {
 		s.lifeline.Close()
 	}

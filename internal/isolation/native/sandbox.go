@@ -45,7 +45,6 @@ type sandbox struct {
 	// release goroutine alone).
 	cgRemoved bool
 	proc      *spawned // the sandbox's init (then agent)
-	ln        *net.UnixListener
 	limit     isolation.Limits
 	// rootfs is the template's root; base the layer the sandbox booted on
 	// ("" for none) and chain that layer and its parents, top first.
@@ -75,7 +74,7 @@ type sandbox struct {
 	diskDir  string
 	diskFD   int
 	detached chan struct{} // closed once the host's mount is detached; nil if never started
-	lifeline *os.File      // write end of the agent's lifeline pipe
+	lifeline *os.File      // the daemon's end of the agent's lifeline (and stderr) socket
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
@@ -156,7 +155,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		done:     r.exited,
 		proc:     r.proc,
 		slot:     r.slot,
-		lifeline: r.lifeW,
+		lifeline: r.life,
 		diskFD:   -1,
 		rootfs:   spec.RootFS,
 		base:     layer,
@@ -194,7 +193,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 			s.teardown(context.WithoutCancel(ctx))
 		}
 	}()
-	go (&limitedLog{s: s, left: 16 << 10}).drain(r.errR)
+	go (&limitedLog{s: s, left: 16 << 10}).drain(r.life)
 	cl := cgroup.Limits{CPUs: limits.CPUs, MemoryBytes: limits.MemoryBytes, Pids: limits.Pids}
 	if spec.Background {
 		cl.Weight = backgroundWeight
@@ -212,10 +211,16 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
-	if s.ln, err = listenUnix(s.sock); err != nil {
+	// The agent's listener: the agent is handed a copy, and this one
+	// is closed once the create is over, so that an idle sandbox holds
+	// no descriptor of the daemon's for it (and a dial after the agent's
+	// death is refused rather than left in a backlog no one accepts).
+	ln, err := listenUnix(s.sock)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.start(ctx, spec, cfg, r.sync, attached); err != nil {
+	defer ln.Close()
+	if err := s.start(ctx, spec, cfg, r.sync, ln, attached); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -402,10 +407,10 @@ const cloneFlags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | u
 // end of the sync socket is syncSock) until it has become the agent: it
 // places the init in the sandbox's cgroups, attaches its network, and
 // sends it its Config with the mounts and the agent's listener.
-func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File, attached func() error) error {
+func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Config, syncSock *os.File, ln *net.UnixListener, attached func() error) error {
 	proc := s.proc
 	hostUID := s.slot.hostUID()
-	lnFile, err := s.ln.File() // a dup; closed below, the listener stays with us
+	lnFile, err := ln.File() // a dup; closed below
 	if err != nil {
 		return fmt.Errorf("duplicating listener: %w", err)
 	}

@@ -195,34 +195,46 @@ func (sp *spawner) exchangeLocked(msg []byte, fds []int) (*spawned, error) {
 				return nil, fmt.Errorf("the sandbox spawner sent %d pidfds", len(pidfds))
 			}
 		}
-		return &spawned{Pid: r.Pid, fd: pidfds[0]}, nil
+		return newSpawned(r.Pid, pidfds[0]), nil
 	}
 }
 
 // spawned is a process the spawner started, known by its pidfd: signals
-// reach that process and no other, even once its pid is reused.
+// reach that process and no other, even once its pid is reused. The pidfd
+// is the one descriptor the daemon holds for the process: nonblocking and
+// registered with the runtime's network poller, it is both what Wait
+// parks on and what Signal sends through.
 type spawned struct {
 	Pid int
-	fd  int
+	f   *os.File // the pidfd; closed by Wait once the process has exited
 	// placed: born in the cgroup the spawner was placed in (setPlace).
 	placed bool
+}
 
-	mu     sync.Mutex
-	closed bool // fd closed: the process has exited and been waited for
+// newSpawned takes the pidfd fd of process pid.
+func newSpawned(pid, fd int) *spawned {
+	// Nonblocking, os.NewFile registers it with the poller; should that
+	// fail, Wait blocks a thread in poll(2) instead.
+	_ = unix.SetNonblock(fd, true)
+	return &spawned{Pid: pid, f: os.NewFile(uintptr(fd), "pidfd")}
 }
 
 // Signal sends sig to the process; os.ErrProcessDone once it has exited.
 func (p *spawned) Signal(sig unix.Signal) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	rc, err := p.f.SyscallConn()
+	if err != nil {
 		return os.ErrProcessDone
 	}
-	err := unix.PidfdSendSignal(p.fd, sig, nil, 0)
-	if errors.Is(err, unix.ESRCH) {
+	var serr error
+	// Control holds the pidfd open while it runs: Wait's Close never
+	// lets the number be reused under a signal.
+	if err := rc.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); err != nil {
+		return os.ErrProcessDone // closed: exited and waited for
+	}
+	if errors.Is(serr, unix.ESRCH) {
 		return os.ErrProcessDone
 	}
-	return err
+	return serr
 }
 
 // Kill sends SIGKILL.
@@ -231,34 +243,21 @@ func (p *spawned) Kill() error { return p.Signal(unix.SIGKILL) }
 // Wait returns once the process has exited, parked on the runtime's
 // network poller (no OS thread held per sandbox), and closes its pidfd.
 func (p *spawned) Wait() {
-	fd, err := unix.Dup(p.fd)
-	if err == nil {
-		unix.CloseOnExec(fd)
-		if err = unix.SetNonblock(fd, true); err == nil {
-			f := os.NewFile(uintptr(fd), "pidfd") // nonblocking: registered with the poller
-			if rc, err := f.SyscallConn(); err == nil {
-				_ = rc.Read(func(fd uintptr) bool {
-					n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
-					return n > 0 || (err != nil && err != unix.EINTR)
-				})
-			}
-			f.Close()
-		} else {
-			unix.Close(fd)
-		}
-	}
+	rc, err := p.f.SyscallConn()
 	if err != nil {
-		// No poller registration: block a thread in poll(2) instead.
-		for {
-			if _, err := unix.Poll([]unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}, -1); err != unix.EINTR {
-				break
+		return
+	}
+	exited := func(fd uintptr, timeout int) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, timeout)
+		return n > 0 || (err != nil && err != unix.EINTR)
+	}
+	if err := rc.Read(func(fd uintptr) bool { return exited(fd, 0) }); err != nil {
+		// Not in the poller (or closed by an earlier Wait): block a
+		// thread in poll(2) instead.
+		_ = rc.Control(func(fd uintptr) {
+			for !exited(fd, -1) {
 			}
-		}
+		})
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.closed {
-		p.closed = true
-		unix.Close(p.fd)
-	}
+	p.f.Close()
 }

@@ -74,6 +74,10 @@ type Options struct {
 	InspectByDefault bool
 	// Secrets, if set, is checked for the secrets a create binds.
 	Secrets gateway.Secrets
+	// Approvals, if set, is asked about the names a sandbox with network
+	// approval "ask" looks up and may not reach (see approval.go); nil
+	// refuses them at once.
+	Approvals Approvals
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 }
@@ -108,12 +112,13 @@ type Sandbox interface {
 
 // Set is the sandboxes' network side. Make one with New.
 type Set struct {
-	fence    *netfence.Fence
-	defaults netconf.Defaults
-	inspect  bool
-	secrets  gateway.Secrets
-	log      *slog.Logger
-	core     Core // set once by Bind, before any sandbox is handed out
+	fence     *netfence.Fence
+	defaults  netconf.Defaults
+	inspect   bool
+	secrets   gateway.Secrets
+	approvals Approvals
+	log       *slog.Logger
+	core      Core // set once by Bind, before any sandbox is handed out
 
 	updateMu sync.Mutex // serialises UpdateNetwork
 	// gateways holds each handed-out sandbox's *gatewayState, by ID.
@@ -133,10 +138,11 @@ func New(opts Options) *Set {
 	s := &Set{
 		defaults: netconf.Defaults{AllowInternet: opts.AllowInternetByDefault,
 			HostAddrs: opts.HostAddrs, Hosts: opts.Hosts, Never: opts.NeverCIDRs},
-		inspect: opts.InspectByDefault,
-		secrets: opts.Secrets,
-		log:     log,
-		byID:    map[string]*fenceRef{},
+		inspect:   opts.InspectByDefault,
+		secrets:   opts.Secrets,
+		approvals: opts.Approvals,
+		log:       log,
+		byID:      map[string]*fenceRef{},
 	}
 	f := opts.Fence
 	if f.Logger == nil {
@@ -145,6 +151,11 @@ func New(opts Options) *Set {
 	if gw := opts.Gateway; gw != nil {
 		f.Interceptor = func(id string) egress.Interceptor {
 			return gw.ForSandbox(id, func() *gateway.Config { return s.GatewayConfig(id) })
+		}
+	}
+	if opts.Approvals != nil {
+		f.Ask = func(id string) func(context.Context, string) egress.Approval {
+			return func(ctx context.Context, name string) egress.Approval { return s.ask(ctx, id, name) }
 		}
 	}
 	f = f.WithDefaults()

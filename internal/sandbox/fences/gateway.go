@@ -17,7 +17,8 @@ import (
 // gatewayState is what the egress gateway reads for one sandbox, swapped
 // whole on a network update.
 type gatewayState struct {
-	cfg atomic.Pointer[gateway.Config]
+	cfg  atomic.Pointer[gateway.Config]
+	once onceGrants // names approved once (approval.go)
 }
 
 // GatewayConfig returns the egress gateway's view of sandbox id, or nil
@@ -29,7 +30,8 @@ func (s *Set) GatewayConfig(id string) *gateway.Config {
 	if !ok {
 		return nil
 	}
-	return v.(*gatewayState).cfg.Load()
+	gs := v.(*gatewayState)
+	return gs.once.apply(gs.cfg.Load())
 }
 
 // Bindings returns the secret bindings of sandbox id's gateway

@@ -95,5 +95,6 @@ func (s *Set) UpdateNetwork(ctx context.Context, id string, allowInternet *bool,
 
 func shownEmpty(n *api.NetworkConfig) bool {
 	return len(n.AllowOut)+len(n.DenyOut)+len(n.Rules)+len(n.Passthrough) == 0 &&
-		n.EgressProxy == nil && n.AllowPublicTraffic == nil && n.MaskRequestHost == "" && n.Inspect == nil
+		n.EgressProxy == nil && n.AllowPublicTraffic == nil && n.MaskRequestHost == "" && n.Inspect == nil &&
+		n.Approval == ""
 }
