@@ -10,6 +10,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Approvals is the queue of egress approval requests the approval routes
@@ -37,7 +38,21 @@ func (h *handler) listApprovals(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	writeJSON(w, http.StatusOK, q.List(nil))
+	writeJSON(w, http.StatusOK, q.List(h.approvalVisible(r)))
+}
+
+// approvalVisible is which requests the caller sees and decides: those of
+// its team's sandboxes (another team's answer as missing ones). Without
+// sandboxes to own them (a handler of records alone) only the bootstrap
+// principal sees any.
+func (h *handler) approvalVisible(r *http.Request) func(approvals.Request) bool {
+	ctx := r.Context()
+	if h.m == nil {
+		p, ok := tenancy.FromContext(ctx)
+		admin := ok && p.Admin && p.Team == tenancy.DefaultTeamID
+		return func(approvals.Request) bool { return admin }
+	}
+	return func(req approvals.Request) bool { return h.m.Owned(ctx, req.SandboxID) == nil }
 }
 
 // decideApproval answers POST /approvals/{id}: the decision applies to
@@ -57,7 +72,7 @@ func (h *handler) decideApproval(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	req, err := q.Decide(r.Context(), r.PathValue("id"), d, audit.ActorFrom(r.Context()), nil)
+	req, err := q.Decide(r.Context(), r.PathValue("id"), d, audit.ActorFrom(r.Context()), h.approvalVisible(r))
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
@@ -77,6 +92,7 @@ func (h *handler) approvalStream(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	evs := q.Subscribe(ctx)
+	visible := h.approvalVisible(r)
 	s := startEventStream(w, 0)
 	send := func(ev approvals.Event) error {
 		b, err := json.Marshal(ev.Request)
@@ -89,7 +105,7 @@ func (h *handler) approvalStream(w http.ResponseWriter, r *http.Request) {
 		}
 		return s.flush()
 	}
-	for _, req := range q.List(nil) {
+	for _, req := range q.List(visible) {
 		if send(approvals.Event{Type: "pending", Request: req}) != nil {
 			return
 		}
@@ -102,7 +118,13 @@ func (h *handler) approvalStream(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case ev, ok := <-evs:
-			if !ok || send(ev) != nil {
+			if !ok {
+				return
+			}
+			if !visible(ev.Request) {
+				continue
+			}
+			if send(ev) != nil {
 				return
 			}
 		case <-beat.C:

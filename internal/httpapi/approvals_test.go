@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 func TestApprovalRoutes(t *testing.T) {
@@ -40,9 +41,11 @@ func TestApprovalRoutes(t *testing.T) {
 		t.Fatalf("GET /approvals without a key = %d", resp.StatusCode)
 	}
 
+	// A request is of a sandbox of the caller's team.
+	sb := e.create(t, `{"templateID":"base"}`).SandboxID
 	got := make(chan approvals.Decision, 1)
 	go func() {
-		d, _ := q.Ask(context.Background(), "sbx1", "", "example.com")
+		d, _ := q.Ask(context.Background(), sb, "", "example.com")
 		got <- d
 	}()
 	var list []approvals.Request
@@ -53,7 +56,7 @@ func TestApprovalRoutes(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if list[0].Name != "example.com" || list[0].SandboxID != "sbx1" {
+	if list[0].Name != "example.com" || list[0].SandboxID != sb {
 		t.Fatalf("list %+v", list)
 	}
 	buf := make([]byte, 4096)
@@ -75,7 +78,7 @@ func TestApprovalRoutes(t *testing.T) {
 	if d := <-got; d != approvals.Once {
 		t.Fatalf("held ask got %q", d)
 	}
-	if len(decided) != 1 || decided[0].Actor != audit.KeyActor(testKey) {
+	if len(decided) != 1 || !strings.Contains(decided[0].Actor, "key:"+tenancy.BootstrapKeyID) {
 		t.Fatalf("decided %+v", decided)
 	}
 }

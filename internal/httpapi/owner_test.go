@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"github.com/fencesandbox/fence/internal/approvals"
 	"github.com/fencesandbox/fence/internal/audit"
 	"log/slog"
 	"net/http"
@@ -27,7 +28,8 @@ import (
 // team-b's, and a key of the default team that is not the bootstrap one.
 type teamsEnv struct {
 	*testEnv
-	keys map[string]string // by the tests' team name
+	keys      map[string]string // by the tests' team name
+	approvals *approvals.Queue
 }
 
 // newTeamsEnv is newTestEnv with secrets checked at create, and teams.
@@ -70,15 +72,16 @@ func newTeamsEnv(t *testing.T) *teamsEnv {
 			t.Fatal(err)
 		}
 	}
+	q := approvals.New(approvals.Options{})
 	srv := httptest.NewServer(New(Options{Manager: m, Network: nets, APIKey: testKey, Domain: "fence.test", Logger: log,
-		Secrets: sec, Downloads: dl, Usage: m.Meter(), Identity: st}))
+		Secrets: sec, Downloads: dl, Usage: m.Meter(), Identity: st, Approvals: q}))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background())
 		host.Close()
 		st.Close()
 	})
-	return &teamsEnv{&testEnv{srv: srv, m: m, net: nets, host: host, st: st, sec: sec, dl: dl}, keys}
+	return &teamsEnv{&testEnv{srv: srv, m: m, net: nets, host: host, st: st, sec: sec, dl: dl}, keys, q}
 }
 
 // as sends a request with team's API key.
@@ -307,5 +310,47 @@ func TestAuditOfOtherTeamsIsMissing(t *testing.T) {
 	}
 	if seen < 2 {
 		t.Errorf("team b's stream sent %d records, want its backlog and the marker", seen)
+	}
+}
+
+// TestOtherTeamsApprovalsAreMissing: an approval request of a team's
+// sandbox is listed, streamed and decided by that team alone; to another
+// team it is a missing one.
+func TestOtherTeamsApprovalsAreMissing(t *testing.T) {
+	e := newTeamsEnv(t)
+	code, body := e.as(t, "team-a", "POST", "/v2/sandboxes", `{"templateID":"base","timeout":300}`)
+	if code != http.StatusCreated {
+		t.Fatalf("POST /v2/sandboxes (a) = %d %s", code, body)
+	}
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(body), &sb); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan approvals.Decision, 1)
+	go func() {
+		d, _ := e.approvals.Ask(context.Background(), sb.SandboxID, "", "example.com")
+		got <- d
+	}()
+	var list []approvals.Request
+	for len(list) == 0 {
+		_, b := e.as(t, "team-a", "GET", "/approvals", "")
+		if err := json.Unmarshal([]byte(b), &list); err != nil {
+			t.Fatalf("GET /approvals (a): %v %s", err, b)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if code, b := e.as(t, "team-b", "GET", "/approvals", ""); code != http.StatusOK || strings.TrimSpace(b) != "[]" {
+		t.Errorf("GET /approvals (b) = %d %s, want an empty list", code, b)
+	}
+	_, missing := e.as(t, "team-b", "POST", "/approvals/apr_missing", `{"decision":"once"}`)
+	code, b := e.as(t, "team-b", "POST", "/approvals/"+list[0].ID, `{"decision":"sandbox"}`)
+	if code != http.StatusNotFound || strings.ReplaceAll(b, list[0].ID, "apr_missing") != missing {
+		t.Errorf("POST /approvals/{a's} (b) = %d %s, want the 404 of a missing one (%s)", code, b, missing)
+	}
+	if code, b := e.as(t, "team-a", "POST", "/approvals/"+list[0].ID, `{"decision":"deny"}`); code != http.StatusOK {
+		t.Fatalf("POST /approvals (a) = %d %s", code, b)
+	}
+	if d := <-got; d != approvals.Deny {
+		t.Errorf("the held lookup got %q, want deny (team b's decision must not count)", d)
 	}
 }
