@@ -53,41 +53,41 @@ func (st *Stack) ask(ctx context.Context, name string) bool {
 
 // grant makes name reachable for OnceGrant.
 func (st *Stack) grant(name string) {
-	st.grantMu.Lock()
-	if st.grants == nil {
-		st.grants = map[string]time.Time{}
+	st.grants.mu.Lock()
+	if st.grants.byName == nil {
+		st.grants.byName = map[string]time.Time{}
 	}
-	if _, ok := st.grants[name]; !ok && len(st.grants) >= maxGrants {
+	if _, ok := st.grants.byName[name]; !ok && len(st.grants.byName) >= maxGrants {
 		oldest := ""
-		for n, t := range st.grants {
-			if oldest == "" || t.Before(st.grants[oldest]) {
+		for n, t := range st.grants.byName {
+			if oldest == "" || t.Before(st.grants.byName[oldest]) {
 				oldest = n
 			}
 		}
-		delete(st.grants, oldest)
+		delete(st.grants.byName, oldest)
 	}
-	st.grants[name] = time.Now().Add(OnceGrant)
+	st.grants.byName[name] = time.Now().Add(OnceGrant)
 	st.applyLocked()
-	st.grantMu.Unlock()
+	st.grants.mu.Unlock()
 	time.AfterFunc(OnceGrant, st.expireGrants)
 }
 
 func (st *Stack) expireGrants() {
-	st.grantMu.Lock()
-	defer st.grantMu.Unlock()
+	st.grants.mu.Lock()
+	defer st.grants.mu.Unlock()
 	now := time.Now()
-	maps.DeleteFunc(st.grants, func(_ string, t time.Time) bool { return !now.Before(t) })
+	maps.DeleteFunc(st.grants.byName, func(_ string, t time.Time) bool { return !now.Before(t) })
 	st.applyLocked()
 }
 
 // applyLocked makes the policy in force the base policy with the names
 // granted once.
 //
-// +checklocks:st.grantMu
+// +checklocks:st.grants.mu
 func (st *Stack) applyLocked() {
-	p := st.base
-	if len(st.grants) > 0 {
-		p = p.WithNames(slices.Sorted(maps.Keys(st.grants)))
+	p := st.grants.base
+	if len(st.grants.byName) > 0 {
+		p = p.WithNames(slices.Sorted(maps.Keys(st.grants.byName)))
 	}
 	st.policy.Store(p)
 	st.resolver.SetPolicy(p)
@@ -95,7 +95,7 @@ func (st *Stack) applyLocked() {
 
 // Granted returns the names approved once and not yet expired.
 func (st *Stack) Granted() []string {
-	st.grantMu.Lock()
-	defer st.grantMu.Unlock()
-	return slices.Sorted(maps.Keys(st.grants))
+	st.grants.mu.Lock()
+	defer st.grants.mu.Unlock()
+	return slices.Sorted(maps.Keys(st.grants.byName))
 }

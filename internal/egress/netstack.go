@@ -197,15 +197,21 @@ type Stack struct {
 	closed bool
 
 	udpDenied recentSet
+	held      atomic.Int32 // DNS lookups waiting for Options.Ask
 
-	held    atomic.Int32 // DNS lookups waiting for Options.Ask
-	grantMu sync.Mutex
+	grants grantSet // names approved once (ask.go)
+}
+
+// grantSet is a stack's policy as set last and the names approved once
+// on top of it.
+type grantSet struct {
+	mu sync.Mutex
 	// base is the policy set last; the one in force adds grants.
-	// +checklocks:grantMu
+	// +checklocks:mu
 	base *policy.Policy
-	// grants are the names approved once, with their expiry.
-	// +checklocks:grantMu
-	grants map[string]time.Time
+	// byName are the names approved once, with their expiry.
+	// +checklocks:mu
+	byName map[string]time.Time
 }
 
 // New builds the stack on the TUN fd (or link) and starts serving. ctx
@@ -342,7 +348,7 @@ func newStack(ctx context.Context, opts Options, link stack.LinkEndpoint, res *d
 		st.hostAddr[a.Unmap().WithZone("")] = true
 	}
 	st.policy.Store(opts.Policy)
-	st.base = opts.Policy
+	st.grants.base = opts.Policy
 	st.proxy.Store(opts.Proxy)
 	st.ctx, st.cancel = context.WithCancel(ctx)
 	return st
@@ -427,9 +433,9 @@ func (st *Stack) SetPolicy(p *policy.Policy) {
 	if p == nil {
 		return
 	}
-	st.grantMu.Lock()
-	defer st.grantMu.Unlock()
-	st.base = p
+	st.grants.mu.Lock()
+	defer st.grants.mu.Unlock()
+	st.grants.base = p
 	st.applyLocked()
 }
 

@@ -131,6 +131,3 @@ func (h *handler) allowRate(w http.ResponseWriter, r *http.Request) bool {
 
 // errRateLimited is E2B's answer to a request over its rate.
 var errRateLimited = errorf(api.ErrResourceExhausted, "Rate limit exceeded")
-
-// bootstrapPrincipal is who FENCE_API_KEY acts for.
-var bootstrapPrincipal = tenancy.Principal{Team: tenancy.DefaultTeamID, KeyID: tenancy.BootstrapKeyID, Admin: true}
