@@ -299,8 +299,8 @@ func TestUsageAccounting(t *testing.T) {
 	if u.RunningSeconds < heldFor || u.RunningSeconds > life+1 || u.PausedSeconds != 0 || u.IdleSeconds > u.RunningSeconds {
 		t.Errorf("running %.1f s, paused %.1f s, idle %.1f s; want running within [%.1f, %.1f]", u.RunningSeconds, u.PausedSeconds, u.IdleSeconds, heldFor, life+1)
 	}
-	if !strings.HasPrefix(u.Actor, "key:") {
-		t.Errorf("actor %q, want the API key's holder", u.Actor)
+	if !strings.HasPrefix(u.Actor, "team:") || !strings.Contains(u.Actor, " key:") {
+		t.Errorf("actor %q, want the API key's team and holder", u.Actor)
 	}
 	var key *usage.KeyUsage
 	for i := range rep.Keys {
