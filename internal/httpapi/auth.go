@@ -210,9 +210,15 @@ func (rv *revocations) revoke(id string) {
 	rv.mu.Lock()
 	set := rv.waiting[id]
 	delete(rv.waiting, id)
-	rv.mu.Unlock()
+	// The set is read under the lock: a request ending meanwhile deletes
+	// itself from it.
+	cancels := make([]context.CancelFunc, 0, len(set))
 	for c := range set {
-		(*c)()
+		cancels = append(cancels, *c)
+	}
+	rv.mu.Unlock()
+	for _, c := range cancels {
+		c()
 	}
 }
 
