@@ -488,6 +488,12 @@ func (s *Store) DeleteKilledBefore(ctx context.Context, t time.Time) (int64, err
 }
 
 func checkOne(res sql.Result, err error, op string) error {
+	return checkAffected(res, err, op, ErrNotFound)
+}
+
+// checkAffected wraps err, or missing when the statement changed no row,
+// with op.
+func checkAffected(res sql.Result, err error, op string, missing error) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
@@ -496,7 +502,7 @@ func checkOne(res sql.Result, err error, op string) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%s: %w", op, ErrNotFound)
+		return fmt.Errorf("%s: %w", op, missing)
 	}
 	return nil
 }

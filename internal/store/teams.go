@@ -377,17 +377,7 @@ func (s *Store) RevokeCredential(ctx context.Context, team string, k Kind, id st
 }
 
 func checkCredential(res sql.Result, err error, op string) error {
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("%s: %w", op, ErrCredentialNotFound)
-	}
-	return nil
+	return checkAffected(res, err, op, ErrCredentialNotFound)
 }
 
 // TeamExists reports whether team id exists (the limits routes' check).
