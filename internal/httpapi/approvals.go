@@ -128,8 +128,7 @@ func (h *handler) approvalStream(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-beat.C:
-			s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-			if _, err := fmt.Fprint(s.w, ": keep-alive\n\n"); err != nil || s.flush() != nil {
+			if s.keepAlive() != nil {
 				return
 			}
 		case <-ctx.Done():

@@ -242,14 +242,22 @@ func (s *eventStream) live(ctx context.Context, sub *audit.Subscription) {
 				return
 			}
 		case <-beat.C:
-			s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-			if _, err := fmt.Fprint(s.w, ": keep-alive\n\n"); err != nil || s.flush() != nil {
+			if s.keepAlive() != nil {
 				return
 			}
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// keepAlive sends an idle stream's keep-alive comment.
+func (s *eventStream) keepAlive() error {
+	s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if _, err := fmt.Fprint(s.w, ": keep-alive\n\n"); err != nil {
+		return err
+	}
+	return s.flush()
 }
 
 // sendReady sends the records already waiting on c, so that one flush
