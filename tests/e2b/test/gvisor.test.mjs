@@ -140,8 +140,12 @@ test('gvisor: a template\'s start command runs once; later sandboxes restore its
   await probe.kill()
   const name = `tpl-gv-${randomBytes(4).toString('hex')}`
   // The start command stamps the moment it ran and keeps a counter in memory.
+  // The stamp appears whole (written aside, then renamed): the ready check
+  // sees the file only once it holds the time, so the run image cannot be
+  // taken between the shell's open and date's write, when every restore
+  // would write a stamp of its own.
   const tpl = Template().fromTemplate('base').setStartCmd(
-    'date +%s%N > /tmp/started; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done',
+    'date +%s%N > /tmp/started.new && mv /tmp/started.new /tmp/started; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done',
     waitForFile('/tmp/started'))
   const info = await Template.build(tpl, name, opts)
   t.after(async () => {
