@@ -37,6 +37,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -49,15 +50,22 @@ const (
 	Port = 50005
 	// tokenEnv carries the token from the SDK to the command.
 	tokenEnv = "GATEWAY_ACCESS_TOKEN"
-	// stateDir holds the token (read by the SDKs' getMcpToken() after a
-	// connect) and the configuration the serving process reads.
-	stateDir = "/etc/mcp-gateway"
 	// npmRoot holds the packages of the npm form, one prefix each.
 	npmRoot = "/opt/mcp-gateway/npm"
-	// logFile receives the serving process's and the servers' stderr.
-	logFile = "/var/log/mcp-gateway.log"
 	// startTimeout bounds a server's start and initialization.
 	startTimeout = 2 * time.Minute
+)
+
+// Paths, variables for tests.
+var (
+	// stateDir holds the token (read by the SDKs' getMcpToken() after a
+	// connect), the configuration the serving process reads and its pid
+	// (gateway.pid).
+	stateDir = "/etc/mcp-gateway"
+	// logFile receives the serving process's and the servers' stderr.
+	logFile = "/var/log/mcp-gateway.log"
+	// listenAddr is where the serving process listens.
+	listenAddr = fmt.Sprintf(":%d", Port)
 )
 
 // Main runs `mcp-gateway ARGS` and returns the exit code.
@@ -152,13 +160,15 @@ func spawnServe() error {
 	if err != nil {
 		return fmt.Errorf("starting the gateway: %w", err)
 	}
-	word, _ := io.ReadAll(io.LimitReader(r, 64<<10))
-	if string(word) == "ok\n" {
+	// One line: the servers it starts must not keep the pipe open (fd 3
+	// is close-on-exec in the serving process), but a line needs no EOF.
+	word, _ := bufio.NewReader(io.LimitReader(r, 64<<10)).ReadString('\n')
+	if word == "ok\n" {
 		return cmd.Process.Release()
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	msg := strings.TrimSpace(string(word))
+	msg := strings.TrimSpace(word)
 	if msg == "" {
 		msg = "the gateway exited before it served (see " + logFile + ")"
 	}
@@ -168,10 +178,14 @@ func spawnServe() error {
 // serveMain is `mcp-gateway serve`: it starts the servers of the stored
 // configuration, reports on fd 3 and serves until killed.
 func serveMain(ctx context.Context) error {
+	// fd 3 is the pipe to the starting command; the servers must not
+	// inherit it.
+	syscall.CloseOnExec(3)
 	ready := os.NewFile(3, "ready")
 	fail := func(err error) error {
 		if ready != nil {
-			fmt.Fprintln(ready, err)
+			// One line: the starting command reads up to a newline.
+			fmt.Fprintln(ready, strings.ReplaceAll(err.Error(), "\n", " | "))
 			ready.Close()
 		}
 		return err
@@ -193,9 +207,12 @@ func serveMain(ctx context.Context) error {
 		return fail(err)
 	}
 	defer g.Close()
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", Port))
+	ln, err := net.Listen("tcp", listenAddr)
 	if err != nil {
-		return fail(fmt.Errorf("listening on port %d: %w", Port, err))
+		return fail(fmt.Errorf("listening on %s: %w", listenAddr, err))
+	}
+	if err := os.WriteFile(filepath.Join(stateDir, "gateway.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		return fail(err)
 	}
 	srv := &http.Server{Handler: g.Handler(string(token)), ReadHeaderTimeout: 10 * time.Second}
 	if ready != nil {

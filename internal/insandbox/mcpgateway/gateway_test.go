@@ -5,8 +5,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -15,7 +19,17 @@ import (
 // tool is named by the variable's value.
 const serverEnvVar = "MCPGATEWAY_TEST_SERVER"
 
+// stateEnv gives the test binary, run as the serving process, the
+// test's state directory.
+const stateEnv = "MCPGATEWAY_TEST_STATE"
+
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(stateEnv); dir != "" {
+		stateDir, logFile, listenAddr = dir, filepath.Join(dir, "log"), "127.0.0.1:0"
+		if len(os.Args) == 2 && os.Args[1] == "serve" {
+			os.Exit(Main(os.Args[1:], os.Stderr))
+		}
+	}
 	if tool := os.Getenv(serverEnvVar); tool != "" {
 		s := mcp.NewServer(&mcp.Implementation{Name: "t", Version: "1"}, nil)
 		type in struct {
@@ -135,5 +149,40 @@ func TestParseConfig(t *testing.T) {
 		if _, err := ParseConfig([]byte(bad)); err == nil {
 			t.Errorf("ParseConfig(%s) = nil error", bad)
 		}
+	}
+}
+
+// Start returns once the serving process serves, although the servers it
+// started live on (and must not hold the pipe it reports on); it stores
+// the token for getMcpToken().
+func TestStartReturnsWhileServersRun(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(stateEnv, dir)
+	stateDir, logFile, listenAddr = dir, filepath.Join(dir, "log"), "127.0.0.1:0"
+	t.Cleanup(func() { stateDir, logFile, listenAddr = "/etc/mcp-gateway", "/var/log/mcp-gateway.log", ":50005" })
+	s := testServer(t, "a", "echo_a")
+	config := `{"a":{"runCmd":` + strconv.Quote(s.RunCmd) + `}}`
+	done := make(chan error, 1)
+	go func() { done <- Start(context.Background(), []byte(config), "tok", os.Stderr) }()
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(filepath.Join(dir, "gateway.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Start did not return while its server runs")
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, ".token")); err != nil || string(b) != "tok" {
+		t.Errorf(".token = %q, %v", b, err)
+	}
+	if err := Start(context.Background(), []byte(config), "", os.Stderr); err == nil {
+		t.Error("Start without a token = nil error")
 	}
 }
