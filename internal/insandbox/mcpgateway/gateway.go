@@ -82,7 +82,7 @@ func Main(args []string, stderr io.Writer) int {
 	case len(args) >= 1 && args[0] == "pull":
 		err = Pull(ctx, args[1:], stderr)
 	default:
-		err = errors.New("usage: mcp-gateway --config JSON | mcp-gateway pull npm:PACKAGE...")
+		err = errors.New("usage: mcp-gateway --config JSON | mcp-gateway pull npm:PACKAGE[@VERSION] [...]")
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "mcp-gateway:", err)
