@@ -125,6 +125,8 @@ func (a *terminalAsker) prompt(ctx context.Context, events <-chan approvals.Even
 				}
 				if _, err := a.q.Decide(ctx, r.ID, d, "terminal", nil); err != nil {
 					fmt.Fprintf(a.out, "fence: %s: too late, refused\n", r.Name)
+				} else {
+					fmt.Fprintf(a.out, "fence: %s: %s\n", r.Name, decided[d])
 				}
 				answered = true
 			}
@@ -139,6 +141,9 @@ func (a *terminalAsker) endInput() {
 	a.mu.Unlock()
 	a.q.Drop(localSandboxID)
 }
+
+// decided words a decision for the terminal.
+var decided = map[approvals.Decision]string{approvals.Once: "allowed once", approvals.Sandbox: "allowed for this sandbox", approvals.Deny: "refused"}
 
 // parseAnswer reads an answer to the prompt.
 func parseAnswer(line string) (approvals.Decision, bool) {

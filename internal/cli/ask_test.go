@@ -59,7 +59,7 @@ func TestTerminalAsker(t *testing.T) {
 	if !ask("once.test", "what?\no\n") {
 		t.Error("answered o: refused")
 	}
-	if !strings.Contains(out.String(), "answer o (once)") {
+	if !strings.Contains(out.String(), "answer o (once)") || !strings.Contains(out.String(), "once.test: allowed once\n") {
 		t.Errorf("a bad answer was not asked again: %q", out.String())
 	}
 	if !ask("sandbox.test", "s\n") {
