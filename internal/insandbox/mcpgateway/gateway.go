@@ -102,6 +102,13 @@ func Start(ctx context.Context, config []byte, token string, stderr io.Writer) e
 	if token == "" {
 		return fmt.Errorf("%s is empty: the gateway serves no one without a token", tokenEnv)
 	}
+	for _, sv := range servers {
+		for _, v := range sv.Secrets {
+			if os.Getenv(v) == "" {
+				return fmt.Errorf("server %q: secret variable %s is not bound in this sandbox (the daemon binds a server's secrets when the create's mcp option names them)", sv.Name, v)
+			}
+		}
+	}
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", stateDir, err)
 	}

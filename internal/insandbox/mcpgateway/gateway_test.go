@@ -185,4 +185,11 @@ func TestStartReturnsWhileServersRun(t *testing.T) {
 	if err := Start(context.Background(), []byte(config), "", os.Stderr); err == nil {
 		t.Error("Start without a token = nil error")
 	}
+	unbound := `{"a":{"runCmd":"true","secrets":{"MCPGATEWAY_TEST_UNBOUND":{"secret":"s","hosts":["h.example"]}}}}`
+	if err := Start(context.Background(), []byte(unbound), "tok2", os.Stderr); err == nil || !strings.Contains(err.Error(), "MCPGATEWAY_TEST_UNBOUND is not bound") {
+		t.Errorf("Start with a secret variable the sandbox lacks = %v, want an error naming it", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, ".token")); string(b) != "tok" {
+		t.Errorf("a refused start changed the token to %q", b)
+	}
 }
