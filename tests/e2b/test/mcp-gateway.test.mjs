@@ -52,6 +52,10 @@ async function connect(t, sbx, token) {
   return client
 }
 
+// An MCP server published on npm, for the npm form.
+const everythingPkg = '@modelcontextprotocol/server-everything@2026.8.31'
+const everything = `npm:${everythingPkg}`
+
 let built
 // testTemplate builds, once per run, mcp-gateway plus the test server and
 // the MCP SDK from npm.
@@ -64,6 +68,8 @@ async function testTemplate(t) {
       .fromTemplate('mcp-gateway')
       .runCmd('mkdir -p /opt/testmcp && cd /opt/testmcp && npm init -y >/dev/null && npm install --no-audit --no-fund @modelcontextprotocol/sdk@1.32.2', { user: 'root' })
       .copy('server.mjs', '/opt/testmcp/server.mjs')
+      // E2B's way to install servers ahead: `mcp-gateway pull`.
+      .addMcpServer(everything)
     built = Template.build(tpl, name, { ...opts }).then(() => name)
   }
   return built
@@ -105,6 +111,17 @@ test('Sandbox.create({mcp}) serves the servers\' tools at getMcpUrl() to getMcpT
   // After a connect, getMcpToken() reads the token the gateway stored.
   const again = await Sandbox.connect(sbx.sandboxId, opts)
   assert.equal(await again.getMcpToken(), token)
+})
+
+test('an npm server installed by Template.addMcpServer starts from the npm form', async (t) => {
+  const template = await testTemplate(t)
+  const sbx = await Sandbox.create(template, { ...opts, timeoutMs: 120_000, mcp: { everything: { npm: everythingPkg } } })
+  t.after(() => sbx.kill().catch(() => {}))
+  const client = await connect(t, sbx, await sbx.getMcpToken())
+  const { tools } = await client.listTools()
+  assert.ok(tools.some((x) => x.name === 'echo'), JSON.stringify(tools.map((x) => x.name)))
+  const echo = await client.callTool({ name: 'echo', arguments: { message: 'through the fence' } })
+  assert.match(echo.content[0].text, /through the fence/)
 })
 
 test('Sandbox.create({mcp}) without a template uses mcp-gateway; a server that cannot start fails the create', async () => {
