@@ -11,7 +11,10 @@
 // that shows the SDK still works.
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // EnvdPort is the port the E2B SDKs address the in-sandbox agent (envd) on.
 const EnvdPort = 49983
@@ -60,6 +63,11 @@ type NewSandbox struct {
 	// AutoCheckpoint checkpoints the sandbox's filesystem before every
 	// command it runs, so that a step can be rewound.
 	AutoCheckpoint *bool `json:"autoCheckpoint,omitempty"`
+	// MCP is E2B's `mcp` option, which the SDKs send as given and then pass
+	// to the sandbox's mcp-gateway command. fence reads one thing in it: a
+	// server's "secrets", bindings shaped as Secrets, which join the
+	// sandbox's (see docs/MCP.md).
+	MCP json.RawMessage `json:"mcp,omitempty"`
 }
 
 // AutoResume is E2B's auto-resume policy: traffic to a paused sandbox

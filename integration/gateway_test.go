@@ -52,63 +52,6 @@ func TestGateway(t *testing.T) {
 		}
 		return false
 	}
-	// neverHeld checks that nothing in the sandbox holds the value: its
-	// processes' environments, its files, its processes' memory.
-	neverHeld := func(t *testing.T, e *client.Envd, v string) {
-		t.Helper()
-		// The scanner gets the value base64-encoded and skips itself: only
-		// its own memory holds the decoded needle.
-		script := fmt.Sprintf(`python3 - %s <<'PY'
-import base64, os, sys
-needle = base64.b64decode(sys.argv[1])
-me = str(os.getpid())
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != me]:
-    try:
-        if needle in open(f'/proc/{pid}/environ', 'rb').read():
-            print('HELD in environ of', pid)
-    except OSError:
-        pass
-for top in ['/etc', '/root', '/home', '/tmp', '/var', '/opt', '/usr/local', '/run']:
-    for d, _, files in os.walk(top):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                if os.path.isfile(p) and not os.path.islink(p) and needle in open(p, 'rb').read(1 << 24):
-                    print('HELD in file', p)
-            except OSError:
-                pass
-scanned = 0
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != me]:
-    try:
-        maps = open(f'/proc/{pid}/maps').read().splitlines()
-        mem = open(f'/proc/{pid}/mem', 'rb', 0)
-    except OSError:
-        continue
-    for line in maps:
-        addr, perms = line.split()[:2]
-        if 'r' not in perms:
-            continue
-        lo, hi = (int(x, 16) for x in addr.split('-'))
-        try:
-            mem.seek(lo)
-            chunk = mem.read(hi - lo)
-        except (OSError, ValueError, OverflowError):
-            continue
-        scanned += len(chunk)
-        if needle in chunk:
-            print('HELD in memory of', pid, open(f'/proc/{pid}/cmdline').read().replace('\0', ' '))
-print('scanned', scanned)
-PY
-`, base64.StdEncoding.EncodeToString([]byte(v)))
-		out := sh(t, e.WithUser("root"), script)
-		if strings.Contains(out, "HELD") {
-			t.Errorf("the sandbox holds the secret value:\n%s", out)
-		}
-		if !strings.Contains(out, "scanned ") || strings.Contains(out, "scanned 0\n") {
-			t.Errorf("memory scan read nothing: %s", out)
-		}
-	}
-
 	t.Run("rule", func(t *testing.T) {
 		sb := d.create(t, api.NewSandbox{TemplateID: "base", Network: &api.NetworkConfig{
 			DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"rules.test"},
@@ -493,4 +436,61 @@ func TestGatewayStoredValue(t *testing.T) {
 			t.Errorf("curl to port 9443 = %q, want 403 placeholder-leak", out)
 		}
 	})
+}
+
+// neverHeld checks that nothing in the sandbox holds the value: its
+// processes' environments, its files, its processes' memory.
+func neverHeld(t *testing.T, e *client.Envd, v string) {
+	t.Helper()
+	// The scanner gets the value base64-encoded and skips itself: only
+	// its own memory holds the decoded needle.
+	script := fmt.Sprintf(`python3 - %s <<'PY'
+import base64, os, sys
+needle = base64.b64decode(sys.argv[1])
+me = str(os.getpid())
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != me]:
+    try:
+        if needle in open(f'/proc/{pid}/environ', 'rb').read():
+            print('HELD in environ of', pid)
+    except OSError:
+        pass
+for top in ['/etc', '/root', '/home', '/tmp', '/var', '/opt', '/usr/local', '/run']:
+    for d, _, files in os.walk(top):
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                if os.path.isfile(p) and not os.path.islink(p) and needle in open(p, 'rb').read(1 << 24):
+                    print('HELD in file', p)
+            except OSError:
+                pass
+scanned = 0
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != me]:
+    try:
+        maps = open(f'/proc/{pid}/maps').read().splitlines()
+        mem = open(f'/proc/{pid}/mem', 'rb', 0)
+    except OSError:
+        continue
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if 'r' not in perms:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split('-'))
+        try:
+            mem.seek(lo)
+            chunk = mem.read(hi - lo)
+        except (OSError, ValueError, OverflowError):
+            continue
+        scanned += len(chunk)
+        if needle in chunk:
+            print('HELD in memory of', pid, open(f'/proc/{pid}/cmdline').read().replace('\0', ' '))
+print('scanned', scanned)
+PY
+`, base64.StdEncoding.EncodeToString([]byte(v)))
+	out := sh(t, e.WithUser("root"), script)
+	if strings.Contains(out, "HELD") {
+		t.Errorf("the sandbox holds the secret value:\n%s", out)
+	}
+	if !strings.Contains(out, "scanned ") || strings.Contains(out, "scanned 0\n") {
+		t.Errorf("memory scan read nothing: %s", out)
+	}
 }

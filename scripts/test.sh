@@ -3,7 +3,7 @@
 # builds the test-only kube-apiserver for the scale-out tests (build-kube.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FENCE_TEMPLATES=${FENCE_TEMPLATES:-minimal base code-interpreter} scripts/setup.sh
+FENCE_TEMPLATES=${FENCE_TEMPLATES:-minimal base code-interpreter mcp-gateway} scripts/setup.sh
 # kube-apiserver and etcd for the scale-out tests (cached; ~9 min the first time).
 scripts/build-kube.sh
 export FENCE_TEST_TEMPLATES=${FENCE_TEMPLATES_DIR:-/var/lib/fence/templates}

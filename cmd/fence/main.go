@@ -84,6 +84,8 @@ func deps() cli.Deps {
 				Agent:        isolation.AgentConfig{EnvVars: o.Env, DefaultWorkdir: o.Workdir},
 				Recorder:     flowRecorder(o.OnFlow),
 				Backend:      o.Backend,
+				Ask:          o.Ask,
+				DNSUpstream:  o.DNSUpstream,
 			})
 		},
 		Agent:       insandbox.RunAgent,

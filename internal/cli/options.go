@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
@@ -40,6 +41,13 @@ type LocalOptions struct {
 	// OnFlow, when set, receives each decision of the sandbox's network
 	// stack (`fence selftest` judges its network checks by them).
 	OnFlow func(selftest.Flow)
+	// Ask, when set, is network approval "ask" (`fence run --ask`): a
+	// lookup of a name the sandbox may not reach waits for it and proceeds
+	// if it returns true.
+	Ask func(ctx context.Context, name string) bool
+	// DNSUpstream is the resolver of the sandbox's allowed lookups
+	// (ip:port); "" is the host's.
+	DNSUpstream string
 }
 
 // BenchOptions configures `fence bench`.

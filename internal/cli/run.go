@@ -25,6 +25,11 @@ signal n ended it).
 stdin, stdout and stderr are attached; when stdin is a terminal CMD runs on
 a terminal too. SIGINT or SIGTERM to fence kills the sandbox.
 
+The sandbox reaches no network. With --ask, a lookup of a name waits for
+your answer on fence's stdin (CMD then gets none): o once (the name is
+reachable for 30 s), s for this sandbox, d deny; no answer within a
+minute, or the end of stdin, refuses it.
+
 The sandbox sees none of your environment: pass variables with -e. Host
 directories are visible only through -v, written as the sandbox's user:
 files it writes land owned by the directory's owner (root, for root's
@@ -40,7 +45,10 @@ const runExample = `  # Run a shell command in the minimal template
   fence run -v "$PWD:/work:ro" -w /work -e LANG=C.UTF-8 -- ls -la
 
   # An interactive shell in the base template, killed after 10 minutes
-  fence run --template base --timeout 10m -- bash`
+  fence run --template base --timeout 10m -- bash
+
+  # Approve on this terminal each name the command looks up
+  fence run --ask --template base -- curl -sS https://example.com/`
 
 func runCmd(deps Deps) *cobra.Command {
 	var (
@@ -51,6 +59,7 @@ func runCmd(deps Deps) *cobra.Command {
 		user    string
 		tdir    string
 		noStdin bool
+		ask     bool
 	)
 	cmd := &cobra.Command{
 		Use:     "run [flags] -- CMD [ARG...]",
@@ -89,6 +98,14 @@ func runCmd(deps Deps) *cobra.Command {
 				onSignal: func(context.Context, *client.Process, syscall.Signal, int) bool { return true },
 			}
 			s.tty = terminalFd(s.in) >= 0
+			if ask {
+				// fence's stdin answers the prompts: CMD gets none, and
+				// no terminal to put in raw mode.
+				s.stdin, s.tty = false, false
+				actx, cancel := context.WithCancel(cmd.Context())
+				defer cancel()
+				o.Ask = newTerminalAsker(actx, cmd.InOrStdin(), cmd.ErrOrStderr(), 0).Ask
+			}
 			sigs, stop := notifySignals()
 			defer stop()
 			s.sigs = sigs
@@ -114,6 +131,8 @@ func runCmd(deps Deps) *cobra.Command {
 	fs.StringVarP(&user, "user", "u", "", "user to run CMD as, e.g. root (default: the template's user)")
 	fs.BoolVar(&noStdin, "no-stdin", false, "do not attach stdin (CMD reads EOF)")
 	fs.StringVar(&o.Backend, "backend", "", "isolation backend: native (the default) or gvisor (runsc, see scripts/build-runsc.sh)")
+	fs.BoolVar(&ask, "ask", false, "network approval \"ask\": a lookup of a name the sandbox may not reach waits (up to 1m) for your answer on stdin: once, for this sandbox, or deny; CMD gets no stdin")
+	fs.StringVar(&o.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandbox's allowed lookups (default: the host's first nameserver)")
 	addLimitFlags(fs, &lim)
 	return cmd
 }

@@ -34,6 +34,14 @@ type LocalOptions struct {
 	Recorder egress.Recorder
 	// Backend is "native" (empty) or "gvisor".
 	Backend string
+	// Ask, if set, is network approval "ask": a lookup of a name the
+	// sandbox may not reach waits for Ask, and proceeds (the name
+	// reachable for egress.OnceGrant) if it returns true. It must return
+	// when ctx ends.
+	Ask func(ctx context.Context, name string) bool
+	// DNSUpstream answers the sandbox's allowed lookups (ip:port); "" is
+	// the host's resolver.
+	DNSUpstream string
 }
 
 // localBackend is a one-off backend of `fence run`.
@@ -58,9 +66,22 @@ func (l *localSandbox) Kill(ctx context.Context) error {
 func (l *localSandbox) Unwrap() isolation.Sandbox { return l.Sandbox }
 
 // localNetwork is the fence of a one-off sandbox (`fence run`): deny-all,
-// its flows recorded by rec (nil: logged at debug level).
-func localNetwork(rec egress.Recorder) isolation.Network {
-	f := netfence.Fence{Recorder: rec}.WithDefaults()
+// its flows recorded by rec (nil: logged at debug level), a lookup of a
+// name held for ask when it is set, and answered by dnsUpstream ("": the
+// host's resolver).
+func localNetwork(rec egress.Recorder, ask func(ctx context.Context, name string) bool, dnsUpstream string) isolation.Network {
+	f := netfence.Fence{Recorder: rec, DNSUpstream: dnsUpstream}
+	if ask != nil {
+		f.Ask = func(string) func(context.Context, string) egress.Approval {
+			return func(ctx context.Context, name string) egress.Approval {
+				if ask(ctx, name) {
+					return egress.AllowOnce
+				}
+				return egress.Refused
+			}
+		}
+	}
+	f = f.WithDefaults()
 	return f.New(nil)
 }
 
@@ -88,14 +109,14 @@ func NewLocal(ctx context.Context, opts LocalOptions) (isolation.Sandbox, error)
 			FenceDirs: []string{opts.DataDir, opts.TemplatesDir},
 			Instance:  "run-" + strconv.Itoa(os.Getpid()),
 			Ephemeral: true,
-			Network:   localNetwork(opts.Recorder),
+			Network:   localNetwork(opts.Recorder, opts.Ask, opts.DNSUpstream),
 		})
 	case BackendGvisor:
 		b, err = gvisor.New(ctx, gvisor.Options{
 			StateDir:  filepath.Join(opts.DataDir, "gvisor"),
 			Instance:  "run-" + strconv.Itoa(os.Getpid()),
 			Ephemeral: true,
-			Network:   localNetwork(opts.Recorder),
+			Network:   localNetwork(opts.Recorder, opts.Ask, opts.DNSUpstream),
 		})
 	default:
 		return nil, fmt.Errorf("unknown backend %q (native or gvisor)", opts.Backend)

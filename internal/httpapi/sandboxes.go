@@ -120,6 +120,11 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "metadata key %s is reserved for template builds", sandbox.BuildMetadataKey))
 		return
 	}
+	secrets, err := mcpSecrets(req.MCP, req.Secrets, req.EnvVars)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
 	cr := sandbox.CreateRequest{
 		AutoPauseNoMemory:   noMemory,
 		AutoCheckpoint:      req.AutoCheckpoint != nil && *req.AutoCheckpoint,
@@ -130,7 +135,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		EnvVars:             req.EnvVars,
 		AllowInternetAccess: req.AllowInternetAccess,
 		Network:             req.Network,
-		Secrets:             req.Secrets,
+		Secrets:             secrets,
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {

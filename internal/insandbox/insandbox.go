@@ -1,8 +1,10 @@
 // Package insandbox holds the roles the fence binary plays inside a
 // sandbox: the native backend's init (`fence init`), the agent that runs as
 // the sandbox's PID 1 (`fence agent`), fence's sudo (the binary run as
-// `sudo`), the attack probes of `fence selftest` (`fence probe`) and the
-// client of fence bench's network measure (`fence bench-client`); and,
+// `sudo`), the attack probes of `fence selftest` (`fence probe`), the
+// client of fence bench's network measure (`fence bench-client`) and the
+// MCP gateway of the mcp-gateway template (`mcp-gateway`, package
+// mcpgateway); and,
 // on the host, the native backend's spawner, which clones every sandbox's
 // init and whose memory every clone copies (package spawnrole).
 //
@@ -34,6 +36,7 @@ import (
 	"syscall"
 
 	"github.com/fencesandbox/fence/internal/agent/sudo"
+	"github.com/fencesandbox/fence/internal/insandbox/mcpgateway"
 	"github.com/fencesandbox/fence/internal/insandbox/netclient"
 	"github.com/fencesandbox/fence/internal/insandbox/spawnrole"
 	"github.com/fencesandbox/fence/internal/selftest/probe"
@@ -41,13 +44,17 @@ import (
 
 // Roles are the first arguments Main takes (argv[1]); argv[0] "sudo" is
 // fence's sudo.
-var Roles = []string{"init", "agent", "probe", "bench-client"}
+var Roles = []string{"init", "agent", "probe", "bench-client", "mcp-gateway"}
 
 // Main runs the role args name (os.Args) and returns the process's exit
 // code; ok is false when args name no in-sandbox role.
 func Main(args []string) (code int, ok bool) {
 	if len(args) > 0 && filepath.Base(args[0]) == "sudo" {
 		return sudo.Main(args[1:], os.Stdin, os.Stdout, os.Stderr), true
+	}
+	// The mcp-gateway template links /usr/local/bin/mcp-gateway here.
+	if len(args) > 0 && filepath.Base(args[0]) == "mcp-gateway" {
+		return mcpgateway.Main(args[1:], os.Stderr), true
 	}
 	if len(args) < 2 {
 		return 0, false
@@ -72,6 +79,8 @@ func Main(args []string) (code int, ok bool) {
 		return 0, true
 	case "probe":
 		return probe.Main(args[2:], os.Stdout), true
+	case "mcp-gateway":
+		return mcpgateway.Main(args[2:], os.Stderr), true
 	case "bench-client":
 		if err := netclient.Main(args[2:], os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "fence bench-client:", err)

@@ -150,6 +150,8 @@ func definition(name string) string {
 			fmt.Fprintf(h, "%s %d\n", f, len(b))
 			h.Write(b)
 		}
+	case "mcp-gateway":
+		fmt.Fprintf(h, "%s\n%s -> %s\n", definition("base"), mcpGatewayLink, mcpGatewayTarget)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

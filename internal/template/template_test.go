@@ -227,7 +227,7 @@ func TestBadNames(t *testing.T) {
 			t.Errorf("Remove(%q) = %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, code-interpreter, minimal") {
+	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, code-interpreter, mcp-gateway, minimal") {
 		t.Errorf("Build(ubuntu) = %v, want ErrInvalidArgument listing the known templates", err)
 	}
 }
@@ -455,5 +455,39 @@ func TestStoreDirIsPrivate(t *testing.T) {
 		if err != nil || st.Mode().Perm()&0o077 != 0 {
 			t.Errorf("%s: mode %v %v, want no group or other access", d, st.Mode(), err)
 		}
+	}
+}
+
+// TestMcpGatewayFromBase: mcp-gateway is base's tree (here a stand-in
+// builder's) with the gateway's command linked to the in-sandbox binary;
+// without base it is a clear error and no template.
+func TestMcpGatewayFromBase(t *testing.T) {
+	requireRoot(t)
+	s := newStore(t, nil)
+	if err := s.Build(t.Context(), "mcp-gateway"); err == nil || !strings.Contains(err.Error(), "fence template build base") {
+		t.Fatalf("Build(mcp-gateway) without base = %v, want an error saying to build base", err)
+	}
+	if _, err := s.Resolve("mcp-gateway"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("Resolve(mcp-gateway) after the failed build = %v, want ErrNotFound", err)
+	}
+	s.builders["base"] = buildMinimal
+	if err := s.Build(t.Context(), "base"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Build(t.Context(), "mcp-gateway"); err != nil {
+		t.Fatal(err)
+	}
+	root, err := s.Resolve("mcp-gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if target, err := os.Readlink(filepath.Join(root, "usr/local/bin/mcp-gateway")); err != nil || target != "/.fence/fence" {
+		t.Errorf("usr/local/bin/mcp-gateway -> %q, %v; want /.fence/fence", target, err)
+	}
+	if fi, err := os.Stat(filepath.Join(root, "etc/mcp-gateway")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("etc/mcp-gateway: %v, %v; want a 0700 directory", fi, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin/busybox")); err != nil {
+		t.Errorf("base's files are not in mcp-gateway: %v", err)
 	}
 }

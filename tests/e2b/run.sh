@@ -7,7 +7,8 @@
 # at it, runs `node --test test/`, stops the daemon and exits with the test
 # status. Needs root (the native backend) and the `base` and `minimal`
 # templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates), and
-# code-interpreter for test/code-interpreter.test.mjs.
+# code-interpreter for test/code-interpreter.test.mjs, mcp-gateway for
+# test/mcp-gateway.test.mjs.
 # FENCE_E2B_BACKEND=gvisor (or a first argument `--backend gvisor`) runs
 # the daemon with `--backend gvisor`, so every sandbox the tests make is a
 # gVisor one (runsc from scripts/build-runsc.sh); the default is native.
@@ -43,6 +44,10 @@ need=(base minimal)
 # code-interpreter only for the runs that use it (all tests, its file, its bench).
 if [[ $# -eq 0 || "$*" == *code-interpreter* || "${1:-}" == --bench-ci ]]; then
 	need+=(code-interpreter)
+fi
+# mcp-gateway (from base, seconds to build) for the MCP gateway's tests.
+if [[ $# -eq 0 || "$*" == *mcp-gateway* ]]; then
+	need+=(mcp-gateway)
 fi
 for t in "${need[@]}"; do
 	if [[ ! -d "$templates/$t" ]]; then
