@@ -11,6 +11,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
@@ -56,6 +57,7 @@ type Pauses struct {
 	quota      tenancy.Admission // the teams' paused and running limits
 	reaper     *reaper
 	maxTimeout time.Duration
+	idle       *idle.Tracker // marks resumes and connects as use
 	events
 	log  *slog.Logger
 	now  func() time.Time
@@ -113,21 +115,36 @@ func (p *Pauses) pause(ctx context.Context, id, reason string, mem Memory) error
 	if mem == WithoutMemory {
 		return p.pauseCold(ctx, id, reason)
 	}
-	return p.pauseWarm(ctx, id, reason)
+	return p.pauseWarm(ctx, id, reason, nil)
 }
 
-// pauseWarm is the pause in place, with the memory.
-func (p *Pauses) pauseWarm(ctx context.Context, id, reason string) error {
+// pauseIdle pauses a sandbox left idle, with its memory, unless quiet
+// (called under its life lock) says it was used meanwhile. Its resume
+// gives it back the time its deadline was ahead (resume).
+func (p *Pauses) pauseIdle(ctx context.Context, id string, quiet func() bool) error {
+	return p.pauseWarm(ctx, id, "idle", quiet)
+}
+
+// pauseWarm is the pause in place, with the memory. A pause with quiet
+// (for idleness) is made only if quiet reports true under e.life.
+func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() bool) error {
 	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return err
 	}
 	bp, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok {
-		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, p.backend, api.ErrUnimplemented)
+		err := fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, p.backend, api.ErrUnimplemented)
+		if quiet != nil {
+			err = fmt.Errorf("%w (%w)", err, idle.ErrCannotPause)
+		}
+		return err
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
+	if quiet != nil && !quiet() {
+		return fmt.Errorf("pausing sandbox %s: %w", id, idle.ErrNotQuiet)
+	}
 	started, reopen, err := p.stopRun(e, id)
 	if err != nil {
 		return err
@@ -148,6 +165,7 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, errors.Join(err, rerr))
 	}
 	e.mu.Lock()
+	e.idlePaused, e.idleLeft = quiet != nil, e.info.EndAt.Sub(now)
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
@@ -191,6 +209,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	e.setBox(parkedBox{id})
 	e.mu.Lock()
 	e.cold = info.ID
+	e.idlePaused = false
 	e.info.EndAt = now
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
@@ -249,6 +268,7 @@ func (p *Pauses) Resume(ctx context.Context, id string, d time.Duration, autoPau
 	if err := p.resume(ctx, e, d, "request", mem == WithoutMemory); err != nil {
 		return nil, err
 	}
+	p.idle.Touch(id)
 	if autoPause != nil {
 		if _, ok := isolation.As[isolation.Pauser](e.sb()); ok {
 			e.mu.Lock()
@@ -271,6 +291,7 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 	if err != nil {
 		return nil, false, err
 	}
+	p.idle.Touch(id)
 	if e.state() == StatePaused {
 		err := p.resume(ctx, e, d, "connect", mem == WithoutMemory)
 		if err == nil {
@@ -292,15 +313,16 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 }
 
 // WakeOnTraffic resumes a paused sandbox created with AutoResume, with its
-// create timeout, for traffic that arrived for it. It reports whether the
-// sandbox runs now.
+// create timeout, and one paused for idleness, with the time its deadline
+// was ahead at the pause, for traffic that arrived for it. It reports
+// whether the sandbox runs now.
 func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
 	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return false
 	}
 	e.mu.Lock()
-	st, auto := e.info.State, e.info.AutoResume
+	st, auto := e.info.State, e.info.AutoResume || e.idlePaused
 	e.mu.Unlock()
 	if st == StateRunning {
 		return true
@@ -314,6 +336,20 @@ func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
 		return false
 	}
 	return true
+}
+
+// wakeIdle resumes e, as traffic does, if it is paused for idleness; the
+// caller reads its state after.
+func (p *Pauses) wakeIdle(ctx context.Context, e *entry) {
+	e.mu.Lock()
+	idled := e.idlePaused && e.info.State == StatePaused
+	e.mu.Unlock()
+	if !idled {
+		return
+	}
+	if err := p.resume(ctx, e, e.timeout, "traffic", false); err != nil && !errors.Is(err, errNotPaused) {
+		p.log.ErrorContext(ctx, "resuming an idle sandbox for a request", "sandbox_id", e.sb().ID(), "err", err)
+	}
 }
 
 // resume resumes e. With coldOnly it refuses (before anything changes) a
@@ -352,6 +388,17 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 	clock := p.now()
 	now := clock.UTC()
 	end := now.Add(d)
+	e.mu.Lock()
+	idled, left := e.idlePaused, e.idleLeft
+	e.mu.Unlock()
+	if idled {
+		// Paused for idleness: the time paused does not count. Traffic
+		// gets the deadline back as it was ahead; a connect or resume
+		// never ends up with less (as a connect to a running sandbox).
+		if keep := now.Add(left); reason == "traffic" || keep.After(end) {
+			end = keep
+		}
+	}
 	// The record first: a sandbox killed meanwhile has none to resume.
 	if err := p.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
 		repause()
@@ -382,6 +429,7 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 	e.info.State = StateRunning
 	e.info.StartedAt = now
 	e.info.EndAt = end
+	e.idlePaused = false
 	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()

@@ -162,6 +162,9 @@ type Sandbox struct {
 	AutoPauseNoMemory bool
 	// AutoCheckpoint checkpoints the filesystem before every command.
 	AutoCheckpoint bool
+	// IdleTimeout pauses the sandbox (with its memory) once it has been
+	// idle that long (package idle); 0 never.
+	IdleTimeout time.Duration
 	// RunDone is closed when the sandbox's current run ends by a pause
 	// (kill and death close the backend's Done): traffic in flight then
 	// is cut. Only set on the copies Live returns.
@@ -206,6 +209,10 @@ type CreateRequest struct {
 	// AutoCheckpoint checkpoints the filesystem before every command
 	// (fence's extension), so that an agent can rewind a step.
 	AutoCheckpoint bool
+	// IdleTimeout, if not nil, is the sandbox's idle timeout (fence's
+	// lifecycle.idleTimeout; 0: never paused for idleness); nil takes
+	// Defaults.IdleTimeout.
+	IdleTimeout *time.Duration
 }
 
 // BuildMetadataKey is the metadata key of a template build's sandboxes
