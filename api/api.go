@@ -60,6 +60,18 @@ type NewSandbox struct {
 	// AutoCheckpoint checkpoints the sandbox's filesystem before every
 	// command it runs, so that a step can be rewound.
 	AutoCheckpoint *bool `json:"autoCheckpoint,omitempty"`
+	// Lifecycle holds fence's lifecycle extensions (E2B's lifecycle
+	// options arrive as autoPause, autoPauseMemory and autoResume).
+	Lifecycle *NewLifecycle `json:"lifecycle,omitempty"`
+}
+
+// NewLifecycle is fence's lifecycle extensions at create.
+type NewLifecycle struct {
+	// IdleTimeout pauses the sandbox, with its memory, once it has had no
+	// traffic, no SSH session and no CPU use for that many seconds; the
+	// next traffic resumes it, and the time paused does not count against
+	// its timeout. 0 never; absent takes the daemon's --idle-pause.
+	IdleTimeout *int64 `json:"idleTimeout,omitempty"`
 }
 
 // AutoResume is E2B's auto-resume policy: traffic to a paused sandbox
@@ -72,6 +84,8 @@ type AutoResume struct {
 type Lifecycle struct {
 	OnTimeout  string `json:"onTimeout"` // "kill" | "pause"
 	AutoResume bool   `json:"autoResume"`
+	// IdleTimeout is fence's idle timeout in seconds; absent: none.
+	IdleTimeout int64 `json:"idleTimeout,omitempty"`
 }
 
 // NetworkConfig is E2B's SandboxNetworkConfig, with fence's additions.
