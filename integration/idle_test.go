@@ -216,13 +216,21 @@ func TestIdlePauseSSH(t *testing.T) {
 
 // TestIdlePauseGvisorKeepsProcesses: on gvisor an idle pause is a
 // checkpoint with the memory: a connect resumes the sandbox with the
-// process it ran (a counting loop counts on) and its files.
+// process it ran (a counting loop counts on) and its files; a sandbox
+// paused for idleness stays so across a daemon crash, and traffic still
+// resumes it. Root: namespaces, cgroups, runsc.
 func TestIdlePauseGvisorKeepsProcesses(t *testing.T) {
 	testutil.RequireRunsc(t)
 	requireTemplate(t, "base")
 	d := startDaemon(t, newDataDir(t))
 	ctx := ctxT(t)
-	sb := d.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, Lifecycle: idleLifecycle(3)})
+	// Not d.create: its cleanup would reach the first daemon, not the
+	// restarted one.
+	sb, err := d.Client.Create(ctx, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta, Lifecycle: idleLifecycle(3)})
+	if err != nil {
+		t.Fatalf("Create(gvisor): %v", err)
+	}
+	t.Cleanup(func() { _ = d.Client.Kill(context.Background(), sb.ID()) })
 	e := sb.Envd()
 	sh(t, e, `echo kept > /tmp/file; (i=0; while :; do i=$((i+1)); echo $i > /tmp/c.n && mv -f /tmp/c.n /tmp/c; sleep 1; done) </dev/null >/dev/null 2>&1 &`)
 	used := time.Now()
@@ -240,4 +248,19 @@ func TestIdlePauseGvisorKeepsProcesses(t *testing.T) {
 	if got := strings.TrimSpace(sh(t, e, "cat /tmp/file")); got != "kept" {
 		t.Errorf("/tmp/file = %q, want kept", got)
 	}
+
+	// Idle again, then the daemon is killed: the next one adopts the
+	// sandbox paused for idleness, and envd traffic (it has no
+	// autoResume) resumes it with its process.
+	waitState(t, d, sb.ID(), "paused", 3*time.Minute)
+	d.Crash()
+	d.Restart()
+	e = d.Client.Sandbox(sb.ID(), sb.EnvdAccessToken).Envd()
+	c2 := counterVia(t, e)
+	if c2 < c1 {
+		t.Fatalf("counter %d after the restart, %d before: the loop did not keep its state", c2, c1)
+	}
+	eventually(t, time.Minute, "the loop to count on after the restart", func() bool {
+		return counterVia(t, e) > c2
+	})
 }

@@ -158,6 +158,11 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() 
 	}
 	clock := p.now()
 	now := clock.UTC()
+	e.mu.Lock()
+	// Recorded with the pause (a resume after a restart keeps it); stale
+	// on a sandbox whose pause fails, which runs (no resume reads it).
+	e.idlePaused, e.idleLeft = quiet != nil, e.info.EndAt.Sub(now)
+	e.mu.Unlock()
 	if err := p.cold.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
 		rerr := bp.Resume(ctx)
@@ -165,7 +170,6 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() 
 		return fmt.Errorf("recording the pause of sandbox %s: %w", id, errors.Join(err, rerr))
 	}
 	e.mu.Lock()
-	e.idlePaused, e.idleLeft = quiet != nil, e.info.EndAt.Sub(now)
 	e.info.EndAt = now // E2B shows a paused sandbox's end as its pause time
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
@@ -200,6 +204,9 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	clock := p.now()
 	now := clock.UTC()
+	e.mu.Lock()
+	e.idlePaused = false
+	e.mu.Unlock()
 	if err := p.cold.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = p.layers.DeleteLayer(ctx, info.ID)
 		reopen()
@@ -209,7 +216,6 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	e.setBox(parkedBox{id})
 	e.mu.Lock()
 	e.cold = info.ID
-	e.idlePaused = false
 	e.info.EndAt = now
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
