@@ -396,13 +396,9 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
 		Audit: d.sources.sink, Logger: d.log})
 	d.idle = idle.New(idle.Options{Logger: d.log})
-	maxTimeout := o.MaxLifetime
-	if maxTimeout == 0 {
-		maxTimeout = -1 // --max-lifetime 0: no cap
-	}
 	mgr, err := sandbox.New(sandbox.Options{
 		Idle:         d.idle,
-		MaxTimeout:   maxTimeout,
+		MaxTimeout:   o.MaxLifetime, // the same scale: 0 is 24h, negative no cap
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
