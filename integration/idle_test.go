@@ -36,7 +36,8 @@ func waitState(t *testing.T, d *daemon, id, state string, within time.Duration) 
 // lifecycle.idleTimeout is paused; an envd request through the proxy
 // resumes it with its files, and its deadline is pushed by the time it
 // spent paused (what it had left at the pause, it has at the resume);
-// once idle again it is paused again, and an API connect resumes it.
+// once idle again it is paused again, and an API connect resumes it, as
+// does a timeout request.
 // Root: namespaces, cgroups.
 func TestIdlePauseResumesOnTraffic(t *testing.T) {
 	requireTemplate(t, "minimal")
@@ -92,6 +93,16 @@ func TestIdlePauseResumesOnTraffic(t *testing.T) {
 	}
 	if got := strings.TrimSpace(sh(t, sb.Envd(), "cat /tmp/file")); got != "kept" {
 		t.Errorf("/tmp/file after connect = %q, want kept", got)
+	}
+
+	// Idle again: a timeout request (the SDK's setTimeout) is served, not
+	// refused as for a sandbox its owner paused.
+	waitState(t, d, sb.ID(), "paused", 2*time.Minute)
+	if err := sb.SetTimeout(ctx, 10*time.Minute); err != nil {
+		t.Fatalf("SetTimeout on a sandbox paused for idleness: %v", err)
+	}
+	if info, err := d.Client.Get(ctx, sb.ID()); err != nil || info.State != "running" {
+		t.Fatalf("after SetTimeout: %+v, %v; want running", info, err)
 	}
 }
 

@@ -69,6 +69,12 @@
 //     RunDone of the run it ended is closed), and still counts against
 //     MaxSandboxes. Resume (or Connect) starts a new run: StartedAt is the
 //     resume time and EndAt the resume time plus the timeout given.
+//   - A running sandbox with an IdleTimeout that had no traffic, no SSH
+//     session and no CPU use for that long (Options.Idle, package idle) is
+//     paused with its memory; traffic, Connect, Resume, SetTimeout and
+//     Extend resume it, and its EndAt is the resume time plus what its
+//     deadline had left at the pause (a Connect or Resume never gives it
+//     less than its timeout from now): time paused does not count.
 //   - Pausing a paused sandbox and resuming a running one fail with
 //     api.ErrConflict and change nothing.
 //   - Start marks every sandbox the store still holds as running or paused
