@@ -106,6 +106,24 @@ func TestIdlePauseResumesOnTraffic(t *testing.T) {
 	}
 }
 
+// TestIdlePauseResumesOnPortTraffic: a request to a port of a sandbox
+// paused for idleness resumes it and is answered by the server it ran.
+func TestIdlePauseResumesOnPortTraffic(t *testing.T) {
+	requireTemplate(t, "base")
+	d := startDaemon(t, newDataDir(t))
+	sb := d.create(t, api.NewSandbox{TemplateID: "base", Lifecycle: idleLifecycle(2)})
+	sh(t, sb.Envd(), `mkdir -p /tmp/www && echo served-after-idle > /tmp/www/index.html && (cd /tmp/www && python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &)`)
+	eventually(t, time.Minute, "the server to listen", func() bool { return httpOn(t, d, sb, "8000").Status == 200 })
+	waitState(t, d, sb.ID(), "paused", 2*time.Minute)
+	r := httpOn(t, d, sb, "8000")
+	if r.Status != 200 || !strings.Contains(string(r.Body), "served-after-idle") {
+		t.Fatalf("GET on port 8000 of the idle-paused sandbox = %d %q, want the page", r.Status, r.Body)
+	}
+	if info, err := d.Client.Get(ctxT(t), sb.ID()); err != nil || info.State != "running" {
+		t.Fatalf("after port traffic: %+v, %v; want running", info, err)
+	}
+}
+
 // TestIdlePauseBusyLoopKeepsRunning: a sandbox whose processes use CPU is
 // not idle, however long it gets no traffic, while its idle twin is
 // paused; once the loop stops it is paused too.
