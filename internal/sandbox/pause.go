@@ -145,7 +145,7 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() 
 	if quiet != nil && !quiet() {
 		return fmt.Errorf("pausing sandbox %s: %w", id, idle.ErrNotQuiet)
 	}
-	started, reopen, err := p.stopRun(e, id)
+	started, reopen, err := p.stopRun(e, id, quiet != nil)
 	if err != nil {
 		return err
 	}
@@ -158,11 +158,6 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() 
 	}
 	clock := p.now()
 	now := clock.UTC()
-	e.mu.Lock()
-	// Recorded with the pause (a resume after a restart keeps it); stale
-	// on a sandbox whose pause fails, which runs (no resume reads it).
-	e.idlePaused, e.idleLeft = quiet != nil, e.info.EndAt.Sub(now)
-	e.mu.Unlock()
 	if err := p.cold.recordPause(ctx, e, "", store.StateRunning, started, now); err != nil {
 		// Killed meanwhile, or the store failed: nothing is paused.
 		rerr := bp.Resume(ctx)
@@ -191,7 +186,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	started, reopen, err := p.stopRun(e, id)
+	started, reopen, err := p.stopRun(e, id, false)
 	if err != nil {
 		return err
 	}
@@ -204,9 +199,6 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	clock := p.now()
 	now := clock.UTC()
-	e.mu.Lock()
-	e.idlePaused = false
-	e.mu.Unlock()
 	if err := p.cold.recordPause(ctx, e, info.ID, store.StateRunning, started, now); err != nil {
 		_ = p.layers.DeleteLayer(ctx, info.ID)
 		reopen()
@@ -230,8 +222,10 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 // standby goes (nothing is rewound while paused). It returns when the run
 // started and reopen, which moves the sandbox back to running should the
 // pause fail; a sandbox that is not running gives an error wrapping
-// errNotRunning. The caller holds e.life.
-func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
+// errNotRunning. A pause for idleness (idled) is marked so at once, with
+// what its deadline has left: traffic that finds it pausing waits for the
+// pause and resumes it. The caller holds e.life.
+func (p *Pauses) stopRun(e *entry, id string, idled bool) (started time.Time, reopen func(), err error) {
 	e.mu.Lock()
 	if e.info.State != StateRunning {
 		e.mu.Unlock()
@@ -243,6 +237,9 @@ func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(),
 		return time.Time{}, nil, err // E2B's message, as it is
 	}
 	e.info.State = StatePaused
+	// Kept with the pause's record (a resume after a restart reads it);
+	// stale on a sandbox whose pause fails, which runs (no resume reads it).
+	e.idlePaused, e.idleLeft = idled, e.info.EndAt.Sub(p.now())
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
