@@ -68,6 +68,18 @@ type NewSandbox struct {
 	// server's "secrets", bindings shaped as Secrets, which join the
 	// sandbox's (see docs/MCP.md).
 	MCP json.RawMessage `json:"mcp,omitempty"`
+	// Lifecycle holds fence's lifecycle extensions (E2B's lifecycle
+	// options arrive as autoPause, autoPauseMemory and autoResume).
+	Lifecycle *NewLifecycle `json:"lifecycle,omitempty"`
+}
+
+// NewLifecycle is fence's lifecycle extensions at create.
+type NewLifecycle struct {
+	// IdleTimeout pauses the sandbox, with its memory, once it has had no
+	// traffic, no SSH session and no CPU use for that many seconds; the
+	// next traffic resumes it, and the time paused does not count against
+	// its timeout. 0 never; absent takes the daemon's --idle-pause.
+	IdleTimeout *int64 `json:"idleTimeout,omitempty"`
 }
 
 // AutoResume is E2B's auto-resume policy: traffic to a paused sandbox
@@ -80,6 +92,8 @@ type AutoResume struct {
 type Lifecycle struct {
 	OnTimeout  string `json:"onTimeout"` // "kill" | "pause"
 	AutoResume bool   `json:"autoResume"`
+	// IdleTimeout is fence's idle timeout in seconds; absent: none.
+	IdleTimeout int64 `json:"idleTimeout,omitempty"`
 }
 
 // NetworkConfig is E2B's SandboxNetworkConfig, with fence's additions.

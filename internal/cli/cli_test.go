@@ -111,7 +111,7 @@ func TestServeOptions(t *testing.T) {
 		Addr: "127.0.0.1:3000", DataDir: "/var/lib/fence", TemplatesDir: "/var/lib/fence/templates",
 		APIKey: "e2b_abc", Domain: "localhost",
 		Defaults:     sandbox.Defaults{CPUs: 1, MemoryMB: 512, Pids: 1024, DiskMB: 1024, NoFile: 1024, Timeout: 5 * time.Minute},
-		MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30,
+		MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30, MaxLifetime: 24 * time.Hour,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve options = %+v, want %+v", got, want)
@@ -119,10 +119,11 @@ func TestServeOptions(t *testing.T) {
 	code, _, _ := execute(t, deps, "", "serve", "--addr", ":9", "--data-dir", "/d", "--domain", "example.test",
 		"--cpus", "0.5", "--memory-mb", "64", "--pids", "10", "--disk-mb", "8", "--nofile", "99", "--timeout", "1h", "--max-sandboxes", "3", "--warm-pool", "0",
 		"--layer-fs", "btrfs", "--layer-fs-size", "2G", "--tune-kernel", "--net-mbps", "8", "--http-idle-timeout", "3s",
-		"--warm-template", "code-interpreter=2")
+		"--warm-template", "code-interpreter=2", "--idle-pause", "10m", "--max-lifetime", "0")
 	want = fencedaemon.Config{
 		Addr: ":9", DataDir: "/d", TemplatesDir: "/d/templates", APIKey: "e2b_abc", Domain: "example.test",
-		Defaults:     sandbox.Defaults{CPUs: 0.5, MemoryMB: 64, Pids: 10, DiskMB: 8, NoFile: 99, Timeout: time.Hour},
+		Defaults:     sandbox.Defaults{CPUs: 0.5, MemoryMB: 64, Pids: 10, DiskMB: 8, NoFile: 99, Timeout: time.Hour, IdleTimeout: 10 * time.Minute},
+		MaxLifetime:  -1,
 		MaxSandboxes: 3, LayerFS: "btrfs", LayerFSSize: 2 << 30, TuneKernel: true,
 		NetBandwidth: 1_000_000, HTTP: fencedaemon.HTTPTimeouts{Idle: 3 * time.Second},
 		WarmTemplates: []fencedaemon.WarmTemplate{{Name: "code-interpreter", Size: 2}},
@@ -130,7 +131,7 @@ func TestServeOptions(t *testing.T) {
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
 	}
-	for _, bad := range [][]string{{"--layer-fs", "zfs"}, {"--layer-fs", "btrfs", "--layer-fs-size", "10M"}, {"--layer-fs-size", "lots"}} {
+	for _, bad := range [][]string{{"--idle-pause", "-1s"}, {"--idle-pause", "100ms"}, {"--max-lifetime", "-1h"}, {"--max-lifetime", "1h", "--timeout", "2h"}, {"--layer-fs", "zfs"}, {"--layer-fs", "btrfs", "--layer-fs-size", "10M"}, {"--layer-fs-size", "lots"}} {
 		if code, _, _ := execute(t, deps, "", append([]string{"serve"}, bad...)...); code != 2 {
 			t.Errorf("fence serve %v = %d, want 2 (usage)", bad, code)
 		}

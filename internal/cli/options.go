@@ -20,6 +20,7 @@ const (
 	DefaultDiskMB       = 1024
 	DefaultNoFile       = 1024
 	DefaultTimeout      = 5 * time.Minute
+	DefaultMaxLifetime  = 24 * time.Hour
 	DefaultMaxSandboxes = 1000
 	DefaultWarmPool     = 2
 )

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -110,6 +111,31 @@ func untilSignal(cmd *cobra.Command, what string, f func(ctx context.Context) er
 	return nil
 }
 
+// lifetimeValue is --max-lifetime: a duration, 0 for no cap (stored as
+// a negative one, daemon.Config's "no cap").
+type lifetimeValue struct{ p *time.Duration }
+
+func (v *lifetimeValue) String() string {
+	if v.p == nil || *v.p < 0 {
+		return "0s"
+	}
+	return v.p.String()
+}
+
+func (v *lifetimeValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want a duration such as 24h or 720h, or 0 for no cap")
+	}
+	if d == 0 {
+		d = -1
+	}
+	*v.p = d
+	return nil
+}
+
+func (v *lifetimeValue) Type() string { return "duration" }
+
 // addServeFlags binds `fence serve`'s flags (but the cluster's) to the
 // fields of c.
 func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
@@ -120,6 +146,9 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	addLimitFlags(fs, &c.Defaults)
 	fs.DurationVar(&c.Defaults.Timeout, "timeout", DefaultTimeout, "default time to live of a sandbox")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "maximum number of sandboxes alive at once")
+	fs.DurationVar(&c.Defaults.IdleTimeout, "idle-pause", 0, "pause a sandbox (keeping its memory) once it has had no traffic, no SSH session and no CPU use for this long, unless its create sets lifecycle.idleTimeout; the next traffic resumes it (0: off)")
+	c.MaxLifetime = DefaultMaxLifetime
+	fs.Var(&lifetimeValue{p: &c.MaxLifetime}, "max-lifetime", "longest timeout a sandbox may be given at create, connect or timeout (0: no cap; the teams' maximum lifetimes still apply)")
 	addTeamLimitFlags(fs, &c.TeamLimits)
 	fs.BoolVar(&c.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
@@ -196,6 +225,10 @@ func checkServe(c fencedaemon.Config) error {
 		return usagef("--http-*-timeout must not be negative")
 	case c.Defaults.Timeout <= 0 || c.MaxSandboxes <= 0:
 		return usagef("--timeout and --max-sandboxes must be above zero")
+	case c.MaxLifetime > 0 && c.Defaults.Timeout > c.MaxLifetime:
+		return usagef("--timeout %v is longer than --max-lifetime %v", c.Defaults.Timeout, c.MaxLifetime)
+	case c.Defaults.IdleTimeout != 0 && (c.Defaults.IdleTimeout < time.Second || c.Defaults.IdleTimeout > 30*24*time.Hour):
+		return usagef("--idle-pause must be 0 (off) or between 1s and 720h")
 	}
 	return nil
 }

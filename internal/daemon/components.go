@@ -36,6 +36,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/export"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/secrets"
 	"github.com/fencesandbox/fence/internal/store"
@@ -81,6 +82,7 @@ type node struct {
 	approvals *approvals.Queue
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
+	idle      *idle.Tracker      // the sandboxes' use, for the idle pause (the manager's Options.Idle)
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 	quotas    *tenancy.Quotas    // the teams' limits and what their sandboxes take
 }
@@ -393,7 +395,10 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// it to the manager it makes; it starts once the manager has.
 	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
 		Audit: d.sources.sink, Logger: d.log})
+	d.idle = idle.New(idle.Options{Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
+		Idle:         d.idle,
+		MaxTimeout:   o.MaxLifetime, // the same scale: 0 is 24h, negative no cap
 		Capacity:     gate,
 		Backend:      d.pool,
 		Store:        d.st,
@@ -556,6 +561,7 @@ func (d *node) newServer() (*http.Server, error) {
 	api = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
 		Pauses:          d.mgr.Pauses(),
+		Activity:        d.idle,
 		TeamSandboxes:   sandbox.TeamsOf(d.mgr),
 		Network:         d.nets,
 		Layers:          d.keeper,

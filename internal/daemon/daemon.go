@@ -60,6 +60,10 @@ type Config struct {
 	Defaults sandbox.Defaults
 	// MaxSandboxes caps the number of sandboxes alive at once.
 	MaxSandboxes int
+	// MaxLifetime is the longest timeout a create, connect or timeout
+	// request may ask for; 0 means 24h, a negative value no cap (the
+	// teams' maximum lifetimes still apply).
+	MaxLifetime time.Duration
 	// TeamLimits are the limits of every team without limits of its own
 	// (set through PUT /teams/{teamID}/limits); zero fields limit nothing.
 	TeamLimits tenancy.Limits

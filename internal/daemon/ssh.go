@@ -12,6 +12,7 @@ import (
 	"github.com/fencesandbox/fence/client"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/sshd"
 	"github.com/fencesandbox/fence/internal/store"
 )
@@ -30,7 +31,7 @@ func (d *node) startSSH(ctx context.Context) (wait func(), err error) {
 		HostKeyPath: filepath.Join(o.DataDir, sshHostKeyFile),
 		Keys:        sshKeys{d.st},
 		APIKey:      d.key,
-		Sandboxes:   &sshSandboxes{mgr: d.mgr, nets: d.nets},
+		Sandboxes:   &sshSandboxes{mgr: d.mgr, nets: d.nets, idle: d.idle},
 		Audit:       d.sources.sink,
 		Logger:      d.log,
 	})
@@ -64,10 +65,12 @@ func (k sshKeys) LookupSSHKey(ctx context.Context, fp string) (sshd.Key, error) 
 }
 
 // sshSandboxes opens live sandboxes for the SSH server: a paused one is
-// resumed (Pauses.Connect) as E2B's connect does.
+// resumed (Pauses.Connect) as E2B's connect does. A sandbox is in use
+// (for the idle pause) from the connection's open to its end.
 type sshSandboxes struct {
 	mgr  *sandbox.Manager
 	nets *fences.Set
+	idle *idle.Tracker
 }
 
 func (s *sshSandboxes) Open(ctx context.Context, id string) (sshd.Target, error) {
@@ -77,11 +80,14 @@ func (s *sshSandboxes) Open(ctx context.Context, id string) (sshd.Target, error)
 	if _, _, err := s.mgr.Pauses().Connect(ctx, id, s.mgr.Defaults().Timeout, sandbox.WithMemory); err != nil {
 		return nil, err
 	}
+	end := s.idle.Begin(id)
 	info, box, err := s.mgr.Live(id)
 	if err != nil {
+		end()
 		return nil, err
 	}
 	if info.State != sandbox.StateRunning {
+		end()
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, info.State, api.ErrNotFound)
 	}
 	tr := &http.Transport{
@@ -91,7 +97,7 @@ func (s *sshSandboxes) Open(ctx context.Context, id string) (sshd.Target, error)
 		IdleConnTimeout:    30 * time.Second,
 		DisableCompression: true,
 	}
-	return &sshTarget{id: id, nets: s.nets, tr: tr,
+	return &sshTarget{id: id, nets: s.nets, tr: tr, end: end,
 		envd: client.NewEnvd(&http.Client{Transport: tr}, "http://agent", nil)}, nil
 }
 
@@ -102,12 +108,14 @@ type sshTarget struct {
 	nets *fences.Set
 	tr   *http.Transport
 	envd *client.Envd
+	end  func() // the connection's use of the sandbox ends
 }
 
 func (t *sshTarget) Envd() *client.Envd { return t.envd }
 
 // Close drops the connections to the agent the connection left idle.
 func (t *sshTarget) Close() error {
+	t.end()
 	t.tr.CloseIdleConnections()
 	return nil
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/httpapi"
@@ -65,6 +66,7 @@ func (b buildSandboxes) CreateBox(ctx context.Context, s tbuild.BoxSpec) (string
 		MemoryMB:            s.MemoryMB,
 		AllowInternetAccess: &allow,
 		Network:             s.Network,
+		IdleTimeout:         new(time.Duration), // its steps reach the agent directly: never idle-paused
 	})
 	if err != nil {
 		return "", nil, err

@@ -51,6 +51,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
@@ -83,6 +84,14 @@ type Pauser interface {
 }
 
 var _ Pauser = (*sandbox.Pauses)(nil)
+
+// Activity marks a sandbox used while a request for it is in flight
+// (*idle.Tracker implements it); end is idempotent.
+type Activity interface {
+	Begin(id string) (end func())
+}
+
+var _ Activity = (*idle.Tracker)(nil)
 
 // Network is the part of the sandboxes' network side (*fences.Set) the API
 // uses: ingress to a sandbox's ports and its policy updates.
@@ -132,6 +141,10 @@ type Options struct {
 	Now func() time.Time
 	// Secrets serves /secrets; nil answers 502 there.
 	Secrets SecretStore
+	// Activity marks the use of sandboxes by their traffic (envd and
+	// port requests, each until its end) for the idle pause
+	// (*idle.Tracker); nil marks nothing.
+	Activity Activity
 	// Downloads serves GET /sandboxes/{id}/downloads; nil answers 501.
 	Downloads DownloadLog
 	// Audit serves GET /audit, GET /audit/stream and the sandbox logs
@@ -209,7 +222,13 @@ type handler struct {
 	quotas     *tenancy.Quotas
 	teams      Teams
 	sshKeys    SSHKeyStore // nil: no /ssh-keys
+	activity   Activity    // never nil (noActivity)
 }
+
+// noActivity marks nothing.
+type noActivity struct{}
+
+func (noActivity) Begin(string) func() { return func() {} }
 
 // New returns the HTTP handler serving the control plane and sandbox
 // traffic.
@@ -217,6 +236,7 @@ func New(opts Options) http.Handler {
 	h := &handler{
 		m:           opts.Manager,
 		pauses:      opts.Pauses,
+		activity:    opts.Activity,
 		net:         opts.Network,
 		layers:      opts.Layers,
 		apiKey:      []byte(opts.APIKey),
@@ -243,6 +263,9 @@ func New(opts Options) http.Handler {
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
+	}
+	if h.activity == nil {
+		h.activity = noActivity{}
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

@@ -97,6 +97,10 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 		writeNotFound(w, t.id, msgSandboxNotFound)
 		return
 	}
+	// In use until the request ends (for the idle pause): marked before
+	// the sandbox is looked at, so that an idle pause deciding meanwhile
+	// sees it.
+	defer h.activity.Begin(t.id)()
 	box, info, ok := h.running(t.id)
 	if !ok && h.pauses.WakeOnTraffic(r.Context(), t.id) {
 		// A paused sandbox created with autoResume runs again for it.

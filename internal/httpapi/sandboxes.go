@@ -98,6 +98,10 @@ func sandboxID(r *http.Request) (string, error) {
 
 func seconds(n int32) time.Duration { return time.Duration(n) * time.Second }
 
+// maxIdleTimeoutSeconds bounds lifecycle.idleTimeout before it becomes a
+// duration (the Manager checks the range it accepts).
+const maxIdleTimeoutSeconds = 30 * 24 * 3600
+
 func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 	var req api.NewSandbox
 	if err := decodeJSON(r, &req, false); err != nil {
@@ -143,6 +147,15 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		cr.Timeout = seconds(*req.Timeout)
+	}
+	if l := req.Lifecycle; l != nil && l.IdleTimeout != nil {
+		s := *l.IdleTimeout
+		if s < 0 || s > maxIdleTimeoutSeconds {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "lifecycle.idleTimeout must be 0 (never) or a number of seconds up to %d, got %d", maxIdleTimeoutSeconds, s))
+			return
+		}
+		d := time.Duration(s) * time.Second
+		cr.IdleTimeout = &d
 	}
 	if req.CPUCount != nil {
 		if *req.CPUCount <= 0 {
@@ -198,7 +211,7 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func lifecycle(s *sandbox.Sandbox) *api.Lifecycle {
-	l := &api.Lifecycle{OnTimeout: "kill", AutoResume: s.AutoResume}
+	l := &api.Lifecycle{OnTimeout: "kill", AutoResume: s.AutoResume, IdleTimeout: int64(s.IdleTimeout / time.Second)}
 	if s.AutoPause {
 		l.OnTimeout = "pause"
 	}

@@ -164,6 +164,7 @@ func (a *adopter) pausedEntry(ctx context.Context, rec *store.Sandbox, nc *netco
 	info.TrafficAccessToken, info.MaskRequestHost = cr.TrafficAccessToken, cr.MaskRequestHost
 	info.AutoPause, info.AutoResume, info.AutoPauseNoMemory, info.AutoCheckpoint = cr.AutoPause, cr.AutoResume, cr.AutoPauseNoMemory, cr.AutoCheckpoint
 	e.spec, e.baseTemplate, e.createdLayer, e.autoCheckpoint = cr.Spec, cr.BaseTemplate, cr.CreatedLayer, cr.AutoCheckpoint
+	info.IdleTimeout, e.idlePaused, e.idleLeft = cr.IdleTimeout, cr.IdlePaused, cr.IdleLeft // +checklocksignore: e is not shared yet
 	if cr.Layer != "" {
 		e.cold, e.coldKept = cr.Layer, true // +checklocksignore: e is not shared yet
 	} else {

@@ -66,6 +66,11 @@ type coldRecord struct {
 	AutoResume          bool               `json:"autoResume,omitempty"`
 	AutoPauseNoMemory   bool               `json:"autoPauseNoMemory,omitempty"`
 	AutoCheckpoint      bool               `json:"autoCheckpoint,omitempty"`
+	// IdleTimeout is the sandbox's; IdlePaused a pause for idleness, with
+	// IdleLeft the time its deadline was ahead then.
+	IdleTimeout time.Duration `json:"idleTimeout,omitempty"`
+	IdlePaused  bool          `json:"idlePaused,omitempty"`
+	IdleLeft    time.Duration `json:"idleLeft,omitempty"`
 }
 
 func coldPurpose(id string) string { return "sandbox-cold-resume:" + id }
@@ -121,7 +126,8 @@ func (k *coldKeeper) data(ctx context.Context, e *entry, layer string) ([]byte, 
 	cr := coldRecord{Layer: layer, CreatedLayer: e.createdLayer, BootLayer: e.layer, BaseTemplate: e.baseTemplate, Spec: spec, Timeout: e.timeout,
 		AllowInternetAccess: e.info.AllowInternetAccess, TrafficAccessToken: e.info.TrafficAccessToken,
 		MaskRequestHost: e.info.MaskRequestHost, AutoPause: e.info.AutoPause, AutoResume: e.info.AutoResume,
-		AutoPauseNoMemory: e.info.AutoPauseNoMemory, AutoCheckpoint: e.info.AutoCheckpoint}
+		AutoPauseNoMemory: e.info.AutoPauseNoMemory, AutoCheckpoint: e.info.AutoCheckpoint,
+		IdleTimeout: e.info.IdleTimeout, IdlePaused: e.idlePaused, IdleLeft: e.idleLeft}
 	if n := e.info.Network; n != nil {
 		c := *n
 		if c.EgressProxy != nil && e.net != nil && e.net.Proxy != nil {

@@ -316,6 +316,10 @@ func (c *creating) sandbox(now time.Time) *Sandbox {
 		AutoResume:          req.AutoResume,
 		AutoPauseNoMemory:   req.AutoPauseNoMemory,
 		AutoCheckpoint:      req.AutoCheckpoint,
+		IdleTimeout:         c.m.defaults.IdleTimeout,
+	}
+	if req.IdleTimeout != nil {
+		info.IdleTimeout = *req.IdleTimeout
 	}
 	if n := req.Network; n != nil {
 		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {

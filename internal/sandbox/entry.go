@@ -54,6 +54,10 @@ type entry struct {
 	cold string // the layer of a filesystem-only pause, "" otherwise
 	// +checklocks:mu
 	coldKept bool // the store keeps what the resume of that pause needs
+	// +checklocks:mu
+	idlePaused bool // paused for idleness (package idle)
+	// +checklocks:mu
+	idleLeft time.Duration // the time its deadline was ahead at that pause
 }
 
 // boxRef is one backend sandbox of an entry; replaced is closed when

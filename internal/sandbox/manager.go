@@ -14,6 +14,7 @@ import (
 	"github.com/fencesandbox/fence/internal/capacity"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/sandbox/startup"
 	"github.com/fencesandbox/fence/internal/sandbox/usage"
 	"github.com/fencesandbox/fence/internal/store"
@@ -54,6 +55,9 @@ type Defaults struct {
 	DiskMB   int64         // [isolation.DefaultLimits]
 	NoFile   uint64        // [isolation.DefaultLimits]
 	Timeout  time.Duration // [5m]
+	// IdleTimeout is the idle timeout of a sandbox whose create names
+	// none (`fence serve --idle-pause`); 0 is none.
+	IdleTimeout time.Duration
 }
 
 func (d Defaults) withBuiltins() Defaults {
@@ -98,7 +102,8 @@ type Options struct {
 	Quota tenancy.Admission
 	// MaxSandboxes caps sandboxes running or being created; 0 means 1000.
 	MaxSandboxes int
-	// MaxTimeout is the longest timeout a request may ask for; 0 means 24h.
+	// MaxTimeout is the longest timeout a request may ask for (the
+	// daemon's maximum lifetime); 0 means 24h, a negative value no cap.
 	MaxTimeout time.Duration
 	// KilledRetention is how long killed records stay in the store before
 	// Start prunes them; 0 means 24h.
@@ -139,6 +144,11 @@ type Options struct {
 	// ready commands (the daemon's envd client); nil fails the creates of
 	// templates that have one.
 	Agent startup.Connect
+	// Idle, if set, tracks the sandboxes' use and pauses the idle ones
+	// (package idle); New binds it to the Manager (one Manager per
+	// Tracker) and Start runs it. nil means one with idle.Options'
+	// defaults.
+	Idle *idle.Tracker
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -177,6 +187,7 @@ type Manager struct {
 	fences *fences.Set // the sandboxes' network side (network.go)
 
 	reaper *reaper       // kills sandboxes at their deadline (reaper.go)
+	idle   *idle.Tracker // pauses idle sandboxes (idle.go)
 	stop   chan struct{} // closed by Shutdown
 
 	sampleEvery time.Duration
@@ -221,6 +232,7 @@ func New(opts Options) (*Manager, error) {
 		log:         opts.Logger,
 		now:         opts.Now,
 		reaper:      newReaper(),
+		idle:        opts.Idle,
 		fences:      opts.Network,
 		stop:        make(chan struct{}),
 		sampleEvery: cmp.Or(opts.SampleEvery, 5*time.Second),
@@ -244,8 +256,11 @@ func New(opts Options) (*Manager, error) {
 	if m.keeper == nil {
 		m.keeper = noKeeper{}
 	}
-	if m.maxTimeout <= 0 {
+	switch {
+	case m.maxTimeout == 0:
 		m.maxTimeout = 24 * time.Hour
+	case m.maxTimeout < 0:
+		m.maxTimeout = noMaxTimeout
 	}
 	if m.retention <= 0 {
 		m.retention = 24 * time.Hour
@@ -256,6 +271,9 @@ func New(opts Options) (*Manager, error) {
 	if m.now == nil {
 		m.now = time.Now
 	}
+	if err := checkIdleTimeout(m.defaults.IdleTimeout); err != nil {
+		return nil, fmt.Errorf("sandbox.New: default idle timeout: %w", err)
+	}
 	if m.defaults.Timeout > m.maxTimeout {
 		return nil, fmt.Errorf("sandbox.New: default timeout %v exceeds MaxTimeout %v", m.defaults.Timeout, m.maxTimeout)
 	}
@@ -264,6 +282,11 @@ func New(opts Options) (*Manager, error) {
 	m.cold = newColdKeeper(m.store, m.sealer, m.log, m.fences.Bindings)
 	m.adopter = newAdopter(m)
 	m.pauses = newPauses(m)
+	if m.idle == nil {
+		m.idle = idle.New(idle.Options{Logger: m.log, Now: m.now})
+	}
+	m.idle.Bind(idleCore{m})
+	m.pauses.idle = m.idle
 	// Bound last, to the Manager as made: the keeper reads its layers.
 	m.keeper.Bind(&LayerPort{m})
 	return m, nil
@@ -318,6 +341,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.adm.start()
 	m.wg.Go(func() { m.reaper.run(m.stop, m.now, m) })
 	m.wg.Go(func() { m.usage.Sample(m.stop, m.sampleEvery) })
+	m.wg.Go(func() { m.idle.Run(m.stop) })
 	return nil
 }
 

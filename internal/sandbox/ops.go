@@ -164,11 +164,13 @@ func (m *Manager) setEnd(ctx context.Context, id string, d time.Duration, onlyEx
 	if err != nil {
 		return err
 	}
+	m.idle.Touch(id)
 	// The team's limit is checked once the sandbox is known to be the
 	// caller's: another team's answers as a missing one.
 	if err := m.quota.CheckTimeout(id, d); err != nil {
 		return err
 	}
+	m.pauses.wakeIdle(ctx, e) // an idle pause is not the caller's: the request is served
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.info.State != StateRunning {

@@ -11,6 +11,7 @@ import (
 	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
+	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
@@ -56,6 +57,7 @@ type Pauses struct {
 	quota      tenancy.Admission // the teams' paused and running limits
 	reaper     *reaper
 	maxTimeout time.Duration
+	idle       *idle.Tracker // marks resumes and connects as use
 	events
 	log  *slog.Logger
 	now  func() time.Time
@@ -113,22 +115,37 @@ func (p *Pauses) pause(ctx context.Context, id, reason string, mem Memory) error
 	if mem == WithoutMemory {
 		return p.pauseCold(ctx, id, reason)
 	}
-	return p.pauseWarm(ctx, id, reason)
+	return p.pauseWarm(ctx, id, reason, nil)
 }
 
-// pauseWarm is the pause in place, with the memory.
-func (p *Pauses) pauseWarm(ctx context.Context, id, reason string) error {
+// pauseIdle pauses a sandbox left idle, with its memory, unless quiet
+// (called under its life lock) says it was used meanwhile. Its resume
+// gives it back the time its deadline was ahead (resume).
+func (p *Pauses) pauseIdle(ctx context.Context, id string, quiet func() bool) error {
+	return p.pauseWarm(ctx, id, "idle", quiet)
+}
+
+// pauseWarm is the pause in place, with the memory. A pause with quiet
+// (for idleness) is made only if quiet reports true under e.life.
+func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() bool) error {
 	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return err
 	}
 	bp, ok := isolation.As[isolation.Pauser](e.sb())
 	if !ok {
-		return fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, p.backend, api.ErrUnimplemented)
+		err := fmt.Errorf("pausing sandbox %s: the %s backend cannot pause sandboxes: %w", id, p.backend, api.ErrUnimplemented)
+		if quiet != nil {
+			err = fmt.Errorf("%w (%w)", err, idle.ErrCannotPause)
+		}
+		return err
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	started, reopen, err := p.stopRun(e, id)
+	if quiet != nil && !quiet() {
+		return fmt.Errorf("pausing sandbox %s: %w", id, idle.ErrNotQuiet)
+	}
+	started, reopen, err := p.stopRun(e, id, quiet != nil)
 	if err != nil {
 		return err
 	}
@@ -169,7 +186,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
-	started, reopen, err := p.stopRun(e, id)
+	started, reopen, err := p.stopRun(e, id, false)
 	if err != nil {
 		return err
 	}
@@ -205,8 +222,10 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 // standby goes (nothing is rewound while paused). It returns when the run
 // started and reopen, which moves the sandbox back to running should the
 // pause fail; a sandbox that is not running gives an error wrapping
-// errNotRunning. The caller holds e.life.
-func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(), err error) {
+// errNotRunning. A pause for idleness (idled) is marked so at once, with
+// what its deadline has left: traffic that finds it pausing waits for the
+// pause and resumes it. The caller holds e.life.
+func (p *Pauses) stopRun(e *entry, id string, idled bool) (started time.Time, reopen func(), err error) {
 	e.mu.Lock()
 	if e.info.State != StateRunning {
 		e.mu.Unlock()
@@ -218,6 +237,9 @@ func (p *Pauses) stopRun(e *entry, id string) (started time.Time, reopen func(),
 		return time.Time{}, nil, err // E2B's message, as it is
 	}
 	e.info.State = StatePaused
+	// Kept with the pause's record (a resume after a restart reads it);
+	// stale on a sandbox whose pause fails, which runs (no resume reads it).
+	e.idlePaused, e.idleLeft = idled, e.info.EndAt.Sub(p.now())
 	close(e.runDone)
 	started = e.info.StartedAt
 	e.mu.Unlock()
@@ -249,6 +271,7 @@ func (p *Pauses) Resume(ctx context.Context, id string, d time.Duration, autoPau
 	if err := p.resume(ctx, e, d, "request", mem == WithoutMemory); err != nil {
 		return nil, err
 	}
+	p.idle.Touch(id)
 	if autoPause != nil {
 		if _, ok := isolation.As[isolation.Pauser](e.sb()); ok {
 			e.mu.Lock()
@@ -271,6 +294,7 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 	if err != nil {
 		return nil, false, err
 	}
+	p.idle.Touch(id)
 	if e.state() == StatePaused {
 		err := p.resume(ctx, e, d, "connect", mem == WithoutMemory)
 		if err == nil {
@@ -292,15 +316,16 @@ func (p *Pauses) Connect(ctx context.Context, id string, d time.Duration, mem Me
 }
 
 // WakeOnTraffic resumes a paused sandbox created with AutoResume, with its
-// create timeout, for traffic that arrived for it. It reports whether the
-// sandbox runs now.
+// create timeout, and one paused for idleness, with the time its deadline
+// was ahead at the pause, for traffic that arrived for it. It reports
+// whether the sandbox runs now.
 func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
 	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
 		return false
 	}
 	e.mu.Lock()
-	st, auto := e.info.State, e.info.AutoResume
+	st, auto := e.info.State, e.info.AutoResume || e.idlePaused
 	e.mu.Unlock()
 	if st == StateRunning {
 		return true
@@ -314,6 +339,20 @@ func (p *Pauses) WakeOnTraffic(ctx context.Context, id string) bool {
 		return false
 	}
 	return true
+}
+
+// wakeIdle resumes e, as traffic does, if it is paused for idleness; the
+// caller reads its state after.
+func (p *Pauses) wakeIdle(ctx context.Context, e *entry) {
+	e.mu.Lock()
+	idled := e.idlePaused && e.info.State == StatePaused
+	e.mu.Unlock()
+	if !idled {
+		return
+	}
+	if err := p.resume(ctx, e, e.timeout, "traffic", false); err != nil && !errors.Is(err, errNotPaused) {
+		p.log.ErrorContext(ctx, "resuming an idle sandbox for a request", "sandbox_id", e.sb().ID(), "err", err)
+	}
 }
 
 // resume resumes e. With coldOnly it refuses (before anything changes) a
@@ -352,6 +391,17 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 	clock := p.now()
 	now := clock.UTC()
 	end := now.Add(d)
+	e.mu.Lock()
+	idled, left := e.idlePaused, e.idleLeft
+	e.mu.Unlock()
+	if idled {
+		// Paused for idleness: the time paused does not count. Traffic
+		// gets the deadline back as it was ahead; a connect or resume
+		// never ends up with less (as a connect to a running sandbox).
+		if keep := now.Add(left); reason == "traffic" || keep.After(end) {
+			end = keep
+		}
+	}
 	// The record first: a sandbox killed meanwhile has none to resume.
 	if err := p.store.Transition(ctx, id, store.StatePaused, store.StateRunning, now, end); err != nil {
 		repause()
@@ -382,6 +432,7 @@ func (p *Pauses) resume(ctx context.Context, e *entry, d time.Duration, reason s
 	e.info.State = StateRunning
 	e.info.StartedAt = now
 	e.info.EndAt = end
+	e.idlePaused = false
 	e.use.Mark(clock, false)
 	e.runDone = make(chan struct{})
 	e.mu.Unlock()

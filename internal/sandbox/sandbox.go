@@ -69,6 +69,12 @@
 //     RunDone of the run it ended is closed), and still counts against
 //     MaxSandboxes. Resume (or Connect) starts a new run: StartedAt is the
 //     resume time and EndAt the resume time plus the timeout given.
+//   - A running sandbox with an IdleTimeout that had no traffic, no SSH
+//     session and no CPU use for that long (Options.Idle, package idle) is
+//     paused with its memory; traffic, Connect, Resume, SetTimeout and
+//     Extend resume it, and its EndAt is the resume time plus what its
+//     deadline had left at the pause (a Connect or Resume never gives it
+//     less than its timeout from now): time paused does not count.
 //   - Pausing a paused sandbox and resuming a running one fail with
 //     api.ErrConflict and change nothing.
 //   - Start marks every sandbox the store still holds as running or paused
@@ -162,6 +168,9 @@ type Sandbox struct {
 	AutoPauseNoMemory bool
 	// AutoCheckpoint checkpoints the filesystem before every command.
 	AutoCheckpoint bool
+	// IdleTimeout pauses the sandbox (with its memory) once it has been
+	// idle that long (package idle); 0 never.
+	IdleTimeout time.Duration
 	// RunDone is closed when the sandbox's current run ends by a pause
 	// (kill and death close the backend's Done): traffic in flight then
 	// is cut. Only set on the copies Live returns.
@@ -206,6 +215,10 @@ type CreateRequest struct {
 	// AutoCheckpoint checkpoints the filesystem before every command
 	// (fence's extension), so that an agent can rewind a step.
 	AutoCheckpoint bool
+	// IdleTimeout, if not nil, is the sandbox's idle timeout (fence's
+	// lifecycle.idleTimeout; 0: never paused for idleness); nil takes
+	// Defaults.IdleTimeout.
+	IdleTimeout *time.Duration
 }
 
 // BuildMetadataKey is the metadata key of a template build's sandboxes

@@ -31,8 +31,29 @@ func invalid(format string, args ...any) error {
 // checkTimeout checks a timeout a request asks for against the longest
 // one allowed.
 func checkTimeout(d, maxTimeout time.Duration) error {
+	if maxTimeout == noMaxTimeout && d > 0 {
+		return nil
+	}
 	if d <= 0 || d > maxTimeout {
 		return invalid("timeout %v is out of range: it must be more than 0s and at most %v", d, maxTimeout)
+	}
+	return nil
+}
+
+// noMaxTimeout is the Manager's maxTimeout when no cap is set: longer
+// than any timeout the API can express (int32 seconds).
+const noMaxTimeout = time.Duration(1<<62 - 1)
+
+// maxIdleTimeout bounds an idle timeout.
+const maxIdleTimeout = 30 * 24 * time.Hour
+
+// checkIdleTimeout checks an idle timeout (0: none).
+func checkIdleTimeout(d time.Duration) error {
+	if d < 0 || d > maxIdleTimeout {
+		return invalid("lifecycle.idleTimeout %v is out of range: it must be 0 (never) or at most %v", d, maxIdleTimeout)
+	}
+	if d > 0 && d < time.Second {
+		return invalid("lifecycle.idleTimeout %v is out of range: it must be 0 (never) or at least 1s", d)
 	}
 	return nil
 }
@@ -53,6 +74,11 @@ func validate(req CreateRequest, d Defaults, maxTimeout time.Duration) (time.Dur
 	}
 	if err := checkTimeout(timeout, maxTimeout); err != nil {
 		return 0, lim, err
+	}
+	if req.IdleTimeout != nil {
+		if err := checkIdleTimeout(*req.IdleTimeout); err != nil {
+			return 0, lim, err
+		}
 	}
 	cpus := req.CPUs
 	if cpus == 0 {

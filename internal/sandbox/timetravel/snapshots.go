@@ -268,7 +268,7 @@ func (k *Keeper) Fork(ctx context.Context, id string, count int, d time.Duration
 		AllowInternetAccess: src.AllowInternetAccess,
 		Network:             src.Network,
 		AutoPause:           src.AutoPause, AutoResume: src.AutoResume, AutoPauseNoMemory: src.AutoPauseNoMemory,
-		AutoCheckpoint: src.AutoCheckpoint,
+		AutoCheckpoint: src.AutoCheckpoint, IdleTimeout: &src.IdleTimeout,
 	}
 	out := make([]ForkResult, count)
 	sem := make(chan struct{}, forkParallel)
