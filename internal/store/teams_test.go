@@ -92,7 +92,7 @@ func TestMintAuthenticateRevoke(t *testing.T) {
 
 	// Only the hash is stored.
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM credentials WHERE hash = ? OR hash = ?`, key, tok).Scan(&n); err != nil || n != 0 {
+	if err := s.shared.QueryRowContext(ctx, `SELECT COUNT(*) FROM credentials WHERE hash = ? OR hash = ?`, key, tok).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("a raw value is in the table (%d, %v)", n, err)
 	}
 	raw, err := readFile(path)
@@ -171,7 +171,7 @@ func TestMintBadInput(t *testing.T) {
 		t.Errorf("Mint(kind root) = %v", err)
 	}
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM credentials`).Scan(&n); err != nil || n != 0 {
+	if err := s.shared.QueryRowContext(ctx, `SELECT COUNT(*) FROM credentials`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("refused mints left %d credentials (%v)", n, err)
 	}
 }
