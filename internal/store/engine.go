@@ -171,6 +171,21 @@ func pgDDL(m string) string {
 	return m
 }
 
+// serialize makes tx wait for, then hold until it ends, the lock named
+// name: in PostgreSQL an advisory lock, so that a count and the insert it
+// allows are not interleaved with another node's (READ COMMITTED would
+// let both see the same count). SQLite runs one writer at a time: there
+// it does nothing.
+func (t *engineTx) serialize(ctx context.Context, name string) error {
+	if !t.e.pg {
+		return nil
+	}
+	if _, err := t.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext(?))`, "fence:"+name); err != nil {
+		return fmt.Errorf("locking %s: %w", name, err)
+	}
+	return nil
+}
+
 // migrationLock is the PostgreSQL advisory lock every node takes to
 // migrate the schema: one migrates, the others wait and then find it
 // current.

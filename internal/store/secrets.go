@@ -45,8 +45,9 @@ const secretColumns = `id, name, version, metadata, sealed, created_at, updated_
 
 // InsertSecret adds a secret record unless the store already holds
 // capacity of them (0: no cap). A taken name or ID, and a full store, give an error
-// wrapping api.ErrConflict. The count and the insert are one statement, so
-// concurrent inserts cannot overshoot capacity.
+// wrapping api.ErrConflict. The count and the insert are one statement
+// (in PostgreSQL under a lock every node takes), so concurrent inserts
+// cannot overshoot capacity.
 func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) error {
 	md, err := encodeMetadata(sec.Metadata)
 	if err != nil {
@@ -56,9 +57,20 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 	if capacity <= 0 {
 		limit = -1
 	}
-	res, err := s.shared.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
+	tx, err := s.shared.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("inserting secret: %w", err)
+	}
+	defer tx.Rollback()
+	if err := tx.serialize(ctx, "secrets"); err != nil {
+		return fmt.Errorf("inserting secret: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
 		SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE ? < 0 OR (SELECT COUNT(*) FROM secrets) < ?`,
 		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), ownerOf(ctx, sec.Team), limit, limit)
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("inserting secret: name or ID taken: %w", api.ErrConflict)

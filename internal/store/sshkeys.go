@@ -51,6 +51,9 @@ func (s *Store) InsertSSHKey(ctx context.Context, k *SSHKey) error {
 	}
 	if _, err := s.shared.ExecContext(ctx, `INSERT INTO ssh_keys (id, team, name, public_key, fingerprint, created_at)
 		VALUES (?, ?, ?, ?, ?, ?)`, k.ID, k.Team, k.Name, k.PublicKey, k.Fingerprint, k.CreatedAt.UnixNano()); err != nil {
+		if isUniqueViolation(err) {
+			return ErrSSHKeyExists // registered meanwhile (by another node)
+		}
 		return fmt.Errorf("storing ssh key: %w", err)
 	}
 	return nil
