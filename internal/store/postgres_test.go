@@ -39,6 +39,8 @@ var sharedContract = []struct {
 	{"InsertSecretCap", TestInsertSecretCap},
 	{"TeamLimitsPersist", TestTeamLimitsPersist},
 	{"SSHKeys", TestSSHKeys},
+	{"ReserveAcrossNodes", TestReserveAcrossNodes},
+	{"ReservationLease", TestReservationLease},
 }
 
 // TestPostgres runs the shared records' tests with those records in a

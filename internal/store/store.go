@@ -236,6 +236,8 @@ var migrations = []string{
 	migrationOwners,
 	// Public keys of the SSH server (sshkeys.go).
 	migrationSSHKeys,
+	// What each sandbox takes of its team's quota, shared by nodes (quota.go).
+	migrationQuotaReservations,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
