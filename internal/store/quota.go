@@ -121,6 +121,16 @@ func (s *Store) MoveReservation(ctx context.Context, id string, paused bool, def
 	})
 }
 
+// SetReservationPaused moves reservation id to paused or running
+// whatever the limits (the undoing of a MoveReservation whose pause or
+// resume failed).
+func (s *Store) SetReservationPaused(ctx context.Context, id string, paused bool) error {
+	if _, err := s.shared.ExecContext(ctx, `UPDATE quota_reservations SET paused = ? WHERE id = ?`, paused, id); err != nil {
+		return fmt.Errorf("moving the quota of %s: %w", id, err)
+	}
+	return nil
+}
+
 // reservation runs check in a transaction holding team's reservation
 // lock, with the team's limits and live reservations' usage.
 func (s *Store) reservation(ctx context.Context, team string, defaults tenancy.Limits,
