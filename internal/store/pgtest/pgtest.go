@@ -5,8 +5,9 @@
 // # Guarantees
 //
 //   - One server per test binary, started on first use (Start) and
-//     stopped by Main after the tests; each caller of Database gets a new,
-//     empty database of its own.
+//     stopped by Main after the tests, or one per test (New) stopped at
+//     its cleanup; each caller of Database gets a new, empty database of
+//     its own.
 //   - The server listens on 127.0.0.1 only; it trusts loopback
 //     connections (a test server, never reachable from elsewhere).
 //   - As root, the server runs as the postgres user (initdb refuses root),
@@ -80,6 +81,22 @@ func Start(t testing.TB) *Server {
 		t.Fatal(errBoot)
 	}
 	return server
+}
+
+// New starts a server of t's own, stopped at t's cleanup (for packages
+// without a TestMain calling Main). Without PostgreSQL it skips t, or
+// fails it under CI=true.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s, err := boot()
+	if err != nil {
+		if errors.Is(err, errMissing) && os.Getenv("CI") != "true" {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
 }
 
 // Database returns the URL of a new, empty database on the binary's
