@@ -25,6 +25,9 @@
 //     traffic.
 //   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
 //     pagination (limit, nextToken, X-Next-Token) across nodes.
+//   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
+//     but /secrets when the nodes share one database (SharedRecords):
+//     then any live node answers it for the cluster.
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
@@ -73,8 +76,12 @@ type Options struct {
 	// http.DefaultTransport.
 	Transport http.RoundTripper
 	// K is how many random candidates a create compares; 0 means 2.
-	K      int
-	Logger *slog.Logger
+	K int
+	// SharedRecords says the nodes keep their shared records in one
+	// database (fence serve --database): every node gives the same answer
+	// on /secrets, which is then sent to any live node instead of 501.
+	SharedRecords bool
+	Logger        *slog.Logger
 }
 
 // Router is the http.Handler of `fence router`.
@@ -90,6 +97,7 @@ type Router struct {
 	client   *http.Client
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
+	perNode  []string // the routes answered 501 (notThroughRouter, less the shared)
 }
 
 const maxBodyBytes = 1 << 20
@@ -106,9 +114,12 @@ type route struct {
 // New returns a Router.
 func New(opts Options) *Router {
 	rt := &Router{nodes: opts.Nodes, apiKey: []byte(opts.APIKey), token: opts.Token, domain: opts.Domain,
-		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport}
+		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport, perNode: notThroughRouter}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.SharedRecords {
+		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
 	}
 	if rt.tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -241,9 +252,13 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 // lives on the node that opened it, and its tools see that node only.
 var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
 
+// sharedRoutes are those of notThroughRouter every node answers alike
+// when the nodes share one database (Options.SharedRecords).
+var sharedRoutes = []string{"/secrets"}
+
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
-	for _, pre := range notThroughRouter {
+	for _, pre := range rt.perNode {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			writeErr(w, http.StatusNotImplemented, p+" is kept per node and is not served through fence router")
 			return
