@@ -191,6 +191,9 @@ func (t *engineTx) serialize(ctx context.Context, name string) error {
 // current.
 const migrationLock = 0x66656e6365 // "fence"
 
+// maxConns bounds a node's connections to PostgreSQL.
+const maxConns = 16
+
 // openPostgres opens the PostgreSQL database at dsn and checks that it
 // answers within timeout.
 func openPostgres(ctx context.Context, dsn string, timeout time.Duration) (*engine, error) {
@@ -198,6 +201,11 @@ func openPostgres(ctx context.Context, dsn string, timeout time.Duration) (*engi
 	if err != nil {
 		return nil, fmt.Errorf("opening the database: %w", err)
 	}
+	// A node keeps a bounded pool: PostgreSQL's connections are
+	// processes, shared by every node (max_connections).
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxIdleTime(5 * time.Minute)
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
