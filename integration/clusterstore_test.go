@@ -7,9 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/store/pgtest"
 	"github.com/fencesandbox/fence/internal/tenancy"
 	"github.com/fencesandbox/fence/internal/testutil"
@@ -95,4 +99,104 @@ func TestServeSharedDatabase(t *testing.T) {
 	}
 	json.Unmarshal(r.Body, &made)
 	b.do(t, "DELETE", "/sandboxes/"+made.SandboxID, b.Key, nil, nil)
+}
+
+// TestScaleoutSharedDatabase runs a cluster (kube-apiserver, three nodes
+// on one PostgreSQL database and sealing key, two routers with
+// --shared-database): a secret stored through router A is swapped in by
+// the gateway of a sandbox on node C placed through router B (the
+// upstream sees the real value), and a team's limit of 5 set through one
+// router holds across the three nodes under 30 creates at once through
+// both routers.
+func TestScaleoutSharedDatabase(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireTemplate(t, "base")
+	k := startKube(t)
+	root := repoRoot(t)
+	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
+	t.Setenv("FENCE_CLUSTER_TOKEN", randHex(32))
+	key := "e2b_" + randHex(20)
+	fn := newFakeNet(t)
+	dsn := pgtest.New(t).Database(t)
+	sealing := clusterKey(t)
+	byTag := map[string]string{}
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		startNode(t, k, n, key, "--database", dsn, "--secrets-key", sealing, "--dns-upstream", fn.DNS.Addr, "--upstream-ca", fn.CAFile)
+		byTag[cluster.Tag(n)] = n
+	}
+	ra := startRouter(t, k, key, 0, "--shared-database")
+	rb := startRouter(t, k, key, 0, "--shared-database")
+	for _, r := range []*routerProc{ra, rb} {
+		eventually(t, 30*time.Second, "router sees 3 placeable nodes", func() bool {
+			st, live, pl := r.health()
+			return st == 200 && live == 3 && pl == 3
+		})
+	}
+	hdr := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
+	const value = "cluster-s3cr3t-0123456789abcdef"
+	if st, b, err := httpDo("POST", ra.URL+"/secrets", []byte(`{"name":"api-key","value":"`+value+`"}`), hdr); err != nil || st != http.StatusCreated {
+		t.Fatalf("POST /secrets through router A = %d %s %v", st, b, err)
+	}
+
+	cb := client.New(rb.URL, key)
+	var onC *client.Sandbox
+	for i := 0; i < 30 && onC == nil; i++ {
+		sb, err := cb.Create(ctxT(t), api.NewSandbox{TemplateID: "base",
+			Secrets: map[string]api.SecretBinding{"API_KEY": {Secret: "api-key", Hosts: []string{"api.secret.test"}}},
+			Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"api.secret.test"}}})
+		if err != nil {
+			t.Fatalf("create through router B: %v", err)
+		}
+		if byTag[sb.ID()[:cluster.TagLen]] == "node-c" {
+			onC = sb
+		} else {
+			cb.Kill(ctxT(t), sb.ID())
+		}
+	}
+	if onC == nil {
+		t.Fatal("no sandbox was placed on node-c in 30 creates")
+	}
+	m := fn.mark()
+	sh(t, onC.Envd(), `curl -sS --max-time 20 -o /dev/null -H "Authorization: Bearer $API_KEY" https://api.secret.test/headers`)
+	saw := false
+	for _, l := range fn.since(m) {
+		saw = saw || strings.Contains(l, "Bearer "+value)
+	}
+	if !saw {
+		t.Errorf("the upstream did not get the secret stored through router A: %q", fn.since(m))
+	}
+	cb.Kill(ctxT(t), onC.ID())
+
+	if st, b, err := httpDo("PUT", rb.URL+"/teams/"+tenancy.DefaultTeamID+"/limits", []byte(`{"concurrentSandboxes":5}`), hdr); err != nil || st != http.StatusOK {
+		t.Fatalf("PUT limits through router B = %d %s %v", st, b, err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var made []string
+	codes := map[int]int{}
+	for i := range 30 {
+		wg.Go(func() {
+			r := []*routerProc{ra, rb}[i%2]
+			st, b, err := httpDo("POST", r.URL+"/sandboxes", []byte(`{"templateID":"minimal","timeout":300}`), hdr)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("create: %v", err)
+				return
+			}
+			codes[st]++
+			var sb api.Sandbox
+			if st == http.StatusCreated && json.Unmarshal(b, &sb) == nil {
+				made = append(made, sb.SandboxID)
+			}
+		})
+	}
+	wg.Wait()
+	ca := client.New(ra.URL, key)
+	for _, id := range made {
+		ca.Kill(ctxT(t), id)
+	}
+	if codes[http.StatusCreated] != 5 || codes[http.StatusTooManyRequests] != 25 {
+		t.Fatalf("30 creates at once against a limit of 5 on 3 nodes: %v, want 5 × 201 and 25 × 429", codes)
+	}
 }
