@@ -110,7 +110,11 @@ func TestMintAuthenticateRevoke(t *testing.T) {
 	if _, err := s.Authenticate(ctx, KindAccessToken, key); !errors.Is(err, ErrCredentialInvalid) {
 		t.Errorf("a key authenticated as an access token: %v", err)
 	}
-	if _, err := s.Authenticate(ctx, KindAPIKey, key[:len(key)-1]+"0"); !errors.Is(err, ErrCredentialInvalid) {
+	wrong := key[:len(key)-1] + "0"
+	if wrong == key {
+		wrong = key[:len(key)-1] + "1"
+	}
+	if _, err := s.Authenticate(ctx, KindAPIKey, wrong); !errors.Is(err, ErrCredentialInvalid) {
 		t.Errorf("a wrong key authenticated: %v", err)
 	}
 	if got, err := s.Authenticate(ctx, KindAccessToken, tok); err != nil || got.ID != tc.ID {
