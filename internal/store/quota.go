@@ -198,6 +198,24 @@ func (s *Store) RenewReservations(ctx context.Context, node string, until time.T
 	return res.RowsAffected()
 }
 
+// NodeReservations returns the IDs of node's reservations.
+func (s *Store) NodeReservations(ctx context.Context, node string) ([]string, error) {
+	rows, err := s.shared.QueryContext(ctx, `SELECT id FROM quota_reservations WHERE node = ?`, node)
+	if err != nil {
+		return nil, fmt.Errorf("listing the reservations of node %s: %w", node, err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("listing the reservations of node %s: %w", node, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
 // DropNodeReservations drops every reservation of node (a node starting
 // again counts its sandboxes anew).
 func (s *Store) DropNodeReservations(ctx context.Context, node string) error {

@@ -158,8 +158,7 @@ func boot() (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w: %s", err, out)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.port, dir)
-	if out, err := s.run("pg_ctl", "start", "-w", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts); err != nil {
+	if out, err := s.start(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "log"))
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pg_ctl start: %w: %s %s", err, out, log)
@@ -172,6 +171,25 @@ func boot() (*Server, error) {
 		return nil, fmt.Errorf("connecting to the test server: %w", err)
 	}
 	return s, nil
+}
+
+// Crash stops the server as a kill -9 would (pg_ctl stop -m immediate:
+// no checkpoint, recovery from the WAL at the next start), then starts it
+// again on the same port.
+func (s *Server) Crash(t testing.TB) {
+	t.Helper()
+	data := filepath.Join(s.dir, "data")
+	if out, err := s.run("pg_ctl", "stop", "-m", "immediate", "-D", data); err != nil {
+		t.Fatalf("pg_ctl stop: %v: %s", err, out)
+	}
+	if out, err := s.start(); err != nil {
+		t.Fatalf("pg_ctl start: %v: %s", err, out)
+	}
+}
+
+func (s *Server) start() ([]byte, error) {
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.port, s.dir)
+	return s.run("pg_ctl", "start", "-w", "-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "log"), "-o", opts)
 }
 
 func (s *Server) run(prog string, args ...string) ([]byte, error) {

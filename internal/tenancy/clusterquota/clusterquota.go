@@ -16,6 +16,11 @@
 //     reservations stop counting when the lease runs out. A node starting
 //     again drops its old reservations and reserves its sandboxes anew as
 //     it takes them over (Adopt).
+//   - Each renewal first makes the node's reservations in the database
+//     those it holds: one whose write was lost or whose answer was (the
+//     database failed mid-transaction) is written again or dropped, so a
+//     reservation is never leaked for longer than lease/3 while the
+//     database answers.
 //   - The rest (this node's usage, builds, request rates, lifetimes) is
 //     the node's tenancy.Quotas', which stays in step.
 package clusterquota
@@ -42,7 +47,14 @@ type Quotas struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	unreleased map[string]bool // releases that failed, retried by Run
+	live map[string]held // the reservations the node holds, by ID (holds included)
+}
+
+// held is one reservation the node holds.
+type held struct {
+	team   string
+	size   tenancy.Size
+	paused bool
 }
 
 // New returns the cluster's admission for node, over local (the node's
@@ -52,7 +64,7 @@ func New(local *tenancy.Quotas, st *store.Store, node string, lease time.Duratio
 	if lease <= 0 {
 		lease = DefaultLease
 	}
-	return &Quotas{Quotas: local, st: st, node: node, lease: lease, unreleased: map[string]bool{}}
+	return &Quotas{Quotas: local, st: st, node: node, lease: lease, live: map[string]held{}}
 }
 
 // Start drops the node's reservations of a previous run: the sandboxes it
@@ -61,8 +73,8 @@ func (q *Quotas) Start(ctx context.Context) error {
 	return q.st.DropNodeReservations(ctx, q.node)
 }
 
-// Run renews the node's reservations every lease/3, retries the releases
-// that failed and reloads the teams' limits, until ctx ends.
+// Run renews the node's reservations every lease/3 and reloads the
+// teams' limits, until ctx ends.
 func (q *Quotas) Run(ctx context.Context) {
 	t := time.NewTicker(q.lease / 3)
 	defer t.Stop()
@@ -72,34 +84,72 @@ func (q *Quotas) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		q.renew(ctx)
+		_ = q.Renew(ctx)
+		_ = q.Quotas.Load(ctx)
 	}
 }
 
-func (q *Quotas) renew(ctx context.Context) {
-	_, _ = q.st.RenewReservations(ctx, q.node, time.Now().Add(q.lease))
+// Renew makes the node's reservations in the store those it holds (drops
+// the others, writes the missing ones) and pushes their expiry a lease
+// ahead.
+func (q *Quotas) Renew(ctx context.Context) error {
+	ids, err := q.st.NodeReservations(ctx, q.node)
+	if err != nil {
+		return err
+	}
+	stored := map[string]bool{}
+	for _, id := range ids {
+		stored[id] = true
+	}
 	q.mu.Lock()
-	ids := make([]string, 0, len(q.unreleased))
-	for id := range q.unreleased {
-		ids = append(ids, id)
+	var drop []string
+	var write []store.Reservation
+	for _, id := range ids {
+		if _, ok := q.live[id]; !ok {
+			drop = append(drop, id)
+		}
+	}
+	for id, h := range q.live {
+		if !stored[id] {
+			write = append(write, q.reservation(id, h))
+		}
 	}
 	q.mu.Unlock()
-	for _, id := range ids {
-		q.release(ctx, id)
+	for _, id := range drop {
+		// Held meanwhile (a hold's Reserve that answered after the list)?
+		q.mu.Lock()
+		_, ok := q.live[id]
+		q.mu.Unlock()
+		if !ok {
+			if err := q.st.ReleaseReservation(ctx, id); err != nil {
+				return err
+			}
+		}
 	}
-	_ = q.Quotas.Load(ctx)
+	for _, r := range write {
+		q.mu.Lock()
+		_, ok := q.live[r.ID]
+		q.mu.Unlock()
+		if ok {
+			if err := q.st.ForceReservation(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	_, err = q.st.RenewReservations(ctx, q.node, time.Now().Add(q.lease))
+	return err
 }
 
-// release drops reservation id, or keeps it for Run to retry.
-func (q *Quotas) release(ctx context.Context, id string) {
-	err := q.st.ReleaseReservation(ctx, id)
+func (q *Quotas) hold(id string, h held) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err != nil {
-		q.unreleased[id] = true
-	} else {
-		delete(q.unreleased, id)
-	}
+	q.live[id] = h
+}
+
+func (q *Quotas) unhold(id string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.live, id)
 }
 
 // ctx bounds one admission's database work.
@@ -107,9 +157,9 @@ func (q *Quotas) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
-func (q *Quotas) reservation(id, team string, size tenancy.Size, paused bool) store.Reservation {
-	return store.Reservation{ID: id, Team: team, Node: q.node, CPUs: size.CPUs, MemoryMB: size.MemoryMB,
-		Paused: paused, Expires: time.Now().Add(q.lease)}
+func (q *Quotas) reservation(id string, h held) store.Reservation {
+	return store.Reservation{ID: id, Team: h.team, Node: q.node, CPUs: h.size.CPUs, MemoryMB: h.size.MemoryMB,
+		Paused: h.paused, Expires: time.Now().Add(q.lease)}
 }
 
 // Admit implements tenancy.Admission: the size is checked against the
@@ -121,23 +171,27 @@ func (q *Quotas) Admit(team string, size tenancy.Size) (*tenancy.Hold, error) {
 	}
 	ctx, cancel := q.ctx()
 	defer cancel()
-	hold := "hold-" + store.NewID()
-	if err := q.st.Reserve(ctx, q.reservation(hold, team, size, false), q.Defaults()); err != nil {
+	hold, h := "hold-"+store.NewID(), held{team: team, size: size}
+	q.hold(hold, h) // before the insert: Renew must not drop it
+	if err := q.st.Reserve(ctx, q.reservation(hold, h), q.Defaults()); err != nil {
+		q.unhold(hold) // Renew drops it if it was written after all
 		return nil, err
 	}
 	return tenancy.NewHold(func(id string) {
 		ctx, cancel := q.ctx()
 		defer cancel()
+		q.hold(id, h)
 		if err := q.st.RenameReservation(ctx, hold, id); err != nil {
-			// Keep the count right under the sandbox's ID.
-			_ = q.st.ForceReservation(ctx, q.reservation(id, team, size, false))
-			q.release(ctx, hold)
+			// Renew writes id's and drops the hold's if this fails.
+			_ = q.st.ForceReservation(ctx, q.reservation(id, h))
 		}
+		q.unhold(hold)
 		q.Quotas.Adopt(id, team, size, false)
 	}, func() {
 		ctx, cancel := q.ctx()
 		defer cancel()
-		q.release(ctx, hold)
+		q.unhold(hold)
+		_ = q.st.ReleaseReservation(ctx, hold)
 	}), nil
 }
 
@@ -162,10 +216,12 @@ func (q *Quotas) move(id string, paused bool, local func(string) (func(), error)
 		undoLocal()
 		return nil, err
 	}
+	q.setPaused(id, paused)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			undoLocal()
+			q.setPaused(id, !paused)
 			ctx, cancel := q.ctx()
 			defer cancel()
 			_ = q.st.SetReservationPaused(ctx, id, !paused)
@@ -173,21 +229,33 @@ func (q *Quotas) move(id string, paused bool, local func(string) (func(), error)
 	}, nil
 }
 
+func (q *Quotas) setPaused(id string, paused bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if h, ok := q.live[id]; ok {
+		h.paused = paused
+		q.live[id] = h
+	}
+}
+
 // Adopt implements tenancy.Admission: the sandbox is reserved whatever
 // the limits.
 func (q *Quotas) Adopt(id, team string, size tenancy.Size, paused bool) {
 	q.Quotas.Adopt(id, team, size, paused)
+	h := held{team: team, size: size, paused: paused}
+	q.hold(id, h)
 	ctx, cancel := q.ctx()
 	defer cancel()
-	_ = q.st.ForceReservation(ctx, q.reservation(id, team, size, paused))
+	_ = q.st.ForceReservation(ctx, q.reservation(id, h))
 }
 
 // Remove implements tenancy.Admission.
 func (q *Quotas) Remove(id string) {
 	q.Quotas.Remove(id)
+	q.unhold(id)
 	ctx, cancel := q.ctx()
 	defer cancel()
-	q.release(ctx, id)
+	_ = q.st.ReleaseReservation(ctx, id) // else Renew drops it
 }
 
 var _ tenancy.Admission = (*Quotas)(nil)
