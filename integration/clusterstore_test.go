@@ -105,9 +105,10 @@ func TestServeSharedDatabase(t *testing.T) {
 // on one PostgreSQL database and sealing key, two routers with
 // --shared-database): a secret stored through router A is swapped in by
 // the gateway of a sandbox on node C placed through router B (the
-// upstream sees the real value), and a team's limit of 5 set through one
-// router holds across the three nodes under 30 creates at once through
-// both routers.
+// upstream sees the real value), a key minted through A works through B
+// until revoked through B, and a team's limit of 5 set through one router
+// holds across the three nodes under 30 creates at once through both
+// routers.
 func TestScaleoutSharedDatabase(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireTemplate(t, "base")
@@ -166,6 +167,27 @@ func TestScaleoutSharedDatabase(t *testing.T) {
 		t.Errorf("the upstream did not get the secret stored through router A: %q", fn.since(m))
 	}
 	cb.Kill(ctxT(t), onC.ID())
+
+	// A key minted through router A works through router B, until it is
+	// revoked through B: then A refuses it on its next request.
+	st, b, err := httpDo("POST", ra.URL+"/api-keys", []byte(`{"name":"through a"}`), hdr)
+	var minted struct {
+		ID  string `json:"id"`
+		Key string `json:"key"`
+	}
+	if err != nil || st != http.StatusCreated || json.Unmarshal(b, &minted) != nil || minted.Key == "" {
+		t.Fatalf("POST /api-keys through router A = %d %s %v", st, b, err)
+	}
+	teamHdr := map[string]string{"X-API-Key": minted.Key}
+	if st, b, err := httpDo("GET", rb.URL+"/v2/sandboxes", nil, teamHdr); err != nil || st != http.StatusOK {
+		t.Fatalf("router A's key through router B = %d %s %v", st, b, err)
+	}
+	if st, b, err := httpDo("DELETE", rb.URL+"/api-keys/"+minted.ID, nil, hdr); err != nil || st != http.StatusNoContent {
+		t.Fatalf("DELETE /api-keys through router B = %d %s %v", st, b, err)
+	}
+	if st, b, err := httpDo("GET", ra.URL+"/v2/sandboxes", nil, teamHdr); err != nil || st != http.StatusUnauthorized {
+		t.Fatalf("a key revoked through router B, through router A = %d %s %v", st, b, err)
+	}
 
 	if st, b, err := httpDo("PUT", rb.URL+"/teams/"+tenancy.DefaultTeamID+"/limits", []byte(`{"concurrentSandboxes":5}`), hdr); err != nil || st != http.StatusOK {
 		t.Fatalf("PUT limits through router B = %d %s %v", st, b, err)

@@ -11,7 +11,9 @@
 //   - Control-plane routes other than GET /health require the API key in
 //     X-API-Key (or, on GET /metrics, as a Bearer token), compared in
 //     constant time, before anything reaches a node; the API fails closed
-//     without a key.
+//     without a key. With SharedRecords, another key (a team's API key in
+//     X-API-Key, or an access token as a Bearer token) is passed on and
+//     checked by the node, against the database every node shares.
 //   - A create goes to a live node that is not draining, preferring nodes
 //     that have the template, the best of K random candidates by free
 //     capacity (less the creates this router has in flight to it). A node
@@ -79,7 +81,9 @@ type Options struct {
 	K int
 	// SharedRecords says the nodes keep their shared records in one
 	// database (fence serve --database): every node gives the same answer
-	// on /secrets, which is then sent to any live node instead of 501.
+	// on /secrets, which is then sent to any live node instead of 501,
+	// and every node knows every team's keys, so a key other than APIKey
+	// is passed to the nodes, which check it, instead of refused.
 	SharedRecords bool
 	Logger        *slog.Logger
 }
@@ -98,6 +102,7 @@ type Router struct {
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
 	perNode  []string // the routes answered 501 (notThroughRouter, less the shared)
+	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
 }
 
 const maxBodyBytes = 1 << 20
@@ -119,6 +124,7 @@ func New(opts Options) *Router {
 		rt.log = slog.New(slog.DiscardHandler)
 	}
 	if opts.SharedRecords {
+		rt.teamKeys = true
 		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
 	}
 	if rt.tr == nil {
@@ -200,7 +206,13 @@ func (rt *Router) authenticated(r *http.Request) bool {
 			got = []byte(tok)
 		}
 	}
-	return len(rt.apiKey) > 0 && subtle.ConstantTimeCompare(got, rt.apiKey) == 1
+	if len(rt.apiKey) > 0 && subtle.ConstantTimeCompare(got, rt.apiKey) == 1 {
+		return true
+	}
+	// Nodes on one database check a team's API key or access token
+	// themselves, on every request (a revoked one fails at once on all).
+	bearer := strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return rt.teamKeys && r.URL.Path != "/metrics" && (len(got) > 0 || bearer)
 }
 
 func (rt *Router) serveSandbox(w http.ResponseWriter, r *http.Request, id string, bad error) {

@@ -132,6 +132,37 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 			t.Errorf("shared records: GET %s = %d, want %d", path, resp.StatusCode, want)
 		}
 	}
+	// A team's key is the nodes' to check when they share one database;
+	// otherwise the router refuses it, and a request without a key.
+	for _, c := range []struct {
+		url  string
+		hdr  map[string]string
+		want int
+	}{
+		{shared.URL, map[string]string{"X-API-Key": "e2b_team"}, 299},
+		{shared.URL, map[string]string{"Authorization": "Bearer sk_e2b_team"}, 299},
+		{shared.URL, nil, 401},
+		{shared.URL + "/metrics?", map[string]string{"X-API-Key": "e2b_team"}, 401},
+		{srv.URL, map[string]string{"X-API-Key": "e2b_team"}, 401},
+		{srv.URL, map[string]string{"Authorization": "Bearer sk_e2b_team"}, 401},
+	} {
+		u := c.url + "/sandboxes/" + onLive
+		if strings.HasSuffix(c.url, "?") {
+			u = strings.TrimSuffix(c.url, "?")
+		}
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range c.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s with %v = %d, want %d", u, c.hdr, resp.StatusCode, c.want)
+		}
+	}
 	if notThroughRouter[0] != "/secrets" {
 		t.Errorf("notThroughRouter changed: %v", notThroughRouter)
 	}
