@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,16 +54,24 @@ func (e *engine) args(args []any) []any {
 	if !e.pg {
 		return args
 	}
+	var out []any // a copy, made at the first bool: the caller's slice stays
 	for i, a := range args {
-		if b, ok := a.(bool); ok {
-			if b {
-				args[i] = int64(1)
-			} else {
-				args[i] = int64(0)
-			}
+		b, ok := a.(bool)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(args)
+		}
+		out[i] = int64(0)
+		if b {
+			out[i] = int64(1)
 		}
 	}
-	return args
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (e *engine) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
