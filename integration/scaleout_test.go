@@ -45,11 +45,11 @@ type routerProc struct {
 	waitErr error
 }
 
-func startRouter(t *testing.T, k *kubeEnv, key string, delay time.Duration) *routerProc {
+func startRouter(t *testing.T, k *kubeEnv, key string, delay time.Duration, extra ...string) *routerProc {
 	t.Helper()
 	r := &routerProc{t: t, out: &syncBuffer{}, exited: make(chan struct{})}
-	r.cmd = exec.Command(testutil.FenceBinary(t), "router", "--addr", "127.0.0.1:0",
-		"--kubeconfig", k.Kubeconfig["router"], "--namespace", "fence", "--shutdown-delay", delay.String())
+	r.cmd = exec.Command(testutil.FenceBinary(t), append([]string{"router", "--addr", "127.0.0.1:0",
+		"--kubeconfig", k.Kubeconfig["router"], "--namespace", "fence", "--shutdown-delay", delay.String()}, extra...)...)
 	r.cmd.Env = append(os.Environ(), "FENCE_API_KEY="+key)
 	r.cmd.Stderr = r.out
 	stdout, err := r.cmd.StdoutPipe()
@@ -99,8 +99,9 @@ func (r *routerProc) health() (status int, live, placeable int) {
 	return st, h.Nodes, h.Placeable
 }
 
-// startNode starts `fence serve` as cluster node name, with the shared key.
-func startNode(t *testing.T, k *kubeEnv, name, key string) *daemon {
+// startNode starts `fence serve` as cluster node name, with the shared key
+// and the extra flags.
+func startNode(t *testing.T, k *kubeEnv, name, key string, extra ...string) *daemon {
 	t.Helper()
 	d := &daemon{t: t, DataDir: filepath.Join(testutil.StateDir(t), name), Key: key, out: &syncBuffer{}}
 	t.Cleanup(func() {
@@ -112,7 +113,7 @@ func startNode(t *testing.T, k *kubeEnv, name, key string) *daemon {
 		}
 		unmountUnder(d.DataDir)
 	})
-	d.start("--cluster-kubeconfig", k.Kubeconfig["node"], "--cluster-namespace", "fence", "--cluster-node-name", name)
+	d.start(append([]string{"--cluster-kubeconfig", k.Kubeconfig["node"], "--cluster-namespace", "fence", "--cluster-node-name", name}, extra...)...)
 	return d
 }
 

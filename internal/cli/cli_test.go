@@ -131,7 +131,18 @@ func TestServeOptions(t *testing.T) {
 	if code != 0 || !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve with flags = %d, %+v, want %+v", code, got, want)
 	}
-	for _, bad := range [][]string{{"--idle-pause", "-1s"}, {"--idle-pause", "100ms"}, {"--max-lifetime", "-1h"}, {"--max-lifetime", "1h", "--timeout", "2h"}, {"--layer-fs", "zfs"}, {"--layer-fs", "btrfs", "--layer-fs-size", "10M"}, {"--layer-fs-size", "lots"}} {
+	code, _, _ = execute(t, deps, "", "serve", "--database", "postgres://fence@db/fence", "--secrets-key", "/k")
+	if code != 0 || got.Database != "postgres://fence@db/fence" || got.SecretsKey != "/k" {
+		t.Errorf("fence serve --database = %d, %q, %q", code, got.Database, got.SecretsKey)
+	}
+	t.Setenv("FENCE_DATABASE_URL", "postgresql://fence:pw@db/fence")
+	code, _, _ = execute(t, deps, "", "serve", "--secrets-key", "/k")
+	if code != 0 || got.Database != "postgresql://fence:pw@db/fence" {
+		t.Errorf("fence serve with $FENCE_DATABASE_URL = %d, %q", code, got.Database)
+	}
+	t.Setenv("FENCE_DATABASE_URL", "")
+	for _, bad := range [][]string{{"--idle-pause", "-1s"}, {"--idle-pause", "100ms"}, {"--max-lifetime", "-1h"}, {"--max-lifetime", "1h", "--timeout", "2h"}, {"--layer-fs", "zfs"}, {"--layer-fs", "btrfs", "--layer-fs-size", "10M"}, {"--layer-fs-size", "lots"},
+		{"--database", "mysql://db", "--secrets-key", "/k"}, {"--database", "postgres://db/fence"}} {
 		if code, _, _ := execute(t, deps, "", append([]string{"serve"}, bad...)...); code != 2 {
 			t.Errorf("fence serve %v = %d, want 2 (usage)", bad, code)
 		}

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -79,6 +81,7 @@ func serveCmd(deps Deps) *cobra.Command {
 			if deps.Serve == nil {
 				return errUnavailable("fence serve")
 			}
+			c.Database = cmp.Or(c.Database, os.Getenv("FENCE_DATABASE_URL"))
 			if err := checkServe(c); err != nil {
 				return err
 			}
@@ -177,6 +180,8 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.DurationVar(&c.ForensicsRetention, "forensics-retention", 0, "how long a killed sandbox's filesystem changes are kept for `fence sandbox export` (default 24h; negative: not kept)")
 	fs.Var(newSizeValue(&c.ForensicsBudget, "", "want a size above zero such as 500MiB or 2GiB", atLeast(1)), "forensics-budget", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
+	fs.StringVar(&c.Database, "database", "", "PostgreSQL URL (postgres://USER:PASSWORD@HOST/DB) of the records a cluster's nodes share: teams, keys, limits, quotas, secrets (default $FENCE_DATABASE_URL, else DATA-DIR/fence.db alone); see docs/CLUSTER.md")
+	fs.StringVar(&c.SecretsKey, "secrets-key", "", "file of the key sealing secrets (default DATA-DIR/secrets.key, made on first use); with --database it must exist, the same on every node")
 }
 
 // atLeast accepts the sizes of min bytes or more.
@@ -201,6 +206,12 @@ func checkServe(c fencedaemon.Config) error {
 	}
 	if err := checkTeamLimits(c.TeamLimits); err != nil {
 		return err
+	}
+	if c.Database != "" && !strings.HasPrefix(c.Database, "postgres://") && !strings.HasPrefix(c.Database, "postgresql://") {
+		return usagef("--database must be a postgres:// URL")
+	}
+	if c.Database != "" && c.SecretsKey == "" {
+		return usagef("--database needs --secrets-key: every node seals and opens secrets with the one key given to it")
 	}
 	switch {
 	case (c.TLSCert == "") != (c.TLSKey == ""):

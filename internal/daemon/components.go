@@ -85,6 +85,7 @@ type node struct {
 	idle      *idle.Tracker      // the sandboxes' use, for the idle pause (the manager's Options.Idle)
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 	quotas    *tenancy.Quotas    // the teams' limits and what their sandboxes take
+	admission tenancy.Admission  // quotas, or over them the cluster's (clusterquota)
 }
 
 // components are the daemon's parts, listed in an order their
@@ -242,13 +243,14 @@ func (d *node) watchHosts(ctx context.Context) error {
 // the download log (the egress gateway reads secrets from one and records
 // downloads in the other).
 func (d *node) openStore(ctx context.Context) error {
-	st, err := store.Open(ctx, filepath.Join(d.opts.DataDir, "fence.db"))
+	st, err := store.OpenWith(ctx, store.Options{Path: filepath.Join(d.opts.DataDir, "fence.db"), DatabaseURL: d.opts.Database})
 	if err != nil {
 		return fmt.Errorf("opening store: %w", err)
 	}
 	d.closers.push(func() { st.Close() })
 	d.st = st
-	if d.secrets, err = secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(d.opts.DataDir, "secrets.key")}); err != nil {
+	if d.secrets, err = secrets.Open(secrets.Options{DB: st, NoCreate: d.opts.Database != "",
+		KeyPath: cmp.Or(d.opts.SecretsKey, filepath.Join(d.opts.DataDir, "secrets.key"))}); err != nil {
 		return fmt.Errorf("opening secret store: %w", err)
 	}
 	if d.downloads, err = downloads.Open(ctx, st, downloads.Options{}); err != nil {
@@ -405,7 +407,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Templates:    templates,
 		Defaults:     o.Defaults,
 		MaxSandboxes: o.MaxSandboxes,
-		Quota:        d.quotas,
+		Quota:        d.admission,
 		Logger:       d.log,
 
 		Network: d.nets,

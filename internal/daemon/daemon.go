@@ -159,6 +159,15 @@ type Config struct {
 	NoAudit bool
 	// Cluster, if set, makes the daemon a node of a fence cluster.
 	Cluster *ClusterOptions
+	// Database, if set, is the PostgreSQL URL (postgres://…) of the
+	// records every node of a cluster shares: teams, keys, limits, quota
+	// reservations, secrets (store.Options.DatabaseURL). Empty keeps them
+	// in DataDir/fence.db with the rest.
+	Database string
+	// SecretsKey is the file of the key sealing secrets; empty means
+	// DataDir/secrets.key. With Database it must exist (every node reads
+	// the cluster's one key): it is never made then.
+	SecretsKey string
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is

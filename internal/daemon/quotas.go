@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
+	"os"
 
 	"github.com/fencesandbox/fence/internal/tenancy"
+	"github.com/fencesandbox/fence/internal/tenancy/clusterquota"
 )
 
 // openQuotas loads the teams' own limits from the store, over the
@@ -19,6 +22,25 @@ func (d *node) openQuotas(ctx context.Context) error {
 	if err := q.Load(ctx); err != nil {
 		return err
 	}
-	d.quotas = q
+	d.quotas, d.admission = q, q
+	if d.st.Shared() {
+		// The nodes sharing the database hold the teams' limits together.
+		cq := clusterquota.New(q, d.st, d.nodeName(), 0)
+		if err := cq.Start(ctx); err != nil {
+			return err
+		}
+		go cq.Run(ctx)
+		d.admission = cq
+	}
 	return nil
+}
+
+// nodeName is the node's name in its cluster, else the host's name: what
+// its quota reservations carry.
+func (d *node) nodeName() string {
+	if d.opts.Cluster != nil && d.opts.Cluster.Name != "" {
+		return d.opts.Cluster.Name
+	}
+	h, _ := os.Hostname()
+	return cmp.Or(h, "fence")
 }

@@ -11,7 +11,9 @@
 //   - Control-plane routes other than GET /health require the API key in
 //     X-API-Key (or, on GET /metrics, as a Bearer token), compared in
 //     constant time, before anything reaches a node; the API fails closed
-//     without a key.
+//     without a key. With SharedRecords, another key (a team's API key in
+//     X-API-Key, or an access token as a Bearer token) is passed on and
+//     checked by the node, against the database every node shares.
 //   - A create goes to a live node that is not draining, preferring nodes
 //     that have the template, the best of K random candidates by free
 //     capacity (less the creates this router has in flight to it). A node
@@ -25,6 +27,9 @@
 //     traffic.
 //   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
 //     pagination (limit, nextToken, X-Next-Token) across nodes.
+//   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
+//     but /secrets when the nodes share one database (SharedRecords):
+//     then any live node answers it for the cluster.
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
@@ -73,8 +78,14 @@ type Options struct {
 	// http.DefaultTransport.
 	Transport http.RoundTripper
 	// K is how many random candidates a create compares; 0 means 2.
-	K      int
-	Logger *slog.Logger
+	K int
+	// SharedRecords says the nodes keep their shared records in one
+	// database (fence serve --database): every node gives the same answer
+	// on /secrets, which is then sent to any live node instead of 501,
+	// and every node knows every team's keys, so a key other than APIKey
+	// is passed to the nodes, which check it, instead of refused.
+	SharedRecords bool
+	Logger        *slog.Logger
 }
 
 // Router is the http.Handler of `fence router`.
@@ -90,6 +101,8 @@ type Router struct {
 	client   *http.Client
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
+	perNode  []string // the routes answered 501 (notThroughRouter, less the shared)
+	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
 }
 
 const maxBodyBytes = 1 << 20
@@ -106,9 +119,13 @@ type route struct {
 // New returns a Router.
 func New(opts Options) *Router {
 	rt := &Router{nodes: opts.Nodes, apiKey: []byte(opts.APIKey), token: opts.Token, domain: opts.Domain,
-		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport}
+		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport, perNode: notThroughRouter}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.SharedRecords {
+		rt.teamKeys = true
+		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
 	}
 	if rt.tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -189,7 +206,13 @@ func (rt *Router) authenticated(r *http.Request) bool {
 			got = []byte(tok)
 		}
 	}
-	return len(rt.apiKey) > 0 && subtle.ConstantTimeCompare(got, rt.apiKey) == 1
+	if len(rt.apiKey) > 0 && subtle.ConstantTimeCompare(got, rt.apiKey) == 1 {
+		return true
+	}
+	// Nodes on one database check a team's API key or access token
+	// themselves, on every request (a revoked one fails at once on all).
+	bearer := strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return rt.teamKeys && r.URL.Path != "/metrics" && (len(got) > 0 || bearer)
 }
 
 func (rt *Router) serveSandbox(w http.ResponseWriter, r *http.Request, id string, bad error) {
@@ -241,9 +264,13 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 // lives on the node that opened it, and its tools see that node only.
 var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
 
+// sharedRoutes are those of notThroughRouter every node answers alike
+// when the nodes share one database (Options.SharedRecords).
+var sharedRoutes = []string{"/secrets"}
+
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
-	for _, pre := range notThroughRouter {
+	for _, pre := range rt.perNode {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			writeErr(w, http.StatusNotImplemented, p+" is kept per node and is not served through fence router")
 			return

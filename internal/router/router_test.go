@@ -117,6 +117,55 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
 		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
 	}
+	// Nodes sharing one database answer /secrets alike: any one does.
+	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true}))
+	defer shared.Close()
+	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501} {
+		req, _ := http.NewRequest("GET", shared.URL+path, nil)
+		req.Header.Set("X-API-Key", "key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("shared records: GET %s = %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	// A team's key is the nodes' to check when they share one database;
+	// otherwise the router refuses it, and a request without a key.
+	for _, c := range []struct {
+		url  string
+		hdr  map[string]string
+		want int
+	}{
+		{shared.URL, map[string]string{"X-API-Key": "e2b_team"}, 299},
+		{shared.URL, map[string]string{"Authorization": "Bearer sk_e2b_team"}, 299},
+		{shared.URL, nil, 401},
+		{shared.URL + "/metrics?", map[string]string{"X-API-Key": "e2b_team"}, 401},
+		{srv.URL, map[string]string{"X-API-Key": "e2b_team"}, 401},
+		{srv.URL, map[string]string{"Authorization": "Bearer sk_e2b_team"}, 401},
+	} {
+		u := c.url + "/sandboxes/" + onLive
+		if strings.HasSuffix(c.url, "?") {
+			u = strings.TrimSuffix(c.url, "?")
+		}
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range c.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s with %v = %d, want %d", u, c.hdr, resp.StatusCode, c.want)
+		}
+	}
+	if notThroughRouter[0] != "/secrets" {
+		t.Errorf("notThroughRouter changed: %v", notThroughRouter)
+	}
 	rt.SetDraining()
 	if st, _ := do("GET", "/health", nil); st != 503 {
 		t.Errorf("health while draining: %d", st)

@@ -39,6 +39,8 @@ type Config struct {
 	// ShutdownGrace bounds the wait for requests in flight after that;
 	// zero means 60 seconds.
 	ShutdownGrace time.Duration
+	// SharedRecords: the nodes share one database (Options.SharedRecords).
+	SharedRecords bool
 	Logger        *slog.Logger
 	Stdout        io.Writer
 }
@@ -84,7 +86,8 @@ func Serve(ctx context.Context, o Config) error {
 	if err != nil {
 		return err
 	}
-	rt := New(Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log})
+	rt := New(Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
+		SharedRecords: o.SharedRecords})
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)

@@ -73,6 +73,9 @@ type Options struct {
 	DB *store.Store
 	// KeyPath is the key file. Required.
 	KeyPath string
+	// NoCreate refuses to make a missing key file: the key is given (a
+	// cluster's, which every node reads), so Open fails without it.
+	NoCreate bool
 	// MaxSecrets caps the number of secrets; zero means MaxSecrets.
 	MaxSecrets int
 	// Now returns the current time; nil means time.Now.
@@ -108,6 +111,8 @@ func Open(opts Options) (*Store, error) {
 	var aead cipher.AEAD
 	key, err := readKey(opts.KeyPath)
 	switch {
+	case errors.Is(err, errNoKey) && opts.NoCreate:
+		return nil, fmt.Errorf("secrets key %s is missing: every node of a cluster reads the one key given to it", opts.KeyPath)
 	case errors.Is(err, errNoKey):
 	case err != nil:
 		return nil, err

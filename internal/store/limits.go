@@ -19,7 +19,7 @@ const migrationTeamLimits = `CREATE TABLE team_limits (
 
 // TeamLimits returns every team's own limits, by team ID.
 func (s *Store) TeamLimits(ctx context.Context) (map[string]tenancy.Limits, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT team, doc FROM team_limits`)
+	rows, err := s.shared.QueryContext(ctx, `SELECT team, doc FROM team_limits`)
 	if err != nil {
 		return nil, fmt.Errorf("listing team limits: %w", err)
 	}
@@ -48,7 +48,7 @@ func (s *Store) SetTeamLimits(ctx context.Context, team string, l tenancy.Limits
 	if err != nil {
 		return err
 	}
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO team_limits (team, doc, updated_at) VALUES (?, ?, ?)
+	if _, err := s.shared.ExecContext(ctx, `INSERT INTO team_limits (team, doc, updated_at) VALUES (?, ?, ?)
 		ON CONFLICT (team) DO UPDATE SET doc = excluded.doc, updated_at = excluded.updated_at`,
 		team, string(doc), time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("setting the limits of team %s: %w", team, err)

@@ -20,10 +20,7 @@ func TestTeamLimitsPersist(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = reopen(t, path)
 	defer s.Close()
 	got, err := s.TeamLimits(ctx)
 	if err != nil || len(got) != 1 || got["t1"] != l {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -46,8 +45,9 @@ const secretColumns = `id, name, version, metadata, sealed, created_at, updated_
 
 // InsertSecret adds a secret record unless the store already holds
 // capacity of them (0: no cap). A taken name or ID, and a full store, give an error
-// wrapping api.ErrConflict. The count and the insert are one statement, so
-// concurrent inserts cannot overshoot capacity.
+// wrapping api.ErrConflict. The count and the insert are one statement
+// (in PostgreSQL under a lock every node takes), so concurrent inserts
+// cannot overshoot capacity.
 func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) error {
 	md, err := encodeMetadata(sec.Metadata)
 	if err != nil {
@@ -57,11 +57,22 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 	if capacity <= 0 {
 		limit = -1
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
+	tx, err := s.shared.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("inserting secret: %w", err)
+	}
+	defer tx.Rollback()
+	if err := tx.serialize(ctx, "secrets"); err != nil {
+		return fmt.Errorf("inserting secret: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
 		SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE ? < 0 OR (SELECT COUNT(*) FROM secrets) < ?`,
 		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), ownerOf(ctx, sec.Team), limit, limit)
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUniqueViolation(err) {
 			return fmt.Errorf("inserting secret: name or ID taken: %w", api.ErrConflict)
 		}
 		return fmt.Errorf("inserting secret: %w", err)
@@ -89,7 +100,7 @@ func (s *Store) SecretByName(ctx context.Context, name string) (*Secret, error) 
 
 func (s *Store) secretWhere(ctx context.Context, col, v string) (*Secret, error) {
 	cond, args := scope(ctx, "secrets")
-	row := s.db.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE `+col+` = ? AND `+cond, append([]any{v}, args...)...)
+	row := s.shared.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE `+col+` = ? AND `+cond, append([]any{v}, args...)...)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting secret: %w", ErrSecretNotFound)
@@ -115,7 +126,7 @@ func (s *Store) ListSecrets(ctx context.Context, after *SecretCursor, limit int)
 		q += ` LIMIT ?`
 		args = append(args, limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.shared.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing secrets: %w", err)
 	}
@@ -153,7 +164,7 @@ func (s *Store) UpdateSecret(ctx context.Context, id string, from int64, sealed 
 	cond, scoped := scope(ctx, "secrets")
 	q += ` WHERE id = ? AND version = ? AND ` + cond
 	args = append(append(args, id, from), scoped...)
-	res, err := s.db.ExecContext(ctx, q, args...)
+	res, err := s.shared.ExecContext(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("updating secret: %w", err)
 	}
@@ -174,7 +185,7 @@ func (s *Store) UpdateSecret(ctx context.Context, id string, from int64, sealed 
 // ErrSecretNotFound.
 func (s *Store) DeleteSecret(ctx context.Context, id string) error {
 	cond, args := scope(ctx, "secrets")
-	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE id = ? AND `+cond, append([]any{id}, args...)...)
+	res, err := s.shared.ExecContext(ctx, `DELETE FROM secrets WHERE id = ? AND `+cond, append([]any{id}, args...)...)
 	if err != nil {
 		return fmt.Errorf("deleting secret: %w", err)
 	}
@@ -191,7 +202,7 @@ func (s *Store) DeleteSecret(ctx context.Context, id string) error {
 // CountSecrets returns the number of secret records.
 func (s *Store) CountSecrets(ctx context.Context) (int, error) {
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM secrets`).Scan(&n); err != nil {
+	if err := s.shared.QueryRowContext(ctx, `SELECT COUNT(*) FROM secrets`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting secrets: %w", err)
 	}
 	return n, nil

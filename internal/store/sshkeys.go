@@ -42,15 +42,18 @@ type SSHKey struct {
 // ErrSSHKeyExists and changes nothing.
 func (s *Store) InsertSSHKey(ctx context.Context, k *SSHKey) error {
 	var exists bool
-	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ssh_keys WHERE fingerprint = ?)`,
+	if err := s.shared.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ssh_keys WHERE fingerprint = ?)`,
 		k.Fingerprint).Scan(&exists); err != nil {
 		return fmt.Errorf("checking ssh key: %w", err)
 	}
 	if exists {
 		return ErrSSHKeyExists
 	}
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO ssh_keys (id, team, name, public_key, fingerprint, created_at)
+	if _, err := s.shared.ExecContext(ctx, `INSERT INTO ssh_keys (id, team, name, public_key, fingerprint, created_at)
 		VALUES (?, ?, ?, ?, ?, ?)`, k.ID, k.Team, k.Name, k.PublicKey, k.Fingerprint, k.CreatedAt.UnixNano()); err != nil {
+		if isUniqueViolation(err) {
+			return ErrSSHKeyExists // registered meanwhile (by another node)
+		}
 		return fmt.Errorf("storing ssh key: %w", err)
 	}
 	return nil
@@ -58,7 +61,7 @@ func (s *Store) InsertSSHKey(ctx context.Context, k *SSHKey) error {
 
 // ListSSHKeys returns team's keys, oldest first.
 func (s *Store) ListSSHKeys(ctx context.Context, team string) ([]SSHKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, team, name, public_key, fingerprint, created_at
+	rows, err := s.shared.QueryContext(ctx, `SELECT id, team, name, public_key, fingerprint, created_at
 		FROM ssh_keys WHERE team = ? ORDER BY created_at, id`, team)
 	if err != nil {
 		return nil, fmt.Errorf("listing ssh keys: %w", err)
@@ -77,7 +80,7 @@ func (s *Store) ListSSHKeys(ctx context.Context, team string) ([]SSHKey, error) 
 
 // SSHKeyByFingerprint returns the key with fingerprint, or ErrSSHKeyNotFound.
 func (s *Store) SSHKeyByFingerprint(ctx context.Context, fingerprint string) (SSHKey, error) {
-	k, err := scanSSHKey(s.db.QueryRowContext(ctx, `SELECT id, team, name, public_key, fingerprint, created_at
+	k, err := scanSSHKey(s.shared.QueryRowContext(ctx, `SELECT id, team, name, public_key, fingerprint, created_at
 		FROM ssh_keys WHERE fingerprint = ?`, fingerprint).Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SSHKey{}, ErrSSHKeyNotFound
@@ -87,7 +90,7 @@ func (s *Store) SSHKeyByFingerprint(ctx context.Context, fingerprint string) (SS
 
 // DeleteSSHKey removes team's key id, or gives ErrSSHKeyNotFound.
 func (s *Store) DeleteSSHKey(ctx context.Context, team, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM ssh_keys WHERE id = ? AND team = ?`, id, team)
+	res, err := s.shared.ExecContext(ctx, `DELETE FROM ssh_keys WHERE id = ? AND team = ?`, id, team)
 	if err != nil {
 		return fmt.Errorf("deleting ssh key: %w", err)
 	}

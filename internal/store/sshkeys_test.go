@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,11 +11,7 @@ import (
 
 func TestSSHKeys(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "fence.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, _ := openTest(t)
 	a := &SSHKey{ID: "k1", Team: tenancy.DefaultTeamID, Name: "a", PublicKey: "ssh-ed25519 AAAA1", Fingerprint: "SHA256:one", CreatedAt: time.Unix(1, 0)}
 	b := &SSHKey{ID: "k2", Team: "other", Name: "b", PublicKey: "ssh-ed25519 AAAA2", Fingerprint: "SHA256:two", CreatedAt: time.Unix(2, 0)}
 	for _, k := range []*SSHKey{a, b} {

@@ -27,6 +27,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -116,8 +117,30 @@ type Cursor struct {
 
 // Store is a handle on the database. It is safe for concurrent use.
 type Store struct {
-	db *sql.DB
+	// db holds the node's own records: its sandboxes, checkpoints,
+	// snapshots and built templates (whose layers are on its disk), its
+	// downloads. It is the SQLite file under the data directory.
+	db *engine
+	// shared holds the records every node of a cluster shares: teams,
+	// credentials, limits, quota reservations, secrets, SSH keys. It is
+	// db itself, or a PostgreSQL database (Options.DatabaseURL).
+	shared *engine
 }
+
+// Options say where a Store keeps its records.
+type Options struct {
+	// Path is the node's SQLite database file. Required.
+	Path string
+	// DatabaseURL, if set, is a PostgreSQL URL (postgres://…) where the
+	// records every node shares are kept instead of the file.
+	DatabaseURL string
+	// ConnectTimeout bounds the first contact with DatabaseURL; 0 means
+	// 10 seconds.
+	ConnectTimeout time.Duration
+}
+
+// Shared reports whether the shared records are in PostgreSQL.
+func (s *Store) Shared() bool { return s.shared.pg }
 
 // migrations are applied in order; their index+1 is the schema version.
 // Append only: never edit a migration that has shipped.
@@ -213,11 +236,41 @@ var migrations = []string{
 	migrationOwners,
 	// Public keys of the SSH server (sshkeys.go).
 	migrationSSHKeys,
+	// What each sandbox takes of its team's quota, shared by nodes (quota.go).
+	migrationQuotaReservations,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
-// the current schema.
+// the current schema: OpenWith of the file alone.
 func Open(ctx context.Context, path string) (*Store, error) {
+	return OpenWith(ctx, Options{Path: path})
+}
+
+// OpenWith opens (creating if needed) the node's database file and, if
+// o.DatabaseURL is set, the shared PostgreSQL database, and migrates both
+// to the current schema. Nodes starting at once against one PostgreSQL
+// database migrate it one at a time (under an advisory lock). A database
+// that cannot be reached within o.ConnectTimeout is an error naming it
+// (without its password).
+func OpenWith(ctx context.Context, o Options) (*Store, error) {
+	s, err := openFile(ctx, o.Path)
+	if err != nil || o.DatabaseURL == "" {
+		return s, err
+	}
+	pg, err := openPostgres(ctx, o.DatabaseURL, cmp.Or(o.ConnectTimeout, 10*time.Second))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.shared = pg
+	if err := s.migrate(ctx, pg); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("migrating %s: %w", RedactDSN(o.DatabaseURL), err)
+	}
+	return s, nil
+}
+
+func openFile(ctx context.Context, path string) (*Store, error) {
 	if err := restrictFiles(path); err != nil {
 		return nil, err
 	}
@@ -230,8 +283,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	s := &Store{db: db}
-	if err := s.migrate(ctx); err != nil {
+	e := &engine{sql: db}
+	s := &Store{db: e, shared: e}
+	if err := s.migrate(ctx, e); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrating %s: %w", path, err)
 	}
@@ -277,19 +331,35 @@ func restrictFiles(path string) error {
 	return nil
 }
 
-// Close closes the database. It is idempotent.
+// Close closes the databases. It is idempotent.
 func (s *Store) Close() error {
-	return s.db.Close()
+	err := s.db.Close()
+	if s.shared != s.db {
+		err = errors.Join(err, s.shared.Close())
+	}
+	return err
 }
 
-func (s *Store) migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+// migrate brings e's schema to the current version in one transaction;
+// in PostgreSQL under an advisory lock first, so that nodes starting at
+// once migrate one after the other (the later ones find nothing to do).
+func (s *Store) migrate(ctx context.Context, e *engine) error {
+	tx, err := e.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+	if e.pg {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(migrationLock)); err != nil {
+			return fmt.Errorf("locking the schema: %w", err)
+		}
+	}
+	ddl := `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`
+	if e.pg {
+		ddl = pgDDL(ddl)
+	}
+	if _, err := tx.ExecContext(ctx, ddl); err != nil {
 		return fmt.Errorf("creating migrations table: %w", err)
 	}
 	var version int
@@ -300,7 +370,11 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("schema version %d is newer than this binary's %d", version, len(migrations))
 	}
 	for i := version; i < len(migrations); i++ {
-		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+		m := migrations[i]
+		if e.pg {
+			m = pgDDL(m)
+		}
+		if _, err := tx.ExecContext(ctx, m); err != nil {
 			return fmt.Errorf("applying migration %d: %w", i+1, err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`,
@@ -347,7 +421,7 @@ func (s *Store) Insert(ctx context.Context, sb *Sandbox) error {
 		sb.ID, sb.Template, string(state), sb.CreatedAt.UnixNano(), sb.EndAt.UnixNano(), string(mdJSON),
 		sb.CPUs, sb.MemoryMB, sb.DiskMB, sb.EnvdAccessToken, allow, netJSON, sb.Slot, sb.Alias, ownerOf(ctx, sb.Team))
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUniqueViolation(err) {
 			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, api.ErrConflict)
 		}
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)

@@ -13,17 +13,34 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/store/pgtest"
 )
 
+// openTest opens a new store for t: the file alone, or the file and a
+// new PostgreSQL database when t runs under TestPostgres.
 func openTest(t *testing.T) (*Store, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "fence.db")
-	s, err := Open(t.Context(), path)
-	if err != nil {
-		t.Fatalf("Open(%s) = %v", path, err)
+	if onPostgres.Load() {
+		dsns.Store(path, pgtest.Database(t))
 	}
+	s := reopen(t, path)
 	t.Cleanup(func() { s.Close() })
 	return s, path
+}
+
+// reopen opens the store openTest made at path again.
+func reopen(t *testing.T, path string) *Store {
+	t.Helper()
+	o := Options{Path: path}
+	if dsn, ok := dsns.Load(path); ok {
+		o.DatabaseURL = dsn.(string)
+	}
+	s, err := OpenWith(t.Context(), o)
+	if err != nil {
+		t.Fatalf("OpenWith(%+v) = %v", o, err)
+	}
+	return s
 }
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)

@@ -165,7 +165,7 @@ func (s *Store) CreateTeam(ctx context.Context, name string) (*Team, error) {
 		return nil, err
 	}
 	t := &Team{ID: NewID(), Name: name, CreatedAt: time.Now().UTC()}
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO teams (id, name, created_at) VALUES (?, ?, ?)`,
+	if _, err := s.shared.ExecContext(ctx, `INSERT INTO teams (id, name, created_at) VALUES (?, ?, ?)`,
 		t.ID, t.Name, t.CreatedAt.UnixNano()); err != nil {
 		return nil, fmt.Errorf("creating team: %w", err)
 	}
@@ -178,7 +178,7 @@ func (s *Store) Team(ctx context.Context, id string) (*Team, error) {
 		t       Team
 		created int64
 	)
-	err := s.db.QueryRowContext(ctx, `SELECT id, name, created_at FROM teams WHERE id = ?`, id).Scan(&t.ID, &t.Name, &created)
+	err := s.shared.QueryRowContext(ctx, `SELECT id, name, created_at FROM teams WHERE id = ?`, id).Scan(&t.ID, &t.Name, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting team %.64q: %w", id, ErrTeamNotFound)
 	}
@@ -191,7 +191,7 @@ func (s *Store) Team(ctx context.Context, id string) (*Team, error) {
 
 // Teams returns every team, oldest first (the default team first).
 func (s *Store) Teams(ctx context.Context) ([]*Team, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM teams ORDER BY created_at, id`)
+	rows, err := s.shared.QueryContext(ctx, `SELECT id, name, created_at FROM teams ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing teams: %w", err)
 	}
@@ -237,7 +237,7 @@ func (s *Store) Mint(ctx context.Context, team string, k Kind, name, createdBy s
 	value := k.Prefix() + secret
 	// The team's existence and the insert are one statement: a team
 	// cannot vanish in between.
-	res, err := s.db.ExecContext(ctx, `INSERT INTO credentials (id, team_id, kind, name, hash, mask_prefix,
+	res, err := s.shared.ExecContext(ctx, `INSERT INTO credentials (id, team_id, kind, name, hash, mask_prefix,
 		mask_suffix, value_length, created_by, created_at)
 		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM teams WHERE id = ?)`,
 		c.ID, c.Team, string(k), c.Name, HashCredential(value), c.MaskPrefix, c.MaskSuffix, c.ValueLength,
@@ -292,7 +292,7 @@ func (s *Store) Authenticate(ctx context.Context, k Kind, value string) (*Creden
 		return nil, fmt.Errorf("authenticating: %w", ErrCredentialInvalid)
 	}
 	want := HashCredential(value)
-	row := s.db.QueryRowContext(ctx, `SELECT `+credentialColumns+` FROM credentials WHERE hash = ?`, want)
+	row := s.shared.QueryRowContext(ctx, `SELECT `+credentialColumns+` FROM credentials WHERE hash = ?`, want)
 	c, hash, err := scanCredential(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("authenticating: %w", ErrCredentialInvalid)
@@ -310,7 +310,7 @@ func (s *Store) Authenticate(ctx context.Context, k Kind, value string) (*Creden
 // within the minute before t is already recorded (so a busy key costs a
 // write a minute, not one a request).
 func (s *Store) TouchCredential(ctx context.Context, id string, t time.Time) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE credentials SET last_used = ? WHERE id = ? AND last_used < ?`,
+	_, err := s.shared.ExecContext(ctx, `UPDATE credentials SET last_used = ? WHERE id = ? AND last_used < ?`,
 		t.UnixNano(), id, t.Add(-time.Minute).UnixNano())
 	if err != nil {
 		return fmt.Errorf("recording a credential's use: %w", err)
@@ -320,7 +320,7 @@ func (s *Store) TouchCredential(ctx context.Context, id string, t time.Time) err
 
 // Credentials returns team's live credentials of kind k, oldest first.
 func (s *Store) Credentials(ctx context.Context, team string, k Kind) ([]*Credential, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+credentialColumns+` FROM credentials
+	rows, err := s.shared.QueryContext(ctx, `SELECT `+credentialColumns+` FROM credentials
 		WHERE team_id = ? AND kind = ? AND revoked_at = 0 ORDER BY created_at, id`, team, string(k))
 	if err != nil {
 		return nil, fmt.Errorf("listing credentials: %w", err)
@@ -343,7 +343,7 @@ func (s *Store) Credentials(ctx context.Context, team string, k Kind) ([]*Creden
 // Credential returns team's live credential id of kind k, or an error
 // wrapping ErrCredentialNotFound (also for another team's).
 func (s *Store) Credential(ctx context.Context, team string, k Kind, id string) (*Credential, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+credentialColumns+` FROM credentials
+	row := s.shared.QueryRowContext(ctx, `SELECT `+credentialColumns+` FROM credentials
 		WHERE id = ? AND team_id = ? AND kind = ? AND revoked_at = 0`, id, team, string(k))
 	c, _, err := scanCredential(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -361,7 +361,7 @@ func (s *Store) RenameCredential(ctx context.Context, team string, k Kind, id, n
 	if err := checkName("key", name); err != nil {
 		return err
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE credentials SET name = ?
+	res, err := s.shared.ExecContext(ctx, `UPDATE credentials SET name = ?
 		WHERE id = ? AND team_id = ? AND kind = ? AND revoked_at = 0`, name, id, team, string(k))
 	return checkCredential(res, err, "renaming credential")
 }
@@ -371,7 +371,7 @@ func (s *Store) RenameCredential(ctx context.Context, team string, k Kind, id, n
 // names it). A missing or already revoked one (or another team's) is an
 // error wrapping ErrCredentialNotFound.
 func (s *Store) RevokeCredential(ctx context.Context, team string, k Kind, id string, t time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE credentials SET revoked_at = ?
+	res, err := s.shared.ExecContext(ctx, `UPDATE credentials SET revoked_at = ?
 		WHERE id = ? AND team_id = ? AND kind = ? AND revoked_at = 0`, t.UnixNano(), id, team, string(k))
 	return checkCredential(res, err, "revoking credential")
 }

@@ -203,6 +203,16 @@ type Hold struct {
 	team string
 	size Size
 	once sync.Once
+	// commit and cancel, when set, are what Commit and Cancel do instead
+	// (NewHold).
+	commit func(id string)
+	cancel func()
+}
+
+// NewHold returns a Hold whose Commit calls commit and whose Cancel calls
+// cancel (only the first of them, once): for an Admission of its own.
+func NewHold(commit func(id string), cancel func()) *Hold {
+	return &Hold{commit: commit, cancel: cancel}
 }
 
 // Commit makes the hold sandbox id's. A nil Hold does nothing.
@@ -211,6 +221,10 @@ func (h *Hold) Commit(id string) {
 		return
 	}
 	h.once.Do(func() {
+		if h.commit != nil {
+			h.commit(id)
+			return
+		}
 		h.q.mu.Lock()
 		defer h.q.mu.Unlock()
 		h.q.boxes[id] = &box{team: h.team, size: h.size}
@@ -223,6 +237,10 @@ func (h *Hold) Cancel() {
 		return
 	}
 	h.once.Do(func() {
+		if h.cancel != nil {
+			h.cancel()
+			return
+		}
 		h.q.mu.Lock()
 		defer h.q.mu.Unlock()
 		h.q.addLocked(h.team, h.size, false, -1)
@@ -260,8 +278,37 @@ func (q *Quotas) Admit(team string, size Size) (*Hold, error) {
 	return &Hold{q: q, team: team, size: size}, nil
 }
 
-// checkSize refuses a sandbox that alone is over one of l, with E2B's
-// messages where E2B has one.
+// CheckSize refuses a sandbox that alone is over one of l, with E2B's
+// messages where E2B has one (errors wrapping api.ErrInvalidArgument).
+func CheckSize(l Limits, s Size) error { return checkSize(l, s) }
+
+// CheckRun refuses one more running sandbox of size s for a team using u,
+// at one of l's running limits, with E2B's message for the concurrency
+// one (errors wrapping api.ErrResourceExhausted).
+func CheckRun(l Limits, u Usage, s Size) error {
+	switch {
+	case l.ConcurrentSandboxes > 0 && u.Running+1 > l.ConcurrentSandboxes:
+		return fmt.Errorf("you have reached the maximum number of concurrent E2B sandboxes (%d). If you need more, please visit 'https://e2b.dev/docs/billing': %w",
+			l.ConcurrentSandboxes, api.ErrResourceExhausted)
+	case l.VCPUs > 0 && u.CPUs+s.CPUs > l.VCPUs+1e-9:
+		return fmt.Errorf("you have reached the maximum number of vCPUs of running sandboxes (%v in use, %v asked, limit %v): %w",
+			u.CPUs, s.CPUs, l.VCPUs, api.ErrResourceExhausted)
+	case l.MemoryMB > 0 && u.MemoryMB+s.MemoryMB > l.MemoryMB:
+		return fmt.Errorf("you have reached the maximum memory of running sandboxes (%d MiB in use, %d MiB asked, limit %d MiB): %w",
+			u.MemoryMB, s.MemoryMB, l.MemoryMB, api.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// CheckPause refuses one more paused sandbox for a team using u at l's
+// PausedSandboxes (an error wrapping api.ErrResourceExhausted).
+func CheckPause(l Limits, u Usage) error {
+	if l.PausedSandboxes > 0 && u.Paused+1 > l.PausedSandboxes {
+		return fmt.Errorf("you have reached the maximum number of paused sandboxes (%d): %w", l.PausedSandboxes, api.ErrResourceExhausted)
+	}
+	return nil
+}
+
 func checkSize(l Limits, s Size) error {
 	switch {
 	case l.VCPUs > 0 && s.CPUs > l.VCPUs:
@@ -286,18 +333,7 @@ func (q *Quotas) checkRunLocked(team string, l Limits, s Size) error {
 	if p := q.use[team]; p != nil {
 		u = *p
 	}
-	switch {
-	case l.ConcurrentSandboxes > 0 && u.Running+1 > l.ConcurrentSandboxes:
-		return fmt.Errorf("you have reached the maximum number of concurrent E2B sandboxes (%d). If you need more, please visit 'https://e2b.dev/docs/billing': %w",
-			l.ConcurrentSandboxes, api.ErrResourceExhausted)
-	case l.VCPUs > 0 && u.CPUs+s.CPUs > l.VCPUs+1e-9:
-		return fmt.Errorf("you have reached the maximum number of vCPUs of running sandboxes (%v in use, %v asked, limit %v): %w",
-			u.CPUs, s.CPUs, l.VCPUs, api.ErrResourceExhausted)
-	case l.MemoryMB > 0 && u.MemoryMB+s.MemoryMB > l.MemoryMB:
-		return fmt.Errorf("you have reached the maximum memory of running sandboxes (%d MiB in use, %d MiB asked, limit %d MiB): %w",
-			u.MemoryMB, s.MemoryMB, l.MemoryMB, api.ErrResourceExhausted)
-	}
-	return nil
+	return CheckRun(l, u, s)
 }
 
 // Pause implements Admission.
@@ -308,9 +344,12 @@ func (q *Quotas) Pause(id string) (func(), error) {
 	if b == nil || b.paused {
 		return func() {}, nil
 	}
-	l := q.limitsLocked(b.team)
-	if u := q.use[b.team]; l.PausedSandboxes > 0 && u != nil && u.Paused+1 > l.PausedSandboxes {
-		return nil, fmt.Errorf("you have reached the maximum number of paused sandboxes (%d): %w", l.PausedSandboxes, api.ErrResourceExhausted)
+	var u Usage
+	if p := q.use[b.team]; p != nil {
+		u = *p
+	}
+	if err := CheckPause(q.limitsLocked(b.team), u); err != nil {
+		return nil, err
 	}
 	q.moveLocked(b, true)
 	return q.undo(id, false), nil
