@@ -167,6 +167,12 @@ type Options struct {
 	// Approvals serves the egress approval routes (/approvals); nil
 	// answers 501 there.
 	Approvals Approvals
+	// UI serves the dashboard's assets under /ui (its paths without the
+	// prefix), and turns on its session routes (uisession.go); nil: no
+	// dashboard, /ui answers 404.
+	UI http.Handler
+	// UISessionTTL is the life of a dashboard session; zero means 12 h.
+	UISessionTTL time.Duration
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -208,7 +214,10 @@ type handler struct {
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
-	sshKeys    SSHKeyStore // nil: no /ssh-keys
+	sshKeys    SSHKeyStore  // nil: no /ssh-keys
+	ui         http.Handler // nil: no dashboard
+	uiTTL      time.Duration
+	sessions   uiSessions
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -240,6 +249,11 @@ func New(opts Options) http.Handler {
 		mcp:         opts.MCP,
 		sshKeys:     opts.SSHKeys,
 		approvals:   opts.Approvals,
+		ui:          opts.UI,
+		uiTTL:       opts.UISessionTTL,
+	}
+	if h.uiTTL <= 0 {
+		h.uiTTL = defaultUISessionTTL
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -269,6 +283,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.serveSandbox(w, r, t)
+		return
+	}
+	if h.ui != nil && isUIPath(r.URL.Path) {
+		h.serveUI(w, r)
 		return
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
