@@ -43,6 +43,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tenancy"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // node is the daemon being assembled: what each component made, for the
@@ -575,9 +576,11 @@ func (d *node) newServer() (*http.Server, error) {
 		Teams:           d.st,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
-		MCP:       mcpHandler,
-		SSHKeys:   d.st,
-		Approvals: d.approvals,
+		MCP:          mcpHandler,
+		SSHKeys:      d.st,
+		Approvals:    d.approvals,
+		UI:           dashboard(o.NoUI),
+		UISessionTTL: o.UISessionTTL,
 	})
 	handler := api
 	if o.Cluster != nil {
@@ -591,4 +594,12 @@ func (d *node) newServer() (*http.Server, error) {
 		TLSCert:       o.TLSCert,
 		TLSKey:        o.TLSKey,
 	})
+}
+
+// dashboard is the web dashboard's handler, nil when it is off.
+func dashboard(off bool) http.Handler {
+	if off {
+		return nil
+	}
+	return ui.Handler()
 }
