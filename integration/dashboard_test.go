@@ -95,8 +95,8 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	if err := chromedp.Do(sctx, actions...); err != nil {
-		if shot, _ := chromedp.Run(ctx, chromedp.FullScreenshot(80)); len(shot) > 0 {
-			_ = os.WriteFile(filepath.Join(failDir, strings.ReplaceAll(t.Name(), "/", "_")+"-failure.jpg"), shot, 0o644)
+		if shot, _ := chromedp.Run(ctx, chromedp.FullScreenshot(100)); len(shot) > 0 {
+			_ = os.WriteFile(filepath.Join(failDir, strings.ReplaceAll(t.Name(), "/", "_")+"-failure.png"), shot, 0o644)
 		}
 		body, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
 		t.Fatalf("%s: %v\npage text:\n%s", what, err, body)
@@ -123,11 +123,11 @@ func waitText(sel, want string) chromedp.Action[chromedp.Void] {
 
 func screenshot(dir, name string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		b, err := chromedp.FullScreenshot(90)(ctx, t)
+		b, err := chromedp.FullScreenshot(100)(ctx, t) // 100: PNG
 		if err != nil {
 			return err
 		}
-		return os.WriteFile(filepath.Join(dir, name+".jpg"), b, 0o644)
+		return os.WriteFile(filepath.Join(dir, name+".png"), b, 0o644)
 	})
 }
 
