@@ -61,9 +61,11 @@ async function sandboxes(root, signal) {
 }
 
 async function templates(root, signal, [id, build]) {
-  root.append(el('h1', {}, 'Templates'));
+  root.append(el('h1', {}, 'Templates'),
+    el('p', { className: 'muted' }, "fence's own templates (minimal, base, code-interpreter, …) are every team's; below are the team's built templates and snapshots."));
   const list = await api.call('GET', '/templates');
-  root.append(table(['template', 'aliases', 'public', 'CPU', 'memory', 'builds'],
+  if (!(list || []).length) root.append(status('No built templates.'));
+  else root.append(table(['template', 'aliases', 'public', 'CPU', 'memory', 'builds'],
     (list || []).map((t) => [
       el('a', { href: '#/templates/' + encodeURIComponent(t.templateID) }, t.templateID),
       (t.aliases || []).join(', '), t.public ? 'yes' : 'no', String(t.cpuCount ?? ''), t.memoryMB ? `${t.memoryMB} MiB` : '',
