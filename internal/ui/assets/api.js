@@ -3,12 +3,17 @@
 // sandbox proxy with the sandbox's access token.
 
 let csrf = '';
+let who = null;
 let onUnauthorized = () => {};
 
-export function setSession(token, unauthorized) {
-  csrf = token || '';
+export function setSession(s, unauthorized) {
+  who = s || null;
+  csrf = (s && s.csrfToken) || '';
   if (unauthorized) onUnauthorized = unauthorized;
 }
+
+// me is the signed-in session: {team, keyID, admin}.
+export function me() { return who; }
 
 export class APIError extends Error {
   constructor(status, message) { super(message); this.status = status; }
@@ -25,9 +30,10 @@ async function answer(r) {
   return data;
 }
 
-// call sends method path (a fence route) with body as JSON.
-export async function call(method, path, body) {
-  const headers = { 'X-Fence-CSRF': csrf };
+// call sends method path (a fence route) with body as JSON, and extra
+// headers.
+export async function call(method, path, body, extra = {}) {
+  const headers = { ...extra, 'X-Fence-CSRF': csrf };
   const init = { method, headers, credentials: 'same-origin' };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';

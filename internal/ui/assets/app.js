@@ -10,7 +10,7 @@ let current = null; // AbortController of the page shown
 function signedOut(msg) {
   if (current) current.abort();
   current = null;
-  api.setSession('');
+  api.setSession(null);
   $('nav').hidden = true;
   $('logout').hidden = true;
   set($('who'));
@@ -21,7 +21,7 @@ function signedOut(msg) {
 }
 
 function signedIn(s) {
-  api.setSession(s.csrfToken, () => signedOut('Your session ended: sign in again.'));
+  api.setSession(s, () => signedOut('Your session ended: sign in again.'));
   $('login').hidden = true;
   $('nav').hidden = false;
   $('logout').hidden = false;

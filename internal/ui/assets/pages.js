@@ -14,12 +14,16 @@ async function sandboxes(root, signal) {
   const tmpl = el('input', { id: 'f-template', type: 'search', placeholder: 'base' });
   const meta = el('input', { id: 'f-metadata', type: 'search', placeholder: 'key=value' });
   const list = el('div', { id: 'sandbox-list', 'aria-live': 'polite' });
+  // The daemon's key acts for any team (X-Team-ID); other keys see their own.
+  const team = api.me() && api.me().admin ? el('input', { id: 'f-team', type: 'search', placeholder: 'team ID' }) : null;
+  const teamHeader = () => (team && team.value.trim() ? { 'X-Team-ID': team.value.trim() } : {});
   const create = el('button', { type: 'button', id: 'create-sandbox' }, 'New sandbox');
   root.append(el('h1', {}, 'Sandboxes'),
     el('div', { className: 'row' },
       el('label', { htmlFor: 'f-state' }, 'State'), state,
       el('label', { htmlFor: 'f-template' }, 'Template'), tmpl,
-      el('label', { htmlFor: 'f-metadata' }, 'Metadata'), meta, create),
+      el('label', { htmlFor: 'f-metadata' }, 'Metadata'), meta,
+      team ? [el('label', { htmlFor: 'f-team' }, 'Team'), team] : null, create),
     list);
   let pending = false;
   const refresh = async () => {
@@ -28,7 +32,7 @@ async function sandboxes(root, signal) {
     try {
       const q = new URLSearchParams({ state: state.value, limit: '100' });
       if (meta.value.trim()) q.set('metadata', meta.value.trim());
-      const all = await api.call('GET', '/v2/sandboxes?' + q);
+      const all = await api.call('GET', '/v2/sandboxes?' + q, undefined, teamHeader());
       const t = tmpl.value.trim();
       const shown = all.filter((s) => !t || s.templateID === t || s.alias === t);
       set(list, shown.length ? table(['sandbox', 'template', 'state', 'started', 'ends', 'metadata'],
@@ -43,7 +47,7 @@ async function sandboxes(root, signal) {
       pending = false;
     }
   };
-  for (const c of [state, tmpl, meta]) c.addEventListener('change', refresh);
+  for (const c of [state, tmpl, meta, team]) if (c) c.addEventListener('change', refresh);
   create.addEventListener('click', async () => {
     const t = tmpl.value.trim() || 'base';
     try {
