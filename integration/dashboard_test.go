@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -59,9 +60,9 @@ func artifactsDir(t *testing.T) string {
 	return dir
 }
 
-// browser starts a headless chromium and returns its tab's context;
+// startBrowser starts a headless chromium and returns its tab's context;
 // dialogs counts the JavaScript dialogs (alert, confirm) the pages open.
-func browser(t *testing.T) (ctx context.Context, dialogs *atomic.Int32) {
+func startBrowser(t *testing.T) (ctx context.Context, dialogs *atomic.Int32) {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
@@ -250,7 +251,7 @@ func sandboxCount(t *testing.T, d *daemon, key string) int {
 // origin, revoked key).
 func TestDashboard(t *testing.T) {
 	requireTemplate(t, "minimal")
-	ctx, dialogs := browser(t)
+	ctx, dialogs := startBrowser(t)
 	shots := artifactsDir(t)
 	d := startDaemon(t, newDataDir(t))
 	team, keyID, key := teamKey(t, d)
@@ -303,6 +304,11 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
 	}
 
+	// A refused flow shows among the sandbox's live egress decisions.
+	e := sb.Envd()
+	sh(t, e, "nc -w 2 198.51.100.7 80 </dev/null; true")
+	step(t, ctx, "the refused flow on the page", waitText("#egress-list", "198.51.100.7"), waitText("#egress-list", "deny"))
+
 	// Uploads: a file, and one named as HTML, shown as text.
 	xss := `<img src=x onerror=alert(1)>`
 	local := t.TempDir()
@@ -316,13 +322,26 @@ func TestDashboard(t *testing.T) {
 		waitText("#files-list", "note.txt"),
 		chromedp.SetUploadFiles(chromedp.ID("upload-input"), []string{filepath.Join(local, xss)}),
 		waitText("#files-list", xss))
-	e := sb.Envd()
 	if got := sh(t, e, "cat /tmp/note.txt"); got != "before\n" {
 		t.Fatalf("/tmp/note.txt in the sandbox = %q, want what was uploaded", got)
 	}
 	if got := sh(t, e, "ls /tmp"); !strings.Contains(got, xss) {
 		t.Fatalf("ls /tmp in the sandbox = %q, want the HTML-named file", got)
 	}
+	// A download through the browser gives the sandbox's file.
+	downloads := t.TempDir()
+	step(t, ctx, "a download",
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.CallBrowser(ctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+				Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: downloads})
+			return err
+		}),
+		chromedp.Evaluate[chromedp.Void](`[...document.querySelectorAll('#files-list tr')].find(r => r.querySelector('.file-name')?.textContent === 'note.txt').querySelector('button').click()`))
+	eventually(t, 30*time.Second, "the downloaded file", func() bool {
+		b, err := os.ReadFile(filepath.Join(downloads, "note.txt"))
+		return err == nil && string(b) == "before\n"
+	})
+
 	var imgs int
 	step(t, ctx, "no element from a file name", value(chromedp.Evaluate[int](`document.querySelectorAll('#files-list img').length`), &imgs))
 	if imgs != 0 {
