@@ -20,9 +20,10 @@ export async function sandboxPage(root, signal, [id]) {
       act('Pause', async () => { await api.call('POST', `/sandboxes/${id}/pause`, {}); return 'Paused.'; }),
       act('Resume', async () => { await api.call('POST', `/sandboxes/${id}/resume`, {}); return 'Resumed.'; }),
       act('Fork', async () => {
-        const forks = await api.call('POST', `/sandboxes/${id}/fork`, { count: 1 });
-        const f = forks[0];
-        return f.sandboxID ? el('span', {}, 'Forked: ', el('a', { href: '#/sandbox/' + encodeURIComponent(f.sandboxID) }, f.sandboxID)) : `Fork failed: ${f.error && f.error.message}`;
+        const forks = await api.call('POST', `/sandboxes/${id}/fork`, { count: 1, timeout: 300 });
+        const f = forks[0] || {};
+        return f.sandbox ? el('span', {}, 'Forked: ', el('a', { href: '#/sandbox/' + encodeURIComponent(f.sandbox.sandboxID) }, f.sandbox.sandboxID))
+          : `Fork failed: ${f.error ? f.error.message : 'no answer'}`;
       }),
       act('Snapshot', async () => { const s = await api.call('POST', `/sandboxes/${id}/snapshots`, {}); return `Snapshot ${s.snapshotID}`; }),
       act('Kill', async () => { await api.call('DELETE', `/sandboxes/${id}`); return 'Killed.'; }, 'danger')),
@@ -103,7 +104,7 @@ function terminalSection(envd, signal) {
         }
       });
     } catch (e) {
-      if (!ctl.signal.aborted) set(st, `Terminal: ${e.message}`);
+      if (!ctl.signal.aborted) set(st, `Terminal ended: ${e.message}`);
     }
     open.disabled = false;
   });
