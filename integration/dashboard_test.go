@@ -365,6 +365,27 @@ func TestDashboard(t *testing.T) {
 	}
 	axeCheck(t, ctx, "sandbox")
 
+	// The buttons: snapshot, fork, pause, resume, kill.
+	var forkID string
+	step(t, ctx, "snapshot and fork",
+		chromedp.Click(chromedp.ID("act-snapshot")), waitText("#sandbox-status", "Snapshot "),
+		chromedp.Click(chromedp.ID("act-fork")), waitText("#sandbox-status", "Forked: "),
+		value(chromedp.Text(chromedp.CSS("#sandbox-status a")), &forkID))
+	t.Cleanup(func() { _ = c.Kill(context.Background(), forkID) })
+	if r := d.do(t, "GET", "/sandboxes/"+forkID, key, nil, nil); r.Status != http.StatusOK {
+		t.Errorf("the fork %q the page names = %d %s", forkID, r.Status, r.Body)
+	}
+	step(t, ctx, "pause and resume",
+		chromedp.Click(chromedp.ID("act-pause")), waitText("#sandbox-status", "Paused."),
+		chromedp.Click(chromedp.ID("act-resume")), waitText("#sandbox-status", "Resumed."))
+	if got := sh(t, e, "cat /tmp/note.txt"); got != "before\n" {
+		t.Fatalf("/tmp/note.txt after a pause and a resume = %q", got)
+	}
+	step(t, ctx, "kill", chromedp.Click(chromedp.ID("act-kill")), waitText("#sandbox-status", "Killed."))
+	if r := d.do(t, "GET", "/v2/sandboxes?state=running,paused", key, nil, nil); strings.Contains(string(r.Body), sb.ID()) {
+		t.Errorf("the killed sandbox is still listed: %s", r.Body)
+	}
+
 	// The audit trail shows all of it.
 	step(t, ctx, "the audit page", chromedp.Navigate(d.URL+"/ui/#/audit"), chromedp.WaitVisible(chromedp.CSS("#audit-records table")),
 		waitText("#audit-records", "sandbox.create"), waitText("#audit-records", "file.write"),
