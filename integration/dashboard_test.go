@@ -393,7 +393,23 @@ func TestDashboard(t *testing.T) {
 		waitText("#audit-records", "process.start"),
 		screenshot(shots, "audit"))
 	axeCheck(t, ctx, "audit")
-	for _, p := range []string{"templates", "approvals", "usage", "secrets"} {
+	// An egress approval waits on its page and is denied there.
+	asker, err := c.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal",
+		Network: &api.NetworkConfig{DenyOut: []string{"0.0.0.0/0"}, Approval: "ask"}})
+	if err != nil {
+		t.Fatalf("Create with approval ask: %v", err)
+	}
+	t.Cleanup(func() { _ = asker.Kill(context.Background()) })
+	step(t, ctx, "the approvals page", chromedp.Navigate(d.URL+"/ui/#/approvals"), waitText("#approval-list", "Nothing waits"))
+	done := held(t, asker.Envd(), "nslookup held.test")
+	step(t, ctx, "a pending approval", waitText("#approval-list", "held.test"), screenshot(shots, "approvals"))
+	axeCheck(t, ctx, "approvals")
+	step(t, ctx, "deny", chromedp.Click(chromedp.CSS("#approval-list button.danger")), waitText("#approval-list", "Nothing waits"))
+	if got := <-done; got[1] == "0" {
+		t.Errorf("the held lookup succeeded after a deny: %v", got)
+	}
+
+	for _, p := range []string{"templates", "usage", "secrets"} {
 		step(t, ctx, "the "+p+" page", chromedp.Navigate(d.URL+"/ui/#/"+p), chromedp.WaitVisible(chromedp.CSS("#page h1")),
 			chromedp.Sleep(500*time.Millisecond), screenshot(shots, p))
 		axeCheck(t, ctx, p)
