@@ -581,6 +581,7 @@ func (d *node) newServer() (*http.Server, error) {
 		Approvals:    d.approvals,
 		UI:           dashboard(o.NoUI),
 		UISessionTTL: o.UISessionTTL,
+		AuditVerify:  verifyAudit(o.DataDir),
 	})
 	handler := api
 	if o.Cluster != nil {
@@ -602,4 +603,16 @@ func dashboard(off bool) http.Handler {
 		return nil
 	}
 	return ui.Handler()
+}
+
+// verifyAudit checks the audit trail of dataDir with its public key, as
+// `fence audit verify` does.
+func verifyAudit(dataDir string) httpapi.AuditVerifier {
+	return func(context.Context) (audit.Report, error) {
+		key, err := audit.LoadPublicKey(filepath.Join(dataDir, audit.PubFile))
+		if err != nil {
+			return audit.Report{}, fmt.Errorf("reading the audit public key: %w", err)
+		}
+		return audit.Verify(dataDir, key)
+	}
 }

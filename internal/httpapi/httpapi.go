@@ -173,6 +173,8 @@ type Options struct {
 	UI http.Handler
 	// UISessionTTL is the life of a dashboard session; zero means 12 h.
 	UISessionTTL time.Duration
+	// AuditVerify serves GET /audit/verify; nil answers 501 there.
+	AuditVerify AuditVerifier
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -218,6 +220,8 @@ type handler struct {
 	ui         http.Handler // nil: no dashboard
 	uiTTL      time.Duration
 	sessions   uiSessions
+	// verifyAudit serves GET /audit/verify; nil: 501.
+	verifyAudit AuditVerifier
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -251,6 +255,7 @@ func New(opts Options) http.Handler {
 		approvals:   opts.Approvals,
 		ui:          opts.UI,
 		uiTTL:       opts.UISessionTTL,
+		verifyAudit: opts.AuditVerify,
 	}
 	if h.uiTTL <= 0 {
 		h.uiTTL = defaultUISessionTTL
