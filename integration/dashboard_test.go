@@ -481,6 +481,13 @@ fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'C
 	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a session of a revoked key = %d %s, want 401", st, b)
 	}
+
+	// The daemon's key sees the chain verified on the audit page.
+	step(t, ctx, "the audit page of the daemon's key",
+		chromedp.SendKeys(chromedp.ID("apikey"), d.Key), chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+		chromedp.WaitVisible(chromedp.ID("sandbox-list")), chromedp.Navigate(d.URL+"/ui/#/audit"),
+		waitText("#audit-verify", "Intact: "), waitText("#audit-verify", "signed checkpoints, the last at seq"),
+		screenshot(shots, "audit-admin"))
 }
 
 // TestDashboardSessionExpiry: a session is refused once its time is up,

@@ -109,9 +109,24 @@ async function auditPage(root, signal) {
   const form = el('form', { className: 'row' },
     el('label', { htmlFor: 'a-sandbox' }, 'Sandbox'), sbx, el('label', { htmlFor: 'a-type' }, 'Types'), types,
     el('label', { htmlFor: 'a-since' }, 'Since'), since, tail, el('label', { htmlFor: 'a-tail' }, 'Live tail'), go);
+  const verify = el('p', { id: 'audit-verify', role: 'status' });
   root.append(el('h1', {}, 'Audit trail'),
-    el('p', { className: 'muted' }, 'Each record holds the SHA-256 of the one before it; `fence audit verify` checks the chain and its signed checkpoints on the host.'),
-    form, count, out);
+    el('p', { className: 'muted' }, 'Each record holds the SHA-256 of the one before it, and signed checkpoints cover the chain.'),
+    verify, form, count, out);
+  if (api.me() && api.me().admin) {
+    set(verify, 'Verifying the chain…');
+    api.call('GET', '/audit/verify').then((v) => {
+      if (!v.intact) {
+        set(verify, el('strong', { className: 'error' }, `BROKEN at segment ${v.break.segment} line ${v.break.line} (seq ${v.break.seq}): ${v.break.reason}`));
+        return;
+      }
+      set(verify, el('strong', { className: 'ok' }, 'Intact'),
+        `: ${v.records} records (seq ${v.firstSeq} to ${v.lastSeq}) in ${v.segments} segments; ${v.checkpoints} signed checkpoints, the last at seq ${v.lastCheckpoint}; ${v.unsigned} records after it are not signed yet.`,
+        v.warnings.length ? el('span', { className: 'muted' }, ' ', v.warnings.join(' · ')) : null);
+    }).catch((e) => set(verify, el('span', { className: 'error' }, `Verification: ${e.message}`)));
+  } else {
+    set(verify, "Verification of the whole chain is the operator's (the daemon's key, or `fence audit verify` on the host).");
+  }
   let stream = null;
   const load = async () => {
     if (stream) stream.abort();
