@@ -243,20 +243,50 @@ func sandboxCount(t *testing.T, d *daemon, key string) int {
 	return len(l)
 }
 
+// dash is one run of TestDashboard: the browser, the daemon and a team's
+// key.
+type dash struct {
+	t                *testing.T
+	ctx              context.Context
+	shots            string
+	d                *daemon
+	c                *client.Client
+	team, keyID, key string
+}
+
 // TestDashboard drives the dashboard at /ui in headless chromium: sign-in
 // with a team's key, a sandbox made over HTTP appearing live, its terminal,
 // an upload (a file named as HTML among them, shown as text), a
 // checkpoint, diff and rewind, the audit trail, every page's screenshot
 // and axe-core's check; then the refusals (wrong key, CSRF, another
 // origin, revoked key).
+
 func TestDashboard(t *testing.T) {
 	requireTemplate(t, "minimal")
 	ctx, dialogs := startBrowser(t)
-	shots := artifactsDir(t)
-	d := startDaemon(t, newDataDir(t))
-	team, keyID, key := teamKey(t, d)
-	c := client.New(d.URL, key)
+	x := &dash{t: t, ctx: ctx, shots: artifactsDir(t), d: startDaemon(t, newDataDir(t))}
+	x.team, x.keyID, x.key = teamKey(t, x.d)
+	x.c = client.New(x.d.URL, x.key)
+	x.signIn()
+	sb := x.sandboxAppears()
+	x.terminal(sb)
+	x.files(sb)
+	x.checkpoints(sb)
+	x.buttons(sb)
+	x.auditAndApprovals()
+	x.otherPages()
+	if n := dialogs.Load(); n != 0 {
+		t.Errorf("%d JavaScript dialogs opened: a sandbox-controlled string ran as code", n)
+	}
+	cookie, csrf := x.csrf()
+	x.sessionsEnd(cookie, csrf)
+	x.adminAudit()
+}
 
+// signIn shows the sign-in page, refuses a wrong key and signs in with the team's.
+func (x *dash) signIn() {
+	t, ctx, d, shots, key, keyID := x.t, x.ctx, x.d, x.shots, x.key, x.keyID
+	t.Helper()
 	step(t, ctx, "the sign-in page", chromedp.Navigate(d.URL+"/ui/"), chromedp.WaitVisible(chromedp.ID("apikey")), screenshot(shots, "login"))
 	axeCheck(t, ctx, "sign-in")
 
@@ -273,7 +303,12 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("sandbox-list")),
 		waitText("#who", keyID))
 	axeCheck(t, ctx, "sandboxes")
+}
 
+// sandboxAppears creates a sandbox over HTTP and waits for it in the list, which is not reloaded.
+func (x *dash) sandboxAppears() *client.Sandbox {
+	t, ctx, c, shots := x.t, x.ctx, x.c, x.shots
+	t.Helper()
 	// A sandbox made over HTTP appears without a reload.
 	sb, err := c.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal"})
 	if err != nil {
@@ -283,7 +318,15 @@ func TestDashboard(t *testing.T) {
 	link := fmt.Sprintf(`a.sandbox-link[data-id=%q]`, sb.ID())
 	step(t, ctx, "the new sandbox in the list", chromedp.WaitVisible(chromedp.CSS(link)), screenshot(shots, "sandboxes"))
 
+	return sb
+}
+
+// terminal opens the sandbox's page and terminal, runs a command and reads its output, and sees a refused flow among the live egress decisions.
+func (x *dash) terminal(sb *client.Sandbox) {
+	t, ctx := x.t, x.ctx
+	t.Helper()
 	// Its page and terminal: echo hello, read on screen.
+	link := fmt.Sprintf(`a.sandbox-link[data-id=%q]`, sb.ID())
 	step(t, ctx, "the sandbox page", chromedp.Click(chromedp.CSS(link)), waitText("#sandbox-id", sb.ID()),
 		chromedp.Click(chromedp.ID("open-terminal")), chromedp.WaitVisible(chromedp.CSS(`#terminal[data-pid]`)))
 	var onScreen string
@@ -308,7 +351,13 @@ func TestDashboard(t *testing.T) {
 	e := sb.Envd()
 	sh(t, e, "nc -w 2 198.51.100.7 80 </dev/null; true")
 	step(t, ctx, "the refused flow on the page", waitText("#egress-list", "198.51.100.7"), waitText("#egress-list", "deny"))
+}
 
+// files uploads a file and one named as HTML, checks both inside the sandbox and as text on the page, and downloads the first back.
+func (x *dash) files(sb *client.Sandbox) {
+	t, ctx := x.t, x.ctx
+	t.Helper()
+	e := sb.Envd()
 	// Uploads: a file, and one named as HTML, shown as text.
 	xss := `<img src=x onerror=alert(1)>`
 	local := t.TempDir()
@@ -347,7 +396,13 @@ func TestDashboard(t *testing.T) {
 	if imgs != 0 {
 		t.Errorf("the file list holds %d img elements: a file name was parsed as HTML", imgs)
 	}
+}
 
+// checkpoints takes a checkpoint, changes a file, shows the diff and rewinds.
+func (x *dash) checkpoints(sb *client.Sandbox) {
+	t, ctx, shots := x.t, x.ctx, x.shots
+	t.Helper()
+	e := sb.Envd()
 	// Checkpoint, change the file, the diff, rewind, the file back.
 	step(t, ctx, "a checkpoint",
 		chromedp.SendKeys(chromedp.ID("checkpoint-name"), "before"),
@@ -364,7 +419,13 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("/tmp/note.txt after the rewind = %q, want %q", got, "before\n")
 	}
 	axeCheck(t, ctx, "sandbox")
+}
 
+// buttons presses snapshot, fork, pause, resume and kill.
+func (x *dash) buttons(sb *client.Sandbox) {
+	t, ctx, d, c, key := x.t, x.ctx, x.d, x.c, x.key
+	t.Helper()
+	e := sb.Envd()
 	// The buttons: snapshot, fork, pause, resume, kill.
 	var forkID string
 	step(t, ctx, "snapshot and fork",
@@ -385,7 +446,12 @@ func TestDashboard(t *testing.T) {
 	if r := d.do(t, "GET", "/v2/sandboxes?state=running,paused", key, nil, nil); strings.Contains(string(r.Body), sb.ID()) {
 		t.Errorf("the killed sandbox is still listed: %s", r.Body)
 	}
+}
 
+// auditAndApprovals checks the audit page, then denies a held egress lookup on the approvals page.
+func (x *dash) auditAndApprovals() {
+	t, ctx, d, c, shots := x.t, x.ctx, x.d, x.c, x.shots
+	t.Helper()
 	// The audit trail shows all of it.
 	step(t, ctx, "the audit page", chromedp.Navigate(d.URL+"/ui/#/audit"), chromedp.WaitVisible(chromedp.CSS("#audit-records table")),
 		waitText("#audit-records", "sandbox.create"), waitText("#audit-records", "file.write"),
@@ -408,16 +474,23 @@ func TestDashboard(t *testing.T) {
 	if got := <-done; got[1] == "0" {
 		t.Errorf("the held lookup succeeded after a deny: %v", got)
 	}
+}
 
+// otherPages screenshots and checks the remaining pages.
+func (x *dash) otherPages() {
+	t, ctx, d, shots := x.t, x.ctx, x.d, x.shots
+	t.Helper()
 	for _, p := range []string{"templates", "usage", "secrets"} {
 		step(t, ctx, "the "+p+" page", chromedp.Navigate(d.URL+"/ui/#/"+p), chromedp.WaitVisible(chromedp.CSS("#page h1")),
 			chromedp.Sleep(500*time.Millisecond), screenshot(shots, p))
 		axeCheck(t, ctx, p)
 	}
-	if n := dialogs.Load(); n != 0 {
-		t.Errorf("%d JavaScript dialogs opened: a sandbox-controlled string ran as code", n)
-	}
+}
 
+// csrf checks that the browser's cookie without the token, with another Origin, or sent by a page of another origin changes nothing; it returns the cookie and token.
+func (x *dash) csrf() (string, string) {
+	t, ctx, d, key := x.t, x.ctx, x.d, x.key
+	t.Helper()
 	// CSRF: the browser's own cookie without the token, with another
 	// Origin, and from a page of another origin, changes nothing.
 	var cookies []*network.Cookie
@@ -465,6 +538,13 @@ fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'C
 		t.Errorf("the team has %d sandboxes after the CSRF attempts, had %d", after, before)
 	}
 
+	return cookie, csrf
+}
+
+// sessionsEnd signs out in the browser and revokes the key: both sessions end.
+func (x *dash) sessionsEnd(cookie, csrf string) {
+	t, ctx, d, key, keyID, team := x.t, x.ctx, x.d, x.key, x.keyID, x.team
+	t.Helper()
 	// Signing out ends the session; revoking the key ends the others.
 	cookie2, csrf2, _ := uiLogin(t, d, key)
 	step(t, ctx, "sign out", chromedp.Navigate(d.URL+"/ui/#/sandboxes"), chromedp.WaitVisible(chromedp.ID("logout")),
@@ -481,7 +561,12 @@ fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'C
 	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a session of a revoked key = %d %s, want 401", st, b)
 	}
+}
 
+// adminAudit signs in with the daemon's key and sees the chain verified on the audit page.
+func (x *dash) adminAudit() {
+	t, ctx, d, shots := x.t, x.ctx, x.d, x.shots
+	t.Helper()
 	// The daemon's key sees the chain verified on the audit page.
 	step(t, ctx, "the audit page of the daemon's key",
 		chromedp.SendKeys(chromedp.ID("apikey"), d.Key), chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
