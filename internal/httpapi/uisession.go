@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -207,6 +208,11 @@ func (h *handler) serveUISession(w http.ResponseWriter, r *http.Request) {
 	case http.MethodPost:
 		h.uiLogin(w, r)
 	case http.MethodGet:
+		// Only the dashboard's own pages read their session's token.
+		if err := sameOrigin(r); err != nil {
+			writeError(w, r, h.log, err)
+			return
+		}
 		ck, err := r.Cookie(uiCookie)
 		var sess *uiSession
 		if err == nil {
@@ -280,7 +286,7 @@ func (h *handler) recordUI(r *http.Request, who, route string, status int) {
 		return
 	}
 	method, _, _ := strings.Cut(route, " ")
-	h.sink.Append(r.Context(), audit.Event{Type: audit.TypeAPI, Actor: who,
+	h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI, Actor: who,
 		Data: map[string]any{"method": method, "route": route, "path": r.URL.Path, "status": status}})
 }
 

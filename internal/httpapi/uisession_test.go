@@ -130,6 +130,12 @@ func TestUISession(t *testing.T) {
 	if resp, b := e.req(t, "POST", "/ui/session", `{"apiKey":"`+testKey+`"}`, map[string]string{"Origin": "http://evil.example"}); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("sign-in from another origin = %d %s", resp.StatusCode, b)
 	}
+	if resp, b := e.req(t, "GET", "/ui/session", "", map[string]string{"Cookie": cookie, "Sec-Fetch-Site": "same-site"}); resp.StatusCode != http.StatusForbidden || strings.Contains(b, csrf) {
+		t.Errorf("GET /ui/session from another origin of the site = %d %s, want 403 without the token", resp.StatusCode, b)
+	}
+	if resp, b := e.req(t, "GET", "/ui/session", "", map[string]string{"Cookie": cookie, "Sec-Fetch-Site": "same-origin"}); resp.StatusCode != http.StatusOK || !strings.Contains(b, csrf) {
+		t.Errorf("GET /ui/session = %d %s, want 200 with the token", resp.StatusCode, b)
+	}
 
 	// Signing out needs the token, then ends the session.
 	if resp, _ := e.req(t, "DELETE", "/ui/session", "", map[string]string{"Cookie": cookie}); resp.StatusCode != http.StatusForbidden {
