@@ -156,6 +156,8 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.BoolVar(&c.TuneKernel, "tune-kernel", false, "raise kernel.pid_max to 4194304 (as systemd does) and the inotify limits the watch API needs, where they are lower")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a wildcard for *.DOMAIN suits the SDKs)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.BoolVar(&c.NoUI, "no-ui", false, "do not serve the web dashboard at /ui")
+	fs.DurationVar(&c.UISessionTTL, "ui-session-ttl", 0, "life of a web dashboard session (default 12h)")
 	fs.StringVar(&c.SSHAddr, "ssh-addr", "", "serve SSH into sandboxes on this address (e.g. :2222; `ssh ID@host -p 2222`); empty: no SSH server")
 	fs.StringVar(&c.DNSUpstream, "dns-upstream", "", "resolver (ip:port) that answers the sandboxes' allowed DNS queries (default: the host's first nameserver)")
 	fs.StringVar(&c.LayerFS, "layer-fs", "", "native layer store: btrfs (writable layers as subvolumes, checkpoints as snapshots, in a btrfs image under the data dir; needs mkfs.btrfs) or copy (default: btrfs if the data dir is on btrfs, else copy)")

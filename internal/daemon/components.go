@@ -44,6 +44,7 @@ import (
 	"github.com/fencesandbox/fence/internal/tbuild"
 	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tenancy"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // node is the daemon being assembled: what each component made, for the
@@ -583,9 +584,12 @@ func (d *node) newServer() (*http.Server, error) {
 		Teams:           d.st,
 		Exporter: export.New(export.Options{Live: d.mgr, Usage: d.mgr.Meter(), Audit: d.sources.sink,
 			Archive: layerArchive(d.archive), Backend: d.pool.Name()}),
-		MCP:       mcpHandler,
-		SSHKeys:   d.st,
-		Approvals: d.approvals,
+		MCP:          mcpHandler,
+		SSHKeys:      d.st,
+		Approvals:    d.approvals,
+		UI:           dashboard(o.NoUI),
+		UISessionTTL: o.UISessionTTL,
+		AuditVerify:  verifyAudit(o.DataDir),
 	})
 	handler := api
 	if o.Cluster != nil {
@@ -599,4 +603,24 @@ func (d *node) newServer() (*http.Server, error) {
 		TLSCert:       o.TLSCert,
 		TLSKey:        o.TLSKey,
 	})
+}
+
+// dashboard is the web dashboard's handler, nil when it is off.
+func dashboard(off bool) http.Handler {
+	if off {
+		return nil
+	}
+	return ui.Handler()
+}
+
+// verifyAudit checks the audit trail of dataDir with its public key, as
+// `fence audit verify` does.
+func verifyAudit(dataDir string) httpapi.AuditVerifier {
+	return func(context.Context) (audit.Report, error) {
+		key, err := audit.LoadPublicKey(filepath.Join(dataDir, audit.PubFile))
+		if err != nil {
+			return audit.Report{}, fmt.Errorf("reading the audit public key: %w", err)
+		}
+		return audit.Verify(dataDir, key)
+	}
 }

@@ -91,6 +91,10 @@ type Config struct {
 	// SSHAddr, when set, is where the SSH server listens (`ssh ID@host`,
 	// see internal/sshd); empty runs none.
 	SSHAddr string
+	// NoUI turns off the web dashboard at /ui (internal/ui).
+	NoUI bool
+	// UISessionTTL is the life of a dashboard session; zero means 12 h.
+	UISessionTTL time.Duration
 	// NetBandwidth bounds each sandbox's traffic in bytes per second per
 	// direction; zero means no limit.
 	NetBandwidth int64

@@ -114,6 +114,8 @@ func (h *handler) credential(r *http.Request) (caller, error) {
 			return bootstrap, nil
 		}
 		return h.lookup(r.Context(), store.KindAPIKey, bearer)
+	case h.ui != nil && hasUISession(r):
+		return h.sessionCaller(r)
 	}
 	return caller{}, errorf(errUnauthenticated, "missing API key: send it in the X-API-Key header")
 }

@@ -180,6 +180,14 @@ type Options struct {
 	// Approvals serves the egress approval routes (/approvals); nil
 	// answers 501 there.
 	Approvals Approvals
+	// UI serves the dashboard's assets under /ui (its paths without the
+	// prefix), and turns on its session routes (uisession.go); nil: no
+	// dashboard, /ui answers 404.
+	UI http.Handler
+	// UISessionTTL is the life of a dashboard session; zero means 12 h.
+	UISessionTTL time.Duration
+	// AuditVerify serves GET /audit/verify; nil answers 501 there.
+	AuditVerify AuditVerifier
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -221,8 +229,13 @@ type handler struct {
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
-	sshKeys    SSHKeyStore // nil: no /ssh-keys
-	activity   Activity    // never nil (noActivity)
+	sshKeys    SSHKeyStore  // nil: no /ssh-keys
+	activity   Activity     // never nil (noActivity)
+	ui         http.Handler // nil: no dashboard
+	uiTTL      time.Duration
+	sessions   uiSessions
+	// verifyAudit serves GET /audit/verify; nil: 501.
+	verifyAudit AuditVerifier
 }
 
 // noActivity marks nothing.
@@ -260,6 +273,12 @@ func New(opts Options) http.Handler {
 		mcp:         opts.MCP,
 		sshKeys:     opts.SSHKeys,
 		approvals:   opts.Approvals,
+		ui:          opts.UI,
+		uiTTL:       opts.UISessionTTL,
+		verifyAudit: opts.AuditVerify,
+	}
+	if h.uiTTL <= 0 {
+		h.uiTTL = defaultUISessionTTL
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -292,6 +311,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.serveSandbox(w, r, t)
+		return
+	}
+	if h.ui != nil && isUIPath(r.URL.Path) {
+		h.serveUI(w, r)
 		return
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {

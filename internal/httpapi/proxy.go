@@ -355,6 +355,7 @@ func (h *handler) stripCredentials(hdr http.Header) {
 	for _, k := range fenceHeaders {
 		hdr.Del(k)
 	}
+	stripUICookie(hdr)
 	for _, v := range hdr.Values("Authorization") {
 		tok, ok := cutPrefixFold(v, "Bearer ")
 		tok = strings.TrimSpace(tok)

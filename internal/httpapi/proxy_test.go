@@ -426,6 +426,8 @@ func TestStripCredentials(t *testing.T) {
 		{"a bearer access token", http.Header{"Authorization": {"Bearer sk_e2b_00ff"}}, http.Header{}},
 		{"the app's own bearer", http.Header{"Authorization": {"Bearer app-token"}}, http.Header{"Authorization": {"Bearer app-token"}}},
 		{"the app's basic", http.Header{"Authorization": {"Basic dTpw"}}, http.Header{"Authorization": {"Basic dTpw"}}},
+		{"the dashboard's session", http.Header{"Cookie": {"a=1; " + uiCookie + "=s3cret; b=2"}, "X-Fence-Csrf": {"t"}}, http.Header{"Cookie": {"a=1; b=2"}}},
+		{"the dashboard's session alone", http.Header{"Cookie": {uiCookie + "=s3cret"}}, http.Header{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

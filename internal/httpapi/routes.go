@@ -30,6 +30,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /usage", h.usage)
 	mux.HandleFunc("GET /audit", h.auditQuery)
 	mux.HandleFunc("GET /audit/stream", h.auditStream)
+	h.registerAuditVerify(mux)
 	mux.HandleFunc("POST /secrets", h.createSecret)
 	mux.HandleFunc("GET /secrets", h.listSecrets)
 	mux.HandleFunc("GET /secrets/{secretID}", h.getSecret)
