@@ -34,10 +34,11 @@ fi
 # mmdebstrap (base), mkfs.ext4 (each sandbox's writable layer), mkfs.btrfs
 # (--layer-fs btrfs) and unshare; ssh and sftp (openssh-client) are `fence
 # ssh`'s and the SSH server's tests'; the tests and benchmarks add bwrap and
-# runc (peers), node and npm (the e2b SDK), curl, gcc and ip.
+# runc (peers), node and npm (the e2b SDK), curl, gcc, ip and chromium
+# (the desktop stream's viewer in tests/e2b/test/desktop.test.mjs).
 pairs=(busybox:busybox-static mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs mkfs.btrfs:btrfs-progs unshare:util-linux ssh:openssh-client sftp:openssh-client)
 if [ "$mode" = all ]; then
-  pairs+=(bwrap:bubblewrap runc:runc node:nodejs npm:npm curl:curl gcc:gcc ip:iproute2)
+  pairs+=(bwrap:bubblewrap runc:runc node:nodejs npm:npm curl:curl gcc:gcc ip:iproute2 chromium:chromium)
 fi
 need=()
 if [ "$mode" != --later ]; then

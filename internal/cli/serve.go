@@ -237,8 +237,8 @@ func templateCmd(deps Deps) *cobra.Command {
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
 			}
-			if name != "minimal" && name != "base" && name != "code-interpreter" {
-				return usagef("unknown template %q: want minimal, base or code-interpreter, or an image with --from-image or --from-archive", name)
+			if name != "minimal" && name != "base" && name != "code-interpreter" && name != "desktop" {
+				return usagef("unknown template %q: want minimal, base, code-interpreter or desktop, or an image with --from-image or --from-archive", name)
 			}
 			if err := deps.BuildTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, force, cmd.ErrOrStderr()); err != nil {
 				return fmt.Errorf("building template %s: %w", name, err)
@@ -283,6 +283,9 @@ read-only:
   code-interpreter  base plus Jupyter's Python kernel, numpy, pandas and
            matplotlib, and the @e2b/code-interpreter server on port 49999
            (also answers to code-interpreter-v1)
+  desktop  base plus an X desktop (Xvfb, XFCE, xdotool, scrot, x11vnc,
+           noVNC), chromium and xterm, for the @e2b/desktop SDK
+           (docs/DESKTOP.md)
 A built-in template is kept unless --force or its definition changed.
 
 With --from-image REF (a registry reference) or --from-archive PATH (an OCI

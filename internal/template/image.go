@@ -150,6 +150,8 @@ func definition(name string) string {
 			fmt.Fprintf(h, "%s %d\n", f, len(b))
 			h.Write(b)
 		}
+	case "desktop":
+		fmt.Fprintf(h, "%s\n%s\n%s\n", baseSuite, strings.Join(desktopPackages, ","), strings.Join(desktopHooks, "\n"))
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

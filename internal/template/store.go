@@ -116,6 +116,7 @@ func New(opts Options) (*Store, error) {
 			"minimal":          buildMinimal,
 			"base":             buildBase,
 			"code-interpreter": buildCodeInterpreter,
+			"desktop":          buildDesktop,
 		},
 	}
 	if s.log == nil {
@@ -165,8 +166,8 @@ func (s *Store) Build(ctx context.Context, name string) error {
 	return s.BuildWithOptions(ctx, name, BuildOptions{})
 }
 
-// BuildWithOptions builds the named template ("minimal", "base" or
-// "code-interpreter"). An unknown or malformed name is an error wrapping
+// BuildWithOptions builds the named template ("minimal", "base",
+// "code-interpreter" or "desktop"). An unknown or malformed name is an error wrapping
 // api.ErrInvalidArgument. If the template exists with the current
 // definition and opts.Force is false, it does nothing.
 func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOptions) (err error) {
