@@ -1,6 +1,7 @@
 // Headless Chromium on the host driven over the DevTools protocol, for
 // the desktop stream tests: browser(t) starts it (killed at the end of the
 // test) and returns {open(url) -> page}; a page has eval(expr) and
+// probe(expr) (eval, null on an error while the page loads) and
 // screenshot() (PNG bytes). The WebSocket client is undici's, which the
 // e2b SDK already depends on.
 import { spawn } from 'node:child_process'
@@ -65,8 +66,13 @@ async function page(t, wsURL) {
     send,
     async eval(expression) {
       const r = await send('Runtime.evaluate', { expression, returnByValue: true })
-      if (r.exceptionDetails) throw new Error(r.exceptionDetails.text)
+      if (r.exceptionDetails) throw new Error(`${expression}: ${r.exceptionDetails.exception?.description ?? r.exceptionDetails.text}`)
       return r.result.value
+    },
+    // probe is eval for polling while the page loads: an error (no
+    // document yet, a context replaced by navigation) is null.
+    async probe(expression) {
+      return this.eval(expression).catch(() => null)
     },
     async screenshot() {
       const r = await send('Page.captureScreenshot', { format: 'png' })
