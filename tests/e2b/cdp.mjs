@@ -16,10 +16,13 @@ export async function browser(t) {
   const dir = mkdtempSync(join(tmpdir(), 'fence-chromium-'))
   const proc = spawn('chromium', ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
     '--remote-debugging-port=0', `--user-data-dir=${dir}`, '--window-size=1024,768', 'about:blank'],
-  { stdio: ['ignore', 'ignore', 'pipe'] })
-  t.after(() => {
-    proc.kill('SIGKILL')
-    rmSync(dir, { recursive: true, force: true })
+  { stdio: ['ignore', 'ignore', 'pipe'], detached: true })
+  const exited = new Promise((r) => proc.on('exit', r))
+  t.after(async () => {
+    // Chromium's helpers (zygote, crashpad) are in its process group.
+    try { process.kill(-proc.pid, 'SIGKILL') } catch {}
+    await exited
+    rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 })
   })
   const endpoint = await within(new Promise((resolve, reject) => {
     proc.on('error', reject)
