@@ -54,7 +54,7 @@ test('mouse, keyboard and screenshots on the desktop, at the requested resolutio
 
   // A red xterm at a known place, which the window manager maps and
   // focuses; click into it and type a command.
-  await d.commands.run("xterm -bg '#ff0000' -fg '#ffffff' -geometry 40x12+60+60 -xrm 'XTerm*allowWindowOps: true'", { background: true, timeoutMs: 0 })
+  await d.commands.run("xterm -bg '#ff0000' -fg '#ffffff' -geometry 40x12+60+60", { background: true, timeoutMs: 0 })
   const shot = await waitFor(async () => {
     const img = decodePNG(await d.screenshot())
     return count(img, 100, 100, 200, 100, isRed) > 10_000 ? img : null
@@ -69,9 +69,9 @@ test('mouse, keyboard and screenshots on the desktop, at the requested resolutio
     return r.stdout.trim() || null
   }, 30_000, 300)
   assert.equal(typed, 'typed-into-xterm')
-  // The typed text is drawn in the window: its top rows are no longer only red and white's first line.
+  // The typed line is drawn in the window's top rows; outside the
+  // window, nothing changed.
   const after = decodePNG(await d.screenshot())
-  // Outside the window, nothing changed.
   assert.deepEqual(pixel(after, 760, 560), pixel(shot, 760, 560))
   assert.notEqual(count(after, 62, 62, 280, 60, (p) => !isRed(p)), count(shot, 62, 62, 280, 60, (p) => !isRed(p)), 'the typed line changed the window')
 
