@@ -162,7 +162,7 @@ test('the stream: noVNC through the port proxy shows the desktop with the auth k
   const view = `http://127.0.0.1:${port}${url.pathname}${url.search}`
   const ok = await b.open(view)
   await waitFor(() => ok.probe("document.documentElement.classList.contains('noVNC_connected')"), 60_000, 500).catch(async (e) => {
-    const status = await ok.eval("(document.getElementById('noVNC_status')?.textContent ?? '') + ' | ' + document.title")
+    const status = await ok.probe("(document.getElementById('noVNC_status')?.textContent ?? '') + ' | ' + document.title + ' | ' + document.documentElement.className + ' | ' + performance.getEntriesByType('resource').map((r) => r.name.replace(/^.*\\//, '') + ':' + Math.round(r.duration)).join(' ')")
     const log = await d.commands.run('cat /tmp/novnc.log /tmp/x11vnc_stderr.log').catch((x) => x)
     throw new Error(`${e.message}: noVNC says ${JSON.stringify(status)}; logs:\n${log.stdout}`)
   })
