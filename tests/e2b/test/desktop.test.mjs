@@ -187,12 +187,15 @@ test('the stream: noVNC through the port proxy shows the desktop with the auth k
   const badImg = decodePNG(await bad.screenshot())
   assert.equal(count(badImg, 0, 0, badImg.width, badImg.height, isGreen), 0, 'the desktop is not shown')
 
-  // stop() ends x11vnc and noVNC: the proxy then has nothing to reach.
+  // stop() ends x11vnc and noVNC: the port proxy then has nothing to reach
+  // (502, as for any closed port).
   await d.stream.stop()
+  let last
   await waitFor(async () => {
-    const r = await fetch(`http://127.0.0.1:${port}/vnc.html`)
+    const r = await fetch(`http://127.0.0.1:${port}/vnc.html`, { signal: AbortSignal.timeout(10_000) }).catch((e) => e)
+    last = r.status ?? String(r)
     return r.status === 502
-  }, 30_000, 500)
+  }, 60_000, 500).catch((e) => { throw new Error(`${e.message}: the stream's URL after stop() answers ${last}`) })
   await waitFor(async () => (await d.commands.run('pgrep -x x11vnc').catch((e) => e)) instanceof CommandExitError, 30_000, 300)
 })
 
