@@ -37,7 +37,7 @@ fi
 # runc (peers), node and npm (the e2b SDK), curl, gcc, ip, initdb (the
 # store's tests start a PostgreSQL server; Debian keeps initdb off PATH,
 # under /usr/lib/postgresql/VERSION/bin) and chromium (the dashboard's
-# browser test).
+# browser test and the desktop stream's viewer).
 pairs=(busybox:busybox-static mmdebstrap:mmdebstrap mkfs.ext4:e2fsprogs mkfs.btrfs:btrfs-progs unshare:util-linux ssh:openssh-client sftp:openssh-client)
 if [ "$mode" = all ]; then
   pairs+=(bwrap:bubblewrap runc:runc node:nodejs npm:npm curl:curl gcc:gcc ip:iproute2 initdb:postgresql chromium:chromium)

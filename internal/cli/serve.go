@@ -283,8 +283,8 @@ func templateCmd(deps Deps) *cobra.Command {
 			if deps.BuildTemplate == nil {
 				return errUnavailable("fence template build")
 			}
-			if name != "minimal" && name != "base" && name != "code-interpreter" && name != "mcp-gateway" {
-				return usagef("unknown template %q: want minimal, base, code-interpreter or mcp-gateway, or an image with --from-image or --from-archive", name)
+			if name != "minimal" && name != "base" && name != "code-interpreter" && name != "mcp-gateway" && name != "desktop" {
+				return usagef("unknown template %q: want minimal, base, code-interpreter, mcp-gateway or desktop, or an image with --from-image or --from-archive", name)
 			}
 			if err := deps.BuildTemplate(cmd.Context(), dataDir, templatesDir(tdir, dataDir), name, force, cmd.ErrOrStderr()); err != nil {
 				return fmt.Errorf("building template %s: %w", name, err)
@@ -331,6 +331,9 @@ read-only:
            (also answers to code-interpreter-v1)
   mcp-gateway  base plus the mcp-gateway command of E2B's mcp option
            (Sandbox.create({mcp: ...})); build base first
+  desktop  base plus an X desktop (Xvfb, XFCE, xdotool, scrot, x11vnc,
+           noVNC), chromium and xterm, for the @e2b/desktop SDK
+           (docs/DESKTOP.md)
 A built-in template is kept unless --force or its definition changed.
 
 With --from-image REF (a registry reference) or --from-archive PATH (an OCI

@@ -64,6 +64,11 @@
 //     server (codeinterp/server.py) in /opt/fence/code-interpreter, which the
 //     agent starts from /etc/fence/services.json; its Info.ReadyPorts is
 //     [49999] (≈1.2 GB, several minutes). See docs/CODE_INTERPRETER.md.
+//   - "desktop": base plus what the @e2b/desktop SDK runs (Xvfb, the XFCE
+//     session, xdotool, scrot, xrandr and xdpyinfo, x11vnc, noVNC with
+//     websockify at /opt/noVNC, netstat), chromium (without its own
+//     sandbox) and xterm. It has no start command: the SDK starts Xvfb at
+//     the resolution it is given, then XFCE. See docs/DESKTOP.md.
 //
 // # Not done here
 //

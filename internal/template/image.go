@@ -152,6 +152,8 @@ func definition(name string) string {
 		}
 	case "mcp-gateway":
 		fmt.Fprintf(h, "%s\n%s -> %s\n", definition("base"), mcpGatewayLink, mcpGatewayTarget)
+	case "desktop":
+		fmt.Fprintf(h, "%s\n%s\n%s\n", baseSuite, strings.Join(desktopPackages, ","), strings.Join(desktopHooks, "\n"))
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

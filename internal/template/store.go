@@ -117,6 +117,7 @@ func New(opts Options) (*Store, error) {
 			"base":             buildBase,
 			"code-interpreter": buildCodeInterpreter,
 			"mcp-gateway":      buildMcpGateway,
+			"desktop":          buildDesktop,
 		},
 	}
 	if s.log == nil {
@@ -167,7 +168,7 @@ func (s *Store) Build(ctx context.Context, name string) error {
 }
 
 // BuildWithOptions builds the named template ("minimal", "base",
-// "code-interpreter" or "mcp-gateway", which needs base built). An unknown or malformed name is an error wrapping
+// "code-interpreter", "mcp-gateway" (which needs base built) or "desktop"). An unknown or malformed name is an error wrapping
 // api.ErrInvalidArgument. If the template exists with the current
 // definition and opts.Force is false, it does nothing.
 func (s *Store) BuildWithOptions(ctx context.Context, name string, opts BuildOptions) (err error) {

@@ -227,7 +227,7 @@ func TestBadNames(t *testing.T) {
 			t.Errorf("Remove(%q) = %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, code-interpreter, mcp-gateway, minimal") {
+	if err := s.Build(t.Context(), "ubuntu"); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "base, code-interpreter, desktop, mcp-gateway, minimal") {
 		t.Errorf("Build(ubuntu) = %v, want ErrInvalidArgument listing the known templates", err)
 	}
 }

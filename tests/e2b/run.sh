@@ -18,7 +18,9 @@
 # key, the admin of the default team.
 # Extra arguments go to `node --test` (e.g. a single test file);
 # `run.sh --bench` runs bench.mjs against the daemon instead of the tests,
-# `run.sh --bench-ci` bench-code-interpreter.mjs.
+# `run.sh --bench-ci` bench-code-interpreter.mjs, `run.sh --bench-desktop`
+# bench-desktop.mjs. FENCE_E2B_SERVE_EXTRA adds arguments to `fence serve`
+# (e.g. '--warm-template desktop=2').
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -41,13 +43,17 @@ if [[ ! -x "$repo/bin/fence" || -n "${FENCE_REBUILD:-}" ]]; then
 	"$repo/scripts/build.sh"
 fi
 need=(base minimal)
-# code-interpreter only for the runs that use it (all tests, its file, its bench).
+# code-interpreter and desktop only for the runs that use them (all tests,
+# their file, their bench).
 if [[ $# -eq 0 || "$*" == *code-interpreter* || "${1:-}" == --bench-ci ]]; then
 	need+=(code-interpreter)
 fi
 # mcp-gateway (from base, seconds to build) for the MCP gateway's tests.
 if [[ $# -eq 0 || "$*" == *mcp-gateway* ]]; then
 	need+=(mcp-gateway)
+fi
+if [[ $# -eq 0 || "$*" == *desktop* ]]; then
+	need+=(desktop)
 fi
 for t in "${need[@]}"; do
 	if [[ ! -d "$templates/$t" ]]; then
@@ -93,6 +99,8 @@ if [[ $EUID -eq 0 ]] && command -v ip >/dev/null; then
 	serve_extra+=(--build-allow "$FENCE_E2B_REGISTRY_IP:8080" --pip-index-url "http://$FENCE_E2B_REGISTRY_IP:8080/simple")
 fi
 
+# shellcheck disable=SC2206 # FENCE_E2B_SERVE_EXTRA is split into words on purpose
+serve_extra+=(${FENCE_E2B_SERVE_EXTRA:-})
 FENCE_API_KEY="$key" "$repo/bin/fence" serve --addr "127.0.0.1:$port" \
 	--data-dir "$work/data" --templates-dir "$templates" "${serve_extra[@]}" >"$work/daemon.log" 2>&1 &
 daemon=$!
@@ -146,6 +154,8 @@ if [[ "${1:-}" == --bench ]]; then
 	node bench.mjs || status=$?
 elif [[ "${1:-}" == --bench-ci ]]; then
 	node bench-code-interpreter.mjs || status=$?
+elif [[ "${1:-}" == --bench-desktop ]]; then
+	node bench-desktop.mjs || status=$?
 elif [[ $# -gt 0 ]]; then
 	node --test --test-concurrency=2 "$@" || status=$?
 else
