@@ -213,6 +213,8 @@ var migrations = []string{
 	migrationOwners,
 	// Public keys of the SSH server (sshkeys.go).
 	migrationSSHKeys,
+	// Volumes and the sandboxes that mount them (volumes.go).
+	migrationVolumes,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
