@@ -57,6 +57,8 @@ type NewSandbox struct {
 	CPUCount *float64                 `json:"cpuCount,omitempty"`
 	MemoryMB *int64                   `json:"memoryMB,omitempty"`
 	DiskMB   *int64                   `json:"diskSizeMB,omitempty"`
+	// VolumeMounts mounts the team's volumes, by name (see VolumeMount).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 	// AutoCheckpoint checkpoints the sandbox's filesystem before every
 	// command it runs, so that a step can be rewound.
 	AutoCheckpoint *bool `json:"autoCheckpoint,omitempty"`
@@ -180,6 +182,7 @@ type SandboxDetail struct {
 	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
 	Network             *NetworkConfig `json:"network,omitempty"`
 	Lifecycle           *Lifecycle     `json:"lifecycle,omitempty"`
+	VolumeMounts        []VolumeMount  `json:"volumeMounts,omitempty"`
 }
 
 // TimeoutRequest is POST /sandboxes/{id}/timeout.

@@ -52,6 +52,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/tenancy"
+	"github.com/fencesandbox/fence/internal/volume"
 )
 
 // Manager is the part of *sandbox.Manager the API uses.
@@ -167,6 +168,9 @@ type Options struct {
 	// Approvals serves the egress approval routes (/approvals); nil
 	// answers 501 there.
 	Approvals Approvals
+	// Volumes serves /volumes, /volumecontent and the volumeMounts of a
+	// create; nil answers 403 there ("use of volumes is not enabled").
+	Volumes *volume.Service
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -208,7 +212,8 @@ type handler struct {
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
-	sshKeys    SSHKeyStore // nil: no /ssh-keys
+	sshKeys    SSHKeyStore     // nil: no /ssh-keys
+	volumes    *volume.Service // nil: no volumes
 }
 
 // New returns the HTTP handler serving the control plane and sandbox
@@ -240,6 +245,7 @@ func New(opts Options) http.Handler {
 		mcp:         opts.MCP,
 		sshKeys:     opts.SSHKeys,
 		approvals:   opts.Approvals,
+		volumes:     opts.Volumes,
 	}
 	if opts.Audit != nil {
 		h.sink = opts.Audit
@@ -273,6 +279,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		h.serveSignedFiles(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, volumeContentPrefix) {
+		h.serveVolumeContent(w, r)
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, uploadPrefix) {

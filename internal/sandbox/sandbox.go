@@ -115,6 +115,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
 )
 
 // State is a sandbox state as the E2B API names it.
@@ -206,6 +207,9 @@ type CreateRequest struct {
 	// AutoCheckpoint checkpoints the filesystem before every command
 	// (fence's extension), so that an agent can rewind a step.
 	AutoCheckpoint bool
+	// Volumes are the fence volumes the sandbox mounts (isolation.Bind
+	// with Volume set), resolved by internal/volume.
+	Volumes []isolation.Bind
 }
 
 // BuildMetadataKey is the metadata key of a template build's sandboxes

@@ -106,7 +106,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMe
 		return nil, fmt.Errorf("template root %q is not a directory", spec.RootFS)
 	}
 	if len(spec.Binds) > 0 {
-		return nil, errors.New("host binds are not supported on the gvisor backend")
+		return nil, fmt.Errorf("host binds and volume mounts are not supported on the gvisor backend yet: %w", isolation.ErrUnsupported)
 	}
 	s := &sandbox{
 		b:    b,
