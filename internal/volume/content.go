@@ -332,20 +332,33 @@ func (c *Content) Write(p string, r io.Reader, o FileOptions) (*api.VolumeEntryS
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, fmt.Errorf("write %s: not a regular file: %w", abs, api.ErrInvalidArgument)
 	}
-	if err := own(fd, o, mode); err != nil {
-		return nil, fsError("write", abs, err)
+	err = writeBody(f, r, o, mode)
+	if err != nil {
+		if !o.Force {
+			// A new file that failed half-way is not left behind.
+			unix.Unlinkat(dir, base, 0)
+		}
+		return nil, err
+	}
+	return statAt(dir, base, abs)
+}
+
+// writeBody sets f's owner and mode and writes r into it, synced.
+func writeBody(f *os.File, r io.Reader, o FileOptions, mode uint32) error {
+	if err := own(int(f.Fd()), o, mode); err != nil {
+		return fsError("write", f.Name(), err)
 	}
 	if _, err := io.Copy(f, r); err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
-			return nil, fsError("write", abs, pe.Err)
+			return fsError("write", f.Name(), pe.Err)
 		}
-		return nil, fmt.Errorf("write %s: reading the body: %w", abs, err)
+		return fmt.Errorf("write %s: reading the body: %w", f.Name(), err)
 	}
 	if err := f.Sync(); err != nil {
-		return nil, fsError("write", abs, err)
+		return fsError("write", f.Name(), err)
 	}
-	return statAt(dir, base, abs)
+	return nil
 }
 
 // own sets fd's owner (o's, default OwnerID) and mode.

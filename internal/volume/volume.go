@@ -313,7 +313,7 @@ func (s *Service) Delete(ctx context.Context, team, id string) error {
 		return err
 	}
 	if len(users) > 0 {
-		return fmt.Errorf("Volume '%s' is mounted by sandbox %s; kill or pause-free it first: %w", v.Name, strings.Join(users, ", "), api.ErrConflict)
+		return fmt.Errorf("Volume '%s' is in use by sandbox %s: kill it first: %w", v.Name, strings.Join(users, ", "), api.ErrConflict)
 	}
 	if err := s.st.DeleteVolume(context.WithoutCancel(ctx), team, v.ID); err != nil {
 		if errors.Is(err, store.ErrVolumeNotFound) {
