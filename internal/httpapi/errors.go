@@ -105,7 +105,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		err = secretsError(err) // 401, 404, 405 of the edge too
 	}
 	status := statusOf(err)
-	if status >= 500 && status != http.StatusNotImplemented {
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusInsufficientStorage {
 		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, status, api.Error{Code: status, Message: clientMessage(err, status)})

@@ -485,6 +485,27 @@ func (f *FS) Remount(name string) (string, error) {
 	return mnt, nil
 }
 
+// Unmount unmounts the directory name, keeping its image for Remount; a
+// busy one is detached lazily. Not mounted is no error.
+func (f *FS) Unmount(name string) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	mnt := f.Path(name)
+	mounted, err := isMountPoint(mnt)
+	if err != nil || !mounted {
+		return err
+	}
+	err = unix.Unmount(mnt, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	if err != nil {
+		return fmt.Errorf("unmounting %s: %w", mnt, err)
+	}
+	return nil
+}
+
 // RemoveDir unmounts and deletes the named directory and its image. It is
 // idempotent, and also removes a half-made directory or what a crash left.
 // If the filesystem is still busy (a sandbox's overlay on it), it is

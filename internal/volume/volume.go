@@ -155,8 +155,21 @@ func Open(ctx context.Context, opts Options) (*Service, error) {
 	return s, nil
 }
 
-// Close releases the Service; the volumes stay mounted for the next run.
-func (s *Service) Close() error { return s.fs.Close() }
+// Close unmounts the volumes (a busy one lazily: a sandbox left running
+// keeps its mount) and releases the Service; the next Open mounts them
+// again. After a crash they stay mounted, and Open uses those mounts.
+func (s *Service) Close() error {
+	var errs []error
+	if dirs, err := s.fs.Dirs(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, d := range dirs {
+			errs = append(errs, s.fs.Unmount(d))
+		}
+	}
+	errs = append(errs, s.fs.Close())
+	return errors.Join(errs...)
+}
 
 func (s *Service) reconcile(ctx context.Context) error {
 	vols, err := s.st.Volumes(ctx, "")
