@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // newVolume makes a volume of sizeMB through the API.
@@ -261,5 +262,28 @@ func TestVolumeSurvivesCrash(t *testing.T) {
 	}
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
 		t.Errorf("the orphan image after the restart: %v", err)
+	}
+}
+
+// A gVisor sandbox mounts a volume through its gofer: it shares writes
+// with a native sandbox that mounts the same volume, both ways, owns the
+// volume as the templates' user, and hits ENOSPC at its size.
+func TestVolumeGvisor(t *testing.T) {
+	testutil.RequireRunsc(t)
+	d := startDaemon(t, newDataDir(t))
+	d.newVolume(t, "both", 8)
+	mounts := []api.VolumeMount{{Name: "both", Path: "/data"}}
+	g := d.create(t, api.NewSandbox{VolumeMounts: mounts, Metadata: gvisorMeta})
+	n := d.create(t, api.NewSandbox{VolumeMounts: mounts})
+	rsh(t, g.Envd(), `echo from-gvisor > /data/g.txt`)
+	if got := rsh(t, n.Envd(), `cat /data/g.txt; stat -c %u /data/g.txt; echo from-native > /data/n.txt`); got != "from-gvisor\n0\n" {
+		t.Errorf("native reads gVisor's write: %q", got)
+	}
+	if got := rsh(t, g.Envd(), `cat /data/n.txt; stat -c '%u:%g' /data`); got != "from-native\n1000:1000\n" {
+		t.Errorf("gVisor reads native's write: %q", got)
+	}
+	out, _, st := run(t, g.Envd(), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", `dd if=/dev/zero of=/data/big bs=1M count=32 2>&1`}, User: "root"})
+	if st.ExitCode == 0 || !strings.Contains(out, "No space left on device") {
+		t.Errorf("writing 32 MiB into an 8 MiB volume in gVisor: exit %d, %q", st.ExitCode, out)
 	}
 }

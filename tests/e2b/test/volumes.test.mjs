@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b'
-import { BACKEND, TEMPLATE, create, opts } from '../helpers.mjs'
+import { TEMPLATE, create, opts } from '../helpers.mjs'
 
 const run = Math.random().toString(36).slice(2, 8)
 
@@ -53,7 +53,7 @@ test('the content API: write, read, list, stat, mkdir, metadata, remove', async 
   assert.ok((await Volume.list(opts)).some((v) => v.volumeId === vol.volumeId && v.name === vol.name))
 })
 
-test('a volume mounted in two sandboxes: shared writes, delete in use, delete', { skip: BACKEND === 'gvisor' && 'volume mounts are native-only so far' }, async (t) => {
+test('a volume mounted in two sandboxes: shared writes, delete in use, delete', async (t) => {
   const vol = await Volume.create(`shared-${run}`, opts)
   t.after(() => Volume.destroy(vol.volumeId, opts).catch(() => {}))
   await vol.writeFile('/from-api.txt', 'written through the API')
