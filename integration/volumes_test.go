@@ -287,3 +287,34 @@ func TestVolumeGvisor(t *testing.T) {
 		t.Errorf("writing 32 MiB into an 8 MiB volume in gVisor: exit %d, %q", st.ExitCode, out)
 	}
 }
+
+// A fork mounts its source's volumes, shares their writes, and holds them
+// against a delete after its source is gone.
+func TestVolumeInheritedByFork(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	v := d.newVolume(t, "inherited", 8)
+	src := d.create(t, api.NewSandbox{VolumeMounts: []api.VolumeMount{{Name: "inherited", Path: "/data"}}})
+	rsh(t, src.Envd(), `echo before-fork > /data/f.txt`)
+	forks, errs, err := d.Client.Fork(ctxT(t), src.ID(), 1, 0)
+	if err != nil || len(forks) != 1 || errs[0] != nil {
+		t.Fatalf("Fork = %v %v %v", forks, errs, err)
+	}
+	fork := forks[0]
+	t.Cleanup(func() { fork.Kill(ctxT(t)) })
+	if got := rsh(t, fork.Envd(), `cat /data/f.txt; echo from-fork > /data/g.txt`); got != "before-fork\n" {
+		t.Errorf("the fork reads %q", got)
+	}
+	if got := rsh(t, src.Envd(), `cat /data/g.txt`); got != "from-fork\n" {
+		t.Errorf("the source reads the fork's write: %q", got)
+	}
+	if err := src.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r := d.do(t, "DELETE", "/volumes/"+v.VolumeID, d.Key, nil, nil); r.Status != http.StatusConflict {
+		t.Errorf("DELETE while the fork mounts it = %d %s, want 409", r.Status, r.Body)
+	}
+	var detail api.SandboxDetail
+	if r := d.do(t, "GET", "/sandboxes/"+fork.ID(), d.Key, nil, nil); json.Unmarshal(r.Body, &detail) != nil || len(detail.VolumeMounts) != 1 {
+		t.Errorf("the fork's volumeMounts: %s", r.Body)
+	}
+}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/volume"
 )
 
@@ -221,4 +223,22 @@ func (h *handler) volumeMountsOf(r *http.Request, id string) []api.VolumeMount {
 		return nil
 	}
 	return ms[id]
+}
+
+// inheritVolumes records that the forks of parent in res mount its
+// volumes. A fork whose record fails is killed and its result is the
+// error: unrecorded, its volumes could be deleted under it.
+func (h *handler) inheritVolumes(r *http.Request, parent string, res []timetravel.ForkResult) {
+	if h.volumes == nil {
+		return
+	}
+	for i, f := range res {
+		if f.Err != nil {
+			continue
+		}
+		if err := h.volumes.Inherit(r.Context(), parent, f.Sandbox.ID); err != nil {
+			h.m.Kill(context.WithoutCancel(r.Context()), f.Sandbox.ID)
+			res[i] = timetravel.ForkResult{Err: err}
+		}
+	}
 }

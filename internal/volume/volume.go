@@ -433,6 +433,16 @@ func (m *Mounts) Release() {
 	m.once.Do(m.s.use.RUnlock)
 }
 
+// Inherit records that child (a fork of parent) mounts parent's volumes
+// at the same paths.
+func (s *Service) Inherit(ctx context.Context, parent, child string) error {
+	ms, err := s.st.VolumeMountsOf(ctx, parent)
+	if err != nil || len(ms) == 0 {
+		return err
+	}
+	return s.st.InsertVolumeMounts(context.WithoutCancel(ctx), child, ms)
+}
+
 // MountsOf returns the volumes each of the sandboxes ids mounts, by
 // sandbox.
 func (s *Service) MountsOf(ctx context.Context, ids ...string) (map[string][]api.VolumeMount, error) {
