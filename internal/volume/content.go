@@ -120,6 +120,7 @@ func clean(p string) (rel, abs string, err error) {
 func fsError(op, p string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
+		//lint:ignore ST1005 E2B's wording of the error
 		return fmt.Errorf("Path %s not found: %w", p, api.ErrNotFound)
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
 		return fmt.Errorf("%s %s: the path goes through a symlink, which is never followed: %w", op, p, api.ErrInvalidArgument)

@@ -76,6 +76,7 @@ func (s *Service) Authorize(ctx context.Context, token, id string) (store.Volume
 	v, err := s.st.VolumeByID(ctx, c.Team, c.Volume)
 	if err != nil {
 		if errors.Is(err, store.ErrVolumeNotFound) {
+			//lint:ignore ST1005 E2B's wording of the error
 			return v, fmt.Errorf("Volume '%s' not found: %w", id, api.ErrNotFound)
 		}
 		return v, err

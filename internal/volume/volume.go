@@ -229,6 +229,7 @@ type Info struct {
 // CheckName checks a volume name as E2B does.
 func CheckName(name string) error {
 	if !validName.MatchString(name) || len(name) > maxName {
+		//lint:ignore ST1005 E2B's wording of the error
 		return fmt.Errorf("Invalid volume name: %w", api.ErrInvalidArgument)
 	}
 	return nil
@@ -246,6 +247,7 @@ func (s *Service) Create(ctx context.Context, team, name string, size int64) (*I
 		return nil, fmt.Errorf("volume size must be between %d and %d MiB: %w", quota.MinLimit>>20, MaxSize>>20, api.ErrInvalidArgument)
 	}
 	if _, err := s.st.VolumeByName(ctx, team, name); err == nil {
+		//lint:ignore ST1005 E2B's wording of the error
 		return nil, fmt.Errorf("Volume with name '%s' already exists: %w", name, api.ErrInvalidArgument)
 	} else if !errors.Is(err, store.ErrVolumeNotFound) {
 		return nil, err
@@ -262,6 +264,7 @@ func (s *Service) Create(ctx context.Context, team, name string, size int64) (*I
 	if err := s.st.InsertVolume(context.WithoutCancel(ctx), &v); err != nil {
 		s.fs.RemoveDir(v.ID)
 		if errors.Is(err, store.ErrVolumeExists) {
+			//lint:ignore ST1005 E2B's wording of the error
 			return nil, fmt.Errorf("Volume with name '%s' already exists: %w", name, api.ErrInvalidArgument)
 		}
 		return nil, err
@@ -303,10 +306,12 @@ func (s *Service) Get(ctx context.Context, team, id string) (*Info, error) {
 
 func (s *Service) byID(ctx context.Context, team, id string) (store.Volume, error) {
 	if !isUUID(id) {
+		//lint:ignore ST1005 E2B's wording of the error
 		return store.Volume{}, fmt.Errorf("Invalid volume ID: %w", api.ErrInvalidArgument)
 	}
 	v, err := s.st.VolumeByID(ctx, team, id)
 	if errors.Is(err, store.ErrVolumeNotFound) {
+		//lint:ignore ST1005 E2B's wording of the error
 		return v, fmt.Errorf("Volume '%s' not found: %w", id, api.ErrNotFound)
 	}
 	return v, err
@@ -326,10 +331,12 @@ func (s *Service) Delete(ctx context.Context, team, id string) error {
 		return err
 	}
 	if len(users) > 0 {
+		//lint:ignore ST1005 E2B's wording of the error
 		return fmt.Errorf("Volume '%s' is in use by sandbox %s: kill it first: %w", v.Name, strings.Join(users, ", "), api.ErrConflict)
 	}
 	if err := s.st.DeleteVolume(context.WithoutCancel(ctx), team, v.ID); err != nil {
 		if errors.Is(err, store.ErrVolumeNotFound) {
+			//lint:ignore ST1005 E2B's wording of the error
 			return fmt.Errorf("Volume '%s' not found: %w", id, api.ErrNotFound)
 		}
 		return err
