@@ -172,6 +172,8 @@ type ListedSandbox struct {
 	EndAt       time.Time         `json:"endAt"`
 	State       string            `json:"state"` // "running" | "paused"
 	Metadata    map[string]string `json:"metadata,omitempty"`
+	// VolumeMounts are the volumes it mounts (see NewSandbox).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // SandboxDetail is GET /sandboxes/{id}.
@@ -182,7 +184,6 @@ type SandboxDetail struct {
 	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
 	Network             *NetworkConfig `json:"network,omitempty"`
 	Lifecycle           *Lifecycle     `json:"lifecycle,omitempty"`
-	VolumeMounts        []VolumeMount  `json:"volumeMounts,omitempty"`
 }
 
 // TimeoutRequest is POST /sandboxes/{id}/timeout.

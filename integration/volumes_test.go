@@ -74,6 +74,11 @@ func TestVolumeMountedInTwoSandboxes(t *testing.T) {
 		len(detail.VolumeMounts) != 1 || detail.VolumeMounts[0] != mounts[0] {
 		t.Errorf("GET /sandboxes/%s volumeMounts = %s", a.ID(), r.Body)
 	}
+	var listedAll []api.ListedSandbox
+	if r := d.do(t, "GET", "/v2/sandboxes", d.Key, nil, nil); json.Unmarshal(r.Body, &listedAll) != nil || len(listedAll) != 2 ||
+		len(listedAll[0].VolumeMounts) != 1 || listedAll[1].VolumeMounts[0] != mounts[0] {
+		t.Errorf("GET /v2/sandboxes volumeMounts = %s", r.Body)
+	}
 
 	// The size limit.
 	out, _, st := run(t, a.Envd(), client.ProcessSpec{Cmd: "sh", Args: []string{"-c", `dd if=/dev/zero of=/data/big bs=1M count=32 2>&1`}, User: "root"})

@@ -205,14 +205,15 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	ls := toListed(s)
+	ls.VolumeMounts = h.volumeMountsOf(r, s.ID)
 	writeJSON(w, http.StatusOK, api.SandboxDetail{
-		ListedSandbox:       toListed(s),
+		ListedSandbox:       ls,
 		AllowInternetAccess: s.AllowInternetAccess,
 		Domain:              h.domainPtr(),
 		EnvdAccessToken:     s.EnvdAccessToken,
 		Network:             netconf.Redacted(s.Network),
 		Lifecycle:           lifecycle(s),
-		VolumeMounts:        h.volumeMountsOf(r, s.ID),
 	})
 }
 
@@ -503,7 +504,7 @@ func (h *handler) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, listed(list))
+	writeJSON(w, http.StatusOK, h.withVolumes(r, listed(list)))
 }
 
 func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
@@ -561,7 +562,7 @@ func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
 		last := list[len(list)-1]
 		w.Header().Set(api.HeaderNextToken, api.PageToken(last.StartedAt, last.ID))
 	}
-	writeJSON(w, http.StatusOK, listed(list))
+	writeJSON(w, http.StatusOK, h.withVolumes(r, listed(list)))
 }
 
 func listed(list []*sandbox.Sandbox) []api.ListedSandbox {

@@ -211,6 +211,26 @@ func (h *handler) readVolumeFile(w http.ResponseWriter, r *http.Request, c *volu
 	}
 }
 
+// withVolumes fills in the volumes each sandbox of list mounts.
+func (h *handler) withVolumes(r *http.Request, list []api.ListedSandbox) []api.ListedSandbox {
+	if h.volumes == nil || len(list) == 0 {
+		return list
+	}
+	ids := make([]string, len(list))
+	for i, s := range list {
+		ids[i] = s.SandboxID
+	}
+	ms, err := h.volumes.MountsOf(r.Context(), ids...)
+	if err != nil {
+		h.log.WarnContext(r.Context(), "reading sandboxes' volume mounts", "err", err)
+		return list
+	}
+	for i := range list {
+		list[i].VolumeMounts = ms[list[i].SandboxID]
+	}
+	return list
+}
+
 // volumeMountsOf is the volumes sandbox id mounts, for its detail (nil
 // when none, or without volumes).
 func (h *handler) volumeMountsOf(r *http.Request, id string) []api.VolumeMount {

@@ -73,6 +73,8 @@ test('a volume mounted in two sandboxes: shared writes, delete in use, delete', 
 
   const infoA = await Sandbox.getInfo(a.sandboxId, opts)
   assert.deepEqual(infoA.volumeMounts, [{ name: vol.name, path: '/mnt/data' }])
+  const listed = await Sandbox.list({ ...opts, query: { state: ['running'] } }).nextItems()
+  assert.deepEqual(listed.find((s) => s.sandboxId === b.sandboxId)?.volumeMounts, [{ name: vol.name, path: '/mnt/data' }])
 
   await assert.rejects(Volume.destroy(vol.volumeId, opts), (err) => err instanceof VolumeError && /in use/.test(err.message))
   assert.equal(await vol.exists('/a.txt'), true)
