@@ -379,3 +379,38 @@ func TestVolumeConsistentAfterCrashDuringWrites(t *testing.T) {
 		t.Errorf("e2fsck -fn of the volume after the crash and a clean stop: %v\n%s", err, out)
 	}
 }
+
+// A sandbox paused without memory keeps its volume through a daemon
+// restart: the volume cannot be deleted while it is paused, and the
+// resumed sandbox mounts it again.
+func TestVolumeKeptByColdPauseAcrossRestart(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	v := d.newVolume(t, "paused", 8)
+	yes, no := true, false
+	// Not d.create: its cleanup would use the first daemon's address.
+	sb, err := d.Client.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal", AutoPause: &yes, AutoPauseMemory: &no,
+		VolumeMounts: []api.VolumeMount{{Name: "paused", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Client.Kill(ctxT(t), sb.ID()) })
+	rsh(t, sb.Envd(), `echo before > /data/a`)
+	if err := d.Client.PauseWithoutMemory(ctxT(t), sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	d.Crash()
+	d.Restart()
+	if r := d.do(t, "DELETE", "/volumes/"+v.VolumeID, d.Key, nil, nil); r.Status != http.StatusConflict {
+		t.Errorf("DELETE while a paused sandbox mounts it = %d %s, want 409", r.Status, r.Body)
+	}
+	resumed, err := d.Client.Connect(ctxT(t), sb.ID(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rsh(t, resumed.Envd(), `cat /data/a; echo after > /data/b`); got != "before\n" {
+		t.Errorf("the resumed sandbox reads %q", got)
+	}
+	if r := d.content(t, v, "GET", "file?path=/b", ""); string(r.Body) != "after\n" {
+		t.Errorf("the resumed sandbox's write through the API: %d %q", r.Status, r.Body)
+	}
+}
