@@ -232,6 +232,16 @@ func TestVolumeBadInput(t *testing.T) {
 	if r := d.do(t, "GET", "/volumecontent/"+v.VolumeID+"/dir?path=/", d.Key, nil, nil); r.Status != http.StatusUnauthorized {
 		t.Errorf("the API key on the content API = %d %s", r.Status, r.Body)
 	}
+	// More than the host's disk can hold besides the volumes' own sizes.
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(d.DataDir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if tooMuch := (int64(fs.Bavail)*fs.Bsize)>>20 + 1024; tooMuch <= 1<<20 {
+		if r := d.do(t, "POST", "/volumes", d.Key, strings.NewReader(`{"name":"toobig","sizeMB":`+itoa(int(tooMuch))+`}`), nil); r.Status != http.StatusInsufficientStorage {
+			t.Errorf("a volume larger than the host's free disk = %d %s, want 507", r.Status, r.Body)
+		}
+	}
 	if after := list(); after != before {
 		t.Errorf("volumes changed: %s → %s", before, after)
 	}

@@ -106,6 +106,7 @@ type Options struct {
 // Service keeps the volumes.
 type Service struct {
 	st      Store
+	dir     string
 	fs      *quota.FS
 	key     []byte // signs content API tokens
 	defSize int64
@@ -114,6 +115,9 @@ type Service struct {
 	// use is held shared by each create that mounts volumes until its
 	// mounts are recorded, and exclusively by Delete's check and removal.
 	use sync.RWMutex
+	// createMu makes a create's check of the host's room and its image
+	// one step.
+	createMu sync.Mutex
 }
 
 // Open opens the volumes under opts.Dir and reconciles them with the
@@ -123,7 +127,7 @@ func Open(ctx context.Context, opts Options) (*Service, error) {
 	if opts.Dir == "" || opts.Store == nil {
 		return nil, fmt.Errorf("volume: Dir and Store are required: %w", api.ErrInvalidArgument)
 	}
-	s := &Service{st: opts.Store, defSize: opts.DefaultSize, log: opts.Logger, now: opts.Now}
+	s := &Service{st: opts.Store, dir: opts.Dir, defSize: opts.DefaultSize, log: opts.Logger, now: opts.Now}
 	if s.defSize == 0 {
 		s.defSize = DefaultSize
 	}
@@ -252,6 +256,13 @@ func (s *Service) Create(ctx context.Context, team, name string, size int64) (*I
 	} else if !errors.Is(err, store.ErrVolumeNotFound) {
 		return nil, err
 	}
+	// The check of the host's room and the new image are one step: two
+	// creates cannot both count the same free space.
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	if err := s.checkRoom(ctx, size); err != nil {
+		return nil, err
+	}
 	v := store.Volume{ID: newUUID(), Team: team, Name: name, SizeBytes: size, CreatedAt: s.now()}
 	mnt, err := s.fs.NewDir(ctx, v.ID, size)
 	if err != nil {
@@ -270,6 +281,36 @@ func (s *Service) Create(ctx context.Context, team, name string, size int64) (*I
 		return nil, err
 	}
 	return &Info{Volume: v, Token: s.token(v)}, nil
+}
+
+// checkRoom refuses a volume of size bytes unless the host's filesystem
+// under Dir has room for it besides what the existing volumes may still
+// grow by: the images are sparse, and filling every volume to its size
+// must never fill the host's disk.
+func (s *Service) checkRoom(ctx context.Context, size int64) error {
+	vols, err := s.st.Volumes(ctx, "")
+	if err != nil {
+		return err
+	}
+	var owed int64
+	for _, v := range vols {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(s.dir, "images", v.ID+".img"), &st); err == nil {
+			owed += max(v.SizeBytes-st.Blocks*512, 0)
+		} else {
+			owed += v.SizeBytes
+		}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(s.dir, &fs); err != nil {
+		return fmt.Errorf("volumes: %w", err)
+	}
+	free := int64(fs.Bavail) * fs.Bsize
+	if owed+size > free {
+		return fmt.Errorf("not enough disk on this host for a volume of %d MiB: %d MiB free, %d MiB of it promised to the existing volumes: %w",
+			size>>20, free>>20, owed>>20, ErrFull)
+	}
+	return nil
 }
 
 // prepareRoot gives a new volume's root to the templates' user and syncs
