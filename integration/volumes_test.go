@@ -157,6 +157,11 @@ func TestVolumeMountedInTwoSandboxes(t *testing.T) {
 	if r := d.do(t, "GET", "/volumes/"+v.VolumeID, d.Key, nil, nil); r.Status != http.StatusNotFound {
 		t.Errorf("GET after delete = %d %s", r.Status, r.Body)
 	}
+	// The content API's changes are on the audit trail.
+	if r := d.do(t, "GET", "/audit?limit=1000", d.Key, nil, nil); !strings.Contains(string(r.Body), "volume:"+v.VolumeID) ||
+		!strings.Contains(string(r.Body), `"file":"/from-api.txt"`) {
+		t.Errorf("GET /audit has no record of the content API's write: %s", r.Body)
+	}
 }
 
 // Bad input to the volume routes gets a 4xx and changes nothing.

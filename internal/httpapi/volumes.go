@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/audit"
 	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/volume"
 )
@@ -134,6 +135,17 @@ func (h *handler) serveVolumeContent(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
+	}
+	if h.sink != nil && r.Method != http.MethodGet {
+		// Every change through the content API is on the audit trail,
+		// under the volume's team.
+		tw := &tapWriter{ResponseWriter: w}
+		w = tw
+		defer func() {
+			h.sink.Append(context.WithoutCancel(r.Context()), audit.Event{Type: audit.TypeAPI,
+				Actor: "team:" + v.Team + " volume:" + v.ID, Data: map[string]any{"method": r.Method, "route": route,
+					"path": r.URL.Path, "file": r.URL.Query().Get("path"), "status": tw.status}})
+		}()
 	}
 	c, err := h.volumes.Open(v)
 	if err != nil {
