@@ -429,3 +429,23 @@ func TestVolumeKeptByColdPauseAcrossRestart(t *testing.T) {
 		t.Errorf("the resumed sandbox's write through the API: %d %q", r.Status, r.Body)
 	}
 }
+
+// A rewind takes the sandbox's own files back, never its volume's: the
+// rewound sandbox mounts the volume still, with what was written after
+// the checkpoint.
+func TestVolumeOutlivesRewind(t *testing.T) {
+	d := startDaemon(t, newDataDir(t))
+	d.newVolume(t, "rewound", 8)
+	sb := d.create(t, api.NewSandbox{VolumeMounts: []api.VolumeMount{{Name: "rewound", Path: "/data"}}})
+	cp, err := d.Client.Checkpoint(ctxT(t), sb.ID(), "before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsh(t, sb.Envd(), `echo after > /data/v; echo after > /own`)
+	if err := d.Client.Rewind(ctxT(t), sb.ID(), cp.CheckpointID); err != nil {
+		t.Fatal(err)
+	}
+	if got := rsh(t, sb.Envd(), `cat /data/v; test -e /own && echo own; true`); got != "after\n" {
+		t.Errorf("after the rewind: %q, want the volume's file alone", got)
+	}
+}
