@@ -60,6 +60,8 @@ type NewSandbox struct {
 	CPUCount *float64                 `json:"cpuCount,omitempty"`
 	MemoryMB *int64                   `json:"memoryMB,omitempty"`
 	DiskMB   *int64                   `json:"diskSizeMB,omitempty"`
+	// VolumeMounts mounts the team's volumes, by name (see VolumeMount).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 	// AutoCheckpoint checkpoints the sandbox's filesystem before every
 	// command it runs, so that a step can be rewound.
 	AutoCheckpoint *bool `json:"autoCheckpoint,omitempty"`
@@ -192,6 +194,8 @@ type ListedSandbox struct {
 	EndAt       time.Time         `json:"endAt"`
 	State       string            `json:"state"` // "running" | "paused"
 	Metadata    map[string]string `json:"metadata,omitempty"`
+	// VolumeMounts are the volumes it mounts (see NewSandbox).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // SandboxDetail is GET /sandboxes/{id}.

@@ -75,11 +75,17 @@ func TestCrossTenantMatrix(t *testing.T) {
 		t.Fatalf("team b's create = %d %s", r.Status, r.Body)
 	}
 	t.Cleanup(func() { d.do(t, "DELETE", "/sandboxes/"+sbB.SandboxID, keyB, nil, nil) })
+	// The default team's volume.
+	var volA api.VolumeAndToken
+	if r := d.do(t, "POST", "/volumes", keyA, strings.NewReader(`{"name":"vol-a","sizeMB":8}`), nil); r.Status != http.StatusCreated || json.Unmarshal(r.Body, &volA) != nil {
+		t.Fatalf("POST /volumes = %d %s", r.Status, r.Body)
+	}
+	t.Cleanup(func() { d.do(t, "DELETE", "/volumes/"+volA.VolumeID, keyA, nil, nil) })
 
 	state := func() string {
 		var b strings.Builder
 		for _, p := range []string{"/sandboxes/" + sbA.ID(), "/sandboxes/" + sbA.ID() + "/checkpoints", "/snapshots",
-			"/secrets/" + sec.SecretID, "/v2/sandboxes", "/templates"} {
+			"/secrets/" + sec.SecretID, "/v2/sandboxes", "/templates", "/volumes"} {
 			r := d.do(t, "GET", p, keyA, nil, nil)
 			fmt.Fprintf(&b, "%s %d %s\n", p, r.Status, r.Body)
 		}
@@ -179,6 +185,16 @@ func TestCrossTenantMatrix(t *testing.T) {
 		same(rt, secretIDs, http.StatusNotFound)
 	}
 	same(route{"GET", "/secrets/{id}", ""}, map[string][2]string{"{id}": {"tok", "nosuchname"}}, http.StatusNotFound)
+	volumeIDs := map[string][2]string{"{id}": {volA.VolumeID, "00000000-0000-4000-8000-0000000000ff"}}
+	for _, rt := range []route{{"GET", "/volumes/{id}", ""}, {"DELETE", "/volumes/{id}", ""}} {
+		same(rt, volumeIDs, http.StatusNotFound)
+	}
+	same(route{"POST", "/sandboxes", `{"templateID":"minimal","volumeMounts":[{"name":"{id}","path":"/data"}]}`},
+		map[string][2]string{"{id}": {"vol-a", "nosuchvol"}}, http.StatusBadRequest)
+	// Team b may name its own volume as the default team's is named.
+	if r := d.do(t, "POST", "/volumes", keyB, strings.NewReader(`{"name":"vol-a","sizeMB":8}`), nil); r.Status != http.StatusCreated {
+		t.Errorf("team b's volume named as the default team's = %d %s", r.Status, r.Body)
+	}
 	same(route{"POST", "/sandboxes", `{"templateID":"minimal","secrets":{"T":{"secret":"{id}","hosts":["x.example.com"]}}}`},
 		map[string][2]string{"{id}": {"tok", "nosuchname"}}, http.StatusBadRequest)
 	snapIDs := map[string][2]string{"{id}": {snap.SnapshotID, noSnapshot}}
@@ -269,12 +285,12 @@ func TestCrossTenantMatrix(t *testing.T) {
 
 	// Lists leave the default team's objects out.
 	for _, p := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused", "/snapshots", "/secrets",
-		"/templates", "/v2/templates", "/sandboxes/metrics?sandbox_ids=" + sbA.ID(), "/usage", "/usage?sandbox=" + sbA.ID()} {
+		"/templates", "/v2/templates", "/sandboxes/metrics?sandbox_ids=" + sbA.ID(), "/usage", "/usage?sandbox=" + sbA.ID(), "/volumes"} {
 		r := d.do(t, "GET", p, keyB, nil, nil)
 		if r.Status != http.StatusOK {
 			t.Errorf("GET %s (team b) = %d %s", p, r.Status, r.Body)
 		}
-		for _, id := range []string{sbA.ID(), snap.SnapshotID, sec.SecretID, cp.CheckpointID, keyOfA.ID, tenancy.DefaultTeamID} {
+		for _, id := range []string{sbA.ID(), snap.SnapshotID, sec.SecretID, cp.CheckpointID, keyOfA.ID, tenancy.DefaultTeamID, volA.VolumeID} {
 			if strings.Contains(string(r.Body), id) {
 				t.Errorf("GET %s (team b) shows the default team's %s: %s", p, id, r.Body)
 			}

@@ -119,6 +119,7 @@ the fence client verbs at it:
 		runCmd(deps),
 		sandboxCmd(),
 		secretCmd(),
+		volumeCmd(),
 		teamCmd(),
 		keyCmd(),
 		tokenCmd(),

@@ -3,6 +3,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +34,7 @@ import (
 	"github.com/fencesandbox/fence/internal/mcp"
 	"github.com/fencesandbox/fence/internal/metrics"
 	"github.com/fencesandbox/fence/internal/oci"
+	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/sandbox/export"
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
@@ -45,6 +47,7 @@ import (
 	"github.com/fencesandbox/fence/internal/template"
 	"github.com/fencesandbox/fence/internal/tenancy"
 	"github.com/fencesandbox/fence/internal/ui"
+	"github.com/fencesandbox/fence/internal/volume"
 )
 
 // node is the daemon being assembled: what each component made, for the
@@ -87,6 +90,7 @@ type node struct {
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 	quotas    *tenancy.Quotas    // the teams' limits and what their sandboxes take
 	admission tenancy.Admission  // quotas, or over them the cluster's (clusterquota)
+	volumes   *volume.Service    // nil where this host cannot make volumes
 }
 
 // components are the daemon's parts, listed in an order their
@@ -106,6 +110,7 @@ var components = []component{
 	{"backends", []string{"gateway", "forensics"}, (*node).startBackends},
 	{"builds", []string{"store", "templates"}, (*node).openBuilds},
 	{"quotas", []string{"store"}, (*node).openQuotas},
+	{"volumes", []string{"store"}, (*node).openVolumes},
 	{"sandboxes", []string{"backends", "builds", "templates", "store", "gateway", "audit", "host addresses", "quotas"}, (*node).startSandboxes},
 	{"warm pools", []string{"sandboxes", "templates"}, (*node).startWarmPools},
 }
@@ -258,6 +263,24 @@ func (d *node) openStore(ctx context.Context) error {
 		return fmt.Errorf("opening download log: %w", err)
 	}
 	d.flows = newFlowRecorder(d.log, d.reg, d.sources.sink)
+	return nil
+}
+
+// openVolumes opens the volumes under DATA-DIR/volumes, mounting each
+// again if its mount went and removing what a cut-short create or delete
+// left. A host that cannot make them (no loop devices, no mkfs.ext4)
+// serves no volumes: their routes answer 403.
+func (d *node) openVolumes(ctx context.Context) error {
+	vs, err := volume.Open(ctx, volume.Options{Dir: filepath.Join(d.opts.DataDir, "volumes"), Store: d.st, Logger: d.log})
+	if errors.Is(err, quota.ErrUnsupported) {
+		d.log.WarnContext(ctx, "volumes are not available on this host", "err", err)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening volumes: %w", err)
+	}
+	d.closers.push(func() { vs.Close() })
+	d.volumes = vs
 	return nil
 }
 
@@ -590,6 +613,7 @@ func (d *node) newServer() (*http.Server, error) {
 		UI:           dashboard(o.NoUI),
 		UISessionTTL: o.UISessionTTL,
 		AuditVerify:  verifyAudit(o.DataDir),
+		Volumes:      d.volumes,
 	})
 	handler := api
 	if o.Cluster != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/volume"
 )
 
 // Conditions local to the HTTP edge; they map to status codes below with
@@ -59,6 +60,8 @@ func statusOf(err error) int {
 		return http.StatusNotImplemented
 	case errors.Is(err, api.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, volume.ErrFull):
+		return http.StatusInsufficientStorage
 	case errors.Is(err, errBadGateway):
 		return http.StatusBadGateway
 	case errors.Is(err, context.DeadlineExceeded):
@@ -82,7 +85,7 @@ func clientMessage(err error, status int) string {
 	if pe := (*publicError)(nil); errors.As(err, &pe) {
 		return pe.msg
 	}
-	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable {
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable && status != http.StatusInsufficientStorage {
 		return "internal error"
 	}
 	msg := err.Error()
@@ -102,7 +105,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		err = secretsError(err) // 401, 404, 405 of the edge too
 	}
 	status := statusOf(err)
-	if status >= 500 && status != http.StatusNotImplemented {
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusInsufficientStorage {
 		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, status, api.Error{Code: status, Message: clientMessage(err, status)})

@@ -53,6 +53,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox/fences"
 	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/tenancy"
+	"github.com/fencesandbox/fence/internal/volume"
 )
 
 // Manager is the part of *sandbox.Manager the API uses.
@@ -188,6 +189,9 @@ type Options struct {
 	UISessionTTL time.Duration
 	// AuditVerify serves GET /audit/verify; nil answers 501 there.
 	AuditVerify AuditVerifier
+	// Volumes serves /volumes, /volumecontent and the volumeMounts of a
+	// create; nil answers 403 there ("use of volumes is not enabled").
+	Volumes *volume.Service
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -229,9 +233,10 @@ type handler struct {
 	warming    sync.WaitGroup // warmAgent calls in flight
 	quotas     *tenancy.Quotas
 	teams      Teams
-	sshKeys    SSHKeyStore  // nil: no /ssh-keys
-	activity   Activity     // never nil (noActivity)
-	ui         http.Handler // nil: no dashboard
+	sshKeys    SSHKeyStore     // nil: no /ssh-keys
+	volumes    *volume.Service // nil: no volumes
+	activity   Activity        // never nil (noActivity)
+	ui         http.Handler    // nil: no dashboard
 	uiTTL      time.Duration
 	sessions   uiSessions
 	// verifyAudit serves GET /audit/verify; nil: 501.
@@ -276,6 +281,7 @@ func New(opts Options) http.Handler {
 		ui:          opts.UI,
 		uiTTL:       opts.UISessionTTL,
 		verifyAudit: opts.AuditVerify,
+		volumes:     opts.Volumes,
 	}
 	if h.uiTTL <= 0 {
 		h.uiTTL = defaultUISessionTTL
@@ -319,6 +325,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		h.serveSignedFiles(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, volumeContentPrefix) {
+		h.serveVolumeContent(w, r)
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, uploadPrefix) {

@@ -170,6 +170,7 @@ func (h *handler) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	h.inheritVolumes(r, id, res)
 	out := make([]api.ForkResult, 0, len(res))
 	for _, f := range res {
 		if f.Err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/netconf"
 	"github.com/fencesandbox/fence/internal/sandbox"
+	"github.com/fencesandbox/fence/internal/volume"
 )
 
 const (
@@ -178,10 +179,32 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 		}
 		cr.DiskMB = *req.DiskMB
 	}
+	var mounts *volume.Mounts
+	if len(req.VolumeMounts) > 0 {
+		if h.volumes == nil {
+			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "Volume mounts are not enabled."))
+			return
+		}
+		var err error
+		if mounts, err = h.volumes.Resolve(r.Context(), teamOf(r), req.VolumeMounts); err != nil {
+			writeError(w, r, h.log, err)
+			return
+		}
+		defer mounts.Release()
+		cr.Volumes = mounts.Binds
+	}
 	s, err := h.m.Create(r.Context(), cr)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
+	}
+	if mounts != nil {
+		if err := mounts.Record(r.Context(), s.ID); err != nil {
+			// Unrecorded, its volumes could be deleted under it.
+			h.m.Kill(context.WithoutCancel(r.Context()), s.ID)
+			writeError(w, r, h.log, err)
+			return
+		}
 	}
 	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
 	// A client's first command follows its create at once: the proxy's
@@ -200,8 +223,10 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
+	ls := toListed(s)
+	ls.VolumeMounts = h.volumeMountsOf(r, s.ID)
 	writeJSON(w, http.StatusOK, api.SandboxDetail{
-		ListedSandbox:       toListed(s),
+		ListedSandbox:       ls,
 		AllowInternetAccess: s.AllowInternetAccess,
 		Domain:              h.domainPtr(),
 		EnvdAccessToken:     s.EnvdAccessToken,
@@ -497,7 +522,7 @@ func (h *handler) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, listed(list))
+	writeJSON(w, http.StatusOK, h.withVolumes(r, listed(list)))
 }
 
 func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
@@ -555,7 +580,7 @@ func (h *handler) listV2(w http.ResponseWriter, r *http.Request) {
 		last := list[len(list)-1]
 		w.Header().Set(api.HeaderNextToken, api.PageToken(last.StartedAt, last.ID))
 	}
-	writeJSON(w, http.StatusOK, listed(list))
+	writeJSON(w, http.StatusOK, h.withVolumes(r, listed(list)))
 }
 
 func listed(list []*sandbox.Sandbox) []api.ListedSandbox {

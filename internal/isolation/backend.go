@@ -89,6 +89,11 @@ type Bind struct {
 	HostPath string // absolute, already validated by the caller
 	Path     string // absolute path inside the sandbox
 	ReadOnly bool
+	// Volume, if set, names the fence volume whose root HostPath is (a
+	// filesystem of fence's own, under its data dir): it is mounted
+	// idmapped through the sandbox's user namespace, so the ids on disk
+	// are the ids inside, and CheckBindSource does not apply.
+	Volume string
 }
 
 // Spec describes a sandbox to create.

@@ -153,7 +153,7 @@ func (p *pool) make(ctx context.Context, k string) error {
 		os.Remove(img)
 		return err
 	}
-	if err := mountImage(img, mnt); err != nil {
+	if err := mountImage(img, mnt, false); err != nil {
 		os.Remove(mnt)
 		os.Remove(img)
 		return err

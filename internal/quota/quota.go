@@ -54,6 +54,8 @@ const (
 const (
 	mountFlags   = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
 	mountOptions = "discard,noinit_itable,nobarrier"
+	// durableMountOptions are Options.Durable's: barriers on.
+	durableMountOptions = "discard,noinit_itable"
 )
 
 // Options configure an FS.
@@ -73,6 +75,13 @@ type Options struct {
 	// PoolLimit is the limit of the pooled filesystems; zero means
 	// DefaultLimit. NewDir with another limit formats synchronously.
 	PoolLimit int64
+	// Durable makes filesystems whose data outlives a crash (volumes):
+	// formatted with a journal, mounted with write barriers, so an fsync
+	// inside reaches the host's disk and a crash leaves a filesystem the
+	// journal replays at its next mount. Remount mounts one again after
+	// its mount went (a reboot). Without it, a directory's data lasts as
+	// long as its sandbox (no journal, no barriers).
+	Durable bool
 }
 
 // FS makes and removes size-limited directories. Its methods are safe for
@@ -83,6 +92,7 @@ type FS struct {
 	mountDir string
 	mkfs     string
 	log      *slog.Logger
+	durable  bool
 
 	pool      *pool // nil without Options.PoolSize
 	closeOnce sync.Once
@@ -111,7 +121,7 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	if opts.ImageDir == "" || opts.MountDir == "" {
 		return nil, fmt.Errorf("quota: ImageDir and MountDir are required: %w", api.ErrInvalidArgument)
 	}
-	f := &FS{log: opts.Logger}
+	f := &FS{log: opts.Logger, durable: opts.Durable}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -220,7 +230,7 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 	if err := f.createImage(ctx, image, limitBytes); err != nil {
 		return "", err
 	}
-	if err := mountImage(image, mnt); err != nil {
+	if err := mountImage(image, mnt, f.durable); err != nil {
 		return "", err
 	}
 	// lost+found is only clutter in an overlay upper.
@@ -331,6 +341,12 @@ func (f *FS) mkfsImage(ctx context.Context, path string, size int64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, mkfsTimeout)
 	defer cancel()
+	features, ext := "^has_journal,^resize_inode", "root_owner=0:0,lazy_itable_init=1,nodiscard"
+	if f.durable {
+		// The journal of a sparse image reads as zeros already: not
+		// writing them keeps it a hole, out of every copy of the seed.
+		features, ext = "^resize_inode", ext+",lazy_journal_init=1"
+	}
 	cmd := exec.CommandContext(ctx, f.mkfs, "-q", "-F",
 		"-b", "4096", // the loop device's logical block size
 		"-i", "8192", // one inode per 8 KiB
@@ -339,8 +355,8 @@ func (f *FS) mkfsImage(ctx context.Context, path string, size int64) error {
 		// online (resize_inode: 127 group descriptor blocks at 1 GiB,
 		// three quarters of the formatted image, copied at every create
 		// and never used, since a sandbox's disk never grows).
-		"-O", "^has_journal,^resize_inode",
-		"-E", "root_owner=0:0,lazy_itable_init=1,nodiscard",
+		"-O", features,
+		"-E", ext,
 		path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
@@ -419,8 +435,9 @@ func copyRange(out, in *os.File, ofd, ifd int, from, to int64) error {
 	return nil
 }
 
-// mountImage attaches image to a free loop device and mounts it at mnt.
-func mountImage(image, mnt string) error {
+// mountImage attaches image to a free loop device and mounts it at mnt;
+// durable keeps write barriers.
+func mountImage(image, mnt string, durable bool) error {
 	dev, loop, err := attachLoop(image)
 	if err != nil {
 		return err
@@ -429,12 +446,64 @@ func mountImage(image, mnt string) error {
 	// LO_FLAGS_AUTOCLEAR it detaches when that ends (or now, if the mount
 	// failed).
 	defer loop.Close()
-	if err := unix.Mount(dev, mnt, "ext4", mountFlags, mountOptions); err != nil {
+	opts := mountOptions
+	if durable {
+		opts = durableMountOptions
+	}
+	if err := unix.Mount(dev, mnt, "ext4", mountFlags, opts); err != nil {
 		err = fmt.Errorf("mounting %s (%s) at %s: %w", image, dev, mnt, err)
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EACCES) {
 			err = fmt.Errorf("%w: %w", ErrUnsupported, err)
 		}
 		return err
+	}
+	return nil
+}
+
+// Remount mounts the existing directory name again if it is not mounted
+// (its mount went with a reboot, or a reset of MountDir) and returns its
+// path; a mounted one is left as it is. A name without an image wraps
+// api.ErrNotFound. With Options.Durable the journal is replayed by the
+// mount.
+func (f *FS) Remount(name string) (string, error) {
+	if err := validateName(name); err != nil {
+		return "", err
+	}
+	image, mnt := f.image(name), f.Path(name)
+	if _, err := os.Lstat(image); err != nil {
+		return "", fmt.Errorf("quota dir %s: %w: %w", name, api.ErrNotFound, err)
+	}
+	if mounted, err := isMountPoint(mnt); err != nil {
+		return "", err
+	} else if mounted {
+		return mnt, nil
+	}
+	if err := os.Mkdir(mnt, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("creating mount point: %w", err)
+	}
+	if err := mountImage(image, mnt, f.durable); err != nil {
+		return "", err
+	}
+	return mnt, nil
+}
+
+// Unmount unmounts the directory name, keeping its image for Remount; a
+// busy one is detached lazily. Not mounted is no error.
+func (f *FS) Unmount(name string) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	mnt := f.Path(name)
+	mounted, err := isMountPoint(mnt)
+	if err != nil || !mounted {
+		return err
+	}
+	err = unix.Unmount(mnt, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	if err != nil {
+		return fmt.Errorf("unmounting %s: %w", mnt, err)
 	}
 	return nil
 }

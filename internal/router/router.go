@@ -188,6 +188,10 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "nodes": len(nodes), "placeable": placeable})
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
+		writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
+		return
+	}
 	if !rt.authenticated(r) {
 		msg := "invalid API key"
 		if r.Header.Get("X-API-Key") == "" {
@@ -261,8 +265,12 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 
 // notThroughRouter are the fence extensions kept per node, which one
 // node's answer would misstate for the cluster. An MCP session (/mcp)
-// lives on the node that opened it, and its tools see that node only.
-var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
+// lives on the node that opened it, and its tools see that node only. A
+// volume lives on the node that made it, and a router would place its
+// sandboxes anywhere: volumes are not served through the router (their
+// content API, whose token is no API key, is refused before the key
+// check).
+var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp", "/volumes", "/volumecontent"}
 
 // sharedRoutes are those of notThroughRouter every node answers alike
 // when the nodes share one database (Options.SharedRecords).

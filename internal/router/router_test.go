@@ -114,6 +114,12 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, _ := do("GET", "/secrets", map[string]string{"X-API-Key": "key"}); st != 501 {
 		t.Errorf("/secrets: %d, want 501", st)
 	}
+	if st, b := do("POST", "/volumes", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
+		t.Errorf("/volumes: %d %q, want 501 from the router", st, b)
+	}
+	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 501 || b == "from live" {
+		t.Errorf("/volumecontent: %d %q, want 501 from the router", st, b)
+	}
 	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
 		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
 	}

@@ -121,7 +121,7 @@ func (k *coldKeeper) data(ctx context.Context, e *entry, layer string) ([]byte, 
 	}
 	id := e.sb().ID()
 	spec := e.spec
-	spec.ID, spec.Network, spec.Binds = "", nil, nil
+	spec.ID, spec.Network, spec.Binds = "", nil, volumeBinds(spec.Binds)
 	e.mu.Lock()
 	cr := coldRecord{Layer: layer, CreatedLayer: e.createdLayer, BootLayer: e.layer, BaseTemplate: e.baseTemplate, Spec: spec, Timeout: e.timeout,
 		AllowInternetAccess: e.info.AllowInternetAccess, TrafficAccessToken: e.info.TrafficAccessToken,
@@ -169,4 +169,17 @@ func (k *coldKeeper) recordPause(ctx context.Context, e *entry, layer string, fr
 	e.coldKept = len(data) > 0
 	e.mu.Unlock()
 	return nil
+}
+
+// volumeBinds are the binds of binds that are fence volumes: a resume
+// mounts them again (a volume cannot be deleted while a paused sandbox
+// mounts it); host binds are never kept.
+func volumeBinds(binds []isolation.Bind) []isolation.Bind {
+	var out []isolation.Bind
+	for _, b := range binds {
+		if b.Volume != "" {
+			out = append(out, b)
+		}
+	}
+	return out
 }

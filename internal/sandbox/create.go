@@ -222,6 +222,7 @@ func (c *creating) configure(ctx context.Context) error {
 		RootFS:  c.rootfs,
 		Limits:  c.limits,
 		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: c.rt.DefaultUser, DefaultWorkdir: c.rt.DefaultWorkdir},
+		Binds:   c.req.Volumes,
 	}
 	if c.from == nil {
 		c.imageKey = runImageKey(c.spec, c.rt, c.req, c.phEnv)

@@ -18,7 +18,7 @@ import (
 // one: the template root, backend, limits, agent configuration, start and
 // ready commands and requested network; none with secrets bound.
 func runImageKey(spec isolation.Spec, rt Runtime, req CreateRequest, phEnv map[string]string) string {
-	if rt.StartCmd == "" || len(phEnv) > 0 || len(req.Secrets) > 0 {
+	if rt.StartCmd == "" || len(phEnv) > 0 || len(req.Secrets) > 0 || len(req.Volumes) > 0 {
 		return ""
 	}
 	raw, err := json.Marshal(struct {

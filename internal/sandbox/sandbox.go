@@ -121,6 +121,7 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
 )
 
 // State is a sandbox state as the E2B API names it.
@@ -219,6 +220,9 @@ type CreateRequest struct {
 	// lifecycle.idleTimeout; 0: never paused for idleness); nil takes
 	// Defaults.IdleTimeout.
 	IdleTimeout *time.Duration
+	// Volumes are the fence volumes the sandbox mounts (isolation.Bind
+	// with Volume set), resolved by internal/volume.
+	Volumes []isolation.Bind
 }
 
 // BuildMetadataKey is the metadata key of a template build's sandboxes

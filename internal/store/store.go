@@ -238,6 +238,8 @@ var migrations = []string{
 	migrationSSHKeys,
 	// What each sandbox takes of its team's quota, shared by nodes (quota.go).
 	migrationQuotaReservations,
+	// Volumes and the sandboxes that mount them (volumes.go).
+	migrationVolumes,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -3,7 +3,7 @@
 # against a fresh fence daemon, with Node's built-in test runner.
 #
 # Builds bin/fence if missing, starts `fence serve` on a free port with a
-# throwaway data dir under /var/tmp, points E2B_API_URL and E2B_SANDBOX_URL
+# throwaway data dir under /var/tmp, points E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API_URL
 # at it, runs `node --test test/`, stops the daemon and exits with the test
 # status. Needs root (the native backend) and the `base` and `minimal`
 # templates in $FENCE_TEMPLATES_DIR (default /var/lib/fence/templates), and
@@ -139,6 +139,8 @@ if [[ -n "${FENCE_E2B_TEAM_KEY:-}" ]]; then
 fi
 export E2B_API_URL="http://127.0.0.1:$port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$port"
+# The SDK's Volume content client has its own base URL.
+export E2B_VOLUME_API_URL="http://127.0.0.1:$port"
 unset E2B_DEBUG E2B_DOMAIN
 
 cd "$here"

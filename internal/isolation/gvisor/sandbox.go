@@ -47,6 +47,9 @@ type record struct {
 	RootFS string           `json:"rootfs"`
 	Limits isolation.Limits `json:"limits"`
 	Agent  boot.Config      `json:"agent"`
+	// Volumes are the fence volumes bound in (Spec.Binds, all with
+	// Volume set), writable, through the gofer.
+	Volumes []isolation.Bind `json:"volumes,omitempty"`
 }
 
 // sandbox is one gVisor sandbox.
@@ -105,8 +108,8 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMe
 	if st, err := os.Stat(spec.RootFS); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("template root %q is not a directory", spec.RootFS)
 	}
-	if len(spec.Binds) > 0 {
-		return nil, errors.New("host binds are not supported on the gvisor backend")
+	if err := checkVolumes(spec.Binds); err != nil {
+		return nil, err
 	}
 	s := &sandbox{
 		b:    b,
@@ -114,7 +117,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer layerMe
 		dir:  filepath.Join(b.sbDir, spec.ID),
 		done: make(chan struct{}),
 		rec: record{ID: spec.ID, RootFS: spec.RootFS, Limits: withDefaults(spec.Limits, b.opts.Defaults),
-			Agent: spec.Agent},
+			Agent: spec.Agent, Volumes: spec.Binds},
 		base: layer.ID,
 	}
 	s.nw = cmp.Or(spec.Network, b.opts.Network)
@@ -271,6 +274,14 @@ func (s *sandbox) ociSpec(netns string) (*specs.Spec, error) {
 		ro("/usr/bin/sudo", s.b.exe),
 		ro("/etc/hosts", filepath.Join(files, "hosts")),
 		ro("/etc/resolv.conf", filepath.Join(files, "resolv.conf")),
+	}
+	for _, v := range s.rec.Volumes {
+		// A volume's files carry the sandbox's ids, which are the host's
+		// here (gVisor runs no user namespace): no mapping is needed. The
+		// gofer serves it with runsc's default shared file access for
+		// mounts, so other sandboxes' writes are seen.
+		mounts = append(mounts, specs.Mount{Destination: v.Path, Type: "bind", Source: v.HostPath,
+			Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
 	if len(s.b.opts.TrustedCA) > 0 {
 		mounts = append(mounts,
@@ -565,3 +576,24 @@ func notExist(err error) bool {
 //
 // +checklocks:s.pmu
 func (s *sandbox) liveLocked() error { return isolation.Gone(s.id, s.done, s.killed) }
+
+// checkVolumes accepts fence volumes alone among binds (a host path is
+// `fence run -v`'s, which runs native sandboxes), at clean absolute paths
+// that cover nothing of the sandbox's own.
+func checkVolumes(binds []isolation.Bind) error {
+	for _, b := range binds {
+		if b.Volume == "" {
+			return fmt.Errorf("host binds are not supported on the gvisor backend: %w", isolation.ErrUnsupported)
+		}
+		p := b.Path
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || !filepath.IsAbs(b.HostPath) {
+			return fmt.Errorf("volume target %q: want a clean absolute path other than /: %w", p, isolation.ErrUnsupported)
+		}
+		for _, reserved := range []string{"/proc", "/sys", "/dev", boot.Path} {
+			if p == reserved || strings.HasPrefix(p, reserved+"/") {
+				return fmt.Errorf("volume target %q: %s is reserved: %w", p, reserved, isolation.ErrUnsupported)
+			}
+		}
+	}
+	return nil
+}

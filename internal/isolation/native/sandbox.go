@@ -444,7 +444,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	defer unix.Close(lower)
 	fds := []int{lower}
 	for _, bd := range spec.Binds {
-		fd, isDir, rootsRW, err := s.bindTree(ctx, bd, hostUID)
+		fd, isDir, rootsRW, err := -1, true, false, error(nil)
+		if bd.Volume != "" {
+			// A volume's files carry the sandbox's ids, as its template's.
+			fd, err = idmappedTree(bd.HostPath, userns, bd.ReadOnly)
+		} else {
+			fd, isDir, rootsRW, err = s.bindTree(ctx, bd, hostUID)
+		}
 		if err != nil {
 			return err
 		}

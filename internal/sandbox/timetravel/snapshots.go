@@ -270,6 +270,13 @@ func (k *Keeper) Fork(ctx context.Context, id string, count int, d time.Duration
 		AutoPause:           src.AutoPause, AutoResume: src.AutoResume, AutoPauseNoMemory: src.AutoPauseNoMemory,
 		AutoCheckpoint: src.AutoCheckpoint, IdleTimeout: &src.IdleTimeout,
 	}
+	// The source's volumes are mounted in its forks, as on E2B; the source
+	// holds them meanwhile (a mounted volume cannot be deleted).
+	for _, b := range l.Spec().Binds {
+		if b.Volume != "" {
+			req.Volumes = append(req.Volumes, b)
+		}
+	}
 	out := make([]ForkResult, count)
 	sem := make(chan struct{}, forkParallel)
 	var wg sync.WaitGroup
