@@ -246,7 +246,8 @@ func (d *node) openStore(ctx context.Context) error {
 	}
 	d.closers.push(func() { st.Close() })
 	d.st = st
-	if d.secrets, err = secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(d.opts.DataDir, "secrets.key")}); err != nil {
+	if d.secrets, err = secrets.Open(secrets.Options{DB: st, KeyPath: filepath.Join(d.opts.DataDir, "secrets.key"),
+		TeamMax: d.teamSecrets}); err != nil {
 		return fmt.Errorf("opening secret store: %w", err)
 	}
 	if d.downloads, err = downloads.Open(ctx, st, downloads.Options{}); err != nil {
@@ -391,7 +392,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
 	// diffs) serves the manager and is served by it: sandbox.New binds
 	// it to the manager it makes; it starts once the manager has.
-	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
+	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
 		Audit: d.sources.sink, Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
 		Capacity:     gate,

@@ -22,3 +22,12 @@ func (d *node) openQuotas(ctx context.Context) error {
 	d.quotas = q
 	return nil
 }
+
+// teamSecrets is the number of secrets team may keep (0: no limit): its
+// limits' Secrets once the quotas are open (before any request).
+func (d *node) teamSecrets(team string) int {
+	if d.quotas == nil {
+		return 0
+	}
+	return d.quotas.Limits(team).Secrets
+}

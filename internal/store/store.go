@@ -213,6 +213,8 @@ var migrations = []string{
 	migrationOwners,
 	// Public keys of the SSH server (sshkeys.go).
 	migrationSSHKeys,
+	// Each snapshot's bytes, counted against its team's limit (quotas.go).
+	migrationSnapshotBytes,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

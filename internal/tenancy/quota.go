@@ -83,6 +83,8 @@ type Quotas struct {
 	buckets map[string]*bucket // by team and key
 	// +checklocks:mu
 	pruneAt int // the number of buckets the next pruning waits for
+
+	kept keptState // snapshots being taken (kept.go)
 }
 
 type box struct {
