@@ -386,6 +386,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		HostAddrs:              d.hostAddrs,
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
+		Budget:                 d.quotas,
 		Logger:                 d.log,
 	})
 	templates := templateSet{d.builds.Catalog()}

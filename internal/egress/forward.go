@@ -49,6 +49,10 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		st.refuseTCP(r, &ev, d.Reason, d.Rule)
 		return
 	}
+	if reason := st.admit(); reason != "" {
+		st.refuseTCP(r, &ev, reason, "")
+		return
+	}
 	fl, ok := st.acquireFlow()
 	if !ok {
 		st.refuseTCP(r, &ev, ReasonLimit, "")
@@ -147,7 +151,7 @@ func (st *Stack) connectTCP(r *tcp.ForwarderRequest, ev *FlowEvent, d policy.Dec
 	fl.size(ep)
 	ep.SocketOptions().SetKeepAlive(true)
 	down = gonet.NewTCPConn(&wq, ep)
-	if !st.track(down) {
+	if !st.trackFlow(down, ep) {
 		down.Close()
 		up.Close()
 		return nil, nil, nil, false

@@ -215,6 +215,8 @@ var migrations = []string{
 	migrationSSHKeys,
 	// Each snapshot's bytes, counted against its team's limit (quotas.go).
 	migrationSnapshotBytes,
+	// The teams' egress bytes of each day (quotas.go).
+	migrationTeamEgress,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

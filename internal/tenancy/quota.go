@@ -84,7 +84,8 @@ type Quotas struct {
 	// +checklocks:mu
 	pruneAt int // the number of buckets the next pruning waits for
 
-	kept keptState // snapshots being taken (kept.go)
+	kept   keptState   // snapshots being taken (kept.go)
+	egress egressState // the teams' egress of the day (egress.go)
 }
 
 type box struct {
@@ -114,8 +115,11 @@ func (q *Quotas) Load(ctx context.Context) error {
 		return fmt.Errorf("loading team limits: %w", err)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	q.teams = teams
+	q.mu.Unlock()
+	if err := q.loadEgress(ctx, time.Now()); err != nil {
+		return fmt.Errorf("loading the teams' egress of the day: %w", err)
+	}
 	return nil
 }
 

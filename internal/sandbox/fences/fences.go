@@ -78,6 +78,9 @@ type Options struct {
 	// approval "ask" looks up and may not reach (see approval.go); nil
 	// refuses them at once.
 	Approvals Approvals
+	// Budget, if set, is the teams' daily egress (budget.go): a spent
+	// team's sandboxes' new TCP flows are refused and their open ones end.
+	Budget Budget
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 }
@@ -97,6 +100,8 @@ type Core interface {
 	Sandbox(id string) (Sandbox, error)
 	// AddEgress counts a flow's bytes in sandbox id's usage.
 	AddEgress(id string, out, in int64)
+	// Team returns the team of live sandbox id, false for none.
+	Team(id string) (string, bool)
 }
 
 // Sandbox is what the lifecycle core keeps of one live sandbox's network.
@@ -117,6 +122,7 @@ type Set struct {
 	inspect   bool
 	secrets   gateway.Secrets
 	approvals Approvals
+	budget    Budget // nil: egress is not limited
 	log       *slog.Logger
 	core      Core // set once by Bind, before any sandbox is handed out
 
@@ -141,6 +147,7 @@ func New(opts Options) *Set {
 		inspect:   opts.InspectByDefault,
 		secrets:   opts.Secrets,
 		approvals: opts.Approvals,
+		budget:    opts.Budget,
 		log:       log,
 		byID:      map[string]*fenceRef{},
 	}
@@ -158,6 +165,9 @@ func New(opts Options) *Set {
 			return func(ctx context.Context, name string) egress.Approval { return s.ask(ctx, id, name) }
 		}
 	}
+	if opts.Budget != nil {
+		f.Admit = s.admitFor
+	}
 	f = f.WithDefaults()
 	s.fence = &f
 	return s
@@ -173,12 +183,13 @@ func (s *Set) Bind(c Core) {
 		panic("fences: Set bound to a second core")
 	}
 	s.core = c
-	s.fence.Recorder = usageRecorder{core: c, next: s.fence.Recorder}
+	s.fence.Recorder = usageRecorder{s: s, core: c, next: s.fence.Recorder}
 }
 
 // usageRecorder counts each flow's bytes against its sandbox in the
-// core, then hands the flow on.
+// core and its team's egress of the day, then hands the flow on.
 type usageRecorder struct {
+	s    *Set
 	core Core
 	next egress.Recorder
 }
@@ -188,6 +199,9 @@ func (r usageRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 		r.core.AddEgress(ev.SandboxID, ev.BytesOut, ev.BytesIn)
 	}
 	r.next.Record(ctx, ev)
+	if ev.SandboxID != "" {
+		r.s.charge(ctx, ev.SandboxID, ev.BytesOut+ev.BytesIn)
+	}
 }
 
 // fenceRef is one sandbox's Net and what keeps it.
