@@ -87,3 +87,16 @@ func (q *Quotas) EgressToday(team string, now time.Time) int64 {
 	q.egress.rollLocked(Day(now))
 	return q.egress.bytes[team]
 }
+
+// EgressAllToday returns every team's egress of now's UTC day (the teams
+// with any).
+func (q *Quotas) EgressAllToday(now time.Time) map[string]int64 {
+	q.egress.mu.Lock()
+	defer q.egress.mu.Unlock()
+	q.egress.rollLocked(Day(now))
+	out := make(map[string]int64, len(q.egress.bytes))
+	for team, n := range q.egress.bytes {
+		out[team] = n
+	}
+	return out
+}

@@ -84,6 +84,9 @@ type Quotas struct {
 	// +checklocks:mu
 	pruneAt int // the number of buckets the next pruning waits for
 
+	// +checklocks:mu
+	series map[string]*teamSeries // the teams' metrics over time (series.go)
+
 	kept   keptState   // snapshots being taken (kept.go)
 	egress egressState // the teams' egress of the day (egress.go)
 }
@@ -247,6 +250,7 @@ func (q *Quotas) addLocked(team string, s Size, paused bool, n int) {
 		if math.Abs(u.CPUs) < 1e-9 {
 			u.CPUs = 0
 		}
+		q.noteRunningLocked(team, u.Running)
 	}
 	q.dropIfIdleLocked(team)
 }
@@ -263,6 +267,7 @@ func (q *Quotas) Admit(team string, size Size) (*Hold, error) {
 		return nil, err
 	}
 	q.addLocked(team, size, false, 1)
+	q.noteStartLocked(team)
 	return &Hold{q: q, team: team, size: size}, nil
 }
 
@@ -334,6 +339,7 @@ func (q *Quotas) Resume(id string) (func(), error) {
 		return nil, err
 	}
 	q.moveLocked(b, false)
+	q.noteStartLocked(b.team)
 	return q.undo(id, true), nil
 }
 
