@@ -70,3 +70,7 @@ func (s *Store) TeamEgress(ctx context.Context, day int64) (map[string]int64, er
 }
 
 var _ tenancy.EgressStore = (*Store)(nil)
+
+// migrationCredentialRole keeps each credential's role ("" or
+// tenancy.RoleAuditor).
+const migrationCredentialRole = `ALTER TABLE credentials ADD COLUMN role TEXT NOT NULL DEFAULT ''`

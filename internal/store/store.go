@@ -217,6 +217,8 @@ var migrations = []string{
 	migrationSnapshotBytes,
 	// The teams' egress bytes of each day (quotas.go).
 	migrationTeamEgress,
+	// Each credential's role (teams.go).
+	migrationCredentialRole,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
