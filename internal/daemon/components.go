@@ -387,6 +387,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
 		Budget:                 d.quotas,
+		TeamNames:              d.st,
 		Logger:                 d.log,
 	})
 	templates := templateSet{d.builds.Catalog()}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/tenancy"
 )
@@ -74,3 +75,41 @@ var _ tenancy.EgressStore = (*Store)(nil)
 // migrationCredentialRole keeps each credential's role ("" or
 // tenancy.RoleAuditor).
 const migrationCredentialRole = `ALTER TABLE credentials ADD COLUMN role TEXT NOT NULL DEFAULT ''`
+
+// migrationTeamNames keeps the names approved for whole teams (the
+// "team" decision on an egress approval request), and who decided.
+const migrationTeamNames = `CREATE TABLE team_allowed_names (
+	team       TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	decided_by TEXT NOT NULL,
+	decided_at INTEGER NOT NULL,
+	PRIMARY KEY (team, name)
+)`
+
+// AddTeamName records name as approved for team by decidedBy (a name
+// approved again keeps its first record).
+func (s *Store) AddTeamName(ctx context.Context, team, name, decidedBy string) error {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO team_allowed_names (team, name, decided_by, decided_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (team, name) DO NOTHING`, team, name, decidedBy, time.Now().Unix()); err != nil {
+		return fmt.Errorf("approving %q for team %s: %w", name, team, err)
+	}
+	return nil
+}
+
+// TeamNames returns the names approved for each team.
+func (s *Store) TeamNames(ctx context.Context) (map[string][]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT team, name FROM team_allowed_names ORDER BY team, name`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the names approved for teams: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var team, name string
+		if err := rows.Scan(&team, &name); err != nil {
+			return nil, fmt.Errorf("reading the names approved for teams: %w", err)
+		}
+		out[team] = append(out[team], name)
+	}
+	return out, rows.Err()
+}

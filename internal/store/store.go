@@ -219,6 +219,8 @@ var migrations = []string{
 	migrationTeamEgress,
 	// Each credential's role (teams.go).
 	migrationCredentialRole,
+	// The names approved for whole teams (quotas.go).
+	migrationTeamNames,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

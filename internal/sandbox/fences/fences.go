@@ -78,6 +78,9 @@ type Options struct {
 	// approval "ask" looks up and may not reach (see approval.go); nil
 	// refuses them at once.
 	Approvals Approvals
+	// TeamNames, if set, keeps the names approved for whole teams
+	// (teamnames.go); without it they last as long as the Set.
+	TeamNames TeamNames
 	// Budget, if set, is the teams' daily egress (budget.go): a spent
 	// team's sandboxes' new TCP flows are refused and their open ones end.
 	Budget Budget
@@ -123,6 +126,7 @@ type Set struct {
 	secrets   gateway.Secrets
 	approvals Approvals
 	budget    Budget // nil: egress is not limited
+	teamNames teamNames
 	log       *slog.Logger
 	core      Core // set once by Bind, before any sandbox is handed out
 
@@ -148,6 +152,7 @@ func New(opts Options) *Set {
 		secrets:   opts.Secrets,
 		approvals: opts.Approvals,
 		budget:    opts.Budget,
+		teamNames: teamNames{store: opts.TeamNames},
 		log:       log,
 		byID:      map[string]*fenceRef{},
 	}
