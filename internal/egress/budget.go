@@ -4,19 +4,27 @@ import (
 	"net"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+
+	"github.com/fencesandbox/fence/internal/egress/policy"
 )
 
 // ReasonEgressSpent refuses a flow because the sandbox's team has spent
 // its egress bytes of the day (Options.Admit).
 const ReasonEgressSpent = "egress-quota-spent"
 
-// admit asks Options.Admit about a new TCP flow: the reason it is
-// refused for, "" to let it through.
-func (st *Stack) admit() string {
-	if st.opts.Admit == nil {
-		return ""
+// refusal tells whether a new TCP flow the policy decided d is refused,
+// with the reason and rule it is recorded with: the policy's refusal,
+// else Options.Admit's.
+func (st *Stack) refusal(d policy.Decision) (refused bool, reason, rule string) {
+	if !d.Allow {
+		return true, d.Reason, d.Rule
 	}
-	return st.opts.Admit()
+	if st.opts.Admit != nil {
+		if reason := st.opts.Admit(); reason != "" {
+			return true, reason, ""
+		}
+	}
+	return false, "", ""
 }
 
 // trackFlow tracks the sandbox's side of an egress flow (c, on endpoint

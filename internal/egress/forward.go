@@ -45,12 +45,8 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	names := st.resolver.NamesFor(dst.Addr())
 	d := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names})
 	ev.Name = d.Name
-	if !d.Allow {
-		st.refuseTCP(r, &ev, d.Reason, d.Rule)
-		return
-	}
-	if reason := st.admit(); reason != "" {
-		st.refuseTCP(r, &ev, reason, "")
+	if refused, reason, rule := st.refusal(d); refused {
+		st.refuseTCP(r, &ev, reason, rule)
 		return
 	}
 	fl, ok := st.acquireFlow()
