@@ -26,6 +26,9 @@ type TeamAPIKey struct {
 	CreatedAt time.Time      `json:"createdAt"`
 	CreatedBy *TeamUser      `json:"createdBy"`
 	LastUsed  *time.Time     `json:"lastUsed"`
+	// Role is fence's: "auditor" for a key that reads its team's audit
+	// trail, usage, metrics and lists alone; absent for a full key.
+	Role string `json:"role,omitempty"`
 }
 
 // CreatedTeamAPIKey is a new API key: the only answer with its value.
@@ -38,6 +41,8 @@ type CreatedTeamAPIKey struct {
 // POST /access-tokens.
 type NewTeamAPIKey struct {
 	Name string `json:"name"`
+	// Role is fence's, for POST /api-keys: "auditor", or empty.
+	Role string `json:"role,omitempty"`
 }
 
 // AccessToken is an access token as fence lists it (GET /access-tokens).

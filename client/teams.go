@@ -41,12 +41,19 @@ func (c *Client) CreateTeam(ctx context.Context, name string) (*api.TeamInfo, er
 
 // CreateAPIKey makes an API key named name for team.
 func (c *Client) CreateAPIKey(ctx context.Context, team, name string) (*api.CreatedTeamAPIKey, error) {
+	return c.CreateAPIKeyWithRole(ctx, team, name, "")
+}
+
+// CreateAPIKeyWithRole is CreateAPIKey of a key with role ("auditor":
+// it reads its team's audit trail, usage, metrics and lists alone; ""
+// a full key).
+func (c *Client) CreateAPIKeyWithRole(ctx context.Context, team, name, role string) (*api.CreatedTeamAPIKey, error) {
 	var out api.CreatedTeamAPIKey
 	path := "/api-keys"
 	if team != "" {
 		path = "/admin/teams/" + url.PathEscape(team) + "/api-keys"
 	}
-	if _, err := c.do(ctx, http.MethodPost, path, nil, api.NewTeamAPIKey{Name: name}, &out, http.StatusCreated); err != nil {
+	if _, err := c.do(ctx, http.MethodPost, path, nil, api.NewTeamAPIKey{Name: name, Role: role}, &out, http.StatusCreated); err != nil {
 		return nil, fmt.Errorf("creating API key: %w", err)
 	}
 	return &out, nil

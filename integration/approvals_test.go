@@ -165,14 +165,14 @@ func TestApprovals(t *testing.T) {
 			t.Errorf("timed-out requests %d -> %d", before, after)
 		}
 	})
-	t.Run("team is refused until teams keep names", func(t *testing.T) {
+	t.Run("an unknown decision is refused", func(t *testing.T) {
 		done := held(t, e, heldCurl+"http://github.com/team")
 		r := pendingFor(t, d, sb.ID(), "github.com")
-		if resp := decide(t, d, r.ID, "team"); resp.Status != http.StatusBadRequest {
-			t.Errorf("POST team = %d %s, want 400", resp.Status, resp.Body)
+		if resp := decide(t, d, r.ID, "everyone"); resp.Status != http.StatusBadRequest {
+			t.Errorf("POST everyone = %d %s, want 400", resp.Status, resp.Body)
 		}
 		if resp := decide(t, d, r.ID, "deny"); resp.Status != http.StatusOK {
-			t.Fatalf("POST deny after a refused team = %d %s", resp.Status, resp.Body)
+			t.Fatalf("POST deny after a refused decision = %d %s", resp.Status, resp.Body)
 		}
 		<-done
 	})

@@ -195,6 +195,22 @@ func TestCrossTenantMatrix(t *testing.T) {
 	if r := d.do(t, "POST", "/volumes", keyB, strings.NewReader(`{"name":"vol-a","sizeMB":8}`), nil); r.Status != http.StatusCreated {
 		t.Errorf("team b's volume named as the default team's = %d %s", r.Status, r.Body)
 	}
+	// The default team's ID on the team routes: as an unknown team's
+	// (E2B's 403 on the metrics routes, 404 elsewhere).
+	teamIDs := map[string][2]string{"{id}": {tenancy.DefaultTeamID, "00000000-0000-4000-8000-00000000beef"}}
+	for _, rt := range []struct {
+		route
+		want int
+	}{
+		{route{"GET", "/teams/{id}/metrics", ""}, http.StatusForbidden},
+		{route{"GET", "/teams/{id}/metrics/max?metric=concurrent_sandboxes", ""}, http.StatusForbidden},
+		{route{"GET", "/teams/{id}/limits", ""}, http.StatusNotFound},
+		{route{"GET", "/teams/{id}/limits/usage", ""}, http.StatusNotFound},
+		{route{"PUT", "/teams/{id}/limits", `{"concurrentSandboxes":1}`}, http.StatusNotFound},
+		{route{"GET", "/usage?team={id}", ""}, http.StatusNotFound},
+	} {
+		same(rt.route, teamIDs, rt.want)
+	}
 	same(route{"POST", "/sandboxes", `{"templateID":"minimal","secrets":{"T":{"secret":"{id}","hosts":["x.example.com"]}}}`},
 		map[string][2]string{"{id}": {"tok", "nosuchname"}}, http.StatusBadRequest)
 	snapIDs := map[string][2]string{"{id}": {snap.SnapshotID, noSnapshot}}

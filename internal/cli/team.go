@@ -159,20 +159,22 @@ func keyCreateCmd() *cobra.Command {
 	var (
 		cf     clientFlags
 		team   string
+		role   string
 		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Make an API key and print it (the only time it is shown)",
 		Example: `  E2B_API_KEY=$(fence key create ci --team $team)
-  fence key create laptop --json`,
+  fence key create laptop --json
+  fence key create compliance --role auditor   # reads audit, usage, metrics, lists only`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := cf.client()
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateAPIKey(cmd.Context(), team, args[0])
+			k, err := c.CreateAPIKeyWithRole(cmd.Context(), team, args[0], role)
 			if err != nil {
 				return err
 			}
@@ -184,6 +186,7 @@ func keyCreateCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&team, "team", "", "the team's ID (admin only; default: the caller's team)")
+	cmd.Flags().StringVar(&role, "role", "", `the key's role: "auditor" reads its team's audit trail, usage, metrics and lists and changes nothing (default: a full key)`)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the key with its ID and mask)")
 	cf.add(cmd.Flags())
 	return cmd

@@ -22,6 +22,10 @@ func addTeamLimitFlags(fs *pflag.FlagSet, l *tenancy.Limits) {
 	fs.Var(&secondsValue{p: &l.MaxLifetimeSeconds}, "team-max-lifetime", "longest timeout a team's sandbox may be created with, e.g. 1h (0: no limit)")
 	fs.Float64Var(&l.RequestsPerSecond, "team-rate", 0, "API requests per second each key may make; over it the API answers 429 with Retry-After (0: no limit)")
 	fs.IntVar(&l.Burst, "team-burst", 0, "API requests each key may make at once under --team-rate (default: one second of them)")
+	fs.IntVar(&l.Snapshots, "team-max-snapshots", 0, "persistent snapshots each team may keep (0: no limit)")
+	fs.Int64Var(&l.SnapshotBytes, "team-snapshot-bytes", 0, "bytes each team's snapshots may take on disk in all (0: no limit)")
+	fs.IntVar(&l.Secrets, "team-max-secrets", 0, "secrets each team may keep (0: no limit)")
+	fs.Int64Var(&l.EgressBytesPerDay, "team-egress-bytes-per-day", 0, "bytes each team's sandboxes may send and receive through the egress fence per UTC day (0: no limit)")
 }
 
 // checkTeamLimits refuses negative team limits.

@@ -13,9 +13,9 @@ import (
 
 // newApprovals makes the egress approval queue: a "sandbox" decision adds
 // the name to the sandbox's policy through nets (bound later: the queue
-// is made before the network side that asks it), a "team" decision is
-// refused until fence keeps team-wide allowed names, and every decision
-// is recorded in the audit trail with who made it.
+// is made before the network side that asks it), a "team" decision
+// approves it for every sandbox of the request's team, and every
+// decision is recorded in the audit trail with who made it.
 func newApprovals(o Config, sink audit.Sink, reg *metrics.Registry, nets func() *fences.Set) *approvals.Queue {
 	q := approvals.New(approvals.Options{
 		Timeout:    o.ApprovalTimeout,
@@ -25,7 +25,10 @@ func newApprovals(o Config, sink audit.Sink, reg *metrics.Registry, nets func() 
 			case approvals.Sandbox:
 				return nets().AllowName(ctx, r.SandboxID, r.Name)
 			case approvals.Team:
-				return fmt.Errorf("decision team: fence keeps no team-wide allowed names yet; decide once or sandbox: %w", api.ErrInvalidArgument)
+				if r.TeamID == "" {
+					return fmt.Errorf("decision team: sandbox %s has no team: %w", r.SandboxID, api.ErrConflict)
+				}
+				return nets().AllowTeamName(ctx, r.TeamID, r.SandboxID, r.Name, r.Actor)
 			}
 			return nil
 		},
@@ -36,7 +39,7 @@ func newApprovals(o Config, sink audit.Sink, reg *metrics.Registry, nets func() 
 			}
 			if sink != nil {
 				sink.Append(context.Background(), audit.Event{Type: audit.TypeApproval, SandboxID: r.SandboxID, Actor: actor,
-					Data: map[string]any{"id": r.ID, "name": r.Name, "decision": string(r.Decision)}})
+					Data: map[string]any{"id": r.ID, "name": r.Name, "decision": string(r.Decision), "team": r.TeamID}})
 			}
 		},
 	})

@@ -255,7 +255,7 @@ func (d *node) openStore(ctx context.Context) error {
 	}
 	d.closers.push(func() { st.Close() })
 	d.st = st
-	if d.secrets, err = secrets.Open(secrets.Options{DB: st, NoCreate: d.opts.Database != "",
+	if d.secrets, err = secrets.Open(secrets.Options{DB: st, NoCreate: d.opts.Database != "", TeamMax: d.teamSecrets,
 		KeyPath: cmp.Or(d.opts.SecretsKey, filepath.Join(d.opts.DataDir, "secrets.key"))}); err != nil {
 		return fmt.Errorf("opening secret store: %w", err)
 	}
@@ -413,13 +413,15 @@ func (d *node) startSandboxes(ctx context.Context) error {
 		HostAddrs:              d.hostAddrs,
 		Hosts:                  d.hosts,
 		NeverCIDRs:             o.DenyCIDRs,
+		Budget:                 d.quotas,
+		TeamNames:              d.st,
 		Logger:                 d.log,
 	})
 	templates := templateSet{d.builds.Catalog()}
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
 	// diffs) serves the manager and is served by it: sandbox.New binds
 	// it to the manager it makes; it starts once the manager has.
-	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets,
+	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
 		Audit: d.sources.sink, Logger: d.log})
 	d.idle = idle.New(idle.Options{Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{

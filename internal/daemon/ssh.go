@@ -15,6 +15,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/sshd"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // sshHostKeyFile is the SSH server's host key under the data dir.
@@ -31,6 +32,7 @@ func (d *node) startSSH(ctx context.Context) (wait func(), err error) {
 		HostKeyPath: filepath.Join(o.DataDir, sshHostKeyFile),
 		Keys:        sshKeys{d.st},
 		APIKey:      d.key,
+		APIKeys:     sshAPIKeys(d.st),
 		Sandboxes:   &sshSandboxes{mgr: d.mgr, nets: d.nets, idle: d.idle},
 		Audit:       d.sources.sink,
 		Logger:      d.log,
@@ -122,4 +124,15 @@ func (t *sshTarget) Close() error {
 
 func (t *sshTarget) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
 	return t.nets.DialPort(ctx, t.id, port)
+}
+
+// sshAPIKeys authenticates a team's API key given as an SSH password.
+func sshAPIKeys(st *store.Store) func(ctx context.Context, key string) (tenancy.Principal, error) {
+	return func(ctx context.Context, key string) (tenancy.Principal, error) {
+		c, err := st.Authenticate(ctx, store.KindAPIKey, key)
+		if err != nil {
+			return tenancy.Principal{}, err
+		}
+		return c.Principal(), nil
+	}
 }

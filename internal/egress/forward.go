@@ -45,8 +45,8 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	names := st.resolver.NamesFor(dst.Addr())
 	d := pol.Decide(policy.Flow{Proto: policy.TCP, Dst: dst, Names: names})
 	ev.Name = d.Name
-	if !d.Allow {
-		st.refuseTCP(r, &ev, d.Reason, d.Rule)
+	if refused, reason, rule := st.refusal(d); refused {
+		st.refuseTCP(r, &ev, reason, rule)
 		return
 	}
 	fl, ok := st.acquireFlow()
@@ -147,7 +147,7 @@ func (st *Stack) connectTCP(r *tcp.ForwarderRequest, ev *FlowEvent, d policy.Dec
 	fl.size(ep)
 	ep.SocketOptions().SetKeepAlive(true)
 	down = gonet.NewTCPConn(&wq, ep)
-	if !st.track(down) {
+	if !st.trackFlow(down, ep) {
 		down.Close()
 		up.Close()
 		return nil, nil, nil, false

@@ -162,6 +162,10 @@ type Options struct {
 	// policy does not allow (for want of an allow rule): the lookup waits
 	// for its answer (see Approval). It must return when ctx ends.
 	Ask func(ctx context.Context, name string) Approval
+	// Admit, if set, is asked before each TCP flow the policy allows: a
+	// non-empty answer refuses the flow, recorded with that reason (a
+	// team's spent egress: ReasonEgressSpent).
+	Admit func() string
 }
 
 const nicID tcpip.NICID = 1
@@ -195,6 +199,8 @@ type Stack struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	// +checklocks:mu
+	flows map[net.Conn]tcpip.Endpoint // the egress flows of conns (EndFlows)
 
 	udpDenied recentSet
 	held      atomic.Int32 // DNS lookups waiting for Options.Ask
@@ -625,6 +631,7 @@ func (st *Stack) untrack(c net.Conn) {
 	if st.conns != nil {
 		delete(st.conns, c)
 	}
+	delete(st.flows, c)
 }
 
 func (st *Stack) record(ev FlowEvent) {

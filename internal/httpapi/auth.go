@@ -23,6 +23,7 @@ type Identity interface {
 	Teams(ctx context.Context) ([]*store.Team, error)
 	CreateTeam(ctx context.Context, name string) (*store.Team, error)
 	Mint(ctx context.Context, team string, k store.Kind, name, createdBy string) (string, *store.Credential, error)
+	MintRole(ctx context.Context, team string, k store.Kind, name, createdBy, role string) (string, *store.Credential, error)
 	Credentials(ctx context.Context, team string, k store.Kind) ([]*store.Credential, error)
 	RenameCredential(ctx context.Context, team string, k store.Kind, id, name string) error
 	RevokeCredential(ctx context.Context, team string, k store.Kind, id string, t time.Time) error

@@ -384,6 +384,10 @@ func (h *handler) serveControl(w http.ResponseWriter, r *http.Request) {
 
 // dispatch serves r on its route once the ownership gate passed it.
 func (h *handler) dispatch(w http.ResponseWriter, r *http.Request, pattern string) {
+	if err := auditorGate(r, pattern); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
 	if err := h.checkOwner(r, pattern); err != nil {
 		writeError(w, r, h.log, err)
 		return

@@ -61,7 +61,7 @@ func mask(c *store.Credential) api.IdentifierMask {
 }
 
 func teamAPIKey(c *store.Credential) api.TeamAPIKey {
-	k := api.TeamAPIKey{ID: c.ID, Name: c.Name, Mask: mask(c), CreatedAt: c.CreatedAt}
+	k := api.TeamAPIKey{ID: c.ID, Name: c.Name, Mask: mask(c), CreatedAt: c.CreatedAt, Role: c.Role}
 	if c.CreatedBy != "" {
 		k.CreatedBy = &api.TeamUser{ID: c.CreatedBy}
 	}
@@ -78,17 +78,24 @@ func accessToken(c *store.Credential) api.AccessToken {
 
 // decodeName reads a {"name": …} body.
 func decodeName(r *http.Request) (string, error) {
+	body, err := decodeKeyBody(r)
+	return body.Name, err
+}
+
+// decodeKeyBody reads a credential's body: its name (checked as
+// decodeName does) and role.
+func decodeKeyBody(r *http.Request) (api.NewTeamAPIKey, error) {
 	var body api.NewTeamAPIKey
 	if err := decodeJSON(r, &body, false); err != nil {
-		return "", err
+		return body, err
 	}
 	if body.Name == "" {
-		return "", errorf(api.ErrInvalidArgument, "name is required")
+		return body, errorf(api.ErrInvalidArgument, "name is required")
 	}
 	if len(body.Name) > store.MaxNameLen {
-		return "", errorf(api.ErrInvalidArgument, "name is %d bytes, more than %d", len(body.Name), store.MaxNameLen)
+		return body, errorf(api.ErrInvalidArgument, "name is %d bytes, more than %d", len(body.Name), store.MaxNameLen)
 	}
-	return body.Name, nil
+	return body, nil
 }
 
 // keyID is the credential ID in the path, or the 400 to answer.
@@ -107,12 +114,12 @@ func createdBy(p tenancy.Principal) string {
 
 // mint answers a new credential of kind k for team.
 func (h *handler) mint(w http.ResponseWriter, r *http.Request, team string, k store.Kind, by string) {
-	name, err := decodeName(r)
+	body, err := decodeKeyBody(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	value, c, err := h.identity.Mint(r.Context(), team, k, name, by)
+	value, c, err := h.identity.MintRole(r.Context(), team, k, body.Name, by, body.Role)
 	if errors.Is(err, store.ErrTeamNotFound) {
 		err = errorf(api.ErrNotFound, "Team not found")
 	}

@@ -62,14 +62,23 @@ func (h *handler) getTeamLimits(w http.ResponseWriter, r *http.Request) {
 }
 
 // getTeamUsage answers GET /teams/{teamID}/limits/usage: what the team's
-// sandboxes take now of its limits (tenancy.Usage).
+// sandboxes take now of its limits (tenancy.Usage) and its egress of the
+// day.
 func (h *handler) getTeamUsage(w http.ResponseWriter, r *http.Request) {
 	team, err := h.limitsTeam(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.quotas.Usage(team))
+	writeJSON(w, http.StatusOK, teamUsage{Usage: h.quotas.Usage(team), EgressBytesToday: h.quotas.EgressToday(team, h.now())})
+}
+
+// teamUsage is the answer of GET /teams/{teamID}/limits/usage.
+type teamUsage struct {
+	tenancy.Usage
+	// EgressBytesToday is what the team's flows that ended moved through
+	// the egress fence this UTC day.
+	EgressBytesToday int64 `json:"egressBytesToday"`
 }
 
 // putTeamLimits answers PUT /teams/{teamID}/limits (the admin only): the

@@ -385,6 +385,9 @@ func (h *handler) sandboxCaller(r *http.Request) (*http.Request, func(), error) 
 			return r, none, nil
 		}
 		c, err := h.lookup(r.Context(), k, tok)
+		if err == nil && c.p.Auditor {
+			err = errAuditorOnly // an auditor reaches no sandbox
+		}
 		if err != nil {
 			return r, none, err
 		}
@@ -392,6 +395,9 @@ func (h *handler) sandboxCaller(r *http.Request) (*http.Request, func(), error) 
 		return r, stop, nil
 	}
 	c, err := h.credential(r)
+	if err == nil && c.p.Auditor {
+		err = errAuditorOnly
+	}
 	if err != nil {
 		return r, none, err
 	}

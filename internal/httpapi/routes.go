@@ -83,6 +83,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /teams/{teamID}/limits", h.getTeamLimits)
 	mux.HandleFunc("PUT /teams/{teamID}/limits", h.putTeamLimits)
 	mux.HandleFunc("GET /teams/{teamID}/limits/usage", h.getTeamUsage)
+	h.registerTeamMetrics(mux)
 	mux.HandleFunc("POST /ssh-keys", h.createSSHKey)
 	mux.HandleFunc("GET /ssh-keys", h.listSSHKeys)
 	mux.HandleFunc("DELETE /ssh-keys/{id}", h.deleteSSHKey)

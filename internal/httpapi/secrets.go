@@ -49,6 +49,8 @@ func secretsError(err error) error {
 		sentinel, msg = api.ErrNotFound, api.SecretMsgNotFound
 	case errors.Is(err, api.ErrConflict):
 		sentinel, msg = api.ErrConflict, api.SecretMsgConflict
+	case errors.Is(err, api.ErrResourceExhausted): // the team's limit: E2B's 429
+		sentinel, msg = api.ErrResourceExhausted, strings.TrimSuffix(err.Error(), ": "+api.ErrResourceExhausted.Error())
 	case errors.Is(err, errMethodNotAllowed):
 		sentinel, msg = errMethodNotAllowed, "Method not allowed"
 	case errors.Is(err, errUnauthenticated):

@@ -25,8 +25,9 @@ type Exporter interface {
 
 var _ Usage = (*usage.Meter)(nil)
 
-// usage is GET /usage?sandbox=&since=&until=: per-sandbox usage rows and
-// totals per API key.
+// usage is GET /usage?sandbox=&since=&until=&team=: per-sandbox usage
+// rows and totals per API key, of the caller's team (the admin: every
+// team's, or team's).
 func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 	if h.meter == nil {
 		writeError(w, r, h.log, errorf(api.ErrUnimplemented, "this daemon accounts no usage"))
@@ -41,12 +42,17 @@ func (h *handler) usage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "invalid sandbox id %q", id))
 		return
 	}
-	rep, err := h.meter.Usage(r.Context(), usage.Filter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
+	ctx, err := h.usageTeam(r)
 	if err != nil {
 		writeError(w, r, h.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.ownUsage(r.Context(), rep))
+	rep, err := h.meter.Usage(ctx, usage.Filter{Sandbox: f.Sandbox, Since: f.Since, Until: f.Until})
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.ownUsage(ctx, rep))
 }
 
 // export is GET /sandboxes/{id}/export: the sandbox's forensics tar.gz.

@@ -49,6 +49,15 @@ func (r *Registry) CounterVecFunc(name, help string, fn func() []Value) {
 	f.mu.Unlock()
 }
 
+// GaugeVecFunc registers a gauge whose series fn reports at scrape time;
+// the labels must have a bounded set of values.
+func (r *Registry) GaugeVecFunc(name, help string, fn func() []Value) {
+	f := r.family(name, help, "gauge")
+	f.mu.Lock()
+	f.vec = fn
+	f.mu.Unlock()
+}
+
 // New returns an empty Registry.
 func New() *Registry { return &Registry{metrics: map[string]*family{}} }
 

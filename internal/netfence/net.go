@@ -133,6 +133,17 @@ type link struct {
 	once sync.Once
 }
 
+// EndFlows ends the egress flows open now of every namespace attached
+// (egress.Stack.EndFlows).
+func (n *Net) EndFlows() {
+	n.mu.Lock()
+	links := append([]*link(nil), n.links...)
+	n.mu.Unlock()
+	for _, l := range links {
+		l.st.EndFlows()
+	}
+}
+
 // DialSandbox implements netattach.Link.
 func (l *link) DialSandbox(ctx context.Context, port uint16) (net.Conn, error) {
 	return l.st.DialSandbox(ctx, port)

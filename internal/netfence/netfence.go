@@ -65,6 +65,8 @@ type Fence struct {
 	Interceptor func(id string) egress.Interceptor
 	// Ask, if set, gives each sandbox's stack its egress.Options.Ask.
 	Ask func(id string) func(ctx context.Context, name string) egress.Approval
+	// Admit, if set, gives each sandbox's stack its egress.Options.Admit.
+	Admit func(id string) func() string
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -128,8 +130,13 @@ func (f *Fence) Attach(ctx context.Context, id, nsPath string, kernelPeer bool, 
 	if f.Ask != nil {
 		ask = f.Ask(id)
 	}
+	var admit func() string
+	if f.Admit != nil {
+		admit = f.Admit(id)
+	}
 	st, err := egress.New(context.WithoutCancel(ctx), egress.Options{
 		Ask:         ask,
+		Admit:       admit,
 		SandboxID:   id,
 		FD:          fd,
 		Policy:      pol,

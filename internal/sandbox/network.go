@@ -23,6 +23,17 @@ func (c netCore) Sandbox(id string) (fences.Sandbox, error) {
 // sandbox's usage.
 func (c netCore) AddEgress(id string, out, in int64) { c.m.usage.AddEgress(id, out, in) }
 
+// Team implements fences.Core.
+func (c netCore) Team(id string) (string, bool) {
+	e, err := c.m.lookup(id)
+	if err != nil {
+		return "", false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return recordTeam(e.info), true
+}
+
 // netEntry is one live sandbox as the network side sees it.
 type netEntry struct{ e *entry }
 

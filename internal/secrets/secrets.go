@@ -38,6 +38,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/gateway"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/tenancy"
 )
 
 // Limits on what one secret and the store hold.
@@ -78,6 +79,9 @@ type Options struct {
 	NoCreate bool
 	// MaxSecrets caps the number of secrets; zero means MaxSecrets.
 	MaxSecrets int
+	// TeamMax, if set, returns the number of secrets a team may keep (0:
+	// no limit); a create over it wraps api.ErrResourceExhausted.
+	TeamMax func(team string) int
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
 }
@@ -87,6 +91,7 @@ type Store struct {
 	db      *store.Store
 	keyPath string
 	max     int
+	teamMax func(team string) int // nil: no per-team limit
 	now     func() time.Time
 
 	// updates serializes Update in this process, so concurrent updates of
@@ -121,7 +126,7 @@ func Open(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("loading secrets key: %w", err)
 		}
 	}
-	s := &Store{db: opts.DB, keyPath: opts.KeyPath, max: opts.MaxSecrets, now: opts.Now, aead: aead}
+	s := &Store{db: opts.DB, keyPath: opts.KeyPath, max: opts.MaxSecrets, teamMax: opts.TeamMax, now: opts.Now, aead: aead}
 	if s.max <= 0 {
 		s.max = MaxSecrets
 	}
@@ -233,7 +238,11 @@ func (s *Store) Create(ctx context.Context, name, value string, metadata map[str
 		metadata = map[string]string{}
 	}
 	rec := &store.Secret{ID: id, Name: name, Version: 1, Metadata: metadata, Sealed: sealed, CreatedAt: now, UpdatedAt: now}
-	if err := s.db.InsertSecret(ctx, rec, s.max); err != nil {
+	teamMax := 0
+	if s.teamMax != nil {
+		teamMax = s.teamMax(tenancy.TeamOf(ctx))
+	}
+	if err := s.db.InsertTeamSecret(ctx, rec, s.max, teamMax); err != nil {
 		return nil, err
 	}
 	return info(rec), nil

@@ -5,7 +5,10 @@
 // # Guarantees
 //
 //   - A client authenticates by a public key registered with the API
-//     (Keys) or by the API key as its password; anything else is refused
+//     (Keys), or by an API key as its password: the daemon's (the default
+//     team's admin) or a team's live one (APIKeys), which reaches its
+//     team's sandboxes alone (another team's is a missing one). A
+//     revoked, unknown or auditor key is refused, as is anything else,
 //     before a sandbox is looked at.
 //   - The user name is the sandbox ID; a paused sandbox is resumed on
 //     connect (Sandboxes.Open). An unknown sandbox ends the connection.
@@ -90,6 +93,10 @@ type Config struct {
 	Keys Keys
 	// APIKey is accepted as the password; "" refuses passwords.
 	APIKey string
+	// APIKeys, if set, authenticates a team's API key given as the
+	// password: its principal, or an error for an unknown, malformed or
+	// revoked key.
+	APIKeys func(ctx context.Context, key string) (tenancy.Principal, error)
 	// Sandboxes opens the sandbox a connection names. Required.
 	Sandboxes Sandboxes
 	// Audit receives the sessions' events; nil records nothing.
@@ -222,11 +229,21 @@ func (s *Server) checkPublicKey(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.
 }
 
 func (s *Server) checkPassword(meta ssh.ConnMetadata, password []byte) (*ssh.Permissions, error) {
-	if s.cfg.APIKey == "" || subtle.ConstantTimeCompare(password, []byte(s.cfg.APIKey)) != 1 {
+	if s.cfg.APIKey != "" && subtle.ConstantTimeCompare(password, []byte(s.cfg.APIKey)) == 1 {
+		return &ssh.Permissions{Extensions: map[string]string{extActor: s.keyActor, extAuth: "password",
+			extTeam: tenancy.DefaultTeamID, extAdmin: "1"}}, nil
+	}
+	if s.cfg.APIKeys == nil {
 		return nil, errors.New("wrong password")
 	}
-	return &ssh.Permissions{Extensions: map[string]string{extActor: s.keyActor, extAuth: "password",
-		extTeam: tenancy.DefaultTeamID, extAdmin: "1"}}, nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := s.cfg.APIKeys(ctx, string(password))
+	if err != nil || p.Team == "" || p.Auditor {
+		return nil, errors.New("wrong password")
+	}
+	return &ssh.Permissions{Extensions: map[string]string{extActor: "team:" + p.Team + " key:" + p.KeyID,
+		extAuth: "password", extKeyID: p.KeyID, extTeam: p.Team}}, nil
 }
 
 // Serve accepts connections on ln until ctx ends, then closes ln and the

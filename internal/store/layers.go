@@ -48,6 +48,9 @@ type Snapshot struct {
 	// Team owns the snapshot; PutSnapshot sets the team of its context
 	// when empty. Names are unique within a team.
 	Team string
+	// Bytes is what its layer holds of its own, counted against its
+	// team's snapshot disk (SnapshotUsage).
+	Bytes int64
 }
 
 // PutSnapshot records a snapshot. A named one replaces the snapshot of
@@ -68,8 +71,8 @@ func (s *Store) PutSnapshot(ctx context.Context, sn *Snapshot) (replaced string,
 		switch {
 		case err == nil:
 			sn.ID, replaced = id, layer
-			if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET tag=?, layer=?, sandbox_id=?, template=?, created_at=?, spec=? WHERE id=?`,
-				sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec, id); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET tag=?, layer=?, sandbox_id=?, template=?, created_at=?, spec=?, bytes=? WHERE id=?`,
+				sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec, sn.Bytes, id); err != nil {
 				return "", fmt.Errorf("updating snapshot: %w", err)
 			}
 			return replaced, tx.Commit()
@@ -77,8 +80,8 @@ func (s *Store) PutSnapshot(ctx context.Context, sn *Snapshot) (replaced string,
 			return "", fmt.Errorf("reading snapshot: %w", err)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (id, name, tag, layer, sandbox_id, template, created_at, spec, team) VALUES (?,?,?,?,?,?,?,?,?)`,
-		sn.ID, name, sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec, sn.Team); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (id, name, tag, layer, sandbox_id, template, created_at, spec, team, bytes) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+		sn.ID, name, sn.Tag, sn.Layer, sn.SandboxID, sn.Template, sn.CreatedAt.UnixNano(), sn.Spec, sn.Team, sn.Bytes); err != nil {
 		return "", fmt.Errorf("inserting snapshot: %w", err)
 	}
 	return "", tx.Commit()

@@ -41,6 +41,7 @@ var sharedContract = []struct {
 	{"SSHKeys", TestSSHKeys},
 	{"ReserveAcrossNodes", TestReserveAcrossNodes},
 	{"ReservationLease", TestReservationLease},
+	{"TeamRecords", TestTeamRecords},
 }
 
 // TestPostgres runs the shared records' tests with those records in a
@@ -108,6 +109,20 @@ func TestPostgresTwoNodes(t *testing.T) {
 	}
 	if l, err := a[1].TeamLimits(ctx); err != nil || l[tm.ID].ConcurrentSandboxes != 3 {
 		t.Fatalf("node 2's limits = %v, %v", l, err)
+	}
+	// A team's egress of the day and the names approved for it are the
+	// cluster's: what one node adds the other reads.
+	if err := a[0].AddTeamEgress(ctx, tm.ID, 20000, 42); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := a[1].TeamEgress(ctx, 20000); err != nil || e[tm.ID] != 42 {
+		t.Fatalf("node 2's egress of node 1's team = %v, %v", e, err)
+	}
+	if err := a[1].AddTeamName(ctx, tm.ID, "api.example.com", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a[0].TeamNames(ctx); err != nil || len(n[tm.ID]) != 1 {
+		t.Fatalf("node 1's names approved on node 2 = %v, %v", n, err)
 	}
 	now := time.Now()
 	if err := a[0].Insert(ctx, &Sandbox{ID: "sb1", Template: "base", CreatedAt: now, EndAt: now.Add(time.Hour)}); err != nil {

@@ -49,14 +49,26 @@ const secretColumns = `id, name, version, metadata, sealed, created_at, updated_
 // (in PostgreSQL under a lock every node takes), so concurrent inserts
 // cannot overshoot capacity.
 func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) error {
+	return s.InsertTeamSecret(ctx, sec, capacity, 0)
+}
+
+// InsertTeamSecret is InsertSecret that also refuses the secret when its
+// team holds teamCapacity secrets already (0: no cap), with an error
+// wrapping api.ErrResourceExhausted. Both counts and the insert are one
+// statement.
+func (s *Store) InsertTeamSecret(ctx context.Context, sec *Secret, capacity, teamCapacity int) error {
 	md, err := encodeMetadata(sec.Metadata)
 	if err != nil {
 		return err
 	}
-	limit := int64(capacity)
+	limit, teamLimit := int64(capacity), int64(teamCapacity)
 	if capacity <= 0 {
 		limit = -1
 	}
+	if teamCapacity <= 0 {
+		teamLimit = -1
+	}
+	team := ownerOf(ctx, sec.Team)
 	tx, err := s.shared.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("inserting secret: %w", err)
@@ -66,8 +78,10 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 		return fmt.Errorf("inserting secret: %w", err)
 	}
 	res, err := tx.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`)
-		SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE ? < 0 OR (SELECT COUNT(*) FROM secrets) < ?`,
-		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), ownerOf(ctx, sec.Team), limit, limit)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE (? < 0 OR (SELECT COUNT(*) FROM secrets) < ?)
+		AND (? < 0 OR (SELECT COUNT(*) FROM secrets WHERE team = ?) < ?)`,
+		sec.ID, sec.Name, sec.Version, md, sec.Sealed, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano(), team,
+		limit, limit, teamLimit, team, teamLimit)
 	if err == nil {
 		err = tx.Commit()
 	}
@@ -80,6 +94,11 @@ func (s *Store) InsertSecret(ctx context.Context, sec *Secret, capacity int) err
 	if n, err := res.RowsAffected(); err != nil {
 		return fmt.Errorf("inserting secret: %w", err)
 	} else if n == 0 {
+		if teamCapacity > 0 {
+			if held, err := s.CountTeamSecrets(ctx, team); err == nil && held >= teamCapacity {
+				return fmt.Errorf("you have reached the maximum number of secrets (%d): %w", teamCapacity, api.ErrResourceExhausted)
+			}
+		}
 		return fmt.Errorf("inserting secret: the store holds its maximum of %d secrets: %w", capacity, api.ErrConflict)
 	}
 	return nil

@@ -240,6 +240,14 @@ var migrations = []string{
 	migrationQuotaReservations,
 	// Volumes and the sandboxes that mount them (volumes.go).
 	migrationVolumes,
+	// Each snapshot's bytes, counted against its team's limit (quotas.go).
+	migrationSnapshotBytes,
+	// The teams' egress bytes of each day (quotas.go).
+	migrationTeamEgress,
+	// Each credential's role (teams.go).
+	migrationCredentialRole,
+	// The names approved for whole teams (quotas.go).
+	migrationTeamNames,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

@@ -82,11 +82,13 @@ type Credential struct {
 	CreatedAt time.Time
 	LastUsed  time.Time // zero: never used
 	RevokedAt time.Time // zero: live
+	// Role is "" (the team's full rights) or tenancy.RoleAuditor.
+	Role string
 }
 
 // Principal is who a request with this credential acts for.
 func (c *Credential) Principal() tenancy.Principal {
-	return tenancy.Principal{Team: c.Team, KeyID: c.ID}
+	return tenancy.Principal{Team: c.Team, KeyID: c.ID, Auditor: c.Role == tenancy.RoleAuditor}
 }
 
 // migrationTeams adds the teams and their credentials; the default team,
@@ -220,6 +222,16 @@ func (s *Store) Teams(ctx context.Context) ([]*Team, error) {
 // authenticated with, or "". An unknown team is an error wrapping
 // ErrTeamNotFound, a bad name one wrapping api.ErrInvalidArgument.
 func (s *Store) Mint(ctx context.Context, team string, k Kind, name, createdBy string) (string, *Credential, error) {
+	return s.MintRole(ctx, team, k, name, createdBy, "")
+}
+
+// MintRole is Mint of a credential with role ("" or, for an API key,
+// tenancy.RoleAuditor; another is an error wrapping
+// api.ErrInvalidArgument).
+func (s *Store) MintRole(ctx context.Context, team string, k Kind, name, createdBy, role string) (string, *Credential, error) {
+	if role != "" && (role != tenancy.RoleAuditor || k != KindAPIKey) {
+		return "", nil, fmt.Errorf("role %.64q: want %q for an API key, or none: %w", role, tenancy.RoleAuditor, api.ErrInvalidArgument)
+	}
 	if k != KindAPIKey && k != KindAccessToken {
 		return "", nil, fmt.Errorf("credential kind %q: %w", k, api.ErrInvalidArgument)
 	}
@@ -233,15 +245,15 @@ func (s *Store) Mint(ctx context.Context, team string, k Kind, name, createdBy s
 	secret := hex.EncodeToString(b[:])
 	c := &Credential{ID: NewID(), Team: team, Kind: k, Name: name, MaskPrefix: secret[:2],
 		MaskSuffix: secret[len(secret)-4:], ValueLength: len(secret), CreatedBy: createdBy,
-		CreatedAt: time.Now().UTC()}
+		CreatedAt: time.Now().UTC(), Role: role}
 	value := k.Prefix() + secret
 	// The team's existence and the insert are one statement: a team
 	// cannot vanish in between.
 	res, err := s.shared.ExecContext(ctx, `INSERT INTO credentials (id, team_id, kind, name, hash, mask_prefix,
-		mask_suffix, value_length, created_by, created_at)
-		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM teams WHERE id = ?)`,
+		mask_suffix, value_length, created_by, created_at, role)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM teams WHERE id = ?)`,
 		c.ID, c.Team, string(k), c.Name, HashCredential(value), c.MaskPrefix, c.MaskSuffix, c.ValueLength,
-		c.CreatedBy, c.CreatedAt.UnixNano(), team)
+		c.CreatedBy, c.CreatedAt.UnixNano(), role, team)
 	if err != nil {
 		return "", nil, fmt.Errorf("minting a credential: %w", err)
 	}
@@ -260,7 +272,7 @@ func (s *Store) MintAPIKey(ctx context.Context, team, name string) (string, *Cre
 }
 
 const credentialColumns = `id, team_id, kind, name, hash, mask_prefix, mask_suffix, value_length,
-	created_by, created_at, last_used, revoked_at`
+	created_by, created_at, last_used, revoked_at, role`
 
 func scanCredential(r scanner) (*Credential, string, error) {
 	var (
@@ -269,7 +281,7 @@ func scanCredential(r scanner) (*Credential, string, error) {
 		created, used, revokedAt int64
 	)
 	if err := r.Scan(&c.ID, &c.Team, &kind, &c.Name, &hash, &c.MaskPrefix, &c.MaskSuffix, &c.ValueLength,
-		&c.CreatedBy, &created, &used, &revokedAt); err != nil {
+		&c.CreatedBy, &created, &used, &revokedAt, &c.Role); err != nil {
 		return nil, "", err
 	}
 	c.Kind = Kind(kind)

@@ -33,6 +33,16 @@ type Limits struct {
 	// of the team's keys may make; Burst how many it may make at once.
 	RequestsPerSecond float64 `json:"requestsPerSecond"`
 	Burst             int     `json:"burst"`
+	// Snapshots caps the team's persistent snapshots; SnapshotBytes the
+	// bytes of their layers together (what each snapshot's layer holds
+	// of its own, measured when it is taken).
+	Snapshots     int   `json:"snapshots"`
+	SnapshotBytes int64 `json:"snapshotBytes"`
+	// Secrets caps the team's secrets.
+	Secrets int `json:"secrets"`
+	// EgressBytesPerDay caps the bytes the team's sandboxes send and
+	// receive through the egress fence in one UTC day.
+	EgressBytesPerDay int64 `json:"egressBytesPerDay"`
 }
 
 // Validate reports a negative field as an error wrapping
@@ -51,6 +61,10 @@ func (l Limits) Validate() error {
 		{"concurrentBuilds", float64(l.ConcurrentBuilds)},
 		{"requestsPerSecond", l.RequestsPerSecond},
 		{"burst", float64(l.Burst)},
+		{"snapshots", float64(l.Snapshots)},
+		{"snapshotBytes", float64(l.SnapshotBytes)},
+		{"secrets", float64(l.Secrets)},
+		{"egressBytesPerDay", float64(l.EgressBytesPerDay)},
 	} {
 		if f.v < 0 || f.v != f.v {
 			return fmt.Errorf("limit %s must be 0 (no limit) or more, got %v: %w", f.name, f.v, api.ErrInvalidArgument)

@@ -28,7 +28,14 @@ type Principal struct {
 	// Admin is set for the bootstrap key: it may use the admin routes
 	// (teams, every team's keys), besides its own team's objects.
 	Admin bool
+	// Auditor is set for a key of role RoleAuditor: it may read its
+	// team's audit trail, usage, metrics and lists, and change nothing.
+	Auditor bool
 }
+
+// RoleAuditor is the role of an API key that reads its team's audit
+// trail, usage, metrics and lists and may change nothing.
+const RoleAuditor = "auditor"
 
 // BootstrapKeyID is the KeyID of FENCE_API_KEY.
 const BootstrapKeyID = "bootstrap"

@@ -83,6 +83,12 @@ type Quotas struct {
 	buckets map[string]*bucket // by team and key
 	// +checklocks:mu
 	pruneAt int // the number of buckets the next pruning waits for
+
+	// +checklocks:mu
+	series map[string]*teamSeries // the teams' metrics over time (series.go)
+
+	kept   keptState   // snapshots being taken (kept.go)
+	egress egressState // the teams' egress of the day (egress.go)
 }
 
 type box struct {
@@ -112,8 +118,11 @@ func (q *Quotas) Load(ctx context.Context) error {
 		return fmt.Errorf("loading team limits: %w", err)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	q.teams = teams
+	q.mu.Unlock()
+	if err := q.loadEgress(ctx, time.Now()); err != nil {
+		return fmt.Errorf("loading the teams' egress of the day: %w", err)
+	}
 	return nil
 }
 
@@ -259,6 +268,7 @@ func (q *Quotas) addLocked(team string, s Size, paused bool, n int) {
 		if math.Abs(u.CPUs) < 1e-9 {
 			u.CPUs = 0
 		}
+		q.noteRunningLocked(team, u.Running)
 	}
 	q.dropIfIdleLocked(team)
 }
@@ -275,6 +285,7 @@ func (q *Quotas) Admit(team string, size Size) (*Hold, error) {
 		return nil, err
 	}
 	q.addLocked(team, size, false, 1)
+	q.noteStartLocked(team)
 	return &Hold{q: q, team: team, size: size}, nil
 }
 
@@ -367,6 +378,7 @@ func (q *Quotas) Resume(id string) (func(), error) {
 		return nil, err
 	}
 	q.moveLocked(b, false)
+	q.noteStartLocked(b.team)
 	return q.undo(id, true), nil
 }
 

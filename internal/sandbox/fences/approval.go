@@ -39,7 +39,16 @@ func (s *Set) ask(ctx context.Context, id, name string) egress.Approval {
 	if nc := sb.Network(); nc == nil || !nc.Ask {
 		return egress.Refused
 	}
-	d, err := s.approvals.Ask(ctx, id, "", name)
+	team, _ := s.core.Team(id)
+	if s.teamAllowed(ctx, team, name) {
+		// Approved for the whole team: the sandbox's policy gains it.
+		if err := s.AllowName(ctx, id, name); err != nil {
+			s.log.WarnContext(ctx, "allowing a name approved for the team", "sandbox_id", id, "name", name, "err", err)
+			return egress.Refused
+		}
+		return egress.AllowPolicy
+	}
+	d, err := s.approvals.Ask(ctx, id, team, name)
 	switch {
 	case err != nil:
 		s.log.DebugContext(ctx, "approval request refused", "sandbox_id", id, "name", name, "error", err)

@@ -78,6 +78,12 @@ type Options struct {
 	// approval "ask" looks up and may not reach (see approval.go); nil
 	// refuses them at once.
 	Approvals Approvals
+	// TeamNames, if set, keeps the names approved for whole teams
+	// (teamnames.go); without it they last as long as the Set.
+	TeamNames TeamNames
+	// Budget, if set, is the teams' daily egress (budget.go): a spent
+	// team's sandboxes' new TCP flows are refused and their open ones end.
+	Budget Budget
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 }
@@ -97,6 +103,8 @@ type Core interface {
 	Sandbox(id string) (Sandbox, error)
 	// AddEgress counts a flow's bytes in sandbox id's usage.
 	AddEgress(id string, out, in int64)
+	// Team returns the team of live sandbox id, false for none.
+	Team(id string) (string, bool)
 }
 
 // Sandbox is what the lifecycle core keeps of one live sandbox's network.
@@ -117,6 +125,8 @@ type Set struct {
 	inspect   bool
 	secrets   gateway.Secrets
 	approvals Approvals
+	budget    Budget // nil: egress is not limited
+	teamNames teamNames
 	log       *slog.Logger
 	core      Core // set once by Bind, before any sandbox is handed out
 
@@ -141,6 +151,8 @@ func New(opts Options) *Set {
 		inspect:   opts.InspectByDefault,
 		secrets:   opts.Secrets,
 		approvals: opts.Approvals,
+		budget:    opts.Budget,
+		teamNames: teamNames{store: opts.TeamNames},
 		log:       log,
 		byID:      map[string]*fenceRef{},
 	}
@@ -158,6 +170,9 @@ func New(opts Options) *Set {
 			return func(ctx context.Context, name string) egress.Approval { return s.ask(ctx, id, name) }
 		}
 	}
+	if opts.Budget != nil {
+		f.Admit = s.admitFor
+	}
 	f = f.WithDefaults()
 	s.fence = &f
 	return s
@@ -173,12 +188,13 @@ func (s *Set) Bind(c Core) {
 		panic("fences: Set bound to a second core")
 	}
 	s.core = c
-	s.fence.Recorder = usageRecorder{core: c, next: s.fence.Recorder}
+	s.fence.Recorder = usageRecorder{s: s, core: c, next: s.fence.Recorder}
 }
 
 // usageRecorder counts each flow's bytes against its sandbox in the
-// core, then hands the flow on.
+// core and its team's egress of the day, then hands the flow on.
 type usageRecorder struct {
+	s    *Set
 	core Core
 	next egress.Recorder
 }
@@ -188,6 +204,9 @@ func (r usageRecorder) Record(ctx context.Context, ev egress.FlowEvent) {
 		r.core.AddEgress(ev.SandboxID, ev.BytesOut, ev.BytesIn)
 	}
 	r.next.Record(ctx, ev)
+	if ev.SandboxID != "" {
+		r.s.charge(ctx, ev.SandboxID, ev.BytesOut+ev.BytesIn)
+	}
 }
 
 // fenceRef is one sandbox's Net and what keeps it.

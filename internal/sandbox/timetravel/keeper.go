@@ -113,6 +113,9 @@ type Options struct {
 	// boot (standby.go), at the cost of one idle sandbox per checkpointed
 	// one.
 	NoStandbys bool
+	// Quota, if set, admits each team's snapshots against its limits
+	// (with a Store that is a SnapshotCounter).
+	Quota SnapshotQuota
 	// Logger; nil discards logs.
 	Logger *slog.Logger
 	// Now returns the current time; nil means time.Now.
@@ -131,6 +134,7 @@ type Keeper struct {
 	templates sandbox.Templates
 	sealer    sandbox.Sealer
 	audit     audit.Sink
+	quota     SnapshotQuota // nil: snapshots are not limited
 	log       *slog.Logger
 	now       func() time.Time
 
@@ -157,6 +161,7 @@ func New(opts Options) *Keeper {
 		templates:   opts.Templates,
 		sealer:      opts.Sealer,
 		audit:       opts.Audit,
+		quota:       opts.Quota,
 		log:         opts.Logger,
 		now:         opts.Now,
 		gcWake:      make(chan struct{}, 1),

@@ -117,6 +117,11 @@ func (k *Keeper) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot
 	if err != nil {
 		return nil, err
 	}
+	hold, err := k.admitSnapshot(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer hold.Done()
 	l.Lock()
 	defer l.Unlock()
 	k.lock.RLock()
@@ -124,6 +129,10 @@ func (k *Keeper) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot
 	info, err := k.checkpointBox(ctx, l.Box())
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+	}
+	if err := hold.Grow(info.Bytes); err != nil {
+		_ = k.layers.DeleteLayer(context.WithoutCancel(ctx), info.ID)
+		return nil, err
 	}
 	snID := strings.ToLower(isolation.NewID())
 	var env []byte
@@ -140,7 +149,7 @@ func (k *Keeper) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot
 	spec, _ := json.Marshal(snapshotSpec{CPUs: src.CPUs, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Template: src.TemplateID,
 		Backend: src.Metadata[sandbox.BackendMetadataKey], Env: env, Memory: info.Memory})
 	sn := &store.Snapshot{ID: snID, Name: name, Tag: tag, Layer: info.ID, SandboxID: id,
-		Template: l.BaseTemplate(), CreatedAt: k.now().UTC(), Spec: string(spec)}
+		Template: l.BaseTemplate(), CreatedAt: k.now().UTC(), Spec: string(spec), Bytes: info.Bytes}
 	l.MarkCheckpointed()
 	replaced, err := ls.PutSnapshot(context.WithoutCancel(ctx), sn)
 	if err != nil {

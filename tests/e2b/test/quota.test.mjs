@@ -64,3 +64,18 @@ test('over its request rate a key gets RateLimitError', async (t) => {
     return true
   })
 })
+
+test('over the team limit of snapshots createSnapshot raises RateLimitError', async (t) => {
+  const o = await startDaemon(t, ['--team-max-snapshots', '1'])
+  const sbx = await Sandbox.create('minimal', o)
+  t.after(() => sbx.kill().catch(() => {}))
+  const results = await Promise.allSettled([1, 2, 3].map(() => sbx.createSnapshot(o)))
+  const ok = results.filter((r) => r.status === 'fulfilled')
+  const refused = results.filter((r) => r.status === 'rejected').map((r) => r.reason)
+  assert.equal(ok.length, 1)
+  assert.equal(refused.length, 2)
+  for (const e of refused) {
+    assert.ok(e instanceof RateLimitError, `${e?.name}: ${e?.message}`)
+    assert.match(e.message, /maximum number of snapshots \(1\)/)
+  }
+})
