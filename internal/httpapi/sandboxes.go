@@ -103,32 +103,26 @@ func seconds(n int32) time.Duration { return time.Duration(n) * time.Second }
 // duration (the Manager checks the range it accepts).
 const maxIdleTimeoutSeconds = 30 * 24 * 3600
 
-func (h *handler) create(w http.ResponseWriter, r *http.Request) {
-	var req api.NewSandbox
-	if err := decodeJSON(r, &req, false); err != nil {
-		writeError(w, r, h.log, err)
-		return
-	}
+// createRequest is the Manager's request for a create's body, checked:
+// an error wraps api.ErrInvalidArgument (or is mcpSecrets') and nothing
+// was started. Volume mounts are resolved by the caller.
+func createRequest(req *api.NewSandbox) (sandbox.CreateRequest, error) {
 	autoPause := req.AutoPause != nil && *req.AutoPause
 	noMemory := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
 	if noMemory {
 		if !autoPause {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoPauseMemory can only be set with autoPause"))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "autoPauseMemory can only be set with autoPause")
 		}
 		if req.AutoResume != nil && req.AutoResume.Enabled {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "autoResume cannot be combined with autoPauseMemory false"))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "autoResume cannot be combined with autoPauseMemory false")
 		}
 	}
 	if _, ok := req.Metadata[sandbox.BuildMetadataKey]; ok {
-		writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "metadata key %s is reserved for template builds", sandbox.BuildMetadataKey))
-		return
+		return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "metadata key %s is reserved for template builds", sandbox.BuildMetadataKey)
 	}
 	secrets, err := mcpSecrets(req.MCP, req.Secrets, req.EnvVars)
 	if err != nil {
-		writeError(w, r, h.log, err)
-		return
+		return sandbox.CreateRequest{}, err
 	}
 	cr := sandbox.CreateRequest{
 		AutoPauseNoMemory:   noMemory,
@@ -144,40 +138,49 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "timeout must be a positive number of seconds, got %d", *req.Timeout))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "timeout must be a positive number of seconds, got %d", *req.Timeout)
 		}
 		cr.Timeout = seconds(*req.Timeout)
 	}
 	if l := req.Lifecycle; l != nil && l.IdleTimeout != nil {
 		s := *l.IdleTimeout
 		if s < 0 || s > maxIdleTimeoutSeconds {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "lifecycle.idleTimeout must be 0 (never) or a number of seconds up to %d, got %d", maxIdleTimeoutSeconds, s))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "lifecycle.idleTimeout must be 0 (never) or a number of seconds up to %d, got %d", maxIdleTimeoutSeconds, s)
 		}
 		d := time.Duration(s) * time.Second
 		cr.IdleTimeout = &d
 	}
 	if req.CPUCount != nil {
 		if *req.CPUCount <= 0 {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "cpuCount must be positive"))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "cpuCount must be positive")
 		}
 		cr.CPUs = *req.CPUCount
 	}
 	if req.MemoryMB != nil {
 		if *req.MemoryMB <= 0 {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "memoryMB must be positive"))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "memoryMB must be positive")
 		}
 		cr.MemoryMB = *req.MemoryMB
 	}
 	if req.DiskMB != nil {
 		if *req.DiskMB <= 0 {
-			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "diskSizeMB must be positive"))
-			return
+			return sandbox.CreateRequest{}, errorf(api.ErrInvalidArgument, "diskSizeMB must be positive")
 		}
 		cr.DiskMB = *req.DiskMB
+	}
+	return cr, nil
+}
+
+func (h *handler) create(w http.ResponseWriter, r *http.Request) {
+	var req api.NewSandbox
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, h.log, err)
+		return
+	}
+	cr, err := createRequest(&req)
+	if err != nil {
+		writeError(w, r, h.log, err)
+		return
 	}
 	var mounts *volume.Mounts
 	if len(req.VolumeMounts) > 0 {
@@ -185,7 +188,6 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, h.log, errorf(api.ErrInvalidArgument, "Volume mounts are not enabled."))
 			return
 		}
-		var err error
 		if mounts, err = h.volumes.Resolve(r.Context(), teamOf(r), req.VolumeMounts); err != nil {
 			writeError(w, r, h.log, err)
 			return

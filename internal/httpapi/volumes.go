@@ -153,8 +153,14 @@ func (h *handler) serveVolumeContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.Close()
+	h.volumeOp(w, r, c, route)
+}
+
+// volumeOp serves route ("METHOD kind") on the volume's content c.
+func (h *handler) volumeOp(w http.ResponseWriter, r *http.Request, c *volume.Content, route string) {
 	q := r.URL.Query()
 	p := q.Get("path")
+	var err error
 	var st *api.VolumeEntryStat
 	status := http.StatusOK
 	switch route {
