@@ -75,8 +75,11 @@ func TestSnapshotBytes(t *testing.T) {
 		t.Fatalf("an admit while 100 of 100 are held = %v", err)
 	}
 	h.Done()
-	if len(q.kept.pending) != 0 {
-		t.Fatalf("pending left: %v", q.kept.pending)
+	q.kept.mu.Lock()
+	left := len(q.kept.pending)
+	q.kept.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d teams' pending snapshots left", left)
 	}
 }
 
