@@ -199,8 +199,9 @@ type Stack struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
-	// +checklocks:mu
-	flows map[net.Conn]tcpip.Endpoint // the egress flows of conns (EndFlows)
+	// flows are the egress flows of conns (EndFlows resets them); mu
+	// guards them, as it guards conns.
+	flows map[net.Conn]tcpip.Endpoint
 
 	udpDenied recentSet
 	held      atomic.Int32 // DNS lookups waiting for Options.Ask
