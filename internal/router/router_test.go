@@ -114,11 +114,12 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, _ := do("GET", "/secrets", map[string]string{"X-API-Key": "key"}); st != 501 {
 		t.Errorf("/secrets: %d, want 501", st)
 	}
-	if st, b := do("POST", "/volumes", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
-		t.Errorf("/volumes: %d %q, want 501 from the router", st, b)
+	// Volumes go to their nodes (TestVolumesFollowTheirNode).
+	if st, b := do("POST", "/volumes", map[string]string{"X-API-Key": "key"}); st != 299 || b != "from live" {
+		t.Errorf("/volumes: %d %q, want the node's answer", st, b)
 	}
-	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 501 || b == "from live" {
-		t.Errorf("/volumecontent: %d %q, want 501 from the router", st, b)
+	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 299 || b != "from live" {
+		t.Errorf("/volumecontent: %d %q, want the node's answer", st, b)
 	}
 	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
 		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
@@ -126,7 +127,8 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	// Nodes sharing one database answer /secrets alike: any one does.
 	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true}))
 	defer shared.Close()
-	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501} {
+	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501,
+		"/volumes": 501, "/volumes/00000000-0000-4000-8000-000000000000": 501, "/volumecontent/00000000-0000-4000-8000-000000000000/dir": 501} {
 		req, _ := http.NewRequest("GET", shared.URL+path, nil)
 		req.Header.Set("X-API-Key", "key")
 		resp, err := http.DefaultClient.Do(req)
