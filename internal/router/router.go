@@ -30,6 +30,9 @@
 //   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
 //     but /secrets when the nodes share one database (SharedRecords):
 //     then any live node answers it for the cluster.
+//   - Volumes (/volumes, /volumecontent) go to the node that holds them,
+//     found by asking the nodes, and a create with volumeMounts to the node
+//     of its volumes (volumes.go); with SharedRecords they answer 501.
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
