@@ -30,6 +30,9 @@
 //   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
 //     but /secrets when the nodes share one database (SharedRecords):
 //     then any live node answers it for the cluster.
+//   - Volumes (/volumes, /volumecontent) go to the node that holds them,
+//     found by asking the nodes, and a create with volumeMounts to the node
+//     of its volumes (volumes.go); with SharedRecords they answer 501.
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
@@ -101,7 +104,7 @@ type Router struct {
 	client   *http.Client
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
-	perNode  []string // the routes answered 501 (notThroughRouter, less the shared)
+	perNode  []string // the routes answered 501 (notThroughRouter less the shared, or with volumeRoutes)
 	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
 }
 
@@ -126,6 +129,7 @@ func New(opts Options) *Router {
 	if opts.SharedRecords {
 		rt.teamKeys = true
 		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
+		rt.perNode = append(rt.perNode, volumeRoutes...)
 	}
 	if rt.tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -189,7 +193,12 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
-		writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
+		// A volume token, not an API key: its node checks it.
+		if slices.Contains(rt.perNode, "/volumecontent") {
+			writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
+			return
+		}
+		rt.serveVolumeContent(w, r)
 		return
 	}
 	if !rt.authenticated(r) {
@@ -265,16 +274,19 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 
 // notThroughRouter are the fence extensions kept per node, which one
 // node's answer would misstate for the cluster. An MCP session (/mcp)
-// lives on the node that opened it, and its tools see that node only. A
-// volume lives on the node that made it, and a router would place its
-// sandboxes anywhere: volumes are not served through the router (their
-// content API, whose token is no API key, is refused before the key
-// check).
-var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp", "/volumes", "/volumecontent"}
+// lives on the node that opened it, and its tools see that node only.
+var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
 
 // sharedRoutes are those of notThroughRouter every node answers alike
 // when the nodes share one database (Options.SharedRecords).
 var sharedRoutes = []string{"/secrets"}
+
+// volumeRoutes are served through the router when each node keeps its
+// own records: a volume lives on the node that made it, and the router
+// finds that node by asking the nodes (volumes.go). On one shared
+// database every node would list every volume of the team, whichever
+// node holds its files, so there they answer 501.
+var volumeRoutes = []string{"/volumes", "/volumecontent"}
 
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
@@ -296,6 +308,9 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	case r.Method == http.MethodGet && p == "/metrics":
 		rt.metrics(w, r)
+		return
+	case p == "/volumes" || strings.HasPrefix(p, "/volumes/"):
+		rt.serveVolumes(w, r)
 		return
 	}
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
@@ -319,21 +334,22 @@ func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
-		TemplateID string `json:"templateID"`
+		TemplateID   string            `json:"templateID"`
+		VolumeMounts []api.VolumeMount `json:"volumeMounts"`
 	}
 	_ = json.Unmarshal(body, &req) // a bad body gets the node's own error
-	cands := rt.place(req.TemplateID)
-	if len(cands) == 0 {
-		writeErr(w, http.StatusServiceUnavailable, "no fence node can take a sandbox now (none live and not draining)")
-		return
-	}
-	for i, n := range cands {
-		last := i == len(cands)-1 || i == 2
-		ok := rt.tryCreate(w, r, n, body, last)
-		if ok || last {
+	if len(req.VolumeMounts) > 0 && !slices.Contains(rt.perNode, "/volumes") {
+		// The sandbox goes where its volumes are, or nowhere.
+		n, ok := rt.mountsNode(w, r, req.VolumeMounts)
+		if !ok {
+			return
+		}
+		if n.Name != "" {
+			rt.placeBody(w, r, []cluster.Node{n}, body)
 			return
 		}
 	}
+	rt.placeBody(w, r, rt.place(req.TemplateID), body)
 }
 
 // tryCreate sends the create to n; it reports false, having written

@@ -114,11 +114,12 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, _ := do("GET", "/secrets", map[string]string{"X-API-Key": "key"}); st != 501 {
 		t.Errorf("/secrets: %d, want 501", st)
 	}
-	if st, b := do("POST", "/volumes", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
-		t.Errorf("/volumes: %d %q, want 501 from the router", st, b)
+	// Volumes go to their nodes (TestVolumesFollowTheirNode).
+	if st, b := do("POST", "/volumes", map[string]string{"X-API-Key": "key"}); st != 299 || b != "from live" {
+		t.Errorf("/volumes: %d %q, want the node's answer", st, b)
 	}
-	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 501 || b == "from live" {
-		t.Errorf("/volumecontent: %d %q, want 501 from the router", st, b)
+	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 299 || b != "from live" {
+		t.Errorf("/volumecontent: %d %q, want the node's answer", st, b)
 	}
 	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
 		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
@@ -126,7 +127,8 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	// Nodes sharing one database answer /secrets alike: any one does.
 	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true}))
 	defer shared.Close()
-	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501} {
+	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501,
+		"/volumes": 501, "/volumes/00000000-0000-4000-8000-000000000000": 501, "/volumecontent/00000000-0000-4000-8000-000000000000/dir": 501} {
 		req, _ := http.NewRequest("GET", shared.URL+path, nil)
 		req.Header.Set("X-API-Key", "key")
 		resp, err := http.DefaultClient.Do(req)
@@ -315,5 +317,75 @@ func TestStreamAnsweredBeforeTheBodyEnds(t *testing.T) {
 		if err != nil || string(b) != "start;got hello world;end" {
 			t.Fatalf("stream %d through the router: %q, %v; want the whole answer", i, b, err)
 		}
+	}
+}
+
+// fakeVolumeNode answers like a node holding vols, whose tokens are
+// "tok-<name>".
+func fakeVolumeNode(t *testing.T, name string, vols ...api.Volume) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == "GET" && r.URL.Path == "/volumes":
+			writeJSON(w, 200, vols)
+		case strings.HasPrefix(r.URL.Path, "/volumecontent/"):
+			if r.Header.Get("Authorization") != "Bearer tok-"+name {
+				writeErr(w, 401, "invalid volume token: unauthenticated")
+				return
+			}
+			io.WriteString(w, r.Method+" "+r.URL.Path+" from "+name)
+		default:
+			io.WriteString(w, r.Method+" "+r.URL.Path+" from "+name)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestVolumesFollowTheirNode(t *testing.T) {
+	a := fakeVolumeNode(t, "a", api.Volume{VolumeID: "11111111-1111-4111-8111-111111111111", Name: "va"})
+	b := fakeVolumeNode(t, "b", api.Volume{VolumeID: "22222222-2222-4222-8222-222222222222", Name: "vb"})
+	nodes := fakeNodes{cluster.Tag("a"): node("a", a.URL, 10, 0, "base"), cluster.Tag("b"): node("b", b.URL, 10, 0, "base")}
+	srv := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok"}))
+	defer srv.Close()
+	do := func(method, path, auth, body string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", "key")
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(got)
+	}
+	for range 5 { // placement is random: each must hold every time
+		if st, got := do("GET", "/volumes/22222222-2222-4222-8222-222222222222", "", ""); st != 200 || !strings.HasSuffix(got, "from b") {
+			t.Errorf("GET /volumes/{id of b}: %d %q", st, got)
+		}
+		if st, got := do("DELETE", "/volumes/11111111-1111-4111-8111-111111111111", "", ""); st != 200 || !strings.HasSuffix(got, "from a") {
+			t.Errorf("DELETE /volumes/{id of a}: %d %q", st, got)
+		}
+		if st, got := do("PUT", "/volumecontent/22222222-2222-4222-8222-222222222222/file?path=/x", "tok-b", "data"); st != 200 || got != "PUT /volumecontent/22222222-2222-4222-8222-222222222222/file from b" {
+			t.Errorf("PUT content with b's token: %d %q", st, got)
+		}
+		if st, got := do("POST", "/sandboxes", "", `{"templateID":"base","volumeMounts":[{"name":"va","path":"/a"}]}`); st != 200 || got != "POST /sandboxes from a" {
+			t.Errorf("create mounting va: %d %q", st, got)
+		}
+	}
+	if st, got := do("GET", "/volumecontent/22222222-2222-4222-8222-222222222222/file?path=/x", "forged", ""); st != 401 || !strings.Contains(got, "invalid volume token") {
+		t.Errorf("a token no node takes: %d %q", st, got)
+	}
+	if st, got := do("POST", "/v2/sandboxes", "", `{"templateID":"base","volumeMounts":[{"name":"va","path":"/a"},{"name":"vb","path":"/b"}]}`); st != 400 || !strings.Contains(got, "different nodes") {
+		t.Errorf("create mounting volumes of two nodes: %d %q", st, got)
+	}
+	if st, got := do("POST", "/volumes", "", `{"name":"vb"}`); st != 400 || !strings.Contains(got, "already exists") {
+		t.Errorf("create of a name used on a node: %d %q", st, got)
+	}
+	var all []api.Volume
+	if st, got := do("GET", "/volumes", "", ""); st != 200 || json.Unmarshal([]byte(got), &all) != nil || len(all) != 2 {
+		t.Errorf("GET /volumes: %d %q, want both nodes' volumes", st, got)
 	}
 }
