@@ -225,10 +225,8 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.log, err)
 		return
 	}
-	ls := toListed(s)
-	ls.VolumeMounts = h.volumeMountsOf(r, s.ID)
 	writeJSON(w, http.StatusOK, api.SandboxDetail{
-		ListedSandbox:       ls,
+		ListedSandbox:       h.withVolumes(r, []api.ListedSandbox{toListed(s)})[0],
 		AllowInternetAccess: s.AllowInternetAccess,
 		Domain:              h.domainPtr(),
 		EnvdAccessToken:     s.EnvdAccessToken,

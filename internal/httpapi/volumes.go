@@ -249,20 +249,6 @@ func (h *handler) withVolumes(r *http.Request, list []api.ListedSandbox) []api.L
 	return list
 }
 
-// volumeMountsOf is the volumes sandbox id mounts, for its detail (nil
-// when none, or without volumes).
-func (h *handler) volumeMountsOf(r *http.Request, id string) []api.VolumeMount {
-	if h.volumes == nil {
-		return nil
-	}
-	ms, err := h.volumes.MountsOf(r.Context(), id)
-	if err != nil {
-		h.log.WarnContext(r.Context(), "reading a sandbox's volume mounts", "sandbox_id", id, "err", err)
-		return nil
-	}
-	return ms[id]
-}
-
 // inheritVolumes records that the forks of parent in res mount its
 // volumes. A fork whose record fails is killed and its result is the
 // error: unrecorded, its volumes could be deleted under it.
