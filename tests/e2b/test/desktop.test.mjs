@@ -7,17 +7,14 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
 import net from 'node:net'
-import { spawn } from 'node:child_process'
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { Sandbox as Desktop } from '@e2b/desktop'
 import { CommandExitError, TimeoutError } from 'e2b'
 import { create, opts, waitFor, within } from '../helpers.mjs'
 import { count, decodePNG, distinct, pixel } from '../png.mjs'
 import { browser } from '../cdp.mjs'
+import { serveInRegistryNS } from '../fakereg/serve.mjs'
 
 // desktop creates a sandbox with the SDK's own create (the default
 // template name, "desktop") and kills it at the end of the test. The
@@ -214,31 +211,10 @@ test('the stream: noVNC through the port proxy shows the desktop with the auth k
   })
 })
 
-// fakeSite serves dir's index.html from run.sh's registry namespace on
+// fakeSite serves html as index.html from run.sh's registry namespace on
 // port 8090 (REGISTRY_IP and DENIED_IP both answer there).
 async function fakeSite(t, html) {
-  const ns = process.env.FENCE_E2B_REGISTRY_NS
-  if (!ns) {
-    if (process.env.CI) assert.fail('run.sh made no registry namespace (needs root and ip)')
-    t.skip('no registry namespace (run.sh as root)')
-    return null
-  }
-  const dir = mkdtempSync(join(tmpdir(), 'fence-site-'))
-  chmodSync(dir, 0o755)
-  t.after(() => rmSync(dir, { recursive: true, force: true }))
-  writeFileSync(join(dir, 'index.html'), html)
-  const srv = spawn('ip', ['netns', 'exec', ns, process.execPath, fileURLToPath(new URL('../fakereg/server.mjs', import.meta.url)), dir, '8090'],
-    { stdio: ['ignore', 'pipe', 'inherit'] })
-  t.after(() => srv.kill())
-  const requests = []
-  let ready
-  const listening = new Promise((r) => { ready = r })
-  createInterface({ input: srv.stdout }).on('line', (l) => {
-    if (l === 'listening') ready()
-    else requests.push(l)
-  })
-  await within(listening, 10_000, 'the fake site')
-  return { ip: process.env.FENCE_E2B_REGISTRY_IP, denied: process.env.FENCE_E2B_DENIED_IP, requests }
+  return serveInRegistryNS(t, { port: 8090, what: 'the fake site', fill: (dir) => writeFileSync(join(dir, 'index.html'), html) })
 }
 
 test("the desktop's browser goes out through the egress allowlist", async (t) => {

@@ -3,16 +3,14 @@
 // sandboxes with the build's default user, workdir and start command.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtempSync, writeFileSync, mkdirSync, rmSync, chmodSync } from 'node:fs'
+import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
-import { spawn } from 'node:child_process'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { Sandbox, Template, BuildError, waitForURL, waitForFile } from 'e2b'
-import { opts, create, within } from '../helpers.mjs'
+import { opts, create } from '../helpers.mjs'
 import { makeRegistries } from '../fakereg/make.mjs'
+import { serveInRegistryNS } from '../fakereg/serve.mjs'
 
 const uniq = (p) => `${p}-${randomBytes(4).toString('hex')}`
 
@@ -187,28 +185,7 @@ test('Template().fromBaseImage() and the default base are fence\'s base template
 // (admitted by the daemon's --build-allow and --pip-index-url) and
 // DENIED_IP (on no allowlist).
 async function fakeRegistries(t) {
-  const ns = process.env.FENCE_E2B_REGISTRY_NS
-  if (!ns) {
-    if (process.env.CI) assert.fail('run.sh made no registry namespace (needs root and ip)')
-    t.skip('no registry namespace (run.sh as root)')
-    return null
-  }
-  const dir = mkdtempSync(join(tmpdir(), 'fence-reg-'))
-  chmodSync(dir, 0o755)
-  t.after(() => rmSync(dir, { recursive: true, force: true }))
-  makeRegistries(dir)
-  const srv = spawn('ip', ['netns', 'exec', ns, process.execPath, fileURLToPath(new URL('../fakereg/server.mjs', import.meta.url)), dir, '8080'],
-    { stdio: ['ignore', 'pipe', 'inherit'] })
-  t.after(() => srv.kill())
-  const requests = []
-  let ready
-  const listening = new Promise((r) => { ready = r })
-  createInterface({ input: srv.stdout }).on('line', (l) => {
-    if (l === 'listening') ready()
-    else requests.push(l)
-  })
-  await within(listening, 10_000, 'the fake registry server')
-  return { ip: process.env.FENCE_E2B_REGISTRY_IP, denied: process.env.FENCE_E2B_DENIED_IP, requests }
+  return serveInRegistryNS(t, { port: 8080, what: 'the fake registry server', fill: makeRegistries })
 }
 
 test('pipInstall and aptInstall from registries the build allowlist admits; a registry off it fails the step', async (t) => {
