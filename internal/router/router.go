@@ -60,6 +60,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/mcp"
 )
 
 // Nodes is what the router knows of the cluster (a *cluster.Watcher).
@@ -104,8 +105,10 @@ type Router struct {
 	client   *http.Client
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
-	perNode  []string // the routes answered 501 (notThroughRouter less the shared, or with volumeRoutes)
-	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
+	perNode  []string // the routes answered 501 (notThroughRouter less the shared)
+	mcp      http.Handler
+	stopMCP  func()
+	teamKeys bool // the nodes check keys other than apiKey (SharedRecords)
 }
 
 const maxBodyBytes = 1 << 20
@@ -129,7 +132,6 @@ func New(opts Options) *Router {
 	if opts.SharedRecords {
 		rt.teamKeys = true
 		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
-		rt.perNode = append(rt.perNode, volumeRoutes...)
 	}
 	if rt.tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -162,8 +164,12 @@ func New(opts Options) *Router {
 			writeErr(w, http.StatusBadGateway, "fence node "+ro.node.Name+" did not answer")
 		},
 	}
+	rt.mcp, rt.stopMCP = mcp.ClusterHandler(rt)
 	return rt
 }
+
+// Close closes the in-process connections of the router's /mcp.
+func (rt *Router) Close() { rt.stopMCP() }
 
 // SetDraining makes GET /health answer 503, for a graceful shutdown.
 func (rt *Router) SetDraining() { rt.draining.Store(true) }
@@ -194,10 +200,6 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
 		// A volume token, not an API key: its node checks it.
-		if slices.Contains(rt.perNode, "/volumecontent") {
-			writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
-			return
-		}
 		rt.serveVolumeContent(w, r)
 		return
 	}
@@ -273,20 +275,12 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 }
 
 // notThroughRouter are the fence extensions kept per node, which one
-// node's answer would misstate for the cluster. An MCP session (/mcp)
-// lives on the node that opened it, and its tools see that node only.
-var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
+// node's answer would misstate for the cluster.
+var notThroughRouter = []string{"/secrets"}
 
 // sharedRoutes are those of notThroughRouter every node answers alike
 // when the nodes share one database (Options.SharedRecords).
 var sharedRoutes = []string{"/secrets"}
-
-// volumeRoutes are served through the router when each node keeps its
-// own records: a volume lives on the node that made it, and the router
-// finds that node by asking the nodes (volumes.go). On one shared
-// database every node would list every volume of the team, whichever
-// node holds its files, so there they answer 501.
-var volumeRoutes = []string{"/volumes", "/volumecontent"}
 
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
@@ -311,6 +305,21 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	case p == "/volumes" || strings.HasPrefix(p, "/volumes/"):
 		rt.serveVolumes(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/audit":
+		rt.auditQuery(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/audit/stream":
+		rt.auditStream(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/audit/verify":
+		rt.auditVerify(w, r)
+		return
+	case r.Method == http.MethodGet && p == "/usage":
+		rt.usage(w, r)
+		return
+	case p == "/mcp":
+		rt.mcp.ServeHTTP(w, r)
 		return
 	}
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
@@ -338,7 +347,7 @@ func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
 		VolumeMounts []api.VolumeMount `json:"volumeMounts"`
 	}
 	_ = json.Unmarshal(body, &req) // a bad body gets the node's own error
-	if len(req.VolumeMounts) > 0 && !slices.Contains(rt.perNode, "/volumes") {
+	if len(req.VolumeMounts) > 0 {
 		// The sandbox goes where its volumes are, or nowhere.
 		n, ok := rt.mountsNode(w, r, req.VolumeMounts)
 		if !ok {
@@ -435,7 +444,15 @@ type nodeAnswer struct {
 
 // fanOut sends a body-less GET to every live node at once.
 func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
+	return rt.fanOutQuery(r, func(cluster.Node) string { return r.URL.RawQuery })
+}
+
+// fanOutQuery is fanOut with each node's query given by query, in the
+// order of the nodes' names; the caller's credentials (never the
+// router's) go with it.
+func (rt *Router) fanOutQuery(r *http.Request, query func(cluster.Node) string) []nodeAnswer {
 	nodes := rt.nodes.Nodes()
+	slices.SortFunc(nodes, func(a, b cluster.Node) int { return strings.Compare(a.Name, b.Name) })
 	out := make([]nodeAnswer, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -443,7 +460,7 @@ func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
 			a := nodeAnswer{node: n}
 			defer func() { out[i] = a }()
 			u, _ := url.Parse(n.URL)
-			u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+			u.Path, u.RawQuery = r.URL.Path, query(n)
 			req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
 			if err != nil {
 				a.err = err
