@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
@@ -362,51 +363,16 @@ func (rt *Router) auditStream(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	nodes := rt.nodes.Nodes()
-	if len(nodes) == 0 {
-		writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
-		return
-	}
-	resps := make([]*http.Response, len(nodes))
-	errs := make([]error, len(nodes))
-	done := make(chan int, len(nodes))
-	for i, n := range nodes {
-		go func() {
-			resps[i], errs[i] = rt.openStream(ctx, r, n, cur.queryFor(q, n.Name))
-			done <- i
-		}()
-	}
-	for range nodes {
-		<-done
-	}
-	var missing []string
-	var live []int
-	for i, n := range nodes {
-		switch {
-		case errs[i] != nil:
-			rt.log.Warn("audit stream: node did not answer", "node", n.Name, "err", errs[i])
-			missing = append(missing, n.Name)
-		case resps[i].StatusCode != http.StatusOK:
-			// A refusal (a bad filter, a key refused): every node's alike.
-			b, _ := io.ReadAll(io.LimitReader(resps[i].Body, 64<<10))
-			closeAll(resps, errs)
-			writeAnswer(w, &nodeAnswer{node: n, status: resps[i].StatusCode, header: resps[i].Header, body: b})
-			return
-		default:
-			live = append(live, i)
-		}
-	}
-	if len(live) == 0 {
-		writeErr(w, http.StatusBadGateway, "no fence node answered")
+	streams, missing, ok := rt.openStreams(ctx, w, r, cur)
+	if !ok {
 		return
 	}
 	events := make(chan sseEvent, 64)
-	ended := make(chan struct{}, len(live))
-	for _, i := range live {
-		body := resps[i].Body
-		defer body.Close()
+	ended := make(chan struct{}, len(streams))
+	for _, st := range streams {
+		defer st.body.Close()
 		go func() {
-			readEvents(ctx, nodes[i].Name, body, events)
+			readEvents(ctx, st.node, st.body, events)
 			ended <- struct{}{}
 		}()
 	}
@@ -441,6 +407,49 @@ func (rt *Router) auditStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// nodeStream is one node's open audit stream.
+type nodeStream struct {
+	node string
+	body io.ReadCloser
+}
+
+// openStreams opens every live node's audit stream from cur, at once. It
+// has written the answer when ok is false: a node's refusal (a bad
+// filter, a key refused: every node's alike), or none live.
+func (rt *Router) openStreams(ctx context.Context, w http.ResponseWriter, r *http.Request, cur auditCursor) (streams []nodeStream, missing []string, ok bool) {
+	nodes := rt.nodes.Nodes()
+	if len(nodes) == 0 {
+		writeErr(w, http.StatusServiceUnavailable, "no fence node is live")
+		return nil, nil, false
+	}
+	resps := make([]*http.Response, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() { resps[i], errs[i] = rt.openStream(ctx, r, n, cur.queryFor(r.URL.Query(), n.Name)) })
+	}
+	wg.Wait()
+	for i, n := range nodes {
+		switch {
+		case errs[i] != nil:
+			rt.log.Warn("audit stream: node did not answer", "node", n.Name, "err", errs[i])
+			missing = append(missing, n.Name)
+		case resps[i].StatusCode != http.StatusOK:
+			b, _ := io.ReadAll(io.LimitReader(resps[i].Body, 64<<10))
+			closeAll(resps, errs)
+			writeAnswer(w, &nodeAnswer{node: n, status: resps[i].StatusCode, header: resps[i].Header, body: b})
+			return nil, nil, false
+		default:
+			streams = append(streams, nodeStream{n.Name, resps[i].Body})
+		}
+	}
+	if len(streams) == 0 {
+		writeErr(w, http.StatusBadGateway, "no fence node answered")
+		return nil, nil, false
+	}
+	return streams, missing, true
 }
 
 func closeAll(resps []*http.Response, errs []error) {
