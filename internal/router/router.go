@@ -27,12 +27,22 @@
 //     traffic.
 //   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
 //     pagination (limit, nextToken, X-Next-Token) across nodes.
-//   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
-//     but /secrets when the nodes share one database (SharedRecords):
-//     then any live node answers it for the cluster.
+//   - What each node keeps of its own is answered for the cluster
+//     (pernode.go): /audit, /audit/stream, /audit/verify and /usage ask
+//     every live node with the caller's credentials (never the router's
+//     key for a team's) and merge the answers (audit records by time, each
+//     naming its node, paged by a cursor of every node's seq; usage
+//     summed); a live node that does not answer is named in
+//     api.HeaderUnansweredNodes.
+//   - /mcp is served by the router itself (mcp.ClusterHandler): stateless,
+//     its tools a client of the router's own API, so they see every node.
+//   - /secrets answers 501 but when the nodes share one database
+//     (SharedRecords): then any live node answers it for the cluster. No
+//     other route a single node serves answers 501.
 //   - Volumes (/volumes, /volumecontent) go to the node that holds them,
 //     found by asking the nodes, and a create with volumeMounts to the node
-//     of its volumes (volumes.go); with SharedRecords they answer 501.
+//     of its volumes (volumes.go), with SharedRecords too (a volume's
+//     record is its node's, not shared).
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
