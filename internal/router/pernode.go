@@ -225,7 +225,10 @@ func auditBefore(a, b auditEntry) bool {
 // auditVerify is GET /audit/verify for the cluster: intact when every
 // live node answered and its trail is intact; each node's report by name.
 func (rt *Router) auditVerify(w http.ResponseWriter, r *http.Request) {
-	ok, missing, refused := rt.answered("audit verify", rt.fanOut(r))
+	// A node reads its whole trail: no bound but the client's.
+	long := &http.Client{Transport: rt.tr, CheckRedirect: rt.client.CheckRedirect}
+	all := rt.fanOutWith(r, long, func(cluster.Node) string { return r.URL.RawQuery })
+	ok, missing, refused := rt.answered("audit verify", all)
 	if refused != nil {
 		writeAnswer(w, refused)
 		return

@@ -248,6 +248,19 @@ func TestAuditVerifyByNode(t *testing.T) {
 	if out.Intact || out.Records != 7 || len(out.Nodes) != 2 {
 		t.Errorf("a broken node: %+v, want not intact", out)
 	}
+	// A node that does not answer: not verified, so not intact.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	nodes[cluster.Tag("b")] = node("b", dead.URL, 10, 0)
+	var partial struct {
+		Intact     bool     `json:"intact"`
+		Unanswered []string `json:"unanswered"`
+	}
+	partial.Intact = true
+	resp, _ := getJSON(t, srv.URL+"/audit/verify", "key", &partial)
+	if partial.Intact || fmt.Sprint(partial.Unanswered) != "[b]" || resp.Header.Get(api.HeaderUnansweredNodes) != "b" {
+		t.Errorf("node b dead: %+v, header %q", partial, resp.Header.Get(api.HeaderUnansweredNodes))
+	}
 }
 
 // fakeStreamNode serves /audit/stream: the records after ?after= as

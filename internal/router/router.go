@@ -461,6 +461,11 @@ func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
 // order of the nodes' names; the caller's credentials (never the
 // router's) go with it.
 func (rt *Router) fanOutQuery(r *http.Request, query func(cluster.Node) string) []nodeAnswer {
+	return rt.fanOutWith(r, rt.client, query)
+}
+
+// fanOutWith is fanOutQuery through c.
+func (rt *Router) fanOutWith(r *http.Request, c *http.Client, query func(cluster.Node) string) []nodeAnswer {
 	nodes := rt.nodes.Nodes()
 	slices.SortFunc(nodes, func(a, b cluster.Node) int { return strings.Compare(a.Name, b.Name) })
 	out := make([]nodeAnswer, len(nodes))
@@ -482,7 +487,7 @@ func (rt *Router) fanOutQuery(r *http.Request, query func(cluster.Node) string) 
 				}
 			}
 			req.Header.Set(cluster.HeaderToken, rt.token)
-			resp, err := rt.client.Do(req)
+			resp, err := c.Do(req)
 			if err != nil {
 				a.err = err
 				return
