@@ -43,6 +43,24 @@ import (
 
 const defaultAuditLimit = 1000 // a node's default page
 
+// merged is the handler of r if it is one of the routes above, or nil.
+func (rt *Router) merged(r *http.Request) http.HandlerFunc {
+	if r.Method != http.MethodGet {
+		return nil
+	}
+	switch r.URL.Path {
+	case "/audit":
+		return rt.auditQuery
+	case "/audit/stream":
+		return rt.auditStream
+	case "/audit/verify":
+		return rt.auditVerify
+	case "/usage":
+		return rt.usage
+	}
+	return nil
+}
+
 // auditCursor is a position in every node's audit trail: the seq of the
 // last record read of each node, by node name.
 type auditCursor map[string]uint64

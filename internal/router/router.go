@@ -300,6 +300,10 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if h := rt.merged(r); h != nil {
+		h(w, r)
+		return
+	}
 	switch {
 	case r.Method == http.MethodPost && (p == "/sandboxes" || p == "/v2/sandboxes"):
 		rt.create(w, r)
@@ -315,18 +319,6 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	case p == "/volumes" || strings.HasPrefix(p, "/volumes/"):
 		rt.serveVolumes(w, r)
-		return
-	case r.Method == http.MethodGet && p == "/audit":
-		rt.auditQuery(w, r)
-		return
-	case r.Method == http.MethodGet && p == "/audit/stream":
-		rt.auditStream(w, r)
-		return
-	case r.Method == http.MethodGet && p == "/audit/verify":
-		rt.auditVerify(w, r)
-		return
-	case r.Method == http.MethodGet && p == "/usage":
-		rt.usage(w, r)
 		return
 	case p == "/mcp":
 		rt.mcp.ServeHTTP(w, r)
