@@ -93,7 +93,18 @@ func TestScaleoutPerNodeRoutes(t *testing.T) {
 	if rr := via.do(t, "GET", "/volumes", key, nil, nil); rr.Status != 200 || json.Unmarshal(rr.Body, &defaults) != nil || len(defaults) != 0 {
 		t.Errorf("the default team's volumes: %d %s, want none", rr.Status, rr.Body)
 	}
-	sbB := viaB.create(t, api.NewSandbox{VolumeMounts: []api.VolumeMount{{Name: "data", Path: "/data"}}})
+	// Sandboxes the test kills itself (their nodes stop theirs at cleanup):
+	// node-b is killed at the end.
+	create := func(c *client.Client, req api.NewSandbox) *client.Sandbox {
+		t.Helper()
+		req.TemplateID = "minimal"
+		sb, err := c.Create(ctxT(t), req)
+		if err != nil {
+			t.Fatalf("create through the router: %v", err)
+		}
+		return sb
+	}
+	sbB := create(viaB.Client, api.NewSandbox{VolumeMounts: []api.VolumeMount{{Name: "data", Path: "/data"}}})
 	if got := rsh(t, sbB.Envd(), `cat /data/hello.txt`); got != "team b's" {
 		t.Errorf("the volume's file in team b's sandbox: %q", got)
 	}
@@ -102,7 +113,7 @@ func TestScaleoutPerNodeRoutes(t *testing.T) {
 	onNode := map[string]string{}
 	var order []string // of creation
 	for i := 0; i < 30 && len(onNode) < 2; i++ {
-		sb := via.create(t, api.NewSandbox{})
+		sb := create(via.Client, api.NewSandbox{})
 		if n := byTag[sb.ID()[:cluster.TagLen]]; onNode[n] == "" {
 			onNode[n] = sb.ID()
 			order = append(order, sb.ID())
@@ -288,6 +299,17 @@ func TestScaleoutPerNodeRoutes(t *testing.T) {
 
 	if rr := viaB.do(t, "DELETE", "/volumes/"+vol.VolumeID, keyB.Key, nil, nil); rr.Status != http.StatusNoContent {
 		t.Errorf("DELETE of team b's volume through the router = %d %s", rr.Status, rr.Body)
+	}
+
+	// A node killed, its Lease not yet expired: named, not left out.
+	nodes["node-b"].Crash()
+	for _, path := range []string{"/audit?" + types, "/usage"} {
+		rr := via.do(t, "GET", path, key, nil, nil)
+		_, live, _ := r.health() // after: a dead node's Lease only expires
+		if rr.Status != 200 || (live == 2 && rr.Header.Get(api.HeaderUnansweredNodes) != "node-b") {
+			t.Errorf("GET %s with node-b killed = %d, %s %q (router sees %d nodes)", path, rr.Status,
+				api.HeaderUnansweredNodes, rr.Header.Get(api.HeaderUnansweredNodes), live)
+		}
 	}
 }
 
