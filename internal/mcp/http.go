@@ -25,6 +25,10 @@ const SessionIdle = 30 * time.Minute
 // session that carries another key is refused. Authenticating the keys is
 // the caller's: the handler answers whoever reaches it.
 func NewHTTPHandler(clientFor func(apiKey string) *client.Client) http.Handler {
+	return newHTTPHandler(clientFor, false)
+}
+
+func newHTTPHandler(clientFor func(apiKey string) *client.Client, stateless bool) http.Handler {
 	return sdk.NewStreamableHTTPHandler(func(r *http.Request) *sdk.Server {
 		key := r.Header.Get(api.HeaderAPIKey)
 		s := NewServer(clientFor(key))
@@ -32,6 +36,7 @@ func NewHTTPHandler(clientFor func(apiKey string) *client.Client) http.Handler {
 		return s
 	}, &sdk.StreamableHTTPOptions{
 		SessionTimeout: SessionIdle,
+		Stateless:      stateless,
 		// Every request carries the API key, which a page that rebound a
 		// name to 127.0.0.1 cannot send: the check would only refuse
 		// the daemon behind a local reverse proxy.
@@ -65,6 +70,20 @@ func DaemonHandler(h func() http.Handler) (handler http.Handler, stop func()) {
 	return NewHTTPHandler(func(key string) *client.Client {
 		return client.New("http://fence-loopback", key, client.WithHTTPClient(hc))
 	}), stop
+}
+
+// ClusterHandler is `fence router`'s /mcp handler. Its tools reach the
+// API h serves (the router's own, so they see and place sandboxes on
+// every node of the cluster) in-process, with the API key of each
+// request. It is stateless: no session outlives its request (MCP's
+// sessionless mode; GET and DELETE answer 405), so any router of a
+// cluster answers any request, and a router that restarts loses nothing.
+// stop closes the in-process connections.
+func ClusterHandler(h http.Handler) (handler http.Handler, stop func()) {
+	hc, stop := Loopback(h)
+	return newHTTPHandler(func(key string) *client.Client {
+		return client.New("http://fence-loopback", key, client.WithHTTPClient(hc))
+	}, true), stop
 }
 
 // Loopback returns an HTTP client whose requests h serves in this process,

@@ -27,12 +27,22 @@
 //     traffic.
 //   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
 //     pagination (limit, nextToken, X-Next-Token) across nodes.
-//   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
-//     but /secrets when the nodes share one database (SharedRecords):
-//     then any live node answers it for the cluster.
+//   - What each node keeps of its own is answered for the cluster
+//     (pernode.go): /audit, /audit/stream, /audit/verify and /usage ask
+//     every live node with the caller's credentials (never the router's
+//     key for a team's) and merge the answers (audit records by time, each
+//     naming its node, paged by a cursor of every node's seq; usage
+//     summed); a live node that does not answer is named in
+//     api.HeaderUnansweredNodes.
+//   - /mcp is served by the router itself (mcp.ClusterHandler): stateless,
+//     its tools a client of the router's own API, so they see every node.
+//   - /secrets answers 501 but when the nodes share one database
+//     (SharedRecords): then any live node answers it for the cluster. No
+//     other route a single node serves answers 501.
 //   - Volumes (/volumes, /volumecontent) go to the node that holds them,
 //     found by asking the nodes, and a create with volumeMounts to the node
-//     of its volumes (volumes.go); with SharedRecords they answer 501.
+//     of its volumes (volumes.go), with SharedRecords too (a volume's
+//     record is its node's, not shared).
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
@@ -60,6 +70,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/mcp"
 )
 
 // Nodes is what the router knows of the cluster (a *cluster.Watcher).
@@ -104,8 +115,10 @@ type Router struct {
 	client   *http.Client
 	draining atomic.Bool
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
-	perNode  []string // the routes answered 501 (notThroughRouter less the shared, or with volumeRoutes)
-	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
+	perNode  []string // the routes answered 501 (notThroughRouter less the shared)
+	mcp      http.Handler
+	stopMCP  func()
+	teamKeys bool // the nodes check keys other than apiKey (SharedRecords)
 }
 
 const maxBodyBytes = 1 << 20
@@ -129,7 +142,6 @@ func New(opts Options) *Router {
 	if opts.SharedRecords {
 		rt.teamKeys = true
 		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
-		rt.perNode = append(rt.perNode, volumeRoutes...)
 	}
 	if rt.tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -162,8 +174,12 @@ func New(opts Options) *Router {
 			writeErr(w, http.StatusBadGateway, "fence node "+ro.node.Name+" did not answer")
 		},
 	}
+	rt.mcp, rt.stopMCP = mcp.ClusterHandler(rt)
 	return rt
 }
+
+// Close closes the in-process connections of the router's /mcp.
+func (rt *Router) Close() { rt.stopMCP() }
 
 // SetDraining makes GET /health answer 503, for a graceful shutdown.
 func (rt *Router) SetDraining() { rt.draining.Store(true) }
@@ -194,10 +210,6 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
 		// A volume token, not an API key: its node checks it.
-		if slices.Contains(rt.perNode, "/volumecontent") {
-			writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
-			return
-		}
 		rt.serveVolumeContent(w, r)
 		return
 	}
@@ -273,20 +285,12 @@ func (rt *Router) forwardAny(w http.ResponseWriter, r *http.Request) {
 }
 
 // notThroughRouter are the fence extensions kept per node, which one
-// node's answer would misstate for the cluster. An MCP session (/mcp)
-// lives on the node that opened it, and its tools see that node only.
-var notThroughRouter = []string{"/secrets", "/audit", "/usage", "/mcp"}
+// node's answer would misstate for the cluster.
+var notThroughRouter = []string{"/secrets"}
 
 // sharedRoutes are those of notThroughRouter every node answers alike
 // when the nodes share one database (Options.SharedRecords).
 var sharedRoutes = []string{"/secrets"}
-
-// volumeRoutes are served through the router when each node keeps its
-// own records: a volume lives on the node that made it, and the router
-// finds that node by asking the nodes (volumes.go). On one shared
-// database every node would list every volume of the team, whichever
-// node holds its files, so there they answer 501.
-var volumeRoutes = []string{"/volumes", "/volumecontent"}
 
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
@@ -295,6 +299,10 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusNotImplemented, p+" is kept per node and is not served through fence router")
 			return
 		}
+	}
+	if h := rt.merged(r); h != nil {
+		h(w, r)
+		return
 	}
 	switch {
 	case r.Method == http.MethodPost && (p == "/sandboxes" || p == "/v2/sandboxes"):
@@ -311,6 +319,9 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	case p == "/volumes" || strings.HasPrefix(p, "/volumes/"):
 		rt.serveVolumes(w, r)
+		return
+	case p == "/mcp":
+		rt.mcp.ServeHTTP(w, r)
 		return
 	}
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
@@ -338,7 +349,7 @@ func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
 		VolumeMounts []api.VolumeMount `json:"volumeMounts"`
 	}
 	_ = json.Unmarshal(body, &req) // a bad body gets the node's own error
-	if len(req.VolumeMounts) > 0 && !slices.Contains(rt.perNode, "/volumes") {
+	if len(req.VolumeMounts) > 0 {
 		// The sandbox goes where its volumes are, or nowhere.
 		n, ok := rt.mountsNode(w, r, req.VolumeMounts)
 		if !ok {
@@ -435,7 +446,20 @@ type nodeAnswer struct {
 
 // fanOut sends a body-less GET to every live node at once.
 func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
+	return rt.fanOutQuery(r, func(cluster.Node) string { return r.URL.RawQuery })
+}
+
+// fanOutQuery is fanOut with each node's query given by query, in the
+// order of the nodes' names; the caller's credentials (never the
+// router's) go with it.
+func (rt *Router) fanOutQuery(r *http.Request, query func(cluster.Node) string) []nodeAnswer {
+	return rt.fanOutWith(r, rt.client, query)
+}
+
+// fanOutWith is fanOutQuery through c.
+func (rt *Router) fanOutWith(r *http.Request, c *http.Client, query func(cluster.Node) string) []nodeAnswer {
 	nodes := rt.nodes.Nodes()
+	slices.SortFunc(nodes, func(a, b cluster.Node) int { return strings.Compare(a.Name, b.Name) })
 	out := make([]nodeAnswer, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -443,7 +467,7 @@ func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
 			a := nodeAnswer{node: n}
 			defer func() { out[i] = a }()
 			u, _ := url.Parse(n.URL)
-			u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+			u.Path, u.RawQuery = r.URL.Path, query(n)
 			req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
 			if err != nil {
 				a.err = err
@@ -455,7 +479,7 @@ func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
 				}
 			}
 			req.Header.Set(cluster.HeaderToken, rt.token)
-			resp, err := rt.client.Do(req)
+			resp, err := c.Do(req)
 			if err != nil {
 				a.err = err
 				return

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,14 +122,16 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 299 || b != "from live" {
 		t.Errorf("/volumecontent: %d %q, want the node's answer", st, b)
 	}
-	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
-		t.Errorf("/mcp: %d %q, want 501 from the router", st, b)
+	// The router serves /mcp itself (TestMCPSeesTheCluster).
+	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st == 299 || b == "from live" {
+		t.Errorf("/mcp: %d %q, want the router's own answer", st, b)
 	}
-	// Nodes sharing one database answer /secrets alike: any one does.
+	// Nodes sharing one database answer /secrets alike: any one does; the
+	// per-node routes go to the nodes as without it.
 	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true}))
 	defer shared.Close()
-	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 501, "/audit": 501, "/mcp": 501,
-		"/volumes": 501, "/volumes/00000000-0000-4000-8000-000000000000": 501, "/volumecontent/00000000-0000-4000-8000-000000000000/dir": 501} {
+	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 299, "/audit": 299, "/mcp": 405,
+		"/volumes": 299, "/volumes/00000000-0000-4000-8000-000000000000": 299, "/volumecontent/00000000-0000-4000-8000-000000000000/dir": 299} {
 		req, _ := http.NewRequest("GET", shared.URL+path, nil)
 		req.Header.Set("X-API-Key", "key")
 		resp, err := http.DefaultClient.Do(req)
@@ -321,9 +324,12 @@ func TestStreamAnsweredBeforeTheBodyEnds(t *testing.T) {
 }
 
 // fakeVolumeNode answers like a node holding vols, whose tokens are
-// "tok-<name>".
-func fakeVolumeNode(t *testing.T, name string, vols ...api.Volume) *httptest.Server {
+// "tok-<name>"; keys gets the API key of every request.
+func fakeVolumeNode(t *testing.T, name string, keys *sync.Map, vols ...api.Volume) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if k := r.Header.Get("X-API-Key"); k != "" {
+			keys.Store(k, true)
+		}
 		switch {
 		case r.Method == "GET" && r.URL.Path == "/volumes":
 			writeJSON(w, 200, vols)
@@ -341,15 +347,29 @@ func fakeVolumeNode(t *testing.T, name string, vols ...api.Volume) *httptest.Ser
 	return srv
 }
 
+// TestVolumesFollowTheirNode runs with and without shared records: on one
+// shared database a volume still lives on one node (its records are the
+// node's), and a team's key goes to the nodes, which check it.
 func TestVolumesFollowTheirNode(t *testing.T) {
-	a := fakeVolumeNode(t, "a", api.Volume{VolumeID: "11111111-1111-4111-8111-111111111111", Name: "va"})
-	b := fakeVolumeNode(t, "b", api.Volume{VolumeID: "22222222-2222-4222-8222-222222222222", Name: "vb"})
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "own records", true: "shared records"}[shared], func(t *testing.T) { testVolumesFollowTheirNode(t, shared) })
+	}
+}
+
+func testVolumesFollowTheirNode(t *testing.T, shared bool) {
+	var keys sync.Map
+	key := "key"
+	if shared {
+		key = "e2b_team"
+	}
+	a := fakeVolumeNode(t, "a", &keys, api.Volume{VolumeID: "11111111-1111-4111-8111-111111111111", Name: "va"})
+	b := fakeVolumeNode(t, "b", &keys, api.Volume{VolumeID: "22222222-2222-4222-8222-222222222222", Name: "vb"})
 	nodes := fakeNodes{cluster.Tag("a"): node("a", a.URL, 10, 0, "base"), cluster.Tag("b"): node("b", b.URL, 10, 0, "base")}
-	srv := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok"}))
+	srv := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", SharedRecords: shared}))
 	defer srv.Close()
 	do := func(method, path, auth, body string) (int, string) {
 		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		req.Header.Set("X-API-Key", "key")
+		req.Header.Set("X-API-Key", key)
 		if auth != "" {
 			req.Header.Set("Authorization", "Bearer "+auth)
 		}
@@ -388,4 +408,10 @@ func TestVolumesFollowTheirNode(t *testing.T) {
 	if st, got := do("GET", "/volumes", "", ""); st != 200 || json.Unmarshal([]byte(got), &all) != nil || len(all) != 2 {
 		t.Errorf("GET /volumes: %d %q, want both nodes' volumes", st, got)
 	}
+	keys.Range(func(k, _ any) bool {
+		if k != key {
+			t.Errorf("a node saw the API key %q, want only the caller's %q", k, key)
+		}
+		return true
+	})
 }

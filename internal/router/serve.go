@@ -88,6 +88,7 @@ func Serve(ctx context.Context, o Config) error {
 	}
 	rt := New(Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
 		SharedRecords: o.SharedRecords})
+	defer rt.Close()
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)

@@ -17,7 +17,9 @@ import (
 // and its ID is a UUID (the SDK's and the daemon's contract), so unlike a
 // sandbox's ID it cannot carry its node's tag. The router keeps no record
 // of volumes either: the owner of a volume is found by asking the nodes
-// (each answers only for its own volumes).
+// (each answers only for its own volumes, and only for the caller's team:
+// the caller's key is what the nodes see). This holds with SharedRecords
+// too, as a volume's record is kept in its node's own database.
 //
 //   - POST /volumes is placed like a create (any placeable node), after
 //     every live node has been asked whether the team uses the name
