@@ -27,6 +27,8 @@
 //     traffic.
 //   - Lists and /metrics aggregate every live node; v2 lists keep E2B's
 //     pagination (limit, nextToken, X-Next-Token) across nodes.
+//   - GET /audit/stream merges the live tails of every node's trail
+//     (auditstream.go), each node sending only what the caller may read.
 //   - Fence's per-node routes (/secrets, /audit, /usage, /mcp) answer 501,
 //     but /secrets when the nodes share one database (SharedRecords):
 //     then any live node answers it for the cluster.
@@ -324,6 +326,10 @@ var volumeRoutes = []string{"/volumes", "/volumecontent"}
 
 func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
+	if p == "/audit/stream" && r.Method == http.MethodGet {
+		rt.serveAuditStream(w, r)
+		return
+	}
 	for _, pre := range rt.perNode {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			writeErr(w, http.StatusNotImplemented, p+" is kept per node and is not served through fence router")
