@@ -177,13 +177,13 @@ func teamKey(t *testing.T, d *daemon) (team, keyID, key string) {
 
 // sessionRequest sends a request with a dashboard session's cookie, and
 // the CSRF token and Origin when not empty.
-func sessionRequest(t *testing.T, d *daemon, method, path, cookie, csrf, origin, body string) (int, string) {
+func sessionRequest(t *testing.T, base, method, path, cookie, csrf, origin, body string) (int, string) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctxT(t), method, d.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctxT(t), method, base+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +207,9 @@ func sessionRequest(t *testing.T, d *daemon, method, path, cookie, csrf, origin,
 }
 
 // login signs in over HTTP and returns the session cookie and CSRF token.
-func uiLogin(t *testing.T, d *daemon, key string) (cookie, csrf string, expires time.Time) {
+func uiLogin(t *testing.T, base, key string) (cookie, csrf string, expires time.Time) {
 	t.Helper()
-	resp, err := http.Post(d.URL+"/ui/session", "application/json", strings.NewReader(`{"apiKey":"`+key+`"}`))
+	resp, err := http.Post(base+"/ui/session", "application/json", strings.NewReader(`{"apiKey":"`+key+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,13 +516,13 @@ func (x *dash) csrf() (string, string) {
 		chromedp.EvalAwaitPromise), &csrf))
 	before := sandboxCount(t, d, key)
 	create := `{"templateID":"minimal"}`
-	if st, b := sessionRequest(t, d, "POST", "/sandboxes", cookie, "", "", create); st != http.StatusForbidden {
+	if st, b := sessionRequest(t, d.URL, "POST", "/sandboxes", cookie, "", "", create); st != http.StatusForbidden {
 		t.Errorf("POST /sandboxes with the cookie and no CSRF token = %d %s, want 403", st, b)
 	}
-	if st, b := sessionRequest(t, d, "POST", "/sandboxes", cookie, csrf, "http://evil.example", create); st != http.StatusForbidden {
+	if st, b := sessionRequest(t, d.URL, "POST", "/sandboxes", cookie, csrf, "http://evil.example", create); st != http.StatusForbidden {
 		t.Errorf("POST /sandboxes from another Origin = %d %s, want 403", st, b)
 	}
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
 		t.Errorf("GET /v2/sandboxes with the cookie and the token = %d %s, want 200", st, b)
 	}
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -546,19 +546,19 @@ func (x *dash) sessionsEnd(cookie, csrf string) {
 	t, ctx, d, key, keyID, team := x.t, x.ctx, x.d, x.key, x.keyID, x.team
 	t.Helper()
 	// Signing out ends the session; revoking the key ends the others.
-	cookie2, csrf2, _ := uiLogin(t, d, key)
+	cookie2, csrf2, _ := uiLogin(t, d.URL, key)
 	step(t, ctx, "sign out", chromedp.Navigate(d.URL+"/ui/#/sandboxes"), chromedp.WaitVisible(chromedp.ID("logout")),
 		chromedp.Click(chromedp.ID("logout")), chromedp.WaitVisible(chromedp.ID("apikey")))
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a signed-out session = %d %s, want 401", st, b)
 	}
-	if st, _ := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusOK {
+	if st, _ := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusOK {
 		t.Fatalf("a second session = %d, want 200", st)
 	}
 	if r := d.do(t, "DELETE", "/admin/teams/"+team+"/api-keys/"+keyID, d.Key, nil, nil); r.Status != http.StatusNoContent {
 		t.Fatalf("revoking the key = %d %s", r.Status, r.Body)
 	}
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a session of a revoked key = %d %s, want 401", st, b)
 	}
 }
@@ -579,12 +579,12 @@ func (x *dash) adminAudit() {
 // and `fence serve --no-ui` serves no dashboard.
 func TestDashboardSessionExpiry(t *testing.T) {
 	d := startDaemon(t, newDataDir(t), "--ui-session-ttl", "10s")
-	cookie, csrf, expires := uiLogin(t, d, d.Key)
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
+	cookie, csrf, expires := uiLogin(t, d.URL, d.Key)
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
 		t.Fatalf("a fresh session = %d %s, want 200", st, b)
 	}
 	time.Sleep(time.Until(expires) + time.Second)
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("an expired session = %d %s, want 401", st, b)
 	}
 	d.Stop()
