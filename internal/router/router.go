@@ -68,6 +68,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // Nodes is what the router knows of the cluster (a *cluster.Watcher).
@@ -194,7 +195,7 @@ func (rt *Router) SetDraining() { rt.draining.Store(true) }
 
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, _, ok, err := api.SandboxTarget(r, rt.domain); ok {
-		stripSession(r.Header)
+		ui.StripSession(r.Header)
 		rt.serveSandbox(w, r, id, err)
 		return
 	}
@@ -203,7 +204,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-		stripSession(r.Header)
+		ui.StripSession(r.Header)
 		rt.serveSignedFiles(w, r)
 		return
 	}
@@ -228,7 +229,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusNotImplemented, "/volumecontent is kept per node and is not served through fence router")
 			return
 		}
-		stripSession(r.Header)
+		ui.StripSession(r.Header)
 		rt.serveVolumeContent(w, r)
 		return
 	}
@@ -236,7 +237,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rt.ui != nil && hasSession(r) && !rt.sessionCredential(w, r) {
 		return
 	}
-	stripSession(r.Header)
+	ui.StripSession(r.Header)
 	if !rt.authenticated(r) {
 		msg := "invalid API key"
 		if r.Header.Get("X-API-Key") == "" {

@@ -10,16 +10,15 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // The dashboard through the router (Options.UI): the router serves the
@@ -51,8 +50,8 @@ import (
 //     router forwards, sandbox traffic included.
 //   - Every /ui answer carries the dashboard's Content-Security-Policy.
 const (
-	uiCookie      = "fence_session"
-	headerUICSRF  = "X-Fence-CSRF"
+	uiCookie      = ui.CookieName
+	headerUICSRF  = ui.CSRFHeader
 	uiPrefix      = "/ui"
 	uiSessionPath = "/ui/session"
 	// DefaultUISessionTTL is a session's life unless Options.UISessionTTL.
@@ -128,26 +127,6 @@ func hasSession(r *http.Request) bool {
 	return r.Header.Get("X-API-Key") == "" && r.Header.Get("Authorization") == ""
 }
 
-// sameOrigin checks what the browser says of where r comes from.
-func sameOrigin(r *http.Request) error {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-		return errors.New("a dashboard request must come from the dashboard's own origin (Sec-Fetch-Site: " + site + ")")
-	}
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return nil
-	}
-	u, err := url.Parse(o)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	if err != nil || u.Scheme != scheme || !strings.EqualFold(u.Host, r.Host) {
-		return errors.New("a dashboard request must come from the dashboard's own origin")
-	}
-	return nil
-}
-
 // sessionCredential authenticates r by its session and puts the
 // session's credential on r for the nodes. It writes the refusal and
 // reports false when r is not the session's.
@@ -157,7 +136,7 @@ func (rt *Router) sessionCredential(w http.ResponseWriter, r *http.Request) bool
 		writeErr(w, http.StatusUnauthorized, "the dashboard session expired or was signed out: sign in again")
 		return false
 	}
-	if err := sameOrigin(r); err != nil {
+	if err := ui.SameOrigin(r); err != nil {
 		writeErr(w, http.StatusForbidden, err.Error())
 		return false
 	}
@@ -179,41 +158,7 @@ func setCredential(h http.Header, v string) {
 	}
 }
 
-// stripSession removes the dashboard's cookie and CSRF token from h,
-// keeping its other cookies.
-func stripSession(h http.Header) {
-	h.Del(headerUICSRF)
-	lines := h.Values("Cookie")
-	if len(lines) == 0 {
-		return
-	}
-	var kept []string
-	for _, line := range lines {
-		for part := range strings.SplitSeq(line, ";") {
-			part = strings.TrimSpace(part)
-			if name, _, _ := strings.Cut(part, "="); part != "" && name != uiCookie {
-				kept = append(kept, part)
-			}
-		}
-	}
-	h.Del("Cookie")
-	if len(kept) > 0 {
-		h.Set("Cookie", strings.Join(kept, "; "))
-	}
-}
-
 func isUIPath(p string) bool { return p == uiPrefix || strings.HasPrefix(p, uiPrefix+"/") }
-
-// uiSecurityHeaders are the daemon's dashboard headers: only the
-// dashboard's own scripts, its own origin, no framing.
-func uiSecurityHeaders(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "+
-		"img-src 'self' data:; font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cross-Origin-Opener-Policy", "same-origin")
-}
 
 // serveUI serves /ui: 404 without the dashboard, else its session routes
 // and its pages.
@@ -222,7 +167,7 @@ func (rt *Router) serveUI(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "this router serves no dashboard (--no-ui)")
 		return
 	}
-	uiSecurityHeaders(w.Header())
+	ui.SecurityHeaders(w.Header())
 	if r.URL.Path == uiSessionPath {
 		w.Header().Set("Cache-Control", "no-store")
 		rt.serveUISession(w, r)
@@ -250,7 +195,7 @@ func (rt *Router) serveUISession(w http.ResponseWriter, r *http.Request) {
 	case http.MethodPost:
 		rt.uiLogin(w, r)
 	case http.MethodGet:
-		if err := sameOrigin(r); err != nil {
+		if err := ui.SameOrigin(r); err != nil {
 			writeErr(w, http.StatusForbidden, err.Error())
 			return
 		}
@@ -279,7 +224,7 @@ func (rt *Router) serveUISession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (rt *Router) uiLogin(w http.ResponseWriter, r *http.Request) {
-	if err := sameOrigin(r); err != nil {
+	if err := ui.SameOrigin(r); err != nil {
 		writeErr(w, http.StatusForbidden, err.Error())
 		return
 	}
