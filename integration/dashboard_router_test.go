@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/input"
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"github.com/fencesandbox/fence/api"
@@ -141,21 +138,8 @@ func TestScaleoutDashboard(t *testing.T) {
 	step(t, ctx, "the sandbox page of node-b",
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`a.sandbox-link[data-id=%q]`, sb.ID()))), waitText("#sandbox-id", sb.ID()),
 		chromedp.Click(chromedp.ID("open-terminal")), chromedp.WaitVisible(chromedp.CSS(`#terminal[data-pid]`)))
-	var onScreen string
-	step(t, ctx, "echo hello in the terminal",
-		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
-		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "echo hel''lo"})
-			return err
-		}),
-		chromedp.KeyEvent("\r"),
-		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#terminal .xterm-rows > div')].some(r => r.textContent.trim() === 'hello')`,
-			chromedp.WithPollingTimeout(60*time.Second)),
-		value(chromedp.Text(chromedp.CSS("#terminal .xterm-rows")), &onScreen),
-		screenshot(shots, "sandbox"))
-	if !strings.Contains(onScreen, "hel''lo") {
-		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
-	}
+	terminalEcho(t, ctx)
+	step(t, ctx, "the terminal", screenshot(shots, "sandbox"))
 	// Its egress shows on the network sparkline.
 	sh(t, sb.Envd(), "wget -q -O /dev/null http://allowed.test/raw")
 	step(t, ctx, "the network sparkline",
@@ -165,27 +149,7 @@ func TestScaleoutDashboard(t *testing.T) {
 	axeCheck(t, ctx, "sandbox")
 
 	// The browser's session, its CSRF token, and router B taking it.
-	var cookies []*network.Cookie
-	step(t, ctx, "the session cookie", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-		r, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{ra.URL}})
-		cookies = r.Cookies
-		return err
-	}))
-	var cookie string
-	for _, ck := range cookies {
-		if ck.Name == "fence_session" {
-			cookie = ck.Value
-			if !ck.HTTPOnly || ck.SameSite != network.CookieSameSiteStrict {
-				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", ck)
-			}
-		}
-	}
-	if cookie == "" {
-		t.Fatal("the browser holds no fence_session cookie")
-	}
-	var csrf string
-	step(t, ctx, "the CSRF token", value(chromedp.Evaluate[string](`fetch('/ui/session').then(r => r.json()).then(s => s.csrfToken)`,
-		chromedp.EvalAwaitPromise), &csrf))
+	cookie, csrf := browserSession(t, ctx, ra.URL)
 	seenA := sessionIDs(t, rb.URL, cookie, csrf)
 	for _, sb := range onNode {
 		if !strings.Contains(strings.Join(seenA, " "), sb.ID()) {
@@ -203,15 +167,7 @@ func TestScaleoutDashboard(t *testing.T) {
 	if st, b := sessionRequest(t, ra.URL, "POST", "/sandboxes", cookie, csrf, "http://evil.example", create); st != http.StatusForbidden {
 		t.Errorf("POST /sandboxes from another Origin = %d %s, want 403", st, b)
 	}
-	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `<!doctype html><title>evil</title><script>
-fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'Content-Type': 'text/plain'}, body: '{"templateID":"minimal"}'})
-  .then(() => document.title = 'sent', () => document.title = 'sent');
-</script>`, ra.URL+"/sandboxes")
-	}))
-	defer evil.Close()
-	step(t, ctx, "a request from another origin", chromedp.Navigate(evil.URL),
-		chromedp.Poll[chromedp.Void](`document.title === 'sent'`, chromedp.WithPollingTimeout(30*time.Second)))
+	crossOriginPost(t, ctx, ra.URL+"/sandboxes")
 	if after := len(sessionIDs(t, ra.URL, cookie, csrf)); after != before {
 		t.Errorf("the team has %d sandboxes after the CSRF attempts, had %d", after, before)
 	}

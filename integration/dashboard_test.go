@@ -243,6 +243,71 @@ func sandboxCount(t *testing.T, d *daemon, key string) int {
 	return len(l)
 }
 
+// terminalEcho types an echo of hello, split by an empty quote so that
+// the command line differs from its output, in the open terminal, waits
+// for hello on screen and checks the command shows too.
+func terminalEcho(t *testing.T, ctx context.Context) {
+	t.Helper()
+	var onScreen string
+	step(t, ctx, "echo hello in the terminal",
+		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
+		// Typed as one insertion (what an input method does): chromedp's
+		// key events send each printable key twice (keyDown with text, then
+		// char), which a terminal takes as two keystrokes.
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "echo hel''lo"})
+			return err
+		}),
+		chromedp.KeyEvent("\r"),
+		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#terminal .xterm-rows > div')].some(r => r.textContent.trim() === 'hello')`,
+			chromedp.WithPollingTimeout(60*time.Second)),
+		value(chromedp.Text(chromedp.CSS("#terminal .xterm-rows")), &onScreen))
+	if !strings.Contains(onScreen, "hel''lo") {
+		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
+	}
+}
+
+// browserSession returns the browser's session cookie for base (checked
+// HttpOnly and SameSite=Strict) and, from the page, its CSRF token.
+func browserSession(t *testing.T, ctx context.Context, base string) (cookie, csrf string) {
+	t.Helper()
+	var cookies []*network.Cookie
+	step(t, ctx, "the session cookie", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		r, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{base}})
+		cookies = r.Cookies
+		return err
+	}))
+	for _, ck := range cookies {
+		if ck.Name == "fence_session" {
+			cookie = ck.Value
+			if !ck.HTTPOnly || ck.SameSite != network.CookieSameSiteStrict {
+				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", ck)
+			}
+		}
+	}
+	if cookie == "" {
+		t.Fatal("the browser holds no fence_session cookie")
+	}
+	step(t, ctx, "the CSRF token", value(chromedp.Evaluate[string](`fetch('/ui/session').then(r => r.json()).then(s => s.csrfToken)`,
+		chromedp.EvalAwaitPromise), &csrf))
+	return cookie, csrf
+}
+
+// crossOriginPost has a page of another origin POST a create to target
+// with the browser's cookies, as a CSRF attack would.
+func crossOriginPost(t *testing.T, ctx context.Context, target string) {
+	t.Helper()
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><title>evil</title><script>
+fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'Content-Type': 'text/plain'}, body: '{"templateID":"minimal"}'})
+  .then(() => document.title = 'sent', () => document.title = 'sent');
+</script>`, target)
+	}))
+	defer evil.Close()
+	step(t, ctx, "a request from another origin", chromedp.Navigate(evil.URL),
+		chromedp.Poll[chromedp.Void](`document.title === 'sent'`, chromedp.WithPollingTimeout(30*time.Second)))
+}
+
 // dash is one run of TestDashboard: the browser, the daemon and a team's
 // key.
 type dash struct {
@@ -329,23 +394,7 @@ func (x *dash) terminal(sb *client.Sandbox) {
 	link := fmt.Sprintf(`a.sandbox-link[data-id=%q]`, sb.ID())
 	step(t, ctx, "the sandbox page", chromedp.Click(chromedp.CSS(link)), waitText("#sandbox-id", sb.ID()),
 		chromedp.Click(chromedp.ID("open-terminal")), chromedp.WaitVisible(chromedp.CSS(`#terminal[data-pid]`)))
-	var onScreen string
-	step(t, ctx, "echo hello in the terminal",
-		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
-		// Typed as one insertion (what an input method does): chromedp's
-		// key events send each printable key twice (keyDown with text, then
-		// char), which a terminal takes as two keystrokes.
-		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "echo hel''lo"})
-			return err
-		}),
-		chromedp.KeyEvent("\r"),
-		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#terminal .xterm-rows > div')].some(r => r.textContent.trim() === 'hello')`,
-			chromedp.WithPollingTimeout(60*time.Second)),
-		value(chromedp.Text(chromedp.CSS("#terminal .xterm-rows")), &onScreen))
-	if !strings.Contains(onScreen, "hel''lo") {
-		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
-	}
+	terminalEcho(t, ctx)
 
 	// A refused flow shows among the sandbox's live egress decisions.
 	e := sb.Envd()
@@ -493,27 +542,7 @@ func (x *dash) csrf() (string, string) {
 	t.Helper()
 	// CSRF: the browser's own cookie without the token, with another
 	// Origin, and from a page of another origin, changes nothing.
-	var cookies []*network.Cookie
-	step(t, ctx, "the session cookie", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-		r, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{d.URL}})
-		cookies = r.Cookies
-		return err
-	}))
-	var cookie string
-	for _, ck := range cookies {
-		if ck.Name == "fence_session" {
-			cookie = ck.Value
-			if !ck.HTTPOnly || ck.SameSite != network.CookieSameSiteStrict {
-				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", ck)
-			}
-		}
-	}
-	if cookie == "" {
-		t.Fatal("the browser holds no fence_session cookie")
-	}
-	var csrf string
-	step(t, ctx, "the CSRF token", value(chromedp.Evaluate[string](`fetch('/ui/session').then(r => r.json()).then(s => s.csrfToken)`,
-		chromedp.EvalAwaitPromise), &csrf))
+	cookie, csrf := browserSession(t, ctx, d.URL)
 	before := sandboxCount(t, d, key)
 	create := `{"templateID":"minimal"}`
 	if st, b := sessionRequest(t, d.URL, "POST", "/sandboxes", cookie, "", "", create); st != http.StatusForbidden {
@@ -525,15 +554,7 @@ func (x *dash) csrf() (string, string) {
 	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
 		t.Errorf("GET /v2/sandboxes with the cookie and the token = %d %s, want 200", st, b)
 	}
-	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `<!doctype html><title>evil</title><script>
-fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'Content-Type': 'text/plain'}, body: '{"templateID":"minimal"}'})
-  .then(() => document.title = 'sent', () => document.title = 'sent');
-</script>`, d.URL+"/sandboxes")
-	}))
-	defer evil.Close()
-	step(t, ctx, "a request from another origin", chromedp.Navigate(evil.URL),
-		chromedp.Poll[chromedp.Void](`document.title === 'sent'`, chromedp.WithPollingTimeout(30*time.Second)))
+	crossOriginPost(t, ctx, d.URL+"/sandboxes")
 	if after := sandboxCount(t, d, key); after != before {
 		t.Errorf("the team has %d sandboxes after the CSRF attempts, had %d", after, before)
 	}
