@@ -490,7 +490,7 @@ func (rt *Router) fanOut(r *http.Request) []nodeAnswer {
 				a.err = err
 				return
 			}
-			for _, h := range []string{"X-API-Key", "Authorization", "Accept"} {
+			for _, h := range []string{"X-API-Key", "Authorization", "Accept", "X-Team-ID"} {
 				if v := r.Header.Get(h); v != "" {
 					req.Header.Set(h, v)
 				}
