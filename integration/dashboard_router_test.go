@@ -58,8 +58,8 @@ func sessionIDs(t *testing.T, base, cookie, csrf string) []string {
 // with a team's key through router A, the team's sandboxes on both nodes
 // appearing in the list without a reload, a terminal on the sandbox of
 // the second node, the session taken by router B, the CSRF refusals, a
-// wrong key and an expired session refused, and another team's session
-// seeing none of them.
+// wrong key and an expired session refused, another team's session
+// seeing none of them, and a router with --no-ui serving no dashboard.
 func TestScaleoutDashboard(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireTemplate(t, "minimal")
@@ -219,5 +219,14 @@ func TestScaleoutDashboard(t *testing.T) {
 	}
 	if n := dialogs.Load(); n != 0 {
 		t.Errorf("%d JavaScript dialogs opened", n)
+	}
+
+	// A router with --no-ui serves no dashboard and takes no session.
+	off := startRouter(t, k, key, 0, "--shared-database", "--no-ui")
+	if st, b, err := httpDo("GET", off.URL+"/ui/", nil, nil); err != nil || st != http.StatusNotFound {
+		t.Errorf("GET /ui/ on a router with --no-ui = %d %s %v, want 404", st, b, err)
+	}
+	if st, b := sessionRequest(t, off.URL, "GET", "/v2/sandboxes", cookieB, csrfB, "", ""); st != http.StatusUnauthorized {
+		t.Errorf("a session on a router with --no-ui = %d %s, want 401", st, b)
 	}
 }
