@@ -30,6 +30,10 @@ func newUINode(t *testing.T) *uiNode {
 			return
 		}
 		if r.URL.Path == "/principal" {
+			if r.Header.Get("Authorization") == "Bearer sk_e2b_token" {
+				writeJSON(w, http.StatusOK, api.Principal{Team: "t1", KeyID: "tok1"})
+				return
+			}
 			switch r.Header.Get("X-API-Key") {
 			case "e2b_routerkey":
 				writeJSON(w, http.StatusOK, api.Principal{Team: "default", KeyID: "bootstrap", Admin: true})
@@ -166,6 +170,12 @@ func TestUISessions(t *testing.T) {
 	}
 	if resp, body := b.do("GET", "/ui/session", "", map[string]string{"Cookie": cookie}); resp.StatusCode != 200 || !strings.Contains(body, csrf) {
 		t.Errorf("GET /ui/session through another replica = %d %s", resp.StatusCode, body)
+	}
+	// An access token's session reaches the nodes as a Bearer token.
+	tokCookie, tokCSRF, _ := a.login("sk_e2b_token")
+	a.do("GET", "/v2/sandboxes", "", map[string]string{"Cookie": tokCookie, headerUICSRF: tokCSRF})
+	if h, _ := n.last(); h.Get("Authorization") != "Bearer sk_e2b_token" || h.Get("X-API-Key") != "" {
+		t.Errorf("an access token's session reached the node with Authorization %q, X-API-Key %q", h.Get("Authorization"), h.Get("X-API-Key"))
 	}
 	// Refusals reach no node.
 	for _, c := range []struct {
