@@ -250,6 +250,11 @@ type SandboxMetric struct {
 	MemCache      int64     `json:"memCache"`
 	DiskUsed      int64     `json:"diskUsed"`
 	DiskTotal     int64     `json:"diskTotal"`
+	// EgressBytesOut and EgressBytesIn (fence) are the bytes the sandbox's
+	// network flows sent and received up to this reading, counted as each
+	// flow ends.
+	EgressBytesOut int64 `json:"egressBytesOut"`
+	EgressBytesIn  int64 `json:"egressBytesIn"`
 }
 
 // SandboxesWithMetrics is the body of GET /sandboxes/metrics: the latest

@@ -177,13 +177,13 @@ func teamKey(t *testing.T, d *daemon) (team, keyID, key string) {
 
 // sessionRequest sends a request with a dashboard session's cookie, and
 // the CSRF token and Origin when not empty.
-func sessionRequest(t *testing.T, d *daemon, method, path, cookie, csrf, origin, body string) (int, string) {
+func sessionRequest(t *testing.T, base, method, path, cookie, csrf, origin, body string) (int, string) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctxT(t), method, d.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctxT(t), method, base+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +207,9 @@ func sessionRequest(t *testing.T, d *daemon, method, path, cookie, csrf, origin,
 }
 
 // login signs in over HTTP and returns the session cookie and CSRF token.
-func uiLogin(t *testing.T, d *daemon, key string) (cookie, csrf string, expires time.Time) {
+func uiLogin(t *testing.T, base, key string) (cookie, csrf string, expires time.Time) {
 	t.Helper()
-	resp, err := http.Post(d.URL+"/ui/session", "application/json", strings.NewReader(`{"apiKey":"`+key+`"}`))
+	resp, err := http.Post(base+"/ui/session", "application/json", strings.NewReader(`{"apiKey":"`+key+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,6 +241,71 @@ func sandboxCount(t *testing.T, d *daemon, key string) int {
 		t.Fatalf("GET /v2/sandboxes = %d %s", r.Status, r.Body)
 	}
 	return len(l)
+}
+
+// terminalEcho types an echo of hello, split by an empty quote so that
+// the command line differs from its output, in the open terminal, waits
+// for hello on screen and checks the command shows too.
+func terminalEcho(t *testing.T, ctx context.Context) {
+	t.Helper()
+	var onScreen string
+	step(t, ctx, "echo hello in the terminal",
+		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
+		// Typed as one insertion (what an input method does): chromedp's
+		// key events send each printable key twice (keyDown with text, then
+		// char), which a terminal takes as two keystrokes.
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "echo hel''lo"})
+			return err
+		}),
+		chromedp.KeyEvent("\r"),
+		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#terminal .xterm-rows > div')].some(r => r.textContent.trim() === 'hello')`,
+			chromedp.WithPollingTimeout(60*time.Second)),
+		value(chromedp.Text(chromedp.CSS("#terminal .xterm-rows")), &onScreen))
+	if !strings.Contains(onScreen, "hel''lo") {
+		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
+	}
+}
+
+// browserSession returns the browser's session cookie for base (checked
+// HttpOnly and SameSite=Strict) and, from the page, its CSRF token.
+func browserSession(t *testing.T, ctx context.Context, base string) (cookie, csrf string) {
+	t.Helper()
+	var cookies []*network.Cookie
+	step(t, ctx, "the session cookie", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		r, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{base}})
+		cookies = r.Cookies
+		return err
+	}))
+	for _, ck := range cookies {
+		if ck.Name == "fence_session" {
+			cookie = ck.Value
+			if !ck.HTTPOnly || ck.SameSite != network.CookieSameSiteStrict {
+				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", ck)
+			}
+		}
+	}
+	if cookie == "" {
+		t.Fatal("the browser holds no fence_session cookie")
+	}
+	step(t, ctx, "the CSRF token", value(chromedp.Evaluate[string](`fetch('/ui/session').then(r => r.json()).then(s => s.csrfToken)`,
+		chromedp.EvalAwaitPromise), &csrf))
+	return cookie, csrf
+}
+
+// crossOriginPost has a page of another origin POST a create to target
+// with the browser's cookies, as a CSRF attack would.
+func crossOriginPost(t *testing.T, ctx context.Context, target string) {
+	t.Helper()
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><title>evil</title><script>
+fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'Content-Type': 'text/plain'}, body: '{"templateID":"minimal"}'})
+  .then(() => document.title = 'sent', () => document.title = 'sent');
+</script>`, target)
+	}))
+	defer evil.Close()
+	step(t, ctx, "a request from another origin", chromedp.Navigate(evil.URL),
+		chromedp.Poll[chromedp.Void](`document.title === 'sent'`, chromedp.WithPollingTimeout(30*time.Second)))
 }
 
 // dash is one run of TestDashboard: the browser, the daemon and a team's
@@ -329,23 +394,7 @@ func (x *dash) terminal(sb *client.Sandbox) {
 	link := fmt.Sprintf(`a.sandbox-link[data-id=%q]`, sb.ID())
 	step(t, ctx, "the sandbox page", chromedp.Click(chromedp.CSS(link)), waitText("#sandbox-id", sb.ID()),
 		chromedp.Click(chromedp.ID("open-terminal")), chromedp.WaitVisible(chromedp.CSS(`#terminal[data-pid]`)))
-	var onScreen string
-	step(t, ctx, "echo hello in the terminal",
-		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
-		// Typed as one insertion (what an input method does): chromedp's
-		// key events send each printable key twice (keyDown with text, then
-		// char), which a terminal takes as two keystrokes.
-		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "echo hel''lo"})
-			return err
-		}),
-		chromedp.KeyEvent("\r"),
-		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#terminal .xterm-rows > div')].some(r => r.textContent.trim() === 'hello')`,
-			chromedp.WithPollingTimeout(60*time.Second)),
-		value(chromedp.Text(chromedp.CSS("#terminal .xterm-rows")), &onScreen))
-	if !strings.Contains(onScreen, "hel''lo") {
-		t.Errorf("terminal shows %q, want the command typed and its output", onScreen)
-	}
+	terminalEcho(t, ctx)
 
 	// A refused flow shows among the sandbox's live egress decisions.
 	e := sb.Envd()
@@ -493,47 +542,19 @@ func (x *dash) csrf() (string, string) {
 	t.Helper()
 	// CSRF: the browser's own cookie without the token, with another
 	// Origin, and from a page of another origin, changes nothing.
-	var cookies []*network.Cookie
-	step(t, ctx, "the session cookie", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-		r, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{d.URL}})
-		cookies = r.Cookies
-		return err
-	}))
-	var cookie string
-	for _, ck := range cookies {
-		if ck.Name == "fence_session" {
-			cookie = ck.Value
-			if !ck.HTTPOnly || ck.SameSite != network.CookieSameSiteStrict {
-				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", ck)
-			}
-		}
-	}
-	if cookie == "" {
-		t.Fatal("the browser holds no fence_session cookie")
-	}
-	var csrf string
-	step(t, ctx, "the CSRF token", value(chromedp.Evaluate[string](`fetch('/ui/session').then(r => r.json()).then(s => s.csrfToken)`,
-		chromedp.EvalAwaitPromise), &csrf))
+	cookie, csrf := browserSession(t, ctx, d.URL)
 	before := sandboxCount(t, d, key)
 	create := `{"templateID":"minimal"}`
-	if st, b := sessionRequest(t, d, "POST", "/sandboxes", cookie, "", "", create); st != http.StatusForbidden {
+	if st, b := sessionRequest(t, d.URL, "POST", "/sandboxes", cookie, "", "", create); st != http.StatusForbidden {
 		t.Errorf("POST /sandboxes with the cookie and no CSRF token = %d %s, want 403", st, b)
 	}
-	if st, b := sessionRequest(t, d, "POST", "/sandboxes", cookie, csrf, "http://evil.example", create); st != http.StatusForbidden {
+	if st, b := sessionRequest(t, d.URL, "POST", "/sandboxes", cookie, csrf, "http://evil.example", create); st != http.StatusForbidden {
 		t.Errorf("POST /sandboxes from another Origin = %d %s, want 403", st, b)
 	}
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
 		t.Errorf("GET /v2/sandboxes with the cookie and the token = %d %s, want 200", st, b)
 	}
-	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `<!doctype html><title>evil</title><script>
-fetch(%q, {method: 'POST', mode: 'no-cors', credentials: 'include', headers: {'Content-Type': 'text/plain'}, body: '{"templateID":"minimal"}'})
-  .then(() => document.title = 'sent', () => document.title = 'sent');
-</script>`, d.URL+"/sandboxes")
-	}))
-	defer evil.Close()
-	step(t, ctx, "a request from another origin", chromedp.Navigate(evil.URL),
-		chromedp.Poll[chromedp.Void](`document.title === 'sent'`, chromedp.WithPollingTimeout(30*time.Second)))
+	crossOriginPost(t, ctx, d.URL+"/sandboxes")
 	if after := sandboxCount(t, d, key); after != before {
 		t.Errorf("the team has %d sandboxes after the CSRF attempts, had %d", after, before)
 	}
@@ -546,19 +567,19 @@ func (x *dash) sessionsEnd(cookie, csrf string) {
 	t, ctx, d, key, keyID, team := x.t, x.ctx, x.d, x.key, x.keyID, x.team
 	t.Helper()
 	// Signing out ends the session; revoking the key ends the others.
-	cookie2, csrf2, _ := uiLogin(t, d, key)
+	cookie2, csrf2, _ := uiLogin(t, d.URL, key)
 	step(t, ctx, "sign out", chromedp.Navigate(d.URL+"/ui/#/sandboxes"), chromedp.WaitVisible(chromedp.ID("logout")),
 		chromedp.Click(chromedp.ID("logout")), chromedp.WaitVisible(chromedp.ID("apikey")))
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a signed-out session = %d %s, want 401", st, b)
 	}
-	if st, _ := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusOK {
+	if st, _ := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusOK {
 		t.Fatalf("a second session = %d, want 200", st)
 	}
 	if r := d.do(t, "DELETE", "/admin/teams/"+team+"/api-keys/"+keyID, d.Key, nil, nil); r.Status != http.StatusNoContent {
 		t.Fatalf("revoking the key = %d %s", r.Status, r.Body)
 	}
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie2, csrf2, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("a session of a revoked key = %d %s, want 401", st, b)
 	}
 }
@@ -579,12 +600,12 @@ func (x *dash) adminAudit() {
 // and `fence serve --no-ui` serves no dashboard.
 func TestDashboardSessionExpiry(t *testing.T) {
 	d := startDaemon(t, newDataDir(t), "--ui-session-ttl", "10s")
-	cookie, csrf, expires := uiLogin(t, d, d.Key)
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
+	cookie, csrf, expires := uiLogin(t, d.URL, d.Key)
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusOK {
 		t.Fatalf("a fresh session = %d %s, want 200", st, b)
 	}
 	time.Sleep(time.Until(expires) + time.Second)
-	if st, b := sessionRequest(t, d, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
+	if st, b := sessionRequest(t, d.URL, "GET", "/v2/sandboxes", cookie, csrf, "", ""); st != http.StatusUnauthorized {
 		t.Errorf("an expired session = %d %s, want 401", st, b)
 	}
 	d.Stop()

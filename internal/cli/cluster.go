@@ -83,6 +83,9 @@ security and upgrades: docs/SCALEOUT.md.`,
 			if c.ShutdownDelay < 0 {
 				return usagef("--shutdown-delay must not be negative")
 			}
+			if c.UISessionTTL < 0 {
+				return usagef("--ui-session-ttl must not be negative")
+			}
 			c.APIKey, c.Token = os.Getenv("FENCE_API_KEY"), os.Getenv("FENCE_CLUSTER_TOKEN")
 			if c.APIKey == "" || c.Token == "" {
 				return usagef("fence router needs $FENCE_API_KEY and $FENCE_CLUSTER_TOKEN")
@@ -101,5 +104,7 @@ security and upgrades: docs/SCALEOUT.md.`,
 	fs.StringVar(&c.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
 	fs.BoolVar(&c.SharedRecords, "shared-database", false, "the nodes keep their shared records in one database (fence serve --database): serve /secrets through any node instead of 501, and pass teams' keys on to the nodes, which check them")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
+	fs.BoolVar(&c.NoUI, "no-ui", false, "do not serve the web dashboard at /ui")
+	fs.DurationVar(&c.UISessionTTL, "ui-session-ttl", 0, "life of a web dashboard session (default 12h)")
 	return cmd
 }

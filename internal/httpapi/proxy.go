@@ -20,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/sandbox"
 	"github.com/fencesandbox/fence/internal/store"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // target is the sandbox and port a request is addressed to.
@@ -355,7 +356,7 @@ func (h *handler) stripCredentials(hdr http.Header) {
 	for _, k := range fenceHeaders {
 		hdr.Del(k)
 	}
-	stripUICookie(hdr)
+	ui.StripSession(hdr)
 	for _, v := range hdr.Values("Authorization") {
 		tok, ok := cutPrefixFold(v, "Bearer ")
 		tok = strings.TrimSpace(tok)

@@ -435,14 +435,16 @@ func (h *handler) sandboxMetrics(ctx context.Context, id string, start, end time
 		}
 		prevAt, prevCPU = x.At, x.Stats.CPUUsage
 		out = append(out, api.SandboxMetric{
-			Timestamp:     x.At,
-			TimestampUnix: x.At.Unix(),
-			CPUCount:      s.CPUs,
-			CPUUsedPct:    pct,
-			MemUsed:       x.Stats.MemoryBytes,
-			MemTotal:      x.Stats.MemoryLimit,
-			DiskUsed:      x.Stats.DiskBytes,
-			DiskTotal:     x.Stats.DiskLimit,
+			Timestamp:      x.At,
+			TimestampUnix:  x.At.Unix(),
+			CPUCount:       s.CPUs,
+			CPUUsedPct:     pct,
+			MemUsed:        x.Stats.MemoryBytes,
+			MemTotal:       x.Stats.MemoryLimit,
+			DiskUsed:       x.Stats.DiskBytes,
+			DiskTotal:      x.Stats.DiskLimit,
+			EgressBytesOut: x.EgressOut,
+			EgressBytesIn:  x.EgressIn,
 		})
 	}
 	return out, nil

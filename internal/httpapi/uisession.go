@@ -8,13 +8,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/audit"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // The dashboard (/ui) signs in with a credential exchanged for a session
@@ -37,8 +37,8 @@ import (
 //     signed out answers 401 like an unknown one.
 //   - Sessions belong to their credential's team; no route names one.
 const (
-	uiCookie     = "fence_session"
-	headerUICSRF = "X-Fence-CSRF"
+	uiCookie     = ui.CookieName
+	headerUICSRF = ui.CSRFHeader
 	// uiPrefix is the dashboard's path; uiSessionPath its session routes.
 	uiPrefix      = "/ui"
 	uiSessionPath = "/ui/session"
@@ -126,24 +126,10 @@ func hasUISession(r *http.Request) bool {
 	return r.Header.Get(api.HeaderAPIKey) == "" && r.Header.Get(headerAdminToken) == "" && r.Header.Get("Authorization") == ""
 }
 
-// sameOrigin checks what the browser says of where r comes from: an Origin
-// other than r's own, or a Sec-Fetch-Site other than same-origin, is a
-// request another site made.
+// sameOrigin is ui.SameOrigin, refused as permission denied.
 func sameOrigin(r *http.Request) error {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-		return errorf(api.ErrPermissionDenied, "a dashboard request must come from the dashboard's own origin (Sec-Fetch-Site: %s)", site)
-	}
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return nil
-	}
-	u, err := url.Parse(o)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	if err != nil || u.Scheme != scheme || !strings.EqualFold(u.Host, r.Host) {
-		return errorf(api.ErrPermissionDenied, "a dashboard request must come from the dashboard's own origin")
+	if err := ui.SameOrigin(r); err != nil {
+		return errorf(api.ErrPermissionDenied, "%v", err)
 	}
 	return nil
 }
@@ -290,22 +276,9 @@ func (h *handler) recordUI(r *http.Request, who, route string, status int) {
 		Data: map[string]any{"method": method, "route": route, "path": r.URL.Path, "status": status}})
 }
 
-// uiSecurityHeaders are set on every dashboard answer: a Content-Security-
-// Policy that runs only the dashboard's own scripts (no inline script, no
-// eval) and reaches only its own origin; xterm.js sets style elements of
-// its own, hence inline styles.
-func uiSecurityHeaders(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "+
-		"img-src 'self' data:; font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cross-Origin-Opener-Policy", "same-origin")
-}
-
 // serveUI serves the dashboard: its session routes, then its assets.
 func (h *handler) serveUI(w http.ResponseWriter, r *http.Request) {
-	uiSecurityHeaders(w.Header())
+	ui.SecurityHeaders(w.Header())
 	if r.URL.Path == uiSessionPath {
 		h.serveUISession(w, r)
 		return
@@ -324,27 +297,4 @@ func (h *handler) serveUI(w http.ResponseWriter, r *http.Request) {
 
 func isUIPath(p string) bool {
 	return p == uiPrefix || strings.HasPrefix(p, uiPrefix+"/")
-}
-
-// stripUICookie removes the dashboard's session cookie and CSRF token from
-// a request about to enter a sandbox, keeping its other cookies.
-func stripUICookie(hdr http.Header) {
-	hdr.Del(headerUICSRF)
-	cookies := hdr.Values("Cookie")
-	if len(cookies) == 0 {
-		return
-	}
-	var kept []string
-	for _, line := range cookies {
-		for _, part := range strings.Split(line, ";") {
-			name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
-			if name != uiCookie && strings.TrimSpace(part) != "" {
-				kept = append(kept, strings.TrimSpace(part))
-			}
-		}
-	}
-	hdr.Del("Cookie")
-	if len(kept) > 0 {
-		hdr.Set("Cookie", strings.Join(kept, "; "))
-	}
 }

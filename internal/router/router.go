@@ -45,6 +45,11 @@
 //     record is its node's, not shared).
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
+//   - With Options.UI the router serves the web dashboard at /ui, its
+//     sessions sealed in their cookie with a key derived from the cluster
+//     token, so that any router replica takes them; a session's calls
+//     reach the nodes with the session's credential (ui.go). Without it
+//     /ui answers 404 and is never passed to a node.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
 //     stop sending), and the server's Shutdown lets requests in flight end.
 package router
@@ -53,6 +58,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/cipher"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -71,6 +77,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/mcp"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // Nodes is what the router knows of the cluster (a *cluster.Watcher).
@@ -99,7 +106,15 @@ type Options struct {
 	// and every node knows every team's keys, so a key other than APIKey
 	// is passed to the nodes, which check it, instead of refused.
 	SharedRecords bool
-	Logger        *slog.Logger
+	// UI serves the dashboard's pages (ui.Handler()) at /ui, with its
+	// sessions (ui.go); nil serves no dashboard.
+	UI http.Handler
+	// UISessionTTL is a dashboard session's life; 0 means
+	// DefaultUISessionTTL.
+	UISessionTTL time.Duration
+	// Now is the clock of session expiry; nil means time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Router is the http.Handler of `fence router`.
@@ -119,6 +134,10 @@ type Router struct {
 	mcp      http.Handler
 	stopMCP  func()
 	teamKeys bool // the nodes check keys other than apiKey (SharedRecords)
+	ui       http.Handler
+	seal     cipher.AEAD // of dashboard sessions, keyed from token
+	uiTTL    time.Duration
+	now      func() time.Time
 }
 
 const maxBodyBytes = 1 << 20
@@ -135,7 +154,11 @@ type route struct {
 // New returns a Router.
 func New(opts Options) *Router {
 	rt := &Router{nodes: opts.Nodes, apiKey: []byte(opts.APIKey), token: opts.Token, domain: opts.Domain,
-		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport, perNode: notThroughRouter}
+		k: cmp.Or(opts.K, 2), log: opts.Logger, tr: opts.Transport, perNode: notThroughRouter,
+		ui: opts.UI, seal: uiSeal(opts.Token), uiTTL: cmp.Or(opts.UISessionTTL, DefaultUISessionTTL), now: opts.Now}
+	if rt.now == nil {
+		rt.now = time.Now
+	}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
 	}
@@ -186,10 +209,16 @@ func (rt *Router) SetDraining() { rt.draining.Store(true) }
 
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, _, ok, err := api.SandboxTarget(r, rt.domain); ok {
+		ui.StripSession(r.Header)
 		rt.serveSandbox(w, r, id, err)
 		return
 	}
+	if isUIPath(r.URL.Path) {
+		rt.serveUI(w, r)
+		return
+	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		ui.StripSession(r.Header)
 		rt.serveSignedFiles(w, r)
 		return
 	}
@@ -210,9 +239,15 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
 		// A volume token, not an API key: its node checks it.
+		ui.StripSession(r.Header)
 		rt.serveVolumeContent(w, r)
 		return
 	}
+	// A dashboard session is its credential, checked here and sent on.
+	if rt.ui != nil && hasSession(r) && !rt.sessionCredential(w, r) {
+		return
+	}
+	ui.StripSession(r.Header)
 	if !rt.authenticated(r) {
 		msg := "invalid API key"
 		if r.Header.Get("X-API-Key") == "" {
@@ -473,7 +508,7 @@ func (rt *Router) fanOutWith(r *http.Request, c *http.Client, query func(cluster
 				a.err = err
 				return
 			}
-			for _, h := range []string{"X-API-Key", "Authorization", "Accept"} {
+			for _, h := range []string{"X-API-Key", "Authorization", "Accept", "X-Team-ID"} {
 				if v := r.Header.Get(h); v != "" {
 					req.Header.Set(h, v)
 				}

@@ -415,3 +415,16 @@ func testVolumesFollowTheirNode(t *testing.T, shared bool) {
 		return true
 	})
 }
+
+// TestListsPassTeamID: a list asks every node with the caller's X-Team-ID
+// (the admin acting for a team, as the dashboard's team filter does).
+func TestListsPassTeamID(t *testing.T) {
+	n := newUINode(t)
+	nodes := fakeNodes{cluster.Tag("a"): node("a", n.srv.URL, 10, 0)}
+	srv := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "e2b_routerkey", Token: "tok"}))
+	defer srv.Close()
+	resp, body := uiClient{t: t, url: srv.URL}.do("GET", "/v2/sandboxes", "", map[string]string{"X-API-Key": "e2b_routerkey", "X-Team-ID": "t2"})
+	if h, _ := n.last(); resp.StatusCode != 200 || h == nil || h.Get("X-Team-ID") != "t2" {
+		t.Errorf("GET /v2/sandboxes with X-Team-ID = %d %s; the node got X-Team-ID %q", resp.StatusCode, body, h.Get("X-Team-ID"))
+	}
+}

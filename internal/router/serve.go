@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/httpserve"
+	"github.com/fencesandbox/fence/internal/ui"
 )
 
 // Config configures `fence router`, declared here only: each of the
@@ -41,8 +42,12 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// SharedRecords: the nodes share one database (Options.SharedRecords).
 	SharedRecords bool
-	Logger        *slog.Logger
-	Stdout        io.Writer
+	// NoUI turns the dashboard at /ui off; UISessionTTL is a dashboard
+	// session's life (0: DefaultUISessionTTL).
+	NoUI         bool
+	UISessionTTL time.Duration
+	Logger       *slog.Logger
+	Stdout       io.Writer
 }
 
 // Serve runs the router until ctx is done, then shuts down gracefully.
@@ -86,8 +91,12 @@ func Serve(ctx context.Context, o Config) error {
 	if err != nil {
 		return err
 	}
-	rt := New(Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
-		SharedRecords: o.SharedRecords})
+	opts := Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
+		SharedRecords: o.SharedRecords, UISessionTTL: o.UISessionTTL}
+	if !o.NoUI {
+		opts.UI = ui.Handler()
+	}
+	rt := New(opts)
 	defer rt.Close()
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {

@@ -580,6 +580,33 @@ func TestMetricsHistory(t *testing.T) {
 	})
 }
 
+// TestMetricsEgress: a reading carries the bytes of the sandbox's flows
+// ended before it, as running totals.
+func TestMetricsEgress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(o *Options) { o.SampleEvery = time.Second })
+		ctx := t.Context()
+		s := e.mustCreate(t, CreateRequest{Timeout: time.Hour})
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		e.m.Meter().AddEgress(s.ID, 1000, 5000)
+		e.m.Meter().AddEgress(s.ID, 24, 120)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		all, err := e.m.Meter().Metrics(ctx, s.ID, time.Time{}, time.Time{})
+		if err != nil || len(all) < 2 {
+			t.Fatalf("Metrics = %d samples, %v", len(all), err)
+		}
+		if first := all[0]; first.EgressOut != 0 || first.EgressIn != 0 {
+			t.Errorf("the reading before any flow: egress %d/%d, want 0/0", first.EgressOut, first.EgressIn)
+		}
+		if last := all[len(all)-1]; last.EgressOut != 1024 || last.EgressIn != 5120 {
+			t.Errorf("the reading after two flows: egress %d/%d, want 1024/5120", last.EgressOut, last.EgressIn)
+		}
+		e.m.Shutdown(ctx)
+	})
+}
+
 // insertFails is a store whose Insert fails, after everything but the
 // record of a create is made.
 type insertFails struct{ *store.Store }

@@ -97,6 +97,7 @@ func (e *entry) Read(now time.Time) (usage.Sample, error) {
 	s := usage.Sample{At: now.UTC(), Stats: st}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	s.EgressOut, s.EgressIn = e.use.Egress()
 	e.samples.Add(s)
 	e.use.Add(now, st.CPUUsage, st.MemoryBytes)
 	return s, nil

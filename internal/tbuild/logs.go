@@ -103,6 +103,18 @@ func (s *Service) Logs(templateID, buildID string, cursor int64, backward bool, 
 	return out, nil
 }
 
+// Changed returns a channel closed at the next line written to any
+// build's log, for the streams of build logs. A build's end is always
+// logged, so a build that ends closes it too.
+func (s *Service) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
 // logf appends an entry to a build's log (at most maxLogEntries kept).
 func (s *Service) logf(buildID, level, step, format string, args ...any) {
 	s.mu.Lock()
@@ -110,6 +122,10 @@ func (s *Service) logf(buildID, level, step, format string, args ...any) {
 	b := s.builds[buildID]
 	if b == nil {
 		return
+	}
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
 	}
 	msg := fmt.Sprintf(format, args...)
 	if len(msg) > maxLogLine {

@@ -238,6 +238,8 @@ type Service struct {
 	wg   sync.WaitGroup
 	// +checklocks:mu
 	archivesSwept time.Time // the last sweep of COPY archives (content.ArchiveSweepEvery)
+	// +checklocks:mu
+	changed chan struct{} // closed at the next log line (Changed); nil until asked for
 }
 
 // New opens the service: it reads the records, marks the builds that a

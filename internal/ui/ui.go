@@ -1,8 +1,9 @@
 // Package ui holds fence's web dashboard: plain ES modules, a stylesheet
 // and the vendored xterm.js, embedded in the binary (no build step, no
-// CDN). The daemon serves them under /ui (httpapi.Options.UI); the pages
-// call the API's own JSON routes with the dashboard's session cookie and
-// CSRF token, and render everything a sandbox controls as text.
+// CDN). The daemon serves them under /ui (httpapi.Options.UI), and so
+// does fence router (router.Options.UI); the pages call the API's own
+// JSON routes with the dashboard's session cookie and CSRF token, and
+// render everything a sandbox controls as text.
 //
 // xterm.js is pinned by web/package-lock.json and copied into
 // assets/vendor by web/vendor.sh; the copies are committed, so building

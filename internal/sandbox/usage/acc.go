@@ -95,6 +95,9 @@ func (u *Acc) AddEgress(out, in int64) {
 	u.in += in
 }
 
+// Egress returns the bytes of the flows ended so far: sent, received.
+func (u *Acc) Egress() (out, in int64) { return u.out, u.in }
+
 // Snapshot returns the usage so far, at now; the caller fills in the
 // sandbox's ID, template and state.
 func (u *Acc) Snapshot(now time.Time) Usage {

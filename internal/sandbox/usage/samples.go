@@ -18,6 +18,9 @@ const maxSamples = 720
 type Sample struct {
 	At    time.Time
 	Stats isolation.Stats
+	// EgressOut and EgressIn are the bytes the sandbox's flows sent and
+	// received up to this reading, counted as each flow ends.
+	EgressOut, EgressIn int64
 }
 
 // Reader reads one live sandbox's resource use; the core implements it
@@ -46,13 +49,14 @@ type compactSample struct {
 	at        int64 // Unix nanoseconds, UTC
 	cpu       int64 // nanoseconds
 	mem, disk int64
+	out, in   int64 // egress bytes so far
 	pids      int32
 }
 
 // Add keeps s, dropping the oldest reading when the ring is full.
 func (r *Ring) Add(s Sample) {
 	c := compactSample{at: s.At.UnixNano(), cpu: int64(s.Stats.CPUUsage), mem: s.Stats.MemoryBytes,
-		disk: s.Stats.DiskBytes, pids: int32(min(s.Stats.Pids, 1<<31-1))}
+		disk: s.Stats.DiskBytes, out: s.EgressOut, in: s.EgressIn, pids: int32(min(s.Stats.Pids, 1<<31-1))}
 	r.memLimit, r.dskLim = s.Stats.MemoryLimit, s.Stats.DiskLimit
 	if len(r.buf) < maxSamples {
 		r.buf = append(r.buf, c)
@@ -69,7 +73,7 @@ func (r *Ring) Each(f func(Sample)) {
 		f(Sample{At: time.Unix(0, c.at).UTC(), Stats: isolation.Stats{
 			CPUUsage: time.Duration(c.cpu), MemoryBytes: c.mem, MemoryLimit: r.memLimit,
 			DiskBytes: c.disk, DiskLimit: r.dskLim, Pids: int64(c.pids),
-		}})
+		}, EgressOut: c.out, EgressIn: c.in})
 	}
 }
 

@@ -84,18 +84,13 @@ async function templates(root, signal, [id, build]) {
   const logs = el('pre', { id: 'build-logs', tabindex: 0, role: 'region', 'aria-label': 'build logs' });
   const st = el('p', { role: 'status' });
   root.append(el('h2', {}, `Build ${build}`), st, logs);
-  let offset = 0;
-  const poll = async () => {
-    const s = await api.call('GET', `/templates/${encodeURIComponent(id)}/builds/${encodeURIComponent(build)}/status?logsOffset=${offset}`);
+  // The build's lines as they are written, until it ends (one stream).
+  const show = (s) => {
     for (const e of s.logEntries || []) logs.append(`${when(e.timestamp)} ${e.level} ${e.message}\n`);
-    offset += (s.logEntries || []).length;
     set(st, `status: ${s.status}${s.reason ? ' · ' + (s.reason.message || '') : ''}`);
-    return s.status === 'building' || s.status === 'waiting';
   };
-  if (await poll()) {
-    const timer = setInterval(async () => { if (!(await poll().catch(() => false))) clearInterval(timer); }, 2000);
-    signal.addEventListener('abort', () => clearInterval(timer));
-  }
+  const path = `/templates/${encodeURIComponent(id)}/builds/${encodeURIComponent(build)}/logs/stream`;
+  api.events(path, signal, show).catch((e) => { if (!signal.aborted) set(st, e.message); });
 }
 
 async function auditPage(root, signal) {

@@ -38,6 +38,14 @@ function section(title, idPrefix, ...children) {
   return el('section', { 'aria-labelledby': idPrefix + '-title', id: idPrefix + '-section' }, el('h2', { id: idPrefix + '-title' }, title), ...children);
 }
 
+// netSpark draws the bytes of the flows ended between readings, from
+// their running totals, and says the total.
+function netSpark(label, totals) {
+  const per = totals.map((v, i) => (i ? Math.max(v - totals[i - 1], 0) : 0));
+  const total = totals.length ? totals[totals.length - 1] : 0;
+  return sparkline(label, per, (v) => `${bytes(v)} (${bytes(total)} in all)`);
+}
+
 function metricsSection(id, signal) {
   const box = el('div', { id: 'metrics' }, status('Loading…'));
   const load = async () => {
@@ -46,7 +54,9 @@ function metricsSection(id, signal) {
     set(box,
       sparkline('CPU', m.map((r) => r.cpuUsedPct), (v) => `${v.toFixed(1)} %`),
       sparkline('Memory', m.map((r) => r.memUsed), bytes),
-      sparkline('Disk', m.map((r) => r.diskUsed), bytes));
+      sparkline('Disk', m.map((r) => r.diskUsed), bytes),
+      netSpark('Network out', m.map((r) => r.egressBytesOut || 0)),
+      netSpark('Network in', m.map((r) => r.egressBytesIn || 0)));
   };
   load().catch((e) => set(box, el('p', { className: 'error' }, e.message)));
   const timer = setInterval(() => load().catch(() => {}), 5000);
