@@ -263,6 +263,14 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		selfHost = append(selfHost, (selfCPU()-c0)/float64(h.Bytes>>20))
 		host = append(host, h)
 	}
+	writeNet(out, opts, in, host, selfIn, selfHost)
+	return nil
+}
+
+// writeNet reports the network measure: the medians of the sandbox's
+// runs (in; selfIn, this process's CPU per MiB during each) and the
+// host's (host, selfHost).
+func writeNet(out io.Writer, opts Options, in, host []netclient.Result, selfIn, selfHost []float64) {
 	med := func(rs []netclient.Result, f func(netclient.Result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
@@ -293,7 +301,6 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		fmt.Fprintf(out, "  DNS lookup of an allowed name, cached, p50: sandbox %.3f ms (through fence's resolver; first lookup %.2f ms), host %.3f ms (the server directly)\n",
 			med(in, dn)*1e3, med(in, df)*1e3, med(host, dn)*1e3)
 	}
-	return nil
 }
 
 // selfCPU is this process's CPU time so far, user and system, in
