@@ -240,7 +240,9 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	// Alternate, so that a change of the machine's load hits both.
 	// This process's CPU is the stack's and the upstream server's during
-	// the sandbox's run, the server's alone during the host's.
+	// the sandbox's run, the server's alone during the host's (a run:
+	// the download, then the connections and lookups, a small part of it
+	// for a download of hundreds of MiB).
 	var in, host []netclient.Result
 	var selfIn, selfHost []float64
 	for range 3 {
