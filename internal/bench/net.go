@@ -239,13 +239,21 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	// Alternate, so that a change of the machine's load hits both.
+	// This process's CPU is the stack's and the upstream server's during
+	// the sandbox's run, the server's alone during the host's (a run:
+	// the download, then the connections and lookups, a small part of it
+	// for a download of hundreds of MiB).
 	var in, host []netclient.Result
+	var selfIn, selfHost []float64
 	for range 3 {
+		c0 := selfCPU()
 		r, err := clientInSandbox(ctx, sb, args)
 		if err != nil {
 			return fmt.Errorf("in the sandbox: %w", err)
 		}
+		selfIn = append(selfIn, (selfCPU()-c0)/float64(r.Bytes>>20))
 		in = append(in, r)
+		c0 = selfCPU()
 		hb, err := exec.CommandContext(ctx, exe, hostArgs...).Output()
 		if err != nil {
 			return fmt.Errorf("on the host: %w", err)
@@ -254,8 +262,17 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		if err := json.Unmarshal(hb, &h); err != nil {
 			return fmt.Errorf("on the host: %w", err)
 		}
+		selfHost = append(selfHost, (selfCPU()-c0)/float64(h.Bytes>>20))
 		host = append(host, h)
 	}
+	writeNet(out, opts, in, host, selfIn, selfHost)
+	return nil
+}
+
+// writeNet reports the network measure: the medians of the sandbox's
+// runs (in; selfIn, this process's CPU per MiB during each) and the
+// host's (host, selfHost).
+func writeNet(out io.Writer, opts Options, in, host []netclient.Result, selfIn, selfHost []float64) {
 	med := func(rs []netclient.Result, f func(netclient.Result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
@@ -271,6 +288,13 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 	fmt.Fprintf(out, "network, real path (sandbox kernel TCP → TUN → fence's stack → upstream), same client on the host, median of 3:\n")
 	fmt.Fprintf(out, "  bulk download of %d MiB: sandbox %.0f MB/s (%.1f Gbit/s), host %.0f MB/s: %.2fx the host\n",
 		opts.NetBytes>>20, sIn/1e6, sIn*8/1e9, sHost/1e6, sIn/sHost)
+	// CPU per MiB: a machine without idle CPU divides its throughput
+	// in this proportion, whatever the load.
+	perMiB := func(r netclient.Result) float64 { return r.DownloadCPUSec / float64(r.Bytes>>20) }
+	pick := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+	fIn, fHost, kIn, kHost := pick(selfIn), pick(selfHost), med(in, perMiB), med(host, perMiB)
+	fmt.Fprintf(out, "  CPU per MiB downloaded, median of 3: sandbox path %.2f ms (fence's stack and the server %.2f, the client %.2f), host path %.2f ms (the server %.2f, the client %.2f): host / sandbox %.2f\n",
+		(fIn+kIn)*1e3, fIn*1e3, kIn*1e3, (fHost+kHost)*1e3, fHost*1e3, kHost*1e3, (fHost+kHost)/(fIn+kIn))
 	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms\n",
 		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3)
 	if opts.DNSServer != "" {
@@ -279,7 +303,16 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 		fmt.Fprintf(out, "  DNS lookup of an allowed name, cached, p50: sandbox %.3f ms (through fence's resolver; first lookup %.2f ms), host %.3f ms (the server directly)\n",
 			med(in, dn)*1e3, med(in, df)*1e3, med(host, dn)*1e3)
 	}
-	return nil
+}
+
+// selfCPU is this process's CPU time so far, user and system, in
+// seconds.
+func selfCPU() float64 {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // clientInSandbox runs `fence bench-client` inside sb, as the sandbox's

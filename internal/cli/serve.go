@@ -367,7 +367,8 @@ func benchCmd(deps Deps) *cobra.Command {
     in the same root filesystem; ratios are given to bwrap;
   - the network on the real path: a sandbox's download from a server in a
     network namespace of its own (198.18.0.2, joined by a veth), and the
-    same client on the host; throughput and new-connection time;
+    same client on the host; throughput, CPU per MiB on each path (which
+    divides a machine without idle CPU) and new-connection time;
   - with --density N, N idle sandboxes created through the API by 8 clients:
     create rate at the start and at the end, the daemon's memory per idle
     sandbox, the machine's CPU time with them idle and the commands that

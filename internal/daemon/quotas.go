@@ -26,6 +26,13 @@ func (d *node) openQuotas(ctx context.Context) error {
 		return err
 	}
 	d.quotas, d.admission = q, q
+	// Closed before the store and after the sandboxes (closers run in
+	// reverse): the day's egress charged since the last flush is stored.
+	d.closers.push(func() {
+		if err := q.FlushEgress(context.WithoutCancel(ctx)); err != nil {
+			d.log.Warn("storing the teams' egress of the day", "err", err)
+		}
+	})
 	registerTeamMetrics(d.reg, q)
 	if d.st.Shared() {
 		// The nodes sharing the database hold the teams' limits together.

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"syscall"
 	"time"
 )
 
@@ -27,6 +28,9 @@ type Result struct {
 	// from the daemon's cache in a sandbox).
 	DNSFirstSec float64 `json:"dnsFirstSec,omitempty"`
 	DNSP50Sec   float64 `json:"dnsP50Sec,omitempty"`
+	// DownloadCPUSec is the client's own CPU time (user and system)
+	// during the download.
+	DownloadCPUSec float64 `json:"downloadCPUSec"`
 }
 
 // Main is the hidden `fence bench-client` role: from wherever it runs (a
@@ -45,12 +49,14 @@ func Main(args []string, out io.Writer) error {
 		return err
 	}
 	var r Result
+	cpu0 := cpuTime()
 	start := time.Now()
 	got, err := ask(*addr, *size)
 	if err != nil {
 		return fmt.Errorf("download: %w", err)
 	}
 	r.Bytes, r.BytesPerSec = got, float64(got)/time.Since(start).Seconds()
+	r.DownloadCPUSec = (cpuTime() - cpu0).Seconds()
 	var lat []time.Duration
 	for range *connects {
 		t := time.Now()
@@ -68,6 +74,15 @@ func Main(args []string, out io.Writer) error {
 		}
 	}
 	return json.NewEncoder(out).Encode(r)
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ask connects to the server at addr, asks it for n bytes and reads them
