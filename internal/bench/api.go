@@ -575,6 +575,15 @@ func cpuTime() time.Duration {
 	return t
 }
 
+// childrenCPU is the CPU time of this process's waited-for children.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // machineBusy is the CPU time the whole machine spent out of its idle loop
 // (user, nice, system, irq and softirq in /proc/stat; a guest's steal
 // time is not its own), -1 if it cannot be read.
