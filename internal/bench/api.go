@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +39,11 @@ type DaemonStarter func(ctx context.Context, warmPool int, warmTemplates ...stri
 
 // sdkRoundTrip measures what an E2B SDK user does most: create a sandbox,
 // run `echo hi` in it and kill it, through the daemon's API, per phase.
+// The run phase is split as an SDK sees it: its start (the request through
+// the daemon's proxy to the agent, the agent's fork and exec, the start
+// event back), the first output, and the end (the command's exit, the end
+// event and the stream's end); with the HTTP connections dialled per round
+// trip (a client that reuses its keep-alive connections dials none).
 func sdkRoundTrip(ctx context.Context, d *Daemon, tmpl string, n int) []Result {
 	name := "api create→run echo→kill, " + tmpl
 	if slices.Contains(d.Pooled, tmpl) {
@@ -44,8 +51,18 @@ func sdkRoundTrip(ctx context.Context, d *Daemon, tmpl string, n int) []Result {
 	}
 	c := client.New(d.URL, d.APIKey)
 	total := Result{Name: name}
-	phases := []Result{{Name: "  phase: create"}, {Name: "  phase: run"}, {Name: "  phase: kill"}}
+	phases := []Result{{Name: "  phase: create"}, {Name: "  phase: run"},
+		{Name: "    run: to the start event"}, {Name: "    run: start to first output"}, {Name: "    run: output to the end"},
+		{Name: "  phase: kill"}}
+	var dials atomic.Int64
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		ConnectStart: func(string, string) { dials.Add(1) },
+	})
+	var dials0 int64
 	for i := -1; i < n; i++ { // -1: warm-up
+		if i == 0 {
+			dials0 = dials.Load()
+		}
 		t0 := time.Now()
 		sb, err := c.Create(ctx, api.NewSandbox{TemplateID: tmpl})
 		if err != nil {
@@ -53,33 +70,102 @@ func sdkRoundTrip(ctx context.Context, d *Daemon, tmpl string, n int) []Result {
 			return []Result{total}
 		}
 		t1 := time.Now()
-		var out bytesWriter
-		st, err := sb.Envd().Run(ctx, client.ProcessSpec{Cmd: "/bin/sh", Args: []string{"-c", "echo hi"}, Stdout: &out})
+		out := &stampWriter{}
+		var st client.ExitStatus
+		var tStart time.Time
+		p, err := sb.Envd().Start(ctx, client.ProcessSpec{Cmd: "/bin/sh", Args: []string{"-c", "echo hi"}, Stdout: out})
+		if err == nil {
+			tStart = time.Now()
+			st, err = p.Wait()
+		}
 		t2 := time.Now()
 		if kerr := sb.Kill(ctx); err == nil {
 			err = kerr
 		}
 		t3 := time.Now()
-		if err == nil && (st.ExitCode != 0 || string(out) != "hi\n") {
-			err = fmt.Errorf("echo hi: %+v, output %q", st, out)
+		if err == nil && (st.ExitCode != 0 || string(out.b) != "hi\n") {
+			err = fmt.Errorf("echo hi: %+v, output %q", st, out.b)
 		}
 		if err != nil {
 			total.Err = err
 			return []Result{total}
 		}
 		if i >= 0 {
+			tOut := out.first
+			if tOut.IsZero() || tOut.Before(tStart) {
+				tOut = tStart // the output came with the start event
+			}
 			total.Samples = append(total.Samples, t3.Sub(t0))
-			phases[0].Samples = append(phases[0].Samples, t1.Sub(t0))
-			phases[1].Samples = append(phases[1].Samples, t2.Sub(t1))
-			phases[2].Samples = append(phases[2].Samples, t3.Sub(t2))
+			for k, d := range []time.Duration{t1.Sub(t0), t2.Sub(t1), tStart.Sub(t1), tOut.Sub(tStart), t2.Sub(tOut), t3.Sub(t2)} {
+				phases[k].Samples = append(phases[k].Samples, d)
+			}
 		}
 	}
+	total.note = fmt.Sprintf("%.2f HTTP dials per round trip", float64(dials.Load()-dials0)/float64(n))
 	return append([]Result{total}, phases...)
 }
 
-type bytesWriter []byte
+// stampWriter keeps what is written and when the first write came.
+type stampWriter struct {
+	b     []byte
+	first time.Time
+}
 
-func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+func (w *stampWriter) Write(p []byte) (int, error) {
+	if w.first.IsZero() {
+		w.first = time.Now()
+	}
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+// apiExec measures an exec of /bin/true in a running sandbox through the
+// daemon's API (its proxy to the agent, as an SDK's commands.run goes),
+// its samples alternated with the host's fork+exec of the same program
+// (hostTrue; with peers only), so that both see the same machine. Set
+// beside fenceExec's exec straight to the agent, the difference is the
+// daemon's hop.
+func apiExec(ctx context.Context, d *Daemon, rootfs, tmpl string, n int, peers bool) []Result {
+	fence := Result{Name: "api exec true in a running sandbox"}
+	host := Result{Name: baselineName + " (beside the api exec)", peer: true}
+	c := client.New(d.URL, d.APIKey)
+	sb, err := c.Create(ctx, api.NewSandbox{TemplateID: tmpl})
+	if err != nil {
+		fence.Err = err
+		return []Result{fence}
+	}
+	defer sb.Kill(context.WithoutCancel(ctx))
+	e := sb.Envd().WithUser("root")
+	for i := -1; i < n; i++ { // -1: warm-up
+		start := time.Now()
+		st, err := e.Run(ctx, client.ProcessSpec{Cmd: "/bin/true"})
+		if err == nil && st.ExitCode != 0 {
+			err = fmt.Errorf("/bin/true: %+v", st)
+		}
+		if err != nil {
+			fence.Err = err
+			return []Result{fence}
+		}
+		if i >= 0 {
+			fence.Samples = append(fence.Samples, time.Since(start))
+		}
+		if !peers {
+			continue
+		}
+		start = time.Now()
+		if err := hostTrue(ctx, rootfs); err != nil {
+			host.Err = err
+			return []Result{fence, host}
+		}
+		if i >= 0 {
+			host.Samples = append(host.Samples, time.Since(start))
+		}
+	}
+	if !peers {
+		return []Result{fence}
+	}
+	return []Result{fence, host}
+}
 
 // densityClients is how many clients create sandboxes at once.
 const densityClients = 8
@@ -487,6 +573,15 @@ func cpuTime() time.Duration {
 		t += time.Duration(tv.Nano())
 	}
 	return t
+}
+
+// childrenCPU is the CPU time of this process's waited-for children.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // machineBusy is the CPU time the whole machine spent out of its idle loop

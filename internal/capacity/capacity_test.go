@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/api"
 )
@@ -249,4 +250,47 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 	var ma, mi int
 	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi)
 	return ma > major || (ma == major && mi >= minor)
+}
+
+// TestHostReusesItsMemoryReading: /proc/meminfo, which the kernel makes by
+// walking every block device, is read at most once per MemoryEvery; the
+// other readings are made each time.
+func TestHostReusesItsMemoryReading(t *testing.T) {
+	proc := t.TempDir()
+	write := func(name, s string) {
+		p := filepath.Join(proc, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("sys/kernel/pid_max", "32768\n")
+	write("loadavg", "0.50 0.40 0.30 3/100 12345\n")
+	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n")
+	now := time.Unix(1000, 0)
+	src := Host(HostOptions{Proc: proc, Now: func() time.Time { return now }})
+	read := func() (mem, tasks Reading) {
+		for _, r := range src() {
+			switch r.Limit {
+			case Memory:
+				mem = r
+			case Tasks:
+				tasks = r
+			}
+		}
+		return mem, tasks
+	}
+	if m, _ := read(); m.Used != 4000000<<10 {
+		t.Fatalf("memory = %+v", m)
+	}
+	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\n")
+	write("loadavg", "0.50 0.40 0.30 3/200 12345\n")
+	now = now.Add(MemoryEvery / 2)
+	if m, tk := read(); m.Used != 4000000<<10 || tk.Used != 200 {
+		t.Errorf("within MemoryEvery: memory %+v (want the reading before), tasks %+v (want 200)", m, tk)
+	}
+	now = now.Add(MemoryEvery / 2)
+	if m, _ := read(); m.Used != 14000000<<10 {
+		t.Errorf("MemoryEvery later: memory %+v, want the new reading", m)
+	}
 }

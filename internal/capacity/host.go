@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,17 +20,36 @@ type HostOptions struct {
 	GroupTasks func() (used, max int64, ok bool)
 	// Proc is the proc file system; empty means /proc.
 	Proc string
+	// Now is the clock of the memory reading's reuse (MemoryEvery);
+	// nil means time.Now.
+	Now func() time.Time
 }
+
+// MemoryEvery is how long Host reuses its reading of /proc/meminfo. The
+// kernel makes that file's Buffers line by walking every block device
+// (nr_blockdev_pages, under a lock), and every sandbox's disk is a loop
+// device: with a few thousand of them one reading takes about half a
+// millisecond, which every create's admission paid. Creates in flight are
+// counted apart (Gate.Check's inFlight); what creates that finished within
+// MemoryEvery took (16 MiB each at most, PerSandbox) is far inside the
+// 512 MiB SafetyMargin at any create rate a host reaches.
+const MemoryEvery = 100 * time.Millisecond
 
 // Host returns a Source reading this host's limits. Each reading is a
 // few small reads of /proc and a statfs, none of which grows with the
 // sandboxes alive: the daemon's descriptors are the size the kernel
 // reports for /proc/self/fd (Linux 6.2 and later; earlier kernels report
-// none, and the directory is listed).
+// none, and the directory is listed), and the memory reading, which does
+// grow with the host's block devices, is made at most once per
+// MemoryEvery.
 func Host(o HostOptions) Source {
 	proc := o.Proc
 	if proc == "" {
 		proc = "/proc"
+	}
+	mem := &memReading{proc: proc, now: o.Now}
+	if mem.now == nil {
+		mem.now = time.Now
 	}
 	return func() []Reading {
 		var out []Reading
@@ -40,7 +61,7 @@ func Host(o HostOptions) Source {
 				out = append(out, Reading{Limit: GroupTasks, Name: "fence's cgroup pids.max", Used: used, Max: max})
 			}
 		}
-		if total, avail, ok := meminfo(proc); ok {
+		if total, avail, ok := mem.read(); ok {
 			out = append(out, Reading{Limit: Memory, Name: "MemTotal", Used: total - avail, Max: total})
 		}
 		var rl unix.Rlimit
@@ -92,6 +113,33 @@ func hostTasks(proc string) (Reading, bool) {
 		r.Name, r.Max = "kernel.threads-max", n
 	}
 	return r, r.Max > 0
+}
+
+// memReading is Host's reading of /proc/meminfo, reused for MemoryEvery.
+type memReading struct {
+	proc string
+	now  func() time.Time
+
+	mu sync.Mutex
+	// +checklocks:mu
+	at time.Time // of the last reading; zero before the first
+	// +checklocks:mu
+	total, avail int64
+	// +checklocks:mu
+	ok bool
+}
+
+// read returns the memory reading, from /proc/meminfo if the last one is
+// MemoryEvery old or more.
+func (m *memReading) read() (total, avail int64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	if m.at.IsZero() || now.Sub(m.at) >= MemoryEvery || now.Before(m.at) {
+		m.total, m.avail, m.ok = meminfo(m.proc)
+		m.at = now
+	}
+	return m.total, m.avail, m.ok
 }
 
 func meminfo(proc string) (total, avail int64, ok bool) {

@@ -231,6 +231,7 @@ type handler struct {
 	mcp        http.Handler   // nil: no /mcp route
 	approvals  Approvals      // nil: no approval routes
 	warming    sync.WaitGroup // warmAgent calls in flight
+	warmups    warmups        // the same, by sandbox, for first requests to wait on
 	quotas     *tenancy.Quotas
 	teams      Teams
 	sshKeys    SSHKeyStore     // nil: no /ssh-keys

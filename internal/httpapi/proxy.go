@@ -135,6 +135,9 @@ func (h *handler) serveSandbox(w http.ResponseWriter, r *http.Request, t target)
 	if signed {
 		st.actor = "signed-url"
 	}
+	// A first command right after the create takes the connection its
+	// warm-up is making.
+	h.warmups.wait(r.Context(), t.id)
 	w, r, done := h.tapEnvd(w, r, st)
 	defer done()
 	h.forward(w, r, h.proxy, box, st)

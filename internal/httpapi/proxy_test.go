@@ -615,3 +615,74 @@ func TestCreateWarmsTheAgentConnection(t *testing.T) {
 		t.Errorf("%d connections to the agent after the create and one request, want 1 (the one made at create)", n)
 	}
 }
+
+// TestFirstRequestTakesTheWarmConnection: a sandbox's first command that
+// arrives while the warm-up of the proxy's connection to its agent is
+// still in flight waits for that connection rather than dialing another.
+func TestFirstRequestTakesTheWarmConnection(t *testing.T) {
+	hold := make(chan struct{})
+	var holdOnce sync.Once
+	release := func() { holdOnce.Do(func() { close(hold) }) }
+	defer release()
+	warmed := make(chan string, 1)
+	waiting := make(chan string, 1)
+	warmWaiting = func(id string) { waiting <- id }
+	agentWarmed = func(id string) { warmed <- id }
+	defer func() { warmWaiting, agentWarmed = nil, nil }()
+	// The agent holds its answer to the warm-up's health check.
+	e := newTestEnv(t, fake.Options{HealthHook: func() { <-hold }})
+	s := e.create(t, `{"templateID":"base"}`)
+	fs, ok := e.host.Sandbox(s.SandboxID)
+	if !ok {
+		t.Fatal("the fake host does not know the sandbox")
+	}
+	type answer struct {
+		status int
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(t.Context(), "POST", e.srv.URL+"/filesystem.Filesystem/ListDir", strings.NewReader(`{"path":"/"}`))
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		for _, h := range append(sbxHeaders(s.SandboxID, s.EnvdAccessToken), "Content-Type: application/json") {
+			k, v, _ := strings.Cut(h, ": ")
+			req.Header.Set(k, v)
+		}
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		answered <- answer{status: resp.StatusCode}
+	}()
+	var got answer
+	select {
+	case id := <-waiting:
+		if id != s.SandboxID {
+			t.Fatalf("the first request waited for %s's warm-up, want %s", id, s.SandboxID)
+		}
+		release()
+		got = <-answered
+	case got = <-answered:
+		// Served beside the warm-up, on a connection of its own.
+		release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request neither waited for the warm-up nor was answered")
+	}
+	if got.err != nil || got.status != 200 {
+		t.Fatalf("first request: %d %v", got.status, got.err)
+	}
+	select {
+	case <-warmed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the warm-up did not finish")
+	}
+	if n := fs.Dials(); n != 1 {
+		t.Errorf("%d connections to the agent after the create and a first request sent during the warm-up, want 1", n)
+	}
+}

@@ -208,10 +208,16 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
 	// A client's first command follows its create at once: the proxy's
-	// connection to the new agent is made now, beside the answer.
-	h.warming.Go(func() { h.warmAgent(s.ID) })
+	// connection to the new agent is made now, beside the answer, and
+	// marked in flight before the answer leaves, so that the first
+	// command waits for it rather than dialing another.
+	end := h.warmups.begin(s.ID)
+	writeJSON(w, http.StatusCreated, h.toAPISandbox(s))
+	h.warming.Go(func() {
+		defer end()
+		h.warmAgent(s.ID)
+	})
 }
 
 func (h *handler) get(w http.ResponseWriter, r *http.Request) {

@@ -109,6 +109,9 @@ type Options struct {
 	// after Kill closes Done, until Host.Close; it tests that callers act
 	// on Done rather than on connections breaking.
 	LingerOnKill bool
+	// HealthHook, if set, is called by the agent's GET /health before it
+	// answers (to hold a health check in flight).
+	HealthHook func()
 }
 
 // Backend implements isolation.Backend in memory.
@@ -165,6 +168,7 @@ func (b *Backend) Create(ctx context.Context, spec isolation.Spec) (isolation.Sa
 		}
 	}
 	s := newSandbox(spec, b.opts.StreamInterval, b.opts.LingerOnKill, b.host)
+	s.healthHook = b.opts.HealthHook
 	if b.opts.NetNS && spec.Network != nil {
 		if err := s.attach(ctx); err != nil {
 			s.stop()
@@ -216,6 +220,8 @@ type Sandbox struct {
 	netns  *os.File       // with Options.NetNS: the namespace attached
 	link   isolation.Link // and its link, closed by stop
 	dials  atomic.Int64   // DialAgent calls that reached the agent
+	// healthHook is Options.HealthHook.
+	healthHook func()
 
 	pmu sync.Mutex
 	// +checklocks:pmu
@@ -396,6 +402,9 @@ type Echo struct {
 func (s *Sandbox) agentHandler(interval time.Duration) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		if s.healthHook != nil {
+			s.healthHook()
+		}
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /process.Process/Start", func(w http.ResponseWriter, r *http.Request) {
