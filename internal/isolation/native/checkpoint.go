@@ -31,7 +31,9 @@ import (
 // hard link would let them change the checkpoint by writing a file in
 // place. The copy costs what the sandbox changed since it booted, never
 // the template; ext4 has no reflink (FICLONE is tried first and used
-// where the host's filesystem has it).
+// where the host's filesystem has it). A sandbox's later checkpoints stack
+// on its previous one and copy only what changed since (delta.go), and a
+// deep stack is squashed in the background (squash.go).
 //
 // A layer is made under a temporary name and renamed into place once
 // complete: a crash leaves a temporary directory, which Cleanup removes,
@@ -118,23 +120,34 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, fmt.Errorf("opening layer: %w", err)
 	}
 	defer unix.Close(dst)
-	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{}, next: map[string]prevFile{}}
+	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{},
+		next: map[string]prevFile{}, kids: map[string][]string{}, layer: id}
+	parent, depth := s.base, len(s.chain)+1
 	took, err := s.frozen(func() error {
 		src, err := s.openUpper()
 		if err != nil {
 			return err
 		}
 		defer unix.Close(src)
-		prev := -1
-		if s.last != nil { // +checklocksignore: fn runs under s.pmu (frozen)
-			// The previous checkpoint's files that did not change since
-			// are linked from its layer, not copied: both are frozen.
-			if fd, err := unix.Open(b.layerTree(s.last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil { // +checklocksignore: fn runs under s.pmu (frozen)
-				defer unix.Close(fd)
-				prev, c.prev = fd, s.last.files // +checklocksignore: fn runs under s.pmu (frozen)
+		c.stableBefore = time.Now().Add(-stableMargin)
+		last := s.last // +checklocksignore: fn runs under s.pmu (frozen)
+		if last != nil && last.depth < maxLayerStack {
+			// Stacked on the previous checkpoint: only what changed since.
+			if _, err := b.layerMeta(last.layer); err == nil {
+				parent, depth = last.layer, last.depth+1
+				c.prev, c.prevKids = last.files, last.kids
+				return c.delta(&pendingDir{src: src, fd: dst, key: ""}, "", 0)
 			}
 		}
-		c.stableBefore = time.Now().Add(-stableMargin)
+		prev := -1
+		if last != nil {
+			// The previous checkpoint's files that did not change since
+			// are linked from its layer, not copied: both are frozen.
+			if fd, err := unix.Open(b.layerTree(last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				defer unix.Close(fd)
+				prev, c.prev, c.prevLayer = fd, last.files, last.layer
+			}
+		}
 		return c.dir(src, dst, prev, "", 0)
 	})
 	if err != nil {
@@ -144,14 +157,17 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	if err := unix.Fchown(dst, 0, 0); err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
-	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: c.bytes, Created: time.Now().UTC(),
+	m := &layerMeta{ID: id, Parent: parent, Depth: depth, Bytes: c.bytes, Created: time.Now().UTC(),
 		RootFS: s.rootfs, Entries: s.ours(c.entries, c.mtimes)}
 	if err := b.commitLayer(tmp, m); err != nil {
 		return isolation.LayerInfo{}, err
 	}
 	ok = true
 	s.pmu.Lock()
-	s.last = &lastCheckpoint{layer: id, files: c.next}
+	s.last = &lastCheckpoint{layer: id, depth: depth, files: c.next, kids: c.kids}
+	if depth-len(s.chain) >= squashAfter {
+		s.startSquash(s.last)
+	}
 	s.pmu.Unlock()
 	info := m.info()
 	info.Took = took
