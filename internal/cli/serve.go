@@ -67,6 +67,7 @@ SIGINT or SIGTERM.`
 func serveCmd(deps Deps) *cobra.Command {
 	var c fencedaemon.Config
 	var cl clusterFlags
+	var warmCI int
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -90,13 +91,16 @@ func serveCmd(deps Deps) *cobra.Command {
 				return err
 			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
-			c.WarmTemplates = withCodeInterpreterPool(c.WarmTemplates, c.WarmPool)
+			if c.WarmTemplates, err = withCodeInterpreterPool(c.WarmTemplates, warmCI); err != nil {
+				return err
+			}
 			c.APIKey = os.Getenv("FENCE_API_KEY")
 			return untilSignal(cmd, "serving", func(ctx context.Context) error { return deps.Serve(ctx, c) })
 		},
 	}
 	fs := cmd.Flags()
 	addServeFlags(fs, &c)
+	addWarmCodeInterpreterFlag(fs, &warmCI)
 	cl.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
@@ -170,7 +174,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.StringVar(&c.UpstreamCA, "upstream-ca", "", "PEM bundle of roots the egress gateway trusts for upstream servers, instead of the host's")
 	fs.Var(&listValue[netip.Prefix]{p: &c.DenyCIDRs, parse: parseDenyCIDR}, "deny-cidr", "a range (CIDR or address) no sandbox may ever reach, whatever its policy allows; repeatable")
 	fs.StringVar(&c.Backend, "backend", "", "default isolation backend: native (the default) or gvisor; a create picks the other with metadata fence.backend")
-	fs.IntVar(&c.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests, and one of code-interpreter when it is built and no --warm-template names it; 0 disables both")
+	fs.IntVar(&c.WarmPool, "warm-pool", DefaultWarmPool, "sandboxes of the default template (base, else minimal) kept started ahead of requests; 0 disables")
 	fs.Var(&listValue[fencedaemon.WarmTemplate]{p: &c.WarmTemplates, parse: parseWarmTemplate}, "warm-template", "also keep N sandboxes of template NAME started ahead of requests, its start command run and its ready command passed (NAME=N; repeatable; the template must exist when the daemon starts)")
 	fs.StringArrayVar(&c.BuildAllow, "build-allow", nil, "also let template build steps reach this allowOut entry (HOST[:PORTS], CIDR[:PORTS], *.DOMAIN, @preset), besides the package registries; repeatable")
 	fs.StringVar(&c.PipIndexURL, "pip-index-url", "", "package index (PEP 503) template build steps' pip uses, e.g. an internal mirror; its host is added to the build allowlist")
