@@ -122,33 +122,11 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	defer unix.Close(dst)
 	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{},
 		next: map[string]prevFile{}, kids: map[string][]string{}, layer: id}
-	parent, depth := s.base, len(s.chain)+1
-	took, err := s.frozen(func() error {
-		src, err := s.openUpper()
-		if err != nil {
-			return err
-		}
-		defer unix.Close(src)
-		c.stableBefore = time.Now().Add(-stableMargin)
-		last := s.last // +checklocksignore: fn runs under s.pmu (frozen)
-		if last != nil && last.depth < maxLayerStack {
-			// Stacked on the previous checkpoint: only what changed since.
-			if _, err := b.layerMeta(last.layer); err == nil {
-				parent, depth = last.layer, last.depth+1
-				c.prev, c.prevKids = last.files, last.kids
-				return c.delta(&pendingDir{src: src, fd: dst, key: ""}, "", 0)
-			}
-		}
-		prev := -1
-		if last != nil {
-			// The previous checkpoint's files that did not change since
-			// are linked from its layer, not copied: both are frozen.
-			if fd, err := unix.Open(b.layerTree(last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
-				defer unix.Close(fd)
-				prev, c.prev, c.prevLayer = fd, last.files, last.layer
-			}
-		}
-		return c.dir(src, dst, prev, "", 0)
+	var parent string
+	var depth int
+	took, err := s.frozen(func() (err error) {
+		parent, depth, err = s.copyUpper(c, dst) // +checklocksignore: fn runs under s.pmu (frozen)
+		return err
 	})
 	if err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("checkpointing sandbox %s: %w", s.id, err)
@@ -172,6 +150,39 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	info := m.info()
 	info.Took = took
 	return info, nil
+}
+
+// copyUpper copies the writable layer into the layer dst with c: what
+// changed since the previous checkpoint, on top of it, or the whole of it
+// on the boot layer (the first checkpoint, or one at the deepest stack).
+// It returns the new layer's parent and depth. The sandbox is frozen.
+//
+// +checklocks:s.pmu
+func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ error) {
+	b := s.b
+	src, err := s.openUpper()
+	if err != nil {
+		return "", 0, err
+	}
+	defer unix.Close(src)
+	c.stableBefore = time.Now().Add(-stableMargin)
+	last := s.last
+	if last != nil && last.depth < maxLayerStack {
+		if _, err := b.layerMeta(last.layer); err == nil {
+			c.prev, c.prevKids = last.files, last.kids
+			return last.layer, last.depth + 1, c.delta(&pendingDir{src: src, fd: dst, key: ""}, "", 0)
+		}
+	}
+	prev := -1
+	if last != nil {
+		// The previous checkpoint's files that did not change since are
+		// linked from its layer, not copied: both are frozen.
+		if fd, err := unix.Open(b.layerTree(last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			defer unix.Close(fd)
+			prev, c.prev, c.prevLayer = fd, last.files, last.layer
+		}
+	}
+	return s.base, len(s.chain) + 1, c.dir(src, dst, prev, "", 0)
 }
 
 // commitLayer completes the layer made in tmp (a layerTmpPrefix
