@@ -104,19 +104,15 @@ func (c *layerCopy) delta(d *pendingDir, rel string, depth int) error {
 	if depth > maxLayerDepth {
 		return fmt.Errorf("/%s: nested deeper than %d directories", rel, maxLayerDepth)
 	}
-	seen := map[string]bool{}
 	err := walkDir(c.ctx, d.src, rel, func(name string) error {
-		kept, err := c.deltaEntry(d, rel, name, depth)
-		if kept {
-			seen[name] = true
-		}
-		return err
+		return c.deltaEntry(d, rel, name, depth)
 	})
 	if err != nil {
 		return err
 	}
+	// Every entry kept now is in the new index.
 	for _, name := range c.prevKids[d.key] {
-		if seen[name] {
+		if _, ok := c.next[d.key+"/"+name]; ok {
 			continue
 		}
 		fd, err := c.ensure(d)
@@ -138,30 +134,30 @@ func (c *layerCopy) delta(d *pendingDir, rel string, depth int) error {
 }
 
 // deltaEntry copies the entry name of d into the delta if it changed
-// since the indexed checkpoint; kept reports that the entry is one a
-// layer keeps (not a socket or a device node).
-func (c *layerCopy) deltaEntry(d *pendingDir, rel, name string, depth int) (kept bool, _ error) {
+// since the indexed checkpoint, and indexes it (unless a layer does not
+// keep it: a socket, a device node).
+func (c *layerCopy) deltaEntry(d *pendingDir, rel, name string, depth int) error {
 	p := rel + name
 	key := "/" + p
 	var st unix.Stat_t
 	if err := unix.Fstatat(d.src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return false, nil
+			return nil
 		}
-		return false, fmt.Errorf("reading layer entry %s: %w", key, err)
+		return fmt.Errorf("reading layer entry %s: %w", key, err)
 	}
 	pf, had := c.prev[key]
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFSOCK, unix.S_IFBLK:
-		return false, nil
+		return nil
 	case unix.S_IFCHR:
 		if st.Rdev != 0 {
-			return false, nil
+			return nil
 		}
 	case unix.S_IFDIR:
 		sfd, opaque, err := openLayerDir(d.src, name, p)
 		if err != nil || sfd < 0 {
-			return false, err
+			return err
 		}
 		defer unix.Close(sfd)
 		same := had && pf.typ == unix.S_IFDIR && pf.ino == st.Ino
@@ -170,28 +166,28 @@ func (c *layerCopy) deltaEntry(d *pendingDir, rel, name string, depth int) (kept
 			// and whole, as the writable layer's is.
 			pfd, err := c.ensure(d)
 			if err != nil {
-				return true, err
+				return err
 			}
-			return true, c.entry(d.src, pfd, -1, rel, name, depth)
+			return c.entry(d.src, pfd, -1, rel, name, depth)
 		}
 		sub := &pendingDir{parent: d, name: name, src: sfd, st: st, opaque: opaque, fd: -1, key: key}
 		c.listed(rel, name)
 		if same && pf.unchanged(&st) {
 			c.next[key] = pf
 		} else if _, err := c.ensure(sub); err != nil {
-			return true, err
+			return err
 		}
 		err = c.delta(sub, p+"/", depth+1)
-		return true, errors.Join(err, c.finishDir(sub))
+		return errors.Join(err, c.finishDir(sub))
 	}
 	if had && pf.unchanged(&st) {
 		c.next[key] = pf
 		c.listed(rel, name)
-		return true, nil
+		return nil
 	}
 	pfd, err := c.ensure(d)
 	if err != nil {
-		return true, err
+		return err
 	}
-	return true, c.entry(d.src, pfd, -1, rel, name, depth)
+	return c.entry(d.src, pfd, -1, rel, name, depth)
 }
