@@ -50,7 +50,7 @@ func (s *sandbox) startSquash(last *lastCheckpoint) {
 	id := isolation.NewID()
 	s.squashing = append(slices.Clone(stack), id)
 	b := s.b
-	b.closing.Go(func() {
+	b.squashes.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), squashTimeout)
 		defer cancel()
 		depth, err := b.squash(ctx, id, s.base, s.rootfs, stack, last)
