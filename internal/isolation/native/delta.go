@@ -32,8 +32,8 @@ import (
 // full copy.
 
 // squashAfter is how many stacked deltas a sandbox's checkpoints reach
-// before they are squashed in the background.
-const squashAfter = 8
+// before they are squashed in the background (a variable for tests).
+var squashAfter = 8
 
 // opaqueXattr marks a directory opaque in the overlay's user namespace
 // mounts (userxattr).

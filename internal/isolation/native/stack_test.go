@@ -187,3 +187,36 @@ func parentOf(t *testing.T, b *native.Backend, id string) string {
 	}
 	return ""
 }
+
+// Without squashes, a sandbox's checkpoints stack up to the deepest stack
+// a sandbox may boot on, and the next one is a whole copy on the boot
+// layer again; sandboxes booted on the deepest one and on that copy see
+// what the source had.
+func TestCheckpointStackCap(t *testing.T) {
+	native.NoSquash(t)
+	b := newBackendWith(t, native.Options{CopyLayers: true})
+	src := create(t, b, isolation.Spec{})
+	cp := src.(isolation.Checkpointer)
+	var infos []isolation.LayerInfo
+	for i := 0; i <= native.MaxLayerStack; i++ {
+		sh(t, src, fmt.Sprintf(`echo %d > /home/n%d`, i, i%3))
+		info, err := cp.Checkpoint(t.Context())
+		if err != nil {
+			t.Fatalf("checkpoint %d: %v", i+1, err)
+		}
+		infos = append(infos, info)
+	}
+	deepest, whole := infos[len(infos)-2], infos[len(infos)-1]
+	if deepest.Depth != native.MaxLayerStack || whole.Parent != "" || whole.Depth != 1 {
+		t.Fatalf("checkpoint %d at depth %d, the next on %q at depth %d; want %d, then a whole copy at depth 1",
+			len(infos)-1, deepest.Depth, whole.Parent, whole.Depth, native.MaxLayerStack)
+	}
+	want := fmt.Sprintf("%d\n%d\n%d\n", native.MaxLayerStack-2, native.MaxLayerStack-1, native.MaxLayerStack-3)
+	if got := sh(t, createOn(t, b, deepest.ID), `cat /home/n0 /home/n1 /home/n2`); got != want {
+		t.Errorf("sandbox on the deepest checkpoint reads %q, want %q", got, want)
+	}
+	want = fmt.Sprintf("%d\n%d\n%d\n", native.MaxLayerStack-2, native.MaxLayerStack-1, native.MaxLayerStack)
+	if got := sh(t, createOn(t, b, whole.ID), `cat /home/n0 /home/n1 /home/n2`); got != want {
+		t.Errorf("sandbox on the whole copy reads %q, want %q", got, want)
+	}
+}
