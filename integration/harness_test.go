@@ -141,6 +141,7 @@ func (d *daemon) start(extra ...string) {
 		// The warm pool's idle sandboxes would count as leftovers in the
 		// checks; TestWarmPool turns it on.
 		"--warm-pool", "0",
+		"--warm-code-interpreter", "0",
 	}, extra...)
 	cmd := exec.Command(testutil.FenceBinary(t), args...)
 	cmd.Env = append(os.Environ(), "FENCE_API_KEY="+d.Key)

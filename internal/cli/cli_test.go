@@ -112,6 +112,8 @@ func TestServeOptions(t *testing.T) {
 		APIKey: "e2b_abc", Domain: "localhost",
 		Defaults:     sandbox.Defaults{CPUs: 1, MemoryMB: 512, Pids: 1024, DiskMB: 1024, NoFile: 1024, Timeout: 5 * time.Minute},
 		MaxSandboxes: 1000, WarmPool: 2, LayerFSSize: 32 << 30, MaxLifetime: 24 * time.Hour,
+		// The code interpreter's pool, kept when the template is built.
+		WarmTemplates: []fencedaemon.WarmTemplate{{Name: "code-interpreter", Size: 1, IfBuilt: true}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fence serve options = %+v, want %+v", got, want)

@@ -67,6 +67,7 @@ SIGINT or SIGTERM.`
 func serveCmd(deps Deps) *cobra.Command {
 	var c fencedaemon.Config
 	var cl clusterFlags
+	var warmCI int
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -90,12 +91,16 @@ func serveCmd(deps Deps) *cobra.Command {
 				return err
 			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
+			if c.WarmTemplates, err = withCodeInterpreterPool(c.WarmTemplates, warmCI); err != nil {
+				return err
+			}
 			c.APIKey = os.Getenv("FENCE_API_KEY")
 			return untilSignal(cmd, "serving", func(ctx context.Context) error { return deps.Serve(ctx, c) })
 		},
 	}
 	fs := cmd.Flags()
 	addServeFlags(fs, &c)
+	addWarmCodeInterpreterFlag(fs, &warmCI)
 	cl.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)

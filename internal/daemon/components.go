@@ -502,6 +502,10 @@ func (d *node) startWarmPools(ctx context.Context) error {
 	})
 	for i, wt := range d.opts.WarmTemplates {
 		t, err := d.mgr.WarmTarget(wt.Name)
+		if err != nil && wt.IfBuilt {
+			d.log.Info("no warm pool of a template not built", "template", wt.Name, "err", err)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("--warm-template %s: %w", wt.Name, err)
 		}

@@ -300,4 +300,7 @@ func apiKey(opts Config) (key, path string, err error) {
 type WarmTemplate struct {
 	Name string
 	Size int
+	// IfBuilt starts the pool only when the template is built, instead
+	// of failing the daemon's start (a default pool, not one asked for).
+	IfBuilt bool
 }

@@ -74,6 +74,15 @@ type FileCheckpointer interface {
 	CheckpointFiles(ctx context.Context) (LayerInfo, error)
 }
 
+// LayerHolder is implemented by sandboxes that keep layers of their own
+// besides the one they boot on: a checkpoint stacked on the previous one
+// needs that one (whatever the caller's records say of it), and a squash
+// of checkpoints in progress the layers it reads and makes. The caller
+// keeps them, and their parents, while the sandbox lives.
+type LayerHolder interface {
+	HeldLayers() []string
+}
+
 // LayerOwner is implemented by a Layers backend that can tell its layers
 // from another's without listing them all, so that a router of several
 // backends (isolation/multi) sends each layer to its own backend.

@@ -146,16 +146,24 @@ func (p *LayerPort) AdmitAhead() bool {
 }
 
 // KeptLayers lists the layers the lifecycle keeps: each live sandbox's
-// boot layer and filesystem-only pause, and the templates' run images.
+// boot layer, filesystem-only pause and the layers its backend sandbox
+// holds (isolation.LayerHolder), and the templates' run images.
 func (p *LayerPort) KeptLayers() []string {
 	m := p.m
 	keep := m.runImages.Layers()
+	var boxes []isolation.Sandbox
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	for _, e := range m.running {
 		e.mu.Lock()
 		keep = append(keep, e.layer, e.cold)
 		e.mu.Unlock()
+		boxes = append(boxes, e.sb())
+	}
+	m.mu.Unlock()
+	for _, box := range boxes {
+		if h, ok := isolation.As[isolation.LayerHolder](box); ok {
+			keep = append(keep, h.HeldLayers()...)
+		}
 	}
 	return keep
 }

@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"maps"
+	"net"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/warm"
@@ -48,9 +50,36 @@ func (m *Manager) WarmTarget(name string) (warm.Target, error) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, rt.Env)
-	return warm.Target{RootFS: rootfs, Limits: limits, Network: m.fences.Pool(),
+	t := warm.Target{RootFS: rootfs, Limits: limits, Network: m.fences.Pool(),
 		Agent:   isolation.AgentConfig{EnvVars: env, DefaultUser: rt.DefaultUser, DefaultWorkdir: rt.DefaultWorkdir},
-		Prepare: m.starts.Warm(name, rt)}, nil
+		Prepare: m.starts.Warm(name, rt)}
+	if rp, ok := m.templates.(ReadyPorter); ok {
+		if ports := rp.ReadyPorts(name); len(ports) > 0 {
+			t.Prepare = waitingPorts(m, name, ports, t.Prepare)
+			// Its services (the code interpreter's kernel) start with the
+			// pool's environment and would not see another.
+			t.SameEnv = true
+		}
+	}
+	return t, nil
+}
+
+// waitingPorts is prepare (nil for none) after the wait for a pooled
+// sandbox of template name to serve its ready ports: a sandbox counts as
+// ready in the pool once its services are (the code interpreter's kernel
+// started and warm).
+func waitingPorts(m *Manager, name string, ports []uint16, prepare func(context.Context, isolation.Sandbox) error) func(context.Context, isolation.Sandbox) error {
+	return func(ctx context.Context, sb isolation.Sandbox) error {
+		if err := startup.WaitPorts(ctx, m.log, sb.ID(), func(ctx context.Context, port uint16) (net.Conn, error) {
+			return m.fences.Dial(ctx, sb.ID(), port)
+		}, name, ports); err != nil {
+			return err
+		}
+		if prepare == nil {
+			return nil
+		}
+		return prepare(ctx, sb)
+	}
 }
 
 // ReadyPorter is implemented by Templates that know which ports a sandbox

@@ -5,10 +5,13 @@
 // Not part of the test run. Run through run.sh (which starts a daemon):
 //   ./run.sh --bench-ci
 //   ITERATIONS=30 ROUNDS=500 ./run.sh --bench-ci
+// PAUSE_MS waits that long before each create (a warm pool's refill, which
+// starts a kernel, takes seconds: back to back, creates outrun a pool of 1).
 import { Sandbox } from '@e2b/code-interpreter'
 
 const iterations = Number(process.env.ITERATIONS || 10)
 const rounds = Number(process.env.ROUNDS || 200)
+const pauseMs = Number(process.env.PAUSE_MS || 0)
 
 function pct(sorted, p) {
   // Nearest-rank percentile.
@@ -23,6 +26,7 @@ function report(name, v) {
 
 const rows = { create: [], 'first runCode': [], 'create + first runCode': [] }
 for (let i = 0; i <= iterations; i++) {
+  if (pauseMs > 0) await new Promise((r) => setTimeout(r, pauseMs))
   const t0 = performance.now()
   const s = await Sandbox.create()
   const t1 = performance.now()
@@ -35,7 +39,7 @@ for (let i = 0; i <= iterations; i++) {
   rows['first runCode'].push(t2 - t1)
   rows['create + first runCode'].push(t2 - t0)
 }
-console.log(`code-interpreter, ${iterations} sandboxes (sequential):`)
+console.log(`code-interpreter, ${iterations} sandboxes (sequential${pauseMs ? `, ${pauseMs} ms apart` : ''}):`)
 for (const [k, v] of Object.entries(rows)) report(k, v)
 
 const s = await Sandbox.create()

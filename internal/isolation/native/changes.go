@@ -86,26 +86,14 @@ func (b *Backend) LayerChanges(ctx context.Context, layer string) ([]isolation.F
 // the overlay shows them, against the template at rootfs.
 func (b *Backend) mergedChanges(ctx context.Context, chain []string, top []isolation.FileChange, rootfs string) ([]isolation.FileChange, error) {
 	merged := map[string]isolation.FileChange{}
-	apply := func(es []isolation.FileChange) {
-		for _, e := range es {
-			if e.Kind == "removed" || e.Opaque {
-				for p := range merged {
-					if strings.HasPrefix(p, e.Path+"/") {
-						delete(merged, p)
-					}
-				}
-			}
-			merged[e.Path] = e
-		}
-	}
 	for i := len(chain) - 1; i >= 0; i-- {
 		es, err := b.layerEntries(ctx, chain[i])
 		if err != nil {
 			return nil, err
 		}
-		apply(es)
+		applyEntries(merged, es)
 	}
-	apply(top)
+	applyEntries(merged, top)
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("opening template: %w", err)
@@ -126,6 +114,22 @@ func (b *Backend) mergedChanges(ctx context.Context, chain []string, top []isola
 	}
 	slices.SortFunc(out, func(a, c isolation.FileChange) int { return strings.Compare(a.Path, c.Path) })
 	return out, nil
+}
+
+// applyEntries lays the entries es of a layer over merged, the entries of
+// the layers below it, as the overlay shows them: a removal or an opaque
+// directory hides what was below it.
+func applyEntries(merged map[string]isolation.FileChange, es []isolation.FileChange) {
+	for _, e := range es {
+		if e.Kind == "removed" || e.Opaque {
+			for p := range merged {
+				if strings.HasPrefix(p, e.Path+"/") {
+					delete(merged, p)
+				}
+			}
+		}
+		merged[e.Path] = e
+	}
 }
 
 // stamps returns the mtime and the ctime of each of paths (files in the

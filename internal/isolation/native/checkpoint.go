@@ -31,7 +31,9 @@ import (
 // hard link would let them change the checkpoint by writing a file in
 // place. The copy costs what the sandbox changed since it booted, never
 // the template; ext4 has no reflink (FICLONE is tried first and used
-// where the host's filesystem has it).
+// where the host's filesystem has it). A sandbox's later checkpoints stack
+// on its previous one and copy only what changed since (delta.go), and a
+// deep stack is squashed in the background (squash.go).
 //
 // A layer is made under a temporary name and renamed into place once
 // complete: a crash leaves a temporary directory, which Cleanup removes,
@@ -118,24 +120,13 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, fmt.Errorf("opening layer: %w", err)
 	}
 	defer unix.Close(dst)
-	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{}, next: map[string]prevFile{}}
-	took, err := s.frozen(func() error {
-		src, err := s.openUpper()
-		if err != nil {
-			return err
-		}
-		defer unix.Close(src)
-		prev := -1
-		if s.last != nil { // +checklocksignore: fn runs under s.pmu (frozen)
-			// The previous checkpoint's files that did not change since
-			// are linked from its layer, not copied: both are frozen.
-			if fd, err := unix.Open(b.layerTree(s.last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil { // +checklocksignore: fn runs under s.pmu (frozen)
-				defer unix.Close(fd)
-				prev, c.prev = fd, s.last.files // +checklocksignore: fn runs under s.pmu (frozen)
-			}
-		}
-		c.stableBefore = time.Now().Add(-stableMargin)
-		return c.dir(src, dst, prev, "", 0)
+	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{},
+		next: map[string]prevFile{}, kids: map[string][]string{}, layer: id}
+	var parent string
+	var depth int
+	took, err := s.frozen(func() (err error) {
+		parent, depth, err = s.copyUpper(c, dst) // +checklocksignore: fn runs under s.pmu (frozen)
+		return err
 	})
 	if err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("checkpointing sandbox %s: %w", s.id, err)
@@ -144,18 +135,54 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	if err := unix.Fchown(dst, 0, 0); err != nil {
 		return isolation.LayerInfo{}, fmt.Errorf("creating layer: %w", err)
 	}
-	m := &layerMeta{ID: id, Parent: s.base, Depth: len(s.chain) + 1, Bytes: c.bytes, Created: time.Now().UTC(),
+	m := &layerMeta{ID: id, Parent: parent, Depth: depth, Bytes: c.bytes, Created: time.Now().UTC(),
 		RootFS: s.rootfs, Entries: s.ours(c.entries, c.mtimes)}
 	if err := b.commitLayer(tmp, m); err != nil {
 		return isolation.LayerInfo{}, err
 	}
 	ok = true
 	s.pmu.Lock()
-	s.last = &lastCheckpoint{layer: id, files: c.next}
+	s.last = &lastCheckpoint{layer: id, depth: depth, files: c.next, kids: c.kids}
+	if depth-len(s.chain) >= squashAfter {
+		s.startSquash(s.last)
+	}
 	s.pmu.Unlock()
 	info := m.info()
 	info.Took = took
 	return info, nil
+}
+
+// copyUpper copies the writable layer into the layer dst with c: what
+// changed since the previous checkpoint, on top of it, or the whole of it
+// on the boot layer (the first checkpoint, or one at the deepest stack).
+// It returns the new layer's parent and depth. The sandbox is frozen.
+//
+// +checklocks:s.pmu
+func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ error) {
+	b := s.b
+	src, err := s.openUpper()
+	if err != nil {
+		return "", 0, err
+	}
+	defer unix.Close(src)
+	c.stableBefore = time.Now().Add(-stableMargin)
+	last := s.last
+	if last != nil && last.depth < maxLayerStack {
+		if _, err := b.layerMeta(last.layer); err == nil {
+			c.prev, c.prevKids = last.files, last.kids
+			return last.layer, last.depth + 1, c.delta(&pendingDir{src: src, fd: dst, key: ""}, "", 0)
+		}
+	}
+	prev := -1
+	if last != nil {
+		// The previous checkpoint's files that did not change since are
+		// linked from its layer, not copied: both are frozen.
+		if fd, err := unix.Open(b.layerTree(last.layer), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			defer unix.Close(fd)
+			prev, c.prev, c.prevLayer = fd, last.files, last.layer
+		}
+	}
+	return s.base, len(s.chain) + 1, c.dir(src, dst, prev, "", 0)
 }
 
 // commitLayer completes the layer made in tmp (a layerTmpPrefix

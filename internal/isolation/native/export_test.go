@@ -77,3 +77,14 @@ func CutLifeline(sb interface{ ID() string }) {
 	s := sb.(*sandbox)
 	s.lifeline.Close()
 }
+
+// NoSquash keeps the backend's checkpoints from being squashed until the
+// test ends.
+func NoSquash(t interface{ Cleanup(func()) }) {
+	old := squashAfter
+	squashAfter = 1 << 30
+	t.Cleanup(func() { squashAfter = old })
+}
+
+// MaxLayerStack is the deepest stack of layers a sandbox boots on.
+const MaxLayerStack = maxLayerStack

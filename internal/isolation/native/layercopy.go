@@ -26,27 +26,48 @@ type layerCopy struct {
 	entries []isolation.FileChange
 	mtimes  map[string]unix.Timespec // of the entries, by path
 	buf     []byte
-	// prev indexes the previous checkpoint's files (nil: none), next this
-	// one's; stableBefore is the ctime before which a file is indexed.
-	prev, next   map[string]prevFile
-	stableBefore time.Time
+	// prev indexes the previous checkpoint's entries (nil: none), next
+	// this one's; stableBefore is the ctime before which an entry counts
+	// as stable. kids lists each indexed directory's names (by the
+	// directory's key, "" for the root), prevKids the previous one's.
+	prev, next     map[string]prevFile
+	kids, prevKids map[string][]string
+	stableBefore   time.Time
+	// layer is the layer being made; prevLayer the one prev's files are
+	// linked from in a full copy (its tree walked beside the source).
+	layer, prevLayer string
 }
 
-// prevFile is what identifies a file of the writable layer as unchanged
-// since a checkpoint copied it: the same inode with the same change time
-// and size (a write, truncate, chmod, chown, rename or utimes sets the
-// change time; the sandbox cannot set it back).
+// prevFile is what identifies an entry of the writable layer as
+// unchanged since a checkpoint indexed it: the same inode of the same
+// type with the same change time and size (a write, truncate, chmod,
+// chown, rename, utimes or a change of a directory's names sets the
+// change time; the sandbox cannot set it back), indexed while stable
+// (its change time far enough before the checkpoint).
 type prevFile struct {
-	ino   uint64
-	ctime unix.Timespec
-	size  int64
-	sha   string
+	ino    uint64
+	ctime  unix.Timespec
+	size   int64
+	sha    string
+	typ    uint32 // unix.S_IFMT bits
+	stable bool
+	opaque bool // a directory the writable layer marks opaque
+	// layer is the checkpoint layer whose tree holds the entry as it is.
+	layer string
 }
 
-// lastCheckpoint is a sandbox's previous checkpoint: its layer and index.
+// unchanged reports whether st is the entry pf indexed, as it was.
+func (pf prevFile) unchanged(st *unix.Stat_t) bool {
+	return pf.stable && pf.typ == st.Mode&unix.S_IFMT && pf.ino == st.Ino && pf.ctime == st.Ctim && pf.size == st.Size
+}
+
+// lastCheckpoint is a sandbox's previous checkpoint: its layer, that
+// layer's depth, and the index of the writable layer's entries then.
 type lastCheckpoint struct {
 	layer string
+	depth int
 	files map[string]prevFile
+	kids  map[string][]string
 }
 
 // stableMargin keeps out of the index the files whose change time is so
@@ -54,12 +75,30 @@ type lastCheckpoint struct {
 // (coarse) timestamp.
 const stableMargin = 50 * time.Millisecond
 
-// remember indexes a copied (or linked) file for the next checkpoint.
-func (c *layerCopy) remember(path string, st *unix.Stat_t, sum string) {
-	if c.next == nil || !time.Unix(st.Ctim.Unix()).Before(c.stableBefore) {
+// remember indexes an entry the layer being made holds, for the next
+// checkpoint.
+func (c *layerCopy) remember(path string, st *unix.Stat_t, sum string, opaque bool) {
+	if c.next == nil {
 		return
 	}
-	c.next[path] = prevFile{ino: st.Ino, ctime: st.Ctim, size: st.Size, sha: sum}
+	c.next[path] = prevFile{ino: st.Ino, ctime: st.Ctim, size: st.Size, sha: sum, typ: st.Mode & unix.S_IFMT,
+		stable: time.Unix(st.Ctim.Unix()).Before(c.stableBefore), opaque: opaque, layer: c.layer}
+}
+
+// listed adds name to the index's names of the directory at rel.
+func (c *layerCopy) listed(rel, name string) {
+	if c.kids != nil {
+		k := dirKey(rel)
+		c.kids[k] = append(c.kids[k], name)
+	}
+}
+
+// dirKey is the index key of the directory at rel ("" or "a/b/").
+func dirKey(rel string) string {
+	if rel == "" {
+		return ""
+	}
+	return "/" + strings.TrimSuffix(rel, "/")
 }
 
 // entryCost is what an entry is charged on top of its data.
@@ -131,6 +170,8 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 				return fmt.Errorf("copying whiteout /%s: %w", p, err)
 			}
 		}
+		c.remember(e.Path, &st, "", false)
+		c.listed(rel, name)
 		return c.add(e)
 	case unix.S_IFDIR:
 		e.Kind = "dir"
@@ -140,6 +181,8 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 		}
 		defer unix.Close(sfd)
 		e.Opaque = opaque
+		c.remember(e.Path, &st, "", opaque)
+		c.listed(rel, name)
 		dfd := -1
 		if dst >= 0 {
 			if err := unix.Mkdirat(dst, name, 0o700); err != nil {
@@ -191,6 +234,8 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 			}
 			_ = unix.UtimesNanoAt(dst, name, mtime, unix.AT_SYMLINK_NOFOLLOW)
 		}
+		c.remember(e.Path, &st, "", false)
+		c.listed(rel, name)
 		return c.add(e)
 	case unix.S_IFIFO:
 		e.Kind = "other"
@@ -205,6 +250,8 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 				return fmt.Errorf("copying fifo /%s: %w", p, err)
 			}
 		}
+		c.remember(e.Path, &st, "", false)
+		c.listed(rel, name)
 		return c.add(e)
 	case unix.S_IFREG:
 		e.Kind = "file"
@@ -215,6 +262,7 @@ func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error
 		if size < 0 {
 			return nil // gone meanwhile
 		}
+		c.listed(rel, name)
 		e.SHA256, e.Size = sum, size
 		return c.add(e)
 	default:
@@ -240,9 +288,9 @@ func (c *layerCopy) file(src, dst, prev int, name, p string, uid, gid int, times
 	}
 	key := "/" + p
 	if dst >= 0 && prev >= 0 {
-		if pf, ok := c.prev[key]; ok && pf.ino == st.Ino && pf.ctime == st.Ctim && pf.size == st.Size {
+		if pf, ok := c.prev[key]; ok && pf.layer == c.prevLayer && pf.unchanged(&st) {
 			if unix.Linkat(prev, name, dst, name, 0) == nil {
-				c.remember(key, &st, pf.sha)
+				c.remember(key, &st, pf.sha, false)
 				return pf.sha, st.Size, nil
 			}
 		}
@@ -284,7 +332,7 @@ func (c *layerCopy) file(src, dst, prev int, name, p string, uid, gid int, times
 	if err := finish(dfd, uid, gid, st.Mode&0o7777, times); err != nil {
 		return "", 0, fmt.Errorf("copying file /%s: %w", p, err)
 	}
-	c.remember(key, &st, sum)
+	c.remember(key, &st, sum, false)
 	return sum, st.Size, nil
 }
 
@@ -320,7 +368,10 @@ func finish(fd, uid, gid int, mode uint32, times []unix.Timespec) error {
 
 // copyXattrs copies the user.* extended attributes (the overlay's own
 // among them: an opaque directory stays opaque).
-func copyXattrs(src, dst int) error {
+func copyXattrs(src, dst int) error { return copyXattrsBut(src, dst, "") }
+
+// copyXattrsBut is copyXattrs leaving out the attribute skip.
+func copyXattrsBut(src, dst int, skip string) error {
 	buf := make([]byte, 4096)
 	n, err := unix.Flistxattr(src, buf)
 	if err != nil {
@@ -331,7 +382,7 @@ func copyXattrs(src, dst int) error {
 	}
 	val := make([]byte, 4096)
 	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if !strings.HasPrefix(name, "user.") {
+		if !strings.HasPrefix(name, "user.") || name == skip {
 			continue
 		}
 		vn, err := unix.Fgetxattr(src, name, val)

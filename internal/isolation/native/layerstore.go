@@ -225,8 +225,10 @@ func (b *Backend) DeleteLayer(ctx context.Context, id string) error {
 	return nil
 }
 
-// cleanupLayers removes what a crash left of layers being made or deleted.
+// cleanupLayers removes what a crash left of layers being made or deleted,
+// once the squashes in progress are done (their layers are being made).
 func (b *Backend) cleanupLayers() error {
+	b.squashes.Wait()
 	ents, err := os.ReadDir(b.layersDir())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

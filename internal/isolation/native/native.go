@@ -143,6 +143,7 @@ type Backend struct {
 
 	closeOnce sync.Once
 	closing   sync.WaitGroup // killed sandboxes releasing their resources, network stacks shutting down
+	squashes  sync.WaitGroup // squashes of checkpoints in progress (squash.go)
 	reapers   chan struct{}  // a slot per release in progress (see sandbox.Kill)
 	pending   *backlog       // killed sandboxes whose release is pending
 	// releaseTimes sums the steps of the background releases.
@@ -299,6 +300,7 @@ func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.closing.Wait()
+		b.squashes.Wait()
 		// The spawner first: it may live in the ready inits' cgroup,
 		// whose removal would kill it.
 		b.spawner.close()

@@ -60,6 +60,10 @@ type sandbox struct {
 	// last is the previous checkpoint (checkpoint.go).
 	// +checklocks:pmu
 	last *lastCheckpoint
+	// squashing lists the layers a squash of its checkpoints in progress
+	// reads and makes (squash.go); nil when none runs.
+	// +checklocks:pmu
+	squashing []string
 	// lastUsage is the subvolume's usage at the previous checkpoint (the
 	// btrfs store, layerfs.go).
 	// +checklocks:pmu

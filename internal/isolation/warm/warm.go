@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -84,6 +85,10 @@ type Target struct {
 	// and the pool waits longer after each failure in a row (up to
 	// maxPrepareBackoff) before it starts another.
 	Prepare func(context.Context, isolation.Sandbox) error
+	// SameEnv restricts the pool to creates whose agent environment is
+	// Agent's: its sandboxes run services started with that environment
+	// before the hand-over, which a later one would not reach.
+	SameEnv bool
 }
 
 // Prepare's time limit, and the longest wait after failed Prepares.
@@ -215,7 +220,8 @@ func (p *Pool) serves(spec isolation.Spec) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.budget != nil && spec.ID == "" && len(spec.Binds) == 0 && spec.Backend == "" &&
-		spec.RootFS == p.target.RootFS && spec.Limits == p.target.Limits
+		spec.RootFS == p.target.RootFS && spec.Limits == p.target.Limits &&
+		(!p.target.SameEnv || maps.Equal(spec.Agent.EnvVars, p.target.Agent.EnvVars))
 }
 
 // WaitReady blocks until the pool holds a started sandbox (benchmarks use

@@ -365,3 +365,47 @@ func TestQuietTakeRefillsLater(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A pool whose sandboxes run services started with its environment
+// (Target.SameEnv) hands them out only to creates with that same
+// environment; another create gets a sandbox of its own, made with its
+// environment.
+func TestPoolSameEnv(t *testing.T) {
+	for _, same := range []bool{false, true} {
+		host := fake.NewHost()
+		pool := warm.New(warm.Options{Backend: fake.New(fake.Options{Host: host}), Size: 1})
+		t.Cleanup(func() { pool.Close(context.Background()) })
+		tg := target
+		tg.Agent = isolation.AgentConfig{EnvVars: map[string]string{"A": "pool"}}
+		tg.SameEnv = same
+		pool.Start(tg, nil)
+		if err := pool.WaitReady(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		pooled := host.Running()
+		spec := isolation.Spec{RootFS: target.RootFS, Limits: target.Limits,
+			Agent: isolation.AgentConfig{EnvVars: map[string]string{"A": "request"}}}
+		sb, err := pool.Create(t.Context(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if handed := slices.Contains(pooled, sb.ID()); handed == same {
+			t.Errorf("SameEnv %v: a create with another environment was handed a pooled sandbox: %v", same, handed)
+		}
+		if !same {
+			continue
+		}
+		if err := pool.WaitReady(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		pooled = host.Running()
+		spec.Agent.EnvVars = map[string]string{"A": "pool"}
+		sb, err = pool.Create(t.Context(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(pooled, sb.ID()) {
+			t.Errorf("a create with the pool's environment was not handed a pooled sandbox")
+		}
+	}
+}
