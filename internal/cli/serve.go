@@ -67,6 +67,7 @@ SIGINT or SIGTERM.`
 func serveCmd(deps Deps) *cobra.Command {
 	var c fencedaemon.Config
 	var cl clusterFlags
+	var rg registryFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -89,6 +90,9 @@ func serveCmd(deps Deps) *cobra.Command {
 			if c.Cluster, err = cl.options(); err != nil {
 				return err
 			}
+			if c.Registry, err = rg.options(c.Database); err != nil {
+				return err
+			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
 			c.APIKey = os.Getenv("FENCE_API_KEY")
 			return untilSignal(cmd, "serving", func(ctx context.Context) error { return deps.Serve(ctx, c) })
@@ -97,6 +101,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	fs := cmd.Flags()
 	addServeFlags(fs, &c)
 	cl.add(fs)
+	rg.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
 	}
