@@ -416,6 +416,9 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	if memoryMB < 128 || memoryMB%2 != 0 {
 		return nil, fmt.Errorf("memoryMB %d: want an even number of at least 128: %w", memoryMB, api.ErrInvalidArgument)
 	}
+	if err := s.adoptForBuild(ctx, n.Alias); err != nil {
+		return nil, err
+	}
 	now := s.now().UTC()
 	s.mu.Lock()
 	// Claimed under s.mu: a deletion of the template takes its builds

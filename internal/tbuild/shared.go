@@ -337,6 +337,42 @@ func (s *Service) listed(rec store.SharedTemplate) (Listed, bool) {
 		EnvdVersion: EnvdVersion, Team: rec.Team}, true
 }
 
+// adoptForBuild makes the cluster's template of alias this node's, under
+// its ID, before a build of it registers here: the build is then a new
+// build of the cluster's template (its index record moves to it once it
+// is ready) rather than a second template of that name, which the index
+// would refuse. Another team's template of that alias is a conflict, as
+// on one node.
+func (s *Service) adoptForBuild(ctx context.Context, alias string) error {
+	if !s.shares() {
+		return nil
+	}
+	if _, err := s.names.Lookup(alias); err == nil {
+		return nil
+	}
+	rec, err := s.indexed(ctx, alias)
+	if err != nil || rec == nil {
+		return err
+	}
+	if rec.Team != tenancy.TeamOf(ctx) {
+		return fmt.Errorf("Alias '%s' is already used: %w", alias, api.ErrConflict)
+	}
+	var meta sharedMeta
+	if err := json.Unmarshal(rec.Meta, &meta); err != nil {
+		return fmt.Errorf("template %q: its record in the cluster's index is corrupt: %w", alias, err)
+	}
+	t := meta.Template
+	t.ID, t.Alias, t.Team, t.Public = rec.ID, rec.Alias, rec.Team, rec.Public
+	s.mu.Lock()
+	err = s.names.Adopt(t)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	s.names.Save(ctx, t.ID)
+	return nil
+}
+
 // cmpErr returns the first error that is not nil.
 func cmpErr(errs ...error) error {
 	for _, err := range errs {
