@@ -97,9 +97,9 @@ func listedTemplates(t *testing.T, d *daemon) map[string]string {
 // TestTemplatesThroughRegistry runs two nodes on one PostgreSQL database
 // and one content registry: a template built through the API on node A
 // (and one through `fence template build -f`) starts sandboxes on node B
-// with A's files (hard links kept), every node lists them alike,
-// concurrent creates on B pull once, a registry serving other bytes is
-// refused and leaves nothing on B, a node whose registry is unreachable
+// with A's files, every node lists them alike, concurrent creates on B
+// pull once, a registry serving other bytes is refused and leaves nothing
+// on B, a rebuild on B reaches A, a node whose registry is unreachable
 // fails its build clearly, and a template deleted through B is gone from
 // A at its next use. It logs the first start on a node that must pull
 // against one that has the template.
@@ -207,6 +207,25 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 	}
 	if n := cr.manifests.Load(); n != 1 {
 		t.Errorf("3 concurrent creates on b fetched the manifest %d times, want 1 (one pull)", n)
+	}
+
+	// Built again on B (which only pulled it): a new build of the same
+	// template, which A then pulls at its next create.
+	if err := os.WriteFile(df, []byte("FROM e2bdev/base\nRUN echo third-"+marker+" > /opt/second\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := b.fenceCLI(t, nil, "template", "build", "shared-two", "-f", df); code != 0 {
+		t.Fatalf("fence template build shared-two -f on b = %d\n%s\n%s", code, out, errs)
+	}
+	if got, want := listedTemplates(t, a)["shared-two"], listedTemplates(t, b)["shared-two"]; got == "" || got != want {
+		t.Errorf("shared-two rebuilt on b: listed as %q on a, %q on b; want one template", got, want)
+	}
+	sbA = a.create(t, api.NewSandbox{TemplateID: "shared-two"})
+	if out := sh(t, sbA.Envd(), "cat /opt/second"); out != "third-"+marker+"\n" {
+		t.Errorf("shared-two on a after its rebuild on b: %q", out)
+	}
+	if err := sbA.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
 	}
 
 	// A node whose registry cannot be reached fails its build clearly.
