@@ -90,6 +90,9 @@ func TestFetchFromTheCluster(t *testing.T) {
 	if p, err := b.Catalog().Resolve("app"); err == nil {
 		t.Fatalf("another team's private template was pulled: Resolve = %q", p)
 	}
+	if id, _, err := b.Alias("app"); err != nil || id != a.List()[0].TemplateID {
+		t.Errorf("Alias(app) on b before any pull = %q, %v; want a's template", id, err)
+	}
 	if err := b.Catalog().Fetch(ctx, "app:default"); err != nil {
 		t.Fatalf("Fetch(app) = %v", err)
 	}
