@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/store/pgtest"
 	"github.com/fencesandbox/fence/internal/testutil"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -252,4 +253,71 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 	if r := a.do(t, "POST", "/sandboxes", a.Key, strings.NewReader(`{"templateID":"shared-tpl","timeout":60}`), nil); r.Status != http.StatusNotFound {
 		t.Errorf("a create on a of a template deleted through b = %d %s, want 404", r.Status, r.Body)
 	}
+}
+
+// TestScaleoutTemplatesThroughRegistry runs two nodes on a real
+// kube-apiserver, one PostgreSQL database and one content registry, behind
+// `fence router --shared-database --shared-registry`: a template built on
+// node A starts through the router on both nodes (a create once A's Lease
+// counts its sandbox goes to B, the freer node, which pulls it) with A's
+// files, and the router lists it.
+func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireTemplate(t, "base")
+	k := startKube(t)
+	root := repoRoot(t)
+	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
+	token := randHex(32)
+	t.Setenv("FENCE_CLUSTER_TOKEN", token)
+	key := "e2b_" + randHex(20)
+	templatesDir(t)
+	dsn := pgtest.New(t).Database(t)
+	cr := startContentRegistry(t)
+	flags := []string{"--database", dsn, "--secrets-key", clusterKey(t), "--registry", cr.host + "/fence", "--max-sandboxes", "4"}
+	a := startNode(t, k, "node-a", key, flags...)
+	startNode(t, k, "node-b", key, flags...)
+	r := startRouter(t, k, key, 0, "--shared-database", "--shared-registry")
+	eventually(t, 30*time.Second, "router sees 2 placeable nodes", func() bool {
+		st, live, pl := r.health()
+		return st == 200 && live == 2 && pl == 2
+	})
+	via := &daemon{t: t, URL: r.URL, Key: key, Client: client.New(r.URL, key)}
+
+	// The build's routes are node-a's own (a node in a cluster answers
+	// only with the cluster token).
+	a.Client = client.New(a.URL, key, client.WithHTTPClient(&http.Client{Transport: clusterTokenTransport(token)}))
+	marker := randHex(16)
+	tid, bid := buildTemplate(t, a, "routed-tpl", client.TemplateBuildSpec{FromTemplate: "base", Steps: steps("echo " + marker + " > /opt/marker")})
+	if st, logs := waitBuild(t, a, tid, bid); st.Status != "ready" {
+		t.Fatalf("build on node-a: %s (%+v)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	}
+	if got := listedTemplates(t, via)["routed-tpl"]; got != tid {
+		t.Fatalf("GET /templates through the router lists routed-tpl as %q, want %s", got, tid)
+	}
+	// The router places by the free capacity the nodes' Leases report
+	// (renewed every 3 s): a create once the first node's Lease counts its
+	// sandbox goes to the other node.
+	tags := map[string]bool{}
+	for i := 0; len(tags) < 2 && i < 4; i++ {
+		if i > 0 {
+			time.Sleep(4 * time.Second)
+		}
+		sb := via.create(t, api.NewSandbox{TemplateID: "routed-tpl"})
+		tags[sb.ID()[:cluster.TagLen]] = true
+		if out := rsh(t, sb.Envd(), "cat /opt/marker"); out != marker+"\n" {
+			t.Fatalf("a sandbox of routed-tpl placed through the router (%s): %q", sb.ID(), out)
+		}
+	}
+	if !tags[cluster.Tag("node-b")] || !tags[cluster.Tag("node-a")] {
+		t.Errorf("creates through the router went to node tags %v, want both nodes'", tags)
+	}
+}
+
+// clusterTokenTransport sends the cluster token, as a router does.
+type clusterTokenTransport string
+
+func (c clusterTokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(cluster.HeaderToken, string(c))
+	return http.DefaultTransport.RoundTrip(r)
 }
