@@ -196,8 +196,12 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 				return
 			}
 			defer s.Kill(context.WithoutCancel(ctx))
-			o, _, _ := run(t, s.Envd(), client.ProcessSpec{Cmd: "cat", Args: []string{"/opt/second"}})
-			outs[i] = o
+			var o strings.Builder
+			if _, err := s.Envd().Run(ctx, client.ProcessSpec{Cmd: "cat", Args: []string{"/opt/second"}, Stdout: &o}); err != nil {
+				outs[i] = "run: " + err.Error()
+				return
+			}
+			outs[i] = o.String()
 		})
 	}
 	wg.Wait()
