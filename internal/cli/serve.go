@@ -68,6 +68,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	var c fencedaemon.Config
 	var cl clusterFlags
 	var warmCI int
+	var rg registryFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -90,6 +91,9 @@ func serveCmd(deps Deps) *cobra.Command {
 			if c.Cluster, err = cl.options(); err != nil {
 				return err
 			}
+			if c.Registry, err = rg.options(c.Database); err != nil {
+				return err
+			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
 			if c.WarmTemplates, err = withCodeInterpreterPool(c.WarmTemplates, warmCI); err != nil {
 				return err
@@ -102,6 +106,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	addServeFlags(fs, &c)
 	addWarmCodeInterpreterFlag(fs, &warmCI)
 	cl.add(fs)
+	rg.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
 	}

@@ -172,6 +172,18 @@ type Config struct {
 	// DataDir/secrets.key. With Database it must exist (every node reads
 	// the cluster's one key): it is never made then.
 	SecretsKey string
+	// Registry, if set (with Database), is the cluster's content
+	// registry: templates built on a node are pushed to it and pulled by
+	// the others (docs/CLUSTER.md).
+	Registry *RegistryOptions
+}
+
+// RegistryOptions locate the cluster's content registry
+// (contentreg.Options).
+type RegistryOptions struct {
+	URL                string // host[:port]/path-prefix
+	CAFile             string
+	Username, Password string
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is

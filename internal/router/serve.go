@@ -46,8 +46,11 @@ type Config struct {
 	// session's life (0: DefaultUISessionTTL).
 	NoUI         bool
 	UISessionTTL time.Duration
-	Logger       *slog.Logger
-	Stdout       io.Writer
+	// SharedContent: the nodes share one content registry
+	// (Options.SharedContent).
+	SharedContent bool
+	Logger        *slog.Logger
+	Stdout        io.Writer
 }
 
 // Serve runs the router until ctx is done, then shuts down gracefully.
@@ -92,7 +95,8 @@ func Serve(ctx context.Context, o Config) error {
 		return err
 	}
 	opts := Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
-		SharedRecords: o.SharedRecords, UISessionTTL: o.UISessionTTL}
+		SharedRecords: o.SharedRecords, UISessionTTL: o.UISessionTTL,
+		SharedContent: o.SharedContent}
 	if !o.NoUI {
 		opts.UI = ui.Handler()
 	}

@@ -248,6 +248,9 @@ var migrations = []string{
 	migrationCredentialRole,
 	// The names approved for whole teams (quotas.go).
 	migrationTeamNames,
+	// The cluster's index of templates in its content registry
+	// (sharedtemplates.go).
+	migrationSharedTemplates,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

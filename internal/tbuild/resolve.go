@@ -24,6 +24,13 @@ func (s *Service) Alias(name string) (id string, public bool, err error) {
 			return n.Alias, true, nil
 		}
 	}
+	ctx, cancel := indexCtx()
+	defer cancel()
+	if rec, err := s.indexed(ctx, n.Alias); err != nil {
+		return "", false, err
+	} else if rec != nil && rec.Alias == n.Alias {
+		return rec.ID, rec.Public, nil // a template of the cluster this node has not pulled
+	}
 	return "", false, fmt.Errorf("template %q not found: %w", name, api.ErrNotFound)
 }
 
