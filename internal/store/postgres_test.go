@@ -42,6 +42,7 @@ var sharedContract = []struct {
 	{"ReserveAcrossNodes", TestReserveAcrossNodes},
 	{"ReservationLease", TestReservationLease},
 	{"TeamRecords", TestTeamRecords},
+	{"SharedSnapshots", TestSharedSnapshots},
 }
 
 // TestPostgres runs the shared records' tests with those records in a

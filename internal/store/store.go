@@ -248,6 +248,8 @@ var migrations = []string{
 	migrationCredentialRole,
 	// The names approved for whole teams (quotas.go).
 	migrationTeamNames,
+	// Snapshots whose layers are in the cluster's registry (sharedsnaps.go).
+	migrationSharedSnapshots,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
