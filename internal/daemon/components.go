@@ -421,7 +421,11 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
 	// diffs) serves the manager and is served by it: sandbox.New binds
 	// it to the manager it makes; it starts once the manager has.
-	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
+	snapshots, err := d.snapshotStore(d.contentRegistry(), templates)
+	if err != nil {
+		return err
+	}
+	keeper := timetravel.New(timetravel.Options{Store: snapshots, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
 		Audit: d.sources.sink, Logger: d.log})
 	d.idle = idle.New(idle.Options{Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
