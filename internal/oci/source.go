@@ -2,6 +2,8 @@ package oci
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -53,16 +55,9 @@ func remoteSource(ctx context.Context, ref string, opts Options) (source, error)
 	if err != nil {
 		return source{}, err
 	}
-	auth := authn.Anonymous
-	if a := opts.Auth; a != nil {
-		switch {
-		case a.Token != "" && a.Username == "" && a.Password == "":
-			auth = authn.FromConfig(authn.AuthConfig{RegistryToken: a.Token})
-		case a.Token == "" && a.Username != "":
-			auth = authn.FromConfig(authn.AuthConfig{Username: a.Username, Password: a.Password})
-		default:
-			return source{}, fmt.Errorf("registry credentials: want a username and password, or a token: %w", ErrInvalidImage)
-		}
+	auth, err := opts.Auth.Authenticator()
+	if err != nil {
+		return source{}, err
 	}
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
@@ -81,13 +76,55 @@ func remoteSource(ctx context.Context, ref string, opts Options) (source, error)
 	return source{img: img, ref: r.Name(), digest: d.String(), manifest: true}, nil
 }
 
+// Authenticator returns the go-containerregistry authenticator of a:
+// anonymous (or the registry's anonymous token flow) when a is nil, basic
+// credentials exchanged through the registry's token flow when it asks for
+// one, or a registry token used as is.
+func (a *Auth) Authenticator() (authn.Authenticator, error) {
+	switch {
+	case a == nil:
+		return authn.Anonymous, nil
+	case a.Token != "" && a.Username == "" && a.Password == "":
+		return authn.FromConfig(authn.AuthConfig{RegistryToken: a.Token}), nil
+	case a.Token == "" && a.Username != "":
+		return authn.FromConfig(authn.AuthConfig{Username: a.Username, Password: a.Password}), nil
+	default:
+		return nil, fmt.Errorf("registry credentials: want a username and password, or a token: %w", ErrInvalidImage)
+	}
+}
+
+// Transport returns the RoundTripper fence reaches registries with:
+// go-containerregistry's default transport trusting the system's CAs, plus
+// the PEM certificates of caFile when it is not empty, and refusing plain
+// HTTP to any host off the loopback address (redirects included, since
+// each hop is a request of its own).
+func Transport(caFile string) (http.RoundTripper, error) {
+	if caFile == "" {
+		return loopbackOnlyHTTP{next: remote.DefaultTransport}, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("registry CA file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("registry CA file %s: no PEM certificate in it", caFile)
+	}
+	t := remote.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return loopbackOnlyHTTP{next: t}, nil
+}
+
 // loopbackOnlyHTTP refuses plain-HTTP requests to hosts that are not on a
 // loopback address. go-containerregistry also speaks HTTP to private
 // (RFC 1918) and .local registries; fence does not.
 type loopbackOnlyHTTP struct{ next http.RoundTripper }
 
 func (t loopbackOnlyHTTP) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme != "https" && !isLoopback(req.URL.Hostname()) {
+	if req.URL.Scheme != "https" && !IsLoopback(req.URL.Hostname()) {
 		if req.Body != nil {
 			req.Body.Close()
 		}
@@ -96,8 +133,9 @@ func (t loopbackOnlyHTTP) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.next.RoundTrip(req)
 }
 
-// isLoopback reports whether host (no port) is localhost or a loopback IP.
-func isLoopback(host string) bool {
+// IsLoopback reports whether host (no port) is localhost or a loopback IP:
+// the only hosts fence speaks plain HTTP to.
+func IsLoopback(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
 	}
