@@ -183,6 +183,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.Var(newSizeValue(&c.ForensicsBudget, "", "want a size above zero such as 500MiB or 2GiB", atLeast(1)), "forensics-budget", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
 	fs.StringVar(&c.Database, "database", "", "PostgreSQL URL (postgres://USER:PASSWORD@HOST/DB) of the records a cluster's nodes share: teams, keys, limits, quotas, secrets (default $FENCE_DATABASE_URL, else DATA-DIR/fence.db alone); see docs/CLUSTER.md")
+	fs.StringVar(&c.Registry, "registry", "", "the cluster's content registry, HOST[:PORT]/PREFIX (HTTPS, or plain HTTP on loopback): with --database, snapshots are pushed there and pulled by the node that needs them; see docs/CLUSTER.md")
 	fs.StringVar(&c.SecretsKey, "secrets-key", "", "file of the key sealing secrets (default DATA-DIR/secrets.key, made on first use); with --database it must exist, the same on every node")
 }
 

@@ -421,7 +421,7 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
 	// diffs) serves the manager and is served by it: sandbox.New binds
 	// it to the manager it makes; it starts once the manager has.
-	snapshots, err := d.snapshotStore(d.contentRegistry(), templates)
+	snapshots, err := d.snapshotStore(templates)
 	if err != nil {
 		return err
 	}

@@ -168,6 +168,9 @@ type Config struct {
 	// reservations, secrets (store.Options.DatabaseURL). Empty keeps them
 	// in DataDir/fence.db with the rest.
 	Database string
+	// Registry, if set, is the cluster's content registry
+	// (contentreg.Options.URL).
+	Registry string
 	// SecretsKey is the file of the key sealing secrets; empty means
 	// DataDir/secrets.key. With Database it must exist (every node reads
 	// the cluster's one key): it is never made then.

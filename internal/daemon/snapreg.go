@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"fmt"
+
+	"github.com/fencesandbox/fence/internal/contentreg"
 	"github.com/fencesandbox/fence/internal/isolation/gvisor"
 	"github.com/fencesandbox/fence/internal/isolation/multi"
 	"github.com/fencesandbox/fence/internal/sandbox"
@@ -12,9 +15,10 @@ import (
 // a shared database and the cluster's registry, the cluster's
 // (internal/snapreg: layers pushed to the registry, pulled by the node
 // that needs them); else the node's own.
-func (d *node) snapshotStore(content snapreg.Content, templates sandbox.Templates) (timetravel.LayerStore, error) {
-	if content == nil || !d.st.Shared() {
-		return d.st, nil
+func (d *node) snapshotStore(templates sandbox.Templates) (timetravel.LayerStore, error) {
+	content, err := d.contentRegistry()
+	if err != nil || content == nil || !d.st.Shared() {
+		return d.st, err
 	}
 	movers := map[string]snapreg.Mover{"native": d.native}
 	if m, ok := d.routed.(*multi.Backend); ok {
@@ -31,4 +35,13 @@ func (d *node) snapshotStore(content snapreg.Content, templates sandbox.Template
 
 // contentRegistry is the cluster's content registry (fence serve
 // --registry), or nil.
-func (d *node) contentRegistry() snapreg.Content { return nil }
+func (d *node) contentRegistry() (snapreg.Content, error) {
+	if d.opts.Registry == "" {
+		return nil, nil
+	}
+	r, err := contentreg.New(contentreg.Options{URL: d.opts.Registry, Logger: d.log})
+	if err != nil {
+		return nil, fmt.Errorf("the content registry: %w", err)
+	}
+	return r, nil
+}

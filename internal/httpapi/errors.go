@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/contentreg"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/volume"
 )
@@ -62,7 +63,7 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, volume.ErrFull):
 		return http.StatusInsufficientStorage
-	case errors.Is(err, errBadGateway):
+	case errors.Is(err, errBadGateway), errors.Is(err, contentreg.ErrDigestMismatch):
 		return http.StatusBadGateway
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
@@ -84,6 +85,9 @@ var sentinels = []error{
 func clientMessage(err error, status int) string {
 	if pe := (*publicError)(nil); errors.As(err, &pe) {
 		return pe.msg
+	}
+	if errors.Is(err, contentreg.ErrDigestMismatch) {
+		return "the cluster's content registry served bytes that are not those of their digest: refused, nothing kept"
 	}
 	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable && status != http.StatusInsufficientStorage {
 		return "internal error"
