@@ -1,0 +1,112 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/store/pgtest"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// testRegistry is go-containerregistry's in-process registry on loopback.
+// With corrupt set, every blob it serves has its last byte changed (the
+// digests it names stay those of the true bytes).
+type testRegistry struct {
+	URL     string // host:port/prefix, for --registry
+	corrupt atomic.Bool
+}
+
+func startRegistry(t *testing.T) *testRegistry {
+	t.Helper()
+	r := &testRegistry{}
+	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !r.corrupt.Load() || req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") {
+			inner.ServeHTTP(w, req)
+			return
+		}
+		rec := httptest.NewRecorder()
+		inner.ServeHTTP(rec, req)
+		b := rec.Body.Bytes()
+		if len(b) > 0 {
+			b[len(b)-1] ^= 0xff
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		w.Write(b)
+	}))
+	t.Cleanup(srv.Close)
+	r.URL = strings.TrimPrefix(srv.URL, "http://") + "/fence"
+	return r
+}
+
+// TestServeSnapshotsThroughRegistry runs two nodes on one PostgreSQL
+// database and one registry: a snapshot taken on node A is listed on
+// node B and starts a sandbox there with A's files, pulled from the
+// registry; a pull whose blobs are not their digests' bytes is refused
+// and leaves no layer on the node; a snapshot deleted on B is gone on A.
+func TestServeSnapshotsThroughRegistry(t *testing.T) {
+	testutil.RequireRoot(t)
+	dsn := pgtest.New(t).Database(t)
+	key := clusterKey(t)
+	reg := startRegistry(t)
+	a := startDaemon(t, filepath.Join(testutil.StateDir(t), "a"), "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+	b := startDaemon(t, filepath.Join(testutil.StateDir(t), "b"), "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+	c := startDaemon(t, filepath.Join(testutil.StateDir(t), "c"), "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+
+	src := a.create(t, api.NewSandbox{})
+	sh(t, src.Envd(), `set -e; mkdir -p /home/user/work; echo "made on node a" > /home/user/work/note
+		dd if=/dev/urandom of=/home/user/work/blob bs=1k count=256 2>/dev/null; sha256sum /home/user/work/blob > /home/user/work/blob.sum`)
+	sn, err := a.Client.CreateSnapshot(ctxT(t), src.ID(), "moved")
+	if err != nil {
+		t.Fatalf("CreateSnapshot on a: %v", err)
+	}
+	list, err := b.Client.ListSnapshots(ctxT(t), "", "")
+	if err != nil || len(list) != 1 || list[0].SnapshotID != sn.SnapshotID {
+		t.Fatalf("ListSnapshots on b = %+v, %v; want a's %s", list, err, sn.SnapshotID)
+	}
+
+	// A registry that serves other bytes than their digests name: the
+	// create on c is refused and leaves no layer there.
+	reg.corrupt.Store(true)
+	r := c.do(t, "POST", "/sandboxes", c.Key, strings.NewReader(`{"templateID":"moved","timeout":60}`), nil)
+	reg.corrupt.Store(false)
+	if r.Status < 400 || !bytes.Contains(bytes.ToLower(r.Body), []byte("digest")) {
+		t.Fatalf("create from the snapshot on c with a corrupting registry = %d %s; want an error naming the digest", r.Status, r.Body)
+	}
+	if complete, partial := layerDirs(c.DataDir); len(complete)+len(partial) > 0 {
+		t.Fatalf("a refused pull left layers on c: %v %v", complete, partial)
+	}
+
+	moved := b.create(t, api.NewSandbox{TemplateID: "moved"})
+	got := sh(t, moved.Envd(), `cat /home/user/work/note; cd /home/user/work && sha256sum -c blob.sum`)
+	if want := "made on node a\n/home/user/work/blob: OK\n"; got != want {
+		t.Fatalf("sandbox from a's snapshot on b sees %q, want %q", got, want)
+	}
+	if complete, _ := layerDirs(b.DataDir); len(complete) == 0 {
+		t.Fatal("node b has no layer of the snapshot it started a sandbox from")
+	}
+
+	if err := b.Client.DeleteSnapshot(ctxT(t), sn.SnapshotID); err != nil {
+		t.Fatalf("DeleteSnapshot on b: %v", err)
+	}
+	if list, err := a.Client.ListSnapshots(ctxT(t), "", ""); err != nil || len(list) != 0 {
+		t.Fatalf("ListSnapshots on a after b deleted it = %+v, %v", list, err)
+	}
+	if err := a.Client.DeleteSnapshot(ctxT(t), sn.SnapshotID); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("DeleteSnapshot on a of the deleted snapshot = %v, want not found", err)
+	}
+}
