@@ -43,6 +43,7 @@ var sharedContract = []struct {
 	{"ReservationLease", TestReservationLease},
 	{"TeamRecords", TestTeamRecords},
 	{"SharedSnapshots", TestSharedSnapshots},
+	{"MovedSandboxes", TestMovedSandboxes},
 }
 
 // TestPostgres runs the shared records' tests with those records in a

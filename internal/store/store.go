@@ -250,6 +250,8 @@ var migrations = []string{
 	migrationTeamNames,
 	// Snapshots whose layers are in the cluster's registry (sharedsnaps.go).
 	migrationSharedSnapshots,
+	// Sandboxes moved off drained nodes through the registry (moved.go).
+	migrationMovedSandboxes,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to
