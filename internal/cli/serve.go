@@ -184,6 +184,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
 	fs.StringVar(&c.Database, "database", "", "PostgreSQL URL (postgres://USER:PASSWORD@HOST/DB) of the records a cluster's nodes share: teams, keys, limits, quotas, secrets (default $FENCE_DATABASE_URL, else DATA-DIR/fence.db alone); see docs/CLUSTER.md")
 	fs.StringVar(&c.Registry, "registry", "", "the cluster's content registry, HOST[:PORT]/PREFIX (HTTPS, or plain HTTP on loopback): with --database, snapshots are pushed there and pulled by the node that needs them; see docs/CLUSTER.md")
+	fs.BoolVar(&c.DrainMoves, "drain-moves", false, "on a cluster node with --database and --registry: when the node is drained (fence.dev/drain=true on its Lease), pause its sandboxes into the registry; their next connect or resume takes them over on another node")
 	fs.StringVar(&c.SecretsKey, "secrets-key", "", "file of the key sealing secrets (default DATA-DIR/secrets.key, made on first use); with --database it must exist, the same on every node")
 }
 
@@ -212,6 +213,9 @@ func checkServe(c fencedaemon.Config) error {
 	}
 	if c.Database != "" && !strings.HasPrefix(c.Database, "postgres://") && !strings.HasPrefix(c.Database, "postgresql://") {
 		return usagef("--database must be a postgres:// URL")
+	}
+	if c.DrainMoves && (c.Database == "" || c.Registry == "") {
+		return usagef("--drain-moves needs --database and --registry: a moved sandbox is recorded in the one and its files kept in the other")
 	}
 	if c.Database != "" && c.SecretsKey == "" {
 		return usagef("--database needs --secrets-key: every node seals and opens secrets with the one key given to it")

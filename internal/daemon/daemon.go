@@ -171,6 +171,11 @@ type Config struct {
 	// Registry, if set, is the cluster's content registry
 	// (contentreg.Options.URL).
 	Registry string
+	// DrainMoves, on a cluster node with Database and Registry, moves the
+	// node's sandboxes into the registry when the operator drains it
+	// (fence.dev/drain=true on its Lease); their next connect or resume
+	// takes them over on another node (internal/snapreg).
+	DrainMoves bool
 	// SecretsKey is the file of the key sealing secrets; empty means
 	// DataDir/secrets.key. With Database it must exist (every node reads
 	// the cluster's one key): it is never made then.

@@ -1,7 +1,13 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
+	"time"
+
+	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/httpapi"
+	"github.com/fencesandbox/fence/internal/tenancy"
 
 	"github.com/fencesandbox/fence/internal/contentreg"
 	"github.com/fencesandbox/fence/internal/isolation/gvisor"
@@ -28,9 +34,75 @@ func (d *node) snapshotStore(templates sandbox.Templates) (timetravel.LayerStore
 			}
 		}
 	}
-	return snapreg.New(snapreg.Options{Store: d.st, Content: content, Movers: movers,
+	moves, err := snapreg.New(snapreg.Options{Store: d.st, Content: content, Movers: movers,
 		Owner: snapreg.OwnerByPrefix(gvisor.LayerPrefix, "gvisor", "native"), Templates: templates,
 		Node: d.nodeName(), Logger: d.log})
+	if err != nil {
+		return nil, err
+	}
+	d.moves = moves
+	return moves, nil
+}
+
+// pauser is the API's pause and resume: the manager's, which also takes
+// over a sandbox moved off a drained node when the node has a registry.
+func (d *node) pauser() httpapi.Pauser {
+	if d.moves == nil {
+		return d.mgr.Pauses()
+	}
+	return snapreg.Arriving{Pauses: d.mgr.Pauses(), Moves: d.moves}
+}
+
+// locator answers where moved sandboxes went, or nil without a registry.
+func (d *node) locator() httpapi.Locator {
+	if d.moves == nil {
+		return nil
+	}
+	return d.moves
+}
+
+// watchDrain, with --drain-moves, moves the node's sandboxes into the
+// registry each time the operator drains the node (fence.dev/drain=true on
+// its Lease), until ctx is done.
+func (d *node) watchDrain(ctx context.Context, lease *cluster.Registrar) {
+	if !d.opts.DrainMoves || d.moves == nil {
+		return
+	}
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		drained := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := lease.DrainRequested()
+			if now && !drained {
+				d.drainMoves(ctx)
+			}
+			drained = now
+		}
+	}()
+}
+
+// drainMoves moves every sandbox of the node (but template builds') into
+// the registry.
+func (d *node) drainMoves(ctx context.Context) {
+	list, err := d.mgr.List(tenancy.NewContext(ctx, tenancy.Principal{}),
+		sandbox.ListFilter{WithoutMetadataKeys: []string{sandbox.BuildMetadataKey}})
+	if err != nil {
+		d.log.Error("listing the sandboxes of the drained node", "err", err)
+		return
+	}
+	ids := make([]string, len(list))
+	for i, s := range list {
+		ids[i] = s.ID
+	}
+	d.log.Info("node drained: moving its sandboxes to the registry", "sandboxes", len(ids))
+	moved := d.moves.Drain(ctx, d.mgr.Pauses(), ids)
+	d.log.Info("node drained: sandboxes moved to the registry", "moved", moved, "stayed", len(ids)-moved)
 }
 
 // contentRegistry is the cluster's content registry (fence serve

@@ -91,6 +91,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.HandleFunc("GET /approvals/stream", h.approvalStream)
 	mux.HandleFunc("POST /approvals/{id}", h.decideApproval)
 	h.registerVolumes(mux)
+	h.registerMoves(mux)
 	if h.mcp != nil {
 		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
 	}

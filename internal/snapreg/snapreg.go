@@ -145,23 +145,9 @@ func (s *Store) mover(layer string) (string, Mover, error) {
 // it in the shared table. A named snapshot replaces the team's snapshot
 // of that name; the layer it replaced is returned.
 func (s *Store) PutSnapshot(ctx context.Context, sn *store.Snapshot) (string, error) {
-	backend, m, err := s.mover(sn.Layer)
+	backend, chain, err := s.push(ctx, sn.Layer)
 	if err != nil {
-		return "", err
-	}
-	var chain []store.LayerRef
-	for id := sn.Layer; id != ""; {
-		dir, parent, err := m.LayerSource(id)
-		if err != nil {
-			return "", fmt.Errorf("snapshot %s: %w", sn.ID, err)
-		}
-		meta, _ := json.Marshal(layerMeta{Layer: id, Parent: parent, Backend: backend})
-		digest, err := s.content.PushTree(ctx, Repo, id, dir, meta)
-		if err != nil {
-			return "", fmt.Errorf("pushing layer %s of snapshot %s to the registry: %w", id, sn.ID, err)
-		}
-		chain = append(chain, store.LayerRef{Layer: id, Digest: digest})
-		id = parent
+		return "", fmt.Errorf("snapshot %s: %w", sn.ID, err)
 	}
 	shared := &store.SharedSnapshot{Snapshot: *sn, Backend: backend, Node: s.node, Digest: chain[0].Digest, Chain: chain}
 	replaced, err := s.Store.PutSharedSnapshot(ctx, shared)
@@ -171,6 +157,30 @@ func (s *Store) PutSnapshot(ctx context.Context, sn *store.Snapshot) (string, er
 	sn.ID, sn.Team = shared.ID, shared.Team
 	s.log.InfoContext(ctx, "snapshot pushed to the registry", "snapshot", sn.ID, "layers", len(chain), "digest", shared.Digest)
 	return replaced, nil
+}
+
+// push pushes layer and the layers below it, each as the image
+// Repo:<layer ID>, and returns their backend and digests, top first.
+func (s *Store) push(ctx context.Context, layer string) (string, []store.LayerRef, error) {
+	backend, m, err := s.mover(layer)
+	if err != nil {
+		return "", nil, err
+	}
+	var chain []store.LayerRef
+	for id := layer; id != ""; {
+		dir, parent, err := m.LayerSource(id)
+		if err != nil {
+			return "", nil, err
+		}
+		meta, _ := json.Marshal(layerMeta{Layer: id, Parent: parent, Backend: backend})
+		digest, err := s.content.PushTree(ctx, Repo, id, dir, meta)
+		if err != nil {
+			return "", nil, fmt.Errorf("pushing layer %s to the registry: %w", id, err)
+		}
+		chain = append(chain, store.LayerRef{Layer: id, Digest: digest})
+		id = parent
+	}
+	return backend, chain, nil
 }
 
 // FindSnapshot returns the cluster's snapshot whose ID or name is ref.
@@ -213,30 +223,41 @@ func (s *Store) Fetch(ctx context.Context, sn *store.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	_, m, err := s.mover(shared.Layer)
+	if err := s.fetch(ctx, shared.Chain, shared.Template); err != nil {
+		return fmt.Errorf("snapshot %s: %w", snapshotRef(shared), err)
+	}
+	return nil
+}
+
+// fetch pulls the layers of chain (top first) this node lacks, parents
+// first, onto the template's root here.
+func (s *Store) fetch(ctx context.Context, chain []store.LayerRef, template string) error {
+	if len(chain) == 0 {
+		return fmt.Errorf("no layers: %w", api.ErrNotFound)
+	}
+	_, m, err := s.mover(chain[0].Layer)
 	if err != nil {
 		return err
 	}
-	if m.LayerHere(shared.Layer) {
+	if m.LayerHere(chain[0].Layer) {
 		return nil
 	}
-	rootfs, err := s.templates.Resolve(shared.Template)
+	rootfs, err := s.templates.Resolve(template)
 	if err != nil {
-		return fmt.Errorf("snapshot %s sits on template %q, which this node does not have: %w", snapshotRef(shared), shared.Template,
-			errors.Join(err, api.ErrNotFound))
+		return fmt.Errorf("its template %q is not on this node: %w", template, errors.Join(err, api.ErrNotFound))
 	}
-	chain := slices.Clone(shared.Chain)
-	slices.Reverse(chain) // parents first
-	for i, l := range chain {
+	up := slices.Clone(chain)
+	slices.Reverse(up) // parents first
+	for i, l := range up {
 		parent := ""
 		if i > 0 {
-			parent = chain[i-1].Layer
+			parent = up[i-1].Layer
 		}
 		if err := s.pull(ctx, m, l, parent, rootfs); err != nil {
-			return fmt.Errorf("snapshot %s: %w", snapshotRef(shared), err)
+			return err
 		}
 	}
-	s.log.InfoContext(ctx, "snapshot pulled from the registry", "snapshot", shared.ID, "layers", len(chain), "from_node", shared.Node)
+	s.log.InfoContext(ctx, "layers pulled from the registry", "layer", chain[0].Layer, "layers", len(chain))
 	return nil
 }
 
