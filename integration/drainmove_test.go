@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/client"
+	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/store/pgtest"
+	"github.com/fencesandbox/fence/internal/testutil"
+)
+
+// TestScaleoutDrainMoves runs two nodes with --drain-moves on one
+// PostgreSQL database and one registry behind a router: a sandbox of the
+// node the operator drains is paused into the registry, and its next
+// connect through the router takes it over on the other node under the
+// same ID, its files intact. Its Bench step times a resume on the same
+// node (a filesystem-only pause) against one on another node (the move).
+func TestScaleoutDrainMoves(t *testing.T) {
+	testutil.RequireRoot(t)
+	k := startKube(t)
+	root := repoRoot(t)
+	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
+	t.Setenv("FENCE_CLUSTER_TOKEN", randHex(32))
+	key := "e2b_" + randHex(20)
+	dsn := pgtest.New(t).Database(t)
+	sealing := clusterKey(t)
+	reg := startRegistry(t)
+	nodes := map[string]*daemon{}
+	byTag := map[string]string{}
+	for _, n := range []string{"node-a", "node-b"} {
+		nodes[n] = startNode(t, k, n, key, "--database", dsn, "--secrets-key", sealing, "--registry", reg.URL, "--drain-moves")
+		byTag[cluster.Tag(n)] = n
+	}
+	r := startRouter(t, k, key, 0, "--shared-database")
+	eventually(t, 30*time.Second, "router sees 2 placeable nodes", func() bool {
+		st, live, pl := r.health()
+		return st == 200 && live == 2 && pl == 2
+	})
+	rc := client.New(r.URL, key)
+	sb, err := rc.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal"})
+	if err != nil {
+		t.Fatalf("create through the router: %v", err)
+	}
+	id := sb.ID()
+	t.Cleanup(func() { rc.Kill(ctxT(t), id) })
+	from := byTag[id[:cluster.TagLen]]
+	to := map[string]string{"node-a": "node-b", "node-b": "node-a"}[from]
+	sh(t, sb.Envd(), `set -e; mkdir -p /home/user/work; echo "before the drain" > /home/user/work/note
+		dd if=/dev/urandom of=/home/user/work/blob bs=1k count=512 2>/dev/null; sha256sum /home/user/work/blob > /home/user/work/blob.sum`)
+
+	// Bench: a resume on the same node, from a filesystem-only pause.
+	if err := rc.PauseWithoutMemory(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if _, err := rc.Connect(ctxT(t), id, 5*time.Minute); err != nil {
+		t.Fatalf("connect after a pause on the same node: %v", err)
+	}
+	same := time.Since(t0)
+
+	setDrain(t, k, from, true)
+	eventually(t, 60*time.Second, "the drained node moves its sandbox to the registry", func() bool {
+		return strings.Contains(nodes[from].out.String(), "sandbox moved to the registry")
+	})
+	// Any node tells where it is: in the registry, waiting.
+	st, b, err := httpDo("GET", nodes[to].URL+"/moved-sandboxes/"+id, nil, map[string]string{"X-API-Key": key, cluster.HeaderToken: os.Getenv("FENCE_CLUSTER_TOKEN")})
+	if err != nil || st != http.StatusOK || !strings.Contains(string(b), `"waiting":true`) {
+		t.Fatalf("GET /moved-sandboxes/%s on %s = %d %s %v", id, to, st, b, err)
+	}
+	t0 = time.Now()
+	moved, err := rc.Connect(ctxT(t), id, 5*time.Minute)
+	if err != nil {
+		t.Fatalf("connect through the router to the moved sandbox: %v", err)
+	}
+	other := time.Since(t0)
+	if moved.ID() != id {
+		t.Fatalf("the moved sandbox came back as %s, want %s", moved.ID(), id)
+	}
+	if !strings.Contains(nodes[to].out.String(), "sandbox moved here from the registry\" sandbox_id="+id) {
+		t.Fatalf("%s did not take sandbox %s over:\n%s", to, id, tail(nodes[to].out.String(), 3000))
+	}
+	got := sh(t, moved.Envd(), `cat /home/user/work/note; cd /home/user/work && sha256sum -c blob.sum`)
+	if want := "before the drain\n/home/user/work/blob: OK\n"; got != want {
+		t.Fatalf("the moved sandbox sees %q, want %q", got, want)
+	}
+	// Its control plane follows it too.
+	if info, err := rc.Get(ctxT(t), id); err != nil || info.State != "running" {
+		t.Fatalf("GET of the moved sandbox through the router = %+v, %v", info, err)
+	}
+	load, _ := exec.Command("uptime").Output()
+	t.Logf("BENCH resume on the same node %v, on another node (pull and boot) %v: %.1fx; load: %s", same.Round(time.Millisecond),
+		other.Round(time.Millisecond), float64(other)/float64(same), strings.TrimSpace(string(load)))
+}
