@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -73,6 +75,30 @@ func TestScaleoutDrainMoves(t *testing.T) {
 	st, b, err := httpDo("GET", nodes[to].URL+"/moved-sandboxes/"+id, nil, map[string]string{"X-API-Key": key, cluster.HeaderToken: os.Getenv("FENCE_CLUSTER_TOKEN")})
 	if err != nil || st != http.StatusOK || !strings.Contains(string(b), `"waiting":true`) {
 		t.Fatalf("GET /moved-sandboxes/%s on %s = %d %s %v", id, to, st, b, err)
+	}
+	// Another team sees a moved sandbox exactly as a missing one.
+	hdr := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
+	var team api.TeamInfo
+	if st, b, err := httpDo("POST", r.URL+"/admin/teams", []byte(`{"name":"team-b"}`), hdr); err != nil || st != http.StatusCreated || json.Unmarshal(b, &team) != nil {
+		t.Fatalf("POST /admin/teams = %d %s %v", st, b, err)
+	}
+	var keyB api.CreatedTeamAPIKey
+	if st, b, err := httpDo("POST", r.URL+"/admin/teams/"+team.TeamID+"/api-keys", []byte(`{"name":"b"}`), hdr); err != nil || st != http.StatusCreated || json.Unmarshal(b, &keyB) != nil {
+		t.Fatalf("POST /admin/teams/%s/api-keys = %d %s %v", team.TeamID, st, b, err)
+	}
+	noSuch := id[:cluster.TagLen] + strings.Repeat("0", len(id)-cluster.TagLen)
+	for _, p := range []struct{ method, path string }{{"POST", "/v2/sandboxes/ID/connect"}, {"POST", "/sandboxes/ID/resume"}, {"GET", "/moved-sandboxes/ID"}} {
+		var answers [2]string
+		for i, x := range []string{id, noSuch} {
+			st, b, err := httpDo(p.method, r.URL+strings.ReplaceAll(p.path, "ID", x), []byte(`{}`), map[string]string{"X-API-Key": keyB.Key, "Content-Type": "application/json"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			answers[i] = fmt.Sprintf("%d %s", st, strings.ReplaceAll(string(b), x, "ID"))
+		}
+		if answers[0] != answers[1] || !strings.HasPrefix(answers[0], "404 ") {
+			t.Errorf("%s %s by another team: %q for the moved sandbox, %q for none", p.method, p.path, answers[0], answers[1])
+		}
 	}
 	t0 = time.Now()
 	moved, err := rc.Connect(ctxT(t), id, 5*time.Minute)
