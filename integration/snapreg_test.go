@@ -110,3 +110,29 @@ func TestServeSnapshotsThroughRegistry(t *testing.T) {
 		t.Fatalf("DeleteSnapshot on a of the deleted snapshot = %v, want not found", err)
 	}
 }
+
+// TestGvisorSnapshotMemoryThroughRegistry takes a snapshot of a gvisor
+// sandbox (its checkpoint image: memory and processes) on node A and
+// starts a sandbox from it on node B, which pulls the image from the
+// registry: the processes started on A (a counting loop and an HTTP
+// server whose page only their memory holds) go on there.
+func TestGvisorSnapshotMemoryThroughRegistry(t *testing.T) {
+	testutil.RequireRunsc(t)
+	requireTemplate(t, "base")
+	dsn := pgtest.New(t).Database(t)
+	key := clusterKey(t)
+	reg := startRegistry(t)
+	a := startDaemon(t, filepath.Join(testutil.StateDir(t), "a"), "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+	b := startDaemon(t, filepath.Join(testutil.StateDir(t), "b"), "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+	parent := a.create(t, api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
+	c0 := serveAndCount(t, a, parent)
+	sn, err := a.Client.CreateSnapshot(ctxT(t), parent.ID(), "")
+	if err != nil {
+		t.Fatalf("CreateSnapshot of a gvisor sandbox on a: %v", err)
+	}
+	fromSnap := b.create(t, api.NewSandbox{TemplateID: sn.SnapshotID})
+	goesOn(t, b, fromSnap, c0, "sandbox on b from a's gvisor snapshot")
+	if complete, _ := gvisorLayerDirs(b.DataDir); len(complete) != 1 {
+		t.Errorf("node b keeps gvisor layers %v, want the snapshot's image", complete)
+	}
+}
