@@ -67,10 +67,38 @@ func TestScaleoutDrainMoves(t *testing.T) {
 	}
 	same := time.Since(t0)
 
+	// On gvisor the move keeps memory and processes: a counting loop
+	// started before the drain goes on after.
+	var gv *client.Sandbox
+	c0 := 0
+	if haveRunsc(t) {
+		requireTemplate(t, "base")
+		for i := 0; i < 20 && gv == nil; i++ {
+			s, err := rc.Create(ctxT(t), api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
+			if err != nil {
+				t.Fatalf("gvisor create through the router: %v", err)
+			}
+			if byTag[s.ID()[:cluster.TagLen]] == from {
+				gv = s
+				t.Cleanup(func() { rc.Kill(ctxT(t), s.ID()) })
+			} else {
+				rc.Kill(ctxT(t), s.ID())
+			}
+		}
+		if gv == nil {
+			t.Fatalf("no gvisor sandbox was placed on %s in 20 creates", from)
+		}
+		sh(t, gv.Envd(), `(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
+		eventually(t, 30*time.Second, "the gvisor loop to count", func() bool { c0 = countOf(t, gv.Envd()); return c0 > 3 })
+	}
+
 	setDrain(t, k, from, true)
-	eventually(t, 60*time.Second, "the drained node moves its sandbox to the registry", func() bool {
-		return strings.Contains(nodes[from].out.String(), "sandbox moved to the registry")
+	eventually(t, 60*time.Second, "the drained node moves its sandboxes to the registry", func() bool {
+		return strings.Contains(nodes[from].out.String(), "node drained: sandboxes moved to the registry")
 	})
+	if !strings.Contains(nodes[from].out.String(), "stayed=0") {
+		t.Fatalf("a sandbox of the drained node stayed:\n%s", tail(nodes[from].out.String(), 3000))
+	}
 	// Any node tells where it is: in the registry, waiting.
 	st, b, err := httpDo("GET", nodes[to].URL+"/moved-sandboxes/"+id, nil, map[string]string{"X-API-Key": key, cluster.HeaderToken: os.Getenv("FENCE_CLUSTER_TOKEN")})
 	if err != nil || st != http.StatusOK || !strings.Contains(string(b), `"waiting":true`) {
@@ -120,7 +148,37 @@ func TestScaleoutDrainMoves(t *testing.T) {
 	if info, err := rc.Get(ctxT(t), id); err != nil || info.State != "running" {
 		t.Fatalf("GET of the moved sandbox through the router = %+v, %v", info, err)
 	}
+	if gv != nil {
+		back, err := rc.Connect(ctxT(t), gv.ID(), 5*time.Minute)
+		if err != nil {
+			t.Fatalf("connect to the moved gvisor sandbox: %v", err)
+		}
+		goesOnCounting(t, back, c0, "the moved gvisor sandbox")
+	}
 	load, _ := exec.Command("uptime").Output()
 	t.Logf("BENCH resume on the same node %v, on another node (pull and boot) %v: %.1fx; load: %s", same.Round(time.Millisecond),
 		other.Round(time.Millisecond), float64(other)/float64(same), strings.TrimSpace(string(load)))
+}
+
+// goesOnCounting checks that the counting loop of sb (countOf) went on
+// from at least from: its process was restored, not started again.
+func goesOnCounting(t *testing.T, sb *client.Sandbox, from int, what string) {
+	t.Helper()
+	c := countOf(t, sb.Envd())
+	if c < from {
+		t.Errorf("%s: counter %d, below %d before the move: the loop did not go on", what, c, from)
+	}
+	eventually(t, 30*time.Second, what+": the counter to advance", func() bool { return countOf(t, sb.Envd()) > c })
+}
+
+// haveRunsc reports whether runsc is here; in CI it must be.
+func haveRunsc(t *testing.T) bool {
+	p := cmpOr(os.Getenv("FENCE_RUNSC"), "/var/lib/fence/cache/runsc/runsc")
+	if _, err := os.Stat(p); err != nil {
+		if testutil.InCI() {
+			t.Fatalf("runsc: %v", err)
+		}
+		return false
+	}
+	return true
 }

@@ -8,18 +8,20 @@ import (
 	"time"
 
 	"github.com/fencesandbox/fence/api"
+	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/store"
 )
 
 // Moves between nodes (a drained node's sandboxes resumed on another,
-// internal/drainmove): a sandbox leaves its node in a filesystem-only
-// pause (Depart), as its record and its sealed resume data (coldRecord)
-// with the layer of its pause; the caller carries the layer to the other
-// node, which takes the sandbox over, paused, under the same ID (Arrive)
-// exactly as a daemon takes over a filesystem-only pause its previous run
-// left (adopter.adoptCold); its next resume or connect boots it there.
-// The sealed data opens on every node of a cluster (they share the
-// sealing key).
+// internal/snapreg): a sandbox leaves its node in a pause on a layer
+// (Depart) holding its filesystem, and on gvisor its memory and processes
+// too, as its record and its sealed resume data (coldRecord) with that
+// layer; the caller carries the layer to the other node, which takes the
+// sandbox over, paused, under the same ID (Arrive) exactly as a daemon
+// takes over a filesystem-only pause its previous run left
+// (adopter.adoptCold); its next resume or connect boots it there, on the
+// layer (a gvisor restore: its processes go on). The sealed data opens on
+// every node of a cluster (they share the sealing key).
 
 // Departure is what a sandbox's move to another node carries, besides
 // its layers.
@@ -32,12 +34,13 @@ type Departure struct {
 	Layer, Template string
 }
 
-// Depart pauses running sandbox id without its memory, for a move to
-// another node, and returns what the move carries; the sandbox stays here,
-// paused, until Gone. A sandbox already paused without memory departs as
-// it is. A sandbox paused with its memory, mounting volumes (they are
-// this node's), or without resume data (no sealer) cannot depart: an error
-// wrapping api.ErrFailedPrecondition, and nothing changes.
+// Depart pauses running sandbox id on a layer (its files; on gvisor its
+// memory and processes too), for a move to another node, and returns
+// what the move carries; the sandbox stays here, paused, until Gone. A
+// sandbox already paused on a layer departs as it is. A sandbox paused in
+// place with its memory, mounting volumes (they are this node's), or
+// without resume data (no sealer) cannot depart: an error wrapping
+// api.ErrFailedPrecondition, and nothing changes.
 func (p *Pauses) Depart(ctx context.Context, id string) (*Departure, error) {
 	e, err := ownedLookup(ctx, p.core, id)
 	if err != nil {
@@ -50,7 +53,7 @@ func (p *Pauses) Depart(ctx context.Context, id string) (*Departure, error) {
 		return nil, fmt.Errorf("sandbox %s mounts volumes of this node and cannot move: %w", id, api.ErrFailedPrecondition)
 	}
 	if e.state() == StateRunning {
-		if err := p.pauseCold(ctx, id, "move"); err != nil && !errors.Is(err, errNotRunning) {
+		if err := p.pauseOnLayer(ctx, id, "move", p.wholeCheckpoint); err != nil && !errors.Is(err, errNotRunning) {
 			return nil, err
 		}
 	}
@@ -74,6 +77,22 @@ func (p *Pauses) Depart(ctx context.Context, id string) (*Departure, error) {
 		return nil, fmt.Errorf("sandbox %s has no resume data and cannot move: %w", id, api.ErrFailedPrecondition)
 	}
 	return &Departure{Record: *rec, Cold: data, Layer: e.coldLayer(), Template: e.baseTemplate}, nil
+}
+
+// wholeCheckpoint is the layer of a moving sandbox: with its memory and
+// processes where the backend's checkpoints keep them (gvisor: the
+// resume on the other node restores them), else its filesystem.
+func (p *Pauses) wholeCheckpoint(ctx context.Context, box isolation.Sandbox) (isolation.LayerInfo, error) {
+	_, files := isolation.As[isolation.FileCheckpointer](box)
+	cp, ok := isolation.As[isolation.Checkpointer](box)
+	if !ok || !files {
+		return p.keeper.CheckpointFiles(ctx, box)
+	}
+	info, err := cp.Checkpoint(ctx)
+	if errors.Is(err, isolation.ErrLayerBudget) {
+		err = fmt.Errorf("%w: %w", err, api.ErrResourceExhausted)
+	}
+	return info, err
 }
 
 // Gone forgets sandbox id, moved to another node: it is killed here (its
