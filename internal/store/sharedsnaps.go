@@ -122,44 +122,13 @@ func (s *Store) PutSharedSnapshot(ctx context.Context, sn *SharedSnapshot) (repl
 // (a tag after a colon is ignored), or an error wrapping api.ErrNotFound
 // (also for another team's when ctx acts for a principal).
 func (s *Store) FindSharedSnapshot(ctx context.Context, ref string) (*SharedSnapshot, error) {
-	base, _, _ := strings.Cut(ref, ":")
-	cond, args := scope(ctx, "shared_snapshots")
-	sn, err := scanSharedSnapshot(s.shared.QueryRowContext(ctx, `SELECT `+sharedSnapshotCols+` FROM shared_snapshots
-		WHERE (id = ? OR name = ?) AND `+cond, append([]any{base, base}, args...)...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("snapshot %q: %w", ref, api.ErrNotFound)
-	}
-	return sn, err
+	return findSnapshot(ctx, s.shared, "shared_snapshots", sharedSnapshotCols, ref, scanSharedSnapshot)
 }
 
 // ListSharedSnapshots lists shared snapshots, newest first; sandboxID
 // and name (matched as FindSharedSnapshot does) filter when not empty.
 func (s *Store) ListSharedSnapshots(ctx context.Context, sandboxID, name string) ([]*SharedSnapshot, error) {
-	cond, args := scope(ctx, "shared_snapshots")
-	q := `SELECT ` + sharedSnapshotCols + ` FROM shared_snapshots WHERE ` + cond
-	if sandboxID != "" {
-		q += ` AND sandbox_id = ?`
-		args = append(args, sandboxID)
-	}
-	if name != "" {
-		base, _, _ := strings.Cut(name, ":")
-		q += ` AND (name = ? OR id = ?)`
-		args = append(args, base, base)
-	}
-	rows, err := s.shared.QueryContext(ctx, q+` ORDER BY created_at DESC, id DESC`, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*SharedSnapshot
-	for rows.Next() {
-		sn, err := scanSharedSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sn)
-	}
-	return out, rows.Err()
+	return listSnapshots(ctx, s.shared, "shared_snapshots", sharedSnapshotCols, sandboxID, name, scanSharedSnapshot)
 }
 
 // DeleteSharedSnapshot removes a shared snapshot's record, or returns an
