@@ -100,6 +100,7 @@ security and upgrades: docs/SCALEOUT.md.`,
 	fs.StringVar(&c.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&c.NodeCA, "node-ca", "", "PEM bundle trusted for https:// node URLs (default: the host's roots)")
 	fs.BoolVar(&c.SharedRecords, "shared-database", false, "the nodes keep their shared records in one database (fence serve --database): serve /secrets through any node instead of 501")
+	addRouterRegistryFlag(fs, &c)
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /health answering 503 before closing the listener")
 	return cmd
 }

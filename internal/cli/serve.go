@@ -67,6 +67,7 @@ SIGINT or SIGTERM.`
 func serveCmd(deps Deps) *cobra.Command {
 	var c fencedaemon.Config
 	var cl clusterFlags
+	var rg registryFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the fence daemon (E2B-compatible API)",
@@ -89,6 +90,12 @@ func serveCmd(deps Deps) *cobra.Command {
 			if c.Cluster, err = cl.options(); err != nil {
 				return err
 			}
+			if c.Registry, err = rg.options(c.Database); err != nil {
+				return err
+			}
+			if c.DrainMoves && c.Registry == nil {
+				return usagef("--drain-moves needs --database and --registry: a moved sandbox is recorded in the one and its files kept in the other")
+			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
 			c.APIKey = os.Getenv("FENCE_API_KEY")
 			return untilSignal(cmd, "serving", func(ctx context.Context) error { return deps.Serve(ctx, c) })
@@ -97,6 +104,7 @@ func serveCmd(deps Deps) *cobra.Command {
 	fs := cmd.Flags()
 	addServeFlags(fs, &c)
 	cl.add(fs)
+	rg.add(fs)
 	for _, f := range []string{"http-header-timeout", "http-idle-timeout", "http-body-idle-timeout", "audit"} {
 		_ = fs.MarkHidden(f)
 	}
@@ -183,7 +191,6 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.Var(newSizeValue(&c.ForensicsBudget, "", "want a size above zero such as 500MiB or 2GiB", atLeast(1)), "forensics-budget", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
 	fs.StringVar(&c.Database, "database", "", "PostgreSQL URL (postgres://USER:PASSWORD@HOST/DB) of the records a cluster's nodes share: teams, keys, limits, quotas, secrets (default $FENCE_DATABASE_URL, else DATA-DIR/fence.db alone); see docs/CLUSTER.md")
-	fs.StringVar(&c.Registry, "registry", "", "the cluster's content registry, HOST[:PORT]/PREFIX (HTTPS, or plain HTTP on loopback): with --database, snapshots are pushed there and pulled by the node that needs them; see docs/CLUSTER.md")
 	fs.BoolVar(&c.DrainMoves, "drain-moves", false, "on a cluster node with --database and --registry: when the node is drained (fence.dev/drain=true on its Lease), pause its sandboxes into the registry; their next connect or resume takes them over on another node")
 	fs.StringVar(&c.SecretsKey, "secrets-key", "", "file of the key sealing secrets (default DATA-DIR/secrets.key, made on first use); with --database it must exist, the same on every node")
 }
@@ -213,9 +220,6 @@ func checkServe(c fencedaemon.Config) error {
 	}
 	if c.Database != "" && !strings.HasPrefix(c.Database, "postgres://") && !strings.HasPrefix(c.Database, "postgresql://") {
 		return usagef("--database must be a postgres:// URL")
-	}
-	if c.DrainMoves && (c.Database == "" || c.Registry == "") {
-		return usagef("--drain-moves needs --database and --registry: a moved sandbox is recorded in the one and its files kept in the other")
 	}
 	if c.Database != "" && c.SecretsKey == "" {
 		return usagef("--database needs --secrets-key: every node seals and opens secrets with the one key given to it")

@@ -20,6 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/btrfs"
 	"github.com/fencesandbox/fence/internal/capacity"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/contentreg"
 	"github.com/fencesandbox/fence/internal/downloads"
 	"github.com/fencesandbox/fence/internal/egress"
 	"github.com/fencesandbox/fence/internal/forensics"
@@ -381,9 +382,17 @@ func (d *node) openBuilds(ctx context.Context) error {
 			return err
 		}
 	}
-	builds, err := tbuild.New(ctx, tbuild.Options{Dir: filepath.Join(o.DataDir, "builds"), Store: d.st,
+	bo := tbuild.Options{Dir: filepath.Join(o.DataDir, "builds"), Store: d.st,
 		Parents: d.templates, Images: images, Logger: d.log,
-		Allow: append(slices.Clone(tbuild.DefaultAllow), o.BuildAllow...), PipIndex: pipIndex})
+		Allow: append(slices.Clone(tbuild.DefaultAllow), o.BuildAllow...), PipIndex: pipIndex}
+	if r := o.Registry; r != nil {
+		reg, err := contentreg.New(contentreg.Options{URL: r.URL, CAFile: r.CAFile, Username: r.Username, Password: r.Password, Logger: d.log})
+		if err != nil {
+			return fmt.Errorf("content registry: %w", err)
+		}
+		bo.Registry, bo.Shared, bo.Node = reg, d.st, d.nodeName()
+	}
+	builds, err := tbuild.New(ctx, bo)
 	if err != nil {
 		return fmt.Errorf("opening template builds: %w", err)
 	}

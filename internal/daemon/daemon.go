@@ -168,9 +168,6 @@ type Config struct {
 	// reservations, secrets (store.Options.DatabaseURL). Empty keeps them
 	// in DataDir/fence.db with the rest.
 	Database string
-	// Registry, if set, is the cluster's content registry
-	// (contentreg.Options.URL).
-	Registry string
 	// DrainMoves, on a cluster node with Database and Registry, moves the
 	// node's sandboxes into the registry when the operator drains it
 	// (fence.dev/drain=true on its Lease); their next connect or resume
@@ -180,6 +177,18 @@ type Config struct {
 	// DataDir/secrets.key. With Database it must exist (every node reads
 	// the cluster's one key): it is never made then.
 	SecretsKey string
+	// Registry, if set (with Database), is the cluster's content
+	// registry: templates built and snapshots taken on a node are pushed
+	// to it and pulled by the others (docs/CLUSTER.md).
+	Registry *RegistryOptions
+}
+
+// RegistryOptions locate the cluster's content registry
+// (contentreg.Options).
+type RegistryOptions struct {
+	URL                string // host[:port]/path-prefix
+	CAFile             string
+	Username, Password string
 }
 
 // HTTPTimeouts bound how long the API server waits on a client. There is

@@ -108,10 +108,11 @@ func (d *node) drainMoves(ctx context.Context) {
 // contentRegistry is the cluster's content registry (fence serve
 // --registry), or nil.
 func (d *node) contentRegistry() (snapreg.Content, error) {
-	if d.opts.Registry == "" {
+	o := d.opts.Registry
+	if o == nil {
 		return nil, nil
 	}
-	r, err := contentreg.New(contentreg.Options{URL: d.opts.Registry, Logger: d.log})
+	r, err := contentreg.New(contentreg.Options{URL: o.URL, CAFile: o.CAFile, Username: o.Username, Password: o.Password, Logger: d.log})
 	if err != nil {
 		return nil, fmt.Errorf("the content registry: %w", err)
 	}

@@ -25,6 +25,7 @@ var (
 	_ sandbox.ReadyPorter = templateSet{}
 	_ sandbox.Runtimer    = templateSet{}
 	_ sandbox.ResolverFor = templateSet{}
+	_ sandbox.Fetcher     = templateSet{}
 )
 
 func (t templateSet) Runtime(name string) (sandbox.Runtime, bool) {

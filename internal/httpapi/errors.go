@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/fencesandbox/fence/api"
-	"github.com/fencesandbox/fence/internal/contentreg"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/volume"
 )
@@ -63,7 +62,7 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, volume.ErrFull):
 		return http.StatusInsufficientStorage
-	case errors.Is(err, errBadGateway), errors.Is(err, contentreg.ErrDigestMismatch):
+	case errors.Is(err, errBadGateway):
 		return http.StatusBadGateway
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
@@ -85,9 +84,6 @@ var sentinels = []error{
 func clientMessage(err error, status int) string {
 	if pe := (*publicError)(nil); errors.As(err, &pe) {
 		return pe.msg
-	}
-	if errors.Is(err, contentreg.ErrDigestMismatch) {
-		return "the cluster's content registry served bytes that are not those of their digest: refused, nothing kept"
 	}
 	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusServiceUnavailable && status != http.StatusInsufficientStorage {
 		return "internal error"

@@ -18,6 +18,9 @@
 //     that have the template, the best of K random candidates by free
 //     capacity (less the creates this router has in flight to it). A node
 //     that cannot be reached or answers 503/429 is skipped for the next.
+//     Only nodes that have the template are candidates, unless none has
+//     it or the nodes pull templates from one content registry
+//     (SharedRecords and SharedContent): then the others follow.
 //   - Every later call and all sandbox traffic (envd, other ports,
 //     WebSocket and streams, headers or {port}-{id}.{domain} hosts) go to
 //     the node named by the sandbox ID's tag, with no lookup in Kubernetes.
@@ -93,6 +96,11 @@ type Options struct {
 	// and every node knows every team's keys, so a key other than APIKey
 	// is passed to the nodes, which check it, instead of refused.
 	SharedRecords bool
+	// SharedContent says the nodes move templates through one content
+	// registry (fence serve --registry): with SharedRecords, a create
+	// may go to a node without the template, which pulls it, after the
+	// nodes that have it.
+	SharedContent bool
 	Logger        *slog.Logger
 }
 
@@ -111,6 +119,7 @@ type Router struct {
 	pending  sync.Map // node name → *atomic.Int64: creates in flight
 	perNode  []string // the routes answered 501 (notThroughRouter less the shared, or with volumeRoutes)
 	teamKeys bool     // the nodes check keys other than apiKey (SharedRecords)
+	anyNode  bool     // a create may go to a node without its template (SharedRecords and SharedContent)
 }
 
 const maxBodyBytes = 1 << 20
@@ -133,6 +142,7 @@ func New(opts Options) *Router {
 	}
 	if opts.SharedRecords {
 		rt.teamKeys = true
+		rt.anyNode = opts.SharedContent
 		rt.perNode = slices.DeleteFunc(slices.Clone(notThroughRouter), func(p string) bool { return slices.Contains(sharedRoutes, p) })
 		rt.perNode = append(rt.perNode, volumeRoutes...)
 	}
@@ -407,7 +417,9 @@ func (rt *Router) pendingOf(name string) *atomic.Int64 {
 
 // place orders the candidate nodes of a create: first the best of K random
 // placeable nodes having the template (by free capacity less creates in
-// flight), then the others by the same measure.
+// flight), then the others having it by the same measure, then (when
+// nodes pull the templates they lack, or when no node has it) those
+// without it by the same measure.
 func (rt *Router) place(template string) []cluster.Node {
 	var with, without []cluster.Node
 	for _, n := range rt.nodes.Nodes() {
@@ -424,17 +436,22 @@ func (rt *Router) place(template string) []cluster.Node {
 	byFree := func(a, b cluster.Node) int { return cmp.Compare(free(b), free(a)) }
 	pool := with
 	if len(pool) == 0 {
-		pool = without // no node has it: a node says so, or builds it
+		pool, without = without, nil // no node has it: a node says so, builds or pulls it
 	}
 	if len(pool) == 0 {
 		return nil
+	}
+	var after []cluster.Node
+	if rt.anyNode {
+		after = slices.Clone(without)
+		slices.SortStableFunc(after, byFree)
 	}
 	rand.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
 	k := min(rt.k, len(pool))
 	best := slices.MaxFunc(pool[:k], func(a, b cluster.Node) int { return cmp.Compare(free(a), free(b)) })
 	rest := slices.DeleteFunc(slices.Clone(pool), func(n cluster.Node) bool { return n.Name == best.Name })
 	slices.SortStableFunc(rest, byFree)
-	return append([]cluster.Node{best}, rest...)
+	return append(append([]cluster.Node{best}, rest...), after...)
 }
 
 // nodeAnswer is one node's answer to a fan-out.

@@ -52,6 +52,26 @@ func TestPlace(t *testing.T) {
 	if got := rt.place("unknown"); len(got) != 3 || got[0].Name != "c" {
 		t.Errorf("a template no node has goes to the freest placeable node: %v", got)
 	}
+
+	// Nodes that pull templates from one registry: those with it first,
+	// then the others (by free capacity), never the drained one.
+	for _, o := range []Options{{SharedRecords: true}, {SharedContent: true}} {
+		o.Nodes, o.K = nodes, 3
+		if got := New(o).place("base"); len(got) != 2 {
+			t.Errorf("%+v: candidates %v, want a and b alone (no shared registry and database)", o, got)
+		}
+	}
+	rt = New(Options{Nodes: nodes, K: 3, SharedRecords: true, SharedContent: true})
+	for range 50 {
+		got := rt.place("base")
+		var names []string
+		for _, n := range got {
+			names = append(names, n.Name)
+		}
+		if strings.Join(names, ",") != "b,a,c" {
+			t.Fatalf("with a shared registry: candidates %v, want b, a (with base) then c", names)
+		}
+	}
 }
 
 func TestRoutesByTagAndGoneNodes(t *testing.T) {

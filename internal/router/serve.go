@@ -41,6 +41,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// SharedRecords: the nodes share one database (Options.SharedRecords).
 	SharedRecords bool
+	// SharedContent: the nodes share one content registry
+	// (Options.SharedContent).
+	SharedContent bool
 	Logger        *slog.Logger
 	Stdout        io.Writer
 }
@@ -87,7 +90,7 @@ func Serve(ctx context.Context, o Config) error {
 		return err
 	}
 	rt := New(Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
-		SharedRecords: o.SharedRecords})
+		SharedRecords: o.SharedRecords, SharedContent: o.SharedContent})
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)

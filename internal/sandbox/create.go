@@ -134,12 +134,18 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 }
 
 // plan checks the request and decides what the sandbox gets (template,
-// size, timeout, backend, network, root), changing nothing.
+// size, timeout, backend, network, root), changing nothing but the
+// templates on the node (Fetcher).
 func (c *creating) plan(ctx context.Context) error {
 	m, from := c.m, c.from
 	c.tmpl = c.req.TemplateID
 	if from != nil {
 		c.tmpl = from.template
+	}
+	if f, ok := m.templates.(Fetcher); ok && from == nil {
+		if err := f.Fetch(ctx, c.tmpl); err != nil {
+			return fmt.Errorf("template %q: %w", c.tmpl, err)
+		}
 	}
 	if r, ok := m.templates.(Runtimer); ok {
 		c.rt, _ = r.Runtime(c.tmpl)

@@ -21,10 +21,12 @@
 //     is in the registry: a push that fails fails the snapshot, and the
 //     Keeper deletes its layer.
 //   - A pulled layer whose bytes are not those of its digest is refused
-//     (contentreg.ErrDigestMismatch) and nothing of it is left on the
-//     node; the create fails.
-//   - A snapshot whose template the node does not have is a clear error
-//     naming the template, before anything is pulled.
+//     (contentreg.ErrDigestMismatch, with api.ErrUnavailable: a 503, as a
+//     template's) and nothing of it is left on the node; the create fails.
+//   - A snapshot's template the node does not have is pulled first
+//     (sandbox.Fetcher: a template built on another node); one the
+//     cluster does not have is a clear error naming it, before any layer
+//     is pulled.
 //   - Two creates of one snapshot at once on one node pull each layer
 //     once.
 //   - Checkpoints stay the node's (they are not shared).
@@ -242,6 +244,12 @@ func (s *Store) fetch(ctx context.Context, chain []store.LayerRef, template stri
 	if m.LayerHere(chain[0].Layer) {
 		return nil
 	}
+	if f, ok := s.templates.(sandbox.Fetcher); ok {
+		// A template built on another node is pulled first.
+		if err := f.Fetch(ctx, template); err != nil {
+			return fmt.Errorf("its template %q: %w", template, err)
+		}
+	}
 	rootfs, err := s.templates.Resolve(template)
 	if err != nil {
 		return fmt.Errorf("its template %q is not on this node: %w", template, errors.Join(err, api.ErrNotFound))
@@ -278,11 +286,11 @@ func (s *Store) pull(ctx context.Context, m Mover, l store.LayerRef, parent, roo
 	return m.ImportLayer(ctx, l.Layer, parent, rootfs, func(dir string) error {
 		raw, err := s.content.PullTree(ctx, Repo, l.Digest, dir)
 		if err != nil {
-			return fmt.Errorf("pulling layer %s (%s): %w", l.Layer, l.Digest, err)
+			return fmt.Errorf("pulling layer %s (%s) from the cluster's content registry: %w: %w", l.Layer, l.Digest, err, api.ErrUnavailable)
 		}
 		var meta layerMeta
 		if err := json.Unmarshal(raw, &meta); err != nil || meta.Layer != l.Layer || meta.Parent != parent {
-			return fmt.Errorf("pulled layer %s (%s) describes itself as %q on %q", l.Layer, l.Digest, meta.Layer, meta.Parent)
+			return fmt.Errorf("pulled layer %s (%s) describes itself as %q on %q: %w", l.Layer, l.Digest, meta.Layer, meta.Parent, api.ErrUnavailable)
 		}
 		return nil
 	})

@@ -42,6 +42,7 @@ var sharedContract = []struct {
 	{"ReserveAcrossNodes", TestReserveAcrossNodes},
 	{"ReservationLease", TestReservationLease},
 	{"TeamRecords", TestTeamRecords},
+	{"SharedTemplates", TestSharedTemplates},
 	{"SharedSnapshots", TestSharedSnapshots},
 	{"MovedSandboxes", TestMovedSandboxes},
 }

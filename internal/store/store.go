@@ -248,6 +248,9 @@ var migrations = []string{
 	migrationCredentialRole,
 	// The names approved for whole teams (quotas.go).
 	migrationTeamNames,
+	// The cluster's index of templates in its content registry
+	// (sharedtemplates.go).
+	migrationSharedTemplates,
 	// Snapshots whose layers are in the cluster's registry (sharedsnaps.go).
 	migrationSharedSnapshots,
 	// Sandboxes moved off drained nodes through the registry (moved.go).

@@ -59,6 +59,13 @@ func (s *Service) run(ctx context.Context, sbs Sandboxes, buildID string, spec S
 	if b.box != nil {
 		b.box.kill()
 	}
+	var digest string
+	if err == nil && s.shares() {
+		s.logf(buildID, "info", "finalize", "Pushing the template to the cluster's content registry")
+		if digest, err = s.share(ctx, buildID, tree, rt); err != nil {
+			err = &stepError{step: "finalize", msg: "pushing the template to the cluster's content registry: " + err.Error()}
+		}
+	}
 	now := s.now().UTC()
 	s.mu.Lock()
 	rec := s.builds[buildID]
@@ -76,7 +83,7 @@ func (s *Service) run(ctx context.Context, sbs Sandboxes, buildID string, spec S
 	s.content.Unpin(buildID)
 	rec.UpdatedAt, rec.FinishedAt = now, &now
 	if err == nil && rec.Status == StatusBuilding {
-		rec.Status, rec.Tree, rec.Runtime = StatusReady, tree, rt
+		rec.Status, rec.Tree, rec.Runtime, rec.ContentDigest = StatusReady, tree, rt, digest
 		// Published under s.mu: the build is ready and its tags name it at
 		// once for whoever reads either.
 		s.names.Publish(rec.TemplateID, rec.ID, rec.Tags)

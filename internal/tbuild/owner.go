@@ -39,6 +39,11 @@ func (s *Service) Owner(idOrName string) (team string, public, found bool) {
 		if _, err := s.opts.Parents.Resolve(idOrName); err == nil {
 			return "", true, true
 		}
+		ctx, cancel := indexCtx()
+		defer cancel()
+		if rec, err := s.indexed(ctx, idOrName); err == nil && rec != nil {
+			return rec.Team, rec.Public, true
+		}
 		return "", false, false
 	}
 	return tenancy.Owner(t.Team), t.Public, true

@@ -19,5 +19,8 @@ type Runner struct {
 // kept.
 func NewRunner(ctx context.Context, s *Service, sb Sandboxes) *Runner {
 	s.collect(context.WithoutCancel(ctx), sb)
+	s.mu.Lock()
+	s.sandboxes = sb
+	s.mu.Unlock()
 	return &Runner{Service: s, sandboxes: sb}
 }

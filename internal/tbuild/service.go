@@ -111,6 +111,9 @@ type Build struct {
 	Layers      []string `json:"layers,omitempty"`
 	Runtime     Runtime  `json:"runtime"`
 	ImageDigest string   `json:"imageDigest,omitempty"`
+	// ContentDigest is the digest of the build's image in the cluster's
+	// content registry (pushed by this node or pulled from it).
+	ContentDigest string `json:"contentDigest,omitempty"`
 }
 
 // DocStore persists the records; *store.Store implements it.
@@ -199,8 +202,14 @@ type Options struct {
 	Namespace string
 	// MaxUploadBytes bounds one COPY archive; zero means 1 GiB.
 	MaxUploadBytes int64
-	Logger         *slog.Logger
-	Now            func() time.Time
+	// Registry and Shared, both set, move built templates between the
+	// nodes of a cluster (shared.go); Node names this node in Shared's
+	// records.
+	Registry ContentRegistry
+	Shared   SharedIndex
+	Node     string
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
 
 // DefaultAllow is the build steps' default egress: the package
@@ -230,6 +239,10 @@ type Service struct {
 	boxRuntimes map[string]Runtime // handle → start and ready commands of a finalize sandbox
 	// +checklocks:mu
 	creds map[string]*RegistryConfig // build ID → credentials, never stored
+	// +checklocks:mu
+	pulls map[string]*pullCall // image digest → its pull in progress
+	// +checklocks:mu
+	sandboxes Sandboxes // the Runner's, once there is one
 
 	content *content.Store  // the trees, the layer cache, the COPY archives
 	names   *names.Registry // the templates' names, tags and visibility
@@ -265,7 +278,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	s := &Service{opts: opts, log: opts.Logger, now: opts.Now,
 		builds: map[string]*Build{}, uploads: map[string]*upload{},
 		running: map[string]context.CancelFunc{}, layers: map[string]string{}, creds: map[string]*RegistryConfig{},
-		boxRuntimes: map[string]Runtime{}}
+		boxRuntimes: map[string]Runtime{}, pulls: map[string]*pullCall{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -403,6 +416,9 @@ func (s *Service) Register(ctx context.Context, name string, tags []string, cpus
 	if memoryMB < 128 || memoryMB%2 != 0 {
 		return nil, fmt.Errorf("memoryMB %d: want an even number of at least 128: %w", memoryMB, api.ErrInvalidArgument)
 	}
+	if err := s.adoptForBuild(ctx, n.Alias); err != nil {
+		return nil, err
+	}
 	now := s.now().UTC()
 	s.mu.Lock()
 	// Claimed under s.mu: a deletion of the template takes its builds
@@ -455,8 +471,14 @@ func (s *Service) buildLocked(templateID, buildID string) (*Build, error) {
 func (r *Runner) Delete(ctx context.Context, idOrName string) error {
 	s, sbs := r.Service, r.sandboxes
 	t, err := s.names.Lookup(idOrName)
-	if err != nil {
-		return err
+	local := err == nil
+	if !local {
+		// A template of the cluster this node never pulled.
+		rec, ierr := s.indexed(ctx, idOrName)
+		if ierr != nil || rec == nil {
+			return cmpErr(ierr, err)
+		}
+		t = names.Template{ID: rec.ID, Alias: rec.Alias, Team: rec.Team}
 	}
 	if sbs != nil {
 		live, err := sbs.Live(ctx)
@@ -474,46 +496,35 @@ func (r *Runner) Delete(ctx context.Context, idOrName string) error {
 			return fmt.Errorf("cannot delete template '%s' because there are %s sandboxes using it: %w", t.Alias, what, api.ErrInvalidArgument)
 		}
 	}
-	// The tombstone goes first: a crash after it leaves the trees to the
-	// next collection, which keeps them while a sandbox names the template.
-	s.gcMu.Lock()
-	s.mu.Lock()
-	tomb := content.Tombstone{ID: t.ID, Alias: t.Alias}
-	for _, b := range s.builds {
-		if b.TemplateID == t.ID {
-			tomb.Trees = append(tomb.Trees, treesOf(b)...)
+	// The cluster's record goes first: the other nodes drop their copies
+	// at their next use of the template.
+	if s.shares() {
+		if err := s.opts.Shared.DeleteSharedTemplate(ctx, t.ID); err != nil {
+			return err
 		}
 	}
-	s.mu.Unlock()
-	err = s.content.Bury(tomb)
-	s.gcMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("deleting template %s: %w", t.Alias, err)
+	if !local {
+		return nil
 	}
-	s.mu.Lock()
-	if _, ok := s.names.Get(t.ID); !ok {
-		s.mu.Unlock()
-		return fmt.Errorf("template %q not found: %w", idOrName, api.ErrNotFound)
-	}
-	for id, b := range s.builds {
-		if b.TemplateID == t.ID {
-			if c, ok := s.running[id]; ok {
-				c()
-			}
-			delete(s.builds, id)
-		}
-	}
-	s.names.Forget(t.ID)
-	s.mu.Unlock()
-	if err := s.names.Erase(ctx, t.ID); err != nil {
-		return err
-	}
-	s.collect(context.WithoutCancel(ctx), sbs)
-	return nil
+	return s.removeLocal(ctx, t, sbs)
 }
 
 // SetPublic sets (when public is not nil) whether a template is public
 // and returns its names.
 func (s *Service) SetPublic(ctx context.Context, id string, public *bool) ([]string, error) {
-	return s.names.SetPublic(ctx, id, public)
+	out, err := s.names.SetPublic(ctx, id, public)
+	if public == nil || (err != nil && !errors.Is(err, api.ErrNotFound)) {
+		return out, err
+	}
+	rec, ierr := s.indexed(ctx, id)
+	if ierr != nil {
+		return nil, ierr
+	}
+	if rec == nil {
+		return out, err
+	}
+	if err := s.opts.Shared.SetSharedTemplatePublic(ctx, rec.ID, *public); err != nil {
+		return nil, err
+	}
+	return s.names.Names(rec.Alias), nil
 }

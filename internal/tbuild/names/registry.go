@@ -394,3 +394,25 @@ func newID(n int) string {
 	}
 	return string(b)
 }
+
+// Adopt records t, a template made on another node of the cluster, under
+// its own ID and team: a record of that ID takes t's alias, team and
+// visibility and keeps its tags (Publish points them); another template
+// holding t's alias is a conflict, and changes nothing. The record is in
+// memory until Save.
+func (r *Registry) Adopt(t Template) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if o := r.byAliasLocked(t.Alias); o != nil && o.ID != t.ID {
+		return fmt.Errorf("Alias '%s' is already used by template %s on this node: %w", t.Alias, o.ID, api.ErrConflict)
+	}
+	if cur, ok := r.templates[t.ID]; ok {
+		cur.Alias, cur.Team, cur.Public = t.Alias, t.Team, t.Public
+		cur.UpdatedAt = r.now().UTC()
+		return nil
+	}
+	c := t.clone()
+	c.Tags = map[string]TagRef{}
+	r.templates[t.ID] = &c
+	return nil
+}
