@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -100,10 +102,33 @@ func TestServeSnapshotsThroughRegistry(t *testing.T) {
 		t.Fatal("node b has no layer of the snapshot it started a sandbox from")
 	}
 
+	// A node without the snapshot's template (and no node that built it)
+	// says which template it lacks, and pulls no layer.
+	requireTemplate(t, "base")
+	tdir := filepath.Join(testutil.StateDir(t), "templates")
+	if err := os.MkdirAll(tdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", filepath.Join(templatesDir(t), "minimal"), filepath.Join(tdir, "minimal")).CombinedOutput(); err != nil {
+		t.Fatalf("copying the minimal template: %v %s", err, out)
+	}
+	onBase := a.create(t, api.NewSandbox{TemplateID: "base"})
+	if _, err := a.Client.CreateSnapshot(ctxT(t), onBase.ID(), "on-base"); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, filepath.Join(testutil.StateDir(t), "d"), "--templates-dir", tdir, "--database", dsn, "--secrets-key", key, "--registry", reg.URL)
+	r = d.do(t, "POST", "/sandboxes", d.Key, strings.NewReader(`{"templateID":"on-base","timeout":60}`), nil)
+	if r.Status != http.StatusNotFound || !bytes.Contains(r.Body, []byte(`template \"base\"`)) {
+		t.Fatalf("create from a snapshot of base on a node without base = %d %s; want 404 naming the template", r.Status, r.Body)
+	}
+	if complete, partial := layerDirs(d.DataDir); len(complete)+len(partial) > 0 {
+		t.Fatalf("a node without the template pulled layers: %v %v", complete, partial)
+	}
+
 	if err := b.Client.DeleteSnapshot(ctxT(t), sn.SnapshotID); err != nil {
 		t.Fatalf("DeleteSnapshot on b: %v", err)
 	}
-	if list, err := a.Client.ListSnapshots(ctxT(t), "", ""); err != nil || len(list) != 0 {
+	if list, err := a.Client.ListSnapshots(ctxT(t), "", "moved"); err != nil || len(list) != 0 {
 		t.Fatalf("ListSnapshots on a after b deleted it = %+v, %v", list, err)
 	}
 	if err := a.Client.DeleteSnapshot(ctxT(t), sn.SnapshotID); !errors.Is(err, api.ErrNotFound) {
