@@ -19,10 +19,12 @@ import (
 )
 
 // TestScaleoutDrainMoves runs two nodes with --drain-moves on one
-// PostgreSQL database and one registry behind a router: a sandbox of the
-// node the operator drains is paused into the registry, and its next
-// connect through the router takes it over on the other node under the
-// same ID, its files intact. Its Bench step times a resume on the same
+// PostgreSQL database and one registry behind a router: the sandboxes of
+// the node the operator drains (one paused without memory, one running,
+// and on gvisor one with a running process) are paused into the
+// registry, and their next connect through the router takes each over on
+// the other node under the same ID, its files (and on gvisor its
+// processes) intact. Its Bench step times a resume on the same
 // node (a filesystem-only pause) against one on another node (the move).
 func TestScaleoutDrainMoves(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -67,27 +69,39 @@ func TestScaleoutDrainMoves(t *testing.T) {
 	}
 	same := time.Since(t0)
 
+	// onFrom creates sandboxes through the router until one is placed on
+	// the node to drain.
+	onFrom := func(req api.NewSandbox) *client.Sandbox {
+		t.Helper()
+		for range 20 {
+			s, err := rc.Create(ctxT(t), req)
+			if err != nil {
+				t.Fatalf("create through the router: %v", err)
+			}
+			if byTag[s.ID()[:cluster.TagLen]] == from {
+				t.Cleanup(func() { rc.Kill(ctxT(t), s.ID()) })
+				return s
+			}
+			rc.Kill(ctxT(t), s.ID())
+		}
+		t.Fatalf("no sandbox was placed on %s in 20 creates", from)
+		return nil
+	}
+	// The first sandbox is paused without memory when the node is
+	// drained (it moves as it is), a second one runs (it is paused to move).
+	if err := rc.PauseWithoutMemory(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	running := onFrom(api.NewSandbox{TemplateID: "minimal"})
+	sh(t, running.Envd(), `echo "running at the drain" > /home/user/state`)
+
 	// On gvisor the move keeps memory and processes: a counting loop
 	// started before the drain goes on after.
 	var gv *client.Sandbox
 	c0 := 0
 	if haveRunsc(t) {
 		requireTemplate(t, "base")
-		for i := 0; i < 20 && gv == nil; i++ {
-			s, err := rc.Create(ctxT(t), api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
-			if err != nil {
-				t.Fatalf("gvisor create through the router: %v", err)
-			}
-			if byTag[s.ID()[:cluster.TagLen]] == from {
-				gv = s
-				t.Cleanup(func() { rc.Kill(ctxT(t), s.ID()) })
-			} else {
-				rc.Kill(ctxT(t), s.ID())
-			}
-		}
-		if gv == nil {
-			t.Fatalf("no gvisor sandbox was placed on %s in 20 creates", from)
-		}
+		gv = onFrom(api.NewSandbox{TemplateID: "base", Metadata: gvisorMeta})
 		sh(t, gv.Envd(), `(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`)
 		eventually(t, 30*time.Second, "the gvisor loop to count", func() bool { c0 = countOf(t, gv.Envd()); return c0 > 3 })
 	}
@@ -147,6 +161,13 @@ func TestScaleoutDrainMoves(t *testing.T) {
 	// Its control plane follows it too.
 	if info, err := rc.Get(ctxT(t), id); err != nil || info.State != "running" {
 		t.Fatalf("GET of the moved sandbox through the router = %+v, %v", info, err)
+	}
+	back, err := rc.Connect(ctxT(t), running.ID(), 5*time.Minute)
+	if err != nil {
+		t.Fatalf("connect to the moved running sandbox: %v", err)
+	}
+	if got := sh(t, back.Envd(), `cat /home/user/state`); got != "running at the drain\n" {
+		t.Fatalf("the sandbox running at the drain sees %q after its move", got)
 	}
 	if gv != nil {
 		back, err := rc.Connect(ctxT(t), gv.ID(), 5*time.Minute)
