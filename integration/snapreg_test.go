@@ -27,6 +27,8 @@ import (
 type testRegistry struct {
 	URL     string // host:port/prefix, for --registry
 	corrupt atomic.Bool
+	// refuse, when set, answers every write with 403.
+	refuse atomic.Bool
 }
 
 func startRegistry(t *testing.T) *testRegistry {
@@ -34,6 +36,10 @@ func startRegistry(t *testing.T) *testRegistry {
 	r := &testRegistry{}
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.refuse.Load() && req.Method != http.MethodGet && req.Method != http.MethodHead {
+			http.Error(w, "refusing writes", http.StatusForbidden)
+			return
+		}
 		if !r.corrupt.Load() || req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") {
 			inner.ServeHTTP(w, req)
 			return
@@ -72,6 +78,21 @@ func TestServeSnapshotsThroughRegistry(t *testing.T) {
 	src := a.create(t, api.NewSandbox{})
 	sh(t, src.Envd(), `set -e; mkdir -p /home/user/work; echo "made on node a" > /home/user/work/note
 		dd if=/dev/urandom of=/home/user/work/blob bs=1k count=256 2>/dev/null; sha256sum /home/user/work/blob > /home/user/work/blob.sum`)
+	// A registry that refuses the push fails the snapshot: nothing
+	// recorded, no layer kept.
+	before, _ := layerDirs(a.DataDir)
+	reg.refuse.Store(true)
+	_, err := a.Client.CreateSnapshot(ctxT(t), src.ID(), "refused")
+	reg.refuse.Store(false)
+	if err == nil {
+		t.Fatal("CreateSnapshot with a registry refusing the push succeeded")
+	}
+	if list, err := b.Client.ListSnapshots(ctxT(t), "", ""); err != nil || len(list) != 0 {
+		t.Fatalf("ListSnapshots after a refused push = %+v, %v; want none", list, err)
+	}
+	if after, partial := layerDirs(a.DataDir); len(after) != len(before) || len(partial) > 0 {
+		t.Fatalf("layers on a after a refused push: %v %v, before %v", after, partial, before)
+	}
 	sn, err := a.Client.CreateSnapshot(ctxT(t), src.ID(), "moved")
 	if err != nil {
 		t.Fatalf("CreateSnapshot on a: %v", err)
