@@ -182,3 +182,39 @@ func TestGvisorSnapshotMemoryThroughRegistry(t *testing.T) {
 		t.Errorf("node b keeps gvisor layers %v, want the snapshot's image", complete)
 	}
 }
+
+// TestServeSnapshotsFromBeforeTheRegistry restarts a node of a shared
+// database with a registry: the snapshot it took before stays its own,
+// listed, started from and deleted on it, its layer kept.
+func TestServeSnapshotsFromBeforeTheRegistry(t *testing.T) {
+	testutil.RequireRoot(t)
+	dsn := pgtest.New(t).Database(t)
+	key := clusterKey(t)
+	reg := startRegistry(t)
+	a := startDaemon(t, filepath.Join(testutil.StateDir(t), "a"), "--database", dsn, "--secrets-key", key)
+	src, err := a.Client.Create(ctxT(t), api.NewSandbox{TemplateID: "minimal"}) // killed before the restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, src.Envd(), `echo "taken without a registry" > /home/user/old`)
+	sn, err := a.Client.CreateSnapshot(ctxT(t), src.ID(), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Kill(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	a.extra = append(a.extra, "--registry", reg.URL)
+	a.Restart()
+	if list, err := a.Client.ListSnapshots(ctxT(t), "", ""); err != nil || len(list) != 1 || list[0].SnapshotID != sn.SnapshotID {
+		t.Fatalf("ListSnapshots after the restart with a registry = %+v, %v; want %s", list, err, sn.SnapshotID)
+	}
+	again := a.create(t, api.NewSandbox{TemplateID: "old"})
+	if got := sh(t, again.Envd(), `cat /home/user/old`); got != "taken without a registry\n" {
+		t.Fatalf("sandbox from the snapshot taken before the registry sees %q", got)
+	}
+	if err := a.Client.DeleteSnapshot(ctxT(t), sn.SnapshotID); err != nil {
+		t.Fatalf("DeleteSnapshot of the node's own snapshot: %v", err)
+	}
+}

@@ -10,7 +10,9 @@
 // the node's disk (internal/contentreg, gzip-compressed), and then the
 // snapshot is recorded in the shared table (store.SharedSnapshot) with
 // the manifest digest of every layer. Lists, lookups and deletes of
-// snapshots answer from that table, so every node gives the same answer.
+// snapshots answer from that table, so every node gives the same answer
+// (a node's snapshots from before it had a registry stay its own, listed
+// and found on it alone, their layers kept).
 // A create from a snapshot whose layers are not on the node pulls them
 // first (Fetch), parents first, each verified by its digest, into the
 // backend's own layer directory under the same layer ID.
@@ -185,43 +187,81 @@ func (s *Store) push(ctx context.Context, layer string) (string, []store.LayerRe
 	return backend, chain, nil
 }
 
-// FindSnapshot returns the cluster's snapshot whose ID or name is ref.
+// FindSnapshot returns the cluster's snapshot whose ID or name is ref,
+// else one this node took before it had a registry (its own).
 func (s *Store) FindSnapshot(ctx context.Context, ref string) (*store.Snapshot, error) {
 	sn, err := s.Store.FindSharedSnapshot(ctx, ref)
+	if errors.Is(err, api.ErrNotFound) {
+		return s.Store.FindSnapshot(ctx, ref)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return &sn.Snapshot, nil
 }
 
-// ListSnapshots lists the cluster's snapshots, newest first.
+// ListSnapshots lists the cluster's snapshots and those this node took
+// before it had a registry, newest first.
 func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*store.Snapshot, error) {
 	list, err := s.Store.ListSharedSnapshots(ctx, sandboxID, name)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*store.Snapshot, len(list))
-	for i, sn := range list {
-		out[i] = &sn.Snapshot
+	own, err := s.Store.ListSnapshots(ctx, sandboxID, name)
+	if err != nil {
+		return nil, err
 	}
+	out := make([]*store.Snapshot, 0, len(list)+len(own))
+	seen := map[string]bool{}
+	for _, sn := range list {
+		out = append(out, &sn.Snapshot)
+		seen[sn.ID] = true
+	}
+	for _, sn := range own {
+		if !seen[sn.ID] {
+			out = append(out, sn)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *store.Snapshot) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
 	return out, nil
 }
 
-// DeleteSnapshot deletes a snapshot's record for the cluster. Every node
-// collects its copy of the layers once nothing keeps them.
+// DeleteSnapshot deletes a snapshot's record for the cluster (or this
+// node's own). Every node collects its copy of the layers once nothing
+// keeps them.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	return s.Store.DeleteSharedSnapshot(ctx, id)
+	err := s.Store.DeleteSharedSnapshot(ctx, id)
+	if errors.Is(err, api.ErrNotFound) {
+		return s.Store.DeleteSnapshot(ctx, id)
+	}
+	return err
 }
 
-// SnapshotUsage counts the team's snapshots across the cluster.
+// SnapshotUsage counts the team's snapshots across the cluster, and this
+// node's own.
 func (s *Store) SnapshotUsage(ctx context.Context, team, except string) (tenancy.Kept, error) {
-	return s.Store.SharedSnapshotUsage(ctx, team, except)
+	k, err := s.Store.SharedSnapshotUsage(ctx, team, except)
+	if err != nil {
+		return k, err
+	}
+	own, err := s.Store.SnapshotUsage(ctx, team, except)
+	k.Count, k.Bytes = k.Count+own.Count, k.Bytes+own.Bytes
+	return k, err
 }
 
 // Fetch makes sure every layer of snapshot sn is on this node, pulling the
-// missing ones (parents first) from the registry.
+// missing ones (parents first) from the registry. This node's own
+// snapshots are here already.
 func (s *Store) Fetch(ctx context.Context, sn *store.Snapshot) error {
 	shared, err := s.Store.FindSharedSnapshot(tenancy.NewContext(ctx, tenancy.Principal{}), sn.ID)
+	if errors.Is(err, api.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
