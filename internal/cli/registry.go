@@ -23,7 +23,7 @@ type registryFlags struct {
 }
 
 func (r *registryFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&r.url, "registry", "", "the cluster's content registry, HOST[:PORT]/PATH-PREFIX (HTTPS; plain HTTP only on a loopback address): templates built on a node are pushed there and pulled by the others; needs --database; credentials from $"+envContentRegistryUser+" and $"+envContentRegistryPassword+"; see docs/CLUSTER.md")
+	fs.StringVar(&r.url, "registry", "", "the cluster's content registry, HOST[:PORT]/PATH-PREFIX (HTTPS; plain HTTP only on a loopback address): templates built and snapshots taken on a node are pushed there and pulled by the others; needs --database; credentials from $"+envContentRegistryUser+" and $"+envContentRegistryPassword+"; see docs/CLUSTER.md")
 	fs.StringVar(&r.ca, "registry-ca", "", "PEM file of CA certificates the content registry's TLS certificate may chain to, besides the system's")
 }
 

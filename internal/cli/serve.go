@@ -94,6 +94,9 @@ func serveCmd(deps Deps) *cobra.Command {
 			if c.Registry, err = rg.options(c.Database); err != nil {
 				return err
 			}
+			if c.DrainMoves && c.Registry == nil {
+				return usagef("--drain-moves needs --database and --registry: a moved sandbox is recorded in the one and its files kept in the other")
+			}
 			c.TemplatesDir = templatesDir(c.TemplatesDir, c.DataDir)
 			if c.WarmTemplates, err = withCodeInterpreterPool(c.WarmTemplates, warmCI); err != nil {
 				return err
@@ -193,6 +196,7 @@ func addServeFlags(fs *pflag.FlagSet, c *fencedaemon.Config) {
 	fs.Var(newSizeValue(&c.ForensicsBudget, "", "want a size above zero such as 500MiB or 2GiB", atLeast(1)), "forensics-budget", "disk the kept filesystem changes may take in all, oldest dropped first, e.g. 500MiB (default 2GiB)")
 	boolVarNot(fs, &c.NoAudit, "audit", "keep the audit trail (off only to measure its cost)")
 	fs.StringVar(&c.Database, "database", "", "PostgreSQL URL (postgres://USER:PASSWORD@HOST/DB) of the records a cluster's nodes share: teams, keys, limits, quotas, secrets (default $FENCE_DATABASE_URL, else DATA-DIR/fence.db alone); see docs/CLUSTER.md")
+	fs.BoolVar(&c.DrainMoves, "drain-moves", false, "on a cluster node with --database and --registry: when the node is drained (fence.dev/drain=true on its Lease), pause its sandboxes into the registry; their next connect or resume takes them over on another node")
 	fs.StringVar(&c.SecretsKey, "secrets-key", "", "file of the key sealing secrets (default DATA-DIR/secrets.key, made on first use); with --database it must exist, the same on every node")
 }
 

@@ -42,6 +42,7 @@ import (
 	"github.com/fencesandbox/fence/internal/sandbox/idle"
 	"github.com/fencesandbox/fence/internal/sandbox/timetravel"
 	"github.com/fencesandbox/fence/internal/secrets"
+	"github.com/fencesandbox/fence/internal/snapreg"
 	"github.com/fencesandbox/fence/internal/store"
 	"github.com/fencesandbox/fence/internal/sysmon"
 	"github.com/fencesandbox/fence/internal/tbuild"
@@ -87,6 +88,7 @@ type node struct {
 	approvals *approvals.Queue
 	mgr       *sandbox.Manager
 	keeper    *timetravel.Keeper // snapshots, forks, checkpoints (the manager's Options.Keeper)
+	moves     *snapreg.Store     // snapshots and moves through the registry; nil without one
 	idle      *idle.Tracker      // the sandboxes' use, for the idle pause (the manager's Options.Idle)
 	runner    *tbuild.Runner     // the builds run in mgr's sandboxes
 	quotas    *tenancy.Quotas    // the teams' limits and what their sandboxes take
@@ -430,7 +432,11 @@ func (d *node) startSandboxes(ctx context.Context) error {
 	// The keeper of layers (snapshots, forks, checkpoints, rewinds,
 	// diffs) serves the manager and is served by it: sandbox.New binds
 	// it to the manager it makes; it starts once the manager has.
-	keeper := timetravel.New(timetravel.Options{Store: d.st, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
+	snapshots, err := d.snapshotStore(templates)
+	if err != nil {
+		return err
+	}
+	keeper := timetravel.New(timetravel.Options{Store: snapshots, Templates: templates, Sealer: d.secrets, Quota: d.quotas,
 		Audit: d.sources.sink, Logger: d.log})
 	d.idle = idle.New(idle.Options{Logger: d.log})
 	mgr, err := sandbox.New(sandbox.Options{
@@ -554,6 +560,7 @@ func (d *node) serve(ctx context.Context) error {
 		}
 		fmt.Fprintf(d.out, "fence: node %s (tag %s) joined the cluster in namespace %s as %s\n",
 			o.Cluster.Name, cluster.Tag(o.Cluster.Name), o.Cluster.Namespace, url)
+		d.watchDrain(regCtx, lease)
 	}
 	fmt.Fprintf(d.out, "fence: serving the E2B API on %s://%s (data in %s)\n", scheme, ln.Addr(), o.DataDir)
 	if o.Ready != nil {
@@ -601,7 +608,8 @@ func (d *node) newServer() (*http.Server, error) {
 	d.closers.push(stopMCP)
 	api = httpapi.New(httpapi.Options{
 		Manager:         d.mgr,
-		Pauses:          d.mgr.Pauses(),
+		Pauses:          d.pauser(),
+		Moves:           d.locator(),
 		Activity:        d.idle,
 		TeamSandboxes:   sandbox.TeamsOf(d.mgr),
 		Network:         d.nets,

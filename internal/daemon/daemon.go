@@ -168,13 +168,18 @@ type Config struct {
 	// reservations, secrets (store.Options.DatabaseURL). Empty keeps them
 	// in DataDir/fence.db with the rest.
 	Database string
+	// DrainMoves, on a cluster node with Database and Registry, moves the
+	// node's sandboxes into the registry when the operator drains it
+	// (fence.dev/drain=true on its Lease); their next connect or resume
+	// takes them over on another node (internal/snapreg).
+	DrainMoves bool
 	// SecretsKey is the file of the key sealing secrets; empty means
 	// DataDir/secrets.key. With Database it must exist (every node reads
 	// the cluster's one key): it is never made then.
 	SecretsKey string
 	// Registry, if set (with Database), is the cluster's content
-	// registry: templates built on a node are pushed to it and pulled by
-	// the others (docs/CLUSTER.md).
+	// registry: templates built and snapshots taken on a node are pushed
+	// to it and pulled by the others (docs/CLUSTER.md).
 	Registry *RegistryOptions
 }
 

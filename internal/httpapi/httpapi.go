@@ -112,6 +112,9 @@ type Options struct {
 	// Network reaches the sandboxes' ports and updates their network.
 	// Required with Manager.
 	Network Network
+	// Moves, if set, answers where a sandbox moved off a drained node
+	// went (GET /moved-sandboxes/{id}, moved.go).
+	Moves Locator
 	// Layers serves the snapshot, fork, checkpoint, rewind and diff
 	// routes, and checkpoints the sandboxes created with autoCheckpoint
 	// before each command; nil answers 501 there.
@@ -202,6 +205,7 @@ type handler struct {
 	pauses Pauser
 	net    Network
 	layers Layers // nil: no snapshots, forks, checkpoints
+	moves  Locator
 	apiKey []byte
 	domain string
 	log    *slog.Logger
@@ -258,6 +262,7 @@ func New(opts Options) http.Handler {
 		activity:    opts.Activity,
 		net:         opts.Network,
 		layers:      opts.Layers,
+		moves:       opts.Moves,
 		apiKey:      []byte(opts.APIKey),
 		domain:      opts.Domain,
 		log:         opts.Logger,

@@ -155,7 +155,7 @@ func (h *handler) checkOwner(r *http.Request, pattern string) error {
 		return errorf(api.ErrNotFound, "sandbox %q not found", id)
 	}
 	err := h.m.Owned(r.Context(), id)
-	if err != nil && h.knownFromRecords(r, id) {
+	if err != nil && (h.knownFromRecords(r, id) || h.movedHere(r, pattern, id)) {
 		return nil
 	}
 	return err

@@ -93,6 +93,7 @@ func (h *handler) routes() *http.ServeMux {
 	h.registerVolumes(mux)
 	h.registerPrincipal(mux)
 	h.registerBuildLogStream(mux)
+	h.registerMoves(mux)
 	if h.mcp != nil {
 		mux.Handle("/mcp", h.mcp) // GET, POST and DELETE: MCP's streamable HTTP
 	}

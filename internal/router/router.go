@@ -42,6 +42,11 @@
 //   - /secrets answers 501 but when the nodes share one database
 //     (SharedRecords): then any live node answers it for the cluster. No
 //     other route a single node serves answers 501.
+//   - With SharedRecords, a sandbox whose tag's node is drained or dead
+//     is looked up on a live node (GET /moved-sandboxes/{id}): a
+//     sandbox moved off its node (fence serve --drain-moves) is served by
+//     the node that took it over, and its connect or resume goes to a
+//     placeable node while it waits in the registry (moved.go).
 //   - Volumes (/volumes, /volumecontent) go to the node that holds them,
 //     found by asking the nodes, and a create with volumeMounts to the node
 //     of its volumes (volumes.go), with SharedRecords too (a volume's
@@ -291,7 +296,10 @@ func (rt *Router) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 		rt.forwardAny(w, r)
 		return
 	}
-	n, ok := rt.nodeOf(id)
+	n, ok := rt.movedNode(r, id, false)
+	if !ok {
+		n, ok = rt.nodeOf(id)
+	}
 	if !ok {
 		writeJSON(w, http.StatusBadGateway, api.ProxyError{SandboxID: id, Message: "The sandbox was not found",
 			Code: http.StatusBadGateway})
@@ -371,7 +379,12 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")
 	if ok {
-		id, _, _ := strings.Cut(rest, "/")
+		id, sub, _ := strings.Cut(rest, "/")
+		resume := r.Method == http.MethodPost && (sub == "connect" || sub == "resume")
+		if n, ok := rt.movedNode(r, id, resume); ok {
+			rt.forward(w, r, &route{node: n})
+			return
+		}
 		if n, ok := rt.nodeOf(id); ok {
 			rt.forward(w, r, &route{node: n})
 			return

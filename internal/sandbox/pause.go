@@ -177,6 +177,14 @@ func (p *Pauses) pauseWarm(ctx context.Context, id, reason string, quiet func() 
 // every process is killed (the memory is freed), and the resume boots the
 // sandbox anew on the checkpoint.
 func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
+	return p.pauseOnLayer(ctx, id, reason, p.keeper.CheckpointFiles)
+}
+
+// pauseOnLayer is a pause on a layer that checkpoint makes of the
+// sandbox (its filesystem for pauseCold), every process killed, the
+// resume booting the sandbox on the layer.
+func (p *Pauses) pauseOnLayer(ctx context.Context, id, reason string,
+	checkpoint func(context.Context, isolation.Sandbox) (isolation.LayerInfo, error)) error {
 	if p.layers == nil {
 		return NoLayers(p.backend)
 	}
@@ -192,7 +200,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	}
 	ctx = context.WithoutCancel(ctx)
 	defer p.keeper.Hold()()
-	info, err := p.keeper.CheckpointFiles(ctx, e.sb())
+	info, err := checkpoint(ctx, e.sb())
 	if err != nil {
 		reopen()
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
@@ -212,7 +220,7 @@ func (p *Pauses) pauseCold(ctx context.Context, id, reason string) error {
 	e.use.Mark(clock, true)
 	e.mu.Unlock()
 	killBox(ctx, p.log, old)
-	p.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": false})
+	p.record(ctx, audit.TypePause, id, map[string]any{"reason": reason, "memory": info.Memory})
 	p.log.InfoContext(ctx, "sandbox paused without memory", "sandbox_id", id, "reason", reason)
 	return nil
 }

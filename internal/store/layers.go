@@ -104,21 +104,32 @@ func scanSnapshot(r scanner) (*Snapshot, error) {
 // another team's when ctx acts for a principal, as ListSnapshots and
 // DeleteSnapshot).
 func (s *Store) FindSnapshot(ctx context.Context, ref string) (*Snapshot, error) {
-	base, _, _ := strings.Cut(ref, ":")
-	cond, args := scope(ctx, "snapshots")
-	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE (id = ? OR name = ?) AND `+cond,
-		append([]any{base, base}, args...)...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("snapshot %q: %w", ref, api.ErrNotFound)
-	}
-	return sn, err
+	return findSnapshot(ctx, s.db, "snapshots", snapshotCols, ref, scanSnapshot)
 }
 
 // ListSnapshots lists snapshots, newest first; sandboxID and name
 // (matched as FindSnapshot does) filter when not empty.
 func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*Snapshot, error) {
-	cond, args := scope(ctx, "snapshots")
-	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE ` + cond
+	return listSnapshots(ctx, s.db, "snapshots", snapshotCols, sandboxID, name, scanSnapshot)
+}
+
+// findSnapshot is FindSnapshot over table (snapshots or
+// shared_snapshots) of e, its columns cols read by scan.
+func findSnapshot[T any](ctx context.Context, e *engine, table, cols, ref string, scan func(scanner) (T, error)) (T, error) {
+	base, _, _ := strings.Cut(ref, ":")
+	cond, args := scope(ctx, table)
+	sn, err := scan(e.QueryRowContext(ctx, `SELECT `+cols+` FROM `+table+` WHERE (id = ? OR name = ?) AND `+cond,
+		append([]any{base, base}, args...)...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sn, fmt.Errorf("snapshot %q: %w", ref, api.ErrNotFound)
+	}
+	return sn, err
+}
+
+// listSnapshots is ListSnapshots over table of e, as findSnapshot.
+func listSnapshots[T any](ctx context.Context, e *engine, table, cols, sandboxID, name string, scan func(scanner) (T, error)) ([]T, error) {
+	cond, args := scope(ctx, table)
+	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + cond
 	if sandboxID != "" {
 		q += ` AND sandbox_id = ?`
 		args = append(args, sandboxID)
@@ -128,14 +139,14 @@ func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*S
 		q += ` AND (name = ? OR id = ?)`
 		args = append(args, base, base)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at DESC, id DESC`, args...)
+	rows, err := e.QueryContext(ctx, q+` ORDER BY created_at DESC, id DESC`, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []*Snapshot
+	var out []T
 	for rows.Next() {
-		sn, err := scanSnapshot(rows)
+		sn, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}

@@ -43,6 +43,8 @@ var sharedContract = []struct {
 	{"ReservationLease", TestReservationLease},
 	{"TeamRecords", TestTeamRecords},
 	{"SharedTemplates", TestSharedTemplates},
+	{"SharedSnapshots", TestSharedSnapshots},
+	{"MovedSandboxes", TestMovedSandboxes},
 }
 
 // TestPostgres runs the shared records' tests with those records in a

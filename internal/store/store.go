@@ -251,6 +251,10 @@ var migrations = []string{
 	// The cluster's index of templates in its content registry
 	// (sharedtemplates.go).
 	migrationSharedTemplates,
+	// Snapshots whose layers are in the cluster's registry (sharedsnaps.go).
+	migrationSharedSnapshots,
+	// Sandboxes moved off drained nodes through the registry (moved.go).
+	migrationMovedSandboxes,
 }
 
 // Open opens (creating if needed) the database at path and migrates it to

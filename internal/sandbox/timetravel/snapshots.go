@@ -49,6 +49,11 @@ func (k *Keeper) Origin(ctx context.Context, ref string) (*sandbox.Origin, error
 		}
 		return nil, err
 	}
+	if f, ok := ls.(Fetcher); ok {
+		if err := f.Fetch(ctx, sn); err != nil {
+			return nil, err
+		}
+	}
 	var spec snapshotSpec
 	_ = json.Unmarshal([]byte(sn.Spec), &spec) // older records lack fields
 	var env map[string]string
@@ -64,6 +69,13 @@ func (k *Keeper) Origin(ctx context.Context, ref string) (*sandbox.Origin, error
 	}
 	return &sandbox.Origin{Layer: sn.Layer, Template: sn.Template, Shown: sn.ID, Alias: sn.Name, Backend: spec.Backend, Env: env,
 		Memory: spec.Memory}, nil
+}
+
+// Fetcher is implemented by a LayerStore whose snapshots' layers may be
+// on another node (internal/snapreg): Fetch brings them to this one
+// before a sandbox is made from the snapshot.
+type Fetcher interface {
+	Fetch(ctx context.Context, sn *store.Snapshot) error
 }
 
 // snapshotSpec is a snapshot record's Spec: what its source was made with.
