@@ -102,6 +102,9 @@ type Config struct {
 	Seccomp  []byte      `json:"seccomp,omitempty"`
 	ShmBytes int64       `json:"shmBytes"`
 	Agent    boot.Config `json:"agent"`
+	// Trace asks the init to time its steps (trace_linux.go) and send the
+	// times with Started; `fence bench` reads them.
+	Trace bool `json:"trace,omitempty"`
 }
 
 // BindTarget is where a bind goes inside the sandbox.
@@ -175,7 +178,8 @@ func Serving() error {
 		return errors.New("telling the daemon the agent serves: no sync socket")
 	}
 	defer syncFile.Close()
-	if _, err := syncFile.Write([]byte{Started}); err != nil {
+	mark(MarkServing)
+	if _, err := syncFile.Write(startedAnswer()); err != nil {
 		return fmt.Errorf("telling the daemon the agent serves: %w", err)
 	}
 	return nil
@@ -205,15 +209,20 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	traced = cfg.Trace
+	mark(MarkConfig)
 	if err := attachMounts(cfg, fds); err != nil {
 		return nil, err
 	}
+	mark(MarkAttached)
 	if err := mountRoot(cfg, fds, kit); err != nil {
 		return nil, err
 	}
+	mark(MarkMounted)
 	if err := enterRoot(cfg); err != nil {
 		return nil, err
 	}
+	mark(MarkEntered)
 	stopRelax()
 	if err := becomeSandboxed(sync, cfg); err != nil {
 		return nil, err
@@ -382,21 +391,25 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 	if err := closeDescriptors(); err != nil {
 		return err
 	}
+	mark(MarkClosed)
 	// Nothing of the sandbox's runs before the daemon has placed this
 	// process in the sandbox's cgroups.
 	buf := make([]byte, 1)
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
 		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
+	mark(MarkGoAhead)
 	// Now in its cgroups on every hierarchy: a cgroup namespace entered
 	// here is rooted there, so /proc/self/cgroup reads / everywhere and
 	// names no host path.
 	if err := enterCgroupNamespace(); err != nil {
 		return err
 	}
+	mark(MarkCgroupNS)
 	if err := dropPrivileges(cfg.Seccomp, cfg.NoSetFCap); err != nil {
 		return err
 	}
+	mark(MarkPrivs)
 	// The agent's environment, as a program started with it would have
 	// it: it passes no part of its own on to the commands it runs.
 	os.Clearenv()
@@ -409,7 +422,7 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 // warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
 const warmConfig = `{"id":"w","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
 	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
-	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,` +
+	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,"trace":true,` +
 	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`
 
 // warmDecoder decodes warmConfig, so that the Config the init waits for is

@@ -147,6 +147,8 @@ type Backend struct {
 	pending   *backlog       // killed sandboxes whose release is pending
 	// releaseTimes sums the steps of the background releases.
 	releaseTimes releaseTimes
+	// traces holds the traced creates' steps (TraceCreates).
+	traces createTraces
 	// reapHook, when set (tests), runs before each background release.
 	reapHook func(id string)
 

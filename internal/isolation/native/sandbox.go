@@ -75,6 +75,7 @@ type sandbox struct {
 	diskFD   int
 	detached chan struct{} // closed once the host's mount is detached; nil if never started
 	lifeline *os.File      // the daemon's end of the agent's lifeline (and stderr) socket
+	trace    *CreateTrace  // the create's steps when creates are traced (TraceCreates), else nil
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
@@ -137,6 +138,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		return nil, fmt.Errorf("the release of %d killed sandboxes is behind, try again: %w", n, api.ErrUnavailable)
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
+	tr := b.traces.begin()
 	// The sandbox's init (readyinit.go), with its uid slot and lifeline,
 	// from the start: the sandbox ends when it does.
 	r, refill, err := b.takeInit()
@@ -148,7 +150,9 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		initTaken()
 	}
 	defer r.sync.Close() // used by start alone
+	tr.mark(MarkTook)
 	s := &sandbox{
+		trace:    tr,
 		b:        b,
 		id:       spec.ID,
 		limit:    limits,
@@ -201,6 +205,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if s.cg, err = b.cg.Create(s.key, cl); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
+	tr.mark(MarkCgroup)
 	attached := s.attach(ctx, spec.Network)
 	defer func() {
 		if err != nil {
@@ -211,6 +216,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
+	tr.mark(MarkDirs)
 	// The agent's listener: the agent is handed a copy, and this one
 	// is closed once the create is over, so that an idle sandbox holds
 	// no descriptor of the daemon's for it (and a dial after the agent's
@@ -220,9 +226,11 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		return nil, err
 	}
 	defer ln.Close()
+	tr.mark(MarkListener)
 	if err := s.start(ctx, spec, cfg, r.sync, ln, attached); err != nil {
 		return nil, err
 	}
+	b.traces.add(tr)
 	return s, nil
 }
 
@@ -242,10 +250,15 @@ func (s *sandbox) attach(ctx context.Context, nw isolation.Network) func() error
 			cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
 			return
 		}
+		s.trace.mark(MarkJoined)
 		cg <- nil
 	}()
 	net := make(chan error, 1)
-	go func() { net <- s.startNetwork(ctx, pid, nw) }()
+	go func() {
+		err := s.startNetwork(ctx, pid, nw)
+		s.trace.mark(MarkNetwork)
+		net <- err
+	}()
 	return sync.OnceValue(func() error { return errors.Join(<-cg, <-net) })
 }
 
@@ -480,6 +493,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 		fds = append(fds, fd)
 	}
 	cfg.Listener = true
+	cfg.Trace = s.trace != nil
 	fds = append(fds, int(lnFile.Fd()))
 	msg, err := json.Marshal(cfg)
 	if err != nil {
@@ -488,10 +502,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if err := unix.Sendmsg(int(syncSock.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
 	}
+	s.trace.mark(MarkSent)
 	if err := attached(); err != nil {
 		return err
 	}
+	s.trace.mark(MarkAttached)
 	protectAgent(proc.Pid)
+	s.trace.mark(MarkGoAhead)
 	if _, err := syncSock.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -500,17 +517,22 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	// that cannot make a thread under the sandbox's pids limit).
 	reply := make(chan []byte, 1)
 	go func() {
-		buf := make([]byte, 4096)
+		buf := make([]byte, max(4096, nsinit.TraceLen))
 		n, _ := syncSock.Read(buf)
 		reply <- buf[:max(n, 0)]
 	}()
 	select {
 	case r := <-reply:
+		marks, ok, err := nsinit.ParseStarted(r)
 		switch {
-		case len(r) == 0:
-			return errors.New("setting up sandbox: the agent exited before it served")
-		case len(r) != 1 || r[0] != nsinit.Started:
+		case err != nil:
+			return fmt.Errorf("setting up sandbox: %w", err)
+		case !ok:
 			return fmt.Errorf("setting up sandbox: %s", bytes.TrimSpace(r))
+		}
+		s.trace.mark(MarkStarted)
+		if s.trace != nil {
+			s.trace.Init = marks
 		}
 	case <-ctx.Done():
 		return fmt.Errorf("setting up sandbox: %w", ctx.Err())
