@@ -202,11 +202,22 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if spec.Background {
 		cl.Weight = backgroundWeight
 	}
-	if s.cg, err = b.cg.Create(s.key, cl); err != nil {
+	placed := r.cg != nil
+	if placed {
+		// The init waits in a cgroup of its own: it becomes the sandbox's.
+		if s.cg, err = b.cg.Rename(r.cg, s.key); err != nil {
+			_ = r.cg.Remove(context.WithoutCancel(ctx)) // and the init in it
+			return nil, fmt.Errorf("creating cgroup: %w", err)
+		}
+		r.cg = nil
+		if err := s.cg.Reset(cl); err != nil {
+			return nil, fmt.Errorf("creating cgroup: %w", err)
+		}
+	} else if s.cg, err = b.cg.Create(s.key, cl); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
 	tr.mark(MarkCgroup)
-	attached := s.attach(ctx, spec.Network)
+	attached := s.attach(ctx, spec.Network, placed)
 	defer func() {
 		if err != nil {
 			attached() // before the teardown (deferred earlier, run later)
@@ -234,21 +245,25 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	return s, nil
 }
 
-// attach places the sandbox's init in its cgroups and attaches its network
-// (a TUN device in its netns, read by a user-space stack here), both in the
-// background: joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
-// period each) and the network a few more, and they run while the
+// attach places the sandbox's init in its cgroups (unless placed: it is
+// there already) and attaches its network (a TUN device in its netns, read
+// by a user-space stack here), both in the background: joining cgroups
+// takes an RCU grace period per v1 hierarchy (milliseconds, tens on a busy
+// machine) and the network a few more, and they run while the
 // sandbox's directories are made and its init builds its root. The init
 // waits for the go-ahead, sent after both, before running anything of the
 // sandbox's. The returned function waits for both and returns their error;
 // it may be called more than once.
-func (s *sandbox) attach(ctx context.Context, nw isolation.Network) func() error {
+func (s *sandbox) attach(ctx context.Context, nw isolation.Network, placed bool) func() error {
 	pid := s.proc.Pid
 	cg := make(chan error, 1)
 	go func() {
-		if err := s.cg.AddProc(pid); err != nil {
-			cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
-			return
+		// An init placed already waited in the group (readyInit.cg).
+		if !placed {
+			if err := s.cg.AddProc(pid); err != nil {
+				cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
+				return
+			}
 		}
 		s.trace.mark(MarkJoined)
 		cg <- nil
