@@ -72,7 +72,12 @@ const agentPath = boot.Path
 
 // Config is what the daemon sends to `fence init` in the new namespaces.
 type Config struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Scratch, when set, is a directory the init mounts a tmpfs of its
+	// own on (in its mount namespace alone), where it makes LowerDir,
+	// RootDir and LayerDirs, which must then be its direct children.
+	// Without it they are directories the daemon made.
+	Scratch  string `json:"scratch,omitempty"`
 	LowerDir string `json:"lowerDir"` // where to attach the idmapped template
 	RootDir  string `json:"rootDir"`  // overlay mount point
 	UpperDir string `json:"upperDir"`
@@ -211,6 +216,9 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	}
 	traced = cfg.Trace
 	mark(MarkConfig)
+	if err := makeMountPoints(cfg); err != nil {
+		return nil, err
+	}
 	if err := attachMounts(cfg, fds); err != nil {
 		return nil, err
 	}
@@ -277,6 +285,33 @@ func ahead() trees {
 		return noTrees
 	}
 	return kit
+}
+
+// scratchMode bounds the tmpfs of the init's mount points: a few
+// directories, no file.
+const scratchMode = "mode=0700,size=4k,nr_inodes=64"
+
+// makeMountPoints mounts the init's tmpfs on cfg.Scratch and makes the
+// mount points of the template, the layers and the root in it.
+func makeMountPoints(cfg *Config) error {
+	if cfg.Scratch == "" {
+		return nil
+	}
+	points := append([]string{cfg.LowerDir, cfg.RootDir}, cfg.LayerDirs...)
+	for _, d := range points {
+		if filepath.Dir(d) != cfg.Scratch || filepath.Clean(d) != d {
+			return fmt.Errorf("mount point %q is not a child of %q", d, cfg.Scratch)
+		}
+	}
+	if err := unix.Mount("tmpfs", cfg.Scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, scratchMode); err != nil {
+		return fmt.Errorf("mounting the mount points' tmpfs: %w", err)
+	}
+	for _, d := range points {
+		if err := unix.Mkdir(d, 0o700); err != nil {
+			return fmt.Errorf("making mount point: %w", err)
+		}
+	}
+	return nil
 }
 
 // attachMounts places the agent's listener and attaches the template, the
@@ -420,7 +455,7 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 }
 
 // warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
-const warmConfig = `{"id":"w","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
+const warmConfig = `{"id":"w","scratch":"/s","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
 	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
 	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,"trace":true,` +
 	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`

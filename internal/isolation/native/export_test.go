@@ -1,6 +1,7 @@
 package native
 
 import (
+	"path/filepath"
 	"strings"
 	"sync"
 )
@@ -106,3 +107,12 @@ func CutLifeline(sb interface{ ID() string }) {
 	s := sb.(*sandbox)
 	s.lifeline.Close()
 }
+
+// SandboxDir is a sandbox's state directory on the host.
+func SandboxDir(sb any) string {
+	s := sb.(*sandbox)
+	return filepath.Join(s.b.sbDir, s.key)
+}
+
+// ScratchDir is the directory every init mounts its tmpfs on.
+func (b *Backend) ScratchDir() string { return b.scratchDir() }

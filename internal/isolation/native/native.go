@@ -201,7 +201,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	// The state directory must be traversable (not readable) by sandbox
 	// uids, which own their own sandbox directory below it.
-	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "sandboxes"), b.sbDir} {
+	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "sandboxes"), b.sbDir, b.scratchDir()} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
@@ -404,6 +404,12 @@ func (b *Backend) removeInstance() error {
 	}
 	return errors.Join(errs...)
 }
+
+// scratchDir is where each init mounts a tmpfs of its own, in its mount
+// namespace alone, for the mount points of its template, layers and root
+// (nsinit.Config.Scratch). On the host it is an empty directory, shared by
+// every instance of the state directory.
+func (b *Backend) scratchDir() string { return filepath.Join(b.opts.StateDir, "scratch") }
 
 // sockPath names sandbox id's agent socket, short enough for sun_path.
 func (b *Backend) sockPath(id string) string {

@@ -308,10 +308,16 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox directory: %w", err)
 	}
+	// The mount points of the template, the layers and the root are the
+	// init's, on a tmpfs it mounts in its own mount namespace: none is
+	// made on the host's disk, whose metadata writes wait for its
+	// journal (a millisecond or more each on a busy machine).
+	scratch := s.b.scratchDir()
 	cfg := &nsinit.Config{
 		ID:       s.id,
-		LowerDir: filepath.Join(dir, "lower"),
-		RootDir:  filepath.Join(dir, "root"),
+		Scratch:  scratch,
+		LowerDir: filepath.Join(scratch, "lower"),
+		RootDir:  filepath.Join(scratch, "root"),
 		NoFile:   limits.NoFile,
 		ShmBytes: nsinit.DefaultShmBytes,
 		Agent:    spec.Agent,
@@ -354,9 +360,9 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	cfg.WorkDir = filepath.Join(disk, "work")
 	upper, work := filepath.Join(hostDisk, "upper"), filepath.Join(hostDisk, "work")
 	for i := range s.chain {
-		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(dir, "l"+strconv.Itoa(i)))
+		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(scratch, "l"+strconv.Itoa(i)))
 	}
-	for _, d := range append([]string{cfg.LowerDir, cfg.RootDir, upper, work}, cfg.LayerDirs...) {
+	for _, d := range []string{upper, work} {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("creating sandbox directory: %w", err)
 		}
@@ -392,7 +398,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
-	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir}, cfg.LayerDirs...) {
+	for _, d := range []string{dir, disk} {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
