@@ -60,7 +60,6 @@ var createAside = []createStep{
 	{"beside, from the cgroups made: init joined to them", daemonMark(native.MarkCgroup), daemonMark(native.MarkJoined)},
 	{"beside, from the cgroups made: network attached", daemonMark(native.MarkCgroup), daemonMark(native.MarkNetwork)},
 	{"beside: both joined and network attached, after the Config sent", daemonMark(native.MarkSent), daemonMark(native.MarkAttached)},
-	{"beside: go-ahead sent → read by the init", daemonMark(native.MarkGoAhead), initMark(nsinit.MarkGoAhead)},
 }
 
 // writeCreateSteps writes the median of each step of the traced creates
@@ -92,6 +91,8 @@ func writeCreateSteps(out io.Writer, traces []native.CreateTrace) {
 		row(s, true)
 	}
 	fmt.Fprintf(tw, "  sum of the medians\t%s\t\n", ms(sum))
+	whole := createStep{"the create, from its call to its return", func(t native.CreateTrace) int64 { return t.Start }, daemonMark(native.MarkReturned)}
+	row(whole, false)
 	for _, s := range createAside {
 		row(s, false)
 	}
