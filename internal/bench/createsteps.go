@@ -77,20 +77,22 @@ func writeCreateSteps(out io.Writer, traces []native.CreateTrace) {
 	if len(ts) == 0 {
 		return
 	}
-	fmt.Fprintf(out, "a cold create, step by step (median of %d; the daemon's and the init's CLOCK_MONOTONIC marks):\n", len(ts))
+	fmt.Fprintf(out, "a cold create, step by step (%d creates; the daemon's and the init's CLOCK_MONOTONIC marks; the means add up, the medians need not):\n", len(ts))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	var sum time.Duration
+	fmt.Fprintf(tw, "  step\tmedian\tmean\t\n")
+	var sum, sumMean time.Duration
 	row := func(s createStep, add bool) {
-		d := stepMedian(ts, s)
+		d, m := stepStats(ts, s)
 		if add {
 			sum += d
+			sumMean += m
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t\n", s.name, ms(d))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t\n", s.name, ms(d), ms(m))
 	}
 	for _, s := range createSteps {
 		row(s, true)
 	}
-	fmt.Fprintf(tw, "  sum of the medians\t%s\t\n", ms(sum))
+	fmt.Fprintf(tw, "  sum\t%s\t%s\t\n", ms(sum), ms(sumMean))
 	whole := createStep{"the create, from its call to its return", func(t native.CreateTrace) int64 { return t.Start }, daemonMark(native.MarkReturned)}
 	row(whole, false)
 	for _, s := range createAside {
@@ -99,13 +101,15 @@ func writeCreateSteps(out io.Writer, traces []native.CreateTrace) {
 	tw.Flush()
 }
 
-// stepMedian is the median of step s over ts (negative spans count as 0:
-// a span beside the steps may end before it starts).
-func stepMedian(ts []native.CreateTrace, s createStep) time.Duration {
+// stepStats is the median and the mean of step s over ts (negative spans
+// count as 0: a span beside the steps may end before it starts).
+func stepStats(ts []native.CreateTrace, s createStep) (median, mean time.Duration) {
 	d := make([]time.Duration, len(ts))
+	var sum time.Duration
 	for i, t := range ts {
 		d[i] = time.Duration(max(0, s.to(t)-s.from(t)))
+		sum += d[i]
 	}
 	slices.Sort(d)
-	return d[len(d)/2]
+	return d[len(d)/2], sum / time.Duration(len(d))
 }
