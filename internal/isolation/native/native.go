@@ -271,6 +271,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		Logger:    log,
 		PoolSize:  opts.DiskPool,
 		PoolLimit: opts.Defaults.DiskBytes,
+		Dirs:      layerDirs,
 	})
 	if err != nil {
 		if !errors.Is(err, quota.ErrUnsupported) {
@@ -404,6 +405,13 @@ func (b *Backend) removeInstance() error {
 	}
 	return errors.Join(errs...)
 }
+
+// layerDirs are the directories every writable layer holds before the
+// sandbox's files are written: the overlay's upper and work directories,
+// and the upper's directories of the files a create writes (prepareDirs).
+// The disk pool makes them when it prepares a filesystem, ahead of the
+// create.
+var layerDirs = []string{"upper", "work", "upper/etc", "upper/usr/bin"}
 
 // scratchDir is where each init mounts a tmpfs of its own, in its mount
 // namespace alone, for the mount points of its template, layers and root

@@ -371,7 +371,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	resolv := filepath.Join(upper, "etc", "resolv.conf")
 	// The sandbox's own /etc/hosts names its hostname (sudo wants it).
 	etc := filepath.Join(upper, "etc")
-	if err := os.Mkdir(etc, 0o755); err != nil {
+	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating sandbox /etc: %w", err)
 	}
 	hosts := filepath.Join(etc, "hosts")
