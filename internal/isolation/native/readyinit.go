@@ -354,18 +354,20 @@ func (b *Backend) removeOwnGroups(ctx context.Context) error {
 
 // startReady starts the filler of Options.ReadyInits; Close stops it.
 func (b *Backend) startReady(ctx context.Context) error {
+	// A crashed daemon's groups go first, with whatever they still hold,
+	// also for a backend that keeps no ready inits (one that cleans up
+	// after a crashed instance, CleanupStale).
 	if err := b.removeOwnGroups(ctx); err != nil {
 		return err
 	}
-	n := b.opts.ReadyInits
-	if n <= 0 {
-		return nil
-	}
-	// A crashed daemon's group goes first, with whatever it still holds.
 	if g, err := b.cg.Open(readyGroup); err == nil {
 		if err := g.Remove(ctx); err != nil {
 			return fmt.Errorf("removing the ready inits' cgroup: %w", err)
 		}
+	}
+	n := b.opts.ReadyInits
+	if n <= 0 {
+		return nil
 	}
 	g, err := b.cg.Create(readyGroup, readyLimits(n))
 	if err != nil {

@@ -340,3 +340,28 @@ func cgroupsOf(t *testing.T, pid int) []string {
 	}
 	return gs
 }
+
+// A backend that keeps no ready inits, such as the one CleanupStale makes
+// for a crashed instance, still removes that instance's ready inits'
+// groups: the ready group and each init's own.
+func TestStartRemovesReadyGroupsWithoutReadyInits(t *testing.T) {
+	testutil.RequireRoot(t)
+	instance := "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
+	cm, err := cgroup.NewManager("fence/" + instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{native.ReadyGroup, native.ReadyGroup + "-7"} {
+		g, err := cm.Create(id, cgroup.Limits{Pids: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+	}
+	newBackendWith(t, native.Options{})
+	for _, id := range []string{native.ReadyGroup, native.ReadyGroup + "-7"} {
+		if _, err := cm.Open(id); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a crashed instance's %s: Open error %v after the start, want not exist", id, err)
+		}
+	}
+}
