@@ -42,6 +42,7 @@ func TestBenchSmoke(t *testing.T) {
 		"of which the daemon ", "; the busiest other commands ", "the kernel's pivot_root with none alive ",
 		"bulk download of 16 MiB: sandbox", "new connection (connect, 1 byte, close), p50: sandbox",
 		"phase: teardown (after kill answered)", "ratios in this run (medians):",
+		"a cold create, step by step (", "init: capabilities, no_new_privs, seccomp ",
 		"teardown of a cold cycle's sandbox (after kill answered), mean of ",
 		"fence create→exec true→kill / bwrap /bin/true:", "baseline fork+exec /bin/true ",
 		"fence exec true in a running sandbox / baseline fork+exec /bin/true:", "DNS lookup of an allowed name, cached, p50: sandbox",

@@ -107,7 +107,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		opts.WorkDir = d
 	}
 	fmt.Fprintf(out, "fence bench: %d iterations, rootfs %s\n", opts.Iterations, opts.RootFS)
-	results, teardown := coldCycle(ctx, opts)
+	results, teardown, steps := coldCycle(ctx, opts)
 	results = append(results, fenceWarm(ctx, opts))
 	execs := fenceExec(ctx, opts)
 	results = append(results, execs[0])
@@ -123,6 +123,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	results = append(results, roundTrips...)
 	writeTable(out, results)
 	fmt.Fprint(out, teardown)
+	fmt.Fprint(out, steps)
 	writeRatios(out, results)
 	if idleErr != nil {
 		fmt.Fprintf(out, "idle sandbox memory: failed: %v\n", idleErr)
@@ -158,17 +159,27 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 
 // coldCycle measures fence's cold cycle (create, exec true, kill) and its
 // phases, and describes the teardown of its sandboxes after kill answered
-// when the backend times it ("" otherwise).
-func coldCycle(ctx context.Context, opts Options) (results []Result, teardown string) {
+// and the steps of their creates when the backend times them ("" otherwise).
+func coldCycle(ctx context.Context, opts Options) (results []Result, teardown, steps string) {
 	var phases coldPhases
 	rt, _ := opts.Backend.(releaseTimer)
 	var rt0 native.ReleaseTimes
 	if rt != nil {
 		rt0 = rt.ReleaseTimes()
 	}
+	tracer, _ := opts.Backend.(createTracer)
+	if tracer != nil {
+		tracer.TraceCreates(true)
+	}
 	cold := measure("fence create→exec true→kill", opts.Iterations, func(i int) error {
 		return fenceCold(ctx, opts.Backend, opts.RootFS, &phases, i)
 	})
+	if tracer != nil {
+		var b strings.Builder
+		writeCreateSteps(&b, tracer.CreateTraces())
+		steps = b.String()
+		tracer.TraceCreates(false)
+	}
 	if rt != nil && cold.Err == nil {
 		t := rt.ReleaseTimes()
 		if n := t.N - rt0.N; n > 0 {
@@ -182,7 +193,7 @@ func coldCycle(ctx context.Context, opts Options) (results []Result, teardown st
 	}
 	results = append(results, cold)
 	results = append(results, phases.results()...)
-	return results, teardown
+	return results, teardown, steps
 }
 
 // peers measures the peer runtimes' one-shot runs: bwrap, runc, and runsc

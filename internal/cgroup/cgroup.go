@@ -281,6 +281,42 @@ func (m *Manager) Create(id string, l Limits) (_ *Group, err error) {
 	return g, nil
 }
 
+// ErrNoRename is Rename's error on cgroup v2, which cannot rename a group.
+var ErrNoRename = errors.New("cgroup v2 cannot rename a group")
+
+// Rename gives group g the id id on every hierarchy and returns it under
+// its new id; g is not to be used after. Its tasks stay in it: a rename is
+// no migration, so it costs none of the RCU grace periods a move of a task
+// into another group waits for on cgroup v1. On failure no hierarchy is
+// left renamed. On cgroup v2 it fails with ErrNoRename.
+func (m *Manager) Rename(g *Group, id string) (*Group, error) {
+	if m.v2 != "" {
+		return nil, ErrNoRename
+	}
+	if !nameRE.MatchString(id) {
+		return nil, fmt.Errorf("invalid cgroup id %q", id)
+	}
+	ng := &Group{m: m, id: id, dirs: map[string]string{}, fd: -1}
+	for c, d := range g.dirs {
+		ng.dirs[c] = filepath.Join(filepath.Dir(d), id)
+	}
+	var done []string
+	for _, d := range g.uniqueDirs() {
+		to := filepath.Join(filepath.Dir(d), id)
+		// cgroupfs never replaces: a group of that id already there
+		// fails the rename with EEXIST (and it takes no flags).
+		if err := unix.Rename(d, to); err != nil {
+			for _, from := range slices.Backward(done) {
+				_ = unix.Rename(filepath.Join(filepath.Dir(from), id), from)
+			}
+			return nil, fmt.Errorf("renaming cgroup %s to %s: %w", g.id, id, err)
+		}
+		done = append(done, d)
+	}
+	g.closeFD()
+	return ng, nil
+}
+
 // Open returns the existing group id, e.g. one a crashed daemon left. On
 // v1 it covers whichever controller directories exist.
 func (m *Manager) Open(id string) (*Group, error) {

@@ -570,3 +570,70 @@ func procCgroup(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	return string(b)
 }
+
+// A renamed group keeps its tasks under its new name on every hierarchy,
+// takes the limits Reset gives it, and a rename onto an existing group
+// fails and changes nothing. v2 refuses to rename.
+func TestRenameKeepsTasks(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("_ready-1", Limits{Pids: 64, Weight: 2})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	if m.Version() == 2 {
+		if _, err := m.Rename(g, "sb"); !errors.Is(err, ErrNoRename) {
+			t.Fatalf("Rename on v2 error = %v, want ErrNoRename", err)
+		}
+		return
+	}
+	cmd := start(t, g, "exec sleep 30")
+	other, err := m.Create("taken", Limits{})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	if _, err := m.Rename(g, "taken"); err == nil {
+		t.Fatalf("Rename onto an existing group: no error")
+	}
+	if pids, err := g.Pids(); err != nil || !slices.Equal(pids, []int{cmd.Process.Pid}) {
+		t.Fatalf("after a failed Rename, Pids() = %v, %v; want [%d]", pids, err, cmd.Process.Pid)
+	}
+	if pids, err := other.Pids(); err != nil || len(pids) != 0 {
+		t.Fatalf("after a failed Rename, the other group's Pids() = %v, %v; want none", pids, err)
+	}
+	ng, err := m.Rename(g, "sb")
+	if err != nil {
+		t.Fatalf("Rename error: %v", err)
+	}
+	for c, d := range ng.dirs {
+		if filepath.Base(d) != "sb" {
+			t.Errorf("%s: %s after Rename", c, d)
+		}
+		if got := readTrim(t, d, "cgroup.procs"); got != strconv.Itoa(cmd.Process.Pid) {
+			t.Errorf("%s: cgroup.procs = %q, want %d", c, got, cmd.Process.Pid)
+		}
+	}
+	if _, err := m.Open("_ready-1"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Open of the old name error = %v, want not exist", err)
+	}
+	if err := ng.Reset(Limits{MemoryBytes: 64 << 20}); err != nil {
+		t.Fatalf("Reset error: %v", err)
+	}
+	for file, cv := range map[string][2]string{
+		"pids.max":              {"pids", "max"},
+		"cpu.shares":            {"cpu", strconv.Itoa(DefaultWeight)},
+		"memory.limit_in_bytes": {"memory", "67108864"},
+	} {
+		if got := readTrim(t, ng.dir(cv[0]), file); got != cv[1] {
+			t.Errorf("%s = %q after Reset, want %q", file, got, cv[1])
+		}
+	}
+	if err := ng.Reset(Limits{Pids: 10, Weight: 5}); err != nil {
+		t.Fatalf("Reset error: %v", err)
+	}
+	if got := readTrim(t, ng.dir("pids"), "pids.max"); got != "10" {
+		t.Errorf("pids.max = %q after Reset, want 10", got)
+	}
+	if got := readTrim(t, ng.dir("cpu"), "cpu.shares"); got != "5" {
+		t.Errorf("cpu.shares = %q after Reset, want 5", got)
+	}
+}

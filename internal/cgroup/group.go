@@ -145,6 +145,30 @@ func (g *Group) setLimits(l Limits) error {
 	return nil
 }
 
+// Reset sets the limits of a group made with other limits (one Rename
+// gives its final name): l's memory, CPU and task limits where set, no
+// task limit where l has none, and l's weight (0: the default). A group
+// that was given a memory or CPU limit keeps it where l sets none.
+func (g *Group) Reset(l Limits) error {
+	if l.CPUs < 0 || l.MemoryBytes < 0 || l.Pids < 0 {
+		return fmt.Errorf("negative cgroup limit %+v", l)
+	}
+	if err := g.setLimits(l); err != nil {
+		return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
+	}
+	if l.Pids == 0 {
+		if err := writeFile(g.dir("pids"), "pids.max", "max"); err != nil {
+			return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
+		}
+	}
+	if l.Weight == 0 {
+		if err := g.SetWeight(0); err != nil {
+			return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
+		}
+	}
+	return nil
+}
+
 // SetWeight sets the group's CPU weight (see Limits.Weight); 0 restores
 // the default.
 func (g *Group) SetWeight(w int) error {

@@ -370,7 +370,8 @@ func benchCmd(deps Deps) *cobra.Command {
 
   - create → exec true → kill, cold (no sandbox of the template ready; the
     backend keeps two sandbox inits started ahead, as the daemon does), and
-    its phases (create, exec, kill);
+    its phases (create, exec, kill) and, on the native backend, a create's
+    steps, the daemon's and the sandbox init's, on one clock;
   - the same from the warm pool, and exec in a running sandbox;
   - pause and resume of a sandbox holding 100 MiB;
   - the SDK-shaped round trip through the API of a daemon started for the

@@ -158,7 +158,7 @@ func (p *pool) make(ctx context.Context, k string) error {
 		os.Remove(img)
 		return err
 	}
-	if err := prepareRoot(mnt); err != nil {
+	if err := prepareRoot(mnt, p.f.dirs); err != nil {
 		p.f.destroy(mnt, img)
 		return err
 	}
@@ -289,13 +289,21 @@ func (f *FS) destroy(mnt, img string) {
 	}
 }
 
-// prepareRoot gives a fresh filesystem's root the state NewDir promises.
-func prepareRoot(mnt string) error {
+// prepareRoot gives a fresh filesystem's root the state NewDir promises,
+// with dirs (Options.Dirs) made in it.
+func prepareRoot(mnt string, dirs []string) error {
 	if err := os.Chmod(mnt, 0o755); err != nil {
 		return fmt.Errorf("chmod %s: %w", mnt, err)
 	}
 	if err := os.Remove(filepath.Join(mnt, "lost+found")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing lost+found: %w", err)
+	}
+	for _, d := range dirs {
+		// Below mnt, a fresh filesystem with no link in it yet: MkdirAll
+		// follows no symlink of anyone's.
+		if err := os.MkdirAll(filepath.Join(mnt, d), 0o755); err != nil {
+			return fmt.Errorf("preparing %s: %w", d, err)
+		}
 	}
 	return nil
 }

@@ -82,6 +82,12 @@ type Options struct {
 	// its mount went (a reboot). Without it, a directory's data lasts as
 	// long as its sandbox (no journal, no barriers).
 	Durable bool
+	// Dirs are directories (relative, clean, below the root) every new
+	// filesystem holds when NewDir returns it, mode 0755 and owned by
+	// root: made when the filesystem is prepared, for a pooled one ahead
+	// of NewDir, so that the first writes to a fresh filesystem (which
+	// read its metadata through the loop device) are not the caller's.
+	Dirs []string
 }
 
 // FS makes and removes size-limited directories. Its methods are safe for
@@ -93,6 +99,7 @@ type FS struct {
 	mkfs     string
 	log      *slog.Logger
 	durable  bool
+	dirs     []string // Options.Dirs
 
 	pool      *pool // nil without Options.PoolSize
 	closeOnce sync.Once
@@ -121,7 +128,12 @@ func Open(ctx context.Context, opts Options) (*FS, error) {
 	if opts.ImageDir == "" || opts.MountDir == "" {
 		return nil, fmt.Errorf("quota: ImageDir and MountDir are required: %w", api.ErrInvalidArgument)
 	}
-	f := &FS{log: opts.Logger, durable: opts.Durable}
+	for _, d := range opts.Dirs {
+		if d == "" || filepath.IsAbs(d) || filepath.Clean(d) != d || d == "." || d == ".." || strings.HasPrefix(d, "../") {
+			return nil, fmt.Errorf("quota: directory %q: want a clean relative path below the root: %w", d, api.ErrInvalidArgument)
+		}
+	}
+	f := &FS{log: opts.Logger, durable: opts.Durable, dirs: slices.Clone(opts.Dirs)}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -234,7 +246,7 @@ func (f *FS) NewDir(ctx context.Context, name string, limitBytes int64) (path st
 		return "", err
 	}
 	// lost+found is only clutter in an overlay upper.
-	if err := prepareRoot(mnt); err != nil {
+	if err := prepareRoot(mnt, f.dirs); err != nil {
 		return "", err
 	}
 	return mnt, nil

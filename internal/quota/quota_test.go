@@ -692,3 +692,42 @@ func TestOpenResetsStackedMounts(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Options.Dirs are in every new filesystem, pooled or made at NewDir, and
+// a path that is not clean, relative and below the root is refused.
+func TestDirsMadeAhead(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, bad := range [][]string{{""}, {"/abs"}, {"."}, {".."}, {"../up"}, {"a/../b"}, {"a/"}} {
+		base := t.TempDir()
+		if _, err := Open(t.Context(), Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), Dirs: bad}); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("Open with Dirs %q = %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	base := t.TempDir()
+	dirs := []string{"upper", "work", "upper/usr/bin"}
+	f, err := Open(t.Context(), Options{ImageDir: filepath.Join(base, "img"), MountDir: filepath.Join(base, "mnt"), PoolSize: 1, Dirs: dirs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Destroy() })
+	waitPoolReady(t, f, 1)
+	pooled, err := f.NewDir(t.Context(), "pooled", DefaultLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, err := f.NewDir(t.Context(), "made", MinLimit) // not the pool's size: made now
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range []string{pooled, made} {
+		for _, d := range append(dirs, "upper/usr") {
+			fi, err := os.Lstat(filepath.Join(root, d))
+			if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755 {
+				t.Errorf("%s in %s: %v, %v; want a directory of mode 0755", d, root, fi, err)
+			}
+		}
+		if ents, _ := os.ReadDir(root); len(ents) != 2 {
+			t.Errorf("%s holds %d entries, want upper and work", root, len(ents))
+		}
+	}
+}

@@ -72,7 +72,12 @@ const agentPath = boot.Path
 
 // Config is what the daemon sends to `fence init` in the new namespaces.
 type Config struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Scratch, when set, is a directory the init mounts a tmpfs of its
+	// own on (in its mount namespace alone), where it makes LowerDir,
+	// RootDir and LayerDirs, which must then be its direct children.
+	// Without it they are directories the daemon made.
+	Scratch  string `json:"scratch,omitempty"`
 	LowerDir string `json:"lowerDir"` // where to attach the idmapped template
 	RootDir  string `json:"rootDir"`  // overlay mount point
 	UpperDir string `json:"upperDir"`
@@ -102,6 +107,9 @@ type Config struct {
 	Seccomp  []byte      `json:"seccomp,omitempty"`
 	ShmBytes int64       `json:"shmBytes"`
 	Agent    boot.Config `json:"agent"`
+	// Trace asks the init to time its steps (trace_linux.go) and send the
+	// times with Started; `fence bench` reads them.
+	Trace bool `json:"trace,omitempty"`
 }
 
 // BindTarget is where a bind goes inside the sandbox.
@@ -175,7 +183,8 @@ func Serving() error {
 		return errors.New("telling the daemon the agent serves: no sync socket")
 	}
 	defer syncFile.Close()
-	if _, err := syncFile.Write([]byte{Started}); err != nil {
+	mark(MarkServing)
+	if _, err := syncFile.Write(startedAnswer()); err != nil {
 		return fmt.Errorf("telling the daemon the agent serves: %w", err)
 	}
 	return nil
@@ -205,15 +214,23 @@ func setup(sync *os.File, meanwhile func()) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	traced = cfg.Trace
+	mark(MarkConfig)
+	if err := makeMountPoints(cfg); err != nil {
+		return nil, err
+	}
 	if err := attachMounts(cfg, fds); err != nil {
 		return nil, err
 	}
+	mark(MarkAttached)
 	if err := mountRoot(cfg, fds, kit); err != nil {
 		return nil, err
 	}
+	mark(MarkMounted)
 	if err := enterRoot(cfg); err != nil {
 		return nil, err
 	}
+	mark(MarkEntered)
 	stopRelax()
 	if err := becomeSandboxed(sync, cfg); err != nil {
 		return nil, err
@@ -268,6 +285,33 @@ func ahead() trees {
 		return noTrees
 	}
 	return kit
+}
+
+// scratchMode bounds the tmpfs of the init's mount points: a few
+// directories, no file.
+const scratchMode = "mode=0700,size=4k,nr_inodes=64"
+
+// makeMountPoints mounts the init's tmpfs on cfg.Scratch and makes the
+// mount points of the template, the layers and the root in it.
+func makeMountPoints(cfg *Config) error {
+	if cfg.Scratch == "" {
+		return nil
+	}
+	points := append([]string{cfg.LowerDir, cfg.RootDir}, cfg.LayerDirs...)
+	for _, d := range points {
+		if filepath.Dir(d) != cfg.Scratch || filepath.Clean(d) != d {
+			return fmt.Errorf("mount point %q is not a child of %q", d, cfg.Scratch)
+		}
+	}
+	if err := unix.Mount("tmpfs", cfg.Scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, scratchMode); err != nil {
+		return fmt.Errorf("mounting the mount points' tmpfs: %w", err)
+	}
+	for _, d := range points {
+		if err := unix.Mkdir(d, 0o700); err != nil {
+			return fmt.Errorf("making mount point: %w", err)
+		}
+	}
+	return nil
 }
 
 // attachMounts places the agent's listener and attaches the template, the
@@ -382,21 +426,25 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 	if err := closeDescriptors(); err != nil {
 		return err
 	}
+	mark(MarkClosed)
 	// Nothing of the sandbox's runs before the daemon has placed this
 	// process in the sandbox's cgroups.
 	buf := make([]byte, 1)
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
 		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
+	mark(MarkGoAhead)
 	// Now in its cgroups on every hierarchy: a cgroup namespace entered
 	// here is rooted there, so /proc/self/cgroup reads / everywhere and
 	// names no host path.
 	if err := enterCgroupNamespace(); err != nil {
 		return err
 	}
+	mark(MarkCgroupNS)
 	if err := dropPrivileges(cfg.Seccomp, cfg.NoSetFCap); err != nil {
 		return err
 	}
+	mark(MarkPrivs)
 	// The agent's environment, as a program started with it would have
 	// it: it passes no part of its own on to the commands it runs.
 	os.Clearenv()
@@ -407,9 +455,9 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 }
 
 // warmConfig is a Config with every field set (TestWarmConfigSetsEveryField).
-const warmConfig = `{"id":"w","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
+const warmConfig = `{"id":"w","scratch":"/s","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
 	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
-	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,` +
+	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,"trace":true,` +
 	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`
 
 // warmDecoder decodes warmConfig, so that the Config the init waits for is

@@ -1,6 +1,10 @@
 package native
 
-import "sync"
+import (
+	"path/filepath"
+	"strings"
+	"sync"
+)
 
 // Forget drops a sandbox from the backend's memory without killing it, as
 // a daemon crash would.
@@ -48,8 +52,34 @@ func (b *Backend) ReadyInits() int { return len(b.ready) }
 // AgentPid is the host pid of sb's agent (its PID 1).
 func AgentPid(sb any) int { return sb.(*sandbox).proc.Pid }
 
-// ReadyGroupPids returns the processes in the ready inits' cgroup.
-func (b *Backend) ReadyGroupPids() ([]int, error) { return b.readyCg.Pids() }
+// ReadyGroupPids returns the processes in the ready inits' cgroup and in
+// the ready inits' own (cgroup v1, ownGroup).
+func (b *Backend) ReadyGroupPids() ([]int, error) {
+	pids, err := b.readyCg.Pids()
+	if err != nil {
+		return nil, err
+	}
+	ids, err := b.cg.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if !strings.HasPrefix(id, readyGroup+"-") {
+			continue
+		}
+		g, err := b.cg.Open(id)
+		if err != nil {
+			continue // taken meanwhile
+		}
+		p, _ := g.Pids()
+		g.Close()
+		pids = append(pids, p...)
+	}
+	return pids, nil
+}
+
+// ReadyGroup is the name of the ready inits' cgroup.
+const ReadyGroup = readyGroup
 
 // SpawnerPid is the pid of the running spawner (0 if none runs).
 func (b *Backend) SpawnerPid() int {
@@ -88,3 +118,12 @@ func NoSquash(t interface{ Cleanup(func()) }) {
 
 // MaxLayerStack is the deepest stack of layers a sandbox boots on.
 const MaxLayerStack = maxLayerStack
+
+// SandboxDir is a sandbox's state directory on the host.
+func SandboxDir(sb any) string {
+	s := sb.(*sandbox)
+	return filepath.Join(s.b.sbDir, s.key)
+}
+
+// ScratchDir is the directory every init mounts its tmpfs on.
+func (b *Backend) ScratchDir() string { return b.scratchDir() }

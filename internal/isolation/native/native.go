@@ -148,6 +148,8 @@ type Backend struct {
 	pending   *backlog       // killed sandboxes whose release is pending
 	// releaseTimes sums the steps of the background releases.
 	releaseTimes releaseTimes
+	// traces holds the traced creates' steps (TraceCreates).
+	traces createTraces
 	// reapHook, when set (tests), runs before each background release.
 	reapHook func(id string)
 
@@ -200,7 +202,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	// The state directory must be traversable (not readable) by sandbox
 	// uids, which own their own sandbox directory below it.
-	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "sandboxes"), b.sbDir} {
+	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "sandboxes"), b.sbDir, b.scratchDir()} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
@@ -270,6 +272,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		Logger:    log,
 		PoolSize:  opts.DiskPool,
 		PoolLimit: opts.Defaults.DiskBytes,
+		Dirs:      layerDirs,
 	})
 	if err != nil {
 		if !errors.Is(err, quota.ErrUnsupported) {
@@ -404,6 +407,19 @@ func (b *Backend) removeInstance() error {
 	}
 	return errors.Join(errs...)
 }
+
+// layerDirs are the directories every writable layer holds before the
+// sandbox's files are written: the overlay's upper and work directories,
+// and the upper's directories of the files a create writes (prepareDirs).
+// The disk pool makes them when it prepares a filesystem, ahead of the
+// create.
+var layerDirs = []string{"upper", "work", "upper/etc", "upper/usr/bin"}
+
+// scratchDir is where each init mounts a tmpfs of its own, in its mount
+// namespace alone, for the mount points of its template, layers and root
+// (nsinit.Config.Scratch). On the host it is an empty directory, shared by
+// every instance of the state directory.
+func (b *Backend) scratchDir() string { return filepath.Join(b.opts.StateDir, "scratch") }
 
 // sockPath names sandbox id's agent socket, short enough for sun_path.
 func (b *Backend) sockPath(id string) string {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -673,4 +674,31 @@ func kernelAtLeast(major, minor int) bool {
 		return false
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// The mount points of a sandbox's template, layers and root are its init's,
+// on a tmpfs in its own mount namespace: nothing is made for them on the
+// host's disk, the host's scratch directory stays empty, and the sandbox's
+// mounts name none of it.
+func TestMountPointsAreTheInits(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{})
+	for _, d := range []string{"lower", "root"} {
+		if _, err := os.Lstat(filepath.Join(native.SandboxDir(sb), d)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s in the sandbox's state directory on the host: %v", d, err)
+		}
+	}
+	if ents, err := os.ReadDir(b.ScratchDir()); err != nil || len(ents) != 0 {
+		t.Errorf("the host's scratch directory: %v, %v; want it empty", ents, err)
+	}
+	r := run(t, sb, "root", "cat", "/proc/self/mountinfo")
+	if r.exit != 0 {
+		t.Fatalf("cat mountinfo: %+v", r)
+	}
+	if strings.Contains(r.stdout, b.ScratchDir()) || strings.Contains(r.stdout, "/scratch") {
+		t.Errorf("the sandbox's mounts name the scratch directory:\n%s", r.stdout)
+	}
+	if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +33,10 @@ type readyInit struct {
 	sync   *os.File      // the daemon's end of the sync socket
 	life   *os.File      // the daemon's end of the agent's lifeline, which carries its stderr
 	exited chan struct{} // closed once the process has exited and been waited for
+	// cg, when not nil, is the cgroup the init waits in, its own (cgroup
+	// v1, see ownGroup): the create that takes it renames it to its
+	// sandbox's instead of moving the init.
+	cg *cgroup.Group
 }
 
 // spawnInit clones a new init (see readyInit). cgfd, when not -1, is the
@@ -129,6 +135,9 @@ func (r *readyInit) discard() {
 			f.Close()
 		}
 	}
+	if r.cg != nil {
+		_ = r.cg.Remove(context.Background())
+	}
 	if r.slot != nil {
 		r.slot.release()
 	}
@@ -212,8 +221,11 @@ const readyGroup = "_ready"
 // the creates fail once enough sandboxes were alive. ReadyMemory reports
 // the charge.
 func readyLimits(n int) cgroup.Limits {
-	return cgroup.Limits{Pids: int64(n)*64 + readyPidsSpare, Weight: 2}
+	return cgroup.Limits{Pids: int64(n)*64 + readyPidsSpare, Weight: readyWeight}
 }
+
+// readyWeight is the ready inits' CPU weight, the lowest.
+const readyWeight = 2
 
 // readyPidsSpare is the room readyLimits leaves beyond the ready inits'
 // own: the spawner's threads and the inits passing through (each is a Go
@@ -284,26 +296,78 @@ func (b *Backend) spawnReady() (*readyInit, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cgfd < 0 && !r.proc.placed {
-		if err := b.readyCg.AddProc(r.proc.Pid); err != nil {
+	if cgfd < 0 {
+		if err := b.ownGroup(r); err != nil {
 			r.discard()
-			return nil, fmt.Errorf("placing a ready init in its cgroup: %w", err)
+			return nil, err
 		}
 	}
 	return r, nil
 }
 
+// ownGroupPids bounds the tasks of a ready init in its own cgroup: its
+// runtime's threads, a handful.
+const ownGroupPids = 64
+
+// ownGroup moves a ready init, on cgroup v1, into a cgroup of its own
+// (readyGroup-SLOT, at the ready inits' weight), which the create that
+// takes it renames to its sandbox's and gives the sandbox's limits
+// (cgroup.Manager.Rename). Moving a process between cgroups on v1 waits
+// for an RCU grace period on every hierarchy, milliseconds each and tens
+// of them on a busy machine: here the move is made while the init waits,
+// off the create's path. (cgroup v2 clones each init into the ready
+// group and moves it at the create: it cannot rename a group.) A
+// crashed daemon's groups of this kind are removed by the next
+// startReady.
+func (b *Backend) ownGroup(r *readyInit) error {
+	g, err := b.cg.Create(readyGroup+"-"+strconv.Itoa(r.slot.n), cgroup.Limits{Pids: ownGroupPids, Weight: readyWeight})
+	if err != nil {
+		return fmt.Errorf("creating a ready init's cgroup: %w", err)
+	}
+	r.cg = g
+	if err := g.AddProc(r.proc.Pid); err != nil {
+		return fmt.Errorf("placing a ready init in its cgroup: %w", err)
+	}
+	return nil
+}
+
+// removeOwnGroups removes the groups of ready inits (ownGroup) that a
+// crashed daemon left, with whatever they hold.
+func (b *Backend) removeOwnGroups(ctx context.Context) error {
+	ids, err := b.cg.List()
+	if err != nil {
+		return fmt.Errorf("listing cgroups: %w", err)
+	}
+	var errs []error
+	for _, id := range ids {
+		if !strings.HasPrefix(id, readyGroup+"-") {
+			continue
+		}
+		if g, err := b.cg.Open(id); err == nil {
+			if err := g.Remove(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("removing a ready init's cgroup: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // startReady starts the filler of Options.ReadyInits; Close stops it.
 func (b *Backend) startReady(ctx context.Context) error {
-	n := b.opts.ReadyInits
-	if n <= 0 {
-		return nil
+	// A crashed daemon's groups go first, with whatever they still hold,
+	// also for a backend that keeps no ready inits (one that cleans up
+	// after a crashed instance, CleanupStale).
+	if err := b.removeOwnGroups(ctx); err != nil {
+		return err
 	}
-	// A crashed daemon's group goes first, with whatever it still holds.
 	if g, err := b.cg.Open(readyGroup); err == nil {
 		if err := g.Remove(ctx); err != nil {
 			return fmt.Errorf("removing the ready inits' cgroup: %w", err)
 		}
+	}
+	n := b.opts.ReadyInits
+	if n <= 0 {
+		return nil
 	}
 	g, err := b.cg.Create(readyGroup, readyLimits(n))
 	if err != nil {

@@ -2,7 +2,10 @@ package native_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -10,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/isolationtest"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -249,4 +253,115 @@ func TestPoolRefillsAfterTheCreate(t *testing.T) {
 		}
 	}
 	waitReadyInits(t, b, 1)
+}
+
+// On cgroup v1 a ready init waits in a cgroup of its own, which the create
+// that takes it renames to its sandbox's (no move of the init on the
+// create's path) with the sandbox's limits; a crashed daemon's groups of
+// that kind are removed when the backend starts.
+func TestReadyInitWaitsInItsOwnCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	instance := "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
+	cm, err := cgroup.NewManager("fence/" + instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Version() == 2 {
+		t.Skip("cgroup v2 clones inits into the ready group: it cannot rename one")
+	}
+	left, err := cm.Create(native.ReadyGroup+"-4242", cgroup.Limits{Pids: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left.Close()
+	b := newBackendWith(t, native.Options{ReadyInits: 1, DiskPool: 1})
+	if _, err := cm.Open(native.ReadyGroup + "-4242"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a crashed daemon's ready init group: Open error %v after the start, want not exist", err)
+	}
+	waitReadyInits(t, b, 1)
+	pids, err := b.ReadyGroupPids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids = slices.DeleteFunc(pids, func(p int) bool { return p == b.SpawnerPid() })
+	if len(pids) != 1 {
+		t.Fatalf("ready inits' pids %v, want one", pids)
+	}
+	own := cgroupsOf(t, pids[0])
+	for _, g := range own {
+		if !strings.HasPrefix(path.Base(g), native.ReadyGroup+"-") {
+			t.Fatalf("the ready init waits in %s, want a group of its own on every fence hierarchy (%v)", g, own)
+		}
+	}
+	sb := create(t, b, isolation.Spec{ID: "own", RootFS: rootfs, Limits: isolation.Limits{Pids: 77}})
+	if agent := native.AgentPid(sb); agent != pids[0] {
+		t.Fatalf("the sandbox's agent is %d, want the ready init %d", agent, pids[0])
+	}
+	for _, g := range cgroupsOf(t, pids[0]) {
+		if path.Base(g) != "own" {
+			t.Errorf("the agent is in %s, want its sandbox's group on every fence hierarchy", g)
+		}
+	}
+	if _, err := cm.Open(path.Base(own[0])); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the ready init's group %s: Open error %v after its create, want not exist", own[0], err)
+	}
+	// The sandbox's limits, not the ready init's (64 tasks, weight 2).
+	for file, want := range map[string]string{"pids/" + "pids.max": "77", "cpu/" + "cpu.shares": strconv.Itoa(cgroup.DefaultWeight)} {
+		hier, name, _ := strings.Cut(file, "/")
+		got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", hier, "fence", instance, "own", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(string(got)) != want {
+			t.Errorf("the sandbox's %s is %q, want %s", name, strings.TrimSpace(string(got)), want)
+		}
+	}
+	if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+}
+
+// cgroupsOf returns the fence cgroups process pid is in, one per hierarchy.
+func cgroupsOf(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gs []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if i := strings.Index(line, "/fence/"); i >= 0 {
+			gs = append(gs, line[i:])
+		}
+	}
+	if len(gs) == 0 {
+		t.Fatalf("pid %d is in no fence cgroup: %s", pid, b)
+	}
+	return gs
+}
+
+// A backend that keeps no ready inits, such as the one CleanupStale makes
+// for a crashed instance, still removes that instance's ready inits'
+// groups: the ready group and each init's own.
+func TestStartRemovesReadyGroupsWithoutReadyInits(t *testing.T) {
+	testutil.RequireRoot(t)
+	instance := "test" + strings.ToLower(strings.NewReplacer("/", "", "_", "").Replace(t.Name()))
+	cm, err := cgroup.NewManager("fence/" + instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{native.ReadyGroup, native.ReadyGroup + "-7"} {
+		g, err := cm.Create(id, cgroup.Limits{Pids: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+	}
+	newBackendWith(t, native.Options{})
+	for _, id := range []string{native.ReadyGroup, native.ReadyGroup + "-7"} {
+		if _, err := cm.Open(id); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a crashed instance's %s: Open error %v after the start, want not exist", id, err)
+		}
+	}
 }

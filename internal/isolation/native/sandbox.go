@@ -79,6 +79,7 @@ type sandbox struct {
 	diskFD   int
 	detached chan struct{} // closed once the host's mount is detached; nil if never started
 	lifeline *os.File      // the daemon's end of the agent's lifeline (and stderr) socket
+	trace    *CreateTrace  // the create's steps when creates are traced (TraceCreates), else nil
 	done     chan struct{} // closed when the init/agent process has exited
 	killOnce sync.Once
 	killErr  error
@@ -141,6 +142,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		return nil, fmt.Errorf("the release of %d killed sandboxes is behind, try again: %w", n, api.ErrUnavailable)
 	}
 	limits := withDefaults(spec.Limits, b.opts.Defaults)
+	tr := b.traces.begin()
 	// The sandbox's init (readyinit.go), with its uid slot and lifeline,
 	// from the start: the sandbox ends when it does.
 	r, refill, err := b.takeInit()
@@ -152,7 +154,9 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		initTaken()
 	}
 	defer r.sync.Close() // used by start alone
+	tr.mark(MarkTook)
 	s := &sandbox{
+		trace:    tr,
 		b:        b,
 		id:       spec.ID,
 		limit:    limits,
@@ -202,10 +206,22 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if spec.Background {
 		cl.Weight = backgroundWeight
 	}
-	if s.cg, err = b.cg.Create(s.key, cl); err != nil {
+	placed := r.cg != nil
+	if placed {
+		// The init waits in a cgroup of its own: it becomes the sandbox's.
+		if s.cg, err = b.cg.Rename(r.cg, s.key); err != nil {
+			_ = r.cg.Remove(context.WithoutCancel(ctx)) // and the init in it
+			return nil, fmt.Errorf("creating cgroup: %w", err)
+		}
+		r.cg = nil
+		if err := s.cg.Reset(cl); err != nil {
+			return nil, fmt.Errorf("creating cgroup: %w", err)
+		}
+	} else if s.cg, err = b.cg.Create(s.key, cl); err != nil {
 		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
-	attached := s.attach(ctx, spec.Network)
+	tr.mark(MarkCgroup)
+	attached := s.attach(ctx, spec.Network, placed)
 	defer func() {
 		if err != nil {
 			attached() // before the teardown (deferred earlier, run later)
@@ -215,6 +231,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
+	tr.mark(MarkDirs)
 	// The agent's listener: the agent is handed a copy, and this one
 	// is closed once the create is over, so that an idle sandbox holds
 	// no descriptor of the daemon's for it (and a dial after the agent's
@@ -224,32 +241,43 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		return nil, err
 	}
 	defer ln.Close()
+	tr.mark(MarkListener)
 	if err := s.start(ctx, spec, cfg, r.sync, ln, attached); err != nil {
 		return nil, err
 	}
+	b.traces.add(tr)
 	return s, nil
 }
 
-// attach places the sandbox's init in its cgroups and attaches its network
-// (a TUN device in its netns, read by a user-space stack here), both in the
-// background: joining cgroups takes ~2.5 ms per v1 hierarchy (an RCU grace
-// period each) and the network a few more, and they run while the
+// attach places the sandbox's init in its cgroups (unless placed: it is
+// there already) and attaches its network (a TUN device in its netns, read
+// by a user-space stack here), both in the background: joining cgroups
+// takes an RCU grace period per v1 hierarchy (milliseconds, tens on a busy
+// machine) and the network a few more, and they run while the
 // sandbox's directories are made and its init builds its root. The init
 // waits for the go-ahead, sent after both, before running anything of the
 // sandbox's. The returned function waits for both and returns their error;
 // it may be called more than once.
-func (s *sandbox) attach(ctx context.Context, nw isolation.Network) func() error {
+func (s *sandbox) attach(ctx context.Context, nw isolation.Network, placed bool) func() error {
 	pid := s.proc.Pid
 	cg := make(chan error, 1)
 	go func() {
-		if err := s.cg.AddProc(pid); err != nil {
-			cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
-			return
+		// An init placed already waited in the group (readyInit.cg).
+		if !placed {
+			if err := s.cg.AddProc(pid); err != nil {
+				cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
+				return
+			}
 		}
+		s.trace.mark(MarkJoined)
 		cg <- nil
 	}()
 	net := make(chan error, 1)
-	go func() { net <- s.startNetwork(ctx, pid, nw) }()
+	go func() {
+		err := s.startNetwork(ctx, pid, nw)
+		s.trace.mark(MarkNetwork)
+		net <- err
+	}()
 	return sync.OnceValue(func() error { return errors.Join(<-cg, <-net) })
 }
 
@@ -284,10 +312,16 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox directory: %w", err)
 	}
+	// The mount points of the template, the layers and the root are the
+	// init's, on a tmpfs it mounts in its own mount namespace: none is
+	// made on the host's disk, whose metadata writes wait for its
+	// journal (a millisecond or more each on a busy machine).
+	scratch := s.b.scratchDir()
 	cfg := &nsinit.Config{
 		ID:       s.id,
-		LowerDir: filepath.Join(dir, "lower"),
-		RootDir:  filepath.Join(dir, "root"),
+		Scratch:  scratch,
+		LowerDir: filepath.Join(scratch, "lower"),
+		RootDir:  filepath.Join(scratch, "root"),
 		NoFile:   limits.NoFile,
 		ShmBytes: nsinit.DefaultShmBytes,
 		Agent:    spec.Agent,
@@ -330,9 +364,9 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	cfg.WorkDir = filepath.Join(disk, "work")
 	upper, work := filepath.Join(hostDisk, "upper"), filepath.Join(hostDisk, "work")
 	for i := range s.chain {
-		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(dir, "l"+strconv.Itoa(i)))
+		cfg.LayerDirs = append(cfg.LayerDirs, filepath.Join(scratch, "l"+strconv.Itoa(i)))
 	}
-	for _, d := range append([]string{cfg.LowerDir, cfg.RootDir, upper, work}, cfg.LayerDirs...) {
+	for _, d := range []string{upper, work} {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("creating sandbox directory: %w", err)
 		}
@@ -341,7 +375,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	resolv := filepath.Join(upper, "etc", "resolv.conf")
 	// The sandbox's own /etc/hosts names its hostname (sudo wants it).
 	etc := filepath.Join(upper, "etc")
-	if err := os.Mkdir(etc, 0o755); err != nil {
+	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating sandbox /etc: %w", err)
 	}
 	hosts := filepath.Join(etc, "hosts")
@@ -368,7 +402,7 @@ func (s *sandbox) prepareDirs(ctx context.Context, spec isolation.Spec, limits i
 	if err := os.WriteFile(resolv, []byte(ns), 0o644); err != nil {
 		return nil, fmt.Errorf("writing sandbox /etc/resolv.conf: %w", err)
 	}
-	for _, d := range append([]string{dir, disk, cfg.LowerDir, cfg.RootDir}, cfg.LayerDirs...) {
+	for _, d := range []string{dir, disk} {
 		if err := os.Lchown(d, uid, uid); err != nil {
 			return nil, fmt.Errorf("chowning sandbox directory: %w", err)
 		}
@@ -484,6 +518,7 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 		fds = append(fds, fd)
 	}
 	cfg.Listener = true
+	cfg.Trace = s.trace != nil
 	fds = append(fds, int(lnFile.Fd()))
 	msg, err := json.Marshal(cfg)
 	if err != nil {
@@ -492,10 +527,13 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	if err := unix.Sendmsg(int(syncSock.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return fmt.Errorf("sending init config: %w", err)
 	}
+	s.trace.mark(MarkSent)
 	if err := attached(); err != nil {
 		return err
 	}
+	s.trace.mark(MarkAttached)
 	protectAgent(proc.Pid)
+	s.trace.mark(MarkGoAhead)
 	if _, err := syncSock.Write([]byte{nsinit.GoAhead}); err != nil {
 		return fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -504,17 +542,22 @@ func (s *sandbox) start(ctx context.Context, spec isolation.Spec, cfg *nsinit.Co
 	// that cannot make a thread under the sandbox's pids limit).
 	reply := make(chan []byte, 1)
 	go func() {
-		buf := make([]byte, 4096)
+		buf := make([]byte, max(4096, nsinit.TraceLen))
 		n, _ := syncSock.Read(buf)
 		reply <- buf[:max(n, 0)]
 	}()
 	select {
 	case r := <-reply:
+		marks, ok, err := nsinit.ParseStarted(r)
 		switch {
-		case len(r) == 0:
-			return errors.New("setting up sandbox: the agent exited before it served")
-		case len(r) != 1 || r[0] != nsinit.Started:
+		case err != nil:
+			return fmt.Errorf("setting up sandbox: %w", err)
+		case !ok:
 			return fmt.Errorf("setting up sandbox: %s", bytes.TrimSpace(r))
+		}
+		s.trace.mark(MarkStarted)
+		if s.trace != nil {
+			s.trace.Init = marks
 		}
 	case <-ctx.Done():
 		return fmt.Errorf("setting up sandbox: %w", ctx.Err())
