@@ -112,11 +112,7 @@ func TestServeSharedDatabase(t *testing.T) {
 func TestScaleoutSharedDatabase(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireTemplate(t, "base")
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	t.Setenv("FENCE_CLUSTER_TOKEN", randHex(32))
-	key := "e2b_" + randHex(20)
+	k, _, key := startCluster(t)
 	fn := newFakeNet(t)
 	dsn := pgtest.New(t).Database(t)
 	sealing := clusterKey(t)

@@ -268,12 +268,7 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireTemplate(t, "base")
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	token := randHex(32)
-	t.Setenv("FENCE_CLUSTER_TOKEN", token)
-	key := "e2b_" + randHex(20)
+	k, token, key := startCluster(t)
 	templatesDir(t)
 	dsn := pgtest.New(t).Database(t)
 	cr := startContentRegistry(t)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -65,11 +64,7 @@ func TestScaleoutDashboard(t *testing.T) {
 	requireTemplate(t, "minimal")
 	ctx, dialogs := startBrowser(t)
 	shots := artifactsDir(t)
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	t.Setenv("FENCE_CLUSTER_TOKEN", randHex(32))
-	key := "e2b_" + randHex(20)
+	k, _, key := startCluster(t)
 	fn := newFakeNet(t)
 	dsn := pgtest.New(t).Database(t)
 	sealing := clusterKey(t)

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,11 +27,7 @@ import (
 // node (a filesystem-only pause) against one on another node (the move).
 func TestScaleoutDrainMoves(t *testing.T) {
 	testutil.RequireRoot(t)
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	t.Setenv("FENCE_CLUSTER_TOKEN", randHex(32))
-	key := "e2b_" + randHex(20)
+	k, _, key := startCluster(t)
 	dsn := pgtest.New(t).Database(t)
 	sealing := clusterKey(t)
 	reg := startRegistry(t)

@@ -300,3 +300,16 @@ func httpDo(method, url string, body []byte, hdr map[string]string) (int, []byte
 	_, err = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes(), err
 }
+
+// startCluster starts the kube-apiserver harness with fence's namespace
+// and RBAC applied, sets the cluster token every node and router of the
+// test reads ($FENCE_CLUSTER_TOKEN), and returns the harness, that token
+// and a fresh API key for the router.
+func startCluster(t *testing.T) (k *kubeEnv, token, key string) {
+	k = startKube(t)
+	root := repoRoot(t)
+	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
+	token = randHex(32)
+	t.Setenv("FENCE_CLUSTER_TOKEN", token)
+	return k, token, "e2b_" + randHex(20)
+}

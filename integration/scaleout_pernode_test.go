@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -43,12 +42,7 @@ type routedRecord struct {
 // team's key reads its team's records alone.
 func TestScaleoutPerNodeRoutes(t *testing.T) {
 	testutil.RequireRoot(t)
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	token := randHex(32)
-	t.Setenv("FENCE_CLUSTER_TOKEN", token)
-	key := "e2b_" + randHex(20)
+	k, token, key := startCluster(t)
 	templatesDir(t)
 	dsn := pgtest.New(t).Database(t)
 	sealing := clusterKey(t)

@@ -122,12 +122,7 @@ func startNode(t *testing.T, k *kubeEnv, name, key string, extra ...string) *dae
 // drives it as users and operators would.
 func TestScaleout(t *testing.T) {
 	testutil.RequireRoot(t)
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	token := randHex(32)
-	t.Setenv("FENCE_CLUSTER_TOKEN", token)
-	key := "e2b_" + randHex(20)
+	k, token, key := startCluster(t)
 	templatesDir(t)
 
 	names := []string{"node-a", "node-b", "node-c"}

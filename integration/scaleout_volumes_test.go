@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,12 +21,7 @@ import (
 // nodes, or a volume no node holds, is a 400.
 func TestScaleoutVolumes(t *testing.T) {
 	testutil.RequireRoot(t)
-	k := startKube(t)
-	root := repoRoot(t)
-	k.apply(t, filepath.Join(root, "deploy/namespace.yaml"), filepath.Join(root, "deploy/rbac.yaml"))
-	token := randHex(32)
-	t.Setenv("FENCE_CLUSTER_TOKEN", token)
-	key := "e2b_" + randHex(20)
+	k, token, key := startCluster(t)
 	templatesDir(t)
 	nodes := map[string]*daemon{"node-a": startNode(t, k, "node-a", key), "node-b": startNode(t, k, "node-b", key)}
 	r := startRouter(t, k, key, 0)
