@@ -21,6 +21,7 @@ import (
 	"github.com/fencesandbox/fence/internal/insandbox/netclient"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/mcp"
 	"github.com/fencesandbox/fence/internal/oci"
 	"github.com/fencesandbox/fence/internal/router"
 	"github.com/fencesandbox/fence/internal/selftest"
@@ -53,6 +54,7 @@ func deps() cli.Deps {
 		},
 		Router: func(ctx context.Context, c router.Config) error {
 			c.Logger, c.Stdout = logger(), os.Stdout
+			c.MCP = mcp.ClusterHandler
 			return router.Serve(ctx, c)
 		},
 		BuildTemplate: func(ctx context.Context, dataDir, templatesDir, name string, force bool, progress io.Writer) error {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/mcp"
 )
 
 // fakeRecord is a record of a fake node's audit trail; team is whose it is.
@@ -369,7 +370,7 @@ func TestMCPSeesTheCluster(t *testing.T) {
 	}
 	idA, idB := cluster.NewID(cluster.Tag("a")), cluster.NewID(cluster.Tag("b"))
 	nodes := fakeNodes{cluster.Tag("a"): node("a", list(idA).URL, 10, 0), cluster.Tag("b"): node("b", list(idB).URL, 10, 0)}
-	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok", SharedRecords: true})
+	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok", SharedRecords: true, MCP: mcp.ClusterHandler})
 	defer rt.Close()
 	srv := httptest.NewServer(rt)
 	defer srv.Close()

@@ -37,8 +37,9 @@
 //     naming its node, paged by a cursor of every node's seq; usage
 //     summed); a live node that does not answer is named in
 //     api.HeaderUnansweredNodes.
-//   - /mcp is served by the router itself (mcp.ClusterHandler): stateless,
-//     its tools a client of the router's own API, so they see every node.
+//   - /mcp is served by the router itself (Options.MCP, which fence router
+//     sets to mcp.ClusterHandler): stateless, its tools a client of the
+//     router's own API, so they see every node. Without it /mcp is 501.
 //   - /secrets answers 501 but when the nodes share one database
 //     (SharedRecords): then any live node answers it for the cluster. No
 //     other route a single node serves answers 501.
@@ -84,7 +85,6 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
-	"github.com/fencesandbox/fence/internal/mcp"
 	"github.com/fencesandbox/fence/internal/ui"
 )
 
@@ -127,7 +127,10 @@ type Options struct {
 	// may go to a node without the template, which pulls it, after the
 	// nodes that have it.
 	SharedContent bool
-	Logger        *slog.Logger
+	// MCP makes the handler of /mcp from the router's own API (api is the
+	// router); stop is called by Close. nil answers /mcp 501.
+	MCP    func(api http.Handler) (handler http.Handler, stop func())
+	Logger *slog.Logger
 }
 
 // Router is the http.Handler of `fence router`.
@@ -212,7 +215,10 @@ func New(opts Options) *Router {
 			writeErr(w, http.StatusBadGateway, "fence node "+ro.node.Name+" did not answer")
 		},
 	}
-	rt.mcp, rt.stopMCP = mcp.ClusterHandler(rt)
+	rt.stopMCP = func() {}
+	if opts.MCP != nil {
+		rt.mcp, rt.stopMCP = opts.MCP(rt)
+	}
 	return rt
 }
 
@@ -373,8 +379,11 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	case p == "/volumes" || strings.HasPrefix(p, "/volumes/"):
 		rt.serveVolumes(w, r)
 		return
-	case p == "/mcp":
+	case p == "/mcp" && rt.mcp != nil:
 		rt.mcp.ServeHTTP(w, r)
+		return
+	case p == "/mcp":
+		writeErr(w, http.StatusNotImplemented, "/mcp is not served by this router")
 		return
 	}
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(p, "/v2"), "/sandboxes/")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
+	"github.com/fencesandbox/fence/internal/mcp"
 )
 
 type fakeNodes map[string]cluster.Node // by tag
@@ -142,13 +143,14 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	if st, b := do("GET", "/volumecontent/00000000-0000-4000-8000-000000000000/dir?path=/", map[string]string{"Authorization": "Bearer fvt1.x.y"}); st != 299 || b != "from live" {
 		t.Errorf("/volumecontent: %d %q, want the node's answer", st, b)
 	}
-	// The router serves /mcp itself (TestMCPSeesTheCluster).
-	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st == 299 || b == "from live" {
-		t.Errorf("/mcp: %d %q, want the router's own answer", st, b)
+	// The router serves /mcp itself when given a handler
+	// (TestMCPSeesTheCluster), and never passes it to a node.
+	if st, b := do("POST", "/mcp", map[string]string{"X-API-Key": "key"}); st != 501 || b == "from live" {
+		t.Errorf("/mcp without Options.MCP: %d %q, want the router's own 501", st, b)
 	}
 	// Nodes sharing one database answer /secrets alike: any one does; the
 	// per-node routes go to the nodes as without it.
-	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true}))
+	shared := httptest.NewServer(New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test", SharedRecords: true, MCP: mcp.ClusterHandler}))
 	defer shared.Close()
 	for path, want := range map[string]int{"/secrets": 299, "/secrets/tok": 299, "/usage": 299, "/audit": 299, "/mcp": 405,
 		"/volumes": 299, "/volumes/00000000-0000-4000-8000-000000000000": 299, "/volumecontent/00000000-0000-4000-8000-000000000000/dir": 299} {

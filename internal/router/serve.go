@@ -49,8 +49,10 @@ type Config struct {
 	// SharedContent: the nodes share one content registry
 	// (Options.SharedContent).
 	SharedContent bool
-	Logger        *slog.Logger
-	Stdout        io.Writer
+	// MCP makes the router's /mcp handler (Options.MCP).
+	MCP    func(api http.Handler) (handler http.Handler, stop func())
+	Logger *slog.Logger
+	Stdout io.Writer
 }
 
 // Serve runs the router until ctx is done, then shuts down gracefully.
@@ -96,7 +98,7 @@ func Serve(ctx context.Context, o Config) error {
 	}
 	opts := Options{Nodes: watcher, APIKey: o.APIKey, Token: o.Token, Domain: o.Domain, Transport: tr, Logger: log,
 		SharedRecords: o.SharedRecords, UISessionTTL: o.UISessionTTL,
-		SharedContent: o.SharedContent}
+		SharedContent: o.SharedContent, MCP: o.MCP}
 	if !o.NoUI {
 		opts.UI = ui.Handler()
 	}
