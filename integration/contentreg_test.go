@@ -1,8 +1,12 @@
 package integration
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -261,19 +265,20 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 
 // TestScaleoutTemplatesThroughRegistry runs two nodes on a real
 // kube-apiserver, one PostgreSQL database and one content registry, behind
-// `fence router --shared-database --shared-registry`: a template built on
-// node A starts through the router on both nodes (a create once A's Lease
-// counts its sandbox goes to B, the freer node, which pulls it) with A's
-// files, and the router lists it.
+// `fence router --shared-database --shared-registry`: a template built
+// through the router (every route of its build, a files upload included,
+// on the node the router ranks first for the key) starts through the
+// router on both nodes (the other one pulls it) with its files, and the
+// router lists it.
 func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireTemplate(t, "base")
-	k, token, key := startCluster(t)
+	k, _, key := startCluster(t)
 	templatesDir(t)
 	dsn := pgtest.New(t).Database(t)
 	cr := startContentRegistry(t)
 	flags := []string{"--database", dsn, "--secrets-key", clusterKey(t), "--registry", cr.host + "/fence", "--max-sandboxes", "4"}
-	a := startNode(t, k, "node-a", key, flags...)
+	startNode(t, k, "node-a", key, flags...)
 	startNode(t, k, "node-b", key, flags...)
 	r := startRouter(t, k, key, 0, "--shared-database", "--shared-registry")
 	eventually(t, 30*time.Second, "router sees 2 placeable nodes", func() bool {
@@ -282,13 +287,29 @@ func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
 	})
 	via := &daemon{t: t, URL: r.URL, Key: key, Client: client.New(r.URL, key)}
 
-	// The build's routes are node-a's own (a node in a cluster answers
-	// only with the cluster token).
-	a.Client = client.New(a.URL, key, client.WithHTTPClient(&http.Client{Transport: clusterTokenTransport(token)}))
+	// The build goes through the router, which sends all of its routes
+	// (register, the files' link and upload, trigger, status) to one node.
 	marker := randHex(16)
-	tid, bid := buildTemplate(t, a, "routed-tpl", client.TemplateBuildSpec{FromTemplate: "base", Steps: steps("echo " + marker + " > /opt/marker")})
-	if st, logs := waitBuild(t, a, tid, bid); st.Status != "ready" {
-		t.Fatalf("build on node-a: %s (%+v)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
+	var archive bytes.Buffer
+	tw := tar.NewWriter(&archive)
+	_ = tw.WriteHeader(&tar.Header{Name: "marker.txt", Mode: 0o644, Size: int64(len(marker))})
+	_, _ = tw.Write([]byte(marker))
+	_ = tw.Close()
+	reg, err := via.Client.RegisterTemplate(ctxT(t), "routed-tpl", nil)
+	if err != nil {
+		t.Fatalf("RegisterTemplate through the router: %v", err)
+	}
+	tid, bid := reg.TemplateID, reg.BuildID
+	hash := fmt.Sprintf("%x", sha256.Sum256(archive.Bytes()))
+	if up, err := via.Client.UploadTemplateFiles(ctxT(t), tid, hash, bytes.NewReader(archive.Bytes()), int64(archive.Len()), false); err != nil || !up {
+		t.Fatalf("files upload through the router: %v (uploaded %v)", err, up)
+	}
+	spec := client.TemplateBuildSpec{FromTemplate: "base", Steps: steps("echo " + marker + " > /opt/marker")}
+	if err := via.Client.TriggerTemplateBuild(ctxT(t), tid, bid, spec); err != nil {
+		t.Fatalf("TriggerTemplateBuild through the router: %v", err)
+	}
+	if st, logs := waitBuild(t, via, tid, bid); st.Status != "ready" {
+		t.Fatalf("build through the router: %s (%+v)\n%s", st.Status, st.Reason, strings.Join(logs, "\n"))
 	}
 	if got := listedTemplates(t, via)["routed-tpl"]; got != tid {
 		t.Fatalf("GET /templates through the router lists routed-tpl as %q, want %s", got, tid)
@@ -310,13 +331,4 @@ func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
 	if !tags[cluster.Tag("node-b")] || !tags[cluster.Tag("node-a")] {
 		t.Errorf("creates through the router went to node tags %v, want both nodes'", tags)
 	}
-}
-
-// clusterTokenTransport sends the cluster token, as a router does.
-type clusterTokenTransport string
-
-func (c clusterTokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set(cluster.HeaderToken, string(c))
-	return http.DefaultTransport.RoundTrip(r)
 }

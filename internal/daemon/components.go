@@ -637,6 +637,7 @@ func (d *node) newServer() (*http.Server, error) {
 		UISessionTTL: o.UISessionTTL,
 		AuditVerify:  verifyAudit(o.DataDir),
 		Volumes:      d.volumes,
+		UploadTag:    uploadTag(o.Cluster),
 	})
 	handler := api
 	if o.Cluster != nil {
@@ -650,6 +651,15 @@ func (d *node) newServer() (*http.Server, error) {
 		TLSCert:       o.TLSCert,
 		TLSKey:        o.TLSKey,
 	})
+}
+
+// uploadTag is the node's tag in a cluster, which starts its upload
+// links' tokens; empty on a node alone.
+func uploadTag(c *ClusterOptions) string {
+	if c == nil {
+		return ""
+	}
+	return cluster.Tag(c.Name)
 }
 
 // dashboard is the web dashboard's handler, nil when it is off.

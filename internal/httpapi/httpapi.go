@@ -195,6 +195,10 @@ type Options struct {
 	// Volumes serves /volumes, /volumecontent and the volumeMounts of a
 	// create; nil answers 403 there ("use of volumes is not enabled").
 	Volumes *volume.Service
+	// UploadTag starts the token of every upload link the node gives (a
+	// cluster node's tag), so that fence router sends an upload to the
+	// node that gave its link; empty on a node alone.
+	UploadTag string
 }
 
 // maxBodyBytes bounds control-plane request bodies.
@@ -246,6 +250,7 @@ type handler struct {
 	sessions   uiSessions
 	// verifyAudit serves GET /audit/verify; nil: 501.
 	verifyAudit AuditVerifier
+	uploadTag   string // Options.UploadTag
 }
 
 // noActivity marks nothing.
@@ -288,6 +293,7 @@ func New(opts Options) http.Handler {
 		uiTTL:       opts.UISessionTTL,
 		verifyAudit: opts.AuditVerify,
 		volumes:     opts.Volumes,
+		uploadTag:   opts.UploadTag,
 	}
 	if h.uiTTL <= 0 {
 		h.uiTTL = defaultUISessionTTL

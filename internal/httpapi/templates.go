@@ -105,7 +105,7 @@ func (h *handler) templateFiles(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"present": present, "url": scheme + "://" + r.Host + uploadPrefix + token})
+	writeJSON(w, http.StatusCreated, map[string]any{"present": present, "url": scheme + "://" + r.Host + uploadPrefix + h.uploadTag + token})
 }
 
 // serveTemplateUpload takes a COPY archive at an upload link.
@@ -119,7 +119,11 @@ func (h *handler) serveTemplateUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	token := strings.TrimPrefix(r.URL.Path, uploadPrefix)
+	token, ok := strings.CutPrefix(strings.TrimPrefix(r.URL.Path, uploadPrefix), h.uploadTag)
+	if !ok {
+		writeError(w, r, h.log, fmt.Errorf("upload link %w", api.ErrNotFound))
+		return
+	}
 	if err := t.Upload(r.Context(), token, r.Body); err != nil {
 		writeError(w, r, h.log, err)
 		return

@@ -52,6 +52,8 @@
 //     found by asking the nodes, and a create with volumeMounts to the node
 //     of its volumes (volumes.go), with SharedRecords too (a volume's
 //     record is its node's, not shared).
+//   - A template build's routes go to one node for the caller's
+//     credential, and an upload link to the node that gave it (builds.go).
 //   - Nodes see the cluster token on every request from the router; a
 //     client's own X-Fence-Cluster-Token header is replaced, never passed.
 //   - With Options.UI the router serves the web dashboard at /ui, its
@@ -258,6 +260,11 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "nodes": len(nodes), "placeable": placeable})
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, uploadPrefix) {
+		// A link's token, not an API key: its node checks it (builds.go).
+		rt.serveUpload(w, r)
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
 		// A volume token, not an API key: its node checks it.
 		ui.StripSession(r.Header)
@@ -361,6 +368,10 @@ func (rt *Router) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 	if h := rt.merged(r); h != nil {
 		h(w, r)
+		return
+	}
+	if isBuildRoute(r) {
+		rt.serveBuild(w, r)
 		return
 	}
 	switch {
