@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -217,4 +218,15 @@ func TestScaleoutSharedDatabase(t *testing.T) {
 	if codes[http.StatusCreated] != 5 || codes[http.StatusTooManyRequests] != 25 {
 		t.Fatalf("30 creates at once against a limit of 5 on 3 nodes: %v, want 5 × 201 and 25 × 429", codes)
 	}
+
+	// Bench (reported, never asserted): creates through the router on
+	// nodes sharing PostgreSQL against one daemon on its own SQLite.
+	if st, b, err := httpDo("PUT", ra.URL+"/teams/"+tenancy.DefaultTeamID+"/limits", []byte(`{"concurrentSandboxes":100}`), hdr); err != nil || st != http.StatusOK {
+		t.Fatalf("PUT limits = %d %s %v", st, b, err)
+	}
+	viaRouter := benchCreates(t, client.New(ra.URL, key))
+	direct := benchCreates(t, startDaemon(t, newDataDir(t)).Client)
+	load, _ := exec.Command("uptime").Output()
+	t.Logf("BENCH creates/s (minimal, 4 clients): router over 3 nodes on PostgreSQL %.1f, single daemon on SQLite %.1f (ratio %.2f); load: %s",
+		viaRouter, direct, viaRouter/direct, strings.TrimSpace(string(load)))
 }

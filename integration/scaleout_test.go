@@ -733,41 +733,44 @@ func (lb *testLB) add(u string) {
 	lb.mu.Unlock()
 }
 
+// benchCreates reports how many minimal sandboxes per second 4 clients
+// create through c, 12 in all, and kills them.
+func benchCreates(t *testing.T, c *client.Client) float64 {
+	ctx := ctxT(t)
+	const total, workers = 12, 4
+	var made []string
+	var mu sync.Mutex
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range total / workers {
+				sb, err := c.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
+				if err != nil {
+					t.Errorf("bench create: %v", err)
+					return
+				}
+				mu.Lock()
+				made = append(made, sb.ID())
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	rate := float64(len(made)) / time.Since(start).Seconds()
+	for _, id := range made {
+		c.Kill(ctx, id)
+	}
+	return rate
+}
+
 // benchScaleout reports (never asserts) the router's cost, in one run:
 // creates per second and the SDK round trip through the router against a
 // single daemon, the latency the router adds per request, and its memory.
 func benchScaleout(t *testing.T, r *routerProc, n *daemon, key, token string, ids []string) {
-	ctx := ctxT(t)
 	single := startDaemon(t, newDataDir(t))
-	creates := func(c *client.Client) float64 {
-		const total, workers = 12, 4
-		var made []string
-		var mu sync.Mutex
-		start := time.Now()
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Go(func() {
-				for range total / workers {
-					sb, err := c.Create(ctx, api.NewSandbox{TemplateID: "minimal"})
-					if err != nil {
-						t.Errorf("bench create: %v", err)
-						return
-					}
-					mu.Lock()
-					made = append(made, sb.ID())
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		rate := float64(len(made)) / time.Since(start).Seconds()
-		for _, id := range made {
-			c.Kill(ctx, id)
-		}
-		return rate
-	}
-	viaRouter := creates(client.New(r.URL, key))
-	direct := creates(single.Client)
+	viaRouter := benchCreates(t, client.New(r.URL, key))
+	direct := benchCreates(t, single.Client)
 	t.Logf("BENCH creates/s (minimal, 4 clients): router %.1f, single daemon %.1f (ratio %.2f)", viaRouter, direct, viaRouter/direct)
 
 	// Added latency: GET /sandboxes/{id} through the router and straight
