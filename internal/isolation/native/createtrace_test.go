@@ -26,13 +26,16 @@ func TestCreateTraceMarksEveryStep(t *testing.T) {
 	if len(tr.Init) != nsinit.NumMarks {
 		t.Fatalf("the init sent %d marks, want %d", len(tr.Init), nsinit.NumMarks)
 	}
-	// The order the steps run in: the daemon's until the Config is sent,
-	// the init's to the agent serving, then the daemon's answer.
+	// The order the steps run in: the daemon's until it sends the Config,
+	// the init's to the agent serving, then the daemon's answer. The
+	// daemon's mark of the Config sent is taken once its write returns,
+	// which may be after the init has read it: it only falls between the
+	// listener and the answer.
 	seq := []struct {
 		name string
 		at   int64
 	}{{"start", tr.Start}}
-	for i, n := range []string{"took", "cgroup", "dirs", "listener", "sent"} {
+	for i, n := range []string{"took", "cgroup", "dirs", "listener"} {
 		seq = append(seq, struct {
 			name string
 			at   int64
@@ -55,6 +58,9 @@ func TestCreateTraceMarksEveryStep(t *testing.T) {
 		if seq[i].at == 0 || seq[i].at < seq[i-1].at {
 			t.Errorf("%s at %d, before %s at %d", seq[i].name, seq[i].at, seq[i-1].name, seq[i-1].at)
 		}
+	}
+	if sent := tr.Daemon[native.MarkSent]; sent < tr.Daemon[native.MarkListener] || sent > tr.Daemon[native.MarkStarted] {
+		t.Errorf("daemon sent at %d, outside listener %d … started %d", sent, tr.Daemon[native.MarkListener], tr.Daemon[native.MarkStarted])
 	}
 	// What ran beside: the go-ahead went after the cgroups were joined
 	// and the network attached, and the init read it after.
