@@ -270,7 +270,10 @@ func writeTable(out io.Writer, results []Result) {
 	fmt.Fprintf(w, "measure\tmedian\tp99\tvs %s (median)\n", refName)
 	for _, r := range results {
 		if r.Err != nil {
-			fmt.Fprintf(w, "%s\tfailed: %v\t\t\n", r.Name, r.Err)
+			// Its first line: the rest (what a failure saw) follows the
+			// table, with the run's errors.
+			first, _, _ := strings.Cut(r.Err.Error(), "\n")
+			fmt.Fprintf(w, "%s\tfailed: %s\t\t\n", r.Name, first)
 			continue
 		}
 		ratio := "-"
@@ -495,8 +498,9 @@ func fencePause(ctx context.Context, opts Options) []Result {
 	if !ok {
 		return fail(fmt.Errorf("the %s backend cannot pause", opts.Backend.Name()))
 	}
-	fill := fmt.Sprintf(`(x=$(head -c %d /dev/zero | tr '\000' a); sleep 3600) </dev/null >/dev/null 2>&1 &`, pauseFillMiB<<20)
-	if _, err := runAsRoot(ctx, processClient(sb), "sh", "-c", fill); err != nil {
+	fill := fmt.Sprintf(`(x=$(head -c %d /dev/zero | tr '\000' a); sleep 3600) </dev/null >/dev/null 2>&1 & echo $!`, pauseFillMiB<<20)
+	pid, err := runAsRoot(ctx, processClient(sb), "sh", "-c", fill)
+	if err != nil {
 		return fail(err)
 	}
 	var inUse int64
@@ -506,7 +510,8 @@ func fencePause(ctx context.Context, opts Options) []Result {
 			return fail(err)
 		}
 		if inUse = st.MemoryBytes; time.Now().After(deadline) {
-			return fail(fmt.Errorf("the sandbox holds %.0f MiB after a minute, want %d", mib(inUse), pauseFillMiB))
+			return fail(fmt.Errorf("the sandbox holds %.0f MiB after a minute, want %d (the filling shell is pid %s in the sandbox)\n%s",
+				mib(inUse), pauseFillMiB, bytes.TrimSpace(pid), describeSandbox(ctx, sb)))
 		}
 	}
 	var resumes []time.Duration
@@ -529,6 +534,27 @@ func fencePause(ctx context.Context, opts Options) []Result {
 		}
 	}
 	return []Result{pause, resume}
+}
+
+// cgroupDescriber is a sandbox that reports what its cgroups hold (the
+// native backend's).
+type cgroupDescriber interface{ DescribeCgroups() string }
+
+// describeSandbox reports, for a measure that failed on what a sandbox
+// holds, what its cgroups hold on the host and what its processes are
+// from inside.
+func describeSandbox(ctx context.Context, sb isolation.Sandbox) string {
+	var b strings.Builder
+	if d, ok := isolation.As[cgroupDescriber](sb); ok {
+		b.WriteString(d.DescribeCgroups())
+	}
+	ps, err := runAsRoot(ctx, processClient(sb), "ps", "-o", "pid,ppid,stat,rss,vsz,args")
+	if err != nil {
+		fmt.Fprintf(&b, "ps in the sandbox: %v\n", err)
+	} else {
+		fmt.Fprintf(&b, "ps in the sandbox:\n%s", ps)
+	}
+	return b.String()
 }
 
 // processClient speaks to a sandbox's agent the way the daemon's proxy
