@@ -205,6 +205,49 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	}
 }
 
+// A draining router closes the connection of every answer it gives, so
+// that a client's next request takes a new connection (which a Service
+// sends to a ready router) instead of one kept alive to this router
+// until its listener closes; before, it keeps connections alive.
+func TestDrainingClosesConnections(t *testing.T) {
+	n1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from n1") }))
+	defer n1.Close()
+	nodes := fakeNodes{cluster.Tag("n1"): node("n1", n1.URL, 10, 0)}
+	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok"})
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	id := cluster.NewID(cluster.Tag("n1"))
+	get := func(path string, hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	sandbox := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983"}
+	if resp := get("/health", nil); resp.Close {
+		t.Errorf("a router serving closes the connection of its health answer")
+	}
+	if resp := get("/", sandbox); resp.Close {
+		t.Errorf("a router serving closes the connection of a sandbox's answer")
+	}
+	rt.SetDraining()
+	for _, c := range []struct {
+		path string
+		hdr  map[string]string
+	}{{"/health", nil}, {"/", sandbox}, {"/sandboxes", map[string]string{"X-API-Key": "key"}}} {
+		if resp := get(c.path, c.hdr); !resp.Close {
+			t.Errorf("GET %s %v while draining: %d, its connection kept alive", c.path, c.hdr, resp.StatusCode)
+		}
+	}
+}
+
 func TestLabelSample(t *testing.T) {
 	for in, want := range map[string]string{
 		`fence_up 1`:                 `fence_up{node="n"} 1`,
