@@ -741,38 +741,10 @@ func newTestLB(t *testing.T, backends ...string) *testLB {
 // router does (its TestStreamAnsweredBeforeTheBodyEnds); without full
 // duplex a few streams make it fail most of the time.
 func TestLBStreamAnsweredBeforeTheBodyEnds(t *testing.T) {
-	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.NewResponseController(w).EnableFullDuplex()
-		var first [5]byte
-		if _, err := io.ReadFull(r.Body, first[:]); err != nil {
-			return
-		}
-		io.WriteString(w, "start;")
-		w.(http.Flusher).Flush()
-		rest, _ := io.ReadAll(r.Body) // the client sends the rest now
-		io.WriteString(w, "got "+string(first[:])+string(rest)+";end")
-	}))
+	backend := httptest.NewServer(testutil.EarlyAnswer())
 	defer backend.Close()
 	lb := newTestLB(t, backend.URL)
-	for i := range 12 {
-		pr, pw := io.Pipe()
-		req, _ := http.NewRequest("POST", lb.URL+"/process.Process/Start", pr)
-		go func() {
-			io.WriteString(pw, "hello")
-			time.Sleep(100 * time.Millisecond) // the backend answers meanwhile
-			io.WriteString(pw, " world")
-			pw.Close()
-		}()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || string(b) != "start;got hello world;end" {
-			t.Fatalf("stream %d through the load balancer: %q, %v; want the whole answer", i, b, err)
-		}
-	}
+	testutil.StreamAnsweredEarly(t, lb.URL+"/process.Process/Start", nil)
 }
 
 func (lb *testLB) add(u string) {
