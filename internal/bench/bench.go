@@ -487,7 +487,7 @@ const pauseFillMiB = 100
 // pauseFill starts, in a sandbox, a shell that holds pauseFillMiB in a
 // variable until it is killed, and returns (printing the shell's pid in
 // the sandbox) once the variable is set, or exits 1 after a minute
-// without. The ": " after the sleep keeps the shell from exec'ing its last
+// without. The ":" after the sleep keeps the shell from exec'ing its last
 // command in place of itself, as busybox's sh and dash do, which would
 // drop the variable and its memory the moment it was filled.
 var pauseFill = fmt.Sprintf(`rm -f /tmp/.fence-filled; `+
@@ -532,7 +532,7 @@ func fencePause(ctx context.Context, opts Options) []Result {
 	}
 	pid, err := runAsRoot(ctx, processClient(sb), "sh", "-c", pauseFill)
 	if err != nil {
-		return fail(fmt.Errorf("filling the sandbox's memory: %w", err))
+		return fail(fmt.Errorf("filling the sandbox's memory: %w\n%s", err, describeSandbox(ctx, sb)))
 	}
 	if err := holdsFill(ctx, sb, pid, "once filled"); err != nil {
 		return fail(err)
