@@ -7,15 +7,11 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,46 +20,7 @@ import (
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/store/pgtest"
 	"github.com/fencesandbox/fence/internal/testutil"
-	"github.com/google/go-containerregistry/pkg/registry"
 )
-
-// contentRegistry is go-containerregistry's in-process registry on the
-// loopback address, which can be told to serve other bytes than it holds
-// for every blob.
-type contentRegistry struct {
-	host      string
-	tamper    atomic.Bool
-	manifests atomic.Int64 // manifest GETs
-}
-
-func startContentRegistry(t *testing.T) *contentRegistry {
-	t.Helper()
-	cr := &contentRegistry{}
-	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/manifests/") {
-			cr.manifests.Add(1)
-		}
-		if !cr.tamper.Load() || r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/") {
-			h.ServeHTTP(w, r)
-			return
-		}
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r)
-		b := rec.Body.Bytes()
-		if len(b) > 0 {
-			b[len(b)/2] ^= 0x01
-		}
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		w.Write(b)
-	}))
-	t.Cleanup(srv.Close)
-	cr.host = strings.TrimPrefix(srv.URL, "http://")
-	return cr
-}
 
 // treeNames lists a node's template trees (DATA-DIR/builds/trees).
 func treeNames(t *testing.T, d *daemon) []string {
@@ -113,8 +70,8 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 	requireTemplate(t, "base")
 	dsn := pgtest.New(t).Database(t)
 	key := clusterKey(t)
-	cr := startContentRegistry(t)
-	flags := []string{"--database", dsn, "--secrets-key", key, "--registry", cr.host + "/fence"}
+	cr := startRegistry(t)
+	flags := []string{"--database", dsn, "--secrets-key", key, "--registry", cr.URL}
 	a := startDaemon(t, filepath.Join(testutil.StateDir(t), "a"), flags...)
 	b := startDaemon(t, filepath.Join(testutil.StateDir(t), "b"), flags...)
 
@@ -176,9 +133,9 @@ func TestTemplatesThroughRegistry(t *testing.T) {
 		t.Fatalf("fence template build shared-two -f = %d\n%s\n%s", code, out, errs)
 	}
 	before := treeNames(t, b)
-	cr.tamper.Store(true)
+	cr.corrupt.Store(true)
 	r := b.do(t, "POST", "/sandboxes", b.Key, strings.NewReader(`{"templateID":"shared-two","timeout":60}`), nil)
-	cr.tamper.Store(false)
+	cr.corrupt.Store(false)
 	if r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "digest mismatch") {
 		t.Fatalf("a create on b of a template the registry serves other bytes of = %d %s, want 503 naming the digest mismatch", r.Status, r.Body)
 	}
@@ -276,8 +233,8 @@ func TestScaleoutTemplatesThroughRegistry(t *testing.T) {
 	k, _, key := startCluster(t)
 	templatesDir(t)
 	dsn := pgtest.New(t).Database(t)
-	cr := startContentRegistry(t)
-	flags := []string{"--database", dsn, "--secrets-key", clusterKey(t), "--registry", cr.host + "/fence", "--max-sandboxes", "4"}
+	cr := startRegistry(t)
+	flags := []string{"--database", dsn, "--secrets-key", clusterKey(t), "--registry", cr.URL, "--max-sandboxes", "4"}
 	startNode(t, k, "node-a", key, flags...)
 	startNode(t, k, "node-b", key, flags...)
 	r := startRouter(t, k, key, 0, "--shared-database", "--shared-registry")

@@ -3,63 +3,17 @@ package integration
 import (
 	"bytes"
 	"errors"
-	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
-
-	"github.com/google/go-containerregistry/pkg/registry"
 
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/store/pgtest"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
-
-// testRegistry is go-containerregistry's in-process registry on loopback.
-// With corrupt set, every blob it serves has its last byte changed (the
-// digests it names stay those of the true bytes).
-type testRegistry struct {
-	URL     string // host:port/prefix, for --registry
-	corrupt atomic.Bool
-	// refuse, when set, answers every write with 403.
-	refuse atomic.Bool
-}
-
-func startRegistry(t *testing.T) *testRegistry {
-	t.Helper()
-	r := &testRegistry{}
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if r.refuse.Load() && req.Method != http.MethodGet && req.Method != http.MethodHead {
-			http.Error(w, "refusing writes", http.StatusForbidden)
-			return
-		}
-		if !r.corrupt.Load() || req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") {
-			inner.ServeHTTP(w, req)
-			return
-		}
-		rec := httptest.NewRecorder()
-		inner.ServeHTTP(rec, req)
-		b := rec.Body.Bytes()
-		if len(b) > 0 {
-			b[len(b)-1] ^= 0xff
-		}
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		w.Write(b)
-	}))
-	t.Cleanup(srv.Close)
-	r.URL = strings.TrimPrefix(srv.URL, "http://") + "/fence"
-	return r
-}
 
 // TestServeSnapshotsThroughRegistry runs two nodes on one PostgreSQL
 // database and one registry: a snapshot taken on node A is listed on

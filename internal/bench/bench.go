@@ -270,7 +270,10 @@ func writeTable(out io.Writer, results []Result) {
 	fmt.Fprintf(w, "measure\tmedian\tp99\tvs %s (median)\n", refName)
 	for _, r := range results {
 		if r.Err != nil {
-			fmt.Fprintf(w, "%s\tfailed: %v\t\t\n", r.Name, r.Err)
+			// Its first line: the rest (what a failure saw) follows the
+			// table, with the run's errors.
+			first, _, _ := strings.Cut(r.Err.Error(), "\n")
+			fmt.Fprintf(w, "%s\tfailed: %s\t\t\n", r.Name, first)
 			continue
 		}
 		ratio := "-"
@@ -481,8 +484,40 @@ func fenceExec(ctx context.Context, opts Options) []Result {
 // is, so the figure shows whether the cost grows with the memory in use.
 const pauseFillMiB = 100
 
+// pauseFill starts, in a sandbox, a shell that holds pauseFillMiB in a
+// variable until it is killed, and returns (printing the shell's pid in
+// the sandbox) once the variable is set, or exits 1 after a minute
+// without. The ":" after the sleep keeps the shell from exec'ing its last
+// command in place of itself, as busybox's sh and dash do, which would
+// drop the variable and its memory the moment it was filled.
+var pauseFill = fmt.Sprintf(`rm -f /tmp/.fence-filled; `+
+	`(x=$(head -c %d /dev/zero | tr '\000' a); : >/tmp/.fence-filled; sleep 3600; :) </dev/null >/dev/null 2>&1 & echo $!; `+
+	`i=0; while [ ! -e /tmp/.fence-filled ]; do [ $i -lt 600 ] || exit 1; sleep 0.1; i=$((i+1)); done`, pauseFillMiB<<20)
+
+// holdsFill fails unless sb's cgroups hold at least pauseFillMiB, with
+// what they hold (a few readings: the kernel's count may trail a moment).
+// pid is the filling shell's in the sandbox.
+func holdsFill(ctx context.Context, sb isolation.Sandbox, pid []byte, when string) error {
+	var inUse int64
+	for i := range 20 {
+		if i > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		st, err := sb.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if inUse = st.MemoryBytes; inUse >= pauseFillMiB<<20 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the sandbox holds %.0f MiB %s, want %d (the filling shell is pid %s in the sandbox)\n%s",
+		mib(inUse), when, pauseFillMiB, bytes.TrimSpace(pid), describeSandbox(ctx, sb))
+}
+
 // fencePause measures pausing and resuming (isolation.Pauser) a sandbox
-// whose shell holds pauseFillMiB in a variable.
+// whose shell holds pauseFillMiB in a variable (pauseFill), and checks
+// that it still does after them.
 func fencePause(ctx context.Context, opts Options) []Result {
 	name := fmt.Sprintf("fence pause (%d MiB in use)", pauseFillMiB)
 	fail := func(err error) []Result { return []Result{{Name: name, Err: err}} }
@@ -495,19 +530,12 @@ func fencePause(ctx context.Context, opts Options) []Result {
 	if !ok {
 		return fail(fmt.Errorf("the %s backend cannot pause", opts.Backend.Name()))
 	}
-	fill := fmt.Sprintf(`(x=$(head -c %d /dev/zero | tr '\000' a); sleep 3600) </dev/null >/dev/null 2>&1 &`, pauseFillMiB<<20)
-	if _, err := runAsRoot(ctx, processClient(sb), "sh", "-c", fill); err != nil {
-		return fail(err)
+	pid, err := runAsRoot(ctx, processClient(sb), "sh", "-c", pauseFill)
+	if err != nil {
+		return fail(fmt.Errorf("filling the sandbox's memory: %w\n%s", err, describeSandbox(ctx, sb)))
 	}
-	var inUse int64
-	for deadline := time.Now().Add(time.Minute); inUse < pauseFillMiB<<20; time.Sleep(100 * time.Millisecond) {
-		st, err := sb.Stats(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		if inUse = st.MemoryBytes; time.Now().After(deadline) {
-			return fail(fmt.Errorf("the sandbox holds %.0f MiB after a minute, want %d", mib(inUse), pauseFillMiB))
-		}
+	if err := holdsFill(ctx, sb, pid, "once filled"); err != nil {
+		return fail(err)
 	}
 	var resumes []time.Duration
 	pause := measure(name, opts.Iterations, func(int) error {
@@ -519,6 +547,10 @@ func fencePause(ctx context.Context, opts Options) []Result {
 		resumes = append(resumes, time.Since(start))
 		return err
 	})
+	if pause.Err == nil {
+		// The figures are of a sandbox that held the memory throughout.
+		pause.Err = holdsFill(ctx, sb, pid, "after its pauses and resumes")
+	}
 	// measure timed pause+resume; split them.
 	resume := Result{Name: fmt.Sprintf("fence resume (%d MiB in use)", pauseFillMiB), Err: pause.Err}
 	if pause.Err == nil {
@@ -529,6 +561,27 @@ func fencePause(ctx context.Context, opts Options) []Result {
 		}
 	}
 	return []Result{pause, resume}
+}
+
+// cgroupDescriber is a sandbox that reports what its cgroups hold (the
+// native backend's).
+type cgroupDescriber interface{ DescribeCgroups() string }
+
+// describeSandbox reports, for a measure that failed on what a sandbox
+// holds, what its cgroups hold on the host and what its processes are
+// from inside.
+func describeSandbox(ctx context.Context, sb isolation.Sandbox) string {
+	var b strings.Builder
+	if d, ok := isolation.As[cgroupDescriber](sb); ok {
+		b.WriteString(d.DescribeCgroups())
+	}
+	ps, err := runAsRoot(ctx, processClient(sb), "ps", "-o", "pid,ppid,stat,rss,vsz,args")
+	if err != nil {
+		fmt.Fprintf(&b, "ps in the sandbox: %v\n", err)
+	} else {
+		fmt.Fprintf(&b, "ps in the sandbox:\n%s", ps)
+	}
+	return b.String()
 }
 
 // processClient speaks to a sandbox's agent the way the daemon's proxy

@@ -62,7 +62,9 @@
 //     reach the nodes with the session's credential (ui.go). Without it
 //     /ui answers 404 and is never passed to a node.
 //   - Shutdown: SetDraining makes GET /health answer 503 (load balancers
-//     stop sending), and the server's Shutdown lets requests in flight end.
+//     stop sending) and every answer close its connection (a client's
+//     next request takes a new one, to a ready router), and the server's
+//     Shutdown lets requests in flight end.
 package router
 
 import (
@@ -226,10 +228,20 @@ func New(opts Options) *Router {
 // Close closes the in-process connections of the router's /mcp.
 func (rt *Router) Close() { rt.stopMCP() }
 
-// SetDraining makes GET /health answer 503, for a graceful shutdown.
+// SetDraining makes GET /health answer 503 and every answer close its
+// connection, for a graceful shutdown.
 func (rt *Router) SetDraining() { rt.draining.Store(true) }
 
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if rt.draining.Load() {
+		// A Service balances connections, not requests: a client's
+		// kept-alive connection would bring its next requests here until
+		// the listener closes, and a request sent on it just as the
+		// shutdown closes it idle fails (a stream cannot be retried).
+		// Closed after this answer, the client's next connection goes to
+		// a router that is ready.
+		w.Header().Set("Connection", "close")
+	}
 	if id, _, ok, err := api.SandboxTarget(r, rt.domain); ok {
 		ui.StripSession(r.Header)
 		rt.serveSandbox(w, r, id, err)

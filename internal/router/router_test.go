@@ -13,6 +13,7 @@ import (
 	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/cluster"
 	"github.com/fencesandbox/fence/internal/mcp"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 type fakeNodes map[string]cluster.Node // by tag
@@ -205,6 +206,49 @@ func TestRoutesByTagAndGoneNodes(t *testing.T) {
 	}
 }
 
+// A draining router closes the connection of every answer it gives, so
+// that a client's next request takes a new connection (which a Service
+// sends to a ready router) instead of one kept alive to this router
+// until its listener closes; before, it keeps connections alive.
+func TestDrainingClosesConnections(t *testing.T) {
+	n1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from n1") }))
+	defer n1.Close()
+	nodes := fakeNodes{cluster.Tag("n1"): node("n1", n1.URL, 10, 0)}
+	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok"})
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	id := cluster.NewID(cluster.Tag("n1"))
+	get := func(path string, hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	sandbox := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983"}
+	if resp := get("/health", nil); resp.Close {
+		t.Errorf("a router serving closes the connection of its health answer")
+	}
+	if resp := get("/", sandbox); resp.Close {
+		t.Errorf("a router serving closes the connection of a sandbox's answer")
+	}
+	rt.SetDraining()
+	for _, c := range []struct {
+		path string
+		hdr  map[string]string
+	}{{"/health", nil}, {"/", sandbox}, {"/sandboxes", map[string]string{"X-API-Key": "key"}}} {
+		if resp := get(c.path, c.hdr); !resp.Close {
+			t.Errorf("GET %s %v while draining: %d, its connection kept alive", c.path, c.hdr, resp.StatusCode)
+		}
+	}
+}
+
 func TestLabelSample(t *testing.T) {
 	for in, want := range map[string]string{
 		`fence_up 1`:                 `fence_up{node="n"} 1`,
@@ -303,46 +347,14 @@ func TestSignedExpiredIsTheOwnersAnswer(t *testing.T) {
 // response write, which made the transport drop the node's connection
 // and cut the client's stream.
 func TestStreamAnsweredBeforeTheBodyEnds(t *testing.T) {
-	node1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.NewResponseController(w).EnableFullDuplex()
-		var first [5]byte
-		if _, err := io.ReadFull(r.Body, first[:]); err != nil {
-			return
-		}
-		io.WriteString(w, "start;")
-		w.(http.Flusher).Flush()
-		rest, _ := io.ReadAll(r.Body) // the client sends the rest now
-		io.WriteString(w, "got "+string(first[:])+string(rest)+";end")
-	}))
+	node1 := httptest.NewServer(testutil.EarlyAnswer())
 	defer node1.Close()
 	nodes := fakeNodes{cluster.Tag("n1"): node("n1", node1.URL, 10, 0)}
 	rt := New(Options{Nodes: nodes, APIKey: "key", Token: "tok", Domain: "example.test"})
 	srv := httptest.NewServer(rt)
 	defer srv.Close()
-
-	// The cut depended on which of two readers got the body's end first:
-	// a few streams make a run without the fix fail most of the time.
-	for i := range 12 {
-		pr, pw := io.Pipe()
-		req, _ := http.NewRequest("POST", srv.URL+"/process.Process/Connect", pr)
-		req.Header.Set("E2b-Sandbox-Id", cluster.NewID(cluster.Tag("n1")))
-		req.Header.Set("E2b-Sandbox-Port", "49983")
-		go func() {
-			io.WriteString(pw, "hello")
-			time.Sleep(100 * time.Millisecond) // the node answers meanwhile
-			io.WriteString(pw, " world")
-			pw.Close()
-		}()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || string(b) != "start;got hello world;end" {
-			t.Fatalf("stream %d through the router: %q, %v; want the whole answer", i, b, err)
-		}
-	}
+	testutil.StreamAnsweredEarly(t, srv.URL+"/process.Process/Connect",
+		map[string]string{"E2b-Sandbox-Id": cluster.NewID(cluster.Tag("n1")), "E2b-Sandbox-Port": "49983"})
 }
 
 // fakeVolumeNode answers like a node holding vols, whose tokens are

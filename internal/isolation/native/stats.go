@@ -33,3 +33,8 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 	}
 	return out, nil
 }
+
+// DescribeCgroups reports what the sandbox's cgroups hold now, on every
+// hierarchy (cgroup.Group.Describe): for a reading of its use that looks
+// wrong to explain itself.
+func (s *sandbox) DescribeCgroups() string { return s.cg.Describe() }
