@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -292,5 +293,48 @@ func TestHostReusesItsMemoryReading(t *testing.T) {
 	now = now.Add(MemoryEvery / 2)
 	if m, _ := read(); m.Used != 14000000<<10 {
 		t.Errorf("MemoryEvery later: memory %+v, want the new reading", m)
+	}
+}
+
+// TestHostRefreshesItsMemoryReadingAhead: a reading MemoryEvery/2 old is
+// used, and a fresh one is made in the background, which the next
+// reading within MemoryEvery of the first returns without reading.
+func TestHostRefreshesItsMemoryReadingAhead(t *testing.T) {
+	proc := t.TempDir()
+	write := func(name, s string) {
+		p := filepath.Join(proc, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n")
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	src := Host(HostOptions{Proc: proc, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	mem := func() int64 {
+		for _, r := range src() {
+			if r.Limit == Memory {
+				return r.Used
+			}
+		}
+		return -1
+	}
+	if m := mem(); m != 4000000<<10 {
+		t.Fatalf("memory used = %d", m)
+	}
+	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\n")
+	advance(MemoryEvery / 2)
+	if m := mem(); m != 4000000<<10 {
+		t.Errorf("MemoryEvery/2 later: memory used %d, want the reading before (a fresh one is made beside)", m)
+	}
+	advance(MemoryEvery / 4) // still within MemoryEvery of the first reading
+	deadline := time.Now().Add(5 * time.Second)
+	for mem() != 14000000<<10 {
+		if time.Now().After(deadline) {
+			t.Fatal("the reading made in the background never came: within MemoryEvery of the first, reads return the first")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -33,6 +33,11 @@ type HostOptions struct {
 // counted apart (Gate.Check's inFlight); what creates that finished within
 // MemoryEvery took (16 MiB each at most, PerSandbox) is far inside the
 // 512 MiB SafetyMargin at any create rate a host reaches.
+//
+// A reading half that old is still used, and a fresh one is made beside
+// the create that found it so (off its path): creates that come more
+// often than every MemoryEvery/2 never wait for the file, and no create
+// uses a reading begun MemoryEvery ago or more.
 const MemoryEvery = 100 * time.Millisecond
 
 // Host returns a Source reading this host's limits. Each reading is a
@@ -127,19 +132,38 @@ type memReading struct {
 	total, avail int64
 	// +checklocks:mu
 	ok bool
+	// +checklocks:mu
+	refreshing bool // a reading is being made in the background
 }
 
 // read returns the memory reading, from /proc/meminfo if the last one is
-// MemoryEvery old or more.
+// MemoryEvery old or more; from MemoryEvery/2 it starts a fresh one in
+// the background and returns the last.
 func (m *memReading) read() (total, avail int64, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	if m.at.IsZero() || now.Sub(m.at) >= MemoryEvery || now.Before(m.at) {
+	switch age := now.Sub(m.at); {
+	case m.at.IsZero() || age >= MemoryEvery || now.Before(m.at):
 		m.total, m.avail, m.ok = meminfo(m.proc)
 		m.at = now
+	case age >= MemoryEvery/2 && !m.refreshing:
+		m.refreshing = true
+		go m.refresh(now)
 	}
 	return m.total, m.avail, m.ok
+}
+
+// refresh reads /proc/meminfo and keeps the reading as made at at (just
+// before it began), unless a newer one was made meanwhile.
+func (m *memReading) refresh(at time.Time) {
+	total, avail, ok := meminfo(m.proc)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refreshing = false
+	if at.After(m.at) {
+		m.total, m.avail, m.ok, m.at = total, avail, ok, at
+	}
 }
 
 func meminfo(proc string) (total, avail int64, ok bool) {

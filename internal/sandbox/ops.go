@@ -215,10 +215,20 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	if !ok {
 		return notFound(id)
 	}
+	// The store's update runs beside the usage's last reading and the
+	// backend's kill (neither needs the other), and the kill answers once
+	// all are done. A daemon that stops between the two leaves nothing
+	// alive under the killed record: the next Start's Backend.Cleanup
+	// removes what it left, as it does for records left running.
+	stored := make(chan struct{})
+	go func() {
+		defer close(stored)
+		markKilled(ctx, m.store, m.log, id)
+	}()
 	e.finishUsage(ctx, m.usage, m.now())
 	m.killRemoved(ctx, e.sb())
 	m.keeper.Release(id)
-	markKilled(ctx, m.store, m.log, id)
+	<-stored
 	if e.usesLayers() {
 		m.keeper.Collect()
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,11 +22,51 @@ import (
 // placeholders, INTEGER/TEXT/BLOB/REAL columns, INSERT … ON CONFLICT);
 // for PostgreSQL, placeholders become $n and column types their
 // PostgreSQL equivalents (each statement rewritten once, then cached).
+// On SQLite, a statement run outside a transaction is prepared once (per
+// connection) and kept, up to maxStmts of them: SQLite's parsing and code
+// generation were most of a small write's CPU time (pgx keeps its own
+// cache of prepared statements).
 type engine struct {
 	sql *sql.DB
 	pg  bool
 	// rebound caches each statement's PostgreSQL form (string → string).
 	rebound sync.Map
+	// stmts holds SQLite's prepared statements (string → *sql.Stmt);
+	// nstmts counts them, prepares counts the preparations.
+	stmts    sync.Map
+	nstmts   atomic.Int64
+	prepares atomic.Int64
+}
+
+// maxStmts bounds the statements an engine keeps prepared: the store's
+// statements are a fixed set, and those built from a filter's fields
+// have few forms.
+const maxStmts = 256
+
+// stmt returns q prepared, or nil when it is not kept (on PostgreSQL,
+// past maxStmts, or when its preparation fails: run unprepared, it gives
+// the error again where it is reported).
+func (e *engine) stmt(ctx context.Context, q string) *sql.Stmt {
+	if e.pg {
+		return nil
+	}
+	if v, ok := e.stmts.Load(q); ok {
+		return v.(*sql.Stmt)
+	}
+	if e.nstmts.Load() >= maxStmts {
+		return nil
+	}
+	st, err := e.sql.PrepareContext(context.WithoutCancel(ctx), q)
+	if err != nil {
+		return nil
+	}
+	e.prepares.Add(1)
+	if v, loaded := e.stmts.LoadOrStore(q, st); loaded {
+		st.Close() // another caller's came first
+		return v.(*sql.Stmt)
+	}
+	e.nstmts.Add(1)
+	return st
 }
 
 // queryer is what engine and engineTx have in common.
@@ -75,14 +116,23 @@ func (e *engine) args(args []any) []any {
 }
 
 func (e *engine) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := e.stmt(ctx, q); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
 	return e.sql.ExecContext(ctx, e.rebind(q), e.args(args)...)
 }
 
 func (e *engine) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if st := e.stmt(ctx, q); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
 	return e.sql.QueryContext(ctx, e.rebind(q), e.args(args)...)
 }
 
 func (e *engine) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := e.stmt(ctx, q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
 	return e.sql.QueryRowContext(ctx, e.rebind(q), e.args(args)...)
 }
 
@@ -96,8 +146,14 @@ func (e *engine) BeginTx(ctx context.Context, opts *sql.TxOptions) (*engineTx, e
 	return &engineTx{tx: tx, e: e}, nil
 }
 
-// Close closes the handle.
-func (e *engine) Close() error { return e.sql.Close() }
+// Close closes the prepared statements and the handle.
+func (e *engine) Close() error {
+	e.stmts.Range(func(_, v any) bool {
+		v.(*sql.Stmt).Close()
+		return true
+	})
+	return e.sql.Close()
+}
 
 // engineTx is a transaction of an engine.
 type engineTx struct {
