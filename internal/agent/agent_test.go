@@ -240,6 +240,43 @@ func TestChildDescriptors(t *testing.T) {
 	}
 }
 
+// TestChildSignalDispositions: a child starts with no signal handler (the
+// agent's Go runtime handles every signal; the child must get the defaults
+// back before it can receive one), nothing blocked, and only what this
+// process was started with ignored.
+func TestChildSignalDispositions(t *testing.T) {
+	e := newEnv(t, boot.Config{})
+	for _, stdin := range []bool{false, true} {
+		// cat reads the file, not its stdin.
+		req := &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/cat", Args: []string{"/proc/self/status"}}, Stdin: &stdin}
+		r := e.run(t, "", req)
+		if r.end.GetExitCode() != 0 {
+			t.Fatalf("exit %d: %s", r.end.GetExitCode(), r.stderr.String())
+		}
+		got := sigFields(r.stdout.String())
+		own, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := sigFields(string(own))
+		if got["SigCgt"] != "0000000000000000" || got["SigBlk"] != "0000000000000000" || got["SigIgn"] != want["SigIgn"] {
+			t.Errorf("stdin %v: the child has SigCgt %s, SigBlk %s, SigIgn %s; want no handler, nothing blocked, SigIgn %s",
+				stdin, got["SigCgt"], got["SigBlk"], got["SigIgn"], want["SigIgn"])
+		}
+	}
+}
+
+// sigFields returns the Sig* lines of a /proc/PID/status.
+func sigFields(status string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(k, "Sig") {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
 // childFDs lists, as ls sorts them, the descriptors a child of this test
 // may hold: 0, 1, 2, ls's own 3, and whatever this test process inherited
 // without close-on-exec (a test harness's).

@@ -30,8 +30,10 @@ func childPipe(childReads bool, what string) (agent *os.File, child int, err err
 		ours, theirs, name = p[1], p[0], "|1"
 	}
 	// O_NONBLOCK is per open file: clearing it on the child's end leaves
-	// the agent's non-blocking.
-	if err := unix.SetNonblock(theirs, false); err != nil {
+	// the agent's non-blocking. A new pipe's end has no other status flag
+	// (F_SETFL ignores the access mode), so one F_SETFL clears it, without
+	// the F_GETFL that unix.SetNonblock makes first.
+	if _, err := unix.FcntlInt(uintptr(theirs), unix.F_SETFL, 0); err != nil {
 		unix.Close(p[0])
 		unix.Close(p[1])
 		return nil, -1, fmt.Errorf("creating %s pipe: %w", what, err)
