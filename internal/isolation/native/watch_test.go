@@ -74,7 +74,8 @@ open("/run/mm-done", "w").close()
 time.sleep(3600)
 PY
 		setsid python3 /w/mm.py </dev/null >/dev/null 2>&1 &
-		while [ ! -e /run/mm-ready ]; do sleep 0.02; done`)
+		while [ ! -e /run/mm-ready ]; do sleep 0.02; done
+		sleep 0.2 # every entry stable (stableMargin) at the first checkpoint`)
 	cp := src.(isolation.Checkpointer)
 	if _, err := cp.Checkpoint(t.Context()); err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ PY
 		mv /w/ren /w/ren2
 		mv /w/mv /w/mv2 && echo c > /w/mv2/sub/c
 		rm -r /w/gone && rm /w/d1/f7
-		echo tmp > /w/d1/made-and-gone && rm /w/d1/made-and-gone
+		echo tmp > /w/same/deep/made-and-gone && rm /w/same/deep/made-and-gone
 		rm /etc/debian_version
 		rm -rf /etc/default && mkdir /etc/default && echo new > /etc/default/new
 		mkdir -p /w/new/a/b && echo n > /w/new/a/b/n && ln -s ../../d1/f1 /w/new/a/sym
