@@ -151,8 +151,11 @@ func KeepLastCheckpoint(sb any) (restore func()) {
 }
 
 // NoWatch keeps the backend's sandboxes from recording their changes
-// (their checkpoints walk) until the test ends.
+// (their checkpoints walk) until the test ends or AllowWatch.
 func NoWatch(t interface{ Cleanup(func()) }) {
 	watchOff = true
-	t.Cleanup(func() { watchOff = false })
+	t.Cleanup(AllowWatch)
 }
+
+// AllowWatch undoes NoWatch.
+func AllowWatch() { watchOff = false }

@@ -41,8 +41,8 @@ import (
 //
 // The watcher never opens anything by a name the sandbox chose: a name is
 // only a key, examined later through descriptors inside the writable
-// layer (RESOLVE_BENEATH, no symlink followed), and it costs the daemon at
-// most one read of the queue every watchPace.
+// layer (each element opened with O_NOFOLLOW from the layer's root), and
+// it costs the daemon at most one wake-up every watchPace (watchPoller).
 
 const (
 	watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
@@ -53,7 +53,7 @@ const (
 	maxWatchChanges = 16384
 	// watchPace is the least time between two reads of a watcher's queue:
 	// a burst of writes costs the daemon one wake-up per pace.
-	watchPace = 20 * time.Millisecond
+	watchPace = 100 * time.Millisecond
 	// fileidIno32Gen is the handle type ext4 gives its files (the inode
 	// number then its generation, 32 bits each).
 	fileidIno32Gen = 1
@@ -63,9 +63,8 @@ const (
 
 // changeWatch records the changes to one sandbox's writable filesystem.
 type changeWatch struct {
-	f    *os.File // the fanotify group
+	fd   int // the fanotify group
 	fsid [2]int32
-	done chan struct{}
 	mu   sync.Mutex
 	buf  []byte
 	// +checklocks:mu
@@ -84,6 +83,10 @@ func startWatch(upper int) (*changeWatch, error) {
 	if err := unix.Fstatfs(upper, &sfs); err != nil {
 		return nil, fmt.Errorf("watching the writable layer: %w", err)
 	}
+	p, err := thePoller()
+	if err != nil {
+		return nil, err
+	}
 	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_DFID_NAME|unix.FAN_NONBLOCK|unix.FAN_CLOEXEC, unix.O_RDONLY|unix.O_LARGEFILE)
 	if err != nil {
 		return nil, fmt.Errorf("watching the writable layer: %w", err)
@@ -92,50 +95,135 @@ func startWatch(upper int) (*changeWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("watching the writable layer: %w", err)
 	}
-	w := &changeWatch{f: os.NewFile(uintptr(fd), "fanotify"), fsid: sfs.Fsid.Val, done: make(chan struct{}),
-		buf: make([]byte, 16<<10), dirs: map[uint64]map[string]struct{}{}}
-	go w.run()
+	w := &changeWatch{fd: fd, fsid: sfs.Fsid.Val, buf: make([]byte, 16<<10), dirs: map[uint64]map[string]struct{}{}}
+	if err := p.add(w); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("watching the writable layer: %w", err)
+	}
 	return w, nil
 }
 
-// run drains the queue as events come, at most once every watchPace.
-func (w *changeWatch) run() {
-	defer close(w.done)
-	rc, err := w.f.SyscallConn()
-	if err != nil {
-		w.lose()
-		return
-	}
-	for {
-		var derr error
-		err := rc.Read(func(fd uintptr) bool {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			var got bool
-			got, derr = w.drainLocked(int(fd))
-			return got || derr != nil
-		})
-		if err != nil || derr != nil {
-			w.lose()
+// watchPoller drains the watchers whose queue has events, each at most
+// once every watchPace: one epoll of the process, each watcher armed for
+// one wake-up (EPOLLONESHOT) and armed again a pace after its drain, so a
+// sandbox writing without pause costs the daemon one wake-up per pace
+// and an idle one none.
+type watchPoller struct {
+	epfd int
+	mu   sync.Mutex
+	// +checklocks:mu
+	ws map[int32]*changeWatch
+}
+
+var (
+	pollerOnce sync.Once
+	poller     *watchPoller
+	pollerErr  error
+)
+
+func thePoller() (*watchPoller, error) {
+	pollerOnce.Do(func() {
+		epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			pollerErr = fmt.Errorf("watching writable layers: %w", err)
 			return
 		}
-		time.Sleep(watchPace)
+		poller = &watchPoller{epfd: epfd, ws: map[int32]*changeWatch{}}
+		go poller.run()
+	})
+	return poller, pollerErr
+}
+
+func (p *watchPoller) add(w *changeWatch) error {
+	p.mu.Lock()
+	p.ws[int32(w.fd)] = w
+	p.mu.Unlock()
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(w.fd)}
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, w.fd, &ev); err != nil {
+		p.mu.Lock()
+		delete(p.ws, int32(w.fd))
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+func (p *watchPoller) run() {
+	evs := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(p.epfd, evs, -1)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return
+		}
+		for _, ev := range evs[:n] {
+			p.mu.Lock()
+			w := p.ws[ev.Fd]
+			p.mu.Unlock()
+			if w == nil {
+				continue
+			}
+			w.drain()
+			time.AfterFunc(watchPace, func() { w.rearm(p.epfd) })
+		}
+	}
+}
+
+// drain reads the queue into the record.
+func (w *changeWatch) drain() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	if _, err := w.drainLocked(w.fd); err != nil {
+		w.loseLocked()
+	}
+}
+
+// rearm arms the watcher's next wake-up.
+func (w *changeWatch) rearm(epfd int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(w.fd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_MOD, w.fd, &ev); err != nil {
+		w.loseLocked()
 	}
 }
 
 func (w *changeWatch) lose() {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.loseLocked()
+}
+
+// +checklocks:w.mu
+func (w *changeWatch) loseLocked() {
 	w.lost = true
 	w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
-	w.mu.Unlock()
 }
 
 // close stops the watcher.
 func (w *changeWatch) close() {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
 	w.closed = true
-	w.mu.Unlock()
-	w.f.Close()
+	if poller != nil {
+		_ = unix.EpollCtl(poller.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+		poller.mu.Lock()
+		delete(poller.ws, int32(w.fd))
+		poller.mu.Unlock()
+	}
+	unix.Close(w.fd)
+	w.dirs = nil
 }
 
 // take drains the queue and returns what was recorded since the last
@@ -146,13 +234,8 @@ func (w *changeWatch) take() (dirs map[uint64]map[string]struct{}, ok bool) {
 	if w.closed {
 		return nil, false
 	}
-	var derr error
-	if rc, err := w.f.SyscallConn(); err != nil {
-		derr = err
-	} else if err := rc.Control(func(fd uintptr) { _, derr = w.drainLocked(int(fd)) }); err != nil {
-		derr = err
-	}
-	dirs, ok = w.dirs, !w.lost && derr == nil
+	_, err := w.drainLocked(w.fd)
+	dirs, ok = w.dirs, !w.lost && err == nil
 	w.dirs, w.n, w.lost = map[uint64]map[string]struct{}{}, 0, false
 	return dirs, ok
 }
@@ -243,8 +326,7 @@ func (w *changeWatch) addLocked(ino uint64, name []byte) {
 		return
 	}
 	if w.n >= maxWatchChanges {
-		w.lost = true
-		w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
+		w.loseLocked()
 		return
 	}
 	names[string(name)] = struct{}{}
