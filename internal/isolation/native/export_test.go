@@ -132,6 +132,10 @@ func (b *Backend) ScratchDir() string { return b.scratchDir() }
 // changes instead of a walk of its writable layer.
 func WatchedCheckpoints(sb any) int64 { return sb.(*sandbox).watched.Load() }
 
+// ExaminedEntries is how many entries of sb's writable layer its last
+// checkpoint read.
+func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }
+
 // KeepLastCheckpoint returns a function that makes sb's next checkpoint
 // stack again on the checkpoint it stacks on now, by a walk of its
 // writable layer.

@@ -46,6 +46,8 @@ type layerCopy struct {
 	touched  map[string][]string
 	replaced []string
 	force    map[string]bool
+	// examined counts the entries read (one fstatat each).
+	examined int
 }
 
 // prevFile is what identifies an entry of the writable layer as
@@ -158,6 +160,7 @@ func (c *layerCopy) dir(src, dst, prev int, rel string, depth int) error {
 func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error {
 	p := rel + name
 	var st unix.Stat_t
+	c.examined++
 	if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil

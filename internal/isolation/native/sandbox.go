@@ -66,6 +66,9 @@ type sandbox struct {
 	watch *changeWatch
 	// watched counts the checkpoints made from the watcher's record.
 	watched atomic.Int64
+	// examined is how many entries of the writable layer the last
+	// checkpoint read.
+	examined atomic.Int64
 	// squashing lists the layers a squash of its checkpoints in progress
 	// reads and makes (squash.go); nil when none runs.
 	// +checklocks:pmu

@@ -110,13 +110,26 @@ PY
 	if n := native.WatchedCheckpoints(src); n != 1 {
 		t.Fatalf("%d checkpoints made from the record of changes, want 1", n)
 	}
+	// Nothing changed: the checkpoint reads the file held mapped, and
+	// neither the layer's other entries nor those indexed as not yet
+	// stable the time before (none are after a second checkpoint).
+	sh(t, src, `sleep 0.2`)
+	if _, err := cp.Checkpoint(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Checkpoint(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := native.ExaminedEntries(src); n > 2 {
+		t.Errorf("a checkpoint with nothing changed read %d entries of the writable layer, want at most 2 (/w/m, held mapped, looked at and copied)", n)
+	}
 	restore()
 	walked, err := cp.Checkpoint(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := native.WatchedCheckpoints(src); n != 1 {
-		t.Fatalf("%d checkpoints made from the record of changes after a lost record, want 1", n)
+	if n := native.WatchedCheckpoints(src); n != 3 {
+		t.Fatalf("%d checkpoints made from the record of changes after a lost record, want 3", n)
 	}
 	if watched.Parent != walked.Parent {
 		t.Fatalf("the watched checkpoint stacks on %s, the walked one on %s", watched.Parent, walked.Parent)
