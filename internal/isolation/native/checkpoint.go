@@ -122,16 +122,19 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	defer unix.Close(dst)
 	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{},
 		next: map[string]prevFile{}, kids: map[string][]string{}, layer: id}
+	s.ckptMu.Lock()
+	defer s.ckptMu.Unlock()
 	var parent string
 	var depth int
 	var prevLast *lastCheckpoint
+	var shared bool
 	defer func() {
 		if !ok {
 			s.loseChanges()
 		}
 	}()
 	took, err := s.frozen(func() (err error) {
-		prevLast = s.last                        // +checklocksignore: fn runs under s.pmu (frozen)
+		prevLast, shared = s.last, s.squashing != nil // +checklocksignore: fn runs under s.pmu (frozen)
 		parent, depth, err = s.copyUpper(c, dst) // +checklocksignore: fn runs under s.pmu (frozen)
 		return err
 	})
@@ -148,7 +151,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, err
 	}
 	s.examined.Store(int64(c.examined))
-	next := c.nextCheckpoint(prevLast, id, depth)
+	next := c.nextCheckpoint(prevLast, id, depth, shared)
 	ok = true
 	s.pmu.Lock()
 	s.last = next

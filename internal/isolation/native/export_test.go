@@ -1,6 +1,7 @@
 package native
 
 import (
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -142,11 +143,12 @@ func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }
 func KeepLastCheckpoint(sb any) (restore func()) {
 	s := sb.(*sandbox)
 	s.pmu.Lock()
-	last := s.last
+	last := *s.last // a copy: the next checkpoint updates the index in place
+	last.files, last.kids, last.dirs = maps.Clone(last.files), maps.Clone(last.kids), maps.Clone(last.dirs)
 	s.pmu.Unlock()
 	return func() {
 		s.pmu.Lock()
-		s.last = last
+		s.last = &last
 		if s.watch != nil {
 			s.watch.lose()
 		}

@@ -60,6 +60,9 @@ type sandbox struct {
 	// last is the previous checkpoint (checkpoint.go).
 	// +checklocks:pmu
 	last *lastCheckpoint
+	// ckptMu serialises the sandbox's checkpoints on the copy store (the
+	// next takes the index the last leaves, updated in place).
+	ckptMu sync.Mutex
 	// watch records the changes to the writable layer since the previous
 	// checkpoint (watch.go); nil until the first checkpoint starts it.
 	// +checklocks:pmu

@@ -272,47 +272,44 @@ func (c *layerCopy) deltaKey(d *pendingDir, rel, name string, depth int) error {
 }
 
 // nextCheckpoint makes the index of the checkpoint just made as layer,
-// at depth: the walk's own (c.next) or, after a delta from the record,
-// the previous index with what the delta examined laid over it. The
-// sandbox runs again: nothing here reads the writable layer.
-func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int) *lastCheckpoint {
-	files, kids := c.next, c.kids
-	if c.pend != nil {
-		files, kids = maps.Clone(prev.files), maps.Clone(prev.kids)
-		for _, key := range c.replaced {
-			if f := prev.files[key]; f.typ == unix.S_IFDIR {
-				if n, ok := c.next[key]; !ok || n.typ != unix.S_IFDIR || n.ino != f.ino || c.covered[key] {
-					dropBelow(files, kids, key)
-				}
+// at depth: the walk's own (c.next, its directories and unstable entries
+// listed once) or, after a delta from the record, the previous index with
+// what the delta examined laid over it: in place when shared is false (no
+// squash reads it; the sandbox's checkpoints are serialised, so nothing
+// else does), else on a copy. The sandbox runs again: nothing here reads
+// the writable layer.
+func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int, shared bool) *lastCheckpoint {
+	l := &lastCheckpoint{layer: layer, depth: depth}
+	if c.pend == nil {
+		l.files, l.kids, l.dirs = c.next, c.kids, map[uint64]string{}
+		for k, f := range c.next {
+			if f.typ == unix.S_IFDIR {
+				l.dirs[f.ino] = k
 			}
-			delete(files, key)
-		}
-		maps.Copy(files, c.next)
-		for dir, names := range c.kids {
-			if _, ok := c.touched[dir]; !ok {
-				kids[dir] = names
+			if !f.stable {
+				l.unstable = append(l.unstable, k)
 			}
 		}
-		for dir, names := range c.touched {
-			have := map[string]bool{}
-			var list []string
-			for _, n := range kids[dir] {
-				if _, ok := files[dir+"/"+n]; ok && !have[n] {
-					have[n] = true
-					list = append(list, n)
-				}
-			}
-			for _, n := range names {
-				if _, ok := files[dir+"/"+n]; ok && !have[n] {
-					have[n] = true
-					list = append(list, n)
-				}
-			}
-			kids[dir] = list
-		}
+		return l
 	}
-	l := &lastCheckpoint{layer: layer, depth: depth, files: files, kids: kids, dirs: map[uint64]string{}}
-	for k, f := range files {
+	l.files, l.kids, l.dirs = prev.files, prev.kids, prev.dirs
+	if shared {
+		l.files, l.kids, l.dirs = maps.Clone(prev.files), maps.Clone(prev.kids), maps.Clone(prev.dirs)
+	}
+	for _, key := range c.replaced {
+		f := l.files[key]
+		if f.typ == unix.S_IFDIR {
+			if n, ok := c.next[key]; !ok || n.typ != unix.S_IFDIR || n.ino != f.ino || c.covered[key] {
+				dropBelow(l, key)
+			}
+			if l.dirs[f.ino] == key {
+				delete(l.dirs, f.ino)
+			}
+		}
+		delete(l.files, key)
+	}
+	for k, f := range c.next {
+		l.files[k] = f
 		if f.typ == unix.S_IFDIR {
 			l.dirs[f.ino] = k
 		}
@@ -320,17 +317,44 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 			l.unstable = append(l.unstable, k)
 		}
 	}
+	for _, k := range prev.unstable {
+		if f, ok := l.files[k]; ok && !f.stable {
+			if _, again := c.next[k]; !again {
+				l.unstable = append(l.unstable, k)
+			}
+		}
+	}
+	for dir, names := range c.kids {
+		if _, ok := c.touched[dir]; !ok {
+			l.kids[dir] = names
+		}
+	}
+	for dir, names := range c.touched {
+		have := map[string]bool{}
+		var list []string
+		for _, n := range slices.Concat(l.kids[dir], names) {
+			if _, ok := l.files[dir+"/"+n]; ok && !have[n] {
+				have[n] = true
+				list = append(list, n)
+			}
+		}
+		l.kids[dir] = list
+	}
 	return l
 }
 
-// dropBelow removes from the index what it held below the directory key.
-func dropBelow(files map[string]prevFile, kids map[string][]string, key string) {
-	for _, n := range kids[key] {
+// dropBelow removes from the index l what it held below the directory
+// key.
+func dropBelow(l *lastCheckpoint, key string) {
+	for _, n := range l.kids[key] {
 		k := key + "/" + n
-		if files[k].typ == unix.S_IFDIR {
-			dropBelow(files, kids, k)
+		if f := l.files[k]; f.typ == unix.S_IFDIR {
+			dropBelow(l, k)
+			if l.dirs[f.ino] == k {
+				delete(l.dirs, f.ino)
+			}
 		}
-		delete(files, k)
+		delete(l.files, k)
 	}
-	delete(kids, key)
+	delete(l.kids, key)
 }
