@@ -220,6 +220,7 @@ func (c *layerCopy) deltaKey(d *pendingDir, rel, name string, depth int) error {
 			return err
 		}
 		if sub != nil && (!sub.opaque || pf.opaque) {
+			c.replaced = append(c.replaced, key)
 			c.listed(rel, name)
 			if pf.unchanged(&sub.st) {
 				c.next[key] = pf
@@ -329,14 +330,30 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 			l.kids[dir] = names
 		}
 	}
+	// The names listed in a directory examined name by name change only
+	// where an examined name came or went: the list of a large directory
+	// is not rebuilt.
+	had := map[string]bool{}
+	for _, k := range c.replaced {
+		had[k] = true
+	}
 	for dir, names := range c.touched {
-		have := map[string]bool{}
-		var list []string
-		for _, n := range slices.Concat(l.kids[dir], names) {
-			if _, ok := l.files[dir+"/"+n]; ok && !have[n] {
-				have[n] = true
+		gone := map[string]bool{}
+		list := l.kids[dir]
+		for _, n := range names {
+			k := dir + "/" + n
+			_, now := l.files[k]
+			switch {
+			case now && !had[k] && !gone[n]:
 				list = append(list, n)
+				had[k] = true // listed once however often examined
+			case !now && had[k]:
+				gone[n] = true
 			}
+		}
+		if len(gone) > 0 {
+			// A new slice: a squash in progress may read the old one.
+			list = slices.DeleteFunc(slices.Clone(list), func(n string) bool { return gone[n] })
 		}
 		l.kids[dir] = list
 	}
