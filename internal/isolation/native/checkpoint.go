@@ -135,7 +135,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	}()
 	took, err := s.frozen(func() (err error) {
 		prevLast, shared = s.last, s.squashing != nil // +checklocksignore: fn runs under s.pmu (frozen)
-		parent, depth, err = s.copyUpper(c, dst) // +checklocksignore: fn runs under s.pmu (frozen)
+		parent, depth, err = s.copyUpper(c, dst)      // +checklocksignore: fn runs under s.pmu (frozen)
 		return err
 	})
 	if err != nil {
