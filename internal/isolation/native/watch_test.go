@@ -182,3 +182,42 @@ func diffLines(want, got string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A record that outgrows its bound is dropped: the next checkpoint walks
+// the writable layer (and holds every change), and the one after it is
+// made from a new record.
+func TestCheckpointWatchLost(t *testing.T) {
+	b := newBackendWith(t, native.Options{CopyLayers: true})
+	native.NoSquash(t)
+	src := create(t, b, isolation.Spec{})
+	cp := src.(isolation.Checkpointer)
+	sh(t, src, `mkdir /w && sleep 0.1`)
+	if _, err := cp.Checkpoint(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, src, `cd /w && seq 1 17000 | sed 's/^/f/' | xargs touch && sleep 0.1`)
+	walked, err := cp.Checkpoint(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := native.WatchedCheckpoints(src); n != 0 {
+		t.Fatalf("a checkpoint after 17,000 names changed was made from the record (%d)", n)
+	}
+	if n := native.ExaminedEntries(src); n < 17000 {
+		t.Fatalf("the walk read %d entries, want at least 17,000", n)
+	}
+	sh(t, src, `echo x > /w/f1 && sleep 0.1`)
+	again, err := cp.Checkpoint(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := native.WatchedCheckpoints(src); n != 1 {
+		t.Fatalf("the checkpoint after the walk was not made from a new record (%d)", n)
+	}
+	for id, want := range map[string]string{walked.ID: "17000 0", again.ID: "17000 2"} {
+		sb := createOn(t, b, id)
+		if got := strings.TrimSpace(sh(t, sb, `echo $(ls /w | wc -l) $(wc -c < /w/f1)`)); got != want {
+			t.Errorf("a sandbox booted on %s counts %q files and bytes of /w/f1, want %q", id, got, want)
+		}
+	}
+}
