@@ -46,6 +46,7 @@ type layerCopy struct {
 	touched  map[string][]string
 	replaced []string
 	force    map[string]bool
+	linked   map[uint64]bool // inodes of several names examined
 	// examined counts the entries read (one fstatat each).
 	examined int
 }

@@ -43,7 +43,7 @@ PY`
 
 // A checkpoint made from the record of the sandbox's changes (watch.go)
 // is what the sandbox's files are, and what a walk of its writable layer
-// makes: after writes, a truncate, a write through a shared mapping held
+// makes: after writes (one through a second name of a file), a truncate, a write through a shared mapping held
 // across the checkpoint, chmod, chown, utimes, an extended attribute, a
 // hard link, renames of a file and of a directory (and a write in the
 // renamed directory), deletions (of a tree, of files, of template files),
@@ -58,6 +58,7 @@ func TestCheckpointWatched(t *testing.T) {
 		mkdir -p /w/d1/d2 /w/mv/sub /w/gone/x /w/same/deep
 		i=0; while [ $i -lt 20 ]; do echo "$i" > /w/d1/f$i; i=$((i+1)); done
 		echo a > /w/mv/sub/a; echo b > /w/gone/x/b; echo s > /w/same/deep/s
+		ln /w/d1/f8 /w/same/link8
 		echo keep > /w/t; echo x > /w/ren; head -c 8192 /dev/zero > /w/m
 		cat > /w/mm.py <<'PY'
 import mmap, os, time
@@ -89,6 +90,7 @@ PY
 		python3 -c 'import os; os.setxattr("/w/d1/f5", "user.k", b"v")'
 		touch -d 2001-01-01 /w/t
 		ln /w/d1/f6 /w/d1/hard
+		echo through-the-other-name >> /w/same/link8
 		mv /w/ren /w/ren2
 		mv /w/mv /w/mv2 && echo c > /w/mv2/sub/c
 		rm -r /w/gone && rm /w/d1/f7

@@ -93,7 +93,35 @@ func (c *layerCopy) deltaKeys(root *pendingDir, keys []string) error {
 	c.covered = map[string]bool{}
 	c.touched = map[string][]string{}
 	defer c.closePending()
+	c.linked = map[uint64]bool{}
+	done := map[string]bool{}
+	for len(keys) > 0 {
+		if err := c.deltaKeysOnce(keys, done); err != nil {
+			return err
+		}
+		// A file of several names changed through one of them: its other
+		// names, which no event names, are examined too.
+		keys = nil
+		if len(c.linked) > 0 {
+			for k, f := range c.prev {
+				if f.typ == unix.S_IFREG && c.linked[f.ino] && !done[k] {
+					keys = append(keys, k)
+				}
+			}
+			slices.Sort(keys)
+			clear(c.linked)
+		}
+	}
+	return c.finishPending()
+}
+
+// deltaKeysOnce examines keys (sorted), those not examined yet.
+func (c *layerCopy) deltaKeysOnce(keys []string, done map[string]bool) error {
 	for _, key := range keys {
+		if done[key] {
+			continue
+		}
+		done[key] = true
 		if c.isCovered(key) {
 			continue
 		}
@@ -116,6 +144,12 @@ func (c *layerCopy) deltaKeys(root *pendingDir, keys []string) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// finishPending copies the attributes of the directories whose names
+// changed and finishes the delta's directories.
+func (c *layerCopy) finishPending() error {
 	// A directory whose names changed has a new change time: its copy
 	// carries its attributes as the walk's does, whether or not anything
 	// below it is kept.
@@ -214,6 +248,9 @@ func (c *layerCopy) deltaKey(d *pendingDir, rel, name string, depth int) error {
 		return fmt.Errorf("reading layer entry %s: %w", key, err)
 	}
 	isDir := err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 {
+		c.linked[st.Ino] = true
+	}
 	if isDir && had && pf.typ == unix.S_IFDIR && pf.ino == st.Ino {
 		sub, err := c.pending(key)
 		if err != nil {
