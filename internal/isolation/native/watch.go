@@ -31,7 +31,9 @@ import (
 //
 // Writes through a shared mapping make no event: the checkpoint also
 // examines every file a process of the sandbox maps shared or holds open
-// for writing (heldInodes). The record is lost, and the next checkpoint
+// for writing (heldInodes); a write through a descriptor closed since
+// makes a close-write event at its last close. An event names one name of
+// a file with several links: the checkpoint examines the others too. The record is lost, and the next checkpoint
 // walks the whole layer as before, when the kernel's queue overflows
 // (bounded: no FAN_UNLIMITED_QUEUE), when the record outgrows
 // maxWatchChanges, when an event names its directory in a form the
