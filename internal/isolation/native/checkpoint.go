@@ -122,10 +122,20 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	defer unix.Close(dst)
 	c := &layerCopy{ctx: ctx, uidBase: s.slot.hostUID(), left: left, mtimes: map[string]unix.Timespec{},
 		next: map[string]prevFile{}, kids: map[string][]string{}, layer: id}
+	s.ckptMu.Lock()
+	defer s.ckptMu.Unlock()
 	var parent string
 	var depth int
+	var prevLast *lastCheckpoint
+	var shared bool
+	defer func() {
+		if !ok {
+			s.loseChanges()
+		}
+	}()
 	took, err := s.frozen(func() (err error) {
-		parent, depth, err = s.copyUpper(c, dst) // +checklocksignore: fn runs under s.pmu (frozen)
+		prevLast, shared = s.last, s.squashing != nil // +checklocksignore: fn runs under s.pmu (frozen)
+		parent, depth, err = s.copyUpper(c, dst)      // +checklocksignore: fn runs under s.pmu (frozen)
 		return err
 	})
 	if err != nil {
@@ -140,9 +150,11 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	if err := b.commitLayer(tmp, m); err != nil {
 		return isolation.LayerInfo{}, err
 	}
+	s.examined.Store(int64(c.examined))
+	next := c.nextCheckpoint(prevLast, id, depth, shared)
 	ok = true
 	s.pmu.Lock()
-	s.last = &lastCheckpoint{layer: id, depth: depth, files: c.next, kids: c.kids}
+	s.last = next
 	if depth-len(s.chain) >= squashAfter {
 		s.startSquash(s.last)
 	}
@@ -166,11 +178,22 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 	}
 	defer unix.Close(src)
 	c.stableBefore = time.Now().Add(-stableMargin)
+	rec, recorded := s.takeChanges(src)
 	last := s.last
 	if last != nil && last.depth < maxLayerStack {
 		if _, err := b.layerMeta(last.layer); err == nil {
 			c.prev, c.prevKids = last.files, last.kids
-			return last.layer, last.depth + 1, c.delta(&pendingDir{src: src, fd: dst, key: ""}, "", 0)
+			root := &pendingDir{src: src, fd: dst, key: ""}
+			if recorded && last.dirs != nil {
+				keys, force, err := s.watchedKeys(rec, last, src)
+				if err == nil {
+					c.force = force
+					s.watched.Add(1)
+					return last.layer, last.depth + 1, c.deltaKeys(root, keys)
+				}
+				b.log.Warn("reading a sandbox's recorded changes: its checkpoint walks its writable layer", "sandbox_id", s.id, "err", err)
+			}
+			return last.layer, last.depth + 1, c.delta(root, "", 0)
 		}
 	}
 	prev := -1
@@ -183,6 +206,51 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 		}
 	}
 	return s.base, len(s.chain) + 1, c.dir(src, dst, prev, "", 0)
+}
+
+// takeChanges returns the changes recorded since the previous checkpoint
+// and starts a new record (recorded false: none, walk the layer), starting
+// the sandbox's watcher if it has none and its writable layer is a
+// filesystem of its own (watch.go). The sandbox is frozen.
+//
+// +checklocks:s.pmu
+func (s *sandbox) takeChanges(upper int) (rec map[uint64]map[string]struct{}, recorded bool) {
+	if s.watch != nil {
+		return s.watch.take()
+	}
+	if s.b.disk == nil || s.b.lfs != nil || s.killed || watchOff {
+		return nil, false
+	}
+	w, err := startWatch(upper)
+	if err != nil {
+		s.b.log.Warn("recording a sandbox's changes: its checkpoints walk its writable layer", "sandbox_id", s.id, "err", err)
+		return nil, false
+	}
+	s.watch = w
+	return nil, false
+}
+
+// watchOff turns the watcher off (a benchmark's baseline).
+var watchOff bool
+
+// loseChanges drops the record of changes (a checkpoint that took it
+// failed): the next checkpoint walks the layer.
+func (s *sandbox) loseChanges() {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.watch != nil {
+		s.watch.lose()
+	}
+}
+
+// stopWatch stops the sandbox's watcher, if it has one.
+func (s *sandbox) stopWatch() {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.watch != nil {
+		s.watch.close()
+		s.watch = nil
+	}
 }
 
 // commitLayer completes the layer made in tmp (a layerTmpPrefix

@@ -140,6 +140,7 @@ func (c *layerCopy) deltaEntry(d *pendingDir, rel, name string, depth int) error
 	p := rel + name
 	key := "/" + p
 	var st unix.Stat_t
+	c.examined++
 	if err := unix.Fstatat(d.src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil

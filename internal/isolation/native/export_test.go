@@ -1,6 +1,7 @@
 package native
 
 import (
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -127,3 +128,40 @@ func SandboxDir(sb any) string {
 
 // ScratchDir is the directory every init mounts its tmpfs on.
 func (b *Backend) ScratchDir() string { return b.scratchDir() }
+
+// WatchedCheckpoints counts sb's checkpoints made from the record of its
+// changes instead of a walk of its writable layer.
+func WatchedCheckpoints(sb any) int64 { return sb.(*sandbox).watched.Load() }
+
+// ExaminedEntries is how many entries of sb's writable layer its last
+// checkpoint read.
+func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }
+
+// KeepLastCheckpoint returns a function that makes sb's next checkpoint
+// stack again on the checkpoint it stacks on now, by a walk of its
+// writable layer.
+func KeepLastCheckpoint(sb any) (restore func()) {
+	s := sb.(*sandbox)
+	s.pmu.Lock()
+	last := *s.last // a copy: the next checkpoint updates the index in place
+	last.files, last.kids, last.dirs = maps.Clone(last.files), maps.Clone(last.kids), maps.Clone(last.dirs)
+	s.pmu.Unlock()
+	return func() {
+		s.pmu.Lock()
+		s.last = &last
+		if s.watch != nil {
+			s.watch.lose()
+		}
+		s.pmu.Unlock()
+	}
+}
+
+// NoWatch keeps the backend's sandboxes from recording their changes
+// (their checkpoints walk) until the test ends or AllowWatch.
+func NoWatch(t interface{ Cleanup(func()) }) {
+	watchOff = true
+	t.Cleanup(AllowWatch)
+}
+
+// AllowWatch undoes NoWatch.
+func AllowWatch() { watchOff = false }

@@ -36,6 +36,19 @@ type layerCopy struct {
 	// layer is the layer being made; prevLayer the one prev's files are
 	// linked from in a full copy (its tree walked beside the source).
 	layer, prevLayer string
+	// A delta from the watcher's record (watchdelta.go): pend holds the
+	// directories opened for its keys, by key; covered the keys walked
+	// whole or whited out; touched the names examined in each directory;
+	// replaced the keys the index had that were examined; force the keys
+	// copied whatever their stamps say.
+	pend     map[string]*pendingDir
+	covered  map[string]bool
+	touched  map[string][]string
+	replaced []string
+	force    map[string]bool
+	linked   map[uint64]bool // inodes of several names examined
+	// examined counts the entries read (one fstatat each).
+	examined int
 }
 
 // prevFile is what identifies an entry of the writable layer as
@@ -68,6 +81,10 @@ type lastCheckpoint struct {
 	depth int
 	files map[string]prevFile
 	kids  map[string][]string
+	// dirs maps the inode of each indexed directory to its key; unstable
+	// lists the keys indexed while not stable (examined again next time).
+	dirs     map[uint64]string
+	unstable []string
 }
 
 // stableMargin keeps out of the index the files whose change time is so
@@ -144,6 +161,7 @@ func (c *layerCopy) dir(src, dst, prev int, rel string, depth int) error {
 func (c *layerCopy) entry(src, dst, prev int, rel, name string, depth int) error {
 	p := rel + name
 	var st unix.Stat_t
+	c.examined++
 	if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil

@@ -68,6 +68,7 @@ func (s *sandbox) release(ctx context.Context) error {
 	if s.detached != nil {
 		<-s.detached
 	}
+	s.stopWatch()
 	s.layerMu.Lock()
 	s.layerGone = true
 	if s.diskFD >= 0 {

@@ -60,6 +60,18 @@ type sandbox struct {
 	// last is the previous checkpoint (checkpoint.go).
 	// +checklocks:pmu
 	last *lastCheckpoint
+	// ckptMu serialises the sandbox's checkpoints on the copy store (the
+	// next takes the index the last leaves, updated in place).
+	ckptMu sync.Mutex
+	// watch records the changes to the writable layer since the previous
+	// checkpoint (watch.go); nil until the first checkpoint starts it.
+	// +checklocks:pmu
+	watch *changeWatch
+	// watched counts the checkpoints made from the watcher's record.
+	watched atomic.Int64
+	// examined is how many entries of the writable layer the last
+	// checkpoint read.
+	examined atomic.Int64
 	// squashing lists the layers a squash of its checkpoints in progress
 	// reads and makes (squash.go); nil when none runs.
 	// +checklocks:pmu
