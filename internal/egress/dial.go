@@ -12,7 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dialDirect is the stack's default upstream dial: a net.Dialer's, but a
+// DialDirect is the stack's upstream dial when Options.Dial is nil (a
+// DialFunc that redirects can end in it): a net.Dialer's, but a
 // connection that is established by the time connect(2) returns (an
 // upstream on the host or in a namespace beside it: the kernel answers
 // the SYN inside the call and finishes the handshake as it returns) is
@@ -28,7 +29,7 @@ import (
 // keep-alive every 15 s); errors read as a net.Dialer's ("dial tcp ADDR:
 // connect: connection refused", "i/o timeout"). Anything but a TCP dial
 // to an address and port goes to a net.Dialer.
-func dialDirect(ctx context.Context, network, address string) (net.Conn, error) {
+func DialDirect(ctx context.Context, network, address string) (net.Conn, error) {
 	dst, err := netip.ParseAddrPort(address)
 	if err != nil || (network != "tcp" && network != "tcp4" && network != "tcp6") {
 		var d net.Dialer
@@ -73,7 +74,7 @@ func dialDirect(ctx context.Context, network, address string) (net.Conn, error) 
 	return c, nil
 }
 
-// dialsAtOnce counts the dials of dialDirect whose connection was
+// dialsAtOnce counts the dials of DialDirect whose connection was
 // established without waiting (for tests).
 var dialsAtOnce atomic.Int64
 

@@ -35,7 +35,7 @@ func TestDialDirect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n0 := dialsAtOnce.Load()
-	c, err := dialDirect(ctx, "tcp", ln.Addr().String())
+	c, err := DialDirect(ctx, "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestDialDirect(t *testing.T) {
 	free, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := free.Addr().String()
 	free.Close()
-	_, err = dialDirect(ctx, "tcp", addr)
+	_, err = DialDirect(ctx, "tcp", addr)
 	if err == nil || !strings.Contains(err.Error(), "dial tcp "+addr+": connect: connection refused") || !errors.Is(err, unix.ECONNREFUSED) {
 		t.Fatalf("dial of a closed port: %v, want a net.Dialer's connection refused", err)
 	}
@@ -114,7 +114,7 @@ func TestDialDirectWaits(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	_, err = dialDirect(ctx, "tcp", addr)
+	_, err = DialDirect(ctx, "tcp", addr)
 	cancel()
 	if err == nil || !strings.Contains(err.Error(), "i/o timeout") {
 		t.Fatalf("dial to a full queue within 300 ms: %v, want a timeout", err)
@@ -130,7 +130,7 @@ func TestDialDirectWaits(t *testing.T) {
 	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	go func() {
-		c, err := dialDirect(ctx, "tcp", addr)
+		c, err := DialDirect(ctx, "tcp", addr)
 		res <- result{c, err}
 	}()
 	time.Sleep(100 * time.Millisecond)
