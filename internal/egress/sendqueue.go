@@ -24,13 +24,18 @@ import (
 // write, and gVisor's TCP processor, given that answer while the lock was
 // held, spun on it until the write returned.
 //
-// A small packet (at most inlineMax bytes, not a TCP SYN) that finds the
-// queue empty and no writer running is written on the caller's goroutine
-// instead: an acknowledgement, a request's or an answer's few bytes, a DNS
-// answer. Starting the writer for it cost a goroutine and, with a CPU
-// idle, the wake-up of a thread, which is longer than the write itself and
-// lay on the path of every exchange of small messages (a new connection's
-// first bytes, each answer). While it is written the queue counts as
+// A small packet (at most inlineMax bytes; not a TCP SYN, nor a bare
+// acknowledgement) that finds the queue empty and no writer running is
+// written on the caller's goroutine instead: a request's or an answer's
+// few bytes, a FIN or a RST, a DNS answer. Starting the writer for it cost
+// a goroutine and, with a CPU idle, the wake-up of a thread, which is
+// longer than the write itself and lay on the path of every exchange of
+// small messages (a new connection's first bytes, each answer). Bare
+// acknowledgements stay queued: during an upload gVisor's TCP processor
+// sends one after another, and writing them itself put the sandbox's
+// kernel's handling of each (which wakes its sender) in series with the
+// processor's work, for more context switches per byte
+// (BenchmarkTUNUpload). While it is written the queue counts as
 // writing: packets that come meanwhile are queued behind it and written by
 // a writer started after it, so the order holds. Large segments, a bulk
 // flow's, always go through the queue.
@@ -111,7 +116,7 @@ func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 
 // inline reports whether pkt may be written on its sender's goroutine: a
 // small packet that is not a TCP SYN (whose sender holds the new
-// endpoint's lock).
+// endpoint's lock) nor a bare acknowledgement.
 func inline(pkt *stack.PacketBuffer) bool {
 	if pkt.Size() > inlineMax {
 		return false
@@ -119,6 +124,9 @@ func inline(pkt *stack.PacketBuffer) bool {
 	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
 		tcp := header.TCP(pkt.TransportHeader().Slice())
 		if len(tcp) < header.TCPMinimumSize || tcp.Flags()&header.TCPFlagSyn != 0 {
+			return false
+		}
+		if tcp.Flags() == header.TCPFlagAck && pkt.Data().Size() == 0 {
 			return false
 		}
 	}

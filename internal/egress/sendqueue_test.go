@@ -32,7 +32,11 @@ func (w *heldWriter) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error
 	defer w.mu.Unlock()
 	w.writes++
 	for _, pkt := range pkts.AsSlice() {
-		w.written = append(w.written, pkt.Data().AsRange().ToSlice()[0])
+		if data := pkt.Data().AsRange().ToSlice(); len(data) > 0 {
+			w.written = append(w.written, data[0])
+		} else { // a TCP segment without data: its source port's low byte
+			w.written = append(w.written, byte(header.TCP(pkt.TransportHeader().Slice()).SourcePort()))
+		}
 	}
 	return pkts.Len(), nil
 }
@@ -57,12 +61,17 @@ func smallPacket(b byte) *stack.PacketBuffer {
 
 // tcpPacket is a small TCP segment with flags and a one-byte payload b.
 func tcpPacket(b byte, flags header.TCPFlags) *stack.PacketBuffer {
+	return tcpSegment(b, flags, []byte{b})
+}
+
+// tcpSegment is a TCP segment from port b with flags and data.
+func tcpSegment(b byte, flags header.TCPFlags, data []byte) *stack.PacketBuffer {
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
 		ReserveHeaderBytes: header.TCPMinimumSize,
-		Payload:            buffer.MakeWithData([]byte{b}),
+		Payload:            buffer.MakeWithData(data),
 	})
 	tcp := header.TCP(pkt.TransportHeader().Push(header.TCPMinimumSize))
-	tcp.Encode(&header.TCPFields{SrcPort: 80, DstPort: 4000, DataOffset: header.TCPMinimumSize, Flags: flags, WindowSize: 1024})
+	tcp.Encode(&header.TCPFields{SrcPort: uint16(b), DstPort: 4000, DataOffset: header.TCPMinimumSize, Flags: flags, WindowSize: 1024})
 	pkt.TransportProtocolNumber = header.TCPProtocolNumber
 	return pkt
 }
@@ -71,8 +80,9 @@ func tcpPacket(b byte, flags header.TCPFlags) *stack.PacketBuffer {
 // queue idle is written on its sender's goroutine (the sender's write
 // returns only once the link's has); packets that come while it is
 // written are queued behind it (their senders not held) and reach the
-// link after it, in order; a SYN and a large segment are never written
-// inline; and no writer is left once all is written.
+// link after it, in order; a SYN, a large segment and a bare
+// acknowledgement are never written inline; and no writer is left once
+// all is written.
 func TestSendQueueWritesSmallPacketsInline(t *testing.T) {
 	w := newHeldWriter()
 	q := newSendQueue(w)
@@ -118,6 +128,8 @@ func TestSendQueueWritesSmallPacketsInline(t *testing.T) {
 		{smallPacket(4), true},
 		{tcpPacket(5, header.TCPFlagSyn|header.TCPFlagAck), false},
 		{onePacket(6), false},
+		{tcpSegment(7, header.TCPFlagAck, nil), false},
+		{tcpSegment(8, header.TCPFlagAck|header.TCPFlagFin, nil), true},
 	} {
 		n0 := q.inlined.Load()
 		if err := q.WritePacket(tc.pkt); err != nil {
@@ -129,8 +141,8 @@ func TestSendQueueWritesSmallPacketsInline(t *testing.T) {
 			t.Errorf("packet %d: written inline %v, want %v", i+4, inlined, tc.inline)
 		}
 	}
-	if got := w.got(); string(got) != "\x00\x01\x02\x03\x04\x05\x06" {
-		t.Fatalf("the link got %v, want packets 0 to 6 in order", got)
+	if got := w.got(); string(got) != "\x00\x01\x02\x03\x04\x05\x06\x07\x08" {
+		t.Fatalf("the link got %v, want packets 0 to 8 in order", got)
 	}
 	for i, pkt := range append([]*stack.PacketBuffer{first}, later...) {
 		pkt.DecRef()
