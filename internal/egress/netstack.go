@@ -104,7 +104,8 @@ type Options struct {
 	// policy was compiled without them.
 	HostAddrs []netip.Addr
 	Recorder  Recorder
-	// Dial dials upstream (default: a net.Dialer).
+	// Dial dials upstream (default: DialDirect, a net.Dialer's dial that
+	// takes a connection established at once without waiting).
 	Dial DialFunc
 	// Proxy, if set, is the SOCKS5 proxy every allowed TCP flow is
 	// tunnelled through (see SetProxy).
@@ -326,8 +327,7 @@ func (o *Options) setDefaults() {
 func newStack(ctx context.Context, opts Options, link stack.LinkEndpoint, res *dns.Resolver) *Stack {
 	dial := opts.Dial
 	if dial == nil {
-		d := &net.Dialer{}
-		dial = d.DialContext
+		dial = DialDirect
 	}
 	st := &Stack{
 		opts:       opts,

@@ -2,8 +2,10 @@ package egress
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
@@ -17,10 +19,26 @@ import (
 // download then left about a third of two CPUs idle. On the queue's
 // goroutine the two run side by side.
 //
-// Nor does the stack write to the device while it holds an endpoint's
-// lock: the sandbox's kernel answers a SYN-ACK inside its write, and
-// gVisor's TCP processor, given that answer while the lock was held, spun
-// on it until the write returned.
+// Nor does the stack write a SYN to the device while it holds the new
+// endpoint's lock: the sandbox's kernel answers a SYN-ACK inside its
+// write, and gVisor's TCP processor, given that answer while the lock was
+// held, spun on it until the write returned.
+//
+// A small packet (at most inlineMax bytes; not a TCP SYN, nor a bare
+// acknowledgement) that finds the queue empty and no writer running is
+// written on the caller's goroutine instead: a request's or an answer's
+// few bytes, a FIN or a RST, a DNS answer. Starting the writer for it cost
+// a goroutine and, with a CPU idle, the wake-up of a thread, which is
+// longer than the write itself and lay on the path of every exchange of
+// small messages (a new connection's first bytes, each answer). Bare
+// acknowledgements stay queued: during an upload gVisor's TCP processor
+// sends one after another, and writing them itself put the sandbox's
+// kernel's handling of each (which wakes its sender) in series with the
+// processor's work, for more context switches per byte
+// (BenchmarkTUNUpload). While it is written the queue counts as
+// writing: packets that come meanwhile are queued behind it and written by
+// a writer started after it, so the order holds. Large segments, a bulk
+// flow's, always go through the queue.
 //
 // An idle queue holds no goroutine: one is started when a packet arrives
 // at an empty queue and ends once it has written all there was. (gVisor's
@@ -41,7 +59,9 @@ type sendQueue struct {
 	// +checklocks:mu
 	closed bool
 
-	wg sync.WaitGroup // the writer
+	wg sync.WaitGroup // the writer, or a sender writing inline
+
+	inlined atomic.Int64 // packets written on their sender's goroutine
 }
 
 var _ stack.QueueingDiscipline = (*sendQueue)(nil)
@@ -55,20 +75,34 @@ const maxQueued = 1024
 // writeBatch is how many queued packets the writer takes at a time.
 const writeBatch = 64
 
+// inlineMax is the largest packet (its headers and payload) a sender
+// writes itself to an idle queue; see sendQueue.
+const inlineMax = 2048
+
 func newSendQueue(lower stack.LinkWriter) *sendQueue {
 	return &sendQueue{lower: lower}
 }
 
 // WritePacket implements stack.QueueingDiscipline: pkt is queued (the
-// queue holds a reference) and written by the queue's goroutine.
+// queue holds a reference) and written by the queue's goroutine, or, small
+// and finding the queue idle, written at once on the caller's.
 func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.closed {
+		q.mu.Unlock()
 		return &tcpip.ErrClosedForSend{}
 	}
 	if len(q.pkts) >= maxQueued {
+		q.mu.Unlock()
 		return &tcpip.ErrNoBufferSpace{}
+	}
+	if !q.writing && inline(pkt) {
+		// Nothing queued (a writer ends only on an empty queue).
+		q.writing = true
+		q.wg.Add(1)
+		q.mu.Unlock()
+		q.writeInline(pkt)
+		return nil
 	}
 	q.pkts = append(q.pkts, pkt.IncRef())
 	if !q.writing {
@@ -76,7 +110,48 @@ func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		q.wg.Add(1)
 		go q.write()
 	}
+	q.mu.Unlock()
 	return nil
+}
+
+// inline reports whether pkt may be written on its sender's goroutine: a
+// small packet that is not a TCP SYN (whose sender holds the new
+// endpoint's lock) nor a bare acknowledgement.
+func inline(pkt *stack.PacketBuffer) bool {
+	if pkt.Size() > inlineMax {
+		return false
+	}
+	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
+		tcp := header.TCP(pkt.TransportHeader().Slice())
+		if len(tcp) < header.TCPMinimumSize || tcp.Flags()&header.TCPFlagSyn != 0 {
+			return false
+		}
+		if tcp.Flags() == header.TCPFlagAck && pkt.Data().Size() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// writeInline writes pkt to the link on the caller's goroutine, the queue
+// marked as writing (by the caller) so that what comes meanwhile waits
+// behind it; it then hands what came to a writer, or marks the queue
+// idle.
+func (q *sendQueue) writeInline(pkt *stack.PacketBuffer) {
+	var batch stack.PacketBufferList
+	batch.PushBack(pkt.IncRef())
+	q.lower.WritePackets(batch) // a packet the link refuses is dropped
+	batch.Reset()
+	q.inlined.Add(1)
+	q.mu.Lock()
+	if len(q.pkts) > 0 && !q.closed {
+		go q.write() // takes over q.wg's count and writing
+		q.mu.Unlock()
+		return
+	}
+	q.writing = false
+	q.mu.Unlock()
+	q.wg.Done()
 }
 
 // write writes the queued packets in order, in batches, until the queue

@@ -7,6 +7,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
@@ -15,7 +16,7 @@ import (
 type heldWriter struct {
 	hold    chan struct{}
 	mu      sync.Mutex
-	written []byte // each packet's one byte
+	written []byte // each packet's first byte
 	writes  int
 	entered chan struct{} // one value per write begun
 }
@@ -31,7 +32,11 @@ func (w *heldWriter) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error
 	defer w.mu.Unlock()
 	w.writes++
 	for _, pkt := range pkts.AsSlice() {
-		w.written = append(w.written, pkt.Data().AsRange().ToSlice()...)
+		if data := pkt.Data().AsRange().ToSlice(); len(data) > 0 {
+			w.written = append(w.written, data[0])
+		} else { // a TCP segment without data: its source port's low byte
+			w.written = append(w.written, byte(header.TCP(pkt.TransportHeader().Slice()).SourcePort()))
+		}
 	}
 	return pkts.Len(), nil
 }
@@ -42,8 +47,123 @@ func (w *heldWriter) got() []byte {
 	return append([]byte(nil), w.written...)
 }
 
+// onePacket is a packet too large to be written inline, its first byte b.
 func onePacket(b byte) *stack.PacketBuffer {
+	data := make([]byte, inlineMax+1)
+	data[0] = b
+	return stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(data)})
+}
+
+// smallPacket is a one-byte packet, b.
+func smallPacket(b byte) *stack.PacketBuffer {
 	return stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData([]byte{b})})
+}
+
+// tcpPacket is a small TCP segment with flags and a one-byte payload b.
+func tcpPacket(b byte, flags header.TCPFlags) *stack.PacketBuffer {
+	return tcpSegment(b, flags, []byte{b})
+}
+
+// tcpSegment is a TCP segment from port b with flags and data.
+func tcpSegment(b byte, flags header.TCPFlags, data []byte) *stack.PacketBuffer {
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
+		ReserveHeaderBytes: header.TCPMinimumSize,
+		Payload:            buffer.MakeWithData(data),
+	})
+	tcp := header.TCP(pkt.TransportHeader().Push(header.TCPMinimumSize))
+	tcp.Encode(&header.TCPFields{SrcPort: uint16(b), DstPort: 4000, DataOffset: header.TCPMinimumSize, Flags: flags, WindowSize: 1024})
+	pkt.TransportProtocolNumber = header.TCPProtocolNumber
+	return pkt
+}
+
+// TestSendQueueWritesSmallPacketsInline: a small packet that finds the
+// queue idle is written on its sender's goroutine (the sender's write
+// returns only once the link's has); packets that come while it is
+// written are queued behind it (their senders not held) and reach the
+// link after it, in order; a SYN, a large segment and a bare
+// acknowledgement are never written inline; and no writer is left once
+// all is written.
+func TestSendQueueWritesSmallPacketsInline(t *testing.T) {
+	w := newHeldWriter()
+	q := newSendQueue(w)
+	var release sync.Once
+	defer q.Close()
+	defer release.Do(func() { close(w.hold) }) // before Close, which waits for the write
+	first := tcpPacket(0, header.TCPFlagAck|header.TCPFlagPsh)
+	returned := make(chan struct{})
+	go func() {
+		if err := q.WritePacket(first); err != nil {
+			t.Error(err)
+		}
+		close(returned)
+	}()
+	<-w.entered // the link's write of the first packet has begun
+	select {
+	case <-returned:
+		t.Fatal("the sender of a small packet to an idle queue was not the one writing it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	// Meanwhile: queued behind it, their senders not held.
+	later := []*stack.PacketBuffer{smallPacket(1), onePacket(2), tcpPacket(3, header.TCPFlagAck)}
+	for i, pkt := range later {
+		if err := q.WritePacket(pkt); err != nil {
+			t.Fatalf("packet %d: %v", i+1, err)
+		}
+	}
+	release.Do(func() { close(w.hold) })
+	<-returned
+	waitIdle(t, q)
+	if got := w.got(); string(got) != "\x00\x01\x02\x03" {
+		t.Fatalf("the link got %v, want packets 0 to 3 in order", got)
+	}
+	if n := q.inlined.Load(); n != 1 {
+		t.Fatalf("%d packets written inline, want 1 (the others came while it was written)", n)
+	}
+
+	// On the idle queue: a small packet inline, a SYN and a large one not.
+	for i, tc := range []struct {
+		pkt    *stack.PacketBuffer
+		inline bool
+	}{
+		{smallPacket(4), true},
+		{tcpPacket(5, header.TCPFlagSyn|header.TCPFlagAck), false},
+		{onePacket(6), false},
+		{tcpSegment(7, header.TCPFlagAck, nil), false},
+		{tcpSegment(8, header.TCPFlagAck|header.TCPFlagFin, nil), true},
+	} {
+		n0 := q.inlined.Load()
+		if err := q.WritePacket(tc.pkt); err != nil {
+			t.Fatal(err)
+		}
+		waitIdle(t, q)
+		tc.pkt.DecRef()
+		if inlined := q.inlined.Load() > n0; inlined != tc.inline {
+			t.Errorf("packet %d: written inline %v, want %v", i+4, inlined, tc.inline)
+		}
+	}
+	if got := w.got(); string(got) != "\x00\x01\x02\x03\x04\x05\x06\x07\x08" {
+		t.Fatalf("the link got %v, want packets 0 to 8 in order", got)
+	}
+	for i, pkt := range append([]*stack.PacketBuffer{first}, later...) {
+		pkt.DecRef()
+		if r := pkt.ReadRefs(); r != 0 {
+			t.Fatalf("packet %d: %d references left after its write", i, r)
+		}
+	}
+}
+
+// waitIdle waits until q has no writer (nor an inline write) under way.
+func waitIdle(t *testing.T, q *sendQueue) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		q.mu.Lock()
+		writing := q.writing
+		q.mu.Unlock()
+		if !writing {
+			return
+		}
+	}
+	t.Fatal("the queue still writing after 10 s")
 }
 
 // TestSendQueueWritesInOrderOffTheCaller: the stack's write returns while

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,6 +60,48 @@ func BenchmarkTUNDownload(b *testing.B) {
 	b.ReportMetric(float64(dupSegments(b, e.ns)-dup0)*1024/float64(b.N), "dup-segs/GB")
 }
 
+// BenchmarkTUNUpload is BenchmarkTUNDownload the other way: the kernel's
+// TCP in the namespace sends through the stack to a server on the host's
+// loopback that reads. The stack's packets to the sandbox are then its
+// acknowledgements and window updates.
+func BenchmarkTUNUpload(b *testing.B) {
+	got := make(chan int64, 1)
+	e := newPathEnv(b, true, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+	})
+	var c net.Conn
+	var err error
+	inNetns(b, e.ns, func() { c, err = net.DialTimeout("tcp", "203.0.113.9:80", 5*time.Second) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for range 8 {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(int64(len(buf)))
+	var r0, r1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.Close()
+	if n := <-got; n != int64(b.N+8)<<20 {
+		b.Fatalf("the server read %d bytes, want %d", n, int64(b.N+8)<<20)
+	}
+	b.StopTimer()
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+	cpu := time.Duration(r1.Utime.Nano()-r0.Utime.Nano()+r1.Stime.Nano()-r0.Stime.Nano()) * time.Nanosecond
+	b.ReportMetric(float64(cpu.Microseconds())/1e3/float64(b.N), "cpu-ms/MB")
+	b.ReportMetric(float64(r1.Nvcsw-r0.Nvcsw+r1.Nivcsw-r0.Nivcsw)/float64(b.N), "ctxsw/MB")
+}
+
 // dupSegments returns the segments the namespace's kernel received twice
 // (TcpExt TCPDSACKOldSent: it reported each in a D-SACK): what the
 // stack retransmitted although nothing was lost.
@@ -109,13 +152,16 @@ func BenchmarkTUNConnect(b *testing.B) {
 		return time.Since(t)
 	}
 	var in, host []time.Duration
+	var created uint64 // goroutines started during the sandbox's connections
 	// In batches, alternating; a batch in the namespace runs on one
 	// thread in it.
 	for done := 0; done < b.N; {
 		k := min(10, b.N-done)
 		inNetns(b, e.ns, func() {
 			for range k {
+				g0 := goroutinesCreated()
 				in = append(in, ask(func() (net.Conn, error) { return net.DialTimeout("tcp", "203.0.113.9:80", 5*time.Second) }))
+				created += goroutinesCreated() - g0
 				time.Sleep(5 * time.Millisecond) // within the stack's new-flow rate
 			}
 		})
@@ -133,4 +179,14 @@ func BenchmarkTUNConnect(b *testing.B) {
 	b.ReportMetric(pi, "sandbox-ms")
 	b.ReportMetric(ph, "host-ms")
 	b.ReportMetric(pi-ph, "added-ms")
+	// Each one a hand-off between goroutines on the connection's path
+	// (the client's own, the server's and the stack's alike).
+	b.ReportMetric(float64(created)/float64(len(in)), "goroutines/conn")
+}
+
+// goroutinesCreated is the number of goroutines this process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }

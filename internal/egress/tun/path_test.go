@@ -71,8 +71,7 @@ func newPathEnv(t testing.TB, vnet bool, serve func(net.Conn)) *pathEnv {
 		SandboxID: "pathtest", FD: fd, Policy: p, DNSUpstream: "127.0.0.1:9",
 		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
 			e.dials.Add(1)
-			var d net.Dialer
-			return d.DialContext(ctx, network, ln.Addr().String())
+			return egress.DialDirect(ctx, network, ln.Addr().String())
 		},
 	})
 	if err != nil {
