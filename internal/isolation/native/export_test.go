@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Forget drops a sandbox from the backend's memory without killing it, as
@@ -127,3 +128,11 @@ func SandboxDir(sb any) string {
 
 // ScratchDir is the directory every init mounts its tmpfs on.
 func (b *Backend) ScratchDir() string { return b.scratchDir() }
+
+// SetRefillDefer sets how long the refill of a take may wait for the
+// sandbox that took the init, and returns the function that restores it.
+func SetRefillDefer(d time.Duration) (restore func()) {
+	old := refillDefer
+	refillDefer = d
+	return func() { refillDefer = old }
+}

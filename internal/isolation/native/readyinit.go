@@ -155,10 +155,9 @@ func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 		select {
 		case r := <-b.ready:
 			if r.alive() {
-				deferrable := b.takes.Note()
-				return r, sync.OnceFunc(func() { b.room <- deferrable }), nil
+				return r, sync.OnceFunc(func() { b.room <- r.exited }), nil
 			}
-			b.room <- false
+			b.room <- nil
 			r.discard()
 			continue
 		default:
@@ -168,18 +167,23 @@ func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
 	}
 }
 
-// A create that comes after a quiet spell (package quiet) is usually
-// followed at once by its sandbox's first command, and the init that
-// replaces the one it took (tens of milliseconds of CPU) would start beside
-// that command, on a machine of two cores slowing it by a fifth. Such a
-// refill waits refillDefer, or until no init is left ready, whichever comes
-// first. Creates that come closer together are refilled at once, as are
+// A create is usually followed at once by its sandbox's first command, and
+// the init that replaces the one it took would start beside that command:
+// its runtime's start and package initialisation (tens of milliseconds of
+// CPU, at the lowest weight), and the daemon's clone of its namespaces,
+// its cgroup made on every hierarchy and its move into it (which holds
+// back every fork and exit on the machine while it waits for an RCU grace
+// period). On a machine of two cores that made a fresh sandbox's first
+// command wait two to three times as long as it works. So the refill of a
+// take waits until the sandbox that took the init has ended (an SDK's
+// create, command, kill), refillDefer has passed, or no init is left
+// ready, whichever comes first: an emptied pool is refilled at once, as are
 // inits lost or discarded. refillDefer is a variable for tests.
 var refillDefer = 50 * time.Millisecond
 
-// waitRefill waits, before a refill whose take followed a quiet spell,
-// until refillDefer has passed, no init is ready or ctx ends.
-func (b *Backend) waitRefill(ctx context.Context) {
+// waitRefill waits, before the refill of a take, until refillDefer has
+// passed, ended is closed, no init is ready or ctx ends.
+func (b *Backend) waitRefill(ctx context.Context, ended <-chan struct{}) {
 	t := time.NewTimer(refillDefer)
 	defer t.Stop()
 	tick := time.NewTicker(5 * time.Millisecond) // how soon an emptied pool is seen
@@ -189,6 +193,8 @@ func (b *Backend) waitRefill(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			return
+		case <-ended:
 			return
 		case <-tick.C:
 		}
@@ -247,7 +253,9 @@ func (b *Backend) ReadyMemory() int64 {
 }
 
 // fillReady keeps Options.ReadyInits inits in b.ready (one per token of
-// b.room) until ctx ends, then discards what it holds.
+// b.room) until ctx ends, then discards what it holds. A token that
+// carries the end of the sandbox that took an init is refilled after
+// waitRefill; a nil one at once.
 func (b *Backend) fillReady(ctx context.Context) {
 	defer func() {
 		for {
@@ -260,21 +268,21 @@ func (b *Backend) fillReady(ctx context.Context) {
 		}
 	}()
 	for {
-		var deferrable bool
+		var ended <-chan struct{}
 		select {
-		case deferrable = <-b.room:
+		case ended = <-b.room:
 		case <-ctx.Done():
 			return
 		}
-		if deferrable {
-			b.waitRefill(ctx)
+		if ended != nil {
+			b.waitRefill(ctx, ended)
 		}
 		r, err := b.spawnReady()
 		if err != nil {
 			if !errors.Is(err, errSpawnerClosed) {
 				b.log.Warn("starting a ready sandbox init", "err", err)
 			}
-			b.room <- false
+			b.room <- nil
 			select {
 			case <-ctx.Done():
 				return
@@ -386,9 +394,9 @@ func (b *Backend) startReady(ctx context.Context) error {
 		b.spawner.setPlace(g.AddProc)
 	}
 	b.ready = make(chan *readyInit, n)
-	b.room = make(chan bool, n)
+	b.room = make(chan (<-chan struct{}), n)
 	for range n {
-		b.room <- false
+		b.room <- nil
 	}
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	b.stopReady = stop
