@@ -118,11 +118,11 @@ type Backend struct {
 	exe        string
 	spawner    spawner // clones sandboxes (spawn.go)
 	// ready holds inits started ahead (readyinit.go); room holds one token
-	// per init the filler may start: nil, or the end of the sandbox that
-	// took an init, until which that start may wait (refillDefer). Both
-	// nil without Options.ReadyInits.
+	// per init the filler may start: the sandbox that took an init, whose
+	// kill that start may wait for (refillAfter, refillDefer). Both nil
+	// without Options.ReadyInits.
 	ready     chan *readyInit
-	room      chan (<-chan struct{})
+	room      chan refillAfter
 	readyCg   *cgroup.Group // where they wait (readyGroup)
 	stopReady context.CancelFunc
 	readyDone chan struct{}

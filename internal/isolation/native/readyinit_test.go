@@ -366,10 +366,11 @@ func TestStartRemovesReadyGroupsWithoutReadyInits(t *testing.T) {
 	}
 }
 
-// The init a create takes is replaced once its sandbox has ended, not
-// beside the sandbox's first commands, for a take right after another as
-// for the first; the pool is full again once the sandboxes are killed.
-func TestRefillWhenTheSandboxEnds(t *testing.T) {
+// The init a create takes is replaced once its sandbox is killed (or
+// refillDefer has passed), not beside the sandbox's first commands, for a
+// take right after another as for the first; the pool is full again once
+// the sandboxes are killed.
+func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	t.Cleanup(native.SetRefillDefer(time.Hour))
