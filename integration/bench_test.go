@@ -31,7 +31,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("fence bench: %v", err)
 	}
 	for _, want := range []string{
-		"vs bwrap (median)", "fence create→exec true→kill ", "phase: create", "phase: exec true", "phase: kill",
+		"vs bwrap (median)", "fence create→exec true→kill ", "phase: create", "phase: exec true (sandbox CPU ", "phase: kill",
 		"warm pool", "exec true in a running sandbox", "runc run /bin/true",
 		"fence pause (100 MiB in use)", "fence resume (100 MiB in use)",
 		"api create→run echo→kill, minimal", "api create→run echo→kill, minimal (warm pool)",

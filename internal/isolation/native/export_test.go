@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Forget drops a sandbox from the backend's memory without killing it, as
@@ -165,3 +166,11 @@ func NoWatch(t interface{ Cleanup(func()) }) {
 
 // AllowWatch undoes NoWatch.
 func AllowWatch() { watchOff = false }
+
+// SetRefillDefer sets how long the refill of a take may wait for the
+// sandbox that took the init, and returns the function that restores it.
+func SetRefillDefer(d time.Duration) (restore func()) {
+	old := refillDefer
+	refillDefer = d
+	return func() { refillDefer = old }
+}

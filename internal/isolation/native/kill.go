@@ -109,6 +109,9 @@ func (s *sandbox) awaitExit(d time.Duration) {
 // other leftover.
 func (s *sandbox) Kill(ctx context.Context) error {
 	s.killOnce.Do(func() {
+		if s.killing != nil {
+			close(s.killing)
+		}
 		s.pmu.Lock()
 		s.killed = true
 		frozen := s.paused.Load()

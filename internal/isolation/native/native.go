@@ -24,7 +24,6 @@ import (
 	"github.com/fencesandbox/fence/internal/insandbox/embedded"
 	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/isolation"
-	"github.com/fencesandbox/fence/internal/quiet"
 	"github.com/fencesandbox/fence/internal/quota"
 	"github.com/fencesandbox/fence/internal/seccomp"
 )
@@ -119,12 +118,12 @@ type Backend struct {
 	exe        string
 	spawner    spawner // clones sandboxes (spawn.go)
 	// ready holds inits started ahead (readyinit.go); room holds one token
-	// per init the filler may start, true when that start may wait
-	// (refillDefer). Both nil without Options.ReadyInits.
+	// per init the filler may start: the sandbox that took an init, whose
+	// kill that start may wait for (refillAfter, refillDefer). Both nil
+	// without Options.ReadyInits.
 	ready     chan *readyInit
-	room      chan bool
+	room      chan refillAfter
 	readyCg   *cgroup.Group // where they wait (readyGroup)
-	takes     quiet.Events  // creates' takes of ready inits
 	stopReady context.CancelFunc
 	readyDone chan struct{}
 	sockDir   string

@@ -150,36 +150,55 @@ func (r *readyInit) discard() {
 // beside the create that took its predecessor, at the same low weight as
 // that init until the create moves it into its sandbox's cgroups, and
 // slow the one thing the create waits for.
-func (b *Backend) takeInit() (r *readyInit, refill func(), err error) {
+//
+// refill is given a channel closed when the sandbox is killed: the
+// replacement may wait for it, or for the init's exit (refillAfter).
+func (b *Backend) takeInit() (r *readyInit, refill func(killed <-chan struct{}), err error) {
 	for {
 		select {
 		case r := <-b.ready:
 			if r.alive() {
-				deferrable := b.takes.Note()
-				return r, sync.OnceFunc(func() { b.room <- deferrable }), nil
+				var once sync.Once
+				return r, func(killed <-chan struct{}) {
+					once.Do(func() { b.room <- refillAfter{killed: killed, exited: r.exited} })
+				}, nil
 			}
-			b.room <- false
+			b.room <- refillAfter{}
 			r.discard()
 			continue
 		default:
 		}
 		r, err := b.spawnInit(-1)
-		return r, func() {}, err
+		return r, func(<-chan struct{}) {}, err
 	}
 }
 
-// A create that comes after a quiet spell (package quiet) is usually
-// followed at once by its sandbox's first command, and the init that
-// replaces the one it took (tens of milliseconds of CPU) would start beside
-// that command, on a machine of two cores slowing it by a fifth. Such a
-// refill waits refillDefer, or until no init is left ready, whichever comes
-// first. Creates that come closer together are refilled at once, as are
+// refillAfter is a token of the ready pool's room: the sandbox whose
+// take freed it. Its zero value is an init lost or discarded, replaced at
+// once.
+type refillAfter struct {
+	killed <-chan struct{} // closed when the sandbox is killed
+	exited <-chan struct{} // closed when its init has exited
+}
+
+// A create is usually followed at once by its sandbox's first command, and
+// the init that replaces the one it took would start beside that command:
+// its runtime's start and package initialisation (tens of milliseconds of
+// CPU, at the lowest weight), and the daemon's clone of its namespaces,
+// its cgroup made on every hierarchy and its move into it (which holds
+// back every fork and exit on the machine while it waits for an RCU grace
+// period). On a machine of two cores that made a fresh sandbox's first
+// command wait two to three times as long as it works. So the refill of a
+// take waits until the sandbox that took the init is killed or has ended
+// (an SDK's create, command, kill), refillDefer has passed, or no init is
+// left ready, whichever comes first: an emptied pool is refilled at once, as are
 // inits lost or discarded. refillDefer is a variable for tests.
 var refillDefer = 50 * time.Millisecond
 
-// waitRefill waits, before a refill whose take followed a quiet spell,
-// until refillDefer has passed, no init is ready or ctx ends.
-func (b *Backend) waitRefill(ctx context.Context) {
+// waitRefill waits, before the refill of a take, until refillDefer has
+// passed, the sandbox is killed or has ended, no init is ready or ctx
+// ends.
+func (b *Backend) waitRefill(ctx context.Context, after refillAfter) {
 	t := time.NewTimer(refillDefer)
 	defer t.Stop()
 	tick := time.NewTicker(5 * time.Millisecond) // how soon an emptied pool is seen
@@ -189,6 +208,10 @@ func (b *Backend) waitRefill(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			return
+		case <-after.killed:
+			return
+		case <-after.exited:
 			return
 		case <-tick.C:
 		}
@@ -247,7 +270,8 @@ func (b *Backend) ReadyMemory() int64 {
 }
 
 // fillReady keeps Options.ReadyInits inits in b.ready (one per token of
-// b.room) until ctx ends, then discards what it holds.
+// b.room) until ctx ends, then discards what it holds. A token of a
+// take is refilled after waitRefill; a zero one at once.
 func (b *Backend) fillReady(ctx context.Context) {
 	defer func() {
 		for {
@@ -260,21 +284,21 @@ func (b *Backend) fillReady(ctx context.Context) {
 		}
 	}()
 	for {
-		var deferrable bool
+		var after refillAfter
 		select {
-		case deferrable = <-b.room:
+		case after = <-b.room:
 		case <-ctx.Done():
 			return
 		}
-		if deferrable {
-			b.waitRefill(ctx)
+		if after != (refillAfter{}) {
+			b.waitRefill(ctx, after)
 		}
 		r, err := b.spawnReady()
 		if err != nil {
 			if !errors.Is(err, errSpawnerClosed) {
 				b.log.Warn("starting a ready sandbox init", "err", err)
 			}
-			b.room <- false
+			b.room <- refillAfter{}
 			select {
 			case <-ctx.Done():
 				return
@@ -386,9 +410,9 @@ func (b *Backend) startReady(ctx context.Context) error {
 		b.spawner.setPlace(g.AddProc)
 	}
 	b.ready = make(chan *readyInit, n)
-	b.room = make(chan bool, n)
+	b.room = make(chan refillAfter, n)
 	for range n {
-		b.room <- false
+		b.room <- refillAfter{}
 	}
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	b.stopReady = stop

@@ -365,3 +365,43 @@ func TestStartRemovesReadyGroupsWithoutReadyInits(t *testing.T) {
 		}
 	}
 }
+
+// The init a create takes is replaced once its sandbox is killed (or
+// refillDefer has passed), not beside the sandbox's first commands, for a
+// take right after another as for the first; the pool is full again once
+// the sandboxes are killed.
+func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	t.Cleanup(native.SetRefillDefer(time.Hour))
+	b := newBackendWith(t, native.Options{ReadyInits: 3, DiskPool: 2})
+	waitReadyInits(t, b, 3)
+	var sbs []isolation.Sandbox
+	for _, id := range []string{"first", "second"} {
+		sb, err := b.Create(t.Context(), isolation.Spec{ID: id, RootFS: rootfs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, sb)
+	}
+	for _, sb := range sbs {
+		if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+			t.Fatalf("true exited %d", r.exit)
+		}
+	}
+	pids, err := b.ReadyGroupPids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids = slices.DeleteFunc(pids, func(p int) bool { return p == b.SpawnerPid() })
+	if len(pids) != 1 || b.ReadyInits() != 1 {
+		t.Errorf("with both sandboxes alive after their commands: %d inits in the ready cgroups (%v), %d ready; want the one left",
+			len(pids), pids, b.ReadyInits())
+	}
+	for i, sb := range sbs {
+		if err := sb.Kill(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		waitReadyInits(t, b, 2+i)
+	}
+}

@@ -93,6 +93,9 @@ type sandbox struct {
 	lifeline *os.File      // the daemon's end of the agent's lifeline (and stderr) socket
 	trace    *CreateTrace  // the create's steps when creates are traced (TraceCreates), else nil
 	done     chan struct{} // closed when the init/agent process has exited
+	// killing is closed when Kill is called: the ready init that replaces
+	// this sandbox's may start then (takeInit).
+	killing  chan struct{}
 	killOnce sync.Once
 	killErr  error
 
@@ -161,7 +164,8 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
-	defer refill()
+	killing := make(chan struct{})
+	defer refill(killing)
 	if initTaken != nil {
 		initTaken()
 	}
@@ -173,6 +177,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		id:       spec.ID,
 		limit:    limits,
 		done:     r.exited,
+		killing:  killing,
 		proc:     r.proc,
 		slot:     r.slot,
 		lifeline: r.life,
