@@ -298,6 +298,7 @@ type densityCreates struct {
 	stamp []time.Time           // when each create finished, in order
 	cpuAt map[int]time.Duration // this process's CPU time when the k-th create finished
 	first error                 // the first create's error
+	prof  *cpuProfiles
 	start time.Time
 	took  time.Duration
 }
@@ -305,7 +306,7 @@ type densityCreates struct {
 // createIdle creates n sandboxes of tmpl, densityClients at a time, and
 // records when each one was made.
 func createIdle(ctx context.Context, c *client.Client, tmpl string, n int) *densityCreates {
-	cr := &densityCreates{cpuAt: map[int]time.Duration{}}
+	cr := &densityCreates{cpuAt: map[int]time.Duration{}, prof: newCPUProfiles()}
 	var mu sync.Mutex
 	next := make(chan struct{})
 	go func() {
@@ -337,6 +338,7 @@ func createIdle(ctx context.Context, c *client.Client, tmpl string, n int) *dens
 				cr.stamp = append(cr.stamp, time.Now())
 				if k := len(cr.stamp); k == 10 || k == 10+densityWindow || k == n-densityWindow || k == n {
 					cr.cpuAt[k] = cpuTime()
+					cr.prof.window(k, n)
 				}
 				mu.Unlock()
 			}
@@ -373,13 +375,17 @@ func readIdleDensity(ctx context.Context, peerRun func() Result, pivot bool, out
 	// it: the reading is this process's work), to name where the
 	// machine's time goes besides the daemon.
 	r.procs0 = sampleProcs()
+	prof := newCPUProfiles()
+	prof.start("idle")
 	idle0, machine0 := cpuTime(), machineBusy()
 	select {
 	case <-time.After(densityIdle):
 	case <-ctx.Done():
+		prof.stop()
 		return nil, ctx.Err()
 	}
 	r.idleCPU, r.machineCPU = cpuTime()-idle0, busySince(machine0)
+	prof.stop()
 	r.procsN = sampleProcs()
 	r.tasks = hostTasks()
 	if peerRun != nil {
@@ -684,4 +690,53 @@ func writeHeapProfile(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// cpuProfiles writes the daemon's CPU profiles over density's windows
+// when its prefix is set (FENCE_BENCH_CPU_PROFILE): PREFIX-at10.pprof over
+// the creates at 10 alive, PREFIX-atN.pprof over the last ones and
+// PREFIX-idle.pprof over the idle window, for `go tool pprof -diff_base`.
+type cpuProfiles struct {
+	prefix string
+	f      *os.File // the profile being written
+}
+
+func newCPUProfiles() *cpuProfiles {
+	return &cpuProfiles{prefix: os.Getenv("FENCE_BENCH_CPU_PROFILE")}
+}
+
+// window starts or stops the profile at the k-th of n creates, at the
+// bounds of the windows the CPU time per create is read over.
+func (p *cpuProfiles) window(k, n int) {
+	switch k {
+	case 10:
+		p.start("at10")
+	case n - densityWindow:
+		p.start("atN")
+	case 10 + densityWindow, n:
+		p.stop()
+	}
+}
+
+func (p *cpuProfiles) start(name string) {
+	if p.prefix == "" || p.f != nil {
+		return
+	}
+	f, err := os.Create(p.prefix + "-" + name + ".pprof")
+	if err != nil {
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return
+	}
+	p.f = f
+}
+
+func (p *cpuProfiles) stop() {
+	if p.f != nil {
+		pprof.StopCPUProfile()
+		p.f.Close()
+		p.f = nil
+	}
 }
