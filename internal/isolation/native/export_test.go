@@ -127,3 +127,6 @@ func SandboxDir(sb any) string {
 
 // ScratchDir is the directory every init mounts its tmpfs on.
 func (b *Backend) ScratchDir() string { return b.scratchDir() }
+
+// DiskReadings counts the readings of writable layers' use by Stats.
+func DiskReadings() int64 { return diskReadings.Load() }

@@ -46,6 +46,7 @@ type sandbox struct {
 	cgRemoved bool
 	proc      *spawned // the sandbox's init (then agent)
 	limit     isolation.Limits
+	usage     usageReading // the last reading of its use (Stats)
 	// rootfs is the template's root; base the layer the sandbox booted on
 	// ("" for none) and chain that layer and its parents, top first.
 	rootfs string

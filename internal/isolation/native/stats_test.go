@@ -3,8 +3,10 @@ package native_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
+	"github.com/fencesandbox/fence/internal/isolation/native"
 )
 
 // TestStatsCostsNoAllocation holds the cost of a sandbox's resource
@@ -30,5 +32,48 @@ func TestStatsCostsNoAllocation(t *testing.T) {
 		}
 	}); allocs != 0 {
 		t.Errorf("Stats allocated %.1f times per reading, want 0", allocs)
+	}
+}
+
+// TestStatsOfAnIdleSandbox: a sandbox that ran nothing since its last
+// reading is not read again but for its CPU time (its disk's use is not
+// read), and once it runs something its memory, tasks and disk are read
+// anew: a file written shows.
+func TestStatsOfAnIdleSandbox(t *testing.T) {
+	b := newBackend(t)
+	sb := create(t, b, isolation.Spec{Limits: isolation.Limits{DiskBytes: 256 << 20}})
+	var prev isolation.Stats
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := sb.Stats(t.Context())
+		if err != nil {
+			t.Fatalf("Stats error: %v", err)
+		}
+		if st.CPUUsage == prev.CPUUsage {
+			break // idle since the previous reading
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's CPU time still moves after 10 s: %v then %v", prev.CPUUsage, st.CPUUsage)
+		}
+		prev = st
+		time.Sleep(50 * time.Millisecond)
+	}
+	disk := native.DiskReadings()
+	st, err := sb.Stats(t.Context())
+	if err != nil {
+		t.Fatalf("Stats error: %v", err)
+	}
+	if n := native.DiskReadings() - disk; n != 0 || st != prev {
+		t.Errorf("Stats of the idle sandbox = %+v after %+v, %d readings of its disk; want the same, none", st, prev, n)
+	}
+	if r := run(t, sb, "root", "/bin/sh", "-c", "head -c 8000000 /dev/urandom > /root/f && sync"); r.exit != 0 {
+		t.Fatalf("writing a file: %+v", r)
+	}
+	after, err := sb.Stats(t.Context())
+	if err != nil {
+		t.Fatalf("Stats error: %v", err)
+	}
+	if after.CPUUsage <= st.CPUUsage || after.DiskBytes < st.DiskBytes+4<<20 {
+		t.Errorf("Stats after writing 8 MB = %+v, before %+v; want more CPU time and at least 4 MiB more disk", after, st)
 	}
 }
