@@ -74,7 +74,7 @@ func TestUsageSinceReadsOnlyCPUOfAnIdleGroup(t *testing.T) {
 	var prev Stats
 	waitFor(t, "the group idle (one task, its CPU time still)", func() bool {
 		u, err := g.Usage()
-		idle := err == nil && u.Pids == 1 && u.CPUUsage == prev.CPUUsage
+		idle := err == nil && u.Pids == 1 && u.CPUUsage > 0 && u.CPUUsage == prev.CPUUsage
 		prev = u
 		return idle
 	})
