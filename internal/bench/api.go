@@ -174,6 +174,10 @@ const densityClients = 8
 // alive is measured over.
 const densityWindow = 50
 
+// densityCPUTarget is fence's target for the daemon's CPU time per create
+// with N alive against its CPU time per create with 10 alive.
+const densityCPUTarget = 1.2
+
 // densityIdle is how long the daemon's CPU time with all the sandboxes
 // idle is measured over: two of its rounds of readings (every 5 s).
 const densityIdle = 10 * time.Second
@@ -432,10 +436,11 @@ func (cr *densityCreates) report(out io.Writer, tmpl string, n int) (createRatio
 	// (mkfs.ext4), and its background work for the sandboxes alive
 	// meanwhile, which per create grows when the machine's other load
 	// slows the creates (the idle figure below is that work alone).
-	if c0, ok := cr.cpuAt[10]; ok && n == len(stamp) {
+	if c0, ok := cr.cpuAt[10]; ok && n == len(stamp) && cr.cpuAt[10+densityWindow] > c0 {
 		c1, c2, c3 := cr.cpuAt[10+densityWindow], cr.cpuAt[n-densityWindow], cr.cpuAt[n]
-		fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
-			ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
+		at10, atN := (c1-c0)/densityWindow, (c3-c2)/densityWindow
+		fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s (ratio %.2f; target ≤ %.1f)\n",
+			ms(at10), n-densityWindow, ms(atN), float64(atN)/float64(at10), densityCPUTarget)
 	}
 	return createRatio
 }
