@@ -253,8 +253,9 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 }
 
 // TestHostReusesItsMemoryReading: /proc/meminfo, which the kernel makes by
-// walking every block device, is read at most once per MemoryEvery; the
-// other readings are made each time.
+// walking every block device, is read at most once per MemoryEvery, each
+// check meanwhile counting one more sandbox's memory used; the other
+// readings are made each time.
 func TestHostReusesItsMemoryReading(t *testing.T) {
 	proc := t.TempDir()
 	write := func(name, s string) {
@@ -286,8 +287,11 @@ func TestHostReusesItsMemoryReading(t *testing.T) {
 	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\n")
 	write("loadavg", "0.50 0.40 0.30 3/200 12345\n")
 	now = now.Add(MemoryEvery / 2)
-	if m, tk := read(); m.Used != 4000000<<10 || tk.Used != 200 {
-		t.Errorf("within MemoryEvery: memory %+v (want the reading before), tasks %+v (want 200)", m, tk)
+	if m, tk := read(); m.Used != 4000000<<10+PerSandbox[Memory] || tk.Used != 200 {
+		t.Errorf("within MemoryEvery: memory %+v (want the reading before and one sandbox's), tasks %+v (want 200)", m, tk)
+	}
+	if m, _ := read(); m.Used != 4000000<<10+2*PerSandbox[Memory] {
+		t.Errorf("within MemoryEvery, a second check: memory %+v, want the reading before and two sandboxes'", m)
 	}
 	now = now.Add(MemoryEvery / 2)
 	if m, _ := read(); m.Used != 14000000<<10 {

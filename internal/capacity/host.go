@@ -28,12 +28,15 @@ type HostOptions struct {
 // MemoryEvery is how long Host reuses its reading of /proc/meminfo. The
 // kernel makes that file's Buffers line by walking every block device
 // (nr_blockdev_pages, under a lock), and every sandbox's disk is a loop
-// device: with a few thousand of them one reading takes about half a
-// millisecond, which every create's admission paid. Creates in flight are
-// counted apart (Gate.Check's inFlight); what creates that finished within
-// MemoryEvery took (16 MiB each at most, PerSandbox) is far inside the
-// 512 MiB SafetyMargin at any create rate a host reaches.
-const MemoryEvery = 100 * time.Millisecond
+// device: with a few thousand of them one reading takes a few hundred
+// microseconds, which nearly every create's admission paid at 100 ms. A
+// reused reading counts PerSandbox's memory for each check made since
+// (each a create or a warm pool's refill that may have taken that much;
+// creates in flight are counted apart, Gate.Check's inFlight), so that
+// the memory the creates admitted meanwhile took is not missed; what the
+// running sandboxes' commands take meanwhile is SafetyMargin's to cover,
+// as it is between any reading and the check.
+const MemoryEvery = time.Second
 
 // Host returns a Source reading this host's limits. Each reading is a
 // few small reads of /proc and a statfs, none of which grows with the
@@ -127,19 +130,24 @@ type memReading struct {
 	total, avail int64
 	// +checklocks:mu
 	ok bool
+	// +checklocks:mu
+	since int64 // checks that reused the reading
 }
 
 // read returns the memory reading, from /proc/meminfo if the last one is
-// MemoryEvery old or more.
+// MemoryEvery old or more, else the last one less PerSandbox's memory for
+// every check that reused it, this one included.
 func (m *memReading) read() (total, avail int64, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
 	if m.at.IsZero() || now.Sub(m.at) >= MemoryEvery || now.Before(m.at) {
 		m.total, m.avail, m.ok = meminfo(m.proc)
-		m.at = now
+		m.at, m.since = now, 0
+		return m.total, m.avail, m.ok
 	}
-	return m.total, m.avail, m.ok
+	m.since++
+	return m.total, max(m.avail-m.since*PerSandbox[Memory], 0), m.ok
 }
 
 func meminfo(proc string) (total, avail int64, ok bool) {
