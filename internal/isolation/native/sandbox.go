@@ -178,8 +178,11 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	b.mu.Lock()
 	s.key = spec.ID
 	s.standby.Store(spec.Standby)
-	for _, o := range b.live {
-		if o.id == spec.ID && !o.ended() && !spec.Standby && !o.standby.Load() {
+	// The sandboxes of this ID alone (byID), not every one alive: a
+	// create's cost does not grow with the sandboxes alive.
+	for _, o := range b.byID[spec.ID] {
+		liveVisits.Add(1)
+		if !o.ended() && !spec.Standby && !o.standby.Load() {
 			b.mu.Unlock()
 			r.discard()
 			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
@@ -194,7 +197,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		}
 	}
 	s.sock = b.sockPath(s.key)
-	b.live[s.key] = s
+	b.addLive(s)
 	b.mu.Unlock()
 
 	defer func() {

@@ -2,11 +2,13 @@ package native_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
+	"github.com/fencesandbox/fence/internal/testutil"
 )
 
 // TestStatsCostsNoAllocation holds the cost of a sandbox's resource
@@ -75,5 +77,33 @@ func TestStatsOfAnIdleSandbox(t *testing.T) {
 	}
 	if after.CPUUsage <= st.CPUUsage || after.DiskBytes < st.DiskBytes+4<<20 {
 		t.Errorf("Stats after writing 8 MB = %+v, before %+v; want more CPU time and at least 4 MiB more disk", after, st)
+	}
+}
+
+// TestCreateLooksOnlyAtSandboxesOfItsID: a create checks that no sandbox
+// of its ID is alive by looking at the sandboxes of that ID alone, not at
+// every one alive (which, under the backend's lock, made each create's
+// cost grow with the sandboxes alive), and still refuses a second one.
+func TestCreateLooksOnlyAtSandboxesOfItsID(t *testing.T) {
+	b := newBackend(t)
+	var first isolation.Sandbox
+	for i := range 3 {
+		sb := create(t, b, isolation.Spec{})
+		if i == 0 {
+			first = sb
+		}
+	}
+	visits := native.LiveVisits()
+	create(t, b, isolation.Spec{})
+	if n := native.LiveVisits() - visits; n != 0 {
+		t.Errorf("a create beside 3 sandboxes of other IDs looked at %d of them, want 0", n)
+	}
+	visits = native.LiveVisits()
+	_, err := b.Create(t.Context(), isolation.Spec{ID: first.ID(), RootFS: testutil.RootFS(t, "minimal")})
+	if err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("a create of the ID of a live sandbox: %v, want it refused (already exists)", err)
+	}
+	if n := native.LiveVisits() - visits; n != 1 {
+		t.Errorf("a create of a live sandbox's ID looked at %d sandboxes, want 1", n)
 	}
 }
