@@ -379,6 +379,11 @@ func readIdleDensity(ctx context.Context, peerRun func() Result, pivot bool, out
 	// it: the reading is this process's work), to name where the
 	// machine's time goes besides the daemon.
 	r.procs0 = sampleProcs()
+	// That reading of every process leaves garbage in this process, the
+	// daemon's, that would start a GC cycle over the daemon's heap (all
+	// the sandboxes' state, hundreds of MiB) inside the window: it is
+	// collected before, so the window holds the daemon's own work.
+	runtime.GC()
 	prof := newCPUProfiles()
 	prof.start("idle")
 	idle0, machine0 := cpuTime(), machineBusy()
