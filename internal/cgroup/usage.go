@@ -29,7 +29,7 @@ func (g *Group) Usage() (Stats, error) {
 // UsageSince is Usage for a group last read as prev (a Usage or
 // UsageSince reading; the zero Stats for none). It reads the CPU time
 // first: when that has not moved since prev, none of the group's tasks
-// ran, so none forked, exited or touched memory, and it returns prev with
+// ran, so none forked, exited or allocated memory, and it returns prev with
 // ran false after opening that one control file instead of three. What
 // changes a group's use without its tasks running (the kernel reclaiming
 // its page cache, memory charged for a packet queued to one of its
