@@ -174,6 +174,10 @@ const densityClients = 8
 // alive is measured over.
 const densityWindow = 50
 
+// densityCPUTarget is fence's target for the daemon's CPU time per create
+// with N alive against its CPU time per create with 10 alive.
+const densityCPUTarget = 1.2
+
 // densityIdle is how long the daemon's CPU time with all the sandboxes
 // idle is measured over: two of its rounds of readings (every 5 s).
 const densityIdle = 10 * time.Second
@@ -298,6 +302,7 @@ type densityCreates struct {
 	stamp []time.Time           // when each create finished, in order
 	cpuAt map[int]time.Duration // this process's CPU time when the k-th create finished
 	first error                 // the first create's error
+	prof  *cpuProfiles
 	start time.Time
 	took  time.Duration
 }
@@ -305,7 +310,7 @@ type densityCreates struct {
 // createIdle creates n sandboxes of tmpl, densityClients at a time, and
 // records when each one was made.
 func createIdle(ctx context.Context, c *client.Client, tmpl string, n int) *densityCreates {
-	cr := &densityCreates{cpuAt: map[int]time.Duration{}}
+	cr := &densityCreates{cpuAt: map[int]time.Duration{}, prof: newCPUProfiles()}
 	var mu sync.Mutex
 	next := make(chan struct{})
 	go func() {
@@ -337,6 +342,7 @@ func createIdle(ctx context.Context, c *client.Client, tmpl string, n int) *dens
 				cr.stamp = append(cr.stamp, time.Now())
 				if k := len(cr.stamp); k == 10 || k == 10+densityWindow || k == n-densityWindow || k == n {
 					cr.cpuAt[k] = cpuTime()
+					cr.prof.window(k, n)
 				}
 				mu.Unlock()
 			}
@@ -373,13 +379,22 @@ func readIdleDensity(ctx context.Context, peerRun func() Result, pivot bool, out
 	// it: the reading is this process's work), to name where the
 	// machine's time goes besides the daemon.
 	r.procs0 = sampleProcs()
+	// That reading of every process leaves garbage in this process, the
+	// daemon's, that would start a GC cycle over the daemon's heap (all
+	// the sandboxes' state, hundreds of MiB) inside the window: it is
+	// collected before, so the window holds the daemon's own work.
+	runtime.GC()
+	prof := newCPUProfiles()
+	prof.start("idle")
 	idle0, machine0 := cpuTime(), machineBusy()
 	select {
 	case <-time.After(densityIdle):
 	case <-ctx.Done():
+		prof.stop()
 		return nil, ctx.Err()
 	}
 	r.idleCPU, r.machineCPU = cpuTime()-idle0, busySince(machine0)
+	prof.stop()
 	r.procsN = sampleProcs()
 	r.tasks = hostTasks()
 	if peerRun != nil {
@@ -426,10 +441,11 @@ func (cr *densityCreates) report(out io.Writer, tmpl string, n int) (createRatio
 	// (mkfs.ext4), and its background work for the sandboxes alive
 	// meanwhile, which per create grows when the machine's other load
 	// slows the creates (the idle figure below is that work alone).
-	if c0, ok := cr.cpuAt[10]; ok && n == len(stamp) {
+	if c0, ok := cr.cpuAt[10]; ok && n == len(stamp) && cr.cpuAt[10+densityWindow] > c0 {
 		c1, c2, c3 := cr.cpuAt[10+densityWindow], cr.cpuAt[n-densityWindow], cr.cpuAt[n]
-		fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s\n",
-			ms((c1-c0)/densityWindow), n-densityWindow, ms((c3-c2)/densityWindow))
+		at10, atN := (c1-c0)/densityWindow, (c3-c2)/densityWindow
+		fmt.Fprintf(out, "  daemon CPU time per create at 10 alive %s, at %d alive %s (ratio %.2f; target ≤ %.1f)\n",
+			ms(at10), n-densityWindow, ms(atN), float64(atN)/float64(at10), densityCPUTarget)
 	}
 	return createRatio
 }
@@ -684,4 +700,53 @@ func writeHeapProfile(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// cpuProfiles writes the daemon's CPU profiles over density's windows
+// when its prefix is set (FENCE_BENCH_CPU_PROFILE): PREFIX-at10.pprof over
+// the creates at 10 alive, PREFIX-atN.pprof over the last ones and
+// PREFIX-idle.pprof over the idle window, for `go tool pprof -diff_base`.
+type cpuProfiles struct {
+	prefix string
+	f      *os.File // the profile being written
+}
+
+func newCPUProfiles() *cpuProfiles {
+	return &cpuProfiles{prefix: os.Getenv("FENCE_BENCH_CPU_PROFILE")}
+}
+
+// window starts or stops the profile at the k-th of n creates, at the
+// bounds of the windows the CPU time per create is read over.
+func (p *cpuProfiles) window(k, n int) {
+	switch k {
+	case 10:
+		p.start("at10")
+	case n - densityWindow:
+		p.start("atN")
+	case 10 + densityWindow, n:
+		p.stop()
+	}
+}
+
+func (p *cpuProfiles) start(name string) {
+	if p.prefix == "" || p.f != nil {
+		return
+	}
+	f, err := os.Create(p.prefix + "-" + name + ".pprof")
+	if err != nil {
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return
+	}
+	p.f = f
+}
+
+func (p *cpuProfiles) stop() {
+	if p.f != nil {
+		pprof.StopCPUProfile()
+		p.f.Close()
+		p.f = nil
+	}
 }

@@ -254,8 +254,9 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 }
 
 // TestHostReusesItsMemoryReading: /proc/meminfo, which the kernel makes by
-// walking every block device, is read at most once per MemoryEvery; the
-// other readings are made each time.
+// walking every block device, is read at most once per MemoryEvery, each
+// check meanwhile counting one more sandbox's memory used; the other
+// readings are made each time.
 func TestHostReusesItsMemoryReading(t *testing.T) {
 	proc := t.TempDir()
 	write := func(name, s string) {
@@ -286,11 +287,14 @@ func TestHostReusesItsMemoryReading(t *testing.T) {
 	}
 	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\n")
 	write("loadavg", "0.50 0.40 0.30 3/200 12345\n")
-	now = now.Add(MemoryEvery / 2)
-	if m, tk := read(); m.Used != 4000000<<10 || tk.Used != 200 {
-		t.Errorf("within MemoryEvery: memory %+v (want the reading before), tasks %+v (want 200)", m, tk)
+	now = now.Add(MemoryEvery / 4) // before a fresh reading is started beside
+	if m, tk := read(); m.Used != 4000000<<10+PerSandbox[Memory] || tk.Used != 200 {
+		t.Errorf("within MemoryEvery: memory %+v (want the reading before and one sandbox's), tasks %+v (want 200)", m, tk)
 	}
-	now = now.Add(MemoryEvery / 2)
+	if m, _ := read(); m.Used != 4000000<<10+2*PerSandbox[Memory] {
+		t.Errorf("within MemoryEvery, a second check: memory %+v, want the reading before and two sandboxes'", m)
+	}
+	now = now.Add(MemoryEvery * 3 / 4)
 	if m, _ := read(); m.Used != 14000000<<10 {
 		t.Errorf("MemoryEvery later: memory %+v, want the new reading", m)
 	}
@@ -326,12 +330,21 @@ func TestHostRefreshesItsMemoryReadingAhead(t *testing.T) {
 	}
 	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\n")
 	advance(MemoryEvery / 2)
-	if m := mem(); m != 4000000<<10 {
-		t.Errorf("MemoryEvery/2 later: memory used %d, want the reading before (a fresh one is made beside)", m)
+	if m := mem(); m != 4000000<<10+PerSandbox[Memory] {
+		t.Errorf("MemoryEvery/2 later: memory used %d, want the reading before and one sandbox's (a fresh one is made beside)", m)
 	}
 	advance(MemoryEvery / 4) // still within MemoryEvery of the first reading
 	deadline := time.Now().Add(5 * time.Second)
-	for mem() != 14000000<<10 {
+	for {
+		m := mem()
+		if extra := m - 14000000<<10; extra >= 0 {
+			// The check that started the fresh reading stays counted, and
+			// so does this one.
+			if extra < 2*PerSandbox[Memory] || extra%PerSandbox[Memory] != 0 {
+				t.Fatalf("the fresh reading: memory used %d, want %d and two sandboxes' or more", m, int64(14000000<<10))
+			}
+			return
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("the reading made in the background never came: within MemoryEvery of the first, reads return the first")
 		}

@@ -28,17 +28,20 @@ type HostOptions struct {
 // MemoryEvery is how long Host reuses its reading of /proc/meminfo. The
 // kernel makes that file's Buffers line by walking every block device
 // (nr_blockdev_pages, under a lock), and every sandbox's disk is a loop
-// device: with a few thousand of them one reading takes about half a
-// millisecond, which every create's admission paid. Creates in flight are
-// counted apart (Gate.Check's inFlight); what creates that finished within
-// MemoryEvery took (16 MiB each at most, PerSandbox) is far inside the
-// 512 MiB SafetyMargin at any create rate a host reaches.
+// device: with a few thousand of them one reading takes a few hundred
+// microseconds, which nearly every create's admission paid at 100 ms. A
+// reused reading counts PerSandbox's memory for each check made since
+// (each a create or a warm pool's refill that may have taken that much;
+// creates in flight are counted apart, Gate.Check's inFlight), so that
+// the memory the creates admitted meanwhile took is not missed; what the
+// running sandboxes' commands take meanwhile is SafetyMargin's to cover,
+// as it is between any reading and the check.
 //
 // A reading half that old is still used, and a fresh one is made beside
-// the create that found it so (off its path): creates that come more
-// often than every MemoryEvery/2 never wait for the file, and no create
-// uses a reading begun MemoryEvery ago or more.
-const MemoryEvery = 100 * time.Millisecond
+// the check that found it so (off its path): checks that come more often
+// than every MemoryEvery/2 never wait for the file, and no check uses a
+// reading begun MemoryEvery ago or more.
+const MemoryEvery = time.Second
 
 // Host returns a Source reading this host's limits. Each reading is a
 // few small reads of /proc and a statfs, none of which grows with the
@@ -133,12 +136,15 @@ type memReading struct {
 	// +checklocks:mu
 	ok bool
 	// +checklocks:mu
+	since int64 // checks that reused the reading
+	// +checklocks:mu
 	refreshing bool // a reading is being made in the background
 }
 
 // read returns the memory reading, from /proc/meminfo if the last one is
-// MemoryEvery old or more; from MemoryEvery/2 it starts a fresh one in
-// the background and returns the last.
+// MemoryEvery old or more, else the last one less PerSandbox's memory for
+// every check that reused it, this one included; from MemoryEvery/2 it
+// also starts a fresh reading in the background.
 func (m *memReading) read() (total, avail int64, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -146,23 +152,29 @@ func (m *memReading) read() (total, avail int64, ok bool) {
 	switch age := now.Sub(m.at); {
 	case m.at.IsZero() || age >= MemoryEvery || now.Before(m.at):
 		m.total, m.avail, m.ok = meminfo(m.proc)
-		m.at = now
+		m.at, m.since = now, 0
+		return m.total, m.avail, m.ok
 	case age >= MemoryEvery/2 && !m.refreshing:
 		m.refreshing = true
-		go m.refresh(now)
+		go m.refresh(now, m.since)
 	}
-	return m.total, m.avail, m.ok
+	m.since++
+	return m.total, max(m.avail-m.since*PerSandbox[Memory], 0), m.ok
 }
 
 // refresh reads /proc/meminfo and keeps the reading as made at at (just
-// before it began), unless a newer one was made meanwhile.
-func (m *memReading) refresh(at time.Time) {
+// before it began), unless a newer one was made meanwhile. The checks made
+// from the one that started it on (since: the checks counted before it)
+// stay counted against the fresh reading, which may not show what they
+// admitted.
+func (m *memReading) refresh(at time.Time, since int64) {
 	total, avail, ok := meminfo(m.proc)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.refreshing = false
 	if at.After(m.at) {
 		m.total, m.avail, m.ok, m.at = total, avail, ok, at
+		m.since = max(m.since-since, 0)
 	}
 }
 

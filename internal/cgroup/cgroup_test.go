@@ -156,6 +156,44 @@ func assertGone(t *testing.T, g *Group) {
 	}
 }
 
+// TestCPUQuotaWritesThePeriodOnlyWhenItDiffers: on cgroup v1 each write
+// of a group's CFS period or quota walks every CPU cgroup on the host, so
+// a group given a CPU limit has only its quota written while its period
+// is the kernel's default; a period set otherwise is still put back.
+func TestCPUQuotaWritesThePeriodOnlyWhenItDiffers(t *testing.T) {
+	m := testManager(t)
+	if m.Version() != 1 {
+		t.Skip("cgroup v2 sets the period and the quota in one write (cpu.max)")
+	}
+	var writes []string
+	wrote = func(name string) {
+		if strings.HasPrefix(name, "cpu.cfs_") {
+			writes = append(writes, name)
+		}
+	}
+	t.Cleanup(func() { wrote = nil })
+	g, err := m.Create("quota", Limits{CPUs: 0.5})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	if !slices.Equal(writes, []string{"cpu.cfs_quota_us"}) {
+		t.Errorf("Create with a CPU limit wrote %v, want the quota alone", writes)
+	}
+	if err := writeFile(g.dir("cpu"), "cpu.cfs_period_us", "200000"); err != nil {
+		t.Fatal(err)
+	}
+	writes = nil
+	if err := g.Reset(Limits{CPUs: 0.25}); err != nil {
+		t.Fatalf("Reset error: %v", err)
+	}
+	if !slices.Equal(writes, []string{"cpu.cfs_period_us", "cpu.cfs_quota_us"}) {
+		t.Errorf("Reset of a group with another period wrote %v, want the period and the quota", writes)
+	}
+	if p, q := readTrim(t, g.dir("cpu"), "cpu.cfs_period_us"), readTrim(t, g.dir("cpu"), "cpu.cfs_quota_us"); p != "100000" || q != "25000" {
+		t.Errorf("period %s, quota %s; want 100000, 25000", p, q)
+	}
+}
+
 func TestCreateLimits(t *testing.T) {
 	m := testManager(t)
 	const mem = 64 << 20

@@ -30,9 +30,16 @@ func openFile(dir, name string, flags int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), path), nil
 }
 
+// wrote, when set (by tests), is called with the name of each control
+// file written.
+var wrote func(name string)
+
 // writeFile writes data to the control file dir/name in one write(2), as
 // cgroupfs expects.
 func writeFile(dir, name, data string) error {
+	if wrote != nil {
+		wrote(name)
+	}
 	f, err := openFile(dir, name, unix.O_WRONLY)
 	if err != nil {
 		return err

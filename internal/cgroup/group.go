@@ -126,8 +126,15 @@ func (g *Group) setLimits(l Limits) error {
 				return err
 			}
 		} else {
-			if err := writeFile(cpu, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
-				return err
+			// Each write of the period or the quota has the kernel check
+			// the bandwidth of every CPU cgroup on the host (a walk that
+			// grows with the sandboxes alive), and a group's period is
+			// the kernel's default, cfsPeriod, unless it was set
+			// otherwise: it is written only then.
+			if p, err := readUsage(cpu, "cpu.cfs_period_us", ""); err != nil || p != cfsPeriod {
+				if err := writeFile(cpu, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
+					return err
+				}
 			}
 			if err := writeFile(cpu, "cpu.cfs_quota_us", strconv.FormatInt(q, 10)); err != nil {
 				return err

@@ -22,8 +22,20 @@ import (
 // control file that does not exist (its controller is not enabled) reads
 // as 0.
 func (g *Group) Usage() (Stats, error) {
-	var s Stats
-	var err error
+	s, _, err := g.UsageSince(Stats{})
+	return s, err
+}
+
+// UsageSince is Usage for a group last read as prev (a Usage or
+// UsageSince reading; the zero Stats for none). It reads the CPU time
+// first: when that has not moved since prev, none of the group's tasks
+// ran, so none forked, exited or allocated memory, and it returns prev with
+// ran false after opening that one control file instead of three. What
+// changes a group's use without its tasks running (the kernel reclaiming
+// its page cache, memory charged for a packet queued to one of its
+// sockets) is missed until they run again; a caller that shows memory
+// reads with a zero prev now and then.
+func (g *Group) UsageSince(prev Stats) (s Stats, ran bool, err error) {
 	get := func(v *int64, dir, name, key string) {
 		n, rerr := readUsage(dir, name, key)
 		if rerr != nil {
@@ -33,21 +45,27 @@ func (g *Group) Usage() (Stats, error) {
 	}
 	var cpu int64
 	if g.v2() {
-		d := g.dirs[""]
-		get(&cpu, d, "cpu.stat", "usage_usec")
+		get(&cpu, g.dirs[""], "cpu.stat", "usage_usec")
 		cpu *= 1000
+	} else {
+		get(&cpu, g.dirs["cpuacct"], "cpuacct.usage", "")
+	}
+	if err == nil && cpu > 0 && time.Duration(cpu) == prev.CPUUsage {
+		return prev, false, nil
+	}
+	if g.v2() {
+		d := g.dirs[""]
 		get(&s.MemoryBytes, d, "memory.current", "")
 		get(&s.Pids, d, "pids.current", "")
 	} else {
-		get(&cpu, g.dirs["cpuacct"], "cpuacct.usage", "")
 		get(&s.MemoryBytes, g.dirs["memory"], "memory.usage_in_bytes", "")
 		get(&s.Pids, g.dirs["pids"], "pids.current", "")
 	}
 	s.CPUUsage = time.Duration(cpu)
 	if err != nil {
-		return s, fmt.Errorf("reading usage of cgroup %s: %w", g.id, err)
+		return s, true, fmt.Errorf("reading usage of cgroup %s: %w", g.id, err)
 	}
-	return s, nil
+	return s, true, nil
 }
 
 // usagePathMax bounds dir/name for readUsage (a cgroup's directory is a

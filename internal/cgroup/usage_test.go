@@ -59,6 +59,47 @@ func TestUsage(t *testing.T) {
 	t.Logf("Stats: %d control files opened, %.1f allocations per reading", opened(func() { g.Stats() }), statsAllocs)
 }
 
+// TestUsageSinceReadsOnlyCPUOfAnIdleGroup: the daemon reads every
+// sandbox's use every few seconds, most of them idle; a group whose tasks
+// ran nothing since the last reading costs one control file (its CPU
+// time) and gives that reading back, and one whose tasks ran is read
+// whole.
+func TestUsageSinceReadsOnlyCPUOfAnIdleGroup(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("idle", Limits{Pids: 64})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	start(t, g, "exec sleep 60")
+	var prev Stats
+	waitFor(t, "the group idle (one task, its CPU time still)", func() bool {
+		u, err := g.Usage()
+		idle := err == nil && u.Pids == 1 && u.CPUUsage > 0 && u.CPUUsage == prev.CPUUsage
+		prev = u
+		return idle
+	})
+	opened := func(f func()) int64 {
+		before := controlOpens.Load()
+		f()
+		return controlOpens.Load() - before
+	}
+	var (
+		u   Stats
+		ran bool
+	)
+	if n := opened(func() { u, ran, err = g.UsageSince(prev) }); err != nil || n != 1 || ran || u != prev {
+		t.Errorf("UsageSince(%+v) of the idle group = %+v, ran %v, %v, %d control files opened; want it back, not ran, 1 file", prev, u, ran, err, n)
+	}
+	if n := opened(func() { u, ran, err = g.UsageSince(Stats{}) }); err != nil || n != 3 || !ran || u != prev {
+		t.Errorf("UsageSince(none) of the idle group = %+v, ran %v, %v, %d control files opened; want %+v read whole (3 files)", u, ran, err, n, prev)
+	}
+	p := start(t, g, "exit 0")
+	<-p.done
+	if n := opened(func() { u, ran, err = g.UsageSince(prev) }); err != nil || n != 3 || !ran || u.CPUUsage <= prev.CPUUsage {
+		t.Errorf("UsageSince(%+v) after a task ran = %+v, ran %v, %v, %d control files opened; want more CPU time, ran, 3 files", prev, u, ran, err, n)
+	}
+}
+
 func TestParseUsage(t *testing.T) {
 	for _, tc := range []struct {
 		in   string

@@ -13,7 +13,9 @@ import (
 func (b *Backend) Forget(id string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.live, id)
+	if s, ok := b.live[id]; ok {
+		b.dropLive(s)
+	}
 }
 
 // HoldReleases makes every background release of a killed sandbox wait
@@ -174,3 +176,10 @@ func SetRefillDefer(d time.Duration) (restore func()) {
 	refillDefer = d
 	return func() { refillDefer = old }
 }
+
+// DiskReadings counts the readings of writable layers' use by Stats.
+func DiskReadings() int64 { return diskReadings.Load() }
+
+// LiveVisits counts the live sandboxes creates looked at to find one of
+// the same ID.
+func LiveVisits() int64 { return liveVisits.Load() }

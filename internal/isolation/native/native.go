@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,7 +158,38 @@ type Backend struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	live map[string]*sandbox
+	// byID holds live's sandboxes by ID: one, or a few while killed
+	// predecessors of the same ID are released (addLive, dropLive).
+	// +checklocks:mu
+	byID map[string][]*sandbox
 }
+
+// addLive adds s to live under its key.
+//
+// +checklocks:b.mu
+func (b *Backend) addLive(s *sandbox) {
+	b.live[s.key] = s
+	b.byID[s.id] = append(b.byID[s.id], s)
+}
+
+// dropLive removes s from live.
+//
+// +checklocks:b.mu
+func (b *Backend) dropLive(s *sandbox) {
+	if b.live[s.key] == s {
+		delete(b.live, s.key)
+	}
+	same := slices.DeleteFunc(b.byID[s.id], func(o *sandbox) bool { return o == s })
+	if len(same) == 0 {
+		delete(b.byID, s.id)
+	} else {
+		b.byID[s.id] = same
+	}
+}
+
+// liveVisits counts the live sandboxes a create's check for one of the
+// same ID looked at, for tests.
+var liveVisits atomic.Int64
 
 var _ isolation.Backend = (*Backend)(nil)
 
@@ -196,6 +228,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		sockDir: filepath.Join(opts.StateDir, "sock", opts.Instance),
 		sbDir:   filepath.Join(opts.StateDir, "sandboxes", opts.Instance),
 		live:    make(map[string]*sandbox),
+		byID:    make(map[string][]*sandbox),
 		reapers: make(chan struct{}, reapers),
 		pending: newBacklog(maxPendingReleases),
 	}

@@ -81,7 +81,7 @@ func (s *sandbox) release(ctx context.Context) error {
 	}
 	s.slot.release()
 	s.b.mu.Lock()
-	delete(s.b.live, s.key)
+	s.b.dropLive(s)
 	s.b.mu.Unlock()
 	return errors.Join(errs...)
 }

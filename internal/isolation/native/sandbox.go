@@ -46,6 +46,7 @@ type sandbox struct {
 	cgRemoved bool
 	proc      *spawned // the sandbox's init (then agent)
 	limit     isolation.Limits
+	usage     usageReading // the last reading of its use (Stats)
 	// rootfs is the template's root; base the layer the sandbox booted on
 	// ("" for none) and chain that layer and its parents, top first.
 	rootfs string
@@ -194,8 +195,11 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	b.mu.Lock()
 	s.key = spec.ID
 	s.standby.Store(spec.Standby)
-	for _, o := range b.live {
-		if o.id == spec.ID && !o.ended() && !spec.Standby && !o.standby.Load() {
+	// The sandboxes of this ID alone (byID), not every one alive: a
+	// create's cost does not grow with the sandboxes alive.
+	for _, o := range b.byID[spec.ID] {
+		liveVisits.Add(1)
+		if !o.ended() && !spec.Standby && !o.standby.Load() {
 			b.mu.Unlock()
 			r.discard()
 			return nil, fmt.Errorf("sandbox %s already exists", spec.ID)
@@ -210,7 +214,7 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		}
 	}
 	s.sock = b.sockPath(s.key)
-	b.live[s.key] = s
+	b.addLive(s)
 	b.mu.Unlock()
 
 	defer func() {

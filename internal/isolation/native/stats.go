@@ -3,35 +3,82 @@ package native
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/quota"
 )
 
-// Stats implements isolation.Sandbox.
+// statsRefresh is how long Stats reuses a sandbox's memory, task and
+// disk readings while its CPU time does not move (cgroup.Group.UsageSince):
+// it bounds how stale they are for a sandbox that ran nothing while the
+// kernel reclaimed its memory.
+const statsRefresh = time.Minute
+
+// usageReading is a sandbox's last reading, which Stats reuses while the
+// sandbox runs nothing.
+type usageReading struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	cg cgroup.Stats
+	// +checklocks:mu
+	disk int64
+	// +checklocks:mu
+	full time.Time // when memory, tasks and disk were last read
+}
+
+// diskReadings counts the readings of a writable layer's use, for tests.
+var diskReadings atomic.Int64
+
+// Stats implements isolation.Sandbox. The daemon reads every sandbox's
+// use every few seconds, a cost that grows with the sandboxes alive and
+// is taken from their creates, so an idle sandbox's reading opens one
+// control file (its CPU time): while that does not move, its memory,
+// tasks and disk are those of the last reading, read again at least every
+// statsRefresh.
 func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
-	// Usage, not Stats: the daemon reads every sandbox's use every few
-	// seconds, a cost that grows with the sandboxes alive and is taken
-	// from their creates; the limit is the sandbox's own.
-	st, err := s.cg.Usage()
+	u := &s.usage
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	prev := u.cg
+	if time.Since(u.full) >= statsRefresh {
+		prev = cgroup.Stats{}
+	}
+	// Usage, not Stats: the limit is the sandbox's own.
+	st, ran, err := s.cg.UsageSince(prev)
 	if err != nil {
 		return isolation.Stats{}, fmt.Errorf("reading cgroup stats: %w", err)
 	}
-	out := isolation.Stats{
+	if ran {
+		u.cg, u.disk, u.full = st, s.diskUsage(), time.Now()
+	}
+	return isolation.Stats{
 		CPUUsage:    st.CPUUsage,
 		MemoryBytes: st.MemoryBytes,
 		MemoryLimit: s.limit.MemoryBytes,
 		Pids:        st.Pids,
+		DiskBytes:   u.disk,
 		DiskLimit:   s.limit.DiskBytes,
+	}, nil
+}
+
+// diskUsage reads the bytes used in the sandbox's writable layer (0 when
+// it has none).
+func (s *sandbox) diskUsage() int64 {
+	if s.diskFD < 0 {
+		return 0
 	}
-	if s.diskFD >= 0 && s.b.lfs != nil {
-		out.DiskBytes = s.b.lfs.usage(s.diskFD)
-	} else if s.diskFD >= 0 {
-		if u, err := quota.UsageFD(s.diskFD); err == nil {
-			out.DiskBytes = u.Bytes
-		}
+	diskReadings.Add(1)
+	if s.b.lfs != nil {
+		return s.b.lfs.usage(s.diskFD)
 	}
-	return out, nil
+	if u, err := quota.UsageFD(s.diskFD); err == nil {
+		return u.Bytes
+	}
+	return 0
 }
 
 // DescribeCgroups reports what the sandbox's cgroups hold now, on every
