@@ -52,12 +52,15 @@ func decide(t *testing.T, d *daemon, id, decision string) rawResponse {
 }
 
 // held runs script in the sandbox in the background and returns its
-// output and exit code once it ends.
+// output and exit code once it ends. A run that fails t (its Run call
+// failed, or ran past run's minute) answers "-1" rather than never.
 func held(t *testing.T, e *client.Envd, script string) <-chan [2]string {
 	ch := make(chan [2]string, 1)
 	go func() {
+		got := [2]string{"", "-1"}
+		defer func() { ch <- got }() // also when t.Fatalf ends the goroutine
 		out, code := attempt(t, e, script)
-		ch <- [2]string{out, strconv.Itoa(code)}
+		got = [2]string{out, strconv.Itoa(code)}
 	}()
 	return ch
 }

@@ -19,12 +19,18 @@ func (st *Stack) refusal(d policy.Decision) (refused bool, reason, rule string) 
 	if !d.Allow {
 		return true, d.Reason, d.Rule
 	}
-	if st.opts.Admit != nil {
-		if reason := st.opts.Admit(); reason != "" {
-			return true, reason, ""
-		}
+	if reason := st.admit(); reason != "" {
+		return true, reason, ""
 	}
 	return false, "", ""
+}
+
+// admit returns Options.Admit's reason to refuse a flow ("": none).
+func (st *Stack) admit() string {
+	if st.opts.Admit == nil {
+		return ""
+	}
+	return st.opts.Admit()
 }
 
 // trackFlow tracks the sandbox's side of an egress flow (c, on endpoint
@@ -46,7 +52,10 @@ func (st *Stack) trackFlow(c net.Conn, ep tcpip.Endpoint) bool {
 // EndFlows resets the sandbox's egress TCP flows open now (each is
 // recorded with the bytes it moved, as any ended flow), whatever data
 // they still hold. Connections to the sandbox (DialSandbox) and its DNS
-// are left alone.
+// are left alone. A flow admitted before and tracked after it (its
+// upstream was being dialled) is not among them: Options.Admit, asked
+// again once the flow is tracked, is to refuse it from before EndFlows
+// is called.
 func (st *Stack) EndFlows() {
 	st.mu.Lock()
 	flows := make(map[net.Conn]tcpip.Endpoint, len(st.flows))

@@ -152,6 +152,18 @@ func (st *Stack) connectTCP(r *tcp.ForwarderRequest, ev *FlowEvent, d policy.Dec
 		up.Close()
 		return nil, nil, nil, false
 	}
+	// Admitted again now that EndFlows reaches it: an EndFlows that ran
+	// while the upstream was dialled (the sandbox's team spent its day
+	// then) did not.
+	if reason := st.admit(); reason != "" {
+		st.untrack(down)
+		abort(ep)
+		down.Close()
+		up.Close()
+		ev.Reason, ev.Rule = reason, ""
+		st.record(*ev)
+		return nil, nil, nil, false
+	}
 	return up, down, ep, true
 }
 

@@ -163,9 +163,10 @@ type Options struct {
 	// policy does not allow (for want of an allow rule): the lookup waits
 	// for its answer (see Approval). It must return when ctx ends.
 	Ask func(ctx context.Context, name string) Approval
-	// Admit, if set, is asked before each TCP flow the policy allows: a
-	// non-empty answer refuses the flow, recorded with that reason (a
-	// team's spent egress: ReasonEgressSpent).
+	// Admit, if set, is asked before each TCP flow the policy allows,
+	// and again once the flow is tracked (an EndFlows from then on
+	// reaches it): a non-empty answer refuses the flow, recorded with
+	// that reason (a team's spent egress: ReasonEgressSpent).
 	Admit func() string
 }
 
