@@ -101,13 +101,7 @@ func TestTightestLimit(t *testing.T) {
 // TestHostReadsProc reads a made-up /proc.
 func TestHostReadsProc(t *testing.T) {
 	proc := t.TempDir()
-	write := func(name, s string) {
-		p := filepath.Join(proc, name)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := procWriter(t, proc)
 	write("loadavg", "0.50 0.40 0.30 3/26788 12345\n")
 	write("sys/kernel/pid_max", "32768\n")
 	write("sys/kernel/threads-max", "192735\n")
@@ -259,13 +253,7 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 // readings are made each time.
 func TestHostReusesItsMemoryReading(t *testing.T) {
 	proc := t.TempDir()
-	write := func(name, s string) {
-		p := filepath.Join(proc, name)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := procWriter(t, proc)
 	write("sys/kernel/pid_max", "32768\n")
 	write("loadavg", "0.50 0.40 0.30 3/100 12345\n")
 	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n")
@@ -305,13 +293,7 @@ func TestHostReusesItsMemoryReading(t *testing.T) {
 // reading within MemoryEvery of the first returns without reading.
 func TestHostRefreshesItsMemoryReadingAhead(t *testing.T) {
 	proc := t.TempDir()
-	write := func(name, s string) {
-		p := filepath.Join(proc, name)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := procWriter(t, proc)
 	write("meminfo", "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n")
 	var mu sync.Mutex
 	now := time.Unix(1000, 0)
@@ -349,5 +331,20 @@ func TestHostRefreshesItsMemoryReadingAhead(t *testing.T) {
 			t.Fatal("the reading made in the background never came: within MemoryEvery of the first, reads return the first")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// procWriter returns a function that writes a file of a made-up /proc at
+// proc, making its directories.
+func procWriter(t *testing.T, proc string) func(name, s string) {
+	return func(name, s string) {
+		t.Helper()
+		p := filepath.Join(proc, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
