@@ -81,25 +81,11 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	if b.lfs != nil {
 		return s.snapshotCheckpoint(ctx)
 	}
-	// The budget left, reserved while this layer is made.
-	b.layers.mu.Lock()
-	used, err := b.layersUsedLocked()
+	left, release, err := b.reserveLayerBudget()
 	if err != nil {
-		b.layers.mu.Unlock()
 		return isolation.LayerInfo{}, err
 	}
-	left := b.layerBudget() - used
-	if left <= 0 {
-		b.layers.mu.Unlock()
-		return isolation.LayerInfo{}, fmt.Errorf("layers take %d bytes, the budget is %d: %w", used, b.layerBudget(), isolation.ErrLayerBudget)
-	}
-	b.layers.making += left
-	b.layers.mu.Unlock()
-	defer func() {
-		b.layers.mu.Lock()
-		b.layers.making -= left
-		b.layers.mu.Unlock()
-	}()
+	defer release()
 
 	id := isolation.NewID()
 	if err := os.MkdirAll(b.layersDir(), 0o700); err != nil {
@@ -162,6 +148,27 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 	info := m.info()
 	info.Took = took
 	return info, nil
+}
+
+// reserveLayerBudget reserves the layer budget left while a layer is
+// made, and returns it with the function that gives it back.
+func (b *Backend) reserveLayerBudget() (left int64, release func(), err error) {
+	b.layers.mu.Lock()
+	defer b.layers.mu.Unlock()
+	used, err := b.layersUsedLocked()
+	if err != nil {
+		return 0, nil, err
+	}
+	left = b.layerBudget() - used
+	if left <= 0 {
+		return 0, nil, fmt.Errorf("layers take %d bytes, the budget is %d: %w", used, b.layerBudget(), isolation.ErrLayerBudget)
+	}
+	b.layers.making += left
+	return left, func() {
+		b.layers.mu.Lock()
+		b.layers.making -= left
+		b.layers.mu.Unlock()
+	}, nil
 }
 
 // copyUpper copies the writable layer into the layer dst with c: what
