@@ -43,14 +43,18 @@ test('an idle sandbox is paused; commands.run and connect resume it with its fil
 })
 
 test('lifecycle.idleTimeout out of range is 400 and creates nothing', async () => {
-  const before = (await Sandbox.list(opts).nextItems()).length
+  // Other test files run beside this one and create sandboxes of their
+  // own: what this test's refused creates must not leave is a sandbox
+  // carrying their mark.
+  const mark = `refused-${process.pid}-${Date.now()}`
   for (const idleTimeout of [-1, 2_592_001, 'soon']) {
     const res = await fetch(new URL('/sandboxes', process.env.E2B_API_URL), {
       method: 'POST',
       headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
-      body: JSON.stringify({ templateID: TEMPLATE, lifecycle: { idleTimeout } }),
+      body: JSON.stringify({ templateID: TEMPLATE, metadata: { mark }, lifecycle: { idleTimeout } }),
     })
     assert.equal(res.status, 400, `idleTimeout ${idleTimeout}`)
   }
-  assert.equal((await Sandbox.list(opts).nextItems()).length, before)
+  const left = await Sandbox.list({ ...opts, query: { metadata: { mark } } }).nextItems()
+  assert.deepEqual(left.map((s) => s.sandboxId), [])
 })
