@@ -269,6 +269,22 @@ func measureNet(ctx context.Context, opts Options, out io.Writer) error {
 	return nil
 }
 
+// fence's network targets against the host in the same run: a download's
+// throughput at least downloadGoal times the host's, and a new connection
+// at most connectGoal seconds more than the host's.
+const (
+	downloadGoal = 0.7
+	connectGoal  = 0.0002
+)
+
+// verdict says whether a target is met.
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "not met"
+}
+
 // writeNet reports the network measure: the medians of the sandbox's
 // runs (in; selfIn, this process's CPU per MiB during each) and the
 // host's (host, selfHost).
@@ -286,8 +302,8 @@ func writeNet(out io.Writer, opts Options, in, host []netclient.Result, selfIn, 
 	sIn, sHost := med(in, bw), med(host, bw)
 	cIn, cHost := med(in, cn), med(host, cn)
 	fmt.Fprintf(out, "network, real path (sandbox kernel TCP → TUN → fence's stack → upstream), same client on the host, median of 3:\n")
-	fmt.Fprintf(out, "  bulk download of %d MiB: sandbox %.0f MB/s (%.1f Gbit/s), host %.0f MB/s: %.2fx the host\n",
-		opts.NetBytes>>20, sIn/1e6, sIn*8/1e9, sHost/1e6, sIn/sHost)
+	fmt.Fprintf(out, "  bulk download of %d MiB: sandbox %.0f MB/s (%.1f Gbit/s), host %.0f MB/s: %.2fx the host (target ≥ %.1fx: %s)\n",
+		opts.NetBytes>>20, sIn/1e6, sIn*8/1e9, sHost/1e6, sIn/sHost, downloadGoal, verdict(sIn/sHost >= downloadGoal))
 	// CPU per MiB: a machine without idle CPU divides its throughput
 	// in this proportion, whatever the load.
 	perMiB := func(r netclient.Result) float64 { return r.DownloadCPUSec / float64(r.Bytes>>20) }
@@ -295,8 +311,8 @@ func writeNet(out io.Writer, opts Options, in, host []netclient.Result, selfIn, 
 	fIn, fHost, kIn, kHost := pick(selfIn), pick(selfHost), med(in, perMiB), med(host, perMiB)
 	fmt.Fprintf(out, "  CPU per MiB downloaded, median of 3: sandbox path %.2f ms (fence's stack and the server %.2f, the client %.2f), host path %.2f ms (the server %.2f, the client %.2f): host / sandbox %.2f\n",
 		(fIn+kIn)*1e3, fIn*1e3, kIn*1e3, (fHost+kHost)*1e3, fHost*1e3, kHost*1e3, (fHost+kHost)/(fIn+kIn))
-	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms\n",
-		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3)
+	fmt.Fprintf(out, "  new connection (connect, 1 byte, close), p50: sandbox %.2f ms, host %.2f ms: %+.2f ms (target ≤ %+.1f ms: %s)\n",
+		cIn*1e3, cHost*1e3, (cIn-cHost)*1e3, connectGoal*1e3, verdict(cIn-cHost <= connectGoal))
 	if opts.DNSServer != "" {
 		dn := func(r netclient.Result) float64 { return r.DNSP50Sec }
 		df := func(r netclient.Result) float64 { return r.DNSFirstSec }
