@@ -405,3 +405,47 @@ func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
 		waitReadyInits(t, b, 2+i)
 	}
 }
+
+// A create's cgroups are made beside its other steps, as its network is
+// attached: the sandbox's state directory is made while the cgroups' step
+// has begun and not ended, with a ready init (its group renamed) and
+// without (a group made and the init moved). The sandbox then runs in its
+// group with its limits.
+func TestCgroupsMadeBesideTheCreate(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	for _, ready := range []int{1, 0} {
+		t.Run("ready"+strconv.Itoa(ready), func(t *testing.T) {
+			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1})
+			waitReadyInits(t, b, ready)
+			seen := make(chan bool, 1)
+			native.SetCgroupsJoin(func(key string) {
+				// The create's steps after the cgroups' start go on
+				// meanwhile; were they to wait for this one, the state
+				// directory would never come.
+				dir := filepath.Join(b.StateDirsDir(), key)
+				for range 2000 {
+					if _, err := os.Stat(dir); err == nil {
+						seen <- true
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				seen <- false
+			})
+			t.Cleanup(func() { native.SetCgroupsJoin(nil) })
+			sb := create(t, b, isolation.Spec{ID: "beside", RootFS: rootfs, Limits: isolation.Limits{Pids: 77}})
+			if !<-seen {
+				t.Fatal("the sandbox's state directory was not made while its cgroups' step waited")
+			}
+			for _, g := range cgroupsOf(t, native.AgentPid(sb)) {
+				if path.Base(g) != "beside" {
+					t.Errorf("the agent is in %s, want its sandbox's group on every fence hierarchy", g)
+				}
+			}
+			if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+				t.Fatalf("exec: %+v", r)
+			}
+		})
+	}
+}
