@@ -410,13 +410,15 @@ func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
 // attached: the sandbox's state directory is made while the cgroups' step
 // has begun and not ended, with a ready init (its group renamed) and
 // without (a group made and the init moved). The sandbox then runs in its
-// group with its limits.
+// group with its limits: the defaults (which a ready init's group was made
+// with) where its spec sets none.
 func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
 	for _, ready := range []int{1, 0} {
 		t.Run("ready"+strconv.Itoa(ready), func(t *testing.T) {
-			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1})
+			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1,
+				Defaults: isolation.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 100}})
 			waitReadyInits(t, b, ready)
 			seen := make(chan bool, 1)
 			native.SetCgroupsJoin(func(key string) {
@@ -441,6 +443,20 @@ func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 			for _, g := range cgroupsOf(t, native.AgentPid(sb)) {
 				if path.Base(g) != "beside" {
 					t.Errorf("the agent is in %s, want its sandbox's group on every fence hierarchy", g)
+				}
+			}
+			if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+				return // cgroup v2: the files below are v1's
+			}
+			for file, want := range map[string]string{"pids/pids.max": "77", "cpu/cpu.shares": strconv.Itoa(cgroup.DefaultWeight),
+				"cpu/cpu.cfs_quota_us": "100000", "memory/memory.limit_in_bytes": strconv.Itoa(256 << 20)} {
+				hier, name, _ := strings.Cut(file, "/")
+				got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", hier, "fence", b.Instance(), "beside", name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.TrimSpace(string(got)) != want {
+					t.Errorf("the sandbox's %s is %q, want %s", name, strings.TrimSpace(string(got)), want)
 				}
 			}
 			if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
