@@ -103,7 +103,7 @@ func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }
 func SetInitTaken(f func()) { initTaken = f }
 
 // SetCgroupsJoin sets the hook a create calls as its cgroups' step begins.
-func SetCgroupsJoin(f func(key string)) { cgroupsJoin = f }
+func SetCgroupsJoin(f func(key string, pid int)) { cgroupsJoin = f }
 
 // StateDirsDir is where the backend makes its sandboxes' state
 // directories.

@@ -411,7 +411,8 @@ func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
 // has begun and not ended, with a ready init (its group renamed) and
 // without (a group made and the init moved). The sandbox then runs in its
 // group with its limits: the defaults (which a ready init's group was made
-// with) where its spec sets none.
+// with) where its spec sets none. A ready init's group has the sandbox's
+// CPU weight before that step begins: the init's setup runs at it.
 func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 	testutil.RequireRoot(t)
 	rootfs := testutil.RootFS(t, "minimal")
@@ -421,7 +422,9 @@ func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 				Defaults: isolation.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 100}})
 			waitReadyInits(t, b, ready)
 			seen := make(chan bool, 1)
-			native.SetCgroupsJoin(func(key string) {
+			shares := make(chan string, 1)
+			native.SetCgroupsJoin(func(key string, pid int) {
+				shares <- sharesOf(t, pid)
 				// The create's steps after the cgroups' start go on
 				// meanwhile; were they to wait for this one, the state
 				// directory would never come.
@@ -439,6 +442,9 @@ func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 			sb := create(t, b, isolation.Spec{ID: "beside", RootFS: rootfs, Limits: isolation.Limits{Pids: 77}})
 			if !<-seen {
 				t.Fatal("the sandbox's state directory was not made while its cgroups' step waited")
+			}
+			if w := <-shares; ready > 0 && w != "" && w != strconv.Itoa(cgroup.DefaultWeight) {
+				t.Errorf("the ready init's group had CPU weight %s as its cgroups' step began, want the sandbox's %d", w, cgroup.DefaultWeight)
 			}
 			for _, g := range cgroupsOf(t, native.AgentPid(sb)) {
 				if path.Base(g) != "beside" {
@@ -464,4 +470,25 @@ func TestCgroupsMadeBesideTheCreate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sharesOf returns the cpu.shares of process pid's cgroup on the cpu
+// hierarchy (cgroup v1), "" where there is none.
+func sharesOf(t *testing.T, pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpu") {
+			w, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", f[2], "cpu.shares"))
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSpace(string(w))
+		}
+	}
+	return ""
 }

@@ -228,9 +228,18 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 		cl.Weight = backgroundWeight
 	}
 	// The init's cgroups and network come beside the rest of the create
-	// (attach); the go-ahead waits for both.
+	// (attach); the go-ahead waits for both. A ready init's group gets
+	// the sandbox's CPU weight first, at once (one write, which waits for
+	// no lock of the cgroup tree): the init's setup runs at it from its
+	// Config on, not at the ready inits' lowest.
 	ready := r.cg
 	r.cg = nil
+	if ready != nil {
+		if err := ready.SetWeight(cl.Weight); err != nil {
+			_ = ready.Remove(context.WithoutCancel(ctx)) // and the init in it
+			return nil, fmt.Errorf("creating cgroup: %w", err)
+		}
+	}
 	tr.mark(MarkCgroup)
 	attached := s.attach(ctx, spec.Network, ready, cl)
 	defer func() {
@@ -290,8 +299,9 @@ func (s *sandbox) attach(ctx context.Context, nw isolation.Network, ready *cgrou
 }
 
 // cgroupsJoin, when set (by tests), is called by a create as its cgroups'
-// step begins, beside the rest of the create, with the sandbox's key.
-var cgroupsJoin func(key string)
+// step begins, beside the rest of the create, with the sandbox's key and
+// its init's pid.
+var cgroupsJoin func(key string, pid int)
 
 // joinCgroups puts the init pid in the sandbox's cgroups with limits cl
 // and sets s.cg (also on failure, when a group is left for the teardown
@@ -301,7 +311,7 @@ var cgroupsJoin func(key string)
 // made and the init moved into it.
 func (s *sandbox) joinCgroups(ready *cgroup.Group, cl cgroup.Limits, pid int) error {
 	if cgroupsJoin != nil {
-		cgroupsJoin(s.key)
+		cgroupsJoin(s.key, pid)
 	}
 	if ready == nil {
 		g, err := s.b.cg.Create(s.key, cl)
@@ -314,8 +324,8 @@ func (s *sandbox) joinCgroups(ready *cgroup.Group, cl cgroup.Limits, pid int) er
 		}
 		return nil
 	}
-	// The limits first, the weight among them: the init's setup runs at
-	// the sandbox's weight from then on, not at the ready inits' lowest.
+	// The limits first (the weight is set already, see create), then the
+	// name.
 	s.cg = ready
 	if err := ready.Reset(cl); err != nil {
 		return fmt.Errorf("creating cgroup: %w", err)
