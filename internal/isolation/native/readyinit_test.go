@@ -492,3 +492,60 @@ func sharesOf(t *testing.T, pid int) string {
 	}
 	return ""
 }
+
+// A ready init on cgroup v1 waits in a group that its create renames to
+// its sandbox's: it is in its sandbox's cgroups before the go-ahead, and
+// enters its cgroup namespace then, while the daemon still makes the
+// sandbox's cgroups and network (which the go-ahead waits for), rather
+// than after. An init the create moves enters it after the go-ahead.
+func TestReadyInitEntersItsCgroupNamespaceBeforeTheGoAhead(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	host, err := os.Readlink("/proc/self/ns/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ready := range []int{1, 0} {
+		t.Run("ready"+strconv.Itoa(ready), func(t *testing.T) {
+			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1})
+			if ready > 0 && b.ReadyGroupHasFD() {
+				t.Skip("cgroup v2 moves a ready init at its create")
+			}
+			waitReadyInits(t, b, ready)
+			entered := make(chan bool, 1)
+			native.SetCgroupsJoin(func(_ string, pid int) {
+				// The go-ahead waits for this step: a namespace the
+				// init is in now, it entered before the go-ahead.
+				for range 2000 {
+					ns, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/cgroup")
+					if err == nil && ns != host {
+						entered <- true
+						return
+					}
+					if ready == 0 {
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				entered <- false
+			})
+			t.Cleanup(func() { native.SetCgroupsJoin(nil) })
+			sb := create(t, b, isolation.Spec{ID: "cgns", RootFS: rootfs})
+			if got, want := <-entered, ready > 0; got != want {
+				t.Fatalf("the init in its own cgroup namespace before the go-ahead: %v, want %v", got, want)
+			}
+			if ns, err := os.Readlink("/proc/" + strconv.Itoa(native.AgentPid(sb)) + "/ns/cgroup"); err != nil || ns == host {
+				t.Fatalf("the agent's cgroup namespace %s (%v), want one of its own", ns, err)
+			}
+			r := run(t, sb, "root", "/bin/cat", "/proc/self/cgroup")
+			if r.exit != 0 {
+				t.Fatalf("exec: %+v", r)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+				if f := strings.SplitN(line, ":", 3); len(f) == 3 && strings.Contains(f[2], "fence") {
+					t.Errorf("the sandbox sees its cgroup as %q, want no host path", line)
+				}
+			}
+		})
+	}
+}

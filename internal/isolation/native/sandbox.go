@@ -251,6 +251,10 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
+	// A ready init's group becomes the sandbox's by its name alone: the
+	// init is in the sandbox's cgroups already and may enter its cgroup
+	// namespace before the go-ahead.
+	cfg.InCgroups = ready != nil
 	tr.mark(MarkDirs)
 	// The agent's listener: the agent is handed a copy, and this one
 	// is closed once the create is over, so that an idle sandbox holds
