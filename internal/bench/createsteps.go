@@ -38,7 +38,7 @@ func initMark(i int) func(native.CreateTrace) int64 {
 // from the end of the one before; together they make the whole create.
 var createSteps = []createStep{
 	{"daemon: room waited for, ready init taken", func(t native.CreateTrace) int64 { return t.Start }, daemonMark(native.MarkTook)},
-	{"daemon: cgroups made", daemonMark(native.MarkTook), daemonMark(native.MarkCgroup)},
+	{"daemon: cgroups and network begun (beside)", daemonMark(native.MarkTook), daemonMark(native.MarkCgroup)},
 	{"daemon: state dir, writable layer, /etc files", daemonMark(native.MarkCgroup), daemonMark(native.MarkDirs)},
 	{"daemon: agent's listener", daemonMark(native.MarkDirs), daemonMark(native.MarkListener)},
 	{"daemon: idmapped template, layer clone, Config sent", daemonMark(native.MarkListener), daemonMark(native.MarkSent)},
@@ -57,9 +57,9 @@ var createSteps = []createStep{
 
 // createAside are spans that run beside the steps, not in their sequence.
 var createAside = []createStep{
-	{"beside, from the cgroups made: init joined to them", daemonMark(native.MarkCgroup), daemonMark(native.MarkJoined)},
-	{"beside, from the cgroups made: network attached", daemonMark(native.MarkCgroup), daemonMark(native.MarkNetwork)},
-	{"beside: both joined and network attached, after the Config sent", daemonMark(native.MarkSent), daemonMark(native.MarkAttached)},
+	{"beside, from their start: cgroups made, init in them", daemonMark(native.MarkCgroup), daemonMark(native.MarkJoined)},
+	{"beside, from their start: network attached", daemonMark(native.MarkCgroup), daemonMark(native.MarkNetwork)},
+	{"beside: cgroups and network both done, after the Config sent", daemonMark(native.MarkSent), daemonMark(native.MarkAttached)},
 }
 
 // writeCreateSteps writes the median of each step of the traced creates

@@ -272,9 +272,12 @@ func (m *Manager) Create(id string, l Limits) (_ *Group, err error) {
 		}
 		made = append(made, d)
 	}
-	if err := g.setLimits(l); err != nil {
+	if err := g.setLimits(l, nil); err != nil {
 		return nil, fmt.Errorf("creating cgroup %s: %w", id, err)
 	}
+	// A new group's limits are the kernel's defaults but for those set.
+	set := l
+	g.set = &set
 	if err := g.openFD(); err != nil {
 		return nil, fmt.Errorf("creating cgroup %s: %w", id, err)
 	}
@@ -296,7 +299,7 @@ func (m *Manager) Rename(g *Group, id string) (*Group, error) {
 	if !nameRE.MatchString(id) {
 		return nil, fmt.Errorf("invalid cgroup id %q", id)
 	}
-	ng := &Group{m: m, id: id, dirs: map[string]string{}, fd: -1}
+	ng := &Group{m: m, id: id, dirs: map[string]string{}, fd: -1, set: g.set}
 	for c, d := range g.dirs {
 		ng.dirs[c] = filepath.Join(filepath.Dir(d), id)
 	}

@@ -675,3 +675,77 @@ func TestRenameKeepsTasks(t *testing.T) {
 		t.Errorf("cpu.shares = %q after Reset, want 5", got)
 	}
 }
+
+// TestResetWritesOnlyWhatChanges: a group made (or reset) by this process
+// knows its limits, and Reset writes only the control files whose value
+// changes; a ready init's group made with a sandbox's default limits needs
+// one write, its weight, at the create. A memory limit raised above the
+// group's is written with swap first (v1 refuses a limit above the limit
+// with swap).
+func TestResetWritesOnlyWhatChanges(t *testing.T) {
+	m := testManager(t)
+	const mib = 1 << 20
+	var writes []string
+	wrote = func(name string) { writes = append(writes, name) }
+	t.Cleanup(func() { wrote = nil })
+	g, err := m.Create("ready", Limits{CPUs: 1, MemoryBytes: 256 * mib, Pids: 512, Weight: 2})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	shares, sharesFile := "cpu.shares", "1024"
+	if m.Version() == 2 {
+		shares, sharesFile = "cpu.weight", "100"
+	}
+	writes = nil
+	if err := g.Reset(Limits{CPUs: 1, MemoryBytes: 256 * mib, Pids: 512}); err != nil {
+		t.Fatalf("Reset error: %v", err)
+	}
+	if !slices.Equal(writes, []string{shares}) {
+		t.Errorf("Reset to the group's limits at the default weight wrote %v, want %s alone", writes, shares)
+	}
+	if got := readTrim(t, g.dir("cpu"), shares); got != sharesFile {
+		t.Errorf("%s = %s, want %s", shares, got, sharesFile)
+	}
+	g, err = m.Rename(g, "sandbox")
+	if err != nil {
+		if !errors.Is(err, ErrNoRename) {
+			t.Fatal(err)
+		}
+	}
+	writes = nil
+	if err := g.Reset(Limits{CPUs: 1, MemoryBytes: 256 * mib, Pids: 512}); err != nil {
+		t.Fatalf("Reset error: %v", err)
+	}
+	if len(writes) != 0 {
+		t.Errorf("Reset to the limits the group has wrote %v, want nothing", writes)
+	}
+	if err := g.Reset(Limits{CPUs: 0.5, MemoryBytes: 512 * mib, Weight: 64}); err != nil {
+		t.Fatalf("Reset raising the memory limit: %v", err)
+	}
+	want := map[string]string{"pids.max": "max"}
+	if m.Version() == 2 {
+		want["memory.max"] = strconv.Itoa(512 * mib)
+		want["cpu.max"] = "50000 100000"
+	} else {
+		want["memory.limit_in_bytes"] = strconv.Itoa(512 * mib)
+		want["cpu.cfs_quota_us"] = "50000"
+		want["cpu.shares"] = "64"
+		if _, err := os.Stat(filepath.Join(g.dir("memory"), "memory.memsw.limit_in_bytes")); err == nil {
+			want["memory.memsw.limit_in_bytes"] = strconv.Itoa(512 * mib)
+		}
+	}
+	for file, v := range want {
+		c := strings.Split(file, ".")[0]
+		if got := readTrim(t, g.dir(c), file); got != v {
+			t.Errorf("%s = %s, want %s", file, got, v)
+		}
+	}
+	if err := g.Reset(Limits{MemoryBytes: 128 * mib}); err != nil {
+		t.Fatalf("Reset lowering the memory limit: %v", err)
+	}
+	if m.Version() == 1 {
+		if got := readTrim(t, g.dir("memory"), "memory.limit_in_bytes"); got != strconv.Itoa(128*mib) {
+			t.Errorf("memory.limit_in_bytes = %s after lowering, want %d", got, 128*mib)
+		}
+	}
+}

@@ -22,6 +22,10 @@ type Group struct {
 	id   string
 	dirs map[string]string // controller ("" on v2) → directory
 	fd   int               // v2 directory fd, -1 on v1 or once removed
+	// set holds the limits this process gave the group (Create, Reset,
+	// SetWeight; a Rename carries them), or nil when they are not known
+	// (Open): Reset writes only the control files whose value changes.
+	set *Limits
 }
 
 // ID returns the group's id.
@@ -85,109 +89,177 @@ func (g *Group) FD() (int, bool) {
 	return g.fd, true
 }
 
-func (g *Group) setLimits(l Limits) error {
-	mem, cpu, pids := g.dir("memory"), g.dir("cpu"), g.dir("pids")
-	if l.MemoryBytes > 0 {
-		v := strconv.FormatInt(l.MemoryBytes, 10)
-		if g.v2() {
-			if err := writeFile(mem, "memory.max", v); err != nil {
-				return err
-			}
-			// memory.swap.max exists only with swap accounting.
-			if err := writeFile(mem, "memory.swap.max", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
-		} else {
-			if err := writeFile(mem, "memory.limit_in_bytes", v); err != nil {
-				return err
-			}
-			err := writeFile(mem, "memory.memsw.limit_in_bytes", v)
-			if errors.Is(err, fs.ErrNotExist) {
-				// No swap accounting: keep the group out of swap.
-				err = writeFile(mem, "memory.swappiness", "0")
-			}
-			if err != nil {
-				return err
-			}
+// setLimits writes limits l. prev, when not nil, are the limits the group
+// has (g.set): a control file already at its value is not written, nor is
+// the memory controller's OOM setting, written with the group. Where l
+// sets no memory or CPU limit the group's stays.
+func (g *Group) setLimits(l Limits, prev *Limits) error {
+	if l.MemoryBytes > 0 && (prev == nil || prev.MemoryBytes != l.MemoryBytes) {
+		if err := g.setMemory(l.MemoryBytes, prev != nil && prev.MemoryBytes > 0 && prev.MemoryBytes < l.MemoryBytes); err != nil {
+			return err
 		}
 	}
-	if !g.v2() {
+	if !g.v2() && prev == nil {
 		// Keep the OOM killer on so a balloon is killed inside the group
 		// instead of hanging it.
 		if err := writeFile(g.dir("memory"), "memory.oom_control", "0"); err != nil {
 			return err
 		}
 	}
-	if l.CPUs > 0 {
-		q := int64(math.Round(l.CPUs * cfsPeriod))
-		q = max(q, minQuota)
-		if g.v2() {
-			if err := writeFile(cpu, "cpu.max", fmt.Sprintf("%d %d", q, cfsPeriod)); err != nil {
-				return err
-			}
-		} else {
-			// Each write of the period or the quota has the kernel check
-			// the bandwidth of every CPU cgroup on the host (a walk that
-			// grows with the sandboxes alive), and a group's period is
-			// the kernel's default, cfsPeriod, unless it was set
-			// otherwise: it is written only then.
-			if p, err := readUsage(cpu, "cpu.cfs_period_us", ""); err != nil || p != cfsPeriod {
-				if err := writeFile(cpu, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
-					return err
-				}
-			}
-			if err := writeFile(cpu, "cpu.cfs_quota_us", strconv.FormatInt(q, 10)); err != nil {
-				return err
-			}
-		}
-	}
-	if l.Pids > 0 {
-		if err := writeFile(pids, "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+	if l.CPUs > 0 && (prev == nil || quota(prev.CPUs) != quota(l.CPUs)) {
+		if err := g.setQuota(quota(l.CPUs)); err != nil {
 			return err
 		}
 	}
-	if l.Weight > 0 {
+	if l.Pids > 0 && (prev == nil || prev.Pids != l.Pids) {
+		if err := writeFile(g.dir("pids"), "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	if l.Weight > 0 && (prev == nil || weight(prev.Weight) != weight(l.Weight)) {
 		return g.SetWeight(l.Weight)
 	}
 	return nil
 }
 
+// setMemory sets the group's memory limit, swap included. raise says the
+// group has a lower limit: on v1 the limit with swap is written first then,
+// as it may never be below the limit without.
+func (g *Group) setMemory(n int64, raise bool) error {
+	mem, v := g.dir("memory"), strconv.FormatInt(n, 10)
+	if g.v2() {
+		if err := writeFile(mem, "memory.max", v); err != nil {
+			return err
+		}
+		// memory.swap.max exists only with swap accounting.
+		if err := writeFile(mem, "memory.swap.max", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	memsw := func() error {
+		err := writeFile(mem, "memory.memsw.limit_in_bytes", v)
+		if errors.Is(err, fs.ErrNotExist) {
+			// No swap accounting: keep the group out of swap.
+			err = writeFile(mem, "memory.swappiness", "0")
+		}
+		return err
+	}
+	if raise {
+		if err := memsw(); err != nil {
+			return err
+		}
+	}
+	if err := writeFile(mem, "memory.limit_in_bytes", v); err != nil {
+		return err
+	}
+	if raise {
+		return nil
+	}
+	return memsw()
+}
+
+// quota is the CFS quota (µs per cfsPeriod) of cpus cores.
+func quota(cpus float64) int64 {
+	return max(int64(math.Round(cpus*cfsPeriod)), minQuota)
+}
+
+// setQuota sets the group's CFS quota q (µs per cfsPeriod).
+func (g *Group) setQuota(q int64) error {
+	cpu := g.dir("cpu")
+	if g.v2() {
+		return writeFile(cpu, "cpu.max", fmt.Sprintf("%d %d", q, cfsPeriod))
+	}
+	// Each write of the period or the quota has the kernel check the
+	// bandwidth of every CPU cgroup on the host (a walk that grows with
+	// the sandboxes alive), and a group's period is the kernel's default,
+	// cfsPeriod, unless it was set otherwise: it is written only then.
+	if p, err := readUsage(cpu, "cpu.cfs_period_us", ""); err != nil || p != cfsPeriod {
+		if err := writeFile(cpu, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
+			return err
+		}
+	}
+	return writeFile(cpu, "cpu.cfs_quota_us", strconv.FormatInt(q, 10))
+}
+
 // Reset sets the limits of a group made with other limits (one Rename
 // gives its final name): l's memory, CPU and task limits where set, no
 // task limit where l has none, and l's weight (0: the default). A group
-// that was given a memory or CPU limit keeps it where l sets none.
+// that was given a memory or CPU limit keeps it where l sets none. Of a
+// group whose limits this process set, only the control files whose
+// value changes are written.
 func (g *Group) Reset(l Limits) error {
 	if l.CPUs < 0 || l.MemoryBytes < 0 || l.Pids < 0 {
 		return fmt.Errorf("negative cgroup limit %+v", l)
 	}
-	if err := g.setLimits(l); err != nil {
+	prev := g.set
+	if err := g.setLimits(l, prev); err != nil {
+		g.set = nil
 		return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
 	}
-	if l.Pids == 0 {
+	if l.Pids == 0 && (prev == nil || prev.Pids != 0) {
 		if err := writeFile(g.dir("pids"), "pids.max", "max"); err != nil {
+			g.set = nil
 			return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
 		}
 	}
-	if l.Weight == 0 {
+	if l.Weight == 0 && (prev == nil || weight(prev.Weight) != DefaultWeight) {
 		if err := g.SetWeight(0); err != nil {
+			g.set = nil
 			return fmt.Errorf("setting limits of cgroup %s: %w", g.id, err)
 		}
 	}
+	g.set = g.remember(l, prev)
 	return nil
+}
+
+// remember returns the limits a group has once l is set over prev (nil:
+// not known).
+func (g *Group) remember(l Limits, prev *Limits) *Limits {
+	n := l
+	if prev == nil {
+		if l.MemoryBytes == 0 || l.CPUs == 0 {
+			return nil // whatever the group had stays, unknown
+		}
+		return &n
+	}
+	if n.MemoryBytes == 0 {
+		n.MemoryBytes = prev.MemoryBytes
+	}
+	if n.CPUs == 0 {
+		n.CPUs = prev.CPUs
+	}
+	return &n
+}
+
+// weight is the weight w stands for (see Limits.Weight), on cpu.shares'
+// scale.
+func weight(w int) int {
+	if w == 0 {
+		w = DefaultWeight
+	}
+	return min(max(w, 2), 262144)
 }
 
 // SetWeight sets the group's CPU weight (see Limits.Weight); 0 restores
 // the default.
 func (g *Group) SetWeight(w int) error {
-	if w == 0 {
-		w = DefaultWeight
-	}
-	w = min(max(w, 2), 262144)
+	w = weight(w)
+	var err error
 	if g.v2() {
 		// cpu.weight's default is 100 where cpu.shares' is 1024.
-		return writeFile(g.dir("cpu"), "cpu.weight", strconv.Itoa(min(max(w*100/DefaultWeight, 1), 10000)))
+		err = writeFile(g.dir("cpu"), "cpu.weight", strconv.Itoa(min(max(w*100/DefaultWeight, 1), 10000)))
+	} else {
+		err = writeFile(g.dir("cpu"), "cpu.shares", strconv.Itoa(w))
 	}
-	return writeFile(g.dir("cpu"), "cpu.shares", strconv.Itoa(w))
+	if g.set != nil {
+		if err != nil {
+			g.set = nil
+		} else {
+			g.set.Weight = w
+		}
+	}
+	return err
 }
 
 // AddProc moves process pid into the group (every hierarchy on v1).

@@ -110,6 +110,14 @@ type Config struct {
 	// Trace asks the init to time its steps (trace_linux.go) and send the
 	// times with Started; `fence bench` reads them.
 	Trace bool `json:"trace,omitempty"`
+	// InCgroups says the init is in the sandbox's cgroups on every
+	// hierarchy already (a ready init waiting in a group of its own,
+	// which its create renames to the sandbox's: the same groups), so
+	// that it enters its cgroup namespace before the go-ahead, while the
+	// daemon finishes the sandbox's cgroups and network, rather than
+	// after it. Without it the daemon may still move the init, and the
+	// namespace waits for the go-ahead.
+	InCgroups bool `json:"inCgroups,omitempty"`
 }
 
 // BindTarget is where a bind goes inside the sandbox.
@@ -427,18 +435,26 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 		return err
 	}
 	mark(MarkClosed)
+	// In its cgroups on every hierarchy (InCgroups, or after the
+	// go-ahead): a cgroup namespace entered then is rooted there, so
+	// /proc/self/cgroup reads / everywhere and names no host path.
+	if cfg.InCgroups {
+		if err := enterCgroupNamespace(); err != nil {
+			return err
+		}
+	}
 	// Nothing of the sandbox's runs before the daemon has placed this
-	// process in the sandbox's cgroups.
+	// process in the sandbox's cgroups, with their limits, and attached
+	// its network.
 	buf := make([]byte, 1)
 	if n, err := sync.Read(buf); err != nil || n != 1 || buf[0] != GoAhead {
 		return fmt.Errorf("waiting for the daemon: %v", err)
 	}
 	mark(MarkGoAhead)
-	// Now in its cgroups on every hierarchy: a cgroup namespace entered
-	// here is rooted there, so /proc/self/cgroup reads / everywhere and
-	// names no host path.
-	if err := enterCgroupNamespace(); err != nil {
-		return err
+	if !cfg.InCgroups {
+		if err := enterCgroupNamespace(); err != nil {
+			return err
+		}
 	}
 	mark(MarkCgroupNS)
 	if err := dropPrivileges(cfg.Seccomp, cfg.NoSetFCap); err != nil {
@@ -458,7 +474,7 @@ func becomeSandboxed(sync *os.File, cfg *Config) error {
 const warmConfig = `{"id":"w","scratch":"/s","lowerDir":"/l","rootDir":"/r","upperDir":"/u","workDir":"/w",` +
 	`"diskDir":"/d","listener":true,"binds":[{"path":"/b","isDir":true}],"layerDirs":["/x"],` +
 	`"noFile":1,"noSetFCap":true,"seccomp":"BgAAAAAA/38=","shmBytes":1,"trace":true,` +
-	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"}}`
+	`"agent":{"envVars":{"K":"V"},"defaultUser":"u","defaultWorkdir":"/h"},"inCgroups":true}`
 
 // warmDecoder decodes warmConfig, so that the Config the init waits for is
 // decoded by encoding/json's cached decoder, with its code paged in.

@@ -17,7 +17,7 @@ const (
 	MarkEntered         // hostname, loopback, pivot_root, rlimits
 	MarkClosed          // the setup's descriptors closed
 	MarkGoAhead         // the daemon's go-ahead read
-	MarkCgroupNS        // the cgroup namespace entered
+	MarkCgroupNS        // the cgroup namespace entered (before the go-ahead for an init Config.InCgroups, then nothing)
 	MarkPrivs           // capabilities, no_new_privs and seccomp on every thread
 	MarkServing         // the agent serves (Serving)
 	NumMarks

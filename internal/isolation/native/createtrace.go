@@ -11,12 +11,12 @@ import (
 // ended, on the same clock as the init's (nsinit's Mark constants).
 const (
 	MarkTook     = iota // room for it waited for and a ready init taken
-	MarkCgroup          // its cgroups made
+	MarkCgroup          // its cgroups and network begun, beside the next steps
 	MarkDirs            // state directory, writable layer and its files
 	MarkListener        // the agent's listener
 	MarkSent            // detached mounts made and the Config sent
-	MarkAttached        // init in its cgroups and network attached (both run beside the steps since MarkCgroup; no earlier than MarkSent)
-	MarkJoined          // init in its cgroups (beside the steps, from MarkCgroup)
+	MarkAttached        // init in its cgroups and network attached (both run beside the steps from MarkCgroup; no earlier than MarkSent)
+	MarkJoined          // its cgroups made (renamed) with their limits, the init in them (beside the steps, from MarkCgroup)
 	MarkNetwork         // network attached (beside the steps, from MarkCgroup)
 	MarkGoAhead         // the go-ahead about to be sent
 	MarkStarted         // the init's answer that it serves read

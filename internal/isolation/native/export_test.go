@@ -102,6 +102,13 @@ func (b *Backend) ReadyGroupHasFD() bool { _, ok := b.readyCg.FD(); return ok }
 // SetInitTaken sets the hook a create calls once it has taken its init.
 func SetInitTaken(f func()) { initTaken = f }
 
+// SetCgroupsJoin sets the hook a create calls as its cgroups' step begins.
+func SetCgroupsJoin(f func(key string, pid int)) { cgroupsJoin = f }
+
+// StateDirsDir is where the backend makes its sandboxes' state
+// directories.
+func (b *Backend) StateDirsDir() string { return b.sbDir }
+
 // StateDirOf returns the backend's state directory.
 func StateDirOf(b *Backend) string { return b.opts.StateDir }
 

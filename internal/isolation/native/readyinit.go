@@ -16,6 +16,7 @@ import (
 	"github.com/fencesandbox/fence/internal/cgroup"
 	"github.com/fencesandbox/fence/internal/insandbox/nsinit"
 	"github.com/fencesandbox/fence/internal/insandbox/spawnrole"
+	"github.com/fencesandbox/fence/internal/isolation"
 )
 
 // readyInit is a sandbox's init process before it knows its sandbox: cloned
@@ -329,13 +330,29 @@ func (b *Backend) spawnReady() (*readyInit, error) {
 	return r, nil
 }
 
-// ownGroupPids bounds the tasks of a ready init in its own cgroup: its
-// runtime's threads, a handful.
+// ownGroupPids bounds the tasks of a ready init in its own cgroup when the
+// sandboxes have no task limit by default: its runtime's threads, a
+// handful.
 const ownGroupPids = 64
 
+// ownGroupLimits are the limits of a ready init's own cgroup: a sandbox's
+// by default (Options.Defaults), at the ready inits' weight. The create
+// that takes the init writes only what its sandbox's limits change (its
+// weight, at least): each control file written is an open, a write and a
+// close on the create's way to its go-ahead, and a CPU quota's has the
+// kernel check every CPU cgroup on the host.
+func (b *Backend) ownGroupLimits() cgroup.Limits {
+	d := withDefaults(isolation.Limits{}, b.opts.Defaults)
+	l := cgroup.Limits{CPUs: d.CPUs, MemoryBytes: d.MemoryBytes, Pids: d.Pids, Weight: readyWeight}
+	if l.Pids == 0 {
+		l.Pids = ownGroupPids
+	}
+	return l
+}
+
 // ownGroup moves a ready init, on cgroup v1, into a cgroup of its own
-// (readyGroup-SLOT, at the ready inits' weight), which the create that
-// takes it renames to its sandbox's and gives the sandbox's limits
+// (readyGroup-SLOT, at the ready inits' weight and a sandbox's default
+// limits, ownGroupLimits), which the create that takes it renames to its sandbox's and gives the sandbox's limits
 // (cgroup.Manager.Rename). Moving a process between cgroups on v1 waits
 // for an RCU grace period on every hierarchy, milliseconds each and tens
 // of them on a busy machine: here the move is made while the init waits,
@@ -344,7 +361,7 @@ const ownGroupPids = 64
 // crashed daemon's groups of this kind are removed by the next
 // startReady.
 func (b *Backend) ownGroup(r *readyInit) error {
-	g, err := b.cg.Create(readyGroup+"-"+strconv.Itoa(r.slot.n), cgroup.Limits{Pids: ownGroupPids, Weight: readyWeight})
+	g, err := b.cg.Create(readyGroup+"-"+strconv.Itoa(r.slot.n), b.ownGroupLimits())
 	if err != nil {
 		return fmt.Errorf("creating a ready init's cgroup: %w", err)
 	}

@@ -405,3 +405,147 @@ func TestRefillWhenTheSandboxIsKilled(t *testing.T) {
 		waitReadyInits(t, b, 2+i)
 	}
 }
+
+// A create's cgroups are made beside its other steps, as its network is
+// attached: the sandbox's state directory is made while the cgroups' step
+// has begun and not ended, with a ready init (its group renamed) and
+// without (a group made and the init moved). The sandbox then runs in its
+// group with its limits: the defaults (which a ready init's group was made
+// with) where its spec sets none. A ready init's group has the sandbox's
+// CPU weight before that step begins: the init's setup runs at it.
+func TestCgroupsMadeBesideTheCreate(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	for _, ready := range []int{1, 0} {
+		t.Run("ready"+strconv.Itoa(ready), func(t *testing.T) {
+			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1,
+				Defaults: isolation.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 100}})
+			waitReadyInits(t, b, ready)
+			seen := make(chan bool, 1)
+			shares := make(chan string, 1)
+			native.SetCgroupsJoin(func(key string, pid int) {
+				shares <- sharesOf(t, pid)
+				// The create's steps after the cgroups' start go on
+				// meanwhile; were they to wait for this one, the state
+				// directory would never come.
+				dir := filepath.Join(b.StateDirsDir(), key)
+				for range 2000 {
+					if _, err := os.Stat(dir); err == nil {
+						seen <- true
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				seen <- false
+			})
+			t.Cleanup(func() { native.SetCgroupsJoin(nil) })
+			sb := create(t, b, isolation.Spec{ID: "beside", RootFS: rootfs, Limits: isolation.Limits{Pids: 77}})
+			if !<-seen {
+				t.Fatal("the sandbox's state directory was not made while its cgroups' step waited")
+			}
+			if w := <-shares; ready > 0 && w != "" && w != strconv.Itoa(cgroup.DefaultWeight) {
+				t.Errorf("the ready init's group had CPU weight %s as its cgroups' step began, want the sandbox's %d", w, cgroup.DefaultWeight)
+			}
+			for _, g := range cgroupsOf(t, native.AgentPid(sb)) {
+				if path.Base(g) != "beside" {
+					t.Errorf("the agent is in %s, want its sandbox's group on every fence hierarchy", g)
+				}
+			}
+			if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+				return // cgroup v2: the files below are v1's
+			}
+			for file, want := range map[string]string{"pids/pids.max": "77", "cpu/cpu.shares": strconv.Itoa(cgroup.DefaultWeight),
+				"cpu/cpu.cfs_quota_us": "100000", "memory/memory.limit_in_bytes": strconv.Itoa(256 << 20)} {
+				hier, name, _ := strings.Cut(file, "/")
+				got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", hier, "fence", b.Instance(), "beside", name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.TrimSpace(string(got)) != want {
+					t.Errorf("the sandbox's %s is %q, want %s", name, strings.TrimSpace(string(got)), want)
+				}
+			}
+			if r := run(t, sb, "root", "/bin/true"); r.exit != 0 {
+				t.Fatalf("exec: %+v", r)
+			}
+		})
+	}
+}
+
+// sharesOf returns the cpu.shares of process pid's cgroup on the cpu
+// hierarchy (cgroup v1), "" where there is none.
+func sharesOf(t *testing.T, pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpu") {
+			w, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", f[2], "cpu.shares"))
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSpace(string(w))
+		}
+	}
+	return ""
+}
+
+// A ready init on cgroup v1 waits in a group that its create renames to
+// its sandbox's: it is in its sandbox's cgroups before the go-ahead, and
+// enters its cgroup namespace then, while the daemon still makes the
+// sandbox's cgroups and network (which the go-ahead waits for), rather
+// than after. An init the create moves enters it after the go-ahead.
+func TestReadyInitEntersItsCgroupNamespaceBeforeTheGoAhead(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.RootFS(t, "minimal")
+	host, err := os.Readlink("/proc/self/ns/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ready := range []int{1, 0} {
+		t.Run("ready"+strconv.Itoa(ready), func(t *testing.T) {
+			b := newBackendWith(t, native.Options{ReadyInits: ready, DiskPool: 1})
+			if ready > 0 && b.ReadyGroupHasFD() {
+				t.Skip("cgroup v2 moves a ready init at its create")
+			}
+			waitReadyInits(t, b, ready)
+			entered := make(chan bool, 1)
+			native.SetCgroupsJoin(func(_ string, pid int) {
+				// The go-ahead waits for this step: a namespace the
+				// init is in now, it entered before the go-ahead.
+				for range 2000 {
+					ns, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/cgroup")
+					if err == nil && ns != host {
+						entered <- true
+						return
+					}
+					if ready == 0 {
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				entered <- false
+			})
+			t.Cleanup(func() { native.SetCgroupsJoin(nil) })
+			sb := create(t, b, isolation.Spec{ID: "cgns", RootFS: rootfs})
+			if got, want := <-entered, ready > 0; got != want {
+				t.Fatalf("the init in its own cgroup namespace before the go-ahead: %v, want %v", got, want)
+			}
+			if ns, err := os.Readlink("/proc/" + strconv.Itoa(native.AgentPid(sb)) + "/ns/cgroup"); err != nil || ns == host {
+				t.Fatalf("the agent's cgroup namespace %s (%v), want one of its own", ns, err)
+			}
+			r := run(t, sb, "root", "/bin/cat", "/proc/self/cgroup")
+			if r.exit != 0 {
+				t.Fatalf("exec: %+v", r)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+				if f := strings.SplitN(line, ":", 3); len(f) == 3 && strings.Contains(f[2], "fence") {
+					t.Errorf("the sandbox sees its cgroup as %q, want no host path", line)
+				}
+			}
+		})
+	}
+}

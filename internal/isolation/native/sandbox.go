@@ -227,22 +227,21 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if spec.Background {
 		cl.Weight = backgroundWeight
 	}
-	placed := r.cg != nil
-	if placed {
-		// The init waits in a cgroup of its own: it becomes the sandbox's.
-		if s.cg, err = b.cg.Rename(r.cg, s.key); err != nil {
-			_ = r.cg.Remove(context.WithoutCancel(ctx)) // and the init in it
+	// The init's cgroups and network come beside the rest of the create
+	// (attach); the go-ahead waits for both. A ready init's group gets
+	// the sandbox's CPU weight first, at once (one write, which waits for
+	// no lock of the cgroup tree): the init's setup runs at it from its
+	// Config on, not at the ready inits' lowest.
+	ready := r.cg
+	r.cg = nil
+	if ready != nil {
+		if err := ready.SetWeight(cl.Weight); err != nil {
+			_ = ready.Remove(context.WithoutCancel(ctx)) // and the init in it
 			return nil, fmt.Errorf("creating cgroup: %w", err)
 		}
-		r.cg = nil
-		if err := s.cg.Reset(cl); err != nil {
-			return nil, fmt.Errorf("creating cgroup: %w", err)
-		}
-	} else if s.cg, err = b.cg.Create(s.key, cl); err != nil {
-		return nil, fmt.Errorf("creating cgroup: %w", err)
 	}
 	tr.mark(MarkCgroup)
-	attached := s.attach(ctx, spec.Network, placed)
+	attached := s.attach(ctx, spec.Network, ready, cl)
 	defer func() {
 		if err != nil {
 			attached() // before the teardown (deferred earlier, run later)
@@ -252,6 +251,10 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	if err != nil {
 		return nil, err
 	}
+	// A ready init's group becomes the sandbox's by its name alone: the
+	// init is in the sandbox's cgroups already and may enter its cgroup
+	// namespace before the go-ahead.
+	cfg.InCgroups = ready != nil
 	tr.mark(MarkDirs)
 	// The agent's listener: the agent is handed a copy, and this one
 	// is closed once the create is over, so that an idle sandbox holds
@@ -270,28 +273,25 @@ func (b *Backend) create(ctx context.Context, spec isolation.Spec, layer string)
 	return s, nil
 }
 
-// attach places the sandbox's init in its cgroups (unless placed: it is
-// there already) and attaches its network (a TUN device in its netns, read
-// by a user-space stack here), both in the background: joining cgroups
-// takes an RCU grace period per v1 hierarchy (milliseconds, tens on a busy
-// machine) and the network a few more, and they run while the
-// sandbox's directories are made and its init builds its root. The init
+// attach gives the sandbox's init its cgroups (joinCgroups) and attaches
+// its network (a TUN device in its netns, read by a user-space stack
+// here), both in the background, while the sandbox's directories are made
+// and its init builds its root: a cgroup's rename, like every change of
+// cgroup v1's tree, waits for the cgroup lock, which a move of a task
+// anywhere on the host holds across an RCU grace period (milliseconds, tens
+// on a busy machine), and the network takes a few more. Until they end the
+// init runs fence's setup alone, in the ready init's group or the
+// daemon's (its pids, memory and CPU bounded as the ready inits are): it
 // waits for the go-ahead, sent after both, before running anything of the
 // sandbox's. The returned function waits for both and returns their error;
-// it may be called more than once.
-func (s *sandbox) attach(ctx context.Context, nw isolation.Network, placed bool) func() error {
+// it may be called more than once, and s.cg is set once it has returned.
+func (s *sandbox) attach(ctx context.Context, nw isolation.Network, ready *cgroup.Group, cl cgroup.Limits) func() error {
 	pid := s.proc.Pid
 	cg := make(chan error, 1)
 	go func() {
-		// An init placed already waited in the group (readyInit.cg).
-		if !placed {
-			if err := s.cg.AddProc(pid); err != nil {
-				cg <- fmt.Errorf("placing sandbox in its cgroup: %w", err)
-				return
-			}
-		}
+		err := s.joinCgroups(ready, cl, pid)
 		s.trace.mark(MarkJoined)
-		cg <- nil
+		cg <- err
 	}()
 	net := make(chan error, 1)
 	go func() {
@@ -300,6 +300,46 @@ func (s *sandbox) attach(ctx context.Context, nw isolation.Network, placed bool)
 		net <- err
 	}()
 	return sync.OnceValue(func() error { return errors.Join(<-cg, <-net) })
+}
+
+// cgroupsJoin, when set (by tests), is called by a create as its cgroups'
+// step begins, beside the rest of the create, with the sandbox's key and
+// its init's pid.
+var cgroupsJoin func(key string, pid int)
+
+// joinCgroups puts the init pid in the sandbox's cgroups with limits cl
+// and sets s.cg (also on failure, when a group is left for the teardown
+// to remove). ready, when not nil, is the group the init waits in
+// (readyInit.cg): it gets the sandbox's limits, then its name, and the
+// init never moves (a rename is no migration). Without one the group is
+// made and the init moved into it.
+func (s *sandbox) joinCgroups(ready *cgroup.Group, cl cgroup.Limits, pid int) error {
+	if cgroupsJoin != nil {
+		cgroupsJoin(s.key, pid)
+	}
+	if ready == nil {
+		g, err := s.b.cg.Create(s.key, cl)
+		if err != nil {
+			return fmt.Errorf("creating cgroup: %w", err)
+		}
+		s.cg = g
+		if err := g.AddProc(pid); err != nil {
+			return fmt.Errorf("placing sandbox in its cgroup: %w", err)
+		}
+		return nil
+	}
+	// The limits first (the weight is set already, see create), then the
+	// name.
+	s.cg = ready
+	if err := ready.Reset(cl); err != nil {
+		return fmt.Errorf("creating cgroup: %w", err)
+	}
+	g, err := s.b.cg.Rename(ready, s.key)
+	if err != nil {
+		return fmt.Errorf("creating cgroup: %w", err)
+	}
+	s.cg = g
+	return nil
 }
 
 // checkBinds refuses binds that would cover what the sandbox's security
