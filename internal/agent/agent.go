@@ -60,10 +60,16 @@ type Options struct {
 // that its first command does not wait for them.
 type Built struct{ b *built }
 
-// Build makes the handler and services Serve would make with opts. It
-// opens nothing and reads no file: it may run before the process is in
-// its sandbox's root.
-func Build(opts Options) *Built { return &Built{build(opts)} }
+// Build makes the handler and services Serve would make with opts, and
+// has the process service answer one stream in memory
+// (process.WarmStream), so that the first command's stream finds its
+// encoders built. It opens nothing, reads no file and starts no process:
+// it may run before the process is in its sandbox's root.
+func Build(opts Options) *Built {
+	b := build(opts)
+	process.WarmStream(b.procHandler)
+	return &Built{b}
+}
 
 // Serve serves envd's protocol on ln until ctx is done. It closes ln. On
 // return, open streams are aborted and the processes the agent started are
@@ -238,10 +244,11 @@ func NewHandler(opts Options) (http.Handler, func()) {
 
 // built is the agent's handler and the services behind it.
 type built struct {
-	mux   *http.ServeMux
-	procs *process.Service
-	users *users.Resolver
-	close func()
+	mux         *http.ServeMux
+	procs       *process.Service
+	procHandler http.Handler // procs' routes
+	users       *users.Resolver
+	close       func()
 }
 
 // compressMinBytes is the smallest message the agent compresses.
@@ -259,7 +266,8 @@ func build(opts Options) *built {
 	// saves nothing on a few bytes.
 	copts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes), connect.WithCompressMinBytes(compressMinBytes)}
 	mux := http.NewServeMux()
-	mux.Handle(procs.Handler(copts...))
+	procPath, procHandler := procs.Handler(copts...)
+	mux.Handle(procPath, procHandler)
 	mux.Handle(files.Handler(copts...))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
@@ -292,7 +300,7 @@ func build(opts Options) *built {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fs.WriteError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
-	return &built{mux: mux, procs: procs, users: resolver, close: func() {
+	return &built{mux: mux, procs: procs, procHandler: procHandler, users: resolver, close: func() {
 		procs.Close()
 		files.Close()
 	}}
@@ -300,6 +308,9 @@ func build(opts Options) *built {
 
 // prepared makes Prepare's work happen once per process.
 var prepared sync.Once
+
+// codecsWarmed is closed once Prepare's warm-up of the codecs has run.
+var codecsWarmed = make(chan struct{})
 
 // Prepare does the part of the agent's start that depends on nothing of
 // its sandbox: it starts the spare threads (spareThreads), and sets up the
@@ -311,7 +322,11 @@ var prepared sync.Once
 // concurrently; later calls wait for the first's spare threads.
 func Prepare() {
 	prepared.Do(func() {
-		go process.WarmCodecs()
+		go func() {
+			process.WarmCodecs()
+			close(codecsWarmed)
+		}()
+		process.WarmThreadCount()
 		if !noSpares.Load() {
 			spareThreads(spareThreadCount)
 		}

@@ -29,6 +29,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(warmChildEnv); mode != "" {
+		warmChild(mode)
+		os.Exit(0)
+	}
 	// The agent is PID 1 in a sandbox; here, become a subreaper so orphans
 	// of the processes we start are reparented to this test process.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

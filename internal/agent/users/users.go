@@ -46,27 +46,34 @@ func Lookup(name string) (*User, error) {
 	return defaultCache.lookup(name, lookup)
 }
 
-// lookup resolves name through os/user, every time.
+// lookup resolves name from /etc/passwd and /etc/group, every time: the
+// account from one read of /etc/passwd (its login shell too, which os/user
+// does not give), its groups through os/user.
 func lookup(name string) (*User, error) {
 	if name == "" {
 		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
 	}
-	u, err := user.Lookup(name)
+	b, err := os.ReadFile("/etc/passwd")
 	if err != nil {
 		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
 	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	f, ok := passwdEntry(b, name)
+	if !ok {
+		return nil, fmt.Errorf("looking up user %q: %w", name, ErrUnknownUser)
+	}
+	uid, err := strconv.ParseUint(f[2], 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("parsing uid of %q: %w", name, err)
 	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	gid, err := strconv.ParseUint(f[3], 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("parsing gid of %q: %w", name, err)
 	}
-	res := &User{Name: u.Username, UID: uint32(uid), GID: uint32(gid), Home: u.HomeDir}
+	res := &User{Name: f[0], UID: uint32(uid), GID: uint32(gid), Home: f[5], Shell: f[6]}
 	if res.Home == "" {
 		res.Home = "/"
 	}
+	u := &user.User{Username: f[0], Uid: f[2], Gid: f[3], HomeDir: f[5]}
 	ids, err := u.GroupIds()
 	if err == nil {
 		for _, s := range ids {
@@ -78,8 +85,33 @@ func lookup(name string) (*User, error) {
 	if len(res.Groups) == 0 {
 		res.Groups = []uint32{res.GID}
 	}
-	res.Shell = shellOf(res.Name)
 	return res, nil
+}
+
+// passwdEntry returns the seven fields of name's line in the /etc/passwd
+// content b, found as os/user finds it: the first line, spaces around it
+// trimmed, not blank nor a comment, of six colons or more, whose first
+// field is name (not a NIS "+" or "-" entry) and whose uid and gid are
+// numbers.
+func passwdEntry(b []byte, name string) ([]string, bool) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || !strings.HasPrefix(line, name+":") || strings.Count(line, ":") < 6 {
+			continue
+		}
+		f := strings.SplitN(line, ":", 7)
+		if f[0][0] == '+' || f[0][0] == '-' {
+			continue
+		}
+		if _, err := strconv.Atoi(f[2]); err != nil {
+			continue
+		}
+		if _, err := strconv.Atoi(f[3]); err != nil {
+			continue
+		}
+		return f, true
+	}
+	return nil, false
 }
 
 // LookupID resolves the account with uid.
@@ -99,21 +131,6 @@ func LookupGroup(name string) (uint32, error) {
 	}
 	gid, err := strconv.ParseUint(g.Gid, 10, 32)
 	return uint32(gid), err
-}
-
-// shellOf reads name's login shell from /etc/passwd.
-func shellOf(name string) string {
-	b, err := os.ReadFile("/etc/passwd")
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Split(line, ":")
-		if len(f) == 7 && f[0] == name {
-			return f[6]
-		}
-	}
-	return ""
 }
 
 // Resolver picks the user of a request.
