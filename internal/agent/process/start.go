@@ -78,6 +78,7 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	p.pidfd = pidfdFile(pidfd)
 	p.info.Pid = uint32(pid)
 	s.mu.Lock()
+	s.pruneLocked(time.Now())
 	s.procs[pid] = p
 	s.running++
 	s.mu.Unlock()
@@ -306,24 +307,17 @@ func (s *Service) procAttr(u *users.User, cmd command, io *stdio) *syscall.ProcA
 }
 
 // follow reads p's output and publishes its end; the process is
-// forgotten the retention time after.
+// forgotten the retention time after (by the first start or lookup
+// after that).
 func (s *Service) follow(p *proc, io *stdio) {
 	var wg sync.WaitGroup
 	for i, f := range io.outputs {
 		wg.Add(1)
-		go p.readOutput(f, io.kinds[i], io.master == nil, &wg)
+		go p.readOutput(f, i, io.kinds[i], io.master == nil, &wg)
 	}
-	pid := p.pid
 	go p.finish(outputsFor(io.master, io.outputs), &wg, s.opts.DrainGrace, func() {
-		s.log.Debug("process ended", "pid", pid, "status", p.end.GetEnd().GetStatus())
-		s.ended()
-		time.AfterFunc(s.opts.Retention, func() {
-			s.mu.Lock()
-			if s.procs[pid] == p {
-				delete(s.procs, pid)
-			}
-			s.mu.Unlock()
-		})
+		s.log.Debug("process ended", "pid", p.pid, "status", p.end.GetEnd().GetStatus())
+		s.ended(p)
 	})
 }
 
@@ -333,25 +327,37 @@ func (s *Service) follow(p *proc, io *stdio) {
 // the first trim.
 const retrimAfter = time.Second
 
-// ended counts a process's end; the last one running trims the agent's
-// threads to Options.IdleThreads, now and once more retrimAfter later.
-func (s *Service) ended() {
+// ended counts p's end and starts its retention; the last one running
+// trims the agent's threads to Options.IdleThreads, now and once more
+// retrimAfter later (one timer for the service, moved on by every such
+// end).
+func (s *Service) ended(p *proc) {
 	s.mu.Lock()
 	s.running--
 	idle := s.running == 0
+	s.finished = append(s.finished, finished{p, time.Now().Add(s.opts.Retention)})
 	s.mu.Unlock()
 	if !idle || s.opts.IdleThreads <= 0 {
 		return
 	}
 	TrimThreads(s.opts.IdleThreads)
-	time.AfterFunc(retrimAfter, func() {
-		s.mu.Lock()
-		idle := s.running == 0
-		s.mu.Unlock()
-		if idle {
-			TrimThreads(s.opts.IdleThreads)
-		}
-	})
+	s.mu.Lock()
+	if s.retrim == nil {
+		s.retrim = time.AfterFunc(retrimAfter, s.trimIfIdle)
+	} else {
+		s.retrim.Reset(retrimAfter)
+	}
+	s.mu.Unlock()
+}
+
+// trimIfIdle trims the agent's threads if no process it started runs.
+func (s *Service) trimIfIdle() {
+	s.mu.Lock()
+	idle := s.running == 0
+	s.mu.Unlock()
+	if idle {
+		TrimThreads(s.opts.IdleThreads)
+	}
 }
 
 // outputsFor returns the files finish may close to stop readers: the pipe
