@@ -48,6 +48,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -88,8 +89,8 @@ type Options struct {
 	// agent stops reading until streams have sent what they hold.
 	OutputBudget int64
 	// IdleThreads, when above zero, is how many OS threads the agent
-	// keeps once no process it started is running: the Go runtime's
-	// threads beyond it are ended then (TrimThreads).
+	// keeps once no process it started has run for a second: the Go
+	// runtime's threads beyond it are ended then (TrimThreads).
 	IdleThreads int
 }
 
@@ -110,9 +111,10 @@ type Service struct {
 	// (prune), without a timer per process.
 	finished []finished
 	running  int // processes started and not yet ended
-	// retrim trims the threads once more retrimAfter after the last
-	// process's end (ended); nil until the first.
-	retrim  *time.Timer
+	// trim trims the threads trimAfter after the last process's end
+	// (ended); nil until the first.
+	trim    *time.Timer
+	trims   atomic.Int64 // trims made (trimIfIdle)
 	closed  bool
 	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
 	// held, while open, keeps every fork waiting (HoldForks).

@@ -321,33 +321,32 @@ func (s *Service) follow(p *proc, io *stdio) {
 	})
 }
 
-// retrimAfter is how long after the last process's end the agent's
-// threads are trimmed once more, if no process has started since: the
-// end's stream and the client's next requests can make a thread after
-// the first trim.
-const retrimAfter = time.Second
+// trimAfter is how long after the last process's end the agent's threads
+// are trimmed, if no process has started since. Not at the end itself:
+// while commands follow one another, the runtime starts a thread whenever
+// the forking one is blocked long (a busy machine), and a trim at every
+// end ended it again, so that each command paid a thread's start and end
+// and the trim's own waits. The end's stream and the client's next
+// requests run before the trim, not after it.
+const trimAfter = time.Second
 
-// ended counts p's end and starts its retention; the last one running
-// trims the agent's threads to Options.IdleThreads, now and once more
-// retrimAfter later (one timer for the service, moved on by every such
-// end).
+// ended counts p's end and starts its retention; once the last one
+// running has ended, the agent's threads are trimmed to
+// Options.IdleThreads trimAfter later, if it is still idle (one timer for
+// the service, moved on by every such end).
 func (s *Service) ended(p *proc) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.running--
-	idle := s.running == 0
 	s.finished = append(s.finished, finished{p, time.Now().Add(s.opts.Retention)})
-	s.mu.Unlock()
-	if !idle || s.opts.IdleThreads <= 0 {
+	if s.running != 0 || s.opts.IdleThreads <= 0 {
 		return
 	}
-	TrimThreads(s.opts.IdleThreads)
-	s.mu.Lock()
-	if s.retrim == nil {
-		s.retrim = time.AfterFunc(retrimAfter, s.trimIfIdle)
+	if s.trim == nil {
+		s.trim = time.AfterFunc(trimAfter, s.trimIfIdle)
 	} else {
-		s.retrim.Reset(retrimAfter)
+		s.trim.Reset(trimAfter)
 	}
-	s.mu.Unlock()
 }
 
 // trimIfIdle trims the agent's threads if no process it started runs.
@@ -356,6 +355,7 @@ func (s *Service) trimIfIdle() {
 	idle := s.running == 0
 	s.mu.Unlock()
 	if idle {
+		s.trims.Add(1)
 		TrimThreads(s.opts.IdleThreads)
 	}
 }
