@@ -47,7 +47,8 @@ type Options struct {
 	// requests and may start processes.
 	Serving func()
 	// IdleThreads, when above zero, is how many OS threads the agent keeps
-	// once no process it started is running (process.Options.IdleThreads).
+	// once no process it started has run for a second
+	// (process.Options.IdleThreads).
 	IdleThreads int
 	// Built, if set, is the agent's handler and services made ahead by
 	// Build (with these options but any Config): Serve gives them this

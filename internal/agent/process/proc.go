@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,9 @@ type proc struct {
 	reaper  *reaper
 	pidfd   *os.File      // nil if the kernel gave none
 	stop    chan struct{} // closed when output readers must give up
+	// readDone[i] is set once the reader of output i has read it to the
+	// end and closes it: finish then sets no deadline on it.
+	readDone [2]atomic.Bool
 
 	master  *os.File // PTY master, nil without a PTY
 	stdinMu sync.Mutex
@@ -139,10 +143,13 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, readChunk); return 
 // readOutput copies f into data events of the given kind until EOF. Before
 // each read it takes readChunk bytes of the budget (giving back what the
 // read did not use), so the agent reads no more output than it may hold.
-func (p *proc) readOutput(f *os.File, kind int, closeFile bool, wg *sync.WaitGroup) {
+func (p *proc) readOutput(f *os.File, i, kind int, closeFile bool, wg *sync.WaitGroup) {
 	defer wg.Done()
 	if closeFile {
-		defer f.Close()
+		defer func() {
+			p.readDone[i].Store(true)
+			f.Close()
+		}()
 	}
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -213,7 +220,10 @@ func (p *proc) finish(outputs []*os.File, wg *sync.WaitGroup, grace time.Duratio
 	// empty. A descriptor the poller cannot time out is closed after the
 	// grace instead.
 	var unpollable []*os.File
-	for _, f := range outputs {
+	for i, f := range outputs {
+		if p.readDone[i].Load() {
+			continue // read to the end: nothing left to bound
+		}
 		if err := f.SetReadDeadline(time.Now().Add(grace)); err != nil {
 			unpollable = append(unpollable, f)
 		}

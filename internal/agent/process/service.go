@@ -48,6 +48,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -88,8 +89,8 @@ type Options struct {
 	// agent stops reading until streams have sent what they hold.
 	OutputBudget int64
 	// IdleThreads, when above zero, is how many OS threads the agent
-	// keeps once no process it started is running: the Go runtime's
-	// threads beyond it are ended then (TrimThreads).
+	// keeps once no process it started has run for a second: the Go
+	// runtime's threads beyond it are ended then (TrimThreads).
 	IdleThreads int
 }
 
@@ -103,9 +104,17 @@ type Service struct {
 	// credentials.
 	euid, egid uint32
 
-	mu      sync.Mutex
-	procs   map[int]*proc
-	running int // processes started and not yet ended
+	mu    sync.Mutex
+	procs map[int]*proc
+	// finished are the ended processes still in procs, oldest end first:
+	// each is forgotten by the first call that finds its retention over
+	// (prune), without a timer per process.
+	finished []finished
+	running  int // processes started and not yet ended
+	// trim trims the threads trimAfter after the last process's end
+	// (ended); nil until the first.
+	trim    *time.Timer
+	trims   atomic.Int64 // trims made (trimIfIdle)
 	closed  bool
 	envVars map[string]string // sandbox-global; from Options, replaced by SetEnvVars
 	// held, while open, keeps every fork waiting (HoldForks).
@@ -226,9 +235,34 @@ func (s *Service) dropStalled() {
 // OutputHeld returns the bytes of process output the agent holds now.
 func (s *Service) OutputHeld() int64 { return s.budget.used() }
 
+// finished is an ended process and when its retention is over.
+type finished struct {
+	p     *proc
+	until time.Time
+}
+
+// pruneLocked forgets the processes whose retention is over.
+func (s *Service) pruneLocked(now time.Time) {
+	n := 0
+	for _, f := range s.finished {
+		if now.Before(f.until) {
+			break
+		}
+		if s.procs[f.p.pid] == f.p {
+			delete(s.procs, f.p.pid)
+		}
+		n++
+	}
+	if n > 0 {
+		clear(s.finished[:n])
+		s.finished = s.finished[n:]
+	}
+}
+
 func (s *Service) lookup(sel *pb.ProcessSelector) (*proc, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneLocked(time.Now())
 	switch v := sel.GetSelector().(type) {
 	case *pb.ProcessSelector_Pid:
 		if p, ok := s.procs[int(v.Pid)]; ok {

@@ -67,12 +67,18 @@ func (s *Service) start(u *users.User, msg *pb.StartRequest) (*proc, *subscriber
 	io.closeChild()
 	if err != nil {
 		io.closeOurs()
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting %s: %w", cfg.GetCmd(), err))
+		if cerr := cmd.explain(); cerr != nil {
+			err = cerr
+		} else {
+			err = fmt.Errorf("starting %s: %w", cfg.GetCmd(), err)
+		}
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	p.pid = pid
 	p.pidfd = pidfdFile(pidfd)
 	p.info.Pid = uint32(pid)
 	s.mu.Lock()
+	s.pruneLocked(time.Now())
 	s.procs[pid] = p
 	s.running++
 	s.mu.Unlock()
@@ -88,10 +94,20 @@ type command struct {
 	argv []string
 	dir  string
 	env  []string
+	// pathChecked is set when path was stat'ed (a PATH lookup, the SDK
+	// shell); else the child's execve is its only check.
+	pathChecked bool
 }
 
-// resolve checks cfg's command and working directory and resolves them
-// for u.
+// The working directory and an absolute program are not stat'ed before
+// a start: the child's chdir and execve check them anyway, and every exec
+// would pay for the stats (about 6 µs each on a sandbox's overlay, with
+// the seccomp filter's run). Only a start that failed checks them, for
+// the error the checks give (explain).
+
+// resolve checks cfg's command and resolves it and its working directory
+// for u. The working directory, and an absolute program other than the
+// SDK shell, are checked by the start itself (see explain).
 func (s *Service) resolve(u *users.User, cfg *pb.ProcessConfig) (command, error) {
 	if cfg.GetCmd() == "" {
 		return command{}, errors.New("process.cmd is required")
@@ -100,13 +116,11 @@ func (s *Service) resolve(u *users.User, cfg *pb.ProcessConfig) (command, error)
 	if cfg.Cwd != nil && *cfg.Cwd != "" {
 		dir = s.opts.Users.ResolvePath(*cfg.Cwd, u)
 	}
-	if fi, err := os.Stat(dir); err != nil {
-		return command{}, fmt.Errorf("cwd %q: %w", dir, err)
-	} else if !fi.IsDir() {
-		return command{}, fmt.Errorf("cwd %q is not a directory", dir)
-	}
 	env := buildEnv(u, s.GlobalEnv(), cfg.GetEnvs())
 	argv0 := cfg.GetCmd()
+	if filepath.IsAbs(argv0) && argv0 != sdkShell {
+		return command{path: argv0, argv: append([]string{argv0}, cfg.GetArgs()...), dir: dir, env: env}, nil
+	}
 	path, err := lookPath(argv0, envValue(env, "PATH"), dir)
 	if err != nil && argv0 == sdkShell {
 		// The SDKs run every command and PTY with /bin/bash; templates
@@ -116,9 +130,53 @@ func (s *Service) resolve(u *users.User, cfg *pb.ProcessConfig) (command, error)
 		}
 	}
 	if err != nil {
+		// A missing working directory is the error, as if checked first.
+		if derr := checkDir(dir); derr != nil {
+			return command{}, derr
+		}
 		return command{}, err
 	}
-	return command{path: path, argv: append([]string{argv0}, cfg.GetArgs()...), dir: dir, env: env}, nil
+	return command{path: path, argv: append([]string{argv0}, cfg.GetArgs()...), dir: dir, env: env, pathChecked: true}, nil
+}
+
+// explain returns the error the checks of c's working directory and
+// program give, after c failed to start; nil if both pass.
+func (c command) explain() error {
+	if err := checkDir(c.dir); err != nil {
+		return err
+	}
+	if c.pathChecked {
+		return nil
+	}
+	if err := checkExec(c.path); err != nil {
+		return fmt.Errorf("command %q: %w", c.argv[0], err)
+	}
+	return nil
+}
+
+// checkDir checks that dir is a directory.
+func checkDir(dir string) error {
+	if fi, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("cwd %q: %w", dir, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("cwd %q is not a directory", dir)
+	}
+	return nil
+}
+
+// checkExec checks that p is a file with an execute bit.
+func checkExec(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("%s is a directory", p)
+	}
+	if fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s: %w", p, os.ErrPermission)
+	}
+	return nil
 }
 
 // stdio is a process's standard streams: the child's ends and the
@@ -249,52 +307,57 @@ func (s *Service) procAttr(u *users.User, cmd command, io *stdio) *syscall.ProcA
 }
 
 // follow reads p's output and publishes its end; the process is
-// forgotten the retention time after.
+// forgotten the retention time after (by the first start or lookup
+// after that).
 func (s *Service) follow(p *proc, io *stdio) {
 	var wg sync.WaitGroup
 	for i, f := range io.outputs {
 		wg.Add(1)
-		go p.readOutput(f, io.kinds[i], io.master == nil, &wg)
+		go p.readOutput(f, i, io.kinds[i], io.master == nil, &wg)
 	}
-	pid := p.pid
 	go p.finish(outputsFor(io.master, io.outputs), &wg, s.opts.DrainGrace, func() {
-		s.log.Debug("process ended", "pid", pid, "status", p.end.GetEnd().GetStatus())
-		s.ended()
-		time.AfterFunc(s.opts.Retention, func() {
-			s.mu.Lock()
-			if s.procs[pid] == p {
-				delete(s.procs, pid)
-			}
-			s.mu.Unlock()
-		})
+		s.log.Debug("process ended", "pid", p.pid, "status", p.end.GetEnd().GetStatus())
+		s.ended(p)
 	})
 }
 
-// retrimAfter is how long after the last process's end the agent's
-// threads are trimmed once more, if no process has started since: the
-// end's stream and the client's next requests can make a thread after
-// the first trim.
-const retrimAfter = time.Second
+// trimAfter is how long after the last process's end the agent's threads
+// are trimmed, if no process has started since. Not at the end itself:
+// while commands follow one another, the runtime starts a thread whenever
+// the forking one is blocked long (a busy machine), and a trim at every
+// end ended it again, so that each command paid a thread's start and end
+// and the trim's own waits. The end's stream and the client's next
+// requests run before the trim, not after it.
+const trimAfter = time.Second
 
-// ended counts a process's end; the last one running trims the agent's
-// threads to Options.IdleThreads, now and once more retrimAfter later.
-func (s *Service) ended() {
+// ended counts p's end and starts its retention; once the last one
+// running has ended, the agent's threads are trimmed to
+// Options.IdleThreads trimAfter later, if it is still idle (one timer for
+// the service, moved on by every such end).
+func (s *Service) ended(p *proc) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.running--
-	idle := s.running == 0
-	s.mu.Unlock()
-	if !idle || s.opts.IdleThreads <= 0 {
+	s.finished = append(s.finished, finished{p, time.Now().Add(s.opts.Retention)})
+	if s.running != 0 || s.opts.IdleThreads <= 0 {
 		return
 	}
-	TrimThreads(s.opts.IdleThreads)
-	time.AfterFunc(retrimAfter, func() {
-		s.mu.Lock()
-		idle := s.running == 0
-		s.mu.Unlock()
-		if idle {
-			TrimThreads(s.opts.IdleThreads)
-		}
-	})
+	if s.trim == nil {
+		s.trim = time.AfterFunc(trimAfter, s.trimIfIdle)
+	} else {
+		s.trim.Reset(trimAfter)
+	}
+}
+
+// trimIfIdle trims the agent's threads if no process it started runs.
+func (s *Service) trimIfIdle() {
+	s.mu.Lock()
+	idle := s.running == 0
+	s.mu.Unlock()
+	if idle {
+		s.trims.Add(1)
+		TrimThreads(s.opts.IdleThreads)
+	}
 }
 
 // outputsFor returns the files finish may close to stop readers: the pipe
@@ -352,19 +415,7 @@ func envValue(env []string, key string) string {
 // lookPath finds cmd the way a shell would, using the child's PATH; a
 // relative path with a slash is taken against dir.
 func lookPath(cmd, pathEnv, dir string) (string, error) {
-	check := func(p string) error {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return fmt.Errorf("%s is a directory", p)
-		}
-		if fi.Mode()&0o111 == 0 {
-			return fmt.Errorf("%s: %w", p, os.ErrPermission)
-		}
-		return nil
-	}
+	check := checkExec
 	if strings.Contains(cmd, "/") {
 		p := cmd
 		if !filepath.IsAbs(p) {
