@@ -148,3 +148,46 @@ func TestUsageV2(t *testing.T) {
 		t.Errorf("Usage() = %+v, want the CPU time and pids of Stats() = %+v", u, st)
 	}
 }
+
+// TestUsageSinceHeldOpensTheCPUFileOnce checks that the readings of an
+// idle group through a HeldCPU open its CPU time file once, not once a
+// reading, and still see CPU time that moved.
+func TestUsageSinceHeldOpensTheCPUFileOnce(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("held", Limits{Pids: 64})
+	if err != nil {
+		t.Fatalf("Create error: %v", err)
+	}
+	start(t, g, "exec sleep 60")
+	var prev Stats
+	waitFor(t, "the group idle (one task, its CPU time still)", func() bool {
+		u, err := g.Usage()
+		idle := err == nil && u.Pids == 1 && u.CPUUsage > 0 && u.CPUUsage == prev.CPUUsage
+		prev = u
+		return idle
+	})
+	var held HeldCPU
+	defer held.Close()
+	before := controlOpens.Load()
+	const readings = 12 // a minute of readings every 5 s
+	for i := range readings {
+		u, ran, err := g.UsageSinceHeld(&held, prev)
+		if err != nil || ran || u != prev {
+			t.Fatalf("reading %d of the idle group = %+v, ran %v, %v; want %+v back, not ran", i, u, ran, err, prev)
+		}
+	}
+	if n := controlOpens.Load() - before; n != 1 {
+		t.Errorf("%d readings of an idle group through a HeldCPU opened %d control files; want 1", readings, n)
+	}
+	p := start(t, g, "exit 0")
+	<-p.done
+	u, ran, err := g.UsageSinceHeld(&held, prev)
+	if err != nil || !ran || u.CPUUsage <= prev.CPUUsage {
+		t.Errorf("held reading after a task ran = %+v, ran %v, %v; want more CPU time than %v, ran", u, ran, err, prev.CPUUsage)
+	}
+	held.Close()
+	before = controlOpens.Load()
+	if _, _, err := g.UsageSinceHeld(&held, u); err != nil || controlOpens.Load()-before != 1 {
+		t.Errorf("reading after Close: %v, %d files opened; want the CPU file opened by its path", err, controlOpens.Load()-before)
+	}
+}

@@ -26,9 +26,12 @@
 //	                        allocated blocks (about 150 KiB for 1 GiB), so a
 //	                        new filesystem costs no mkfs run
 //
-// The loop device is set up from Go (LOOP_CTL_GET_FREE + LOOP_CONFIGURE,
-// direct I/O, LO_FLAGS_AUTOCLEAR), so it goes away by itself when the
-// filesystem is unmounted. With the discard mount option, space freed
+// The loop device is set up from Go (LOOP_CONFIGURE, direct I/O,
+// LO_FLAGS_AUTOCLEAR), so it goes away by itself when the filesystem is
+// unmounted. The device is the one after the last bound when the kernel
+// finds it unbound (LOOP_CONFIGURE refuses a bound one), else the one
+// LOOP_CTL_GET_FREE gives: that search goes over every bound device on
+// the host, a cost that grew with the sandboxes alive. With the discard mount option, space freed
 // inside is returned to the host file system.
 //
 // # Guarantees

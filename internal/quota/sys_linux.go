@@ -8,28 +8,54 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
 
+// loopNext is the number after the loop device this process bound last
+// (0: none yet). While sandboxes accumulate, the devices after it are
+// usually free, and binding that one directly spares LOOP_CTL_GET_FREE,
+// which goes over every bound loop device on the host, from the first,
+// under the kernel's lock: its cost grew with every sandbox alive.
+var loopNext atomic.Int64
+
+// loopSearches counts the LOOP_CTL_GET_FREE calls, for tests.
+var loopSearches atomic.Int64
+
 // attachLoop binds image to a free loop device with LO_FLAGS_AUTOCLEAR and
 // returns the device's path and an open fd on it; the device detaches when
 // the last user (that fd, or a mount) lets go of it.
+//
+// It tries the device after the last one it bound first (loopNext); the
+// kernel's LOOP_CONFIGURE binds only an unbound device (EBUSY otherwise),
+// so a device in use, by a sandbox, a mount or another program, is never
+// taken. When that one is bound, or does not exist, it asks the kernel
+// for a free one (LOOP_CTL_GET_FREE, which also makes a new device when
+// none is free) as before, so devices freed below are used again and no
+// device is made that the kernel would not make.
 func attachLoop(image string) (dev string, loop *os.File, err error) {
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: opening /dev/loop-control: %w", ErrUnsupported, err)
-	}
-	defer ctl.Close()
 	img, err := os.OpenFile(image, os.O_RDWR, 0)
 	if err != nil {
 		return "", nil, fmt.Errorf("opening image: %w", err)
 	}
 	defer img.Close()
+	if n := loopNext.Load(); n > 0 {
+		if dev, loop, ok := bindLoopAt(int(n), img, image); ok {
+			loopNext.CompareAndSwap(n, n+1)
+			return dev, loop, nil
+		}
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: opening /dev/loop-control: %w", ErrUnsupported, err)
+	}
+	defer ctl.Close()
 
 	// Another process may take the free device between GET_FREE and
 	// CONFIGURE; then the ioctl fails with EBUSY and we ask again.
 	for range 16 {
+		loopSearches.Add(1)
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return "", nil, fmt.Errorf("%w: finding a free loop device: %w", ErrUnsupported, err)
@@ -41,6 +67,7 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 		}
 		err = configureLoop(loop, img, image)
 		if err == nil {
+			loopNext.Store(int64(n) + 1)
 			return dev, loop, nil
 		}
 		loop.Close()
@@ -49,6 +76,21 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 		}
 	}
 	return "", nil, fmt.Errorf("configuring a loop device: no free device after 16 tries: %w", unix.EBUSY)
+}
+
+// bindLoopAt binds img to /dev/loopN if that device exists and is
+// unbound; false otherwise (nothing is made, nothing is left bound).
+func bindLoopAt(n int, img *os.File, name string) (string, *os.File, bool) {
+	dev := fmt.Sprintf("/dev/loop%d", n)
+	loop, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, false
+	}
+	if err := configureLoop(loop, img, name); err != nil {
+		loop.Close()
+		return "", nil, false
+	}
+	return dev, loop, true
 }
 
 // openLoop opens /dev/loopN, creating the node if the kernel made the device

@@ -204,6 +204,9 @@ func (h adoptHost) takeOver(ctx context.Context, id string, e *entry, box isolat
 	e.setBox(box)
 	m.mu.Lock()
 	m.running[id] = e
+	if info.IdleTimeout > 0 {
+		m.idleable[id] = e
+	}
 	m.adm.adopt()
 	m.quota.Adopt(id, recordTeam(info), quotaSize(info), info.State == StatePaused)
 	m.wg.Go(func() { m.watch(e) })

@@ -121,6 +121,9 @@ func (m *Manager) create(ctx context.Context, req CreateRequest, from *origin) (
 		return nil, ErrClosed
 	}
 	m.running[c.id] = e
+	if info.IdleTimeout > 0 {
+		m.idleable[c.id] = e
+	}
 	m.adm.register()
 	c.hold.Commit(c.id)
 	m.wg.Go(func() { m.watch(e) })

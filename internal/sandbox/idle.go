@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencesandbox/fence/internal/sandbox/idle"
@@ -18,15 +19,21 @@ var _ idle.Core = idleCore{}
 // idleCore is the Manager as its idle.Tracker reaches it.
 type idleCore struct{ m *Manager }
 
-// Candidates implements idle.Core.
+// candidatesCopied counts the entries Candidates copied, for tests.
+var candidatesCopied atomic.Int64
+
+// Candidates implements idle.Core. It looks at the sandboxes that have an
+// idle timeout alone (Manager.idleable), not at every live one: it runs
+// every second, under the Manager's lock.
 func (c idleCore) Candidates() []idle.Candidate {
 	m := c.m
 	m.mu.Lock()
-	live := make([]*entry, 0, len(m.running))
-	for _, e := range m.running {
+	live := make([]*entry, 0, len(m.idleable))
+	for _, e := range m.idleable {
 		live = append(live, e)
 	}
 	m.mu.Unlock()
+	candidatesCopied.Add(int64(len(live)))
 	var out []idle.Candidate
 	for _, e := range live {
 		e.mu.Lock()

@@ -119,3 +119,28 @@ func TestIdleTimeoutValidation(t *testing.T) {
 		t.Errorf("%d sandboxes running after refused creates", n)
 	}
 }
+
+// TestIdleCandidatesAreOnlyThoseWithAnIdleTimeout: the idle tracker's
+// check, every second, copies the sandboxes that have an idle timeout
+// alone, not every live one under the Manager's lock; killed ones leave.
+func TestIdleCandidatesAreOnlyThoseWithAnIdleTimeout(t *testing.T) {
+	tr := idle.New(idle.Options{Every: time.Hour}) // checked by hand
+	e := newEnv(t, func(o *Options) { o.Idle = tr })
+	idleFor := time.Minute
+	for range 3 {
+		e.mustCreate(t, CreateRequest{Timeout: time.Hour})
+	}
+	s := e.mustCreate(t, CreateRequest{Timeout: time.Hour, IdleTimeout: &idleFor})
+	before := candidatesCopied.Load()
+	got := idleCore{e.m}.Candidates()
+	if n := candidatesCopied.Load() - before; n != 1 || len(got) != 1 || got[0].ID != s.ID {
+		t.Errorf("Candidates beside 3 sandboxes without an idle timeout copied %d sandboxes and gave %+v; want 1 copied, %s alone", n, got, s.ID)
+	}
+	if err := e.m.Kill(t.Context(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+	before = candidatesCopied.Load()
+	if got := (idleCore{e.m}).Candidates(); len(got) != 0 || candidatesCopied.Load() != before {
+		t.Errorf("Candidates after the kill of the only sandbox with an idle timeout = %+v, %d copied; want none", got, candidatesCopied.Load()-before)
+	}
+}

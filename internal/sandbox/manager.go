@@ -200,6 +200,11 @@ type Manager struct {
 	closed bool
 	// +checklocks:mu
 	running map[string]*entry
+	// idleable holds the entries of running whose sandbox has an idle
+	// timeout (fixed at its create), which the idle tracker looks at
+	// every second (idleCore.Candidates) instead of every live one.
+	// +checklocks:mu
+	idleable map[string]*entry
 	// +checklocks:mu
 
 	usage *usage.Meter // usage accounting (usage.go)
@@ -237,6 +242,7 @@ func New(opts Options) (*Manager, error) {
 		stop:        make(chan struct{}),
 		sampleEvery: cmp.Or(opts.SampleEvery, 5*time.Second),
 		running:     map[string]*entry{},
+		idleable:    map[string]*entry{},
 	}
 	m.usage = usage.NewMeter(opts.Audit, liveUsage{m}, opts.Now)
 	if m.fences == nil {
@@ -400,6 +406,7 @@ func (m *Manager) watch(e *entry) {
 	cur, ok := m.running[e.sb().ID()]
 	if ok && cur == e {
 		delete(m.running, e.sb().ID())
+		delete(m.idleable, e.sb().ID())
 		m.fences.Drop(e.sb().ID())
 		m.adm.remove()
 		m.quota.Remove(e.sb().ID())
@@ -435,6 +442,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	for id, e := range m.running {
 		all = append(all, e)
 		delete(m.running, id)
+		delete(m.idleable, id)
 		m.fences.Drop(id)
 	}
 	m.mu.Unlock()

@@ -207,6 +207,7 @@ func (m *Manager) kill(ctx context.Context, id, reason string) error {
 	ok = ok && tenancy.Visible(ctx, e.team)
 	if ok {
 		delete(m.running, id)
+		delete(m.idleable, id)
 		m.fences.Drop(id)
 		m.adm.remove()
 		m.quota.Remove(id)

@@ -52,7 +52,9 @@ func (l liveUsage) LiveUsage(id string) []usage.Usage {
 	out := make([]usage.Usage, 0, len(live))
 	for _, e := range live {
 		if id != "" {
-			e.Read(clock) // one sandbox asked for: its figures as of now
+			ctx, cancel := context.WithTimeout(context.Background(), usage.ReadTimeout)
+			e.Read(ctx, clock) // one sandbox asked for: its figures as of now
+			cancel()
 		}
 		e.mu.Lock()
 		u := e.use.Snapshot(clock)
@@ -86,10 +88,8 @@ func (l liveUsage) Reader(id string) (usage.Reader, error) {
 
 var _ usage.Reader = (*entry)(nil)
 
-// Read records one reading of e's resource use at now.
-func (e *entry) Read(now time.Time) (usage.Sample, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+// Read records one reading of e's resource use at now, within ctx.
+func (e *entry) Read(ctx context.Context, now time.Time) (usage.Sample, error) {
 	st, err := e.sb().Stats(ctx)
 	if err != nil {
 		return usage.Sample{}, err
@@ -113,7 +113,9 @@ func (e *entry) Each(f func(usage.Sample)) {
 // finishUsage takes a last reading of e, being killed (its cgroup still
 // there), at clock and records its usage with meter.
 func (e *entry) finishUsage(ctx context.Context, meter *usage.Meter, clock time.Time) {
-	e.Read(clock)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), usage.ReadTimeout)
+	e.Read(rctx, clock)
+	cancel()
 	now := clock.UTC()
 	e.mu.Lock()
 	u := e.use.Snapshot(clock)

@@ -60,6 +60,7 @@ func (s *sandbox) release(ctx context.Context) error {
 			}
 		})
 	}
+	s.closeUsage()
 	if s.cg != nil && !s.cgRemoved {
 		if err := s.cg.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("removing cgroup: %w", err))
@@ -92,6 +93,7 @@ func (s *sandbox) removeCgroup(ctx context.Context) {
 	if s.cg == nil {
 		return
 	}
+	s.closeUsage()
 	if err := s.cg.Remove(ctx); err == nil {
 		s.cgRemoved = true
 	}

@@ -28,6 +28,9 @@ type usageReading struct {
 	disk int64
 	// +checklocks:mu
 	full time.Time // when memory, tasks and disk were last read
+	// cpu holds the cgroup's CPU time file open between readings; it is
+	// closed before the cgroup is removed (closeUsage).
+	cpu cgroup.HeldCPU
 }
 
 // diskReadings counts the readings of a writable layer's use, for tests.
@@ -35,10 +38,10 @@ var diskReadings atomic.Int64
 
 // Stats implements isolation.Sandbox. The daemon reads every sandbox's
 // use every few seconds, a cost that grows with the sandboxes alive and
-// is taken from their creates, so an idle sandbox's reading opens one
-// control file (its CPU time): while that does not move, its memory,
-// tasks and disk are those of the last reading, read again at least every
-// statsRefresh.
+// is taken from their creates, so an idle sandbox's reading reads one
+// control file (its CPU time), held open between readings: while that
+// does not move, its memory, tasks and disk are those of the last
+// reading, read again at least every statsRefresh.
 func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 	u := &s.usage
 	u.mu.Lock()
@@ -48,7 +51,7 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 		prev = cgroup.Stats{}
 	}
 	// Usage, not Stats: the limit is the sandbox's own.
-	st, ran, err := s.cg.UsageSince(prev)
+	st, ran, err := s.cg.UsageSinceHeld(&u.cpu, prev)
 	if err != nil {
 		return isolation.Stats{}, fmt.Errorf("reading cgroup stats: %w", err)
 	}
@@ -64,6 +67,10 @@ func (s *sandbox) Stats(ctx context.Context) (isolation.Stats, error) {
 		DiskLimit:   s.limit.DiskBytes,
 	}, nil
 }
+
+// closeUsage lets go of the cgroup's CPU time file that Stats holds open,
+// before the cgroup is removed.
+func (s *sandbox) closeUsage() { s.usage.cpu.Close() }
 
 // diskUsage reads the bytes used in the sandbox's writable layer (0 when
 // it has none).

@@ -2,6 +2,8 @@ package native_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +80,51 @@ func TestStatsOfAnIdleSandbox(t *testing.T) {
 	if after.CPUUsage <= st.CPUUsage || after.DiskBytes < st.DiskBytes+4<<20 {
 		t.Errorf("Stats after writing 8 MB = %+v, before %+v; want more CPU time and at least 4 MiB more disk", after, st)
 	}
+}
+
+// TestStatsHoldsTheCPUFileUntilKill: a sandbox's readings keep its CPU
+// time control file open between them (one pread a reading instead of an
+// open, a read and a close), and its kill lets go of it.
+func TestStatsHoldsTheCPUFileUntilKill(t *testing.T) {
+	b := newBackend(t)
+	base := heldCPUFiles(t)
+	sb := create(t, b, isolation.Spec{})
+	for range 3 {
+		if _, err := sb.Stats(t.Context()); err != nil {
+			t.Fatalf("Stats error: %v", err)
+		}
+	}
+	if n := heldCPUFiles(t) - base; n != 1 {
+		t.Errorf("after 3 readings of a sandbox the daemon holds %d more CPU time files, want 1", n)
+	}
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for heldCPUFiles(t) != base {
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed sandbox's CPU time file is still open: %d held, %d before it", heldCPUFiles(t), base)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// heldCPUFiles counts this process's descriptors on a cgroup's CPU time
+// file.
+func heldCPUFiles(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		l, _ := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if strings.HasPrefix(l, "/sys/fs/cgroup/") && (strings.HasSuffix(l, "/cpuacct.usage") || strings.HasSuffix(l, "/cpu.stat")) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestCreateLooksOnlyAtSandboxesOfItsID: a create checks that no sandbox

@@ -27,9 +27,9 @@ type Sample struct {
 // for each live sandbox, which keeps its readings in a Ring.
 type Reader interface {
 	// Read takes a reading as of now, keeps it and counts it in the
-	// sandbox's Acc. An error wrapping isolation.ErrNotFound means the
-	// sandbox is gone.
-	Read(now time.Time) (Sample, error)
+	// sandbox's Acc; ctx bounds it (the caller gives it a deadline). An
+	// error wrapping isolation.ErrNotFound means the sandbox is gone.
+	Read(ctx context.Context, now time.Time) (Sample, error)
 	// Each calls f with every reading kept, oldest first.
 	Each(f func(Sample))
 }
@@ -77,9 +77,15 @@ func (r *Ring) Each(f func(Sample)) {
 	}
 }
 
+// ReadTimeout bounds one reading of a sandbox's resource use that is
+// taken alone (Metrics, a kill's last reading).
+const ReadTimeout = 2 * time.Second
+
 // Sample reads every live sandbox's resource use each interval, for
 // E2B's metrics over a time range (Metrics) and the usage figures, until
-// stop is closed.
+// stop is closed. The readings of one round share one deadline, the
+// interval (the next round is due then), rather than a context and a
+// timer each: their cost is paid once per sandbox alive.
 func (m *Meter) Sample(stop <-chan struct{}, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -89,9 +95,16 @@ func (m *Meter) Sample(stop <-chan struct{}, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		for _, r := range m.live.Readers() {
-			r.Read(m.now())
-		}
+		m.sampleRound(every)
+	}
+}
+
+// sampleRound takes one reading of every live sandbox, all within d.
+func (m *Meter) sampleRound(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for _, r := range m.live.Readers() {
+		r.Read(ctx, m.now())
 	}
 }
 
@@ -112,7 +125,9 @@ func (m *Meter) Metrics(ctx context.Context, id string, start, end time.Time) ([
 		}
 	})
 	if len(out) == 0 && (end.IsZero() || !m.now().After(end)) {
-		s, err := r.Read(m.now())
+		rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+		s, err := r.Read(rctx, m.now())
+		cancel()
 		if errors.Is(err, isolation.ErrNotFound) {
 			return nil, fmt.Errorf("sandbox %q not found: %w", id, api.ErrNotFound)
 		}
