@@ -69,7 +69,7 @@ func (st *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	)
 	upDone := make(chan int64, 1)
 	downSize := st.downRelaySizes(dst.Addr(), fl.small)
-	grow := func() { fl.growSend(ep) }
+	grow := func() { fl.growSend(ep); fl.keepWriter() }
 	first := newFirstBytes(up)
 	icpt := st.opts.Interceptor
 	if d.VerifyName || icpt != nil {

@@ -71,3 +71,37 @@ func TestGrowSendCharged(t *testing.T) {
 	}
 	fl.release()
 }
+
+// TestBulkFlowKeepsTheWriter: a flow that has moved bulkAfter bytes
+// towards the sandbox keeps the send queue's writer once, however often
+// it is told, and gives it back with its release, after which it keeps
+// nothing.
+func TestBulkFlowKeepsTheWriter(t *testing.T) {
+	sh := NewShared(SharedOptions{})
+	q := newSendQueue(newHeldWriter())
+	defer q.Close()
+	st := &Stack{opts: Options{Shared: sh}, acct: account{s: sh}, slots: make(chan struct{}, 4), sendQ: q}
+	stays := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.stays
+	}
+	a, _ := st.acquireFlow()
+	b, _ := st.acquireFlow()
+	a.keepWriter()
+	a.keepWriter()
+	b.keepWriter()
+	if n := stays(); n != 2 {
+		t.Fatalf("two bulk flows hold %d stays, want 2", n)
+	}
+	a.release()
+	a.release()
+	if n := stays(); n != 1 {
+		t.Fatalf("%d stays after one flow's release, want 1", n)
+	}
+	a.keepWriter() // after its release: nothing
+	b.release()
+	if n := stays(); n != 0 {
+		t.Fatalf("%d stays after both flows' release, want 0", n)
+	}
+}

@@ -179,6 +179,7 @@ type Stack struct {
 	log      *slog.Logger
 	s        *stack.Stack
 	link     stack.LinkEndpoint
+	sendQ    *sendQueue // the NIC's queue of packets to the sandbox
 	resolver *dns.Resolver
 	policy   atomic.Pointer[policy.Policy]
 	proxy    atomic.Pointer[Proxy]
@@ -397,7 +398,8 @@ func (st *Stack) build() error {
 	}
 	pace := rate.NewLimiter(rate.Limit(st.opts.PacketRate), int(max(1, st.opts.PacketRate/10)))
 	fep := newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)
-	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: newSendQueue(fep)}); err != nil {
+	st.sendQ = newSendQueue(fep)
+	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: st.sendQ}); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous + spoofing: accept packets for every destination and
@@ -547,6 +549,8 @@ type flow struct {
 	released bool
 	// +checklocks:mu
 	bulk bool
+	// +checklocks:mu
+	stays bool // the flow keeps the send queue's writer (keepWriter)
 }
 
 // acquireFlow takes a slot and charges the flow's worst-case memory: a
@@ -605,13 +609,31 @@ func (f *flow) growSend(ep tcpip.Endpoint) {
 	ep.SocketOptions().SetSendBufferSize(bulkSendBufSize, true)
 }
 
-// release returns the slot and the memory; it is idempotent.
+// keepWriter makes a flow that has moved bulkAfter bytes towards the
+// sandbox keep the send queue's writer until it is released (see
+// sendQueue): its next segments then find the writer waiting instead of
+// starting one per burst.
+func (f *flow) keepWriter() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stays || f.released || f.st.sendQ == nil {
+		return
+	}
+	f.stays = true
+	f.st.sendQ.stay()
+}
+
+// release returns the slot and the memory, and the send queue's writer;
+// it is idempotent.
 func (f *flow) release() {
 	f.once.Do(func() {
 		f.mu.Lock()
 		f.released = true
-		cost := f.cost
+		cost, stays := f.cost, f.stays
 		f.mu.Unlock()
+		if stays {
+			f.st.sendQ.leave()
+		}
 		f.st.acct.release(cost)
 		<-f.st.slots
 	})

@@ -41,7 +41,15 @@ import (
 // flow's, always go through the queue.
 //
 // An idle queue holds no goroutine: one is started when a packet arrives
-// at an empty queue and ends once it has written all there was. (gVisor's
+// at an empty queue and ends once it has written all there was, unless a
+// bulk flow is open (stay, leave): while one is, the writer that finds the
+// queue empty waits for the next packet instead of ending, and the next
+// packet wakes it. A download's segments come in bursts (what the relay
+// hands the stack at once, or what an acknowledgement lets the stack
+// send), and a writer ended after each burst was started again for the
+// next: a goroutine started, its stack grown and a thread woken about once
+// per MiB (BenchmarkTUNDownload's goroutines/MB). The last bulk flow
+// that leaves ends a waiting writer. (gVisor's
 // fifo discipline keeps a goroutine and a 1,000-entry ring per NIC for the
 // stack's whole life, about 16 KiB for every idle sandbox.) At most
 // maxQueued packets wait; past that a packet is refused, as by a full
@@ -55,13 +63,22 @@ type sendQueue struct {
 	// +checklocks:mu
 	pkts []*stack.PacketBuffer
 	// +checklocks:mu
-	writing bool // a writer goroutine runs
+	writing bool // a writer goroutine runs, or a sender writes inline
 	// +checklocks:mu
 	closed bool
+	// +checklocks:mu
+	stays int // bulk flows open (stay, leave)
+	// +checklocks:mu
+	parked bool // the writer waits on wake for packets (only while stays > 0)
+
+	// wake wakes a parked writer. Whoever wakes it clears parked and sets
+	// writing, so that no second writer starts before it runs again.
+	wake chan struct{}
 
 	wg sync.WaitGroup // the writer, or a sender writing inline
 
 	inlined atomic.Int64 // packets written on their sender's goroutine
+	started atomic.Int64 // writer goroutines started
 }
 
 var _ stack.QueueingDiscipline = (*sendQueue)(nil)
@@ -80,7 +97,7 @@ const writeBatch = 64
 const inlineMax = 2048
 
 func newSendQueue(lower stack.LinkWriter) *sendQueue {
-	return &sendQueue{lower: lower}
+	return &sendQueue{lower: lower, wake: make(chan struct{}, 1)}
 }
 
 // WritePacket implements stack.QueueingDiscipline: pkt is queued (the
@@ -107,11 +124,47 @@ func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	q.pkts = append(q.pkts, pkt.IncRef())
 	if !q.writing {
 		q.writing = true
-		q.wg.Add(1)
-		go q.write()
+		if !q.wakeLocked() {
+			q.wg.Add(1)
+			q.started.Add(1)
+			go q.write()
+		}
 	}
 	q.mu.Unlock()
 	return nil
+}
+
+// wakeLocked wakes a parked writer, if there is one, which then counts as
+// writing: the caller has set q.writing or is about to end the queue.
+//
+// +checklocks:q.mu
+func (q *sendQueue) wakeLocked() bool {
+	if !q.parked {
+		return false
+	}
+	q.parked = false
+	q.writing = true
+	q.wake <- struct{}{} // buffered: the one parked writer takes it
+	return true
+}
+
+// stay keeps the queue's writer while a bulk flow is open: a writer that
+// finds the queue empty waits for the next packet instead of ending. Each
+// stay is undone by one leave.
+func (q *sendQueue) stay() {
+	q.mu.Lock()
+	q.stays++
+	q.mu.Unlock()
+}
+
+// leave undoes a stay; the last one ends a writer that waits.
+func (q *sendQueue) leave() {
+	q.mu.Lock()
+	q.stays--
+	if q.stays == 0 {
+		q.wakeLocked() // it finds nothing to write and ends
+	}
+	q.mu.Unlock()
 }
 
 // inline reports whether pkt may be written on its sender's goroutine: a
@@ -145,6 +198,12 @@ func (q *sendQueue) writeInline(pkt *stack.PacketBuffer) {
 	q.inlined.Add(1)
 	q.mu.Lock()
 	if len(q.pkts) > 0 && !q.closed {
+		if q.wakeLocked() {
+			q.mu.Unlock()
+			q.wg.Done()
+			return
+		}
+		q.started.Add(1)
 		go q.write() // takes over q.wg's count and writing
 		q.mu.Unlock()
 		return
@@ -155,19 +214,27 @@ func (q *sendQueue) writeInline(pkt *stack.PacketBuffer) {
 }
 
 // write writes the queued packets in order, in batches, until the queue
-// is empty or closed.
+// is closed, or empty with no bulk flow open; empty with one open, it
+// waits for the next packet.
 func (q *sendQueue) write() {
 	defer q.wg.Done()
 	var batch stack.PacketBufferList
 	for {
 		q.mu.Lock()
-		if q.closed || len(q.pkts) == 0 {
+		if q.closed || (len(q.pkts) == 0 && q.stays == 0) {
 			q.writing = false
 			if len(q.pkts) == 0 && cap(q.pkts) > writeBatch {
 				q.pkts = nil // an idle sandbox keeps no burst's backlog array
 			}
 			q.mu.Unlock()
 			return
+		}
+		if len(q.pkts) == 0 {
+			q.writing = false
+			q.parked = true
+			q.mu.Unlock()
+			<-q.wake // writing again, or told to end
+			continue
 		}
 		n := min(len(q.pkts), writeBatch)
 		for i, pkt := range q.pkts[:n] {
@@ -190,6 +257,7 @@ func (q *sendQueue) write() {
 func (q *sendQueue) Close() {
 	q.mu.Lock()
 	q.closed = true
+	q.wakeLocked()
 	q.mu.Unlock()
 	q.wg.Wait()
 	q.mu.Lock()

@@ -272,3 +272,117 @@ func TestSendQueueBoundedAndClosed(t *testing.T) {
 		t.Error("a closed queue took a packet")
 	}
 }
+
+// TestSendQueueWriterStaysForBulkFlows: while a bulk flow is open (stay),
+// the writer that has written a burst waits for the next one instead of
+// ending, so that five bursts start one writer (five without stay), in
+// order; a small packet that comes meanwhile is still written by its
+// sender, and the next burst wakes the same writer; the last leave ends
+// it, after which the queue starts a writer per burst again; and Close
+// ends one that waits.
+func TestSendQueueWriterStaysForBulkFlows(t *testing.T) {
+	w := newHeldWriter()
+	close(w.hold) // writes pass at once
+	q := newSendQueue(w)
+	defer q.Close()
+	q.stay()
+	q.stay() // two bulk flows
+	var want []byte
+	burst := func(first byte) {
+		t.Helper()
+		for i := range byte(3) {
+			pkt := onePacket(first + i)
+			if err := q.WritePacket(pkt); err != nil {
+				t.Fatal(err)
+			}
+			pkt.DecRef()
+			want = append(want, first+i)
+		}
+		waitParked(t, q)
+	}
+	for b := range byte(5) {
+		burst(b * 3)
+	}
+	if n := q.started.Load(); n != 1 {
+		t.Fatalf("five bursts with a bulk flow open started %d writers, want 1", n)
+	}
+	small := smallPacket(15) // written by its sender, the writer waiting
+	if err := q.WritePacket(small); err != nil {
+		t.Fatal(err)
+	}
+	small.DecRef()
+	want = append(want, 15)
+	if n := q.inlined.Load(); n != 1 {
+		t.Fatalf("%d packets written inline, want the small one", n)
+	}
+	burst(16)
+	if n := q.started.Load(); n != 1 {
+		t.Fatalf("a burst after an inline write started %d writers in all, want 1", n)
+	}
+	if got := w.got(); string(got) != string(want) {
+		t.Fatalf("the link got %v, want %v", got, want)
+	}
+
+	q.leave() // one flow still open: the writer stays
+	if !isParked(q) {
+		t.Fatal("the writer ended with a bulk flow still open")
+	}
+	q.leave()
+	waitEnded(t, q)
+	for b := range byte(2) { // no flow open: a writer per burst
+		pkt := onePacket(20 + b)
+		if err := q.WritePacket(pkt); err != nil {
+			t.Fatal(err)
+		}
+		pkt.DecRef()
+		waitEnded(t, q)
+	}
+	if n := q.started.Load(); n != 3 {
+		t.Fatalf("%d writers started in all, want 3 (one per burst once the flows left)", n)
+	}
+
+	q.stay()
+	pkt := onePacket(30)
+	if err := q.WritePacket(pkt); err != nil {
+		t.Fatal(err)
+	}
+	pkt.DecRef()
+	waitParked(t, q)
+	closed := make(chan struct{})
+	go func() { q.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the waiting writer")
+	}
+}
+
+func isParked(q *sendQueue) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.parked
+}
+
+// waitParked waits until q's writer has written everything and waits.
+func waitParked(t *testing.T, q *sendQueue) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if isParked(q) {
+			return
+		}
+	}
+	t.Fatal("the writer not waiting after 10 s")
+}
+
+// waitEnded waits until q has no goroutine left: no writer, waiting or
+// writing.
+func waitEnded(t *testing.T, q *sendQueue) {
+	t.Helper()
+	ended := make(chan struct{})
+	go func() { q.wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue's writer still there after 10 s")
+	}
+}
