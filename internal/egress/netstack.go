@@ -179,6 +179,7 @@ type Stack struct {
 	log      *slog.Logger
 	s        *stack.Stack
 	link     stack.LinkEndpoint
+	sendq    *sendQueue // the NIC's queue of packets to the sandbox
 	resolver *dns.Resolver
 	policy   atomic.Pointer[policy.Policy]
 	proxy    atomic.Pointer[Proxy]
@@ -397,7 +398,9 @@ func (st *Stack) build() error {
 	}
 	pace := rate.NewLimiter(rate.Limit(st.opts.PacketRate), int(max(1, st.opts.PacketRate/10)))
 	fep := newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)
-	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: newSendQueue(fep)}); err != nil {
+	st.sendq = newSendQueue(fep)
+	st.sendq.holder = fep
+	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: st.sendq}); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous + spoofing: accept packets for every destination and

@@ -74,3 +74,32 @@ func TestSYNACKWriteDoesNotSpin(t *testing.T) {
 		t.Errorf("%v of CPU for %d connections whose SYN-ACK writes took %v each: the stack spins while they are under way", used, conns, hold)
 	}
 }
+
+// TestSYNACKWrittenBySender: with the send queue idle, a new connection's
+// SYN-ACK is written by the goroutine that completes the handshake,
+// without starting the queue's writer for it (each connection's SYN-ACK
+// was queued, and its writer started and given a CPU, before the
+// sandbox could answer). The sandbox's answer, given during the write,
+// still completes the handshake.
+func TestSYNACKWrittenBySender(t *testing.T) {
+	const conns = 20
+	e := newEnv(t, cidrSpec, nil)
+	n0 := egress.SYNsInline(e.st)
+	for range conns {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := e.sb.DialTCP(ctx, ap("203.0.113.1:9"))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	// A SYN-ACK finding the queue busy (a previous connection's last
+	// acknowledgement being written) is queued: most are not.
+	if n := egress.SYNsInline(e.st) - n0; n < conns/2 {
+		t.Errorf("%d of %d SYN-ACKs written by their sender, want most", n, conns)
+	}
+}
