@@ -66,8 +66,7 @@ type sendQueue struct {
 
 	wg sync.WaitGroup // the writer, or a sender writing inline
 
-	inlined atomic.Int64 // packets written on their sender's goroutine
-	started   atomic.Int64 // writer goroutines started
+	inlined   atomic.Int64 // packets written on their sender's goroutine
 	synInline atomic.Int64 // SYNs written inline, deliveries held
 
 	// holder, if set, holds the sandbox's packets while a SYN is
@@ -128,7 +127,6 @@ func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	if !q.writing {
 		q.writing = true
 		q.wg.Add(1)
-		q.started.Add(1)
 		go q.write()
 	}
 	q.mu.Unlock()
@@ -182,7 +180,6 @@ func (q *sendQueue) writeInline(pkt *stack.PacketBuffer, syn bool) {
 	q.inlined.Add(1)
 	q.mu.Lock()
 	if len(q.pkts) > 0 && !q.closed {
-		q.started.Add(1)
 		go q.write() // takes over q.wg's count and writing
 		q.mu.Unlock()
 		return
