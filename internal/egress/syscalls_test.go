@@ -14,10 +14,10 @@ import (
 )
 
 // countSyscalls returns how many times f entered each of the system calls
-// named (as in /sys/kernel/tracing/events/syscalls/sys_enter_NAME, or
-// "all" for every system call) on the calling goroutine's thread: f must
-// not hand its work to other goroutines. It counts with the kernel's
-// tracepoints (perf_event_open), which needs root.
+// named (as in /sys/kernel/tracing/events/syscalls/sys_enter_NAME) on the
+// calling goroutine's thread: f must not hand its work to other
+// goroutines. It counts with the kernel's tracepoints (perf_event_open),
+// which needs root.
 func countSyscalls(t *testing.T, names []string, f func()) map[string]uint64 {
 	t.Helper()
 	testutil.RequireRoot(t)
@@ -30,11 +30,7 @@ func countSyscalls(t *testing.T, names []string, f func()) map[string]uint64 {
 		}
 	}()
 	for _, n := range names {
-		event := "syscalls/sys_enter_" + n
-		if n == "all" {
-			event = "raw_syscalls/sys_enter"
-		}
-		raw, err := os.ReadFile("/sys/kernel/tracing/events/" + event + "/id")
+		raw, err := os.ReadFile("/sys/kernel/tracing/events/syscalls/sys_enter_" + n + "/id")
 		if err != nil {
 			t.Fatalf("the kernel's syscall tracepoints: %v", err)
 		}
