@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/time/rate"
@@ -32,12 +33,35 @@ import (
 // is smaller than the work of sending the data they answer. A flood
 // gains nothing from it: past the rate, the sandbox sends at most one
 // packet for every data segment the stack chose to send it.
+//
+// While a SYN-ACK (or a SYN) is written on its sender's goroutine, which
+// holds the new endpoint's lock (see sendQueue), the packets the sandbox
+// sends meanwhile pass the checks and the pacing as they come but reach
+// the stack only once the write has ended, delivered in order by the
+// writer (holdDeliveries, releaseDeliveries): the sandbox's kernel
+// answers a SYN-ACK inside the write to its device, and gVisor's TCP
+// processor, given that answer while the lock was held, retried the
+// endpoint without pause until the write returned.
 type filterEndpoint struct {
 	nested.Endpoint
 	ctx    context.Context
 	pace   *rate.Limiter
 	paced  *atomic.Int64
 	credit atomic.Int64
+
+	holdMu sync.Mutex
+	// +checklocks:holdMu
+	holding int // writes under way that hold deliveries
+	// +checklocks:holdMu
+	held  []heldPacket
+	holds atomic.Int32 // holding, read without the lock
+}
+
+// heldPacket is a packet from the sandbox whose delivery waits for a
+// write that holds deliveries.
+type heldPacket struct {
+	proto tcpip.NetworkProtocolNumber
+	pkt   *stack.PacketBuffer
 }
 
 // maxPaceCredit bounds the packets a sandbox may bank past the packet
@@ -63,7 +87,51 @@ func (e *filterEndpoint) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber,
 	if !acceptPacket(proto, pkt) {
 		return
 	}
+	if e.holds.Load() > 0 && e.hold(proto, pkt) {
+		return
+	}
 	e.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// hold keeps pkt for delivery once the writes that hold deliveries have
+// ended, and reports whether it did (false: none is under way).
+func (e *filterEndpoint) hold(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+	e.holdMu.Lock()
+	defer e.holdMu.Unlock()
+	if e.holding == 0 {
+		return false
+	}
+	e.held = append(e.held, heldPacket{proto, pkt.IncRef()})
+	return true
+}
+
+// holdDeliveries makes the sandbox's packets wait until the matching
+// releaseDeliveries: a write that holds an endpoint's lock is under way.
+func (e *filterEndpoint) holdDeliveries() {
+	e.holdMu.Lock()
+	e.holding++
+	e.holds.Store(int32(e.holding))
+	e.holdMu.Unlock()
+}
+
+// releaseDeliveries ends a holdDeliveries; the last one delivers what
+// was held, in order, on the caller's goroutine (packets that come
+// meanwhile are held behind them).
+func (e *filterEndpoint) releaseDeliveries() {
+	e.holdMu.Lock()
+	for e.holding == 1 && len(e.held) > 0 {
+		held := e.held
+		e.held = nil
+		e.holdMu.Unlock()
+		for _, h := range held {
+			e.Endpoint.DeliverNetworkPacket(h.proto, h.pkt)
+			h.pkt.DecRef()
+		}
+		e.holdMu.Lock()
+	}
+	e.holding--
+	e.holds.Store(int32(e.holding))
+	e.holdMu.Unlock()
 }
 
 // spendCredit takes one packet of credit, if there is any.

@@ -1,9 +1,15 @@
 package egress
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
+
+	"golang.org/x/time/rate"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
@@ -133,5 +139,64 @@ func TestPartialChecksum(t *testing.T) {
 			t.Errorf("%s: completed checksum invalid", tt.name)
 		}
 		pkt.DecRef()
+	}
+}
+
+// recordingDispatcher records the first payload byte of every packet the
+// filter delivers, in order.
+type recordingDispatcher struct {
+	mu  sync.Mutex
+	got []byte
+}
+
+func (d *recordingDispatcher) DeliverNetworkPacket(_ tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.got = append(d.got, pkt.Data().AsRange().ToSlice()[header.IPv4MinimumSize+header.TCPMinimumSize])
+}
+
+func (d *recordingDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
+
+func (d *recordingDispatcher) delivered() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return string(d.got)
+}
+
+// sandboxTCP is a TCP packet from the sandbox carrying the byte b.
+func sandboxTCP(b byte) *stack.PacketBuffer {
+	buf := make([]byte, header.IPv4MinimumSize+header.TCPMinimumSize+1)
+	header.IPv4(buf).Encode(&header.IPv4Fields{
+		TotalLength: uint16(len(buf)), TTL: 64, Protocol: uint8(header.TCPProtocolNumber),
+		SrcAddr: toTCPIP(SandboxIPv4.Addr()), DstAddr: toTCPIP(netip.MustParseAddr("203.0.113.1")),
+	})
+	buf[len(buf)-1] = b
+	return stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(buf)})
+}
+
+// TestDeliveriesHeld: while a write holds deliveries, the sandbox's
+// packets pass the filter but reach the stack only when it ends, in the
+// order they came and before any that comes after.
+func TestDeliveriesHeld(t *testing.T) {
+	var paced atomic.Int64
+	fep := newFilterEndpoint(context.Background(), channel.New(4, DefaultMTU, ""), rate.NewLimiter(rate.Inf, 1), &paced)
+	d := &recordingDispatcher{}
+	fep.Attach(d)
+	deliver := func(b byte) {
+		pkt := sandboxTCP(b)
+		fep.DeliverNetworkPacket(header.IPv4ProtocolNumber, pkt)
+		pkt.DecRef()
+	}
+	deliver('a')
+	fep.holdDeliveries()
+	deliver('b')
+	deliver('c')
+	if got := d.delivered(); got != "a" {
+		t.Fatalf("delivered %q while a write held deliveries, want %q", got, "a")
+	}
+	fep.releaseDeliveries()
+	deliver('d')
+	if got := d.delivered(); got != "abcd" {
+		t.Fatalf("delivered %q, want %q", got, "abcd")
 	}
 }

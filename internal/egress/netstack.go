@@ -172,6 +172,10 @@ type Options struct {
 
 const nicID tcpip.NICID = 1
 
+// timeWait is how long the stack's end of a flow it closed first stays
+// in TIME-WAIT (see build).
+const timeWait = 100 * time.Millisecond
+
 // Stack is one sandbox's network stack. Its methods are safe for
 // concurrent use.
 type Stack struct {
@@ -377,9 +381,16 @@ func (st *Stack) build() error {
 		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: flowBufDefault, Max: flowBufMax},
 		// The sandbox reuses a 4-tuple whose flow the stack closed first:
 		// accept a new SYN on a TIME-WAIT endpoint, and keep TIME-WAIT short
-		// (the link neither reorders nor duplicates).
+		// (the link neither reorders nor duplicates). Shorter than the
+		// least retransmission timeout (gVisor's MinRTO, 200 ms): the
+		// retransmission timer of a closed flow's last segments stays
+		// armed once they are acknowledged (gVisor only marks it
+		// disabled) and fires in a goroutine of its own unless the
+		// endpoint's end stops it first. A final ACK the sandbox's kernel
+		// dropped is answered, once TIME-WAIT has ended, by a RST to its
+		// FIN sent again, which ends its side as well.
 		ptr(tcpip.TCPTimeWaitReuseGlobal),
-		ptr(tcpip.TCPTimeWaitTimeoutOption(time.Second)),
+		ptr(tcpip.TCPTimeWaitTimeoutOption(timeWait)),
 		// No RACK loss detection, and with it no tail loss probes: their
 		// timers (2 × SRTT for a probe, where Linux adds at least two
 		// clock ticks; a quarter of the minimum RTT for reordering) are
@@ -399,6 +410,7 @@ func (st *Stack) build() error {
 	pace := rate.NewLimiter(rate.Limit(st.opts.PacketRate), int(max(1, st.opts.PacketRate/10)))
 	fep := newFilterEndpoint(st.ctx, st.link, pace, &st.opts.Shared.stats.packetsPaced)
 	st.sendQ = newSendQueue(fep)
+	st.sendQ.holder = fep
 	if err := s.CreateNICWithOptions(nicID, fep, stack.NICOptions{QDisc: st.sendQ}); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}

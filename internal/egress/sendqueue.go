@@ -19,10 +19,15 @@ import (
 // download then left about a third of two CPUs idle. On the queue's
 // goroutine the two run side by side.
 //
-// Nor does the stack write a SYN to the device while it holds the new
-// endpoint's lock: the sandbox's kernel answers a SYN-ACK inside its
-// write, and gVisor's TCP processor, given that answer while the lock was
-// held, spun on it until the write returned.
+// A SYN (a SYN-ACK to the sandbox, mostly) is written by its sender only
+// when the queue has a deliveryHolder (the stack's filterEndpoint): its
+// sender holds the new endpoint's lock, and the sandbox's kernel answers
+// a SYN-ACK inside the write to its device; given to gVisor's TCP
+// processor while the lock was held, that answer made it spin until the
+// write returned. The holder keeps what the sandbox sends during the
+// write and delivers it once the write has ended. Queued instead, each
+// new connection's SYN-ACK started the queue's goroutine and waited for
+// it to be given a CPU, on the path of every connection.
 //
 // A small packet (at most inlineMax bytes; not a TCP SYN, nor a bare
 // acknowledgement) that finds the queue empty and no writer running is
@@ -77,8 +82,20 @@ type sendQueue struct {
 
 	wg sync.WaitGroup // the writer, or a sender writing inline
 
-	inlined atomic.Int64 // packets written on their sender's goroutine
-	started atomic.Int64 // writer goroutines started
+	inlined   atomic.Int64 // packets written on their sender's goroutine
+	started   atomic.Int64 // writer goroutines started
+	synInline atomic.Int64 // SYNs written inline, deliveries held
+
+	// holder, if set, holds the sandbox's packets while a SYN is
+	// written inline.
+	holder deliveryHolder
+}
+
+// deliveryHolder holds the deliveries of the sandbox's packets between
+// holdDeliveries and releaseDeliveries (filterEndpoint).
+type deliveryHolder interface {
+	holdDeliveries()
+	releaseDeliveries()
 }
 
 var _ stack.QueueingDiscipline = (*sendQueue)(nil)
@@ -113,13 +130,15 @@ func (q *sendQueue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		q.mu.Unlock()
 		return &tcpip.ErrNoBufferSpace{}
 	}
-	if !q.writing && inline(pkt) {
-		// Nothing queued (a writer ends only on an empty queue).
-		q.writing = true
-		q.wg.Add(1)
-		q.mu.Unlock()
-		q.writeInline(pkt)
-		return nil
+	if !q.writing {
+		if syn := isSYN(pkt); (syn && q.holder != nil && pkt.Size() <= inlineMax) || (!syn && inline(pkt)) {
+			// Nothing queued (a writer ends only on an empty queue).
+			q.writing = true
+			q.wg.Add(1)
+			q.mu.Unlock()
+			q.writeInline(pkt, syn)
+			return nil
+		}
 	}
 	q.pkts = append(q.pkts, pkt.IncRef())
 	if !q.writing {
@@ -167,9 +186,18 @@ func (q *sendQueue) leave() {
 	q.mu.Unlock()
 }
 
-// inline reports whether pkt may be written on its sender's goroutine: a
-// small packet that is not a TCP SYN (whose sender holds the new
-// endpoint's lock) nor a bare acknowledgement.
+// isSYN reports whether pkt is a TCP SYN (or SYN-ACK).
+func isSYN(pkt *stack.PacketBuffer) bool {
+	if pkt.TransportProtocolNumber != header.TCPProtocolNumber {
+		return false
+	}
+	tcp := header.TCP(pkt.TransportHeader().Slice())
+	return len(tcp) >= header.TCPMinimumSize && tcp.Flags()&header.TCPFlagSyn != 0
+}
+
+// inline reports whether pkt may be written on its sender's goroutine
+// without holding deliveries: a small packet that is not a TCP SYN (whose
+// sender holds the new endpoint's lock) nor a bare acknowledgement.
 func inline(pkt *stack.PacketBuffer) bool {
 	if pkt.Size() > inlineMax {
 		return false
@@ -189,11 +217,18 @@ func inline(pkt *stack.PacketBuffer) bool {
 // writeInline writes pkt to the link on the caller's goroutine, the queue
 // marked as writing (by the caller) so that what comes meanwhile waits
 // behind it; it then hands what came to a writer, or marks the queue
-// idle.
-func (q *sendQueue) writeInline(pkt *stack.PacketBuffer) {
+// idle. A SYN is written with the sandbox's deliveries held.
+func (q *sendQueue) writeInline(pkt *stack.PacketBuffer, syn bool) {
 	var batch stack.PacketBufferList
 	batch.PushBack(pkt.IncRef())
+	if syn {
+		q.holder.holdDeliveries()
+	}
 	q.lower.WritePackets(batch) // a packet the link refuses is dropped
+	if syn {
+		q.holder.releaseDeliveries()
+		q.synInline.Add(1)
+	}
 	batch.Reset()
 	q.inlined.Add(1)
 	q.mu.Lock()
