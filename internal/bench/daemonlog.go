@@ -25,45 +25,48 @@ func (d *Daemon) explain(err error) error {
 	if err == nil || d == nil || d.Log == "" {
 		return err
 	}
-	lines, rerr := daemonLogReason(d.Log, daemonLogLines)
+	lines, bad, rerr := daemonLogReason(d.Log, daemonLogLines)
 	if rerr != nil {
 		return fmt.Errorf("%w\n  (the daemon's log %s: %v)", err, d.Log, rerr)
 	}
-	return fmt.Errorf("%w\n  the daemon's log, its last %d errors and warnings (or lines), all of it in %s:\n    %s",
-		err, len(lines), d.Log, strings.Join(lines, "\n    "))
+	what := "errors and warnings"
+	if !bad {
+		what = "lines (no error or warning)"
+	}
+	return fmt.Errorf("%w\n  the daemon's last %d %s; its whole log is %s:\n    %s",
+		err, len(lines), what, d.Log, strings.Join(lines, "\n    "))
 }
 
 // daemonLogReason returns the last n lines of the log at path at level
-// WARN or ERROR (slog's text and JSON forms), or its last n lines when it
-// has none, read from its last daemonLogTail bytes.
-func daemonLogReason(path string, n int) ([]string, error) {
+// WARN or ERROR (slog's text and JSON forms) with bad true, or its last n
+// lines when it has none, read from its last daemonLogTail bytes.
+func daemonLogReason(path string, n int) (lines []string, bad bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	off := max(0, st.Size()-daemonLogTail)
 	b, err := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	all := strings.Split(string(bytes.TrimRight(b, "\n")), "\n")
 	if off > 0 && len(all) > 1 {
 		all = all[1:] // the first is cut
 	}
-	var bad []string
 	for _, l := range all {
 		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") ||
 			strings.Contains(l, `"level":"ERROR"`) || strings.Contains(l, `"level":"WARN"`) {
-			bad = append(bad, l)
+			lines = append(lines, l)
 		}
 	}
-	if len(bad) == 0 {
-		bad = all
+	if bad = len(lines) > 0; !bad {
+		lines = all
 	}
-	return bad[max(0, len(bad)-n):], nil
+	return lines[max(0, len(lines)-n):], bad, nil
 }

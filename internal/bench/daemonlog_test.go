@@ -67,7 +67,9 @@ func TestFailureCarriesTheDaemonsReason(t *testing.T) {
 		t.Fatalf("no round trip failed against a daemon answering 500: %+v", results)
 	}
 	opts.Density = 2
-	check("density", runDensity(t.Context(), opts, io.Discard))
+	err = runDensity(t.Context(), opts, io.Discard)
+	t.Logf("density: failed: %v", err)
+	check("density", err)
 }
 
 // TestDaemonLogReasonFallsBackToTheLastLines: a log without errors or
@@ -81,9 +83,9 @@ func TestDaemonLogReasonFallsBackToTheLastLines(t *testing.T) {
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	lines, err := daemonLogReason(path, 3)
-	if err != nil {
-		t.Fatal(err)
+	lines, bad, err := daemonLogReason(path, 3)
+	if err != nil || bad {
+		t.Fatalf("daemonLogReason = %v, %v, want the last lines, no error or warning", bad, err)
 	}
 	if got := strings.Join(lines, ","); got != "level=INFO msg=line27,level=INFO msg=line28,level=INFO msg=line29" {
 		t.Errorf("last lines = %q", got)
