@@ -1,114 +1,115 @@
 package quota
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"strconv"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencesandbox/fence/api"
 	"github.com/fencesandbox/fence/internal/testutil"
 )
 
-// TestLoopBoundWithoutASearch: while directories accumulate, each one's
-// loop device is the one after the last bound when that one is free, with
-// no LOOP_CTL_GET_FREE (which goes over every bound loop device on the
-// host); a device in use is never taken: one bound by another owner is
-// passed over, and the kernel's search finds a free one.
-func TestLoopBoundWithoutASearch(t *testing.T) {
+// setAfterGetFree sets the hook between the kernel's answer and the bind
+// for the test's duration, every attach asking the kernel for its device.
+func setAfterGetFree(t *testing.T, f func(n int)) {
+	t.Helper()
+	afterGetFree, searchOnly = f, true
+	t.Cleanup(func() { afterGetFree, searchOnly = nil, false })
+}
+
+// TestLoopTakenByOthersIsUnavailable: when another process binds each free
+// loop device between the kernel naming it and fence's bind (here the test
+// binds it, through its own descriptor, as another process would), NewDir
+// fails as unavailable (a busy host: the API's 503, try again), not as a
+// fault of fence's, and leaves nothing behind.
+func TestLoopTakenByOthersIsUnavailable(t *testing.T) {
 	testutil.RequireRoot(t)
 	f := openTest(t)
-	last := loopNumber(t, newDir(t, f, "first", 16<<20))
-	found := false
-	for i := range 3 { // another program on the host may take the next device meanwhile
-		ensureLoop(t, last+1)
-		searches := loopSearches.Load()
-		dir := newDir(t, f, "next"+strconv.Itoa(i), 16<<20)
-		n := loopNumber(t, dir)
-		if n == last+1 && loopSearches.Load() == searches {
-			found = true
-			break
-		}
-		t.Logf("directory %d: /dev/loop%d after /dev/loop%d, %d searches", i, n, last, loopSearches.Load()-searches)
-		last = n
+	scratch := filepath.Join(t.TempDir(), "scratch.img")
+	if err := os.WriteFile(scratch, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	if !found {
-		t.Errorf("no directory of three took the free device after the last bound without LOOP_CTL_GET_FREE")
-	}
-
-	// The next device bound by another owner: passed over, searched for.
-	taken := last + 1
-	for range 8 {
-		taken = loopNumber(t, newDir(t, f, fmt.Sprintf("x%d", taken), 16<<20)) + 1
-		ensureLoop(t, taken)
-		if bindOther(t, taken) {
-			break
-		}
-	}
-	searches := loopSearches.Load()
-	dir := newDir(t, f, "after-taken", 16<<20)
-	if n := loopNumber(t, dir); n == taken || loopSearches.Load() == searches {
-		t.Errorf("beside /dev/loop%d bound by another owner, the directory got /dev/loop%d with %d searches; want another device, found by a search", taken, n, loopSearches.Load()-searches)
-	}
-}
-
-// loopNumber returns N of the /dev/loopN mounted at dir.
-func loopNumber(t *testing.T, dir string) int {
-	t.Helper()
-	m, err := findMount(dir)
-	if err != nil || m == nil || !strings.HasPrefix(m.source, "/dev/loop") {
-		t.Fatalf("findMount(%s) = %+v, %v; want a loop device", dir, m, err)
-	}
-	n, err := strconv.Atoi(strings.TrimPrefix(m.source, "/dev/loop"))
+	img, err := os.OpenFile(scratch, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
-}
-
-// ensureLoop makes /dev/loopN if the kernel has no such device yet.
-func ensureLoop(t *testing.T, n int) {
-	t.Helper()
-	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(ctl)
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(ctl), unix.LOOP_CTL_ADD, uintptr(n)); errno != 0 && errno != unix.EEXIST {
-		t.Fatalf("LOOP_CTL_ADD %d: %v", n, errno)
-	}
-	if _, err := os.Stat(fmt.Sprintf("/dev/loop%d", n)); err != nil {
-		if err := unix.Mknod(fmt.Sprintf("/dev/loop%d", n), unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// bindOther binds /dev/loopN to a file of the test's (not a quota image)
-// until the test ends; false if the device was not free.
-func bindOther(t *testing.T, n int) bool {
-	t.Helper()
-	backing, err := os.CreateTemp(t.TempDir(), "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer backing.Close()
-	if err := backing.Truncate(1 << 20); err != nil {
-		t.Fatal(err)
-	}
-	loop, err := os.OpenFile(fmt.Sprintf("/dev/loop%d", n), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := configureLoop(loop, backing, backing.Name()); err != nil {
-		loop.Close()
-		return false
-	}
+	defer img.Close()
+	var taken []*os.File
 	t.Cleanup(func() {
-		unix.IoctlSetInt(int(loop.Fd()), unix.LOOP_CLR_FD, 0)
-		loop.Close()
+		for _, l := range taken {
+			l.Close() // autoclear: the device detaches
+		}
 	})
-	return true
+	setAfterGetFree(t, func(n int) {
+		l, err := openLoop(fmt.Sprintf("/dev/loop%d", n), n)
+		if err != nil {
+			t.Errorf("the other process's open of loop%d: %v", n, err)
+			return
+		}
+		taken = append(taken, l)
+		// EBUSY: a real other process bound it first, as well.
+		if err := configureLoop(l, img, scratch); err != nil && !errors.Is(err, unix.EBUSY) {
+			t.Errorf("the other process's bind of loop%d: %v", n, err)
+		}
+	})
+	_, err = f.NewDir(t.Context(), "a", MinLimit)
+	if !errors.Is(err, api.ErrUnavailable) || !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("NewDir with every free device taken by another process = %v, want EBUSY wrapping api.ErrUnavailable", err)
+	}
+	if len(taken) != loopTries {
+		t.Errorf("%d devices tried, want %d", len(taken), loopTries)
+	}
+	// The seed image of the size (kept for the next NewDir) aside.
+	for _, d := range []string{f.imageDir, f.mountDir} {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), seedPrefix) {
+				t.Errorf("%s holds %s after the failed NewDir, want nothing", d, e.Name())
+			}
+		}
+	}
+}
+
+// TestLoopAttachesOfOneProcessDoNotRace: this process's attaches never
+// stand two at once between the kernel naming a free device and the bind,
+// where both would be named the same device and one would fail and ask
+// again (as a daemon's concurrent creates did until one lost every try).
+// The hook holds each attach there a moment, for the others to come.
+func TestLoopAttachesOfOneProcessDoNotRace(t *testing.T) {
+	testutil.RequireRoot(t)
+	f := openTest(t)
+	var mu sync.Mutex
+	in, most := 0, 0
+	setAfterGetFree(t, func(int) {
+		mu.Lock()
+		in++
+		most = max(most, in)
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		in--
+		mu.Unlock()
+	})
+	var wg sync.WaitGroup
+	for i := range 6 {
+		name := fmt.Sprintf("d%d", i)
+		wg.Go(func() {
+			if _, err := f.NewDir(t.Context(), name, MinLimit); err != nil {
+				t.Errorf("NewDir(%s) = %v", name, err)
+				return
+			}
+			t.Cleanup(func() { f.RemoveDir(name) })
+		})
+	}
+	wg.Wait()
+	if most != 1 {
+		t.Errorf("%d attaches at once between the kernel's answer and the bind, want 1", most)
+	}
 }

@@ -8,10 +8,31 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/api"
 )
+
+// loopMu serializes this process's loop attaches. Each asks the kernel
+// for the lowest free device and then binds it: two attaches in between
+// are handed the same device, and all but one fail and ask again. A
+// daemon's concurrent creates (and its disk pool's refills) so raced each
+// other, and on a loaded host, where each is descheduled between the two
+// steps, one could lose every try. Other processes' attaches may still
+// take a device first; those losses are retried.
+var loopMu sync.Mutex
+
+// loopTries is how many free devices an attach tries to bind before it
+// gives up: each loss is to another process binding that device between
+// the kernel's answer and the bind.
+const loopTries = 16
+
+// afterGetFree, when set (by tests), runs between the kernel's answer
+// naming free device n and the attempt to bind it.
+var afterGetFree func(n int)
 
 // loopNext is the number after the loop device this process bound last
 // (0: none yet). While sandboxes accumulate, the devices after it are
@@ -23,9 +44,15 @@ var loopNext atomic.Int64
 // loopSearches counts the LOOP_CTL_GET_FREE calls, for tests.
 var loopSearches atomic.Int64
 
+// searchOnly, when set (by tests of the search), has every attach ask the
+// kernel for a free device, without trying loopNext first.
+var searchOnly bool
+
 // attachLoop binds image to a free loop device with LO_FLAGS_AUTOCLEAR and
 // returns the device's path and an open fd on it; the device detaches when
-// the last user (that fd, or a mount) lets go of it.
+// the last user (that fd, or a mount) lets go of it. When other processes
+// took each free device first, the error wraps api.ErrUnavailable: the
+// host is busy, a later try may succeed.
 //
 // It tries the device after the last one it bound first (loopNext); the
 // kernel's LOOP_CONFIGURE binds only an unbound device (EBUSY otherwise),
@@ -40,7 +67,9 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 		return "", nil, fmt.Errorf("opening image: %w", err)
 	}
 	defer img.Close()
-	if n := loopNext.Load(); n > 0 {
+	loopMu.Lock()
+	defer loopMu.Unlock()
+	if n := loopNext.Load(); n > 0 && !searchOnly {
 		if dev, loop, ok := bindLoopAt(int(n), img, image); ok {
 			loopNext.CompareAndSwap(n, n+1)
 			return dev, loop, nil
@@ -54,11 +83,14 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 
 	// Another process may take the free device between GET_FREE and
 	// CONFIGURE; then the ioctl fails with EBUSY and we ask again.
-	for range 16 {
+	for range loopTries {
 		loopSearches.Add(1)
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return "", nil, fmt.Errorf("%w: finding a free loop device: %w", ErrUnsupported, err)
+		}
+		if afterGetFree != nil {
+			afterGetFree(n)
 		}
 		dev = fmt.Sprintf("/dev/loop%d", n)
 		loop, err = openLoop(dev, n)
@@ -75,7 +107,8 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 			return "", nil, fmt.Errorf("%w: configuring %s: %w", ErrUnsupported, dev, err)
 		}
 	}
-	return "", nil, fmt.Errorf("configuring a loop device: no free device after 16 tries: %w", unix.EBUSY)
+	return "", nil, fmt.Errorf("configuring a loop device: other processes took each of %d free devices first: %w: %w",
+		loopTries, unix.EBUSY, api.ErrUnavailable)
 }
 
 // bindLoopAt binds img to /dev/loopN if that device exists and is
