@@ -137,6 +137,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, err
 	}
 	s.examined.Store(int64(c.examined))
+	s.looked.Store(int64(c.looked))
 	next := c.nextCheckpoint(prevLast, id, depth, shared)
 	ok = true
 	s.pmu.Lock()
@@ -191,10 +192,9 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 		if _, err := b.layerMeta(last.layer); err == nil {
 			c.prev, c.prevKids = last.files, last.kids
 			root := &pendingDir{src: src, fd: dst, key: ""}
-			if recorded && last.dirs != nil {
-				keys, force, err := s.watchedKeys(rec, last, src)
+			if recorded && last.dirs != nil && last.inos.one != nil {
+				keys, err := s.watchedKeys(c, rec, last, src)
 				if err == nil {
-					c.force = force
 					s.watched.Add(1)
 					return last.layer, last.depth + 1, c.deltaKeys(root, keys)
 				}
