@@ -217,13 +217,17 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 
 // takeChanges returns the changes recorded since the previous checkpoint
 // and starts a new record (recorded false: none, walk the layer), starting
-// the sandbox's watcher if it has none and its writable layer is a
-// filesystem of its own (watch.go). The sandbox is frozen.
+// a watcher if the sandbox has none or its record was lost, and its
+// writable layer is a filesystem of its own (watch.go). The sandbox is
+// frozen.
 //
 // +checklocks:s.pmu
 func (s *sandbox) takeChanges(upper int) (rec map[uint64]map[string]struct{}, recorded bool) {
 	if s.watch != nil {
-		return s.watch.take()
+		if rec, ok := s.watch.take(); ok || !s.watch.gone() {
+			return rec, ok
+		}
+		s.watch = nil // closed when its record was lost
 	}
 	if s.b.disk == nil || s.b.lfs != nil || s.killed || watchOff {
 		return nil, false

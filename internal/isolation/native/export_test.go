@@ -173,6 +173,21 @@ func InodeIndexOK(sb any) error {
 	return nil
 }
 
+// WatchState returns how many events sb's watcher has read and whether
+// it still holds its fanotify group (false with no watcher).
+func WatchState(sb any) (events int64, open bool) {
+	s := sb.(*sandbox)
+	s.pmu.Lock()
+	w := s.watch
+	s.pmu.Unlock()
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.events, !w.closed
+}
+
 // ExaminedEntries is how many entries of sb's writable layer its last
 // checkpoint read.
 func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }

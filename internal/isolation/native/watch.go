@@ -39,7 +39,11 @@ import (
 // maxWatchChanges, when an event names its directory in a form the
 // record cannot place, when a checkpoint that took the record fails, or
 // when there is no watcher (the sandbox's first checkpoint, a daemon that
-// restarted, the kernel refusing another fanotify group).
+// restarted, the kernel refusing another fanotify group). A lost record's
+// group is closed at once, its mark going with it: the sandbox's writes
+// make no more events and the daemon reads none until the next
+// checkpoint, which walks and starts a new watcher while the sandbox is
+// still frozen.
 //
 // The watcher never opens anything by a name the sandbox chose: a name is
 // only a key, examined later through descriptors inside the writable
@@ -77,6 +81,9 @@ type changeWatch struct {
 	dirs map[uint64]map[string]struct{}
 	// +checklocks:mu
 	n int
+	// events counts the events read.
+	// +checklocks:mu
+	events int64
 }
 
 // startWatch marks the filesystem of the directory upper.
@@ -180,7 +187,7 @@ func (w *changeWatch) drain() {
 	if w.closed {
 		return
 	}
-	if _, err := w.drainLocked(w.fd); err != nil {
+	if _, err := w.drainLocked(w.fd); err != nil || w.lost {
 		w.loseLocked()
 	}
 }
@@ -204,16 +211,24 @@ func (w *changeWatch) lose() {
 	w.loseLocked()
 }
 
+// loseLocked drops the record and closes the group (never while its
+// queue is being read: the descriptor's number may be reused at once).
+//
 // +checklocks:w.mu
 func (w *changeWatch) loseLocked() {
 	w.lost = true
-	w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
+	w.closeLocked()
 }
 
 // close stops the watcher.
 func (w *changeWatch) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.closeLocked()
+}
+
+// +checklocks:w.mu
+func (w *changeWatch) closeLocked() {
 	if w.closed {
 		return
 	}
@@ -229,21 +244,32 @@ func (w *changeWatch) close() {
 }
 
 // take drains the queue and returns what was recorded since the last
-// take (ok false: the record is lost), and starts a new record.
+// take, and starts a new record; ok false: the record is lost and the
+// watcher closed (gone reports it).
 func (w *changeWatch) take() (dirs map[uint64]map[string]struct{}, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return nil, false
 	}
-	_, err := w.drainLocked(w.fd)
-	dirs, ok = w.dirs, !w.lost && err == nil
-	w.dirs, w.n, w.lost = map[uint64]map[string]struct{}{}, 0, false
-	return dirs, ok
+	if _, err := w.drainLocked(w.fd); err != nil || w.lost {
+		w.loseLocked()
+		return nil, false
+	}
+	dirs = w.dirs
+	w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
+	return dirs, true
 }
 
-// drainLocked reads the queue until it is empty, and reports whether it
-// read anything.
+// gone reports whether the watcher is closed.
+func (w *changeWatch) gone() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
+// drainLocked reads the queue until it is empty or the record is lost,
+// and reports whether it read anything.
 //
 // +checklocks:w.mu
 func (w *changeWatch) drainLocked(fd int) (bool, error) {
@@ -261,6 +287,9 @@ func (w *changeWatch) drainLocked(fd int) (bool, error) {
 		}
 		got = true
 		w.parseLocked(w.buf[:n])
+		if w.lost {
+			return got, nil
+		}
 	}
 }
 
@@ -277,6 +306,7 @@ func (w *changeWatch) parseLocked(buf []byte) {
 		}
 		ev := buf[md.Metadata_len:md.Event_len]
 		buf = buf[md.Event_len:]
+		w.events++
 		if md.Mask&unix.FAN_Q_OVERFLOW != 0 {
 			w.lost = true
 		}
@@ -328,7 +358,7 @@ func (w *changeWatch) addLocked(ino uint64, name []byte) {
 		return
 	}
 	if w.n >= maxWatchChanges {
-		w.loseLocked()
+		w.lost = true
 		return
 	}
 	names[string(name)] = struct{}{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -185,9 +186,10 @@ func diffLines(want, got string) string {
 	return strings.Join(out, "\n")
 }
 
-// A record that outgrows its bound is dropped: the next checkpoint walks
-// the writable layer (and holds every change), and the one after it is
-// made from a new record.
+// A record that outgrows its bound is dropped, and its fanotify group
+// closed at once: the sandbox's later writes make no events for the
+// daemon to read. The next checkpoint walks the writable layer (and holds
+// every change), and the one after it is made from a new record.
 func TestCheckpointWatchLost(t *testing.T) {
 	b := newBackendWith(t, native.Options{CopyLayers: true})
 	native.NoSquash(t)
@@ -198,6 +200,19 @@ func TestCheckpointWatchLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh(t, src, `cd /w && seq 1 17000 | sed 's/^/f/' | xargs touch && sleep 0.1`)
+	for end := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, open := native.WatchState(src); !open {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the watcher still holds its group a minute after its record outgrew its bound")
+		}
+	}
+	read, _ := native.WatchState(src)
+	sh(t, src, `cd /w && seq 1 500 | sed 's/^/g/' | xargs touch && sleep 0.3 && rm g*`)
+	if again, _ := native.WatchState(src); again != read {
+		t.Errorf("the lost record's watcher read %d events after its loss", again-read)
+	}
 	walked, err := cp.Checkpoint(t.Context())
 	if err != nil {
 		t.Fatal(err)
