@@ -188,6 +188,13 @@ func WatchState(sb any) (events int64, open bool) {
 	return w.events, !w.closed
 }
 
+// HeldInodes is heldInodes: the inodes pids hold open for writing or
+// map shared.
+var HeldInodes = heldInodes
+
+// FDTablesRead counts the tables of descriptors HeldInodes read.
+func FDTablesRead() int64 { return fdTablesRead.Load() }
+
 // ExaminedEntries is how many entries of sb's writable layer its last
 // checkpoint read.
 func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }
