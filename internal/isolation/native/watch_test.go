@@ -304,6 +304,7 @@ PY
 	if n := native.WatchedCheckpoints(src); n != 3 {
 		t.Fatalf("%d checkpoints made from the record of changes, want 3", n)
 	}
+	t.Logf("the checkpoint looked at %d keys of the index by inode and read %d entries", native.LookedKeys(src), native.ExaminedEntries(src))
 	// The 4 files held, /w/b beside /w/b-link, and what the kernel's
 	// own inode numbers of other files may match.
 	if n := native.LookedKeys(src); n > 16 {
