@@ -137,6 +137,7 @@ func (s *sandbox) Checkpoint(ctx context.Context) (isolation.LayerInfo, error) {
 		return isolation.LayerInfo{}, err
 	}
 	s.examined.Store(int64(c.examined))
+	s.looked.Store(int64(c.looked))
 	next := c.nextCheckpoint(prevLast, id, depth, shared)
 	ok = true
 	s.pmu.Lock()
@@ -191,10 +192,9 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 		if _, err := b.layerMeta(last.layer); err == nil {
 			c.prev, c.prevKids = last.files, last.kids
 			root := &pendingDir{src: src, fd: dst, key: ""}
-			if recorded && last.dirs != nil {
-				keys, force, err := s.watchedKeys(rec, last, src)
+			if recorded && last.dirs != nil && last.inos.one != nil {
+				keys, err := s.watchedKeys(c, rec, last, src)
 				if err == nil {
-					c.force = force
 					s.watched.Add(1)
 					return last.layer, last.depth + 1, c.deltaKeys(root, keys)
 				}
@@ -217,13 +217,17 @@ func (s *sandbox) copyUpper(c *layerCopy, dst int) (parent string, depth int, _ 
 
 // takeChanges returns the changes recorded since the previous checkpoint
 // and starts a new record (recorded false: none, walk the layer), starting
-// the sandbox's watcher if it has none and its writable layer is a
-// filesystem of its own (watch.go). The sandbox is frozen.
+// a watcher if the sandbox has none or its record was lost, and its
+// writable layer is a filesystem of its own (watch.go). The sandbox is
+// frozen.
 //
 // +checklocks:s.pmu
 func (s *sandbox) takeChanges(upper int) (rec map[uint64]map[string]struct{}, recorded bool) {
 	if s.watch != nil {
-		return s.watch.take()
+		if rec, ok := s.watch.take(); ok || !s.watch.gone() {
+			return rec, ok
+		}
+		s.watch = nil // closed when its record was lost
 	}
 	if s.b.disk == nil || s.b.lfs != nil || s.killed || watchOff {
 		return nil, false

@@ -1,6 +1,7 @@
 package native
 
 import (
+	"fmt"
 	"maps"
 	"path/filepath"
 	"strings"
@@ -143,6 +144,64 @@ func (b *Backend) ScratchDir() string { return b.scratchDir() }
 // changes instead of a walk of its writable layer.
 func WatchedCheckpoints(sb any) int64 { return sb.(*sandbox).watched.Load() }
 
+// LookedKeys is how many keys of the index by inode sb's last checkpoint
+// looked at to place the files its processes hold and the other names of
+// changed files.
+func LookedKeys(sb any) int64 { return sb.(*sandbox).looked.Load() }
+
+// InodeIndexOK reports whether sb's index by inode holds every regular
+// file of its checkpoint's index under its inode, and nothing else.
+func InodeIndexOK(sb any) error {
+	s := sb.(*sandbox)
+	s.pmu.Lock()
+	last := s.last
+	s.pmu.Unlock()
+	flat := func(x inodeIndex) map[string]uint64 {
+		m := map[string]uint64{}
+		for ino, k := range x.one {
+			m[k] = ino
+		}
+		for ino, ks := range x.many {
+			for k := range ks {
+				m[k] = ino
+			}
+		}
+		return m
+	}
+	got, want := flat(last.inos), flat(inodesOf(last.files))
+	for k, ino := range want {
+		if g, ok := got[k]; !ok || g != ino {
+			return fmt.Errorf("index by inode: %s (inode %d) missing", k, ino)
+		}
+	}
+	if len(got) != len(want) {
+		return fmt.Errorf("index by inode: %d keys, want %d", len(got), len(want))
+	}
+	return nil
+}
+
+// WatchState returns how many events sb's watcher has read and whether
+// it still holds its fanotify group (false with no watcher).
+func WatchState(sb any) (events int64, open bool) {
+	s := sb.(*sandbox)
+	s.pmu.Lock()
+	w := s.watch
+	s.pmu.Unlock()
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.events, !w.closed
+}
+
+// HeldInodes is heldInodes: the inodes pids hold open for writing or
+// map shared.
+var HeldInodes = heldInodes
+
+// FDTablesRead counts the tables of descriptors HeldInodes read.
+func FDTablesRead() int64 { return fdTablesRead.Load() }
+
 // ExaminedEntries is how many entries of sb's writable layer its last
 // checkpoint read.
 func ExaminedEntries(sb any) int64 { return sb.(*sandbox).examined.Load() }
@@ -154,7 +213,7 @@ func KeepLastCheckpoint(sb any) (restore func()) {
 	s := sb.(*sandbox)
 	s.pmu.Lock()
 	last := *s.last // a copy: the next checkpoint updates the index in place
-	last.files, last.kids, last.dirs = maps.Clone(last.files), maps.Clone(last.kids), maps.Clone(last.dirs)
+	last.files, last.kids, last.dirs, last.inos = maps.Clone(last.files), maps.Clone(last.kids), maps.Clone(last.dirs), last.inos.clone()
 	s.pmu.Unlock()
 	return func() {
 		s.pmu.Lock()

@@ -47,8 +47,11 @@ type layerCopy struct {
 	replaced []string
 	force    map[string]bool
 	linked   map[uint64]bool // inodes of several names examined
-	// examined counts the entries read (one fstatat each).
-	examined int
+	// prevInos indexes prev's regular files by inode.
+	prevInos inodeIndex
+	// examined counts the entries read (one fstatat each); looked the
+	// keys of the index by inode looked at.
+	examined, looked int
 }
 
 // prevFile is what identifies an entry of the writable layer as
@@ -85,6 +88,8 @@ type lastCheckpoint struct {
 	// lists the keys indexed while not stable (examined again next time).
 	dirs     map[uint64]string
 	unstable []string
+	// inos indexes the regular files by inode (inodes.go).
+	inos inodeIndex
 }
 
 // stableMargin keeps out of the index the files whose change time is so

@@ -70,6 +70,9 @@ type sandbox struct {
 	watch *changeWatch
 	// watched counts the checkpoints made from the watcher's record.
 	watched atomic.Int64
+	// looked is how many keys of the index by inode the last checkpoint
+	// looked at (inodes.go).
+	looked atomic.Int64
 	// examined is how many entries of the writable layer the last
 	// checkpoint read.
 	examined atomic.Int64

@@ -69,7 +69,7 @@ func (s *sandbox) startSquash(last *lastCheckpoint) {
 			f.layer = id
 			files[k] = f
 		}
-		s.last = &lastCheckpoint{layer: id, depth: depth, files: files, kids: last.kids, dirs: last.dirs, unstable: last.unstable}
+		s.last = &lastCheckpoint{layer: id, depth: depth, files: files, kids: last.kids, dirs: last.dirs, unstable: last.unstable, inos: last.inos}
 	})
 }
 

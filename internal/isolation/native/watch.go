@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -39,7 +40,11 @@ import (
 // maxWatchChanges, when an event names its directory in a form the
 // record cannot place, when a checkpoint that took the record fails, or
 // when there is no watcher (the sandbox's first checkpoint, a daemon that
-// restarted, the kernel refusing another fanotify group).
+// restarted, the kernel refusing another fanotify group). A lost record's
+// group is closed at once, its mark going with it: the sandbox's writes
+// make no more events and the daemon reads none until the next
+// checkpoint, which walks and starts a new watcher while the sandbox is
+// still frozen.
 //
 // The watcher never opens anything by a name the sandbox chose: a name is
 // only a key, examined later through descriptors inside the writable
@@ -77,6 +82,9 @@ type changeWatch struct {
 	dirs map[uint64]map[string]struct{}
 	// +checklocks:mu
 	n int
+	// events counts the events read.
+	// +checklocks:mu
+	events int64
 }
 
 // startWatch marks the filesystem of the directory upper.
@@ -180,7 +188,7 @@ func (w *changeWatch) drain() {
 	if w.closed {
 		return
 	}
-	if _, err := w.drainLocked(w.fd); err != nil {
+	if _, err := w.drainLocked(w.fd); err != nil || w.lost {
 		w.loseLocked()
 	}
 }
@@ -204,16 +212,24 @@ func (w *changeWatch) lose() {
 	w.loseLocked()
 }
 
+// loseLocked drops the record and closes the group (never while its
+// queue is being read: the descriptor's number may be reused at once).
+//
 // +checklocks:w.mu
 func (w *changeWatch) loseLocked() {
 	w.lost = true
-	w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
+	w.closeLocked()
 }
 
 // close stops the watcher.
 func (w *changeWatch) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.closeLocked()
+}
+
+// +checklocks:w.mu
+func (w *changeWatch) closeLocked() {
 	if w.closed {
 		return
 	}
@@ -229,21 +245,32 @@ func (w *changeWatch) close() {
 }
 
 // take drains the queue and returns what was recorded since the last
-// take (ok false: the record is lost), and starts a new record.
+// take, and starts a new record; ok false: the record is lost and the
+// watcher closed (gone reports it).
 func (w *changeWatch) take() (dirs map[uint64]map[string]struct{}, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return nil, false
 	}
-	_, err := w.drainLocked(w.fd)
-	dirs, ok = w.dirs, !w.lost && err == nil
-	w.dirs, w.n, w.lost = map[uint64]map[string]struct{}{}, 0, false
-	return dirs, ok
+	if _, err := w.drainLocked(w.fd); err != nil || w.lost {
+		w.loseLocked()
+		return nil, false
+	}
+	dirs = w.dirs
+	w.dirs, w.n = map[uint64]map[string]struct{}{}, 0
+	return dirs, true
 }
 
-// drainLocked reads the queue until it is empty, and reports whether it
-// read anything.
+// gone reports whether the watcher is closed.
+func (w *changeWatch) gone() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
+// drainLocked reads the queue until it is empty or the record is lost,
+// and reports whether it read anything.
 //
 // +checklocks:w.mu
 func (w *changeWatch) drainLocked(fd int) (bool, error) {
@@ -261,6 +288,9 @@ func (w *changeWatch) drainLocked(fd int) (bool, error) {
 		}
 		got = true
 		w.parseLocked(w.buf[:n])
+		if w.lost {
+			return got, nil
+		}
 	}
 }
 
@@ -277,6 +307,7 @@ func (w *changeWatch) parseLocked(buf []byte) {
 		}
 		ev := buf[md.Metadata_len:md.Event_len]
 		buf = buf[md.Event_len:]
+		w.events++
 		if md.Mask&unix.FAN_Q_OVERFLOW != 0 {
 			w.lost = true
 		}
@@ -328,7 +359,7 @@ func (w *changeWatch) addLocked(ino uint64, name []byte) {
 		return
 	}
 	if w.n >= maxWatchChanges {
-		w.loseLocked()
+		w.lost = true
 		return
 	}
 	names[string(name)] = struct{}{}
@@ -338,13 +369,17 @@ func (w *changeWatch) addLocked(ino uint64, name []byte) {
 // heldInodes returns the inode numbers of the files the processes pids
 // (and each of their threads) hold open for writing or map shared: a
 // write through a shared mapping makes no event, and a file written so
-// keeps changing until its last such reference goes. Inodes of other
-// filesystems come along (a descriptor names no filesystem the sandbox
-// cannot remount); a number matching none of the layer's files costs
-// nothing, and one matching costs a look at a file that did not change.
-// The processes are frozen.
+// keeps changing until its last such reference goes. The descriptors of
+// sockets, pipes and anonymous inodes are left out (their mounts are the
+// kernel's own, pseudoMounts); inodes of other filesystems come along (a
+// descriptor names no filesystem the sandbox cannot remount): a number
+// matching none of the layer's files costs nothing, and one matching
+// costs a look at a file that did not change. The threads of a process
+// share its table of descriptors unless one unshared it: each table is
+// read once (kcmp). The processes are frozen.
 func heldInodes(pids []int) (map[uint64]struct{}, error) {
 	held := map[uint64]struct{}{}
+	skip := pseudoMounts()
 	for _, pid := range pids {
 		p := "/proc/" + strconv.Itoa(pid)
 		if err := mappedShared(p+"/maps", held); err != nil {
@@ -357,13 +392,94 @@ func heldInodes(pids []int) (map[uint64]struct{}, error) {
 			}
 			return nil, err
 		}
+		var read []int // a task of each table read
 		for _, t := range tasks {
-			if err := openForWrite(filepath.Join(p, "task", t.Name(), "fdinfo"), held); err != nil {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || sharesFiles(tid, read) {
+				continue
+			}
+			read = append(read, tid)
+			fdTablesRead.Add(1)
+			if err := openForWrite(filepath.Join(p, "task", t.Name(), "fdinfo"), held, skip); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return held, nil
+}
+
+// fdTablesRead counts the tables of descriptors heldInodes read, for
+// tests.
+var fdTablesRead atomic.Int64
+
+// kcmpFiles is kcmp's comparison of two tasks' tables of descriptors.
+const kcmpFiles = 2
+
+// sharesFiles reports whether the task tid has the table of descriptors
+// of one of tasks; a comparison the kernel refuses counts as another
+// table.
+func sharesFiles(tid int, tasks []int) bool {
+	for _, o := range tasks {
+		r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(o), uintptr(tid), kcmpFiles, 0, 0, 0)
+		if errno == 0 && r == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	pseudoOnce sync.Once
+	pseudo     map[uint64]bool
+)
+
+// pseudoMounts returns the IDs of the kernel's own mounts of sockets,
+// pipes, anonymous inodes (eventfd, epoll, timerfd, signalfd…, and
+// pidfds) and memfds, read from the daemon's own descriptors of each
+// kind: a descriptor on one of them is no file of a writable layer. Kinds
+// that cannot be made here are not left out.
+func pseudoMounts() map[uint64]bool {
+	pseudoOnce.Do(func() {
+		pseudo = map[uint64]bool{}
+		var fds []int
+		if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err == nil {
+			fds = append(fds, fd)
+		}
+		var p [2]int
+		if unix.Pipe2(p[:], unix.O_CLOEXEC) == nil {
+			fds = append(fds, p[0], p[1])
+		}
+		if fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC); err == nil {
+			fds = append(fds, fd)
+		}
+		if fd, err := unix.PidfdOpen(os.Getpid(), 0); err == nil {
+			fds = append(fds, fd)
+		}
+		if fd, err := unix.MemfdCreate("fence-probe", unix.MFD_CLOEXEC); err == nil {
+			fds = append(fds, fd)
+		}
+		for _, fd := range fds {
+			if b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd)); err == nil {
+				if id, ok := fdinfoField(b, "mnt_id", 10); ok {
+					pseudo[id] = true
+				}
+			}
+			unix.Close(fd)
+		}
+	})
+	return pseudo
+}
+
+// fdinfoField returns the field k of an fdinfo file, a number in base.
+func fdinfoField(b []byte, k string, base int) (uint64, bool) {
+	for _, line := range bytes.Split(b, []byte{'\n'}) {
+		key, v, ok := bytes.Cut(line, []byte{':'})
+		if ok && string(key) == k {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), base, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // mappedShared adds the inodes of the shared file mappings listed in the
@@ -393,8 +509,8 @@ func mappedShared(path string, held map[uint64]struct{}) error {
 }
 
 // openForWrite adds the inodes of the descriptors open for writing listed
-// in the fdinfo directory at dir.
-func openForWrite(dir string, held map[uint64]struct{}) error {
+// in the fdinfo directory at dir, but for those on the mounts skip.
+func openForWrite(dir string, held map[uint64]struct{}, skip map[uint64]bool) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
@@ -410,22 +526,11 @@ func openForWrite(dir string, held map[uint64]struct{}) error {
 		}
 		n, _ := unix.Read(fd, buf)
 		unix.Close(fd)
-		var flags, ino uint64
-		var haveFlags, haveIno bool
-		for _, line := range bytes.Split(buf[:max(n, 0)], []byte{'\n'}) {
-			k, v, ok := bytes.Cut(line, []byte{':'})
-			if !ok {
-				continue
-			}
-			v = bytes.TrimSpace(v)
-			switch string(k) {
-			case "flags":
-				flags, err = strconv.ParseUint(string(v), 8, 64)
-				haveFlags = err == nil
-			case "ino":
-				ino, err = strconv.ParseUint(string(v), 10, 64)
-				haveIno = err == nil
-			}
+		b := buf[:max(n, 0)]
+		flags, haveFlags := fdinfoField(b, "flags", 8)
+		ino, haveIno := fdinfoField(b, "ino", 10)
+		if mnt, ok := fdinfoField(b, "mnt_id", 10); ok && skip[mnt] {
+			continue
 		}
 		if haveFlags && haveIno && flags&unix.O_ACCMODE != unix.O_RDONLY {
 			held[ino] = struct{}{}

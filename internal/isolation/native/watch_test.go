@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencesandbox/fence/internal/isolation"
 	"github.com/fencesandbox/fence/internal/isolation/native"
@@ -185,9 +186,10 @@ func diffLines(want, got string) string {
 	return strings.Join(out, "\n")
 }
 
-// A record that outgrows its bound is dropped: the next checkpoint walks
-// the writable layer (and holds every change), and the one after it is
-// made from a new record.
+// A record that outgrows its bound is dropped, and its fanotify group
+// closed at once: the sandbox's later writes make no events for the
+// daemon to read. The next checkpoint walks the writable layer (and holds
+// every change), and the one after it is made from a new record.
 func TestCheckpointWatchLost(t *testing.T) {
 	b := newBackendWith(t, native.Options{CopyLayers: true})
 	native.NoSquash(t)
@@ -198,6 +200,19 @@ func TestCheckpointWatchLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh(t, src, `cd /w && seq 1 17000 | sed 's/^/f/' | xargs touch && sleep 0.1`)
+	for end := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, open := native.WatchState(src); !open {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the watcher still holds its group a minute after its record outgrew its bound")
+		}
+	}
+	read, _ := native.WatchState(src)
+	sh(t, src, `cd /w && seq 1 500 | sed 's/^/g/' | xargs touch && sleep 0.3 && rm g*`)
+	if again, _ := native.WatchState(src); again != read {
+		t.Errorf("the lost record's watcher read %d events after its loss", again-read)
+	}
 	walked, err := cp.Checkpoint(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -221,5 +236,89 @@ func TestCheckpointWatchLost(t *testing.T) {
 		if got := strings.TrimSpace(sh(t, sb, `echo $(ls /w | wc -l) $(wc -c < /w/f1)`)); got != want {
 			t.Errorf("a sandbox booted on %s counts %q files and bytes of /w/f1, want %q", id, got, want)
 		}
+	}
+}
+
+// A checkpoint from the record finds the files the sandbox's processes
+// hold mapped by their inode, wherever the index by inode learnt their
+// names since the first checkpoint's walk: a rename, a file made since
+// (and its second name), a tree made since, a name deleted and made
+// again. Each
+// is written through a shared mapping (no event) after a checkpoint; the
+// next one, from the record, holds the writes, and looks at a few keys of
+// the index, not at the layer's thousands of files.
+func TestCheckpointWatchedHeld(t *testing.T) {
+	b := newBackendWith(t, native.Options{CopyLayers: true})
+	native.NoSquash(t)
+	rootfs := testutil.RootFS(t, "base")
+	src := create(t, b, isolation.Spec{RootFS: rootfs})
+	sh(t, src, `set -e
+		mkdir -p /w/many && cd /w/many && seq 1 3000 | sed 's/^/f/' | xargs touch
+		head -c 8192 /dev/zero > /w/a; head -c 8192 /dev/zero > /w/r
+		cat > /w/mm.py <<'PY'
+import mmap, os, sys, time
+p, tag = sys.argv[1], sys.argv[2]
+fd = os.open(p, os.O_RDWR)
+m = mmap.mmap(fd, 8192)
+os.close(fd)
+m[0:1] = b"1"
+open("/run/ready-" + tag, "w").close()
+while not os.path.exists("/run/go"):
+    time.sleep(0.02)
+m[1:2] = b"2"
+m.flush()
+open("/run/done-" + tag, "w").close()
+time.sleep(3600)
+PY
+		sleep 0.2`)
+	cp := src.(isolation.Checkpointer)
+	checkpoint := func() isolation.LayerInfo {
+		t.Helper()
+		info, err := cp.Checkpoint(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := native.InodeIndexOK(src); err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	checkpoint()
+	sh(t, src, `set -e
+		mv /w/a /w/a2
+		head -c 8192 /dev/zero > /w/b && ln /w/b /w/b-link
+		mkdir -p /w/d/e && head -c 8192 /dev/zero > /w/d/e/c
+		rm /w/r && head -c 8192 /dev/zero > /w/r
+		sleep 0.2`)
+	checkpoint()
+	sh(t, src, `set -e
+		for f in a2:a b-link:b d/e/c:c r:r; do
+			setsid python3 /w/mm.py /w/${f%%:*} ${f#*:} </dev/null >/dev/null 2>&1 &
+		done
+		for tag in a b c r; do while [ ! -e /run/ready-$tag ]; do sleep 0.02; done; done
+		sleep 0.2`)
+	checkpoint()
+	sh(t, src, `touch /run/go; for tag in a b c r; do while [ ! -e /run/done-$tag ]; do sleep 0.02; done; done`)
+	want := sh(t, src, treeScript)
+	last := checkpoint()
+	if n := native.WatchedCheckpoints(src); n != 3 {
+		t.Fatalf("%d checkpoints made from the record of changes, want 3", n)
+	}
+	t.Logf("the checkpoint looked at %d keys of the index by inode and read %d entries", native.LookedKeys(src), native.ExaminedEntries(src))
+	// The 4 files held, /w/b beside /w/b-link, and what the kernel's
+	// own inode numbers of other files may match.
+	if n := native.LookedKeys(src); n > 16 {
+		t.Errorf("the checkpoint looked at %d keys of the index by inode, want at most 16", n)
+	}
+	if n := native.ExaminedEntries(src); n > 32 {
+		t.Errorf("the checkpoint read %d entries of the writable layer, want at most 32", n)
+	}
+	sb, err := b.CreateOn(t.Context(), isolation.Spec{RootFS: rootfs}, last.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Kill(context.Background()) })
+	if got := sh(t, sb, treeScript); got != want {
+		t.Errorf("a sandbox booted on the checkpoint lists another tree:\n%s", diffLines(want, got))
 	}
 }

@@ -16,7 +16,9 @@ import (
 //
 // The keys examined are those the record names (a directory's path in the
 // previous checkpoint's index, then the name), the entries indexed as
-// not yet stable, and the files held open for writing or mapped shared.
+// not yet stable, and the files held open for writing or mapped shared
+// (placed by their inode in the index by inode, inodes.go: the work is
+// the changes' and the held files', not the layer's).
 // A record names an entry by the inode of its directory: a directory the
 // index does not know was made or moved in since, and its making or
 // moving is itself recorded in a directory the index knows (by
@@ -32,13 +34,14 @@ import (
 // walked whole or whited out are skipped.
 
 // watchedKeys returns the keys to examine for a delta on last, from the
-// watcher's record (ok false: walk the layer). The sandbox is frozen.
+// watcher's record, and sets those c copies whatever their stamps say
+// (the files held). The sandbox is frozen.
 //
 // +checklocks:s.pmu
-func (s *sandbox) watchedKeys(rec map[uint64]map[string]struct{}, last *lastCheckpoint, upper int) ([]string, map[string]bool, error) {
+func (s *sandbox) watchedKeys(c *layerCopy, rec map[uint64]map[string]struct{}, last *lastCheckpoint, upper int) ([]string, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(upper, &st); err != nil {
-		return nil, nil, fmt.Errorf("reading the writable layer: %w", err)
+		return nil, fmt.Errorf("reading the writable layer: %w", err)
 	}
 	keys := map[string]struct{}{}
 	for ino, names := range rec {
@@ -66,24 +69,23 @@ func (s *sandbox) watchedKeys(rec map[uint64]map[string]struct{}, last *lastChec
 	}
 	pids, err := s.cg.Pids()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	held, err := heldInodes(pids)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing the sandbox's open files: %w", err)
+		return nil, fmt.Errorf("listing the sandbox's open files: %w", err)
 	}
-	force := map[string]bool{}
-	if len(held) > 0 {
-		for k, f := range last.files {
-			if _, ok := held[f.ino]; ok && f.typ == unix.S_IFREG {
-				keys[k] = struct{}{}
-				force[k] = true
-			}
-		}
+	c.force = map[string]bool{}
+	c.prevInos = last.inos
+	for ino := range held {
+		last.inos.regular(last.files, ino, &c.looked, func(k string) {
+			keys[k] = struct{}{}
+			c.force[k] = true
+		})
 	}
 	out := slices.Collect(maps.Keys(keys))
 	slices.Sort(out)
-	return out, force, nil
+	return out, nil
 }
 
 // deltaKeys copies into the delta what changed at keys (sorted) since the
@@ -102,15 +104,15 @@ func (c *layerCopy) deltaKeys(root *pendingDir, keys []string) error {
 		// A file of several names changed through one of them: its other
 		// names, which no event names, are examined too.
 		keys = nil
-		if len(c.linked) > 0 {
-			for k, f := range c.prev {
-				if f.typ == unix.S_IFREG && c.linked[f.ino] && !done[k] {
+		for ino := range c.linked {
+			c.prevInos.regular(c.prev, ino, &c.looked, func(k string) {
+				if !done[k] {
 					keys = append(keys, k)
 				}
-			}
-			slices.Sort(keys)
-			clear(c.linked)
+			})
 		}
+		slices.Sort(keys)
+		clear(c.linked)
 	}
 	return c.finishPending()
 }
@@ -319,7 +321,7 @@ func (c *layerCopy) deltaKey(d *pendingDir, rel, name string, depth int) error {
 func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int, shared bool) *lastCheckpoint {
 	l := &lastCheckpoint{layer: layer, depth: depth}
 	if c.pend == nil {
-		l.files, l.kids, l.dirs = c.next, c.kids, map[uint64]string{}
+		l.files, l.kids, l.dirs, l.inos = c.next, c.kids, map[uint64]string{}, inodesOf(c.next)
 		for k, f := range c.next {
 			if f.typ == unix.S_IFDIR {
 				l.dirs[f.ino] = k
@@ -330,9 +332,9 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 		}
 		return l
 	}
-	l.files, l.kids, l.dirs = prev.files, prev.kids, prev.dirs
+	l.files, l.kids, l.dirs, l.inos = prev.files, prev.kids, prev.dirs, prev.inos
 	if shared {
-		l.files, l.kids, l.dirs = maps.Clone(prev.files), maps.Clone(prev.kids), maps.Clone(prev.dirs)
+		l.files, l.kids, l.dirs, l.inos = maps.Clone(prev.files), maps.Clone(prev.kids), maps.Clone(prev.dirs), prev.inos.clone()
 	}
 	for _, key := range c.replaced {
 		f := l.files[key]
@@ -344,9 +346,14 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 				delete(l.dirs, f.ino)
 			}
 		}
+		l.inos.drop(key, f)
 		delete(l.files, key)
 	}
 	for k, f := range c.next {
+		if old, ok := l.files[k]; ok {
+			l.inos.drop(k, old)
+		}
+		l.inos.add(k, f)
 		l.files[k] = f
 		if f.typ == unix.S_IFDIR {
 			l.dirs[f.ino] = k
@@ -367,9 +374,14 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 			l.kids[dir] = names
 		}
 	}
-	// The names listed in a directory examined name by name change only
-	// where an examined name came or went: the list of a large directory
-	// is not rebuilt.
+	c.relist(l)
+	return l
+}
+
+// relist updates the names l lists in the directories examined name by
+// name: they change only where an examined name came or went, so the list
+// of a large directory is not rebuilt.
+func (c *layerCopy) relist(l *lastCheckpoint) {
 	had := map[string]bool{}
 	for _, k := range c.replaced {
 		had[k] = true
@@ -394,7 +406,6 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 		}
 		l.kids[dir] = list
 	}
-	return l
 }
 
 // dropBelow removes from the index l what it held below the directory
@@ -402,12 +413,14 @@ func (c *layerCopy) nextCheckpoint(prev *lastCheckpoint, layer string, depth int
 func dropBelow(l *lastCheckpoint, key string) {
 	for _, n := range l.kids[key] {
 		k := key + "/" + n
-		if f := l.files[k]; f.typ == unix.S_IFDIR {
+		f := l.files[k]
+		if f.typ == unix.S_IFDIR {
 			dropBelow(l, k)
 			if l.dirs[f.ino] == k {
 				delete(l.dirs, f.ino)
 			}
 		}
+		l.inos.drop(k, f)
 		delete(l.files, k)
 	}
 	delete(l.kids, key)
