@@ -93,12 +93,13 @@ func TestFirstRequestWorkDoneAhead(t *testing.T) {
 		t.Fatalf("a fresh process's first runs allocate %d and %d more than its second: the count does not see the first-time work", coldThreads, coldStream)
 	}
 	threads, stream := run("ahead")
-	// A few allocations of the goroutines Build started may fall into a
-	// count: far fewer than the first-time work's.
-	if threads > 12 {
+	// A few allocations of the goroutines Build started (more under the
+	// race detector) may fall into a count: far fewer than the first-time
+	// work's, which is at least twice them.
+	if threads > coldThreads/2 {
 		t.Errorf("after Prepare, the first thread count read allocates %d more than the second (%d without Prepare)", threads, coldThreads)
 	}
-	if stream > 40 {
+	if stream > coldStream/2 {
 		t.Errorf("after Build, the first stream's end allocates %d more than the second (%d without)", stream, coldStream)
 	}
 }
