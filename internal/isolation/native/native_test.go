@@ -100,10 +100,15 @@ func TestPauseConformance(t *testing.T) {
 	rootfs := testutil.RootFS(t, "minimal")
 	t.Run("WarmPool", func(t *testing.T) {
 		isolationtest.RunPause(t, func(t *testing.T) isolation.Backend {
-			p := warm.New(warm.Options{Backend: newBackend(t), Size: 1})
+			// The pool's fills log their failures, and a pool that never
+			// fills fails the test rather than hanging it.
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			p := warm.New(warm.Options{Backend: newBackend(t), Size: 1, Logger: log})
 			p.Start(warm.Target{RootFS: rootfs}, nil)
-			if err := p.WaitReady(t.Context()); err != nil {
-				t.Fatalf("WaitReady: %v", err)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			if err := p.WaitReady(ctx); err != nil {
+				t.Fatalf("WaitReady: %v (the pool's fills never gave a sandbox; their errors are logged above)", err)
 			}
 			t.Cleanup(func() { p.Close(context.Background()) })
 			return p
