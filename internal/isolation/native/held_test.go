@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -55,30 +56,47 @@ func TestHeldInodes(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	ready := make(chan uint64)
-	for i := range 4 {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with its goroutine
-			if i > 0 {
-				ready <- 0
-				<-stop
-				return
-			}
-			if err := unix.Unshare(unix.CLONE_FILES); err != nil {
-				t.Error(err)
-				ready <- 0
-				return
-			}
-			fd, err := unix.Open(filepath.Join(dir, "own"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-			if err != nil {
-				t.Error(err)
-				ready <- 0
-				return
-			}
-			var st unix.Stat_t
-			unix.Fstat(fd, &st)
-			ready <- st.Ino
+	// ownTable gives its thread a table of its own. Never the process's
+	// first thread: /proc/self/fd shows that thread's table whichever
+	// thread reads it, and the runtime never ends that thread but parks
+	// it for good, so that every /proc/self/fd/N path of the package's
+	// later tests (the agents' sockets among them) would name the stale
+	// copy's descriptor N.
+	var ownTable func()
+	ownTable = func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with its goroutine
+		if unix.Gettid() == unix.Getpid() {
+			// Held here, so that another goroutine takes the part on
+			// another thread.
+			go ownTable()
 			<-stop
-			unix.Close(fd)
+			runtime.UnlockOSThread()
+			return
+		}
+		if err := unix.Unshare(unix.CLONE_FILES); err != nil {
+			t.Error(err)
+			ready <- 0
+			return
+		}
+		fd, err := unix.Open(filepath.Join(dir, "own"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			t.Error(err)
+			ready <- 0
+			return
+		}
+		var st unix.Stat_t
+		unix.Fstat(fd, &st)
+		ready <- st.Ino
+		<-stop
+		unix.Close(fd)
+	}
+	go ownTable()
+	for range 3 {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			ready <- 0
+			<-stop
 		}()
 	}
 	var own uint64
@@ -114,5 +132,15 @@ func TestHeldInodes(t *testing.T) {
 		if _, ok := held[want.ino]; ok != want.held {
 			t.Errorf("%s (inode %d): held %v, want %v", name, want.ino, ok, want.held)
 		}
+	}
+	// The process's first thread still has the process's table: what
+	// /proc/self/fd shows is what this process holds.
+	d, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(d)
+	if got, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(d)); err != nil || got != dir {
+		t.Errorf("/proc/self/fd/%d = %q, %v; want %s (the first thread's table is no longer the process's)", d, got, err, dir)
 	}
 }

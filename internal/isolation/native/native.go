@@ -454,8 +454,12 @@ var layerDirs = []string{"upper", "work", "upper/etc", "upper/usr/bin"}
 func (b *Backend) scratchDir() string { return filepath.Join(b.opts.StateDir, "scratch") }
 
 // sockPath names sandbox id's agent socket, short enough for sun_path.
+// It names the directory through the calling thread's table of
+// descriptors (thread-self): /proc/self/fd is the table of the process's
+// first thread, which is not every thread's once one of them has a table
+// of its own.
 func (b *Backend) sockPath(id string) string {
-	return fmt.Sprintf("/proc/self/fd/%d/%s.sock", b.sockDirFD, id)
+	return fmt.Sprintf("/proc/thread-self/fd/%d/%s.sock", b.sockDirFD, id)
 }
 
 // checkTraversable makes sure sandbox uids can reach their directories
