@@ -54,6 +54,10 @@ func TestBenchSmoke(t *testing.T) {
 	if strings.Contains(string(out), "failed") {
 		t.Errorf("fence bench reported a failed measure")
 	}
+	// Its daemons kept their log, which a failed measure quotes.
+	if log, err := os.ReadFile(filepath.Join(dataDir, "bench-daemon.log")); err != nil || !strings.Contains(string(log), `msg="sandbox created"`) {
+		t.Errorf("the benchmark daemons' log (%v) lacks their creates:\n%s", err, log)
+	}
 	assertNoSandboxLeftovers(t, filepath.Join(dataDir, "bench-api"), map[string]bool{}, nil)
 	// The peers leave nothing mounted either (runsc's network namespace
 	// pin in its state directory did).

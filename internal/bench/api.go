@@ -29,7 +29,11 @@ type Daemon struct {
 	URL, APIKey string
 	// Pooled names the templates the daemon's warm pools serve.
 	Pooled []string
-	Stop   func() error
+	// Log is the file the daemon logs to, "" when it keeps no log: a
+	// measure that fails against it reports the daemon's last errors
+	// from it, and where it is.
+	Log  string
+	Stop func() error
 }
 
 // DaemonStarter starts a daemon with the given warm-pool size (for its

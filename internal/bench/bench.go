@@ -234,6 +234,7 @@ func apiRoundTrips(ctx context.Context, opts Options, out io.Writer) (results []
 		}
 	}
 	results = append(results, apiExec(ctx, d, opts.RootFS, opts.Templates[0], opts.Iterations, opts.Peers)...)
+	explainAll(d, results)
 	if err := d.Stop(); err != nil {
 		fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
 	}
@@ -243,9 +244,12 @@ func apiRoundTrips(ctx context.Context, opts Options, out io.Writer) (results []
 		if d, err := opts.Daemon(ctx, 2, cold...); err != nil {
 			results = append(results, Result{Name: "api round trip, warm templates", Err: err})
 		} else {
+			var warm []Result
 			for _, t := range cold {
-				results = append(results, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
+				warm = append(warm, sdkRoundTrip(ctx, d, t, opts.Iterations)...)
 			}
+			explainAll(d, warm)
+			results = append(results, warm...)
 			if err := d.Stop(); err != nil {
 				fmt.Fprintf(out, "stopping the benchmark daemon: %v\n", err)
 			}
@@ -301,7 +305,17 @@ func runDensity(ctx context.Context, opts Options, out io.Writer) error {
 		peer = func(ctx context.Context) error { return bwrapTrue(ctx, opts) }
 	}
 	err = density(ctx, d, opts.Templates[0], opts.Density, peer, out)
-	return errors.Join(err, d.Stop())
+	return errors.Join(d.explain(err), d.Stop())
+}
+
+// explainAll adds the daemon's reason to the failures of results (fence's
+// own: a peer's failure is not the daemon's).
+func explainAll(d *Daemon, results []Result) {
+	for i := range results {
+		if !results[i].peer {
+			results[i].Err = d.explain(results[i].Err)
+		}
+	}
 }
 
 // bwrapTrue runs /bin/true in bwrap, on the same root filesystem.

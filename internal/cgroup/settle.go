@@ -21,10 +21,12 @@ const (
 	// sandbox is still stopped about where it was when asked.
 	SettleWait = 500 * time.Millisecond
 	// settleWindow is the period over which Settle samples the group's
-	// CPU use: a window in which it used less than a tenth of a CPU is
-	// quiet. An idle sandbox (its processes asleep or waiting) uses next
-	// to none; starting a process (an exec, a login shell's profile, an
-	// interpreter loading) uses most of a CPU.
+	// CPU use: a window in which it used less than a tenth of a CPU, and
+	// at whose end none of its tasks is runnable, is quiet. An idle
+	// sandbox (its processes asleep or waiting on I/O) uses next to none;
+	// starting a process (an exec, a login shell's profile, an
+	// interpreter loading) uses most of a CPU, or waits on a run queue
+	// for one when the host's CPUs are taken.
 	settleWindow = 20 * time.Millisecond
 	// settleQuiet is how long the group must stay quiet to be idle: a
 	// start has short quiet gaps (waits on disk, on the host's CPUs when
@@ -33,9 +35,13 @@ const (
 )
 
 // Settle returns once the group has been quiet for 100 ms (less than a
-// tenth of a CPU in each 20 ms window), after SettleWait, when done is
-// closed or when ctx ends, and reports how long it waited and whether the
-// group went quiet. A group whose usage cannot be read returns at once.
+// tenth of a CPU in each 20 ms window and no task runnable at its end),
+// after SettleWait, when done is closed or when ctx ends, and reports how
+// long it waited and whether the group went quiet. A group whose usage
+// cannot be read returns at once. A group starved of CPU by the host's
+// other work is busy, not quiet, though it uses next to none: its tasks
+// are runnable, waiting for a CPU. (Their time waiting is of no use here:
+// the kernel adds a wait to it only once the wait ends.)
 //
 // A pause calls it before stopping a sandbox: a command started just
 // before the pause has then got past its start (a login shell reading its
@@ -65,7 +71,7 @@ func (g *Group) Settle(ctx context.Context, done <-chan struct{}) (waited time.D
 			return time.Since(start), false
 		}
 		now := time.Now()
-		if (cur.CPUUsage-prev.CPUUsage)*10 >= now.Sub(prevAt) {
+		if (cur.CPUUsage-prev.CPUUsage)*10 >= now.Sub(prevAt) || g.runnable() {
 			quietSince = now
 		}
 		switch {
@@ -76,6 +82,41 @@ func (g *Group) Settle(ctx context.Context, done <-chan struct{}) (waited time.D
 		}
 		prev, prevAt = cur, now
 	}
+}
+
+// runnable reports whether one of the group's tasks (threads) is runnable
+// now, running or waiting on a run queue for a CPU: state R in its
+// /proc/TID/stat. A task gone since the listing is not; a group whose
+// tasks cannot be listed has none.
+func (g *Group) runnable() bool {
+	dir, name := g.dir(""), "tasks"
+	if g.v2() {
+		name = "cgroup.threads"
+	}
+	tids, err := readFields(dir, name)
+	if err != nil {
+		return false
+	}
+	for _, tid := range tids {
+		b, err := os.ReadFile("/proc/" + tid + "/stat")
+		if err != nil {
+			continue // gone since the listing
+		}
+		if statState(b) == 'R' {
+			return true
+		}
+	}
+	return false
+}
+
+// statState returns field 3 (state) of a /proc/PID/stat line, 0 when it
+// has none; as in statStartTime, it follows the last ')'.
+func statState(b []byte) byte {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
 }
 
 // SettleStarts is Settle for a group whose processes the host sees (not a

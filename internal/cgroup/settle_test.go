@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSettle: Settle lets a group go once a process's start (CPU spent)
@@ -45,6 +47,45 @@ func TestSettle(t *testing.T) {
 		}
 	})
 
+	t.Run("busy but starved", func(t *testing.T) {
+		// A group that wants a CPU all along and gets next to none of it
+		// (the host's CPUs taken by others, here a sibling group of the
+		// highest weight on the one CPU both may use) is busy: it is
+		// waiting, not quiet. Its CPU use alone stays under a tenth of a
+		// CPU in every window.
+		hog, err := m.Create("settle-hog", Limits{Pids: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		starved, err := m.Create("settle-starved", Limits{Pids: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := hog.SetWeight(262144); err != nil {
+			t.Fatal(err)
+		}
+		if err := starved.SetWeight(2); err != nil {
+			t.Fatal(err)
+		}
+		var one unix.CPUSet
+		one.Set(0)
+		var procs []*proc
+		for _, g := range []*Group{hog, starved} {
+			p := start(t, g, "while :; do :; done")
+			procs = append(procs, p)
+			if err := unix.SchedSetaffinity(p.Process.Pid, &one); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The hog is killed first (cleanups run last in, first out):
+		// the starved shell needs the CPU back to die.
+		t.Cleanup(func() { procs[0].Process.Kill() })
+		waited, quiet := starved.Settle(t.Context(), nil)
+		if quiet || waited < SettleWait {
+			t.Errorf("Settle of a busy group starved of CPU = (%v, %v), want not quiet after at least %v", waited, quiet, SettleWait)
+		}
+	})
+
 	t.Run("done", func(t *testing.T) {
 		g, err := m.Create("settle-done", Limits{Pids: 64})
 		if err != nil {
@@ -82,6 +123,19 @@ func TestSettleStarts(t *testing.T) {
 	}
 	if waited, quiet := g.SettleStarts(t.Context(), nil); waited != 0 || !quiet {
 		t.Errorf("SettleStarts of a group with no recent start = (%v, %v), want (0, true)", waited, quiet)
+	}
+}
+
+func TestStatState(t *testing.T) {
+	for line, want := range map[string]byte{
+		"4242 (a (weird) R name) S 1 4242": 'S',
+		"4242 (sh) R 1 4242":               'R',
+		"4242 (sh)":                        0,
+		"garbage":                          0,
+	} {
+		if got := statState([]byte(line)); got != want {
+			t.Errorf("statState(%q) = %q, want %q", line, got, want)
+		}
 	}
 }
 

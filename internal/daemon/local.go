@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/fencesandbox/fence/internal/bench"
 	"github.com/fencesandbox/fence/internal/egress"
@@ -220,25 +222,42 @@ func Bench(ctx context.Context, opts BenchOptions, out io.Writer) error {
 	}, out)
 }
 
+// benchDaemonLog is the file, in the benchmark's data dir, its daemons log to.
+const benchDaemonLog = "bench-daemon.log"
+
 // MaxSandboxes is the most sandboxes a benchmark daemon holds.
 func (BenchOptions) MaxSandboxes() int { return 5000 }
 
 // benchDaemon starts daemons in this process for the API measures of
 // `fence bench`, on a data dir of their own below opts.DataDir (so that a
 // crashed run's leftovers are removed by the next one's start) and a
-// loopback port.
+// loopback port. Each logs, as `fence serve` does, to the run's daemon log
+// (benchDaemonLog below opts.DataDir, begun anew by the run's first start),
+// which a failed measure quotes.
 func benchDaemon(opts BenchOptions) bench.DaemonStarter {
+	var started atomic.Bool
 	return func(ctx context.Context, warmPool int, warmTemplates ...string) (*bench.Daemon, error) {
 		raw := make([]byte, 20)
 		if _, err := rand.Read(raw); err != nil {
 			return nil, err
 		}
 		key := "e2b_" + hex.EncodeToString(raw)
+		logPath := filepath.Join(opts.DataDir, benchDaemonLog)
+		flags := os.O_WRONLY | os.O_CREATE | os.O_APPEND
+		if !started.Swap(true) {
+			flags |= os.O_TRUNC
+		}
+		logFile, err := os.OpenFile(logPath, flags, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("the benchmark daemon's log: %w", err)
+		}
+		log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		log.Info("benchmark daemon starting", "warm_pool", warmPool, "warm_templates", warmTemplates)
 		ctx, cancel := context.WithCancel(ctx)
 		ready := make(chan net.Addr, 1)
 		done := make(chan error, 1)
 		go func() {
-			done <- Serve(ctx, Config{
+			err := Serve(ctx, Config{
 				Addr:          "127.0.0.1:0",
 				DataDir:       filepath.Join(opts.DataDir, "bench-api"),
 				TemplatesDir:  opts.TemplatesDir,
@@ -247,12 +266,17 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 				WarmPool:      warmPool,
 				WarmTemplates: warmTemplateOpts(warmTemplates, warmPool),
 				MaxSandboxes:  opts.MaxSandboxes(),
+				Logger:        log,
+				Stdout:        logFile,
 				Ready:         func(a net.Addr) { ready <- a },
 			})
+			log.Info("benchmark daemon stopped", "err", err)
+			logFile.Close()
+			done <- err
 		}()
 		select {
 		case a := <-ready:
-			d := &bench.Daemon{URL: "http://" + a.String(), APIKey: key, Stop: func() error {
+			d := &bench.Daemon{URL: "http://" + a.String(), APIKey: key, Log: logPath, Stop: func() error {
 				cancel()
 				return <-done
 			}}
@@ -266,7 +290,7 @@ func benchDaemon(opts BenchOptions) bench.DaemonStarter {
 			return d, nil
 		case err := <-done:
 			cancel()
-			return nil, fmt.Errorf("starting the benchmark daemon: %w", err)
+			return nil, fmt.Errorf("starting the benchmark daemon (its log: %s): %w", logPath, err)
 		}
 	}
 }

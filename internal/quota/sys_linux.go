@@ -8,13 +8,36 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencesandbox/fence/api"
 )
+
+// loopMu serializes this process's loop attaches. Each asks the kernel
+// for the lowest free device and then binds it: two attaches in between
+// are handed the same device, and all but one fail and ask again. A
+// daemon's concurrent creates (and its disk pool's refills) so raced each
+// other, and on a loaded host, where each is descheduled between the two
+// steps, one could lose every try. Other processes' attaches may still
+// take a device first; those losses are retried.
+var loopMu sync.Mutex
+
+// loopTries is how many free devices an attach tries to bind before it
+// gives up: each loss is to another process binding that device between
+// the kernel's answer and the bind.
+const loopTries = 16
+
+// afterGetFree, when set (by tests), runs between the kernel's answer
+// naming free device n and the attempt to bind it.
+var afterGetFree func(n int)
 
 // attachLoop binds image to a free loop device with LO_FLAGS_AUTOCLEAR and
 // returns the device's path and an open fd on it; the device detaches when
-// the last user (that fd, or a mount) lets go of it.
+// the last user (that fd, or a mount) lets go of it. When other processes
+// took each free device first, the error wraps api.ErrUnavailable: the
+// host is busy, a later try may succeed.
 func attachLoop(image string) (dev string, loop *os.File, err error) {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
@@ -29,10 +52,15 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 
 	// Another process may take the free device between GET_FREE and
 	// CONFIGURE; then the ioctl fails with EBUSY and we ask again.
-	for range 16 {
+	loopMu.Lock()
+	defer loopMu.Unlock()
+	for range loopTries {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return "", nil, fmt.Errorf("%w: finding a free loop device: %w", ErrUnsupported, err)
+		}
+		if afterGetFree != nil {
+			afterGetFree(n)
 		}
 		dev = fmt.Sprintf("/dev/loop%d", n)
 		loop, err = openLoop(dev, n)
@@ -48,7 +76,8 @@ func attachLoop(image string) (dev string, loop *os.File, err error) {
 			return "", nil, fmt.Errorf("%w: configuring %s: %w", ErrUnsupported, dev, err)
 		}
 	}
-	return "", nil, fmt.Errorf("configuring a loop device: no free device after 16 tries: %w", unix.EBUSY)
+	return "", nil, fmt.Errorf("configuring a loop device: other processes took each of %d free devices first: %w: %w",
+		loopTries, unix.EBUSY, api.ErrUnavailable)
 }
 
 // openLoop opens /dev/loopN, creating the node if the kernel made the device
