@@ -110,13 +110,13 @@ func (g *Group) runnable() bool {
 }
 
 // statState returns field 3 (state) of a /proc/PID/stat line, 0 when it
-// has none; as in statStartTime, it follows the last ')'.
+// has none.
 func statState(b []byte) byte {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
+	rest, ok := statAfterComm(b)
+	if !ok || len(rest) < 2 {
 		return 0
 	}
-	return b[i+2]
+	return rest[1]
 }
 
 // SettleStarts is Settle for a group whose processes the host sees (not a
@@ -161,15 +161,24 @@ func startedWithin(pids []int, d time.Duration) bool {
 	return false
 }
 
-// statStartTime returns field 22 (starttime) of a /proc/PID/stat line. The
-// command name (field 2) may hold spaces and parentheses, so the fields
-// are counted from the last ')'.
-func statStartTime(b []byte) (int64, bool) {
+// statAfterComm returns what follows field 2 (the command name) of a
+// /proc/PID/stat line: " STATE PPID ...". The command name may hold spaces
+// and parentheses, so the fields are counted from the last ')'.
+func statAfterComm(b []byte) ([]byte, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
+		return nil, false
+	}
+	return b[i+1:], true
+}
+
+// statStartTime returns field 22 (starttime) of a /proc/PID/stat line.
+func statStartTime(b []byte) (int64, bool) {
+	rest, ok := statAfterComm(b)
+	if !ok {
 		return 0, false
 	}
-	f := strings.Fields(string(b[i+1:]))
+	f := strings.Fields(string(rest))
 	// After ')' come field 3 (state) onwards: starttime is field 22.
 	if len(f) < 20 {
 		return 0, false
