@@ -21,9 +21,21 @@ func TestUsage(t *testing.T) {
 	}
 	// Two tasks that used some CPU and memory.
 	start(t, g, "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; x=$(head -c 4000000 /dev/zero | tr '\\0' a); sleep 60 & exec sleep 60")
-	waitFor(t, "two tasks", func() bool {
-		u, err := g.Usage()
-		return err == nil && u.Pids == 2
+	// The two sleeps: the shell counts two tasks for a while before them
+	// too (itself and its command substitution's subshell, which may wait
+	// to be reaped for as long as the host keeps the shell off the CPU),
+	// which a later reading would no longer see.
+	waitFor(t, "two sleeps", func() bool {
+		pids, err := g.Pids()
+		if err != nil || len(pids) != 2 {
+			return false
+		}
+		for _, pid := range pids {
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || string(comm) != "sleep\n" {
+				return false
+			}
+		}
+		return true
 	})
 	u, err := g.Usage()
 	if err != nil {

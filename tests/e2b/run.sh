@@ -158,10 +158,19 @@ elif [[ "${1:-}" == --bench-ci ]]; then
 	node bench-code-interpreter.mjs || status=$?
 elif [[ "${1:-}" == --bench-desktop ]]; then
 	node bench-desktop.mjs || status=$?
-elif [[ $# -gt 0 ]]; then
-	node --test --test-concurrency=2 "$@" || status=$?
 else
-	node --test --test-concurrency=2 test/ || status=$?
+	[[ $# -gt 0 ]] || set -- test/
+	node --test --test-concurrency=2 "$@" | tee "$work/tests.tap" || status=$?
+	if [[ "$status" != 0 ]]; then
+		# The failures again, whole, at the end of the output (where a
+		# CI log's excerpt shows them), with the daemon's errors.
+		echo "run.sh: the failed tests, as reported above:" >&2
+		awk '/^ *not ok / { on = 1; end = substr($0, 1, match($0, /[^ ]/) - 1) "  ..." }
+			on { print }
+			on && $0 == end { on = 0 }' "$work/tests.tap" >&2
+		echo "run.sh: the daemon's last errors and warnings:" >&2
+		grep -E 'level=(ERROR|WARN)' "$work/daemon.log" | tail -n 40 >&2 || true
+	fi
 fi
 if grep -q "sandbox stopped unexpectedly" "$work/daemon.log"; then
 	n="$(grep -c "sandbox stopped unexpectedly" "$work/daemon.log")"
