@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -45,13 +46,23 @@ func TestTeamEgressQuota(t *testing.T) {
 	if out, code := attempt(t, fast, "curl -sS -o /dev/null http://allowed.test/bench/bytes?n=2000000"); code != 0 {
 		t.Fatalf("the download that spends the day: exit %d %s", code, out)
 	}
+	// The flows recorded so far (their bytes are what the day was
+	// charged), for a failure to say whether the spending download was
+	// counted before the slow one was to end.
+	flows := func() string {
+		r := d.do(t, "GET", "/audit?type=egress.flow", d.Key, nil, nil)
+		return fmt.Sprintf("%d %s", r.Status, r.Body)
+	}
 	select {
 	case got := <-long:
 		if got[1] == "0" {
 			t.Fatalf("the slow download finished whole: %v", got)
 		}
+		if got[1] == "-1" {
+			t.Errorf("the slow download ran past its run's minute after the team's egress was spent; flows recorded: %s", flows())
+		}
 	case <-time.After(120 * time.Second):
-		t.Fatal("the slow download went on after the team's egress was spent")
+		t.Fatalf("the slow download went on after the team's egress was spent; flows recorded: %s", flows())
 	}
 	refused := func(e string) {
 		t.Helper()
