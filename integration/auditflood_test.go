@@ -19,9 +19,12 @@ import (
 // one when the gateway closes one), until WANT answers were read or SECONDS
 // passed, and prints how many answers it read, in how many seconds, over
 // how many connections. Stopping on a count rather than a clock keeps the
-// flood the same size on a slow or busy machine.
+// flood the same size on a slow or busy machine. One thread sends and
+// reads, the socket non-blocking: an SSL socket written by one thread
+// while another reads it (or closes it) can crash Python's ssl module
+// (exit 139).
 const floodScript = `python3 - <<'PY'
-import socket, ssl, threading, time
+import select, socket, ssl, time
 want, secs = int(%q), float(%q)
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
@@ -39,22 +42,29 @@ while not over():
     except OSError:
         time.sleep(0.05)
         continue
-    def send(s=s):
-        try:
-            while not over():
-                s.sendall(req * 8)
-        except OSError:
-            pass
-    threading.Thread(target=send, daemon=True).start()
-    tail = b""
-    s.settimeout(5)
+    s.setblocking(False)
+    out, tail = b"", b""
     try:
         while not over():
-            b = s.recv(1 << 16)
-            if not b:
+            if not out:
+                out = req * 8
+            r, w, _ = select.select([s], [s], [], 0 if s.pending() else 5)
+            if not r and not w and not s.pending():
                 break
-            total += (tail + b).count(b"HTTP/1.1 421")
-            tail = b[-16:]
+            if w:
+                try:
+                    out = out[s.send(out):]
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    pass
+            if r or s.pending():
+                try:
+                    b = s.recv(1 << 16)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    continue
+                if not b:
+                    break
+                total += (tail + b).count(b"HTTP/1.1 421")
+                tail = b[-16:]
     except OSError:
         pass
     s.close()
